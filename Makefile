@@ -1,0 +1,36 @@
+# make run: set up and run the main job on embedded defaults.
+# make test: set up and pass the tests.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+
+.PHONY: run test lint bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[tokens,embedded-broker]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test,bench]'
+	touch $@
+
+run: $(VENV)/.installed-run
+	$(VENV)/bin/npcsim memory show scenarios/village.toml
+
+test: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check sim agents tests benchmarks
+	$(PY) -m pytest
+
+bench: $(VENV)/.installed-bench
+	$(PY) benchmarks/bench_working_memory.py --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+"""npcsim's engine: state model, working memory, codecs, bus, store, inference, runner."""
+
+__version__ = "0.1.0"

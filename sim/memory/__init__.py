@@ -1,0 +1,24 @@
+"""The pure core: NPC state, ephemeral working memory with priority truncation.
+
+No I/O happens here, and nothing here imports the I/O layers.
+"""
+
+from sim.errors import OverBudgetError
+from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
+from sim.memory._config import WorkingMemoryConfig
+from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+
+__all__ = [
+    "Belief",
+    "CategoryReport",
+    "Episode",
+    "Fact",
+    "Line",
+    "NpcState",
+    "OverBudgetError",
+    "TruncationReport",
+    "WorkingMemory",
+    "WorkingMemoryConfig",
+    "WorldFact",
+    "build_working_memory",
+]

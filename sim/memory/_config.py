@@ -1,0 +1,67 @@
+"""Working-memory configuration: the seed article's fields and defaults, plus ours."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from sim.errors import ConfigError
+from sim.memory._tokens import TOKENIZERS, token_counter
+
+__all__ = ["OverflowPolicy", "WorkingMemoryConfig"]
+
+OverflowPolicy = Literal["keep", "raise"]
+
+_SHARE_TOLERANCE = 1e-9
+
+
+class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a working memory is built. A bad value is refused here, naming field and value.
+
+    `max_context_chars` counts Unicode code points of the rendered prompt. With
+    `max_context_tokens` set the prompt must fit that too, counted with `tokenizer`.
+    """
+
+    max_context_chars: int = 2000
+    max_context_tokens: int | None = None
+    tokenizer: str = "cl100k"
+    max_dialogue_lines: int = 10
+    max_episodic_memories: int = 5
+    max_beliefs: int = 3
+    always_include_canonical_facts: bool = True
+    always_include_world_state: bool = True
+    dialogue_share: float = 0.60
+    episodic_share: float = 0.25
+    belief_share: float = 0.15
+    redistribute_unused: bool = True
+    on_overflow: OverflowPolicy = "keep"
+
+    def __post_init__(self) -> None:
+        for name in ("max_context_chars", "max_dialogue_lines", "max_episodic_memories", "max_beliefs"):
+            _require_count(name, getattr(self, name))
+        if self.max_context_tokens is not None:
+            _require_count("max_context_tokens", self.max_context_tokens)
+        for name in ("always_include_canonical_facts", "always_include_world_state", "redistribute_unused"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
+        shares = {n: getattr(self, n) for n in ("dialogue_share", "episodic_share", "belief_share")}
+        for name, share in shares.items():
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+                raise ConfigError(f"{name} must be a number from 0 to 1, got {share!r}")
+        total = sum(shares.values())
+        if total > 1.0 + _SHARE_TOLERANCE:
+            listed = ", ".join(f"{n}={v!r}" for n, v in shares.items())
+            raise ConfigError(f"dialogue_share + episodic_share + belief_share must be <= 1, got {total!r} ({listed})")
+        if self.on_overflow not in ("keep", "raise"):
+            raise ConfigError(f"on_overflow must be 'keep' or 'raise', got {self.on_overflow!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"tokenizer: unknown tokenizer {self.tokenizer!r}; known: {sorted(TOKENIZERS)}")
+        if self.max_context_tokens is not None:
+            token_counter(self.tokenizer)  # refuse now, not at the first build, when the extra is missing
+
+
+def _require_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")

@@ -1,0 +1,120 @@
+"""The persistent state of one NPC, by authority (DESIGN.md, "The state model").
+
+Constructing an `NpcState` puts every list into recency order once, so that building a
+working memory costs what it keeps, not the length of the history. Recency is a total
+order: `(tick, id)` ascending, dialogue `(tick, seq)`; ties break on the remaining fields
+so that the order never depends on the order of the input lists.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any
+
+import msgspec
+from msgspec.structs import force_setattr
+
+from sim.memory import _render
+
+__all__ = ["Belief", "Episode", "Fact", "Line", "NpcState", "WorldFact"]
+
+Tick = Annotated[int, msgspec.Meta(ge=0)]
+UnitInterval = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class Fact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A canonical fact: true in the world, add-only, never truncated."""
+
+    id: NonEmpty
+    text: str
+
+
+class WorldFact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A world-state entry, set by the game system only."""
+
+    key: NonEmpty
+    value: str
+
+
+class Episode(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An episodic memory the NPC formed."""
+
+    id: NonEmpty
+    tick: Tick
+    text: str
+    significance: UnitInterval = 0.5
+
+
+class Belief(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Something the NPC believes, with a confidence."""
+
+    id: NonEmpty
+    tick: Tick
+    text: str
+    confidence: UnitInterval = 0.5
+
+
+class Line(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One line of dialogue; `seq` orders lines said in the same tick."""
+
+    tick: Tick
+    speaker: str
+    text: str
+    seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+def _fact_order(f: Fact) -> tuple[str, str]:
+    return (f.id, f.text)
+
+
+def _world_order(w: WorldFact) -> tuple[str, str]:
+    return (w.key, w.value)
+
+
+def _episode_order(e: Episode) -> tuple[int, str, str, float]:
+    return (e.tick, e.id, e.text, e.significance)
+
+
+def _belief_order(b: Belief) -> tuple[int, str, str, float]:
+    return (b.tick, b.id, b.text, b.confidence)
+
+
+def _line_order(line: Line) -> tuple[int, int, str, str]:
+    return (line.tick, line.seq, line.speaker, line.text)
+
+
+class NpcState(msgspec.Struct, frozen=True, dict=True, forbid_unknown_fields=True):
+    """One NPC's state; every tuple is in recency order, oldest first, newest last.
+
+    Canonical facts are ordered by id and world state by key: they have no tick, and with
+    an `always_include_*` flag turned off the last in that order counts as the newest.
+    """
+
+    agent_id: NonEmpty
+    system_prompt: str
+    canonical_facts: tuple[Fact, ...] = ()
+    world_state: tuple[WorldFact, ...] = ()
+    episodic: tuple[Episode, ...] = ()
+    beliefs: tuple[Belief, ...] = ()
+    dialogue: tuple[Line, ...] = ()
+
+    def __post_init__(self) -> None:
+        force_setattr(self, "canonical_facts", tuple(sorted(self.canonical_facts, key=_fact_order)))
+        force_setattr(self, "world_state", tuple(sorted(self.world_state, key=_world_order)))
+        force_setattr(self, "episodic", tuple(sorted(self.episodic, key=_episode_order)))
+        force_setattr(self, "beliefs", tuple(sorted(self.beliefs, key=_belief_order)))
+        force_setattr(self, "dialogue", tuple(sorted(self.dialogue, key=_line_order)))
+
+    @functools.cached_property
+    def rendered(self) -> _render.RenderedState:
+        """Every item rendered once, with its size; not encoded, built on first use."""
+        return _render.render_state(self)
+
+    def token_sizes(self, count: Any) -> _render.TokenSizes:
+        """Per-item token counts for the counter `count`, computed once per state."""
+        cache: dict[Any, _render.TokenSizes] = self.__dict__.setdefault("_token_sizes", {})
+        sizes = cache.get(count)
+        if sizes is None:
+            sizes = cache[count] = _render.token_sizes(self.rendered, count)
+        return sizes

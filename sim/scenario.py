@@ -1,0 +1,181 @@
+"""Scenario files: a world as TOML, validated with msgspec.
+
+Every error names the file, the NPC (or player) and the field at fault.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from sim.errors import ScenarioError
+from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
+
+__all__ = [
+    "LocationSpec",
+    "NpcSpec",
+    "PlayerInput",
+    "PlayerSpec",
+    "Scenario",
+    "ScenarioMeta",
+    "load_scenario",
+    "parse_scenario",
+]
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+Tick = Annotated[int, msgspec.Meta(ge=0)]
+Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ScenarioMeta(_Spec):
+    name: Id
+    description: str = ""
+    seed: int = 0
+    ticks: Annotated[int, msgspec.Meta(ge=1)] = 30
+
+
+class LocationSpec(_Spec):
+    id: Id
+    name: str = ""
+
+
+class NpcSpec(_Spec):
+    """One NPC: where it stands, who it is, and the state it starts with."""
+
+    id: Id
+    name: str
+    location: Id
+    system_prompt: str
+    kind: str = "npc"
+    ambient_chance: Probability = 0.05
+    fallback_lines: list[str] = []
+    facts: list[Fact] = []
+    world: list[WorldFact] = []
+    episodic: list[Episode] = []
+    beliefs: list[Belief] = []
+    dialogue: list[Line] = []
+
+
+class PlayerInput(_Spec):
+    tick: Tick
+    to: Id
+    text: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class PlayerSpec(_Spec):
+    id: Id
+    name: str = ""
+    location: Id | None = None
+    script: list[PlayerInput] = []
+
+
+class Scenario(_Spec):
+    scenario: ScenarioMeta
+    locations: list[LocationSpec]
+    npcs: list[NpcSpec]
+    world: list[WorldFact] = []
+    players: list[PlayerSpec] = []
+    memory: WorkingMemoryConfig = WorkingMemoryConfig()
+
+    def npc(self, npc_id: str) -> NpcSpec:
+        for spec in self.npcs:
+            if spec.id == npc_id:
+                return spec
+        raise KeyError(npc_id)
+
+    def initial_state(self, npc_id: str) -> NpcState:
+        """The state an NPC starts with: the world's state overlaid by its own."""
+        spec = self.npc(npc_id)
+        world = {w.key: w for w in self.world}
+        world.update({w.key: w for w in spec.world})
+        return NpcState(
+            agent_id=spec.id,
+            system_prompt=spec.system_prompt,
+            canonical_facts=tuple(spec.facts),
+            world_state=tuple(world.values()),
+            episodic=tuple(spec.episodic),
+            beliefs=tuple(spec.beliefs),
+            dialogue=tuple(spec.dialogue),
+        )
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read the scenario file: {exc.strerror or exc}") from exc
+    return parse_scenario(data, source=str(path))
+
+
+def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario:
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc
+    try:
+        scenario = msgspec.convert(raw, Scenario)
+    except msgspec.ValidationError as exc:
+        raise ScenarioError(f"{source}: {_locate(raw, str(exc))}") from exc
+    _check_references(scenario, source)
+    return scenario
+
+
+_PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")
+
+
+def _locate(raw: dict[str, Any], message: str) -> str:
+    """Name the NPC or player a msgspec error path points into."""
+    match = _PATH.search(message)
+    if not match:
+        return message
+    group, index = match.group(1), int(match.group(2))
+    entries = raw.get(group, [])
+    who = entries[index].get("id") if index < len(entries) and isinstance(entries[index], dict) else None
+    noun = "npc" if group == "npcs" else "player"
+    field = match.group(3).lstrip(".") or "(the entry itself)"
+    return f"{noun} {who!r} ({group}[{index}]), field {field}: {message}"
+
+
+def _check_references(scenario: Scenario, source: str) -> None:
+    locations = {loc.id for loc in scenario.locations}
+    if len(locations) != len(scenario.locations):
+        raise ScenarioError(f"{source}: locations: duplicate location id")
+    npc_ids: set[str] = set()
+    for i, npc in enumerate(scenario.npcs):
+        where = f"{source}: npc {npc.id!r} (npcs[{i}])"
+        if npc.id in npc_ids:
+            raise ScenarioError(f"{where}, field id: duplicate NPC id {npc.id!r}")
+        npc_ids.add(npc.id)
+        if npc.location not in locations:
+            raise ScenarioError(f"{where}, field location: unknown location {npc.location!r}")
+        for field, ids in (
+            ("facts", [f.id for f in npc.facts]),
+            ("episodic", [e.id for e in npc.episodic]),
+            ("beliefs", [b.id for b in npc.beliefs]),
+            ("world", [w.key for w in npc.world]),
+        ):
+            duplicates = sorted({x for x in ids if ids.count(x) > 1})
+            if duplicates:
+                raise ScenarioError(f"{where}, field {field}: duplicate ids {duplicates}")
+    player_ids: set[str] = set()
+    for i, player in enumerate(scenario.players):
+        where = f"{source}: player {player.id!r} (players[{i}])"
+        if player.id in npc_ids or player.id in player_ids:
+            raise ScenarioError(f"{where}, field id: id {player.id!r} is already taken")
+        player_ids.add(player.id)
+        if player.location is not None and player.location not in locations:
+            raise ScenarioError(f"{where}, field location: unknown location {player.location!r}")
+        for j, line in enumerate(player.script):
+            if line.to not in npc_ids:
+                raise ScenarioError(f"{where}, field script[{j}].to: unknown NPC {line.to!r}")
