@@ -1,0 +1,72 @@
+"""The MQTT topic scheme (DESIGN.md, "Events and topics"): one function per topic.
+
+Public topics (say, player input, world state, status) carry JSON; internal ones msgpack.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ROOT",
+    "agent_inbox",
+    "agent_say",
+    "check_segment",
+    "infer_request",
+    "infer_request_shared",
+    "infer_response",
+    "location_events",
+    "player_input",
+    "run_root",
+    "status",
+    "world_state",
+]
+
+ROOT = "npcsim"
+_FORBIDDEN = set("/+#\x00")
+
+
+def check_segment(kind: str, value: str) -> str:
+    """A topic segment must be non-empty and free of MQTT separators and wildcards."""
+    if not value or _FORBIDDEN & set(value):
+        raise ValueError(f"{kind} {value!r} cannot be used in an MQTT topic (empty, or has / + # or NUL)")
+    return value
+
+
+def run_root(run: str) -> str:
+    return f"{ROOT}/{check_segment('run id', run)}"
+
+
+def location_events(run: str, location: str) -> str:
+    return f"{run_root(run)}/loc/{check_segment('location', location)}/events"
+
+
+def agent_inbox(run: str, agent: str) -> str:
+    return f"{run_root(run)}/agent/{check_segment('agent', agent)}/inbox"
+
+
+def agent_say(run: str, agent: str) -> str:
+    return f"{run_root(run)}/agent/{check_segment('agent', agent)}/say"
+
+
+def player_input(run: str, player: str) -> str:
+    return f"{run_root(run)}/player/{check_segment('player', player)}/input"
+
+
+def world_state(run: str) -> str:
+    return f"{run_root(run)}/world/state"
+
+
+def infer_request(run: str) -> str:
+    return f"{run_root(run)}/infer/req"
+
+
+def infer_request_shared(run: str, group: str) -> str:
+    """The shared subscription remote workers consume requests through."""
+    return f"$share/{check_segment('worker group', group)}/{infer_request(run)}"
+
+
+def infer_response(run: str, shard: str) -> str:
+    return f"{run_root(run)}/infer/resp/{check_segment('shard', shard)}"
+
+
+def status(run: str, shard: str) -> str:
+    return f"{run_root(run)}/status/{check_segment('shard', shard)}"
