@@ -1,0 +1,138 @@
+"""An independent checker of the working-memory invariants (DESIGN.md, I1-I7).
+
+It trusts nothing the builder says about itself: it sorts the state's items on its own,
+re-renders the prompt from the kept items with the format functions of `sim.memory`, and
+measures sizes on the rendered text. The builder's report is only checked against what the
+checker measured (an `over_budget` flag is legitimate only when the mandatory content
+really exceeds the limit). Tests use it as the oracle; `npcsim loadtest` runs it on every
+snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.memory._render import (
+    CATEGORY_HEADERS,
+    render_belief,
+    render_episode,
+    render_fact,
+    render_head,
+    render_line,
+    render_tail,
+    render_world,
+)
+from sim.memory._tokens import token_counter
+
+__all__ = ["Violation", "check_working_memory"]
+
+
+class Violation(msgspec.Struct, frozen=True):
+    invariant: str
+    detail: str
+
+
+_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
+_RENDER: dict[str, Callable[[Any], str]] = {
+    "canonical_facts": render_fact,
+    "world_state": render_world,
+    "beliefs": render_belief,
+    "episodic": render_episode,
+    "dialogue": render_line,
+}
+_RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
+    "canonical_facts": lambda f: (f.id, f.text),
+    "world_state": lambda w: (w.key, w.value),
+    "beliefs": lambda b: (b.tick, b.id, b.text, b.confidence),
+    "episodic": lambda e: (e.tick, e.id, e.text, e.significance),
+    "dialogue": lambda d: (d.tick, d.seq, d.speaker, d.text),
+}
+
+
+def _render(state: NpcState, player_input: str, kept: dict[str, Sequence[Any]]) -> str:
+    parts = [render_head(state.system_prompt)]
+    for name in _ORDER:
+        items = kept[name]
+        if items:
+            parts.append(CATEGORY_HEADERS[name])
+            parts.extend(_RENDER[name](item) for item in items)
+    parts.append(render_tail(state.agent_id, player_input))
+    return "".join(parts)
+
+
+def check_working_memory(
+    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory
+) -> list[Violation]:
+    """Every invariant the snapshot breaks; empty when it is sound."""
+    out: list[Violation] = []
+    history = {name: sorted(getattr(state, name), key=_RECENCY[name]) for name in _ORDER}
+    kept = {name: list(getattr(wm, name)) for name in _ORDER}
+    always = {
+        "canonical_facts": config.always_include_canonical_facts,
+        "world_state": config.always_include_world_state,
+    }
+    caps = {
+        "dialogue": config.max_dialogue_lines,
+        "episodic": config.max_episodic_memories,
+        "beliefs": config.max_beliefs,
+    }
+    count = token_counter(config.tokenizer) if config.max_context_tokens is not None else None
+
+    def fits(text: str) -> bool:
+        if len(text) > config.max_context_chars:
+            return False
+        return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
+
+    # I3: each category is the newest contiguous run of its items, within its cap.
+    for name in _ORDER:
+        items, k = history[name], len(kept[name])
+        if k > len(items) or kept[name] != items[len(items) - k :]:
+            out.append(Violation("I3", f"{name}: kept items are not the newest contiguous run of the state's"))
+        if name in caps and k > caps[name]:
+            out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
+
+    prompt = wm.prompt
+    if prompt != _render(state, player_input, kept):
+        out.append(Violation("I2", "the prompt is not the rendering of the kept items (hidden or altered text)"))
+
+    # I1: canonical facts and world state appear verbatim (flags on).
+    if always["canonical_facts"]:
+        for fact in history["canonical_facts"]:
+            if fact.text not in prompt or fact not in kept["canonical_facts"]:
+                out.append(Violation("I1", f"canonical fact {fact.id!r} is missing from the prompt"))
+    if always["world_state"]:
+        for entry in history["world_state"]:
+            if f"{entry.key}: {entry.value}" not in prompt or entry not in kept["world_state"]:
+                out.append(Violation("I1", f"world state {entry.key!r} is missing from the prompt"))
+
+    # I2: within the limit unless over budget, and over budget only when it must be.
+    mandatory = {name: (history[name] if always.get(name) else []) for name in _ORDER}
+    must_overflow = not fits(_render(state, player_input, mandatory))
+    if wm.report.over_budget != must_overflow:
+        out.append(
+            Violation("I2", f"over_budget is {wm.report.over_budget} but the mandatory content alone "
+                      f"{'does not fit' if must_overflow else 'fits'} the limit")
+        )
+    if must_overflow:
+        extra = [n for n in _ORDER if len(kept[n]) > len(mandatory[n])]
+        if extra:
+            out.append(Violation("I2", f"over budget, yet truncatable items were kept: {extra}"))
+    elif not fits(prompt):
+        tokens = f", {count(prompt)} tokens" if count is not None else ""
+        out.append(Violation("I2", f"prompt is {len(prompt)} chars{tokens}, over the limit, and not flagged"))
+
+    # I6: with redistribution, no next item could have been added.
+    if config.redistribute_unused and not must_overflow:
+        for name in _ORDER:
+            items, k = history[name], len(kept[name])
+            if always.get(name) or k >= len(items) or k >= caps.get(name, len(items)):
+                continue
+            candidate = dict(kept)
+            candidate[name] = items[len(items) - k - 1 :]
+            if fits(_render(state, player_input, candidate)):
+                out.append(Violation("I6", f"{name}: the next newest item would have fitted but was dropped"))
+    return out
