@@ -1,0 +1,164 @@
+"""Figures of a load test: mergeable latency histograms, counters, RSS, the result.
+
+Latencies go into log-scale buckets (3 % wide) rather than lists, so that a sweep process
+can ship a compact delta to the parent every fraction of a second and millions of samples
+cost a few hundred integers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import msgspec
+import psutil
+
+__all__ = [
+    "Histogram",
+    "LatencyFigures",
+    "LoadTestResult",
+    "PeakRss",
+    "TimelinePoint",
+    "ViolationRecord",
+]
+
+_BASE = 1.03
+_LOG_BASE = math.log(_BASE)
+
+
+class Histogram:
+    """Latency samples in nanoseconds, bucketed on a log scale; merge with `merge`."""
+
+    __slots__ = ("buckets", "count", "max_ns")
+
+    def __init__(self) -> None:
+        self.buckets: Counter[int] = Counter()
+        self.count = 0
+        self.max_ns = 0
+
+    def record(self, ns: int) -> None:
+        self.buckets[int(math.log(ns + 1) / _LOG_BASE)] += 1
+        self.count += 1
+        if ns > self.max_ns:
+            self.max_ns = ns
+
+    def merge(self, other: Histogram) -> None:
+        self.buckets.update(other.buckets)
+        self.count += other.count
+        self.max_ns = max(self.max_ns, other.max_ns)
+
+    def percentile_ms(self, p: float) -> float:
+        """The p-th percentile (0-100) in ms, to the bucket's geometric middle; 0 when empty."""
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(self.count * p / 100))
+        seen = 0
+        for bucket in sorted(self.buckets):
+            seen += self.buckets[bucket]
+            if seen >= rank:
+                return min(_BASE ** (bucket + 0.5), self.max_ns) / 1e6
+        return self.max_ns / 1e6
+
+    def figures(self) -> LatencyFigures:
+        return LatencyFigures(
+            count=self.count,
+            p50_ms=round(self.percentile_ms(50), 4),
+            p95_ms=round(self.percentile_ms(95), 4),
+            p99_ms=round(self.percentile_ms(99), 4),
+            max_ms=round(self.max_ns / 1e6, 4),
+        )
+
+    def to_wire(self) -> tuple[dict[int, int], int, int]:
+        return dict(self.buckets), self.count, self.max_ns
+
+    @classmethod
+    def from_wire(cls, wire: tuple[dict[int, int], int, int]) -> Histogram:
+        h = cls()
+        h.buckets.update(wire[0])
+        h.count, h.max_ns = wire[1], wire[2]
+        return h
+
+
+class PeakRss:
+    """Resident memory of this process plus its children, sampled; keeps the peak."""
+
+    def __init__(self) -> None:
+        self._me = psutil.Process()
+        self.peak_bytes = 0
+
+    def sample(self) -> int:
+        total = self._me.memory_info().rss
+        for child in self._me.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.NoSuchProcess:  # exited between listing and reading: nothing to add
+                continue
+        self.peak_bytes = max(self.peak_bytes, total)
+        return total
+
+
+class LatencyFigures(msgspec.Struct, frozen=True, kw_only=True):
+    count: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+class ViolationRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One broken invariant, with where it was found: "sweep" or "round_trip"."""
+
+    agent_id: str
+    invariant: str
+    detail: str
+    source: str
+    player_input: str
+
+
+class TimelinePoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One interval of the run: rates over it and the latency medians within it."""
+
+    t_s: float
+    snapshots_per_s: float
+    inferences_per_s: float
+    build_p50_ms: float
+    round_trip_p50_ms: float
+    rss_mb: float
+
+
+class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the final table shows; `--json` writes exactly this.
+
+    `snapshots_per_s` is the build-and-check throughput of the sweep processes alone
+    (`processes` of them, measured while the round trip ran alongside; without a sweep,
+    the round trip's own rate); `all_snapshots_per_s` counts every snapshot built and
+    checked by both parts over the run's wall time. `inferences_per_s` is the round trip's
+    rate (build, check and inference in this process, `concurrency` requests in flight).
+    """
+
+    agents: int
+    seed: int
+    duration_s: float
+    processes: int
+    concurrency: int
+    backend: str
+    latency_ms: float
+    broker: str | None
+    max_context_chars: int
+    max_context_tokens: int | None
+    snapshots: int
+    sweep_snapshots: int
+    snapshots_per_s: float
+    all_snapshots_per_s: float
+    inferences: int
+    inferences_per_s: float
+    build_latency: LatencyFigures
+    check_latency: LatencyFigures
+    infer_latency: LatencyFigures
+    round_trip_latency: LatencyFigures
+    violations: int
+    first_violations: list[ViolationRecord]
+    over_budget: int
+    fallbacks: int
+    peak_rss_mb: float
+    timeline: list[TimelinePoint]
