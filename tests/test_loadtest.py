@@ -1,0 +1,166 @@
+"""`npcsim loadtest`: seeded agents, the checker catching a broken builder, figures, options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import sim.loadtest
+from sim.checker import check_working_memory
+from sim.cli import build_parser, main
+from sim.cli.loadtest import loadtest_command
+from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+
+RESULT_KEYS = {
+    "agents", "seed", "duration_s", "processes", "concurrency", "backend", "latency_ms", "broker",
+    "max_context_chars", "max_context_tokens", "snapshots", "sweep_snapshots", "snapshots_per_s",
+    "all_snapshots_per_s", "inferences", "inferences_per_s", "build_latency", "check_latency", "infer_latency",
+    "round_trip_latency", "violations", "first_violations", "over_budget", "fallbacks", "peak_rss_mb", "timeline",
+}
+LATENCY_KEYS = {"count", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
+
+
+def drop_first_fact(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
+    """A broken builder: builds without the first canonical fact (I1 must catch it)."""
+    if state.canonical_facts:
+        state = msgspec.structs.replace(state, canonical_facts=state.canonical_facts[1:])
+    return build_working_memory(state, player_input, config)
+
+
+def ignore_budget(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
+    """A broken builder: fills to ten times the limit (I2 must catch it)."""
+    loose = msgspec.structs.replace(config, max_context_chars=config.max_context_chars * 10)
+    return build_working_memory(state, player_input, loose)
+
+
+def test_public_surface() -> None:
+    assert set(sim.loadtest.__all__) == {
+        "Builder", "Checker", "LatencyFigures", "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES",
+        "Progress", "TimelinePoint", "ViolationRecord", "agent_id", "default_processes", "generate_state",
+        "profile_of", "run_loadtest",
+    }
+
+
+def test_same_seed_same_states() -> None:
+    encode = msgspec.msgpack.encode
+    for index in range(0, 400, 7):
+        assert encode(generate_state(3, index, 2000)) == encode(generate_state(3, index, 2000))
+    assert any(encode(generate_state(3, i, 2000)) != encode(generate_state(4, i, 2000)) for i in range(20))
+
+
+def test_states_cover_the_hard_shapes() -> None:
+    profiles = [profile_of(0, i) for i in range(2000)]
+    assert set(profiles) == set(sim.loadtest.PROFILES)
+    assert 0.03 < profiles.count("pathological") / len(profiles) < 0.07
+    states = [generate_state(0, i, 2000) for i in range(300)]
+    text = "".join(f.text for s in states for f in s.canonical_facts)
+    assert any(ord(c) > 0x2FFF for c in text)  # CJK or emoji
+    assert "\u0301" in text  # combining marks
+    assert any(not s.dialogue and not s.episodic for s in states)
+    huge = next(i for i in range(2000) if profile_of(0, i) == "huge")
+    assert len(generate_state(0, huge, 2000).dialogue) >= 300
+
+
+def test_pathological_agents_are_over_budget_not_violations() -> None:
+    config = WorkingMemoryConfig()
+    pathological = [i for i in range(600) if profile_of(1, i) == "pathological"]
+    assert pathological
+    for index in pathological:
+        state = generate_state(1, index, config.max_context_chars)
+        wm = build_working_memory(state, "Hello there.", config)
+        assert wm.report.over_budget
+        assert check_working_memory(state, "Hello there.", config, wm) == []
+
+
+async def test_small_sweep_has_no_violations_and_sane_figures() -> None:
+    result = await run_loadtest(LoadTestConfig(agents=300, requests=3000, duration_s=None, concurrency=0, processes=2))
+    assert result.violations == 0 and result.first_violations == []
+    assert result.snapshots == result.sweep_snapshots == 3000
+    assert 0 < result.over_budget < 3000  # the pathological share, counted apart
+    assert result.snapshots_per_s > 0
+    assert result.build_latency.count == result.check_latency.count == 3000
+    assert 0 < result.build_latency.p50_ms <= result.build_latency.p95_ms <= result.build_latency.p99_ms
+    assert result.build_latency.p99_ms <= result.build_latency.max_ms
+    assert result.peak_rss_mb > 0
+
+
+@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2")])
+def test_broken_builder_is_caught_and_exits_1(
+    builder: object, invariant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(
+        ["loadtest", "--agents", "200", "--requests", "400", "--concurrency", "0", "--processes", "1"]
+    )
+    args.builder = builder
+    assert loadtest_command(args) == 1
+    out = capsys.readouterr().out
+    assert invariant in out
+    assert "agent-" in out
+    assert "violation" in out
+
+
+async def test_broken_builder_result_names_agent_and_invariant() -> None:
+    result = await run_loadtest(
+        LoadTestConfig(agents=100, requests=300, duration_s=None, concurrency=0, processes=1), builder=drop_first_fact
+    )
+    assert result.violations > 0
+    assert 0 < len(result.first_violations) <= 10
+    first = result.first_violations[0]
+    assert first.invariant == "I1" and first.agent_id.startswith("agent-") and first.source == "sweep"
+
+
+def test_json_has_the_documented_keys(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    code = main(["loadtest", "--agents", "100", "--requests", "500", "--concurrency", "0", "--processes", "1",
+                 "--json", str(out)])
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert set(figures) == RESULT_KEYS
+    for name in ("build_latency", "check_latency", "infer_latency", "round_trip_latency"):
+        assert set(figures[name]) == LATENCY_KEYS
+    assert figures["violations"] == 0 and figures["snapshots"] == 500
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--agents", "0"], "--agents"),
+        (["--agents", "many"], "--agents"),
+        (["--duration", "0"], "--duration"),
+        (["--duration", "nan"], "--duration"),
+        (["--requests", "-3"], "--requests"),
+        (["--concurrency", "-1"], "--concurrency"),
+        (["--processes", "x"], "--processes"),
+        (["--max-context-chars", "0"], "--max-context-chars"),
+        (["--max-context-tokens", "0"], "--max-context-tokens"),
+        (["--latency-ms", "-5"], "--latency-ms"),
+        (["--broker", "localhost:1883"], "--broker"),
+        (["--seed", "-1"], "--seed"),
+        (["--json", "/no/such/dir/out.json"], "--json"),
+        (["--plot", "/no/such/dir/out.png"], "--plot"),
+        (["--duration", "5", "--requests", "5"], "--requests"),
+    ],
+)
+def test_bad_option_is_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["loadtest", *argv])
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_nothing_to_run_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["loadtest", "--concurrency", "0", "--processes", "0"]) == 2
+    assert "--concurrency 0 with --processes 0" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "load.png"
+    code = main(["loadtest", "--agents", "100", "--duration", "1.5", "--concurrency", "0", "--processes", "1",
+                 "--plot", str(out)])
+    assert code == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
