@@ -8,9 +8,9 @@ from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfi
 
 # ASCII words, combining marks, emoji, CJK, and the odd newline.
 _ALPHABET = st.sampled_from(
-    list("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJ.,!?'-:0123456789")
-    + ["\u0301", "\u0308", "\u20dd", "\U0001f600", "\U0001f44d", "\U0001f3fd", "\u732b", "\u738b",
-       "\u6b7b", "\u00e9", "\u00df", "\u0416", "\n", "#"]
+    [*"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJ.,!?'-:0123456789",
+     "\u0301", "\u0308", "\u20dd", "\U0001f600", "\U0001f44d", "\U0001f3fd", "\u732b", "\u738b",
+     "\u6b7b", "\u00e9", "\u00df", "\u0416", "\n", "#"]
 )
 texts = st.text(_ALPHABET, min_size=0, max_size=60)
 long_texts = st.one_of(texts, st.text(_ALPHABET, min_size=200, max_size=2500))

@@ -114,7 +114,8 @@ def test_i5_redistribution_contains_fixed_split_at_any_lower_limit(
     fixed = msgspec.structs.replace(config, redistribute_unused=False)
     redistributed = _kept(build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=high)))
     for limit in (low, high):
-        for name, items in _kept(build_working_memory(state, said, msgspec.structs.replace(fixed, max_context_chars=limit))).items():
+        at_limit = build_working_memory(state, said, msgspec.structs.replace(fixed, max_context_chars=limit))
+        for name, items in _kept(at_limit).items():
             assert items <= redistributed[name], (name, limit)
 
 

@@ -30,7 +30,7 @@ def test_village_has_the_world_of_the_article() -> None:
 
 def test_unknown_key_names_file_npc_and_field() -> None:
     broken = VILLAGE.replace('id = "innkeeper"', 'id = "innkeeper"\ncolour = "red"', 1)
-    with pytest.raises(ScenarioError, match=r"village-broken.toml: npc 'innkeeper' \(npcs\[1\]\).*unknown field `colour`"):
+    with pytest.raises(ScenarioError, match=r"broken.toml: npc 'innkeeper' \(npcs\[1\]\).*unknown field `colour`"):
         parse_scenario(broken, source="village-broken.toml")
 
 
