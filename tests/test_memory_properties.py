@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import msgspec
 from hypothesis import given
@@ -19,6 +20,7 @@ from sim.checker import check_working_memory
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
 from tests.strategies import configs, player_inputs, states
 
+REPO = Path(__file__).resolve().parent.parent
 CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
 FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
@@ -88,7 +90,7 @@ def test_i4_deterministic_across_hash_seeds() -> None:
     for seed in ("0", "1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                             timeout=60)
+                             timeout=60, cwd=REPO)
         digests.add(out.stdout.strip())
     assert len(digests) == 1
 
