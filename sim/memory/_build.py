@@ -7,25 +7,28 @@ state computed once (see `_render`).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
 from sim.errors import OverBudgetError
 from sim.memory._config import WorkingMemoryConfig
-from sim.memory._render import RenderedState, Section, render_tail
+from sim.memory._render import RenderedState, Section, TokenSizes, render_tail
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.memory._tokens import token_counter
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]
 
-# Redistribution order (dialogue, then episodic, then beliefs) and the prompt's order.
-FLEXIBLE = ("dialogue", "episodic", "beliefs")
-ALWAYS = ("canonical_facts", "world_state")
-RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
+# Section indexes, in the prompt's order (RENDER_ORDER).
+FACTS, WORLD, BELIEFS, EPISODIC, DIALOGUE = range(5)
+ALWAYS = (FACTS, WORLD)
+# Redistribution order: dialogue, then episodic, then beliefs.
+FLEXIBLE = (DIALOGUE, EPISODIC, BELIEFS)
 # When the exact token count of the whole prompt is over the limit: trim the least
-# important category first (truncatable mandatory ones were filled last).
-TRIM_ORDER = ("world_state", "canonical_facts", "beliefs", "episodic", "dialogue")
+# important category first (truncatable always-include ones were filled last).
+TRIM_ORDER = (WORLD, FACTS, BELIEFS, EPISODIC, DIALOGUE)
 _NO_CAP = 1 << 62
 
 
@@ -85,39 +88,41 @@ class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True):
 _DEFAULT_CONFIG = WorkingMemoryConfig()
 
 
-def _extend(
-    sizes: Sequence[int],
+def _grow(
+    sums: Sequence[int],
     header: int,
     kept: int,
     cap: int,
     room: int,
-    token_sizes: Sequence[int] | None,
+    token_sums: Sequence[int] | None,
     token_header: int,
     token_room: int,
 ) -> tuple[int, int, int]:
-    """Grow a category's newest-first run while the next whole item fits both rooms."""
-    n = len(sizes)
+    """Grow a newest-first run from `kept` items while the next whole item fits both rooms.
+
+    `sums[k]` is the size of the k newest items; the first item kept also pays the header.
+    Sizes are positive (every rendered item ends with a newline), so sums increase and the
+    longest fitting run is one bisection.
+    """
+    n = len(sums) - 1
     stop = cap if cap < n else n
-    while kept < stop:
-        i = n - 1 - kept
-        cost = sizes[i] + header if kept == 0 else sizes[i]
-        if cost > room:
-            break
-        if token_sizes is not None:
-            token_cost = token_sizes[i] + token_header if kept == 0 else token_sizes[i]
-            if token_cost > token_room:
-                break
-            token_room -= token_cost
-        room -= cost
-        kept += 1
-    return kept, room, token_room
+    if kept >= stop:
+        return kept, room, token_room
+    base = sums[kept] - (header if kept == 0 else 0)
+    k = max(kept, bisect_right(sums, base + room, kept, stop + 1) - 1)
+    if token_sums is not None:
+        token_base = token_sums[kept] - (token_header if kept == 0 else 0)
+        k = min(k, max(kept, bisect_right(token_sums, token_base + token_room, kept, stop + 1) - 1))
+        if k > kept:
+            token_room -= token_sums[k] - token_base
+    if k > kept:
+        room -= sums[k] - base
+    return k, room, token_room
 
 
-def _render_prompt(rendered: RenderedState, kept: dict[str, int], tail: str) -> tuple[str, int]:
+def _render_prompt(rendered: RenderedState, kept: list[int], tail: str) -> tuple[str, int]:
     pieces = [rendered.head]
-    for name in RENDER_ORDER:
-        section: Section = getattr(rendered, name)
-        k = kept[name]
+    for section, k in zip(rendered.sections, kept, strict=True):
         n = len(section.lines)
         if k == n:
             pieces.append(section.text)
@@ -134,109 +139,141 @@ def build_working_memory(
     """Build a fresh, immutable working memory for one inference."""
     cfg = _DEFAULT_CONFIG if config is None else config
     rendered = state.rendered
+    sections = rendered.sections
     tail = render_tail(state.agent_id, player_input)
-    always = {
-        "canonical_facts": cfg.always_include_canonical_facts,
-        "world_state": cfg.always_include_world_state,
-    }
-    caps = {
-        "dialogue": cfg.max_dialogue_lines,
-        "episodic": cfg.max_episodic_memories,
-        "beliefs": cfg.max_beliefs,
-        "canonical_facts": _NO_CAP,
-        "world_state": _NO_CAP,
-    }
-    shares = {"dialogue": cfg.dialogue_share, "episodic": cfg.episodic_share, "beliefs": cfg.belief_share}
-    mandatory_text = [rendered.head, tail]
+    always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
+    caps = (_NO_CAP, _NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
+    shares = (0.0, 0.0, cfg.belief_share, cfg.episodic_share, cfg.dialogue_share)
+    kept = [len(sections[i].lines) if always[i] else 0 for i in range(5)]
+
     mandatory_chars = len(rendered.head) + len(tail)
-    for name in ALWAYS:
-        if always[name]:
-            text = getattr(rendered, name).text
-            mandatory_text.append(text)
-            mandatory_chars += len(text)
+    for i in ALWAYS:
+        if always[i]:
+            mandatory_chars += len(sections[i].text)
     flex_chars = cfg.max_context_chars - mandatory_chars
 
     count: Callable[[str], int] | None = None
+    token_table: TokenSizes | None = None
     mandatory_tokens: int | None = None
     flex_tokens = 0
-    token_table = None
     if cfg.max_context_tokens is not None:
         count = token_counter(cfg.tokenizer)
-        mandatory_only, _ = _render_prompt(
-            rendered, {n: (len(getattr(rendered, n).lines) if always.get(n) else 0) for n in RENDER_ORDER}, tail
-        )
-        mandatory_tokens = count(mandatory_only)
+        mandatory_tokens = count(_render_prompt(rendered, kept, tail)[0])
         flex_tokens = cfg.max_context_tokens - mandatory_tokens
         token_table = state.token_sizes(count)
 
-    kept = {name: (len(getattr(rendered, name).lines) if always.get(name) else 0) for name in RENDER_ORDER}
-    budgets: dict[str, tuple[int, int]] = {name: (0, 0) for name in RENDER_ORDER}
+    budgets = [(0, 0)] * 5
     over_budget = flex_chars < 0 or flex_tokens < 0
     if over_budget:
         if cfg.on_overflow == "raise":
             raise OverBudgetError(_over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
     else:
-
-        def grow(name: str, room: int, token_room: int) -> tuple[int, int]:
-            section: Section = getattr(rendered, name)
-            token_sizes, token_header = getattr(token_table, name) if token_table is not None else (None, 0)
-            kept[name], room, token_room = _extend(
-                section.sizes, len(section.header), kept[name], caps[name], room,
-                token_sizes, token_header, token_room,
-            )
-            return room, token_room
-
-        used_chars = used_tokens = 0
-        for name in FLEXIBLE:
-            budget = (int(flex_chars * shares[name]), int(flex_tokens * shares[name]))
-            budgets[name] = budget
-            room, token_room = grow(name, *budget)
-            used_chars += budget[0] - room
-            used_tokens += budget[1] - token_room
-        room, token_room = flex_chars - used_chars, flex_tokens - used_tokens
-        if cfg.redistribute_unused:
-            for name in FLEXIBLE:
-                room, token_room = grow(name, room, token_room)
-        for name in ALWAYS:
-            if not always[name]:
-                budgets[name] = (room, token_room)
-                room, token_room = grow(name, room, token_room)
+        for i in FLEXIBLE:
+            budgets[i] = (int(flex_chars * shares[i]), int(flex_tokens * shares[i]))
+        _select(sections, token_table, kept, caps, always, budgets, flex_chars, flex_tokens, cfg.redistribute_unused)
 
     prompt, context_chars = _render_prompt(rendered, kept, tail)
     prompt_tokens: int | None = None
-    if count is not None and cfg.max_context_tokens is not None and not over_budget:
+    if count is not None and not over_budget:
         prompt, context_chars, prompt_tokens = _fit_exact_tokens(
-            rendered, kept, caps, tail, cfg, count, prompt, context_chars, always
+            rendered, kept, caps, always, tail, cfg, count, prompt, context_chars
         )
     elif count is not None:
         prompt_tokens = count(prompt)
 
-    report = _report(rendered, kept, budgets, always, token_table, cfg, mandatory_chars, mandatory_tokens,
-                     len(prompt), prompt_tokens, over_budget)
+    categories = _category_reports(sections, token_table, kept, budgets, always)
+    report = TruncationReport(
+        limit_chars=cfg.max_context_chars,
+        limit_tokens=cfg.max_context_tokens,
+        mandatory_chars=mandatory_chars,
+        mandatory_tokens=mandatory_tokens,
+        prompt_chars=len(prompt),
+        prompt_tokens=prompt_tokens,
+        over_budget=over_budget,
+        canonical_facts=categories[FACTS],
+        world_state=categories[WORLD],
+        dialogue=categories[DIALOGUE],
+        episodic=categories[EPISODIC],
+        beliefs=categories[BELIEFS],
+    )
     return WorkingMemory(
         agent_id=state.agent_id,
         player_input=player_input,
         prompt=prompt,
         context_chars=context_chars,
-        canonical_facts=_newest(state.canonical_facts, kept["canonical_facts"]),
-        world_state=_newest(state.world_state, kept["world_state"]),
-        dialogue=_newest(state.dialogue, kept["dialogue"]),
-        episodic=_newest(state.episodic, kept["episodic"]),
-        beliefs=_newest(state.beliefs, kept["beliefs"]),
+        canonical_facts=_newest(state.canonical_facts, kept[FACTS]),
+        world_state=_newest(state.world_state, kept[WORLD]),
+        dialogue=_newest(state.dialogue, kept[DIALOGUE]),
+        episodic=_newest(state.episodic, kept[EPISODIC]),
+        beliefs=_newest(state.beliefs, kept[BELIEFS]),
         report=report,
     )
 
 
+def _select(
+    sections: tuple[Section, ...],
+    token_table: TokenSizes | None,
+    kept: list[int],
+    caps: tuple[int, ...],
+    always: tuple[bool, ...],
+    budgets: list[tuple[int, int]],
+    flex_chars: int,
+    flex_tokens: int,
+    redistribute: bool,
+) -> None:
+    """Fill `kept`: the fixed split first, then redistribution, then truncatable facts."""
+    if redistribute and token_table is None:
+        # Fast path: when every flexible category fits whole (up to its cap) within the
+        # flexible budget, redistribution would keep exactly that.
+        total = 0
+        for i in FLEXIBLE:
+            section = sections[i]
+            k = min(caps[i], len(section.lines))
+            if k:
+                total += len(section.header) + section.newest_sums[k]
+            kept[i] = k
+        if total <= flex_chars and all(always[i] or not sections[i].lines for i in ALWAYS):
+            return
+        for i in FLEXIBLE:
+            kept[i] = 0
+
+    def grow(i: int, room: int, token_room: int) -> tuple[int, int]:
+        section = sections[i]
+        token_sums: tuple[int, ...] | None = None
+        token_header = 0
+        if token_table is not None:
+            token_sums, token_header = token_table.newest_sums[i], token_table.headers[i]
+        kept[i], room, token_room = _grow(
+            section.newest_sums, len(section.header), kept[i], caps[i], room, token_sums, token_header, token_room
+        )
+        return room, token_room
+
+    used_chars = used_tokens = 0
+    for i in FLEXIBLE:
+        budget_chars, budget_tokens = budgets[i]
+        room, token_room = grow(i, budget_chars, budget_tokens)
+        used_chars += budget_chars - room
+        used_tokens += budget_tokens - token_room
+    room, token_room = flex_chars - used_chars, flex_tokens - used_tokens
+    if redistribute:
+        for i in FLEXIBLE:
+            room, token_room = grow(i, room, token_room)
+    for i in ALWAYS:
+        if not always[i]:
+            budgets[i] = (room, token_room)
+            room, token_room = grow(i, room, token_room)
+
+
 def _fit_exact_tokens(
     rendered: RenderedState,
-    kept: dict[str, int],
-    caps: dict[str, int],
+    kept: list[int],
+    caps: tuple[int, ...],
+    always: tuple[bool, ...],
     tail: str,
     cfg: WorkingMemoryConfig,
     count: Callable[[str], int],
     prompt: str,
     context_chars: int,
-    always: dict[str, bool],
 ) -> tuple[str, int, int]:
     """Count the whole prompt once more, since tokens merge across item boundaries.
 
@@ -247,23 +284,23 @@ def _fit_exact_tokens(
     assert cfg.max_context_tokens is not None
     limit = cfg.max_context_tokens
     tokens = count(prompt)
-    truncatable = [n for n in TRIM_ORDER if not always.get(n, False)]
+    truncatable = [i for i in TRIM_ORDER if not always[i]]
     while tokens > limit:
-        name = next((n for n in truncatable if kept[n] > 0), None)
-        if name is None:
+        victim = next((i for i in truncatable if kept[i] > 0), None)
+        if victim is None:
             break
-        kept[name] -= 1
+        kept[victim] -= 1
         prompt, context_chars = _render_prompt(rendered, kept, tail)
         tokens = count(prompt)
     if cfg.redistribute_unused:
-        order = list(FLEXIBLE) + [n for n in ALWAYS if not always[n]]
+        order = [*FLEXIBLE, *(i for i in ALWAYS if not always[i])]
         grown = True
         while grown:
             grown = False
-            for name in order:
-                if kept[name] >= min(caps[name], len(getattr(rendered, name).lines)):
+            for i in order:
+                if kept[i] >= min(caps[i], len(rendered.sections[i].lines)):
                     continue
-                kept[name] += 1
+                kept[i] += 1
                 candidate, candidate_context = _render_prompt(rendered, kept, tail)
                 if len(candidate) <= cfg.max_context_chars:
                     candidate_tokens = count(candidate)
@@ -271,57 +308,43 @@ def _fit_exact_tokens(
                         prompt, context_chars, tokens = candidate, candidate_context, candidate_tokens
                         grown = True
                         continue
-                kept[name] -= 1
+                kept[i] -= 1
     return prompt, context_chars, tokens
 
 
-def _newest(items: tuple[msgspec.Struct, ...], k: int) -> tuple:  # type: ignore[type-arg]
+def _newest(items: tuple[Any, ...], k: int) -> tuple[Any, ...]:
     return items[len(items) - k :] if k else ()
 
 
-def _report(
-    rendered: RenderedState,
-    kept: dict[str, int],
-    budgets: dict[str, tuple[int, int]],
-    always: dict[str, bool],
-    token_table: object,
-    cfg: WorkingMemoryConfig,
-    mandatory_chars: int,
-    mandatory_tokens: int | None,
-    prompt_chars: int,
-    prompt_tokens: int | None,
-    over_budget: bool,
-) -> TruncationReport:
-    categories: dict[str, CategoryReport] = {}
-    for name in RENDER_ORDER:
-        section: Section = getattr(rendered, name)
-        k = kept[name]
-        n = len(section.lines)
-        used = (len(section.header) + sum(section.sizes[n - k :])) if k else 0
-        used_tokens: int | None = None
-        budget_tokens: int | None = None
-        if token_table is not None:
-            sizes, header = getattr(token_table, name)
-            used_tokens = (header + sum(sizes[n - k :])) if k else 0
-            budget_tokens = used_tokens if always.get(name) else budgets[name][1]
-        categories[name] = CategoryReport(
-            budget=used if always.get(name) else budgets[name][0],
-            used=used,
-            kept=k,
-            dropped=n - k,
-            budget_tokens=budget_tokens,
-            used_tokens=used_tokens,
+def _category_reports(
+    sections: tuple[Section, ...],
+    token_table: TokenSizes | None,
+    kept: list[int],
+    budgets: list[tuple[int, int]],
+    always: tuple[bool, ...],
+) -> list[CategoryReport]:
+    reports = []
+    for i, section in enumerate(sections):
+        k = kept[i]
+        used = (len(section.header) + section.newest_sums[k]) if k else 0
+        if token_table is None:
+            reports.append(
+                CategoryReport(budget=used if always[i] else budgets[i][0], used=used, kept=k,
+                               dropped=len(section.lines) - k)
+            )
+            continue
+        used_tokens = (token_table.headers[i] + token_table.newest_sums[i][k]) if k else 0
+        reports.append(
+            CategoryReport(
+                budget=used if always[i] else budgets[i][0],
+                used=used,
+                kept=k,
+                dropped=len(section.lines) - k,
+                budget_tokens=used_tokens if always[i] else budgets[i][1],
+                used_tokens=used_tokens,
+            )
         )
-    return TruncationReport(
-        limit_chars=cfg.max_context_chars,
-        limit_tokens=cfg.max_context_tokens,
-        mandatory_chars=mandatory_chars,
-        mandatory_tokens=mandatory_tokens,
-        prompt_chars=prompt_chars,
-        prompt_tokens=prompt_tokens,
-        over_budget=over_budget,
-        **categories,
-    )
+    return reports
 
 
 def _over_budget_message(

@@ -19,8 +19,9 @@ concatenation of these pieces and nothing else.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CATEGORY_HEADERS",
+    "RENDER",
+    "RENDER_ORDER",
     "RenderedState",
     "TokenSizes",
     "render_belief",
@@ -39,6 +42,7 @@ __all__ = [
     "render_state",
     "render_tail",
     "render_world",
+    "newest_sums",
     "token_sizes",
 ]
 
@@ -50,6 +54,8 @@ CATEGORY_HEADERS: dict[str, str] = {
     "dialogue": "\n## Recent dialogue\n",
 }
 TAIL_HEADER = "\n## Now\n"
+# The order of the sections in the prompt: static first, the most changing last.
+RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
 
 
 def render_head(system_prompt: str) -> str:
@@ -76,6 +82,15 @@ def render_line(line: Line) -> str:
     return f"{line.speaker}: {line.text}\n"
 
 
+RENDER: dict[str, Callable[[Any], str]] = {
+    "canonical_facts": render_fact,
+    "world_state": render_world,
+    "beliefs": render_belief,
+    "episodic": render_episode,
+    "dialogue": render_line,
+}
+
+
 def render_tail(agent_id: str, player_input: str) -> str:
     """The closing piece: what was just said to the NPC, then its cue to answer."""
     said = f"{player_input}\n" if player_input else ""
@@ -83,31 +98,33 @@ def render_tail(agent_id: str, player_input: str) -> str:
 
 
 class Section(msgspec.Struct, frozen=True):
-    """One category's rendered items, oldest first, and their sizes in characters."""
+    """One category's rendered items, oldest first, and their sizes in characters.
+
+    `newest_sums[k]` is the size of the k newest lines together, so that the largest run
+    fitting a budget is one bisection instead of a loop.
+    """
 
     header: str
     lines: tuple[str, ...]
-    sizes: tuple[int, ...]
+    newest_sums: tuple[int, ...]
     text: str  # header + every line: the section as rendered when nothing is dropped
 
 
 class RenderedState(msgspec.Struct, frozen=True):
     head: str
-    canonical_facts: Section
-    world_state: Section
-    beliefs: Section
-    episodic: Section
-    dialogue: Section
+    sections: tuple[Section, ...]  # in RENDER_ORDER
 
 
 class TokenSizes(msgspec.Struct, frozen=True):
-    """Per-item token counts of a rendered state; headers counted on their own."""
+    """Per-item token counts of a rendered state, per section in RENDER_ORDER."""
 
-    canonical_facts: tuple[tuple[int, ...], int]
-    world_state: tuple[tuple[int, ...], int]
-    beliefs: tuple[tuple[int, ...], int]
-    episodic: tuple[tuple[int, ...], int]
-    dialogue: tuple[tuple[int, ...], int]
+    newest_sums: tuple[tuple[int, ...], ...]
+    headers: tuple[int, ...]
+
+
+def newest_sums(sizes: Sequence[int]) -> tuple[int, ...]:
+    """Running totals of sizes taken newest first: entry k is the size of the k newest."""
+    return (0, *itertools.accumulate(reversed(sizes)))
 
 
 def _section(name: str, lines: Sequence[str]) -> Section:
@@ -116,7 +133,7 @@ def _section(name: str, lines: Sequence[str]) -> Section:
     return Section(
         header=header,
         lines=tuple(lines),
-        sizes=tuple(map(len, lines)),
+        newest_sums=newest_sums([len(line) for line in lines]),
         text=header + body if lines else "",
     )
 
@@ -124,22 +141,14 @@ def _section(name: str, lines: Sequence[str]) -> Section:
 def render_state(state: NpcState) -> RenderedState:
     return RenderedState(
         head=render_head(state.system_prompt),
-        canonical_facts=_section("canonical_facts", [render_fact(f) for f in state.canonical_facts]),
-        world_state=_section("world_state", [render_world(w) for w in state.world_state]),
-        beliefs=_section("beliefs", [render_belief(b) for b in state.beliefs]),
-        episodic=_section("episodic", [render_episode(e) for e in state.episodic]),
-        dialogue=_section("dialogue", [render_line(line) for line in state.dialogue]),
+        sections=tuple(
+            _section(name, [RENDER[name](item) for item in getattr(state, name)]) for name in RENDER_ORDER
+        ),
     )
 
 
 def token_sizes(rendered: RenderedState, count: Callable[[str], int]) -> TokenSizes:
-    def sizes(section: Section) -> tuple[tuple[int, ...], int]:
-        return tuple(count(line) for line in section.lines), count(section.header)
-
     return TokenSizes(
-        canonical_facts=sizes(rendered.canonical_facts),
-        world_state=sizes(rendered.world_state),
-        beliefs=sizes(rendered.beliefs),
-        episodic=sizes(rendered.episodic),
-        dialogue=sizes(rendered.dialogue),
+        newest_sums=tuple(newest_sums([count(line) for line in s.lines]) for s in rendered.sections),
+        headers=tuple(count(s.header) for s in rendered.sections),
     )

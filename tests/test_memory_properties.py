@@ -1,0 +1,158 @@
+"""Property tests of the working-memory invariants I1-I7 on random states.
+
+The independent checker (sim.checker) is the oracle for I1, I2, I3 and I6; I4, I5 and I7
+are asserted here directly. The CI profile runs 2,000 examples per invariant.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.checker import check_working_memory
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from tests.strategies import configs, player_inputs, states
+
+REPO = Path(__file__).resolve().parent.parent
+CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
+FLEXIBLE = ("dialogue", "episodic", "beliefs")
+
+
+def violations(state: NpcState, said: str, config: WorkingMemoryConfig, invariant: str) -> list[str]:
+    wm = build_working_memory(state, said, config)
+    return [v.detail for v in check_working_memory(state, said, config, wm) if v.invariant == invariant]
+
+
+@given(states(), player_inputs, configs())
+def test_i1_canonical_facts_and_world_state_always_present(state: NpcState, said: str, config) -> None:
+    assert violations(state, said, config, "I1") == []
+
+
+@given(states(), player_inputs, configs())
+def test_i2_prompt_within_budget_unless_flagged(state: NpcState, said: str, config) -> None:
+    assert violations(state, said, config, "I2") == []
+
+
+@given(states(), player_inputs, configs())
+def test_i3_newest_contiguous_run_within_caps(state: NpcState, said: str, config) -> None:
+    assert violations(state, said, config, "I3") == []
+
+
+@given(states(), player_inputs, configs(redistribute=True))
+def test_i6_maximal_with_redistribution(state: NpcState, said: str, config) -> None:
+    assert violations(state, said, config, "I6") == []
+
+
+@given(states(max_items=8), player_inputs, configs(tokens=True))
+def test_token_budget_i1_i2_i3_i6(state: NpcState, said: str, config) -> None:
+    wm = build_working_memory(state, said, config)
+    assert check_working_memory(state, said, config, wm) == []
+
+
+def _shuffled(state: NpcState, rng: random.Random) -> NpcState:
+    fields = {}
+    for name in CATEGORIES:
+        items = list(getattr(state, name))
+        rng.shuffle(items)
+        fields[name] = items
+    return NpcState(state.agent_id, state.system_prompt, **fields)
+
+
+@given(states(), player_inputs, configs(), st.randoms(use_true_random=False))
+def test_i4_deterministic_whatever_the_input_order(state: NpcState, said: str, config, rng: random.Random) -> None:
+    first = build_working_memory(state, said, config)
+    again = build_working_memory(_shuffled(state, rng), said, config)
+    assert msgspec.msgpack.encode(first) == msgspec.msgpack.encode(again)
+    assert first.prompt == again.prompt
+
+
+def test_i4_deterministic_across_hash_seeds() -> None:
+    """Same bytes from fresh interpreters with different PYTHONHASHSEED."""
+    code = (
+        "import hashlib, msgspec\n"
+        "from sim.scenario import load_scenario\n"
+        "from sim.memory import build_working_memory, WorkingMemoryConfig\n"
+        "s = load_scenario('scenarios/village.toml')\n"
+        "h = hashlib.sha256()\n"
+        "for n in s.npcs:\n"
+        "    for c in (WorkingMemoryConfig(), WorkingMemoryConfig(max_context_chars=600)):\n"
+        "        h.update(msgspec.msgpack.encode(build_working_memory(s.initial_state(n.id), 'hi', c)))\n"
+        "print(h.hexdigest())\n"
+    )
+    digests = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             timeout=60, cwd=REPO)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
+def _kept(wm: WorkingMemory) -> dict[str, set[object]]:
+    return {name: set(getattr(wm, name)) for name in FLEXIBLE}
+
+
+@given(states(), player_inputs, configs(redistribute=False), st.integers(0, 3000), st.integers(0, 3000))
+def test_i5_fixed_split_monotonic(state: NpcState, said: str, config, a: int, b: int) -> None:
+    low, high = sorted((a, b))
+    at_low = build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=low))
+    at_high = build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=high))
+    for name, items in _kept(at_low).items():
+        assert items <= _kept(at_high)[name], name
+
+
+@given(states(), player_inputs, configs(redistribute=True), st.integers(0, 3000), st.integers(0, 3000))
+def test_i5_redistribution_contains_fixed_split_at_any_lower_limit(
+    state: NpcState, said: str, config, a: int, b: int
+) -> None:
+    low, high = sorted((a, b))
+    fixed = msgspec.structs.replace(config, redistribute_unused=False)
+    redistributed = _kept(build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=high)))
+    for limit in (low, high):
+        at_limit = build_working_memory(state, said, msgspec.structs.replace(fixed, max_context_chars=limit))
+        for name, items in _kept(at_limit).items():
+            assert items <= redistributed[name], (name, limit)
+
+
+def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> dict[str, int]:
+    """The seed article's fixed split, written out plainly: counts kept per category."""
+    from sim.memory._render import CATEGORY_HEADERS, render_belief, render_episode, render_line
+
+    mandatory_only = build_working_memory(
+        NpcState(state.agent_id, state.system_prompt, state.canonical_facts, state.world_state), said, config
+    )
+    remaining = config.max_context_chars - len(mandatory_only.prompt)
+    if remaining < 0:
+        return {name: 0 for name in FLEXIBLE}
+    plan = {
+        "dialogue": (remaining * config.dialogue_share, state.dialogue, render_line, config.max_dialogue_lines),
+        "episodic": (remaining * config.episodic_share, state.episodic, render_episode, config.max_episodic_memories),
+        "beliefs": (remaining * config.belief_share, state.beliefs, render_belief, config.max_beliefs),
+    }
+    kept = {}
+    for name, (share, items, render, cap) in plan.items():
+        budget = int(share)
+        used = 0
+        count = 0
+        for item in reversed(items):
+            size = len(render(item)) + (len(CATEGORY_HEADERS[name]) if count == 0 else 0)
+            if count >= cap or used + size > budget:
+                break
+            used += size
+            count += 1
+        kept[name] = count
+    return kept
+
+
+@given(states(), player_inputs, configs(redistribute=False))
+def test_i7_seed_split_reproduced_without_redistribution(state: NpcState, said: str, config) -> None:
+    config = msgspec.structs.replace(config, always_include_canonical_facts=True, always_include_world_state=True)
+    wm = build_working_memory(state, said, config)
+    assert {name: getattr(wm.report, name).kept for name in FLEXIBLE} == _seed_reference(state, said, config)

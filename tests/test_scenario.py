@@ -1,0 +1,66 @@
+"""Scenario files: the village loads; every error names the file, the NPC and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.errors import ScenarioError
+from sim.scenario import load_scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parent.parent
+VILLAGE = (REPO / "scenarios" / "village.toml").read_text()
+
+
+def test_village_has_the_world_of_the_article() -> None:
+    scenario = load_scenario(REPO / "scenarios" / "village.toml")
+    assert {n.id for n in scenario.npcs} == {"blacksmith", "innkeeper", "guard_captain", "snack_machine"}
+    snack = scenario.initial_state("snack_machine")
+    assert "You are a capitalist snack machine trying to make money" in [f.text for f in snack.canonical_facts]
+    smith = scenario.initial_state("blacksmith")
+    assert any("killed Mayor Aldric three sessions ago" in f.text for f in smith.canonical_facts)
+    assert any(w.key == "king" and "dead" in w.value for w in smith.world_state)
+    script = [line for p in scenario.players for line in p.script if line.to == "snack_machine"]
+    assert any("communis" in line.text.lower() for line in script)
+    for npc in scenario.npcs:
+        state = scenario.initial_state(npc.id)
+        assert state.canonical_facts and state.world_state and state.episodic and state.beliefs and state.dialogue
+
+
+def test_unknown_key_names_file_npc_and_field() -> None:
+    broken = VILLAGE.replace('id = "innkeeper"', 'id = "innkeeper"\ncolour = "red"', 1)
+    with pytest.raises(ScenarioError, match=r"broken.toml: npc 'innkeeper' \(npcs\[1\]\).*unknown field `colour`"):
+        parse_scenario(broken, source="village-broken.toml")
+
+
+def test_wrong_type_names_the_field() -> None:
+    broken = VILLAGE.replace('{ id = "e1", tick = 0, text = "Hid', '{ id = "e1", tick = "dawn", text = "Hid', 1)
+    with pytest.raises(ScenarioError, match=r"npc 'innkeeper'.*field episodic\[0\]\.tick.*Expected `int`, got `str`"):
+        parse_scenario(broken, source="v.toml")
+
+
+def test_out_of_range_value_is_refused() -> None:
+    broken = VILLAGE.replace("significance = 0.9 },", "significance = 1.5 },", 1)
+    with pytest.raises(ScenarioError, match=r"npc 'blacksmith'.*significance.*<= 1.0"):
+        parse_scenario(broken, source="v.toml")
+
+
+def test_unknown_location_and_unknown_target() -> None:
+    with pytest.raises(ScenarioError, match=r"npc 'blacksmith' \(npcs\[0\]\), field location: unknown location 'moon'"):
+        parse_scenario(VILLAGE.replace('location = "forge"', 'location = "moon"', 1), source="v.toml")
+    with pytest.raises(ScenarioError, match=r"player 'player'.*script\[0\]\.to: unknown NPC 'vending'"):
+        parse_scenario(VILLAGE.replace('to = "snack_machine", text = "Comrade', 'to = "vending", text = "Comrade', 1),
+                       source="v.toml")
+
+
+def test_syntax_error_and_missing_file() -> None:
+    with pytest.raises(ScenarioError, match=r"v.toml: not valid TOML"):
+        parse_scenario("[scenario\nname=1", source="v.toml")
+    with pytest.raises(ScenarioError, match=r"nowhere.toml: cannot read"):
+        load_scenario("nowhere.toml")
+
+
+def test_bad_memory_config_in_scenario_names_the_field() -> None:
+    with pytest.raises(ScenarioError, match=r"max_beliefs must be a whole number >= 0, got -2.*memory"):
+        parse_scenario(VILLAGE + "\n[memory]\nmax_beliefs = -2\n", source="v.toml")
