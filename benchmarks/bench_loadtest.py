@@ -1,0 +1,147 @@
+"""Benchmark of `npcsim loadtest` (issue 6): 10,000 agents, in-process and through Mosquitto.
+
+Targets: >= 50,000 snapshots/s built and checked across the cores (the sweep, in-process),
+0 violations, and the round trip through Mosquitto no slower than 3x in-process at the
+same concurrency. Each figure is printed with its ratio to its bound.
+
+    .venv/bin/python benchmarks/bench_loadtest.py [--duration 10] [--write docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from sim.loadtest import LoadTestConfig, LoadTestResult, default_processes, run_loadtest
+from sim.memory import WorkingMemoryConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SECTION = "## Load test (issue 6)"
+TARGET_SNAPSHOTS = 50_000
+TARGET_MQTT_RATIO = 3.0
+AGENTS = 10_000
+CONCURRENCY = 64
+
+
+@contextlib.contextmanager
+def private_mosquitto() -> Iterator[str]:
+    """A Mosquitto from broker-config/dev.conf on a free loopback port; yields its URL."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "mosquitto.conf"
+        conf.write_text(f"listener {port} 127.0.0.1\n" + (REPO / "broker-config" / "dev.conf").read_text())
+        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("mosquitto did not start") from None
+                    time.sleep(0.05)
+            yield f"mqtt://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=5)
+
+
+def run(config: LoadTestConfig) -> LoadTestResult:
+    return asyncio.run(run_loadtest(config))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="scripted backend delay for the round trip")
+    parser.add_argument("--write", type=Path, default=None, help="replace our section of this markdown file")
+    args = parser.parse_args()
+    cores = default_processes()
+    budgets = {"default (2000 chars)": WorkingMemoryConfig(),
+               "256 tokens": WorkingMemoryConfig(max_context_tokens=256)}
+    lines: list[str] = []
+    failures = 0
+
+    def out(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    out(SECTION)
+    out()
+    out(f"Command: `.venv/bin/python benchmarks/bench_loadtest.py --duration {args.duration:g} "
+        f"--latency-ms {args.latency_ms:g}`. Machine: {cores} cores, Python {platform.python_version()} "
+        f"({sys.platform}); {AGENTS:,} agents, seed 0.")
+    out()
+    out("Build-and-check sweep (the checker on every snapshot), one process per core, no round trip:")
+    out()
+    out("| budget | snapshots/s | / 50,000 target | build p50/p99 ms | check p50/p99 ms | violations | over budget "
+        "| peak RSS MB |")
+    out("|---|---|---|---|---|---|---|---|")
+    for name, memory in budgets.items():
+        r = run(LoadTestConfig(agents=AGENTS, duration_s=args.duration, concurrency=0, processes=cores,
+                               memory=memory))
+        failures += r.violations
+        out(f"| {name} | {r.snapshots_per_s:,.0f} | {r.snapshots_per_s / TARGET_SNAPSHOTS:.2f} "
+            f"| {r.build_latency.p50_ms:.3f}/{r.build_latency.p99_ms:.3f} "
+            f"| {r.check_latency.p50_ms:.3f}/{r.check_latency.p99_ms:.3f} | {r.violations} | {r.over_budget:,} "
+            f"| {r.peak_rss_mb:,.0f} |")
+    out()
+    out(f"Round trip (build + check + inference, scripted backend), concurrency {CONCURRENCY}, "
+        "no sweep alongside; Mosquitto is a private broker from broker-config/dev.conf with the "
+        "pool's worker in the same process:")
+    out()
+    out("| budget | backend delay ms | transport | inferences/s | round trip p50/p95/p99 ms | violations "
+        "| p50 ratio MQTT/in-process (bound 3) |")
+    out("|---|---|---|---|---|---|---|")
+    with private_mosquitto() as url:
+        for name, memory in budgets.items():
+            for delay in (0.0, args.latency_ms):
+                base = None
+                for broker in (None, url):
+                    r = run(LoadTestConfig(agents=AGENTS, duration_s=args.duration, concurrency=CONCURRENCY,
+                                           processes=0, memory=memory, latency_ms=delay, broker=broker))
+                    failures += r.violations
+                    rt = r.round_trip_latency
+                    ratio = ""
+                    if base is None:
+                        base = r
+                    else:
+                        value = rt.p50_ms / base.round_trip_latency.p50_ms
+                        ratio = f"{value:.2f}" + (" (over)" if value > TARGET_MQTT_RATIO else "")
+                    out(f"| {name} | {delay:g} | {'mosquitto' if broker else 'in-process'} "
+                        f"| {r.inferences_per_s:,.0f} | {rt.p50_ms:.2f}/{rt.p95_ms:.2f}/{rt.p99_ms:.2f} "
+                        f"| {r.violations} | {ratio} |")
+    out()
+    if args.write is not None:
+        write_section(args.write, "\n".join(lines) + "\n")
+    return 1 if failures else 0
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace our section of the markdown file (up to the next `## `), or append it."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
