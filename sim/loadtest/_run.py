@@ -4,7 +4,8 @@ Two figures, measured at the same time and labelled apart:
 
 * the **sweep**: `processes` worker processes (default: one per core), each generating its
   share of the agents locally from the seed (agent i goes to process i % processes),
-  rendering them once before the clock starts, then building and checking snapshots of
+  building each once before the clock starts (a state caches its rendered items and
+  their token counts, as the server's hot state does), then building and checking snapshots of
   random agents as fast as it can. Building is CPU-bound Python, so only processes spread
   it over the cores. Each process ships counts and latency-histogram deltas to the parent
   four times a second. This gives snapshots/s and the build and check latencies.
@@ -176,7 +177,7 @@ def _sweep_loop(
         for i in range(index, config.agents, config.processes)
     ]
     for state in states:
-        _ = state.rendered  # render before the clock starts: rendering is cached per state
+        builder(state, "", memory)  # warm before the clock: rendering and token counts are cached per state
     out.put(("ready", index, None))
     start.wait()
     if stop.is_set():
@@ -362,19 +363,23 @@ class _Budget:
         return self.tick
 
 
+def _round_trip_states(config: LoadTestConfig, builder: Builder) -> list[NpcState]:
+    """Every agent, generated and warmed before the clock starts (while the sweep does its share)."""
+    states = [generate_state(config.seed, i, config.memory.max_context_chars) for i in range(config.agents)]
+    for state in states:
+        builder(state, "", config.memory)  # as in the sweep: warm the per-state caches outside the timing
+    return states
+
+
 async def _requester(
     worker: int, config: LoadTestConfig, builder: Builder, checker: Checker, infer: Infer,
-    states: dict[int, NpcState], budget: _Budget, totals: _Totals,
+    states: list[NpcState], budget: _Budget, totals: _Totals,
 ) -> None:
     rng = random.Random(f"npcsim-loadtest:{config.seed}:round-trip:{worker}")
     memory = config.memory
     clock = time.perf_counter_ns
     while (tick := budget.take()) is not None:
-        index = rng.randrange(config.agents)
-        state = states.get(index)
-        if state is None:
-            state = states[index] = generate_state(config.seed, index, memory.max_context_chars)
-            _ = state.rendered  # as in the sweep: rendering is not part of the build latency
+        state = states[rng.randrange(config.agents)]
         said = pick_input(rng)
         t0 = clock()
         wm = builder(state, said, memory)
@@ -461,6 +466,7 @@ async def run_loadtest(
         sweep = await stack.enter_async_context(_open_sweep(config, builder, checker, sweep_quota)) \
             if config.processes else None
         infer = await stack.enter_async_context(inference(settings)) if config.concurrency else None
+        states = _round_trip_states(config, builder) if infer is not None else []
         if sweep is not None:
             await sweep.wait_ready()
         rss.sample()
@@ -474,7 +480,6 @@ async def run_loadtest(
                 tg.create_task(sweep.pump(totals))
             if infer is not None:
                 budget = _Budget(deadline, config.requests)
-                states: dict[int, NpcState] = {}
                 async with asyncio.TaskGroup() as requesters:
                     for worker in range(config.concurrency):
                         requesters.create_task(
