@@ -48,7 +48,7 @@ from sim.events import (
     encode_json,
 )
 
-__all__ = ["BusConfig", "BusStats", "Bus", "Mailbox", "PlayerInputHandler", "open_bus", "parse_url"]
+__all__ = ["BusConfig", "BusStats", "Bus", "Mailbox", "PlayerInputHandler", "open_bus", "parse_url", "single_error"]
 
 log = logging.getLogger(__name__)
 
@@ -425,21 +425,29 @@ async def open_bus(config: BusConfig) -> AsyncIterator[Bus]:
     """
     bus = Bus(config)
     first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    async with asyncio.TaskGroup() as group:
-        connection = group.create_task(bus._connection_loop(first), name="bus-connection")
-        sender = group.create_task(bus._sender(), name="bus-sender")
-        try:
-            await first
-        except BrokerError:
-            sender.cancel()
-            raise
-        try:
-            yield bus
+    try:
+        async with asyncio.TaskGroup() as group:
+            connection = group.create_task(bus._connection_loop(first), name="bus-connection")
+            sender = group.create_task(bus._sender(), name="bus-sender")
             try:
-                async with asyncio.timeout(config.publish_timeout):
-                    await bus.wait_sent()
-            except TimeoutError:
-                log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))
-        finally:
-            sender.cancel()
-            connection.cancel()
+                await first
+            except BrokerError:
+                sender.cancel()
+                raise
+            try:
+                yield bus
+                try:
+                    async with asyncio.timeout(config.publish_timeout):
+                        await bus.wait_sent()
+                except TimeoutError:
+                    log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))
+            finally:
+                sender.cancel()
+                connection.cancel()
+    except BaseExceptionGroup as group_error:
+        raise single_error(group_error) from None
+
+
+def single_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    """The one error a TaskGroup wrapped (Python 3.11 wraps the body's too); else the group."""
+    return group.exceptions[0] if len(group.exceptions) == 1 else group

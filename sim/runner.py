@@ -35,7 +35,7 @@ import msgspec
 
 from sim import topics
 from sim.broker import open_broker
-from sim.bus import Bus, BusConfig, open_bus
+from sim.bus import Bus, BusConfig, open_bus, single_error
 from sim.errors import ConfigError
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, event_id
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig
@@ -395,58 +395,65 @@ async def _run_shard(
 
     ext_seq = 0
     try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(agent_loop(a, wakes[a.id]), name=f"agent-{a.id}") for a in agents]
-            try:
-                for tick in range(first, first + ticks):
-                    if stop.is_set():
-                        break
-                    started = time.monotonic()
-                    current[0] = tick
-                    stats.tick = tick
-                    for player in players:
-                        for event in player.inputs(tick):
-                            _emit_player(ctx, player.location, event)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(agent_loop(a, wakes[a.id]), name=f"agent-{a.id}") for a in agents]
+                try:
+                    for tick in range(first, first + ticks):
+                        if stop.is_set():
+                            break
+                        started = time.monotonic()
+                        current[0] = tick
+                        stats.tick = tick
+                        for player in players:
+                            for event in player.inputs(tick):
+                                _emit_player(ctx, player.location, event)
+                                stats.player_inputs += 1
+                        taken, outside[:] = list(outside), []
+                        for player_id, message in taken:
+                            ext_seq += 1
+                            event = Speech(
+                                id=event_id(ctx.run_id, player_id, tick, 1_000_000 + ext_seq),
+                                tick=tick,
+                                speaker=player_id,
+                                to=message.to,
+                                text=message.text,
+                                from_player=True,
+                            )
+                            bus.emit(topics.agent_inbox(ctx.run_id, message.to), event)
                             stats.player_inputs += 1
-                    taken, outside[:] = list(outside), []
-                    for player_id, message in taken:
-                        ext_seq += 1
-                        event = Speech(
-                            id=event_id(ctx.run_id, player_id, tick, 1_000_000 + ext_seq),
-                            tick=tick,
-                            speaker=player_id,
-                            to=message.to,
-                            text=message.text,
-                            from_player=True,
-                        )
-                        bus.emit(topics.agent_inbox(ctx.run_id, message.to), event)
-                        stats.player_inputs += 1
-                    woken = [a for a in agents if a.wants_turn(tick)]
-                    if woken:
-                        pending = len(woken)
-                        all_done.clear()
-                        for agent in woken:
-                            wakes[agent.id].set()
-                        await all_done.wait()
-                    await bus.flush(tick)
-                    try:
-                        async with asyncio.timeout(config.echo_timeout):
-                            await bus.wait_echoes()
-                    except TimeoutError:
-                        stats.late_echoes += bus.forget_echoes()
-                        log.warning("tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout)
-                    store.end_tick(tick)
-                    if tick % 10 == 0:
-                        await bus.publish_status(
-                            StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
-                        )
-                    if config.tick_ms:
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(max(0.0, config.tick_ms / 1000 - (time.monotonic() - started))):
-                                await stop.wait()
-            finally:
-                for task in tasks:
-                    task.cancel()
+                        woken = [a for a in agents if a.wants_turn(tick)]
+                        if woken:
+                            pending = len(woken)
+                            all_done.clear()
+                            for agent in woken:
+                                wakes[agent.id].set()
+                            await all_done.wait()
+                        await bus.flush(tick)
+                        try:
+                            async with asyncio.timeout(config.echo_timeout):
+                                await bus.wait_echoes()
+                        except TimeoutError:
+                            stats.late_echoes += bus.forget_echoes()
+                            log.warning(
+                                "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
+                            )
+                        store.end_tick(tick)
+                        if tick % 10 == 0:
+                            await bus.publish_status(
+                                StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
+                            )
+                        if config.tick_ms:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(
+                                    max(0.0, config.tick_ms / 1000 - (time.monotonic() - started))
+                                ):
+                                    await stop.wait()
+                finally:
+                    for task in tasks:
+                        task.cancel()
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
     finally:
         await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="offline", tick=stats.tick))
 
