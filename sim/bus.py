@@ -51,6 +51,10 @@ from sim.events import (
 __all__ = ["BusConfig", "BusStats", "Bus", "Mailbox", "PlayerInputHandler", "open_bus", "parse_url", "single_error"]
 
 log = logging.getLogger(__name__)
+# aiomqtt warns for every publish beyond ten in flight; the bus keeps up to
+# `publish_concurrency` in flight on purpose, so only its errors are shown.
+_mqtt_log = logging.getLogger(__name__ + ".aiomqtt")
+_mqtt_log.setLevel(logging.ERROR)
 
 PlayerInputHandler = Callable[[str, PlayerInputMessage], None]
 
@@ -327,6 +331,7 @@ class Bus:
             username=self.config.username,
             password=self.config.password,
             protocol=protocol,
+            logger=_mqtt_log,
             will=aiomqtt.Will(topics.status(self.config.run, self.config.shard), offline, qos=1, retain=True),
             keepalive=30,
             timeout=self.config.publish_timeout,
