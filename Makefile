@@ -23,7 +23,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(PY)
 	touch $@
 
 run: $(VENV)/.installed-run
-	$(VENV)/bin/npcsim memory show scenarios/village.toml
+	$(VENV)/bin/npcsim run scenarios/village.toml --broker auto --backend scripted --ticks 20 --dialogue
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check sim agents tests benchmarks

@@ -222,20 +222,25 @@ def _select(
     redistribute: bool,
 ) -> None:
     """Fill `kept`: the fixed split first, then redistribution, then truncatable facts."""
-    if redistribute and token_table is None:
-        # Fast path: when every flexible category fits whole (up to its cap) within the
-        # flexible budget, redistribution would keep exactly that.
+    if token_table is None:
+        # Fast path: a category whose whole capped run fits its share (fixed split), or
+        # when all of them together fit the flexible budget (redistribution), keeps
+        # exactly that run; no search is needed.
+        full = [0, 0, 0, 0, 0]
         total = 0
+        fits_share = True
         for i in FLEXIBLE:
             section = sections[i]
             k = min(caps[i], len(section.lines))
-            if k:
-                total += len(section.header) + section.newest_sums[k]
-            kept[i] = k
-        if total <= flex_chars and all(always[i] or not sections[i].lines for i in ALWAYS):
+            cost = len(section.header) + section.newest_sums[k] if k else 0
+            full[i] = k
+            total += cost
+            fits_share = fits_share and cost <= budgets[i][0]
+        truncatable_empty = all(always[i] or not sections[i].lines for i in ALWAYS)
+        if truncatable_empty and (fits_share or (redistribute and total <= flex_chars)):
+            for i in FLEXIBLE:
+                kept[i] = full[i]
             return
-        for i in FLEXIBLE:
-            kept[i] = 0
 
     def grow(i: int, room: int, token_room: int) -> tuple[int, int]:
         section = sections[i]

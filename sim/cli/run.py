@@ -1,0 +1,174 @@
+"""`npcsim run`, `npcsim subscribe` and `npcsim scenario generate`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import aiomqtt
+import msgspec
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from sim import topics
+from sim.bus import parse_url
+from sim.errors import BrokerError
+from sim.events import SayMessage, decode_say
+from sim.generate import write_scenario
+from sim.runner import RunConfig, RunStats, run
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
+    cmd.add_argument("scenario", help="scenario TOML file")
+    cmd.add_argument("--broker", default="auto", help="auto (default) or mqtt://host:port")
+    cmd.add_argument("--ticks", type=int, default=None, help="ticks to run (default: the scenario's)")
+    cmd.add_argument("--tick-ms", type=int, default=0, help="milliseconds per tick; 0 = as fast as possible")
+    cmd.add_argument("--seed", type=int, default=None)
+    cmd.add_argument("--run-id", default=None)
+    cmd.add_argument("--db", default=None, help="SQLite file for this shard")
+    cmd.add_argument("--backend", default="scripted")
+    cmd.add_argument("--shard", default="0/1", help="i/n: run shard i of n")
+    cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
+    cmd.add_argument("--bots", type=int, default=0, help="bot players for load")
+    cmd.add_argument("--quiet", action="store_true", help="no live display")
+    cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
+    cmd.set_defaults(func=run_command)
+
+    sub = subparsers.add_parser("subscribe", help="print what NPCs say, as it happens")
+    sub.add_argument("--broker", default="mqtt://127.0.0.1:1883")
+    sub.add_argument("--run", default="+", help="run id (default: every run)")
+    sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
+    sub.set_defaults(func=subscribe_command)
+
+    scenario = subparsers.add_parser("scenario", help="scenario tools")
+    scmds = scenario.add_subparsers(dest="scenario_command", required=True, metavar="COMMAND")
+    gen = scmds.add_parser("generate", help="write a large generated world")
+    gen.add_argument("--npcs", type=int, required=True)
+    gen.add_argument("--locations", type=int, required=True)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True)
+    gen.set_defaults(func=generate_command)
+
+
+def _progress(stats: RunStats) -> Table:
+    elapsed = max(time.monotonic() - stats.started, 1e-9)
+    bus = stats.bus
+    table = Table(show_header=False, box=None)
+    table.add_row("run", f"{stats.run_id} shard {stats.shard} on {stats.broker}")
+    table.add_row("tick", f"{max(stats.tick, 0)} / {stats.last_tick}")
+    table.add_row("events/s", f"{(bus.events_delivered if bus else 0) / elapsed:,.0f}")
+    table.add_row("inferences/s", f"{stats.inferences / elapsed:,.1f}")
+    table.add_row("lines said", str(stats.lines))
+    return table
+
+
+def summary_table(stats: RunStats) -> Table:
+    elapsed = max(time.monotonic() - stats.started, 1e-9)
+    bus = stats.bus
+    table = Table(title=f"run {stats.run_id}, shard {stats.shard}", title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    ticks = stats.tick - stats.first_tick + 1
+    rows = [
+        ("agents", stats.agents),
+        ("ticks", ticks),
+        ("ticks/s", f"{ticks / elapsed:,.1f}"),
+        ("player inputs", stats.player_inputs),
+        ("inferences", stats.inferences),
+        ("fallback lines", stats.fallbacks),
+        ("lines said", stats.lines),
+    ]
+    if bus is not None:
+        rows += [
+            ("events delivered", bus.events_delivered),
+            ("events delivered/s", f"{bus.events_delivered / elapsed:,.0f}"),
+            ("duplicates dropped", bus.duplicates),
+            ("malformed dropped", sum(bus.malformed.values())),
+            ("reconnects", bus.reconnects),
+        ]
+    rows.append(("stopped by signal", "yes" if stats.stopped_by_signal else "no"))
+    for name, value in rows:
+        table.add_row(name, str(value))
+    return table
+
+
+def run_command(args: argparse.Namespace) -> int:
+    config = RunConfig(
+        scenario=args.scenario,
+        broker=args.broker,
+        ticks=args.ticks,
+        tick_ms=args.tick_ms,
+        seed=args.seed,
+        run_id=args.run_id,
+        db=args.db,
+        backend=args.backend,
+        shard=args.shard,
+        resume=args.resume,
+        bots=args.bots,
+        keep_dialogue=args.dialogue,
+    )
+    console = Console()
+    stats = RunStats()
+    asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
+    for say in stats.dialogue:
+        console.print(_say_line(say))
+    console.print(summary_table(stats))
+    return 0
+
+
+def _say_line(say: SayMessage) -> str:
+    to = f" [dim]to[/] [bold]{say.to}[/]" if say.to else ""
+    return f"[dim]{say.run} t{say.tick:>4}[/] [bold cyan]{say.agent}[/]{to}: {escape(say.text)}"
+
+
+async def _run_live(config: RunConfig, stats: RunStats, console: Console, *, live: bool) -> None:
+    if not live:
+        await run(config, stats=stats)
+        return
+    with Live(_progress(stats), console=console, refresh_per_second=4, transient=True) as display:
+        async with asyncio.TaskGroup() as group:
+            job = group.create_task(run(config, stats=stats))
+            while not job.done():
+                display.update(_progress(stats))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.25):
+                        await asyncio.shield(job)
+
+
+def subscribe_command(args: argparse.Namespace) -> int:
+    console = Console()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_subscribe(args.broker, args.run, args.agent, console))
+    return 0
+
+
+async def _subscribe(url: str, run_id: str, agent: str, console: Console) -> None:
+    host, port = parse_url(url)
+    topic = f"{topics.ROOT}/{run_id}/agent/{agent}/say"
+    try:
+        async with aiomqtt.Client(host, port) as client:
+            await client.subscribe(topic, qos=1)
+            async for message in client.messages:
+                payload = message.payload
+                try:
+                    say = decode_say(bytes(payload) if isinstance(payload, bytes | bytearray) else b"")
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    console.print(f"[dim]{message.topic}: unreadable payload ({exc})[/]")
+                    continue
+                console.print(_say_line(say))
+    except aiomqtt.MqttError as exc:
+        raise BrokerError(f"subscribe: broker {url}: {exc}") from exc
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    path = write_scenario(Path(args.out), npcs=args.npcs, locations=args.locations, seed=args.seed)
+    Console().print(f"wrote {args.npcs} NPCs in {args.locations} locations to {path}")
+    return 0

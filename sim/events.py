@@ -1,0 +1,140 @@
+"""Wire types of the simulation bus and their module-level codecs.
+
+Internal topics (location events, inboxes) carry msgpack; public topics (say, player
+input, status) carry JSON so that `mosquitto_sub` can read them. Every event has an `id`
+that is unique in its run, so a QoS 1 redelivery is applied once.
+
+Event ids are built from (agent, tick, seq), not from a random source: the same run
+gives the same ids, which keeps episodic memory ids (and so prompts) deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+__all__ = [
+    "AnyEvent",
+    "EventBatch",
+    "Notice",
+    "PlayerInputMessage",
+    "SayMessage",
+    "Speech",
+    "StatusMessage",
+    "decode_batch",
+    "decode_player_input",
+    "decode_say",
+    "decode_status",
+    "encode_batch",
+    "encode_json",
+    "event_id",
+]
+
+Tick = Annotated[int, msgspec.Meta(ge=0)]
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    tick: Tick
+    location: str | None = None
+
+
+class Speech(_Event, tag="speech"):
+    """Someone said something: an NPC's line, or a player's input.
+
+    `to` is who was addressed (None: said to the room). `turn` counts the replies in an
+    NPC-to-NPC exchange, so that two NPCs do not talk to each other forever.
+    `from_player` marks a player's input: the addressee always answers it.
+    """
+
+    speaker: Name
+    text: Text
+    to: Name | None = None
+    turn: Annotated[int, msgspec.Meta(ge=0)] = 0
+    from_player: bool = False
+
+
+class Notice(_Event, tag="notice"):
+    """Something happened at a place that nobody said: the game system's narration."""
+
+    text: Text
+    significance: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
+
+
+AnyEvent = Speech | Notice
+
+
+class EventBatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One message: every event a shard produced for one topic in one tick."""
+
+    shard: str
+    tick: Tick
+    events: tuple[AnyEvent, ...]
+
+
+class SayMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """What an NPC said, on its public `say` topic."""
+
+    run: str
+    agent: str
+    tick: int
+    to: str | None
+    text: str
+    inference_id: str
+
+
+class PlayerInputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A player's input from an outside client: `{"to": "<npc id>", "text": "..."}`."""
+
+    to: Name
+    text: Text
+
+
+class StatusMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A shard's liveness (retained, and the last will with state "offline")."""
+
+    run: str
+    shard: str
+    state: str
+    tick: int | None = None
+
+
+def event_id(run: str, agent: str, tick: int, seq: int) -> str:
+    """The id of the `seq`-th event `agent` caused in `tick`: unique in the run, reproducible."""
+    return f"{run}:{agent}:{tick}:{seq}"
+
+
+_msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
+_batch = msgspec.msgpack.Decoder(EventBatch)
+_player_input = msgspec.json.Decoder(PlayerInputMessage)
+_say = msgspec.json.Decoder(SayMessage)
+_status = msgspec.json.Decoder(StatusMessage)
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    return _msgpack.encode(batch)
+
+
+def encode_json(message: SayMessage | StatusMessage | PlayerInputMessage) -> bytes:
+    return _json.encode(message)
+
+
+def decode_batch(data: bytes) -> EventBatch:
+    """Raises msgspec.DecodeError (or ValidationError) on a malformed payload."""
+    return _batch.decode(data)
+
+
+def decode_player_input(data: bytes) -> PlayerInputMessage:
+    return _player_input.decode(data)
+
+
+def decode_say(data: bytes) -> SayMessage:
+    return _say.decode(data)
+
+
+def decode_status(data: bytes) -> StatusMessage:
+    return _status.decode(data)

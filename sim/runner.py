@@ -1,0 +1,466 @@
+"""A shard: scenario + store + bus + inference pool + agents under one TaskGroup.
+
+The tick is the clock. Each tick:
+1. players' inputs (scripted, bots, and outside clients' JSON) become events;
+2. the local agents that have mail or want to talk are woken, in id order, and the
+   tick waits for all of them (each agent is a long-lived task);
+3. the tick's events go out as one msgpack batch per topic, and the shard waits until its
+   own batches come back through the broker (bounded by `echo_timeout`), so the next
+   tick perceives them whatever the network's interleaving;
+4. the store commits the tick; the status topic says where the shard is.
+
+Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one's
+inferences finish (bounded by `shutdown_timeout`), the store is flushed, the retained
+status says "offline", and the run returns normally.
+
+`sim` never imports `agents` by name: NPC kinds resolve through AGENT_KINDS import strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import logging
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from sim import topics
+from sim.broker import open_broker
+from sim.bus import Bus, BusConfig, open_bus, single_error
+from sim.errors import ConfigError
+from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, event_id
+from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.scenario import NpcSpec, Scenario, load_scenario
+
+__all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
+
+log = logging.getLogger(__name__)
+
+AGENT_KINDS: dict[str, str] = {"npc": "agents.npc:NpcAgent"}
+PLAYER_KINDS = {"scripted": "agents.player:ScriptedPlayer", "bot": "agents.player:BotPlayer"}
+
+
+class Agent(Protocol):
+    id: str
+
+    def wants_turn(self, tick: int) -> bool: ...
+
+    async def step(self, tick: int) -> None: ...
+
+
+class _Player(Protocol):
+    id: str
+    location: str | None
+
+    def inputs(self, tick: int) -> list[Speech]: ...
+
+
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
+    scenario: str
+    broker: str = "auto"
+    ticks: int | None = None
+    tick_ms: int = 0
+    seed: int | None = None
+    run_id: str | None = None
+    db: str | None = None
+    backend: str = "scripted"
+    shard: str = "0/1"
+    resume: bool = False
+    concurrency: int = 64
+    bots: int = 0
+    bot_rate: float = 0.1
+    echo_timeout: float = 5.0
+    shutdown_timeout: float = 10.0
+    inference_timeout: float = 30.0
+    keep_dialogue: bool = False
+
+
+@dataclass
+class RunStats:
+    """What the progress display and the summary read; updated by the shard."""
+
+    run_id: str = ""
+    shard: str = "0"
+    broker: str = ""
+    agents: int = 0
+    first_tick: int = 0
+    tick: int = -1
+    last_tick: int = 0
+    inferences: int = 0
+    fallbacks: int = 0
+    lines: int = 0
+    player_inputs: int = 0
+    late_echoes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    bus: Any = None
+    stopped_by_signal: bool = False
+    dialogue: list[SayMessage] = field(default_factory=list)
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """`i/n` with 0 <= i < n."""
+    try:
+        index, count = (int(x) for x in value.split("/"))
+    except ValueError as exc:
+        raise ConfigError(f"--shard {value!r}: expected i/n, for example 0/2") from exc
+    if not 0 <= index < count:
+        raise ConfigError(f"--shard {value!r}: need 0 <= i < n")
+    return index, count
+
+
+def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
+    """Shard i of n holds every n-th NPC in id order: a function of the scenario only."""
+    return [spec for k, spec in enumerate(sorted(scenario.npcs, key=lambda s: s.id)) if k % count == index]
+
+
+def _resolve(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# --- stand-ins until sim.store (issue 3) and sim.inference (issue 5) land ---------------------
+
+
+class _Result(msgspec.Struct, frozen=True, kw_only=True):
+    line: str
+    backend: str = "scripted"
+    fallback: bool = False
+
+
+class _ScriptedPool:
+    """In-process scripted replies behind the pool's `infer` shape; replaced by sim.inference."""
+
+    async def infer(self, memory: WorkingMemory, agent: str, tick: int, seed: int) -> _Result:
+        digest = hashlib.sha256(f"{seed}:{agent}:{tick}:{memory.player_input}".encode()).hexdigest()[:6]
+        heard = memory.player_input.split(": ", 1)[-1][:60]
+        return _Result(line=f'{agent} ({digest}) answers "{heard}"')
+
+
+class _MemoryStore:
+    """Hot state in memory behind the store's shape; replaced by sim.store."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, NpcState] = {}
+        self.last_tick: int | None = None
+        self.records = 0
+
+    def ensure_agent(self, state: NpcState) -> None:
+        self._states.setdefault(state.agent_id, state)
+
+    def state(self, agent_id: str) -> NpcState:
+        return self._states[agent_id]
+
+    def _append(self, agent_id: str, name: str, item: object) -> None:
+        state = self._states[agent_id]
+        self._states[agent_id] = msgspec.structs.replace(state, **{name: (*getattr(state, name), item)})
+
+    def end_tick(self, tick: int) -> None:
+        self.last_tick = tick
+
+
+# --- the shard ---------------------------------------------------------------------------------
+
+
+class ShardContext:
+    """What an agent may use: the bus, its state, the pool, and the run's identity."""
+
+    def __init__(
+        self, scenario: Scenario, config: RunConfig, run_id: str, seed: int, bus: Bus, stats: RunStats
+    ) -> None:
+        self.scenario = scenario
+        self.run_id = run_id
+        self.seed = seed
+        self.shard = stats.shard
+        self.bus = bus
+        self.stats = stats
+        self.memory_config: WorkingMemoryConfig = scenario.memory
+        self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
+        self._neighbours: dict[str, tuple[str, ...]] = {}
+        for spec in sorted(scenario.npcs, key=lambda s: s.id):
+            self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
+        self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        self._store = _MemoryStore()
+        self._pool = _ScriptedPool()
+        self._inference_slots = asyncio.Semaphore(config.concurrency)
+        self._keep_dialogue = config.keep_dialogue
+        self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
+
+    def neighbours(self, location: str) -> tuple[str, ...]:
+        """Every NPC at `location`, in any shard, in id order."""
+        return self._neighbours.get(location, ())
+
+    def location_topic(self, location: str) -> str:
+        return self._location_topics[location]
+
+    def state(self, agent_id: str) -> NpcState:
+        return self._store.state(agent_id)
+
+    async def add_episode(self, agent_id: str, episode: Episode) -> None:
+        self._store._append(agent_id, "episodic", episode)
+
+    async def add_belief(self, agent_id: str, belief: Belief) -> None:
+        self._store._append(agent_id, "beliefs", belief)
+
+    async def add_line(self, agent_id: str, line: Line) -> None:
+        self._store._append(agent_id, "dialogue", line)
+
+    async def infer(
+        self,
+        *,
+        inference_id: str,
+        agent: str,
+        tick: int,
+        memory: WorkingMemory,
+        player: bool,
+        ambient: bool,
+        fallback_lines: tuple[str, ...],
+    ) -> _Result:
+        async with self._inference_slots:
+            result = await self._pool.infer(memory, agent, tick, self.seed)
+        self.stats.inferences += 1
+        self.stats.fallbacks += result.fallback
+        return result
+
+    async def say(self, agent: str, tick: int, to: str, text: str, inference_id: str) -> None:
+        message = SayMessage(run=self.run_id, agent=agent, tick=tick, to=to, text=text, inference_id=inference_id)
+        await self.bus.publish_say(message)
+        self.stats.lines += 1
+        if self._keep_dialogue:
+            self.stats.dialogue.append(message)
+
+    async def record(
+        self,
+        inference_id: str,
+        agent: str,
+        tick: int,
+        state: NpcState,
+        player_input: str,
+        memory: WorkingMemory,
+        result: _Result,
+    ) -> None:
+        self._store.records += 1
+
+
+def _default_run_id(scenario: Scenario, seed: int) -> str:
+    return f"{scenario.scenario.name}-{seed}"
+
+
+@contextlib.contextmanager
+def _signals(stop: asyncio.Event, stats: RunStats) -> Iterator[None]:
+    """SIGINT/SIGTERM ask for an orderly stop; the handlers are removed on exit."""
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int) -> None:
+        log.warning("%s: stopping after the current tick", signal.Signals(signum).name)
+        stats.stopped_by_signal = True
+        stop.set()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, handler, signum)
+        except (NotImplementedError, RuntimeError):
+            continue
+        installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+@contextlib.asynccontextmanager
+async def _workdir() -> AsyncIterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="npcsim-") as path:
+        yield Path(path)
+
+
+async def run(
+    config: RunConfig,
+    *,
+    stats: RunStats | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[RunStats], None] | None = None,
+) -> RunStats:
+    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
+    scenario = load_scenario(config.scenario)
+    seed = scenario.scenario.seed if config.seed is None else config.seed
+    run_id = config.run_id or _default_run_id(scenario, seed)
+    topics.run_root(run_id)
+    index, count = parse_shard(config.shard)
+    if config.backend != "scripted":
+        raise ConfigError(f"--backend {config.backend!r}: only 'scripted' is available in this build")
+    stats = stats or RunStats()
+    stop = stop or asyncio.Event()
+    stats.run_id, stats.shard = run_id, str(index)
+    ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
+    with _signals(stop, stats):
+        async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
+            stats.broker = f"{broker.kind} {broker.url}"
+            bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
+            async with open_bus(bus_config) as bus:
+                stats.bus = bus.stats
+                ctx = ShardContext(scenario, config, run_id, seed, bus, stats)
+                await _run_shard(
+                    ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
+                )
+    return stats
+
+
+async def _run_shard(
+    ctx: ShardContext,
+    config: RunConfig,
+    scenario: Scenario,
+    specs: list[NpcSpec],
+    index: int,
+    ticks: int,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+) -> None:
+    bus, stats = ctx.bus, ctx.stats
+    store = ctx._store
+    agents: list[Agent] = []
+    for spec in specs:
+        store.ensure_agent(scenario.initial_state(spec.id))
+        kind = AGENT_KINDS.get(spec.kind)
+        if kind is None:
+            raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+        agents.append(_resolve(kind)(spec, ctx))
+    stats.agents = len(agents)
+    by_location: dict[str, list[str]] = {}
+    for spec in specs:
+        by_location.setdefault(spec.location, []).append(spec.id)
+    for location, ids in sorted(by_location.items()):
+        await bus.listen_location(location, ids)
+    await bus.listen_inboxes(sorted(by_location_ids := [s.id for s in specs]))
+    local = set(by_location_ids)
+
+    players: list[_Player] = []
+    if index == 0:
+        scripted = _resolve(PLAYER_KINDS["scripted"])
+        players += [scripted(p, ctx.run_id) for p in scenario.players]
+        bot = _resolve(PLAYER_KINDS["bot"])
+        npc_ids = sorted(ctx.npc_ids)
+        players += [bot(f"bot{i}", npc_ids, ctx.run_id, ctx.seed, config.bot_rate) for i in range(config.bots)]
+
+    outside: list[tuple[str, PlayerInputMessage]] = []
+
+    def on_player_input(player: str, message: PlayerInputMessage) -> None:
+        if message.to not in local:
+            if message.to not in ctx.npc_ids:
+                bus._malformed(
+                    "player input to an unknown NPC",
+                    topics.player_input(ctx.run_id, player),
+                    ValueError(f"no NPC {message.to!r} in this run"),
+                )
+            return
+        outside.append((player, message))
+
+    await bus.listen_player_input(on_player_input)
+
+    first = 0 if not config.resume or store.last_tick is None else store.last_tick + 1
+    stats.first_tick, stats.last_tick = first, first + ticks - 1
+    await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
+    if on_ready is not None:
+        on_ready(stats)
+
+    wakes = {agent.id: asyncio.Event() for agent in agents}
+    pending = 0
+    all_done = asyncio.Event()
+    current = [first]
+
+    def finished() -> None:
+        nonlocal pending
+        pending -= 1
+        if pending == 0:
+            all_done.set()
+
+    async def agent_loop(agent: Agent, wake: asyncio.Event) -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            try:
+                await agent.step(current[0])
+            finally:
+                finished()
+
+    ext_seq = 0
+    try:
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(agent_loop(a, wakes[a.id]), name=f"agent-{a.id}") for a in agents]
+                try:
+                    for tick in range(first, first + ticks):
+                        if stop.is_set():
+                            break
+                        started = time.monotonic()
+                        current[0] = tick
+                        stats.tick = tick
+                        for player in players:
+                            for event in player.inputs(tick):
+                                _emit_player(ctx, player.location, event)
+                                stats.player_inputs += 1
+                        taken, outside[:] = list(outside), []
+                        for player_id, message in taken:
+                            ext_seq += 1
+                            event = Speech(
+                                id=event_id(ctx.run_id, player_id, tick, 1_000_000 + ext_seq),
+                                tick=tick,
+                                speaker=player_id,
+                                to=message.to,
+                                text=message.text,
+                                from_player=True,
+                            )
+                            bus.emit(topics.agent_inbox(ctx.run_id, message.to), event)
+                            stats.player_inputs += 1
+                        woken = [a for a in agents if a.wants_turn(tick)]
+                        if woken:
+                            pending = len(woken)
+                            all_done.clear()
+                            for agent in woken:
+                                wakes[agent.id].set()
+                            await all_done.wait()
+                        await bus.flush(tick)
+                        try:
+                            async with asyncio.timeout(config.echo_timeout):
+                                await bus.wait_echoes()
+                        except TimeoutError:
+                            stats.late_echoes += bus.forget_echoes()
+                            log.warning(
+                                "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
+                            )
+                        store.end_tick(tick)
+                        if tick % 10 == 0:
+                            await bus.publish_status(
+                                StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
+                            )
+                        if config.tick_ms:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(
+                                    max(0.0, config.tick_ms / 1000 - (time.monotonic() - started))
+                                ):
+                                    await stop.wait()
+                finally:
+                    for task in tasks:
+                        task.cancel()
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+    finally:
+        await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="offline", tick=stats.tick))
+
+
+def _emit_player(ctx: ShardContext, location: str | None, event: Speech) -> None:
+    """A player standing at the NPC's place is overheard there; otherwise it is a direct message."""
+    if location is not None and event.to is not None and location == ctx.npc_location.get(event.to):
+        ctx.bus.emit(ctx.location_topic(location), event)
+    else:
+        ctx.bus.emit(topics.agent_inbox(ctx.run_id, event.to), msgspec.structs.replace(event, location=None))

@@ -1,0 +1,97 @@
+"""`--broker auto`: a private Mosquitto that never outlives the shard."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sim.broker import open_broker
+from sim.errors import ConfigError
+from tests.conftest import REPO, require_mosquitto
+
+pytestmark = pytest.mark.mosquitto
+NPCSIM = str(Path(sys.executable).parent / "npcsim")
+VILLAGE = str(REPO / "scenarios" / "village.toml")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
+    proc = await asyncio.create_subprocess_exec(
+        NPCSIM,
+        "-v",
+        "run",
+        VILLAGE,
+        "--broker",
+        "auto",
+        "--quiet",
+        *extra,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    async with asyncio.timeout(15):
+        while True:
+            line = (await proc.stderr.readline()).decode()
+            assert line, "the run ended before it started mosquitto"
+            match = re.search(r"started mosquitto \(pid (\d+)\)", line)
+            if match:
+                return proc, int(match.group(1))
+
+
+async def test_auto_leaves_no_mosquitto_after_normal_exit() -> None:
+    require_mosquitto()
+    proc, pid = await start_run("--ticks", "5")
+    async with asyncio.timeout(15):
+        await proc.communicate()
+    assert proc.returncode == 0
+    assert gone(pid)
+
+
+async def test_auto_leaves_no_mosquitto_after_sigterm() -> None:
+    require_mosquitto()
+    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50")
+    assert psutil.pid_exists(pid)
+    await asyncio.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(15):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "SIGTERM" in err.decode()
+    assert gone(pid)
+
+
+async def test_auto_in_process_stops_on_cancellation(tmp_path: Path) -> None:
+    require_mosquitto()
+    pids = []
+    started = asyncio.Event()
+
+    async def hold() -> None:
+        async with open_broker("auto", tmp_path) as info:
+            pids.append(info.pid)
+            started.set()
+            await asyncio.sleep(60)
+
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(hold())
+        async with asyncio.timeout(10):
+            await started.wait()
+        task.cancel()
+    assert pids[0] is not None and gone(pids[0])
+
+
+async def test_bad_broker_url_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="expected mqtt://host:port"):
+        async with open_broker("http://example", tmp_path):
+            pass
