@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import platform
 import shutil
 import socket
 import subprocess
@@ -22,11 +21,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sim.loadtest import LoadTestConfig, LoadTestResult, default_processes, run_loadtest
-from sim.memory import WorkingMemoryConfig
-
 REPO = Path(__file__).resolve().parent.parent
-SECTION = "## Load test (issue 6)"
+sys.path.insert(0, str(REPO))
+
+from benchmarks._report import machine_line, write_section  # noqa: E402
+from sim.loadtest import LoadTestConfig, LoadTestResult, default_processes, run_loadtest  # noqa: E402
+from sim.memory import WorkingMemoryConfig  # noqa: E402
+
+HEADING = "Load test (issue 6)"
 TARGET_SNAPSHOTS = 50_000
 TARGET_MQTT_RATIO = 3.0
 AGENTS = 10_000
@@ -80,11 +82,9 @@ def main() -> int:
         print(text, flush=True)
         lines.append(text)
 
-    out(SECTION)
-    out()
     out(f"Command: `.venv/bin/python benchmarks/bench_loadtest.py --duration {args.duration:g} "
-        f"--latency-ms {args.latency_ms:g}`. Machine: {cores} cores, Python {platform.python_version()} "
-        f"({sys.platform}); {AGENTS:,} agents, seed 0.")
+        f"--latency-ms {args.latency_ms:g}`. Machine: {machine_line(('msgspec', 'aiomqtt'))}; "
+        f"{AGENTS:,} agents, seed 0.")
     out()
     out("Build-and-check sweep (the checker on every snapshot), one process per core, no round trip:")
     out()
@@ -127,20 +127,8 @@ def main() -> int:
                         f"| {r.violations} | {ratio} |")
     out()
     if args.write is not None:
-        write_section(args.write, "\n".join(lines) + "\n")
+        write_section(args.write, HEADING, "\n".join(lines))
     return 1 if failures else 0
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace our section of the markdown file (up to the next `## `), or append it."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
-    path.write_text(text)
 
 
 if __name__ == "__main__":
