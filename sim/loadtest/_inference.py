@@ -5,15 +5,17 @@ for and adapts it to that one call:
 
 * in-process (default): the pool runs its worker in this process;
 * `--broker URL`: end to end over MQTT. The pool publishes requests on
-  `npcsim/loadtest/infer/req`; one worker in this process serves them through the shared
-  subscription, and any `npcsim worker` started on the same broker for run `loadtest`
-  joins it.
+  `npcsim/loadtest/infer/req`; a worker in a child process of its own (as a remote worker
+  would be) serves them through the shared subscription, and any `npcsim worker` started
+  on the same broker for run `loadtest` joins it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import multiprocessing
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,12 +26,15 @@ from sim.memory import WorkingMemory
 
 __all__ = ["FALLBACK_LINES", "RUN_ID", "Infer", "InferenceSettings", "open_inference"]
 
+log = logging.getLogger(__name__)
+
 # (memory, tick) -> whether the answer was a fallback line.
 Infer = Callable[[WorkingMemory, int], Awaitable[bool]]
 FALLBACK_LINES = ("Hm.", "Let me think on that.", "Not now, friend.")
 RUN_ID = "loadtest"
 _DEADLINE_S = 30.0
 _WORKER_READY_S = 10.0
+_WORKER_STOP_S = 5.0
 
 
 class InferenceSettings:
@@ -52,7 +57,7 @@ class InferenceSettings:
 @contextlib.asynccontextmanager
 async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
     """Open the inference pool for the run and yield the round trip's one await."""
-    from sim.inference import InferenceRequest, PoolConfig, Priority, RemoteWorker, WorkerConfig, open_pool
+    from sim.inference import InferenceRequest, PoolConfig, Priority, WorkerConfig, open_pool
 
     slots = max(1, settings.concurrency)
     async with contextlib.AsyncExitStack() as stack:
@@ -60,18 +65,10 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
             pool_config = PoolConfig(backend=settings.backend, options=settings.options, concurrency=slots,
                                      max_in_flight=slots, run_id=RUN_ID)
         else:
-            worker = RemoteWorker(WorkerConfig(broker=settings.broker, run_id=RUN_ID, backend=settings.backend,
-                                               options=settings.options, concurrency=slots, name="loadtest-local"))
-            workers = await stack.enter_async_context(asyncio.TaskGroup())
-            serving = workers.create_task(worker.run())
-            stack.callback(serving.cancel)  # runs after the pool below has closed
-            try:
-                async with asyncio.timeout(_WORKER_READY_S):
-                    await worker.ready.wait()
-            except TimeoutError:
-                raise BrokerError(
-                    f"--broker {settings.broker}: the local worker did not subscribe within {_WORKER_READY_S:.0f} s"
-                ) from None
+            await stack.enter_async_context(_worker_process(WorkerConfig(
+                broker=settings.broker, run_id=RUN_ID, backend=settings.backend, options=settings.options,
+                concurrency=slots, name="loadtest-local",
+            )))
             pool_config = PoolConfig(backend=settings.backend, options=settings.options, concurrency=slots,
                                      max_in_flight=slots, transport="mqtt", broker=settings.broker, run_id=RUN_ID)
         pool = await stack.enter_async_context(open_pool(pool_config))
@@ -93,3 +90,44 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
             return bool(result.fallback)
 
         yield infer
+
+
+@contextlib.asynccontextmanager
+async def _worker_process(config: Any) -> AsyncIterator[None]:
+    """Run one MQTT worker in a spawned child process until the run ends."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_serve, args=(config, ready, stop), name="npcsim-loadtest-worker", daemon=True)
+    proc.start()
+    try:
+        if not await asyncio.to_thread(ready.wait, _WORKER_READY_S):
+            raise BrokerError(
+                f"--broker {config.broker}: the local worker did not subscribe within {_WORKER_READY_S:.0f} s"
+                f" (exit code {proc.exitcode})"
+            )
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(proc.join, _WORKER_STOP_S)
+        if proc.exitcode is None:
+            log.warning("the local MQTT worker did not stop within %.0f s: terminating it", _WORKER_STOP_S)
+            proc.terminate()
+            await asyncio.to_thread(proc.join, _WORKER_STOP_S)
+
+
+def _serve(config: Any, ready: Any, stop: Any) -> None:
+    asyncio.run(_serve_until_stopped(config, ready, stop))
+
+
+async def _serve_until_stopped(config: Any, ready: Any, stop: Any) -> None:
+    from sim.inference import RemoteWorker
+
+    worker = RemoteWorker(config)
+    async with asyncio.TaskGroup() as tg:
+        serving = tg.create_task(worker.run())
+        await worker.ready.wait()
+        ready.set()
+        while not await asyncio.to_thread(stop.wait, 0.2):
+            if serving.done():
+                break
+        serving.cancel()
