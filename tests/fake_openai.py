@@ -46,18 +46,20 @@ class FakeOpenAI:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                await self._respond(writer, method, path, body)
+                await self._respond(writer, method, path, headers, body)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client closed the connection: the normal end of a keep-alive session
         finally:
             self._handlers.discard(task)
             writer.close()
 
-    async def _respond(self, writer: asyncio.StreamWriter, method: str, path: str, body: bytes) -> None:
+    async def _respond(
+        self, writer: asyncio.StreamWriter, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> None:
         mode = self._next_mode()
         self.modes.append(mode)
         request = json.loads(body) if body else {}
-        self.requests.append({"method": method, "path": path, "body": request})
+        self.requests.append({"method": method, "path": path, "headers": headers, "body": request})
         if mode == "hang":
             await asyncio.sleep(3600)
         status, extra, payload = 200, {}, b""

@@ -14,6 +14,7 @@ import asyncio
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -47,7 +48,7 @@ FEW_SHOT = (
 class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model_path: str | None = None
     n_ctx: int = 2048
-    n_threads: int | None = None
+    n_threads: int | None = None  # None: every core
     max_tokens: int = 48
     temperature: float = 0.7
     top_p: float = 0.9
@@ -152,7 +153,7 @@ async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBac
         raise ConfigError(f"backend 'llamacpp' options: model_path {str(path)!r} is not a file")
     try:
         llama = await asyncio.to_thread(
-            llama_cpp.Llama, model_path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
+            llama_cpp.Llama, model_path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads or os.cpu_count() or 1,
             seed=opts.seed, verbose=False,
         )
     except (ValueError, RuntimeError) as exc:
