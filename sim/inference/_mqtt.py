@@ -209,29 +209,38 @@ class RemoteWorker:
     async def _handle(
         self, client: aiomqtt.Client, backend: Backend, message: aiomqtt.Message, slots: asyncio.Semaphore
     ) -> None:
+        """Serve one message; the slot is freed before the reply's PUBACK round trip."""
         c = self._counters
         c.in_flight += 1
         c.in_flight_peak = max(c.in_flight_peak, c.in_flight)
         try:
-            payload = message.payload
-            if not isinstance(payload, bytes):
-                c.malformed += 1
-                self._warn("request-type", "malformed request on %s: payload is %s", message.topic, type(payload))
-                return
-            try:
-                request = decode_request(payload)
-            except msgspec.DecodeError as exc:
-                c.malformed += 1
-                self._warn("request-decode", "malformed request on %s dropped: %s", message.topic, exc)
-                return
-            c.requests += 1
-            result = await serve(
-                request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
-                counters=c, worker=self.name, warn=self._warn,
-            )
-            c.count_result(result)
-            reply_topic = topics.infer_response(self.config.run_id, request.shard)
-            await client.publish(reply_topic, encode_result(result), qos=1)
+            result = await self._serve_payload(backend, message)
         finally:
             c.in_flight -= 1
             slots.release()
+        if result is not None:
+            reply_topic = topics.infer_response(self.config.run_id, result[0])
+            await client.publish(reply_topic, encode_result(result[1]), qos=1)
+
+    async def _serve_payload(
+        self, backend: Backend, message: aiomqtt.Message
+    ) -> tuple[str, InferenceResult] | None:
+        c = self._counters
+        payload = message.payload
+        if not isinstance(payload, bytes):
+            c.malformed += 1
+            self._warn("request-type", "malformed request on %s: payload is %s", message.topic, type(payload))
+            return None
+        try:
+            request = decode_request(payload)
+        except msgspec.DecodeError as exc:
+            c.malformed += 1
+            self._warn("request-decode", "malformed request on %s dropped: %s", message.topic, exc)
+            return None
+        c.requests += 1
+        result = await serve(
+            request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
+            counters=c, worker=self.name, warn=self._warn,
+        )
+        c.count_result(result)
+        return request.shard, result
