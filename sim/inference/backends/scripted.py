@@ -1,9 +1,9 @@
 """The `scripted` backend: deterministic, no model, built from the memory it received.
 
-Its reply repeats what it heard and adds one remark drawn from the kept context (a
-canonical fact, a belief or a memory, chosen by the prompt's SHA-256; the last line of
-dialogue when there is none of those), so a test can prove the context reached the
-worker and a scripted run still reads like a conversation. `delay_ms` makes it
+Its reply is one remark drawn from the kept context (a canonical fact, a belief or a
+memory, chosen by the prompt's SHA-256; the last line of dialogue when there is none of
+those), so a test can prove the context reached the worker and a scripted run still
+varies like a conversation. `delay_ms` makes it
 answer after a fixed delay (benchmarks); `script` replaces the reply by fixed texts used
 in turn (tests of output handling).
 """
@@ -37,15 +37,11 @@ def scripted_reply(memory: WorkingMemory) -> str:
     remarks += [f"I remember this: {e.text}" for e in memory.episodic]
     if not remarks and memory.dialogue:
         remarks = [f"{memory.dialogue[-1].speaker} said: {memory.dialogue[-1].text}"]
-    heard = memory.player_input.split(": ", 1)[-1].strip()
-    lead = f"About '{heard[:60]}': " if heard else ""
     if not remarks:
-        return f"{lead}good day to you."
+        return "Good day to you."
     digest = hashlib.sha256(memory.prompt.encode()).digest()
     remark = remarks[int.from_bytes(digest[:4], "big") % len(remarks)].rstrip(".!? ")
-    if not lead:
-        remark = f"{remark[:1].upper()}{remark[1:]}"
-    return f"{lead}{remark}."
+    return f"{remark[:1].upper()}{remark[1:]}."
 
 
 class ScriptedBackend:
