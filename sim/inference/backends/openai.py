@@ -1,0 +1,240 @@
+"""The `openai` backend: any OpenAI-compatible server (vLLM, llama.cpp's server, Ollama).
+
+One `httpx.AsyncClient` per backend, N requests in flight at most. A transient failure
+(timeout, connection error, 429, 5xx) is retried with jittered exponential backoff; a 429's
+Retry-After is honoured. A circuit breaker counts consecutive failures: once open it fails
+fast, and after a cooldown it lets one probe through; the probe's outcome closes or reopens
+it. The caller bounds the whole call with its own timeout scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import httpx
+import msgspec
+
+from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError
+from sim.inference._types import Reply
+from sim.inference.backends import convert_options
+from sim.memory import WorkingMemory
+
+__all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai"]
+
+log = logging.getLogger(__name__)
+
+
+class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    base_url: str
+    model: str = "default"
+    endpoint: Literal["chat", "completions"] = "chat"
+    api_key_env: str = "OPENAI_API_KEY"
+    max_tokens: int = 64
+    temperature: float = 0.7
+    stop: tuple[str, ...] = ("\n",)
+    in_flight: int | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    retries: int = 2
+    backoff_base: float = 0.2
+    backoff_max: float = 5.0
+    max_retry_after: float = 30.0
+    breaker_failures: int = 5
+    breaker_cooldown: float = 10.0
+
+
+class _Transient(InferenceError):
+    """A failure worth retrying; `wait` is the server's Retry-After, when it gave one."""
+
+    def __init__(self, message: str, wait: float | None = None, counts_for_breaker: bool = True) -> None:
+        super().__init__(message)
+        self.wait = wait
+        self.counts_for_breaker = counts_for_breaker
+
+
+class CircuitBreaker:
+    """Closed, open (fail fast) or half-open (one probe in flight); the clock is injectable."""
+
+    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.failures = failures
+        self.cooldown = cooldown
+        self._clock = clock
+        self._consecutive = 0
+        self._opened_at: float | None = None
+        self._probing = False
+        self.opened = 0
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        if self._probing or self._clock() - self._opened_at < self.cooldown:
+            return "open"
+        return "half-open"
+
+    def before(self, what: str) -> None:
+        """Raise CircuitOpenError while open; in half-open, let exactly one probe through."""
+        state = self.state
+        if state == "open":
+            raise CircuitOpenError(f"{what}: circuit open after {self._consecutive} consecutive failures")
+        if state == "half-open":
+            self._probing = True
+
+    def success(self) -> None:
+        if self._opened_at is not None:
+            log.info("circuit closed again after a successful probe")
+        self._consecutive = 0
+        self._opened_at = None
+        self._probing = False
+
+    def abandon(self) -> None:
+        """A call was cancelled: a probe that never finished counts as a failed one."""
+        if self._probing:
+            self.failure()
+
+    def failure(self) -> None:
+        self._consecutive += 1
+        if self._probing or (self._opened_at is None and self._consecutive >= self.failures):
+            if self._opened_at is None:
+                log.warning("circuit opened after %d consecutive failures", self._consecutive)
+            self.opened += 1
+            self._opened_at = self._clock()
+            self._probing = False
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: fall back to our own backoff
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, options: OpenAIOptions, client: httpx.AsyncClient, in_flight: int) -> None:
+        self._options = options
+        self._client = client
+        self._slots = asyncio.Semaphore(in_flight)
+        self._random = random.Random()
+        self.model = options.model
+        self.breaker = CircuitBreaker(options.breaker_failures, options.breaker_cooldown)
+        self._params: dict[str, Any] = {
+            "endpoint": options.endpoint,
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "stop": list(options.stop),
+        }
+        self._path = "/chat/completions" if options.endpoint == "chat" else "/completions"
+
+    def _body(self, memory: WorkingMemory, prohibition: str | None) -> dict[str, Any]:
+        o = self._options
+        body: dict[str, Any] = {"model": o.model, "max_tokens": o.max_tokens, "temperature": o.temperature}
+        if o.stop:
+            body["stop"] = list(o.stop)
+        rule = f"\n## Rule\n{prohibition}\n" if prohibition else ""
+        if o.endpoint == "chat":
+            messages = memory.messages()
+            messages[0]["content"] += rule
+            body["messages"] = messages
+        else:
+            body["prompt"] = memory.prompt[: memory.context_chars] + rule + memory.prompt[memory.context_chars :]
+        return body
+
+    def _backoff(self, attempt: int) -> float:
+        o = self._options
+        return min(o.backoff_max, o.backoff_base * 2**attempt) * self._random.uniform(0.5, 1.5)
+
+    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+        body = self._body(memory, prohibition)
+        url = f"{self._options.base_url.rstrip('/')}{self._path}"
+        async with self._slots:
+            for attempt in range(self._options.retries + 1):
+                self.breaker.before(url)
+                try:
+                    text, tokens = await self._post(url, body)
+                except asyncio.CancelledError:
+                    self.breaker.abandon()
+                    raise
+                except _Transient as exc:
+                    if exc.counts_for_breaker:
+                        self.breaker.failure()
+                    else:
+                        self.breaker.success()
+                    if attempt == self._options.retries:
+                        if isinstance(exc.__cause__, httpx.TimeoutException):
+                            raise BackendTimeoutError(str(exc)) from exc
+                        raise InferenceError(str(exc)) from exc
+                    wait = self._backoff(attempt) if exc.wait is None else min(exc.wait, self._options.max_retry_after)
+                    log.debug("retrying %s in %.2fs: %s", url, wait, exc)
+                    await asyncio.sleep(wait)
+                    continue
+                except InferenceError:
+                    self.breaker.success()  # the server answered; the answer was unusable
+                    raise
+                self.breaker.success()
+                return Reply(text=text, model=self.model, params=self._params, tokens=tokens)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _post(self, url: str, body: dict[str, Any]) -> tuple[str, int | None]:
+        try:
+            response = await self._client.post(url, json=body)
+        except httpx.TimeoutException as exc:
+            raise _Transient(f"POST {url}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise _Transient(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if status == 429:
+            raise _Transient(f"POST {url}: 429 Too Many Requests", _retry_after(response), counts_for_breaker=False)
+        if status >= 500:
+            raise _Transient(f"POST {url}: server error {status}")
+        if status >= 400:
+            raise InferenceError(f"POST {url}: {status} {response.text[:200]!r}")
+        return self._parse(url, response.content)
+
+    def _parse(self, url: str, content: bytes) -> tuple[str, int | None]:
+        try:
+            data = msgspec.json.decode(content)
+            choice = data["choices"][0]
+            text = choice["message"]["content"] if self._options.endpoint == "chat" else choice["text"]
+            if not isinstance(text, str):
+                raise TypeError(f"text is {type(text).__name__}")
+        except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
+            raise InferenceError(f"POST {url}: malformed response ({exc}): {content[:200]!r}") from exc
+        usage = data.get("usage") if isinstance(data, dict) else None
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        return text, tokens if isinstance(tokens, int) else None
+
+
+@asynccontextmanager
+async def open_openai(options: Mapping[str, Any], concurrency: int) -> AsyncIterator[OpenAIBackend]:
+    """Open the HTTP client; it is closed however the block ends."""
+    opts = convert_options("openai", options, OpenAIOptions)
+    if not opts.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"backend 'openai' options: base_url must be http(s)://..., got {opts.base_url!r}")
+    in_flight = opts.in_flight or concurrency
+    if in_flight <= 0 or opts.retries < 0 or opts.breaker_failures <= 0:
+        raise ConfigError(
+            f"backend 'openai' options: in_flight, breaker_failures must be > 0 and retries >= 0, got "
+            f"in_flight={in_flight}, breaker_failures={opts.breaker_failures}, retries={opts.retries}"
+        )
+    headers = {}
+    api_key = os.environ.get(opts.api_key_env)
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    timeout = httpx.Timeout(opts.read_timeout, connect=opts.connect_timeout)
+    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+    async with httpx.AsyncClient(
+        base_url=opts.base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits
+    ) as client:
+        yield OpenAIBackend(opts, client, in_flight)

@@ -1,0 +1,105 @@
+"""A fake OpenAI-compatible HTTP server on loopback, for tests of the `openai` backend.
+
+Real HTTP/1.1 over asyncio streams (keep-alive, Content-Length bodies), a listen backlog of
+256. Each request takes the next mode from `script`, then `default`: "ok", "429" (with
+Retry-After), "500", "hang" (never answers until the server closes), "malformed" (a 200
+whose body is not JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+__all__ = ["FakeOpenAI", "open_fake_openai"]
+
+
+class FakeOpenAI:
+    def __init__(self, reply: str = "Aye, the forge is hot today.") -> None:
+        self.reply = reply
+        self.script: list[str] = []
+        self.default = "ok"
+        self.retry_after = "0.05"
+        self.requests: list[dict[str, Any]] = []
+        self.modes: list[str] = []
+        self.port = 0
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _next_mode(self) -> str:
+        return self.script.pop(0) if self.script else self.default
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                await self._respond(writer, method, path, headers, body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection: the normal end of a keep-alive session
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _respond(
+        self, writer: asyncio.StreamWriter, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> None:
+        mode = self._next_mode()
+        self.modes.append(mode)
+        request = json.loads(body) if body else {}
+        self.requests.append({"method": method, "path": path, "headers": headers, "body": request})
+        if mode == "hang":
+            await asyncio.sleep(3600)
+        status, extra, payload = 200, {}, b""
+        if mode == "ok":
+            if path.endswith("/chat/completions"):
+                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": self.reply}}
+            else:
+                choice = {"index": 0, "text": self.reply}
+            payload = json.dumps(
+                {"id": "cmpl-1", "model": request.get("model", ""), "choices": [choice],
+                 "usage": {"completion_tokens": len(self.reply.split())}}
+            ).encode()
+        elif mode == "429":
+            status, extra, payload = 429, {"Retry-After": self.retry_after}, b'{"error": "slow down"}'
+        elif mode == "500":
+            status, payload = 500, b'{"error": "boom"}'
+        elif mode == "malformed":
+            payload = b"{not json"
+        else:
+            raise AssertionError(f"unknown mode {mode!r}")
+        head = [f"HTTP/1.1 {status} X", "Content-Type: application/json", f"Content-Length: {len(payload)}"]
+        head += [f"{k}: {v}" for k, v in extra.items()]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        await writer.drain()
+
+    async def close_handlers(self) -> None:
+        tasks = list(self._handlers)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def open_fake_openai(reply: str = "Aye, the forge is hot today.") -> AsyncIterator[FakeOpenAI]:
+    fake = FakeOpenAI(reply)
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0, backlog=256)
+    fake.port = server.sockets[0].getsockname()[1]
+    try:
+        yield fake
+    finally:
+        server.close()
+        await fake.close_handlers()
+        await server.wait_closed()

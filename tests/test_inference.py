@@ -1,0 +1,277 @@
+"""The inference pool in-process: codecs, fallback, output handling, backpressure, priority, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+import pytest
+
+import sim.inference
+from sim.errors import ConfigError
+from sim.inference import (
+    GENERIC_LINES,
+    InferenceRequest,
+    PoolConfig,
+    Priority,
+    Reply,
+    clean_line,
+    contradicted_fact,
+    decode_request,
+    decode_result,
+    encode_request,
+    encode_result,
+    fallback_line,
+    open_pool,
+)
+from sim.memory import Fact, WorkingMemory
+from tests.inference_helpers import FALLBACKS, make_request
+
+
+def test_public_surface_is_pinned() -> None:
+    assert sorted(sim.inference.__all__) == sorted(
+        [
+            "BACKENDS", "GENERIC_LINES", "Backend", "InferenceRequest", "InferenceResult", "Pool", "PoolConfig",
+            "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
+            "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result",
+            "fallback_line", "judge", "open_backend", "open_pool",
+        ]
+    )
+    assert Priority.PLAYER < Priority.NPC < Priority.AMBIENT
+
+
+def test_request_round_trips_through_msgpack_with_its_memory() -> None:
+    request = make_request(3, priority=Priority.PLAYER)
+    decoded = decode_request(encode_request(request))
+    assert decoded == request
+    assert decoded.memory.prompt == request.memory.prompt
+    with pytest.raises(msgspec.DecodeError):
+        decode_request(b"\x81\xa3bad\x01")
+
+
+def test_fallback_line_is_deterministic_across_processes() -> None:
+    lines = ("a", "b", "c", "d", "e")
+    here = [fallback_line("mara", tick, 7, lines) for tick in range(20)]
+    assert len(set(here)) > 1
+    code = f"from sim.inference import fallback_line;print([fallback_line('mara', t, 7, {lines!r}) for t in range(20)])"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == repr(here)
+    assert fallback_line("mara", 1, 7, ()) in GENERIC_LINES
+    assert fallback_line("mara", 1, 7, ("   ",)) in GENERIC_LINES
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("Mara: *wipes her hands* The forge is hot (smiles) today [laughs].\nNext", "The forge is hot today."),
+        ("Assistant: As an AI language model I cannot feel. Good day!", "Good day!"),
+        ("*nods*\n\"Fine, traveller.\"", "Fine, traveller."),
+        ("traveller: mara: Aye.", "Aye."),
+        ("*shrugs*", ""),
+        ("   ", ""),
+    ],
+)
+def test_clean_line(raw: str, expected: str) -> None:
+    assert clean_line(raw, "mara", 200, ["traveller"]) == expected
+
+
+def test_clean_line_bounds_length() -> None:
+    line = clean_line(" ".join(["word"] * 100), "mara", 50)
+    assert len(line) <= 50 and line.endswith("…")
+    assert clean_line("Short one. " + "x" * 100, "mara", 60) == "Short one."
+
+
+@pytest.mark.parametrize(
+    ("line", "negates"),
+    [
+        ("The old bridge is not broken!", True),
+        ("Nay, the old bridge isn't broken.", True),
+        ("The old bridge is never broken, not really.", True),
+        ("Tom is not the mayor of the village.", True),
+        ("Aye, the old bridge is broken.", False),
+        ("No, the old bridge is broken, stay off it.", False),
+        ("The well is fine.", False),
+    ],
+)
+def test_negation_check(line: str, negates: bool) -> None:
+    facts = [Fact(id="f1", text="The old bridge is broken."), Fact(id="f2", text="Tom is the mayor of the village.")]
+    assert (contradicted_fact(line, facts) is not None) == negates
+
+
+def test_negation_of_a_negative_fact() -> None:
+    facts = [Fact(id="w", text="The well is not poisoned")]
+    assert contradicted_fact("Beware, the well is poisoned!", facts) == facts[0]
+    assert contradicted_fact("The well is not poisoned, drink.", facts) is None
+
+
+async def test_scripted_reply_proves_the_context_reached_the_worker() -> None:
+    async with open_pool(PoolConfig(backend="scripted", concurrency=2)) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback and result.fallback_reason is None
+    request = make_request()
+    kept = [f.text.rstrip(".") for f in request.memory.canonical_facts]
+    kept += [b.text[1:].rstrip(".") for b in request.memory.beliefs]
+    kept += [e.text.rstrip(".") for e in request.memory.episodic]
+    assert any(text in result.line for text in kept), result.line  # it names something it was given
+    assert result.backend == "scripted" and result.worker == "inprocess"
+    assert {"queue_ms", "backend_ms", "total_ms"} <= set(result.timings)
+    assert decode_result(encode_result(result)) == result
+
+
+class ScriptBackend:
+    """A backend that answers from a list, recording the prohibitions it was given."""
+
+    name = "script"
+    model = "script-1"
+
+    def __init__(self, texts: list[str], fail: Exception | None = None) -> None:
+        self.texts = texts
+        self.fail = fail
+        self.prohibitions: list[str | None] = []
+
+    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+        self.prohibitions.append(prohibition)
+        if self.fail is not None:
+            raise self.fail
+        return Reply(text=self.texts.pop(0), model=self.model)
+
+
+async def test_negating_reply_is_retried_with_a_prohibition_then_accepted() -> None:
+    backend = ScriptBackend(["The old bridge is not broken at all.", "Mind the bridge, it's broken."])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        result = await pool.infer(make_request())
+        stats = pool.statistics()
+    assert not result.fallback and result.line == "Mind the bridge, it's broken."
+    assert backend.prohibitions[0] is None
+    assert backend.prohibitions[1] is not None and "The old bridge is broken." in backend.prohibitions[1]
+    assert stats.rejected_outputs == 1
+
+
+async def test_twice_rejected_reply_becomes_the_fallback() -> None:
+    backend = ScriptBackend(["The old bridge is not broken.", "*stares*"])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        request = make_request(5)
+        result = await pool.infer(request)
+        stats = pool.statistics()
+    assert result.fallback and result.fallback_reason == "rejected"
+    assert result.line == fallback_line("mara", 5, 7, FALLBACKS)
+    assert result.raw_response == "*stares*"
+    assert stats.fallbacks == {"rejected": 1} and stats.rejected_outputs == 2
+
+
+async def test_backend_error_gives_the_fallback_never_raises() -> None:
+    from sim.errors import InferenceError
+
+    async with open_pool(PoolConfig(), backend=ScriptBackend([], fail=InferenceError("model exploded"))) as pool:
+        results = [await pool.infer(make_request(n)) for n in range(3)]
+        stats = pool.statistics()
+    assert all(r.fallback and r.fallback_reason == "backend_error" for r in results)
+    assert all(r.line in FALLBACKS for r in results)
+    assert stats.fallbacks == {"backend_error": 3} and stats.requests == 3 and stats.completed == 3
+
+
+async def test_a_slow_backend_times_out_into_the_fallback() -> None:
+    config = PoolConfig(backend="scripted", options={"delay_ms": 5000}, timeout=0.1)
+    async with open_pool(config) as pool:
+        result = await pool.infer(make_request())
+    assert result.fallback and result.fallback_reason == "timeout"
+
+
+async def test_stale_requests_are_dropped_without_calling_the_backend() -> None:
+    backend = ScriptBackend(["never said"])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        result = await pool.infer(make_request(deadline_in=-1.0))
+        stats = pool.statistics()
+    assert result.fallback and result.fallback_reason == "stale"
+    assert backend.prohibitions == []
+    assert stats.dropped_stale == 1 and stats.fallbacks == {"stale": 1}
+
+
+class GatedBackend:
+    """Holds every call until released, recording the order agents were served in."""
+
+    name = "gated"
+    model = "gated"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.served: list[str] = []
+
+    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+        self.served.append(memory.agent_id)
+        await self.gate.wait()
+        return Reply(text=f"{memory.agent_id} speaks.", model=self.model)
+
+
+async def _until(predicate: Any, what: str) -> None:
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+async def test_full_pool_applies_backpressure_and_serves_players_first() -> None:
+    backend = GatedBackend()
+    config = PoolConfig(concurrency=2, max_in_flight=2)
+    async with open_pool(config, backend=backend) as pool:
+        async with asyncio.TaskGroup() as tg:
+            for n in range(2):
+                tg.create_task(pool.infer(make_request(n, agent=f"busy{n}", priority=Priority.AMBIENT)))
+            await _until(lambda: pool.statistics().in_flight == 2, "two in flight")
+            for n in range(3):
+                tg.create_task(pool.infer(make_request(n, agent=f"ambient{n}", priority=Priority.AMBIENT)))
+            tg.create_task(pool.infer(make_request(0, agent="npc0", priority=Priority.NPC)))
+            tg.create_task(pool.infer(make_request(0, agent="player0", priority=Priority.PLAYER)))
+            await _until(lambda: pool.statistics().waiting == 5, "five waiting")
+            assert pool.statistics().in_flight == 2  # backpressure: nobody got past the bound
+            backend.gate.set()
+        stats = pool.statistics()
+    assert backend.served[2:] == ["player0", "npc0", "ambient0", "ambient1", "ambient2"]
+    assert stats.in_flight_peak == 2 and stats.in_flight == 0 and stats.waiting == 0 and stats.completed == 7
+
+
+async def test_a_cancelled_waiter_gives_up_its_place() -> None:
+    backend = GatedBackend()
+    async with open_pool(PoolConfig(concurrency=1), backend=backend) as pool:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(pool.infer(make_request(0, agent="first")))
+            await _until(lambda: pool.statistics().in_flight == 1, "one in flight")
+            doomed = tg.create_task(pool.infer(make_request(0, agent="doomed", priority=Priority.PLAYER)))
+            tg.create_task(pool.infer(make_request(0, agent="later")))
+            await _until(lambda: pool.statistics().waiting == 2, "two waiting")
+            doomed.cancel()
+            await _until(lambda: pool.statistics().waiting == 1, "one waiting")
+            backend.gate.set()
+        assert pool.statistics().in_flight == 0
+    assert backend.served == ["first", "later"]
+
+
+def test_pool_config_refuses_bad_values() -> None:
+    with pytest.raises(ConfigError, match="concurrency"):
+        PoolConfig(concurrency=0)
+    with pytest.raises(ConfigError, match="transport"):
+        PoolConfig(transport="carrier-pigeon")  # type: ignore[arg-type]
+    assert PoolConfig(concurrency=4, max_in_flight=2).slots == 2
+
+
+async def test_unknown_backend_and_bad_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown backend 'gpt-9'"):
+        async with open_pool(PoolConfig(backend="gpt-9")):
+            pass
+    with pytest.raises(ConfigError, match="scripted"):
+        async with open_pool(PoolConfig(backend="scripted", options={"dealy_ms": 5})):
+            pass
+
+
+def test_inference_request_forbids_unknown_fields() -> None:
+    request = make_request()
+    data = msgspec.to_builtins(request)
+    data["surprise"] = 1
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert(data, InferenceRequest)

@@ -1,0 +1,174 @@
+"""Remote workers through a real Mosquitto: sharing, a killed worker, stale and malformed requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiomqtt
+import pytest
+
+from sim import topics
+from sim.inference import (
+    PoolConfig,
+    RemoteWorker,
+    WorkerConfig,
+    clean_line,
+    decode_result,
+    encode_request,
+    open_pool,
+)
+from sim.inference.backends.scripted import scripted_reply
+from tests.conftest import MosquittoProcess
+from tests.inference_helpers import make_request
+
+pytestmark = pytest.mark.mosquitto
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@asynccontextmanager
+async def running(*workers: RemoteWorker) -> AsyncIterator[None]:
+    """Run in-process remote workers until the block ends; wait until all are subscribed."""
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(w.run()) for w in workers]
+        async with asyncio.timeout(10):
+            for w in workers:
+                await w.ready.wait()
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def pool_config(broker: MosquittoProcess, run: str, **kw: object) -> PoolConfig:
+    return PoolConfig(transport="mqtt", broker=broker.url, run_id=run, **kw)  # type: ignore[arg-type]
+
+
+async def test_two_workers_share_the_load(mosquitto: MosquittoProcess) -> None:
+    run = "share"
+    workers = [
+        RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name=f"w{i}", concurrency=2,
+                                  options={"delay_ms": 20}))
+        for i in range(2)
+    ]
+    async with running(*workers), open_pool(pool_config(mosquitto, run, max_in_flight=4)) as pool:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(pool.infer(make_request(n, agent=f"npc{n}"))) for n in range(20)]
+        stats = pool.statistics()
+    results = [t.result() for t in tasks]
+    assert all(not r.fallback for r in results)
+    sent = [make_request(n, agent=f"npc{n}") for n in range(20)]
+    expected = [clean_line(scripted_reply(q.memory), q.agent_id, 200) for q in sent]
+    assert [r.line for r in results] == expected  # the memory crossed the wire
+    assert {r.worker for r in results} == {"w0", "w1"}
+    assert {r.id for r in results} == {f"req-npc{n}-{n}" for n in range(20)}
+    assert all(w.statistics().completed > 0 for w in workers)
+    assert stats.completed == 20 and stats.in_flight_peak <= 4
+
+
+async def _start_worker_process(
+    broker: MosquittoProcess, run: str, name: str, delay_ms: int
+) -> asyncio.subprocess.Process:
+    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, "worker", "--broker", broker.url, "--run", run, "--name", name,
+        "--delay-ms", str(delay_ms), "--concurrency", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.stdout is not None
+    async with asyncio.timeout(15):
+        line = await proc.stdout.readline()
+    assert b"ready" in line, line
+    return proc
+
+
+async def test_worker_killed_mid_request_gives_a_timeout_fallback_and_the_pool_goes_on(
+    mosquitto: MosquittoProcess,
+) -> None:
+    run = "kill"
+    doomed = await _start_worker_process(mosquitto, run, "doomed", delay_ms=10_000)
+    try:
+        async with open_pool(pool_config(mosquitto, run, reply_grace=0.1)) as pool:
+            async with asyncio.TaskGroup() as tg:
+                pending = tg.create_task(pool.infer(make_request(1, deadline_in=2.0)))
+                await asyncio.sleep(0.5)  # the worker has taken the request and sleeps on it
+                doomed.send_signal(signal.SIGKILL)
+            lost = pending.result()
+            assert lost.fallback and lost.fallback_reason == "timeout"
+            assert lost.line in ("The forge needs me; ask again later.", "Hmm. Not now, friend.")
+            survivor = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="survivor"))
+            async with running(survivor):
+                after = await pool.infer(make_request(2))
+            assert not after.fallback and after.worker == "survivor"
+            assert pool.statistics().fallbacks == {"timeout": 1}
+    finally:
+        if doomed.returncode is None:
+            doomed.kill()
+        await doomed.wait()
+
+
+async def test_worker_process_exits_0_on_sigterm(mosquitto: MosquittoProcess) -> None:
+    proc = await _start_worker_process(mosquitto, "term", "polite", delay_ms=0)
+    try:
+        async with open_pool(pool_config(mosquitto, "term")) as pool:
+            result = await pool.infer(make_request())
+        assert not result.fallback and result.worker == "polite"
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            out, _ = await proc.communicate()
+        assert proc.returncode == 0
+        assert b"stopped: 1 served" in out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoProcess) -> None:
+    run = "stale"
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="w"))
+    async with running(worker), aiomqtt.Client("127.0.0.1", mosquitto.port,
+                                                protocol=aiomqtt.ProtocolVersion.V5) as client:
+        await client.subscribe(topics.infer_response(run, "0"), qos=1)
+        await client.publish(topics.infer_request(run), b"\x93not a request", qos=1)
+        await client.publish(topics.infer_request(run), b"\xc1 is never valid msgpack", qos=1)
+        stale = make_request(1, deadline_in=-5.0)
+        await client.publish(topics.infer_request(run), encode_request(stale), qos=1)
+        fresh = make_request(2)
+        await client.publish(topics.infer_request(run), encode_request(fresh), qos=1)
+        replies = {}
+        async with asyncio.timeout(10):
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                result = decode_result(message.payload)
+                replies[result.id] = result
+                if len(replies) == 2:
+                    break
+    assert replies[stale.id].fallback and replies[stale.id].fallback_reason == "stale"
+    assert not replies[fresh.id].fallback
+    stats = worker.statistics()
+    assert stats.malformed == 2 and stats.dropped_stale == 1 and stats.completed == 2
+
+
+async def test_no_worker_means_a_timeout_fallback(mosquitto: MosquittoProcess) -> None:
+    async with open_pool(pool_config(mosquitto, "empty", reply_grace=0.0)) as pool:
+        result = await pool.infer(make_request(deadline_in=0.3))
+        stale = await pool.infer(make_request(2, deadline_in=-1.0))
+    assert result.fallback and result.fallback_reason == "timeout"
+    assert stale.fallback_reason == "stale" and pool.statistics().dropped_stale == 1
+
+
+async def test_an_unreachable_broker_is_a_broker_error() -> None:
+    from sim.errors import BrokerError
+    from tests.conftest import free_port
+
+    with pytest.raises(BrokerError, match="cannot connect to broker"):
+        async with open_pool(PoolConfig(transport="mqtt", broker=f"mqtt://127.0.0.1:{free_port()}")):
+            pass

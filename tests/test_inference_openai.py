@@ -1,0 +1,154 @@
+"""The `openai` backend against a fake OpenAI-compatible server over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sim.errors import CircuitOpenError
+from sim.inference import PoolConfig, open_pool
+from sim.inference.backends.openai import CircuitBreaker
+from tests.fake_openai import FakeOpenAI, open_fake_openai
+from tests.inference_helpers import make_request
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with open_fake_openai() as server:
+        yield server
+
+
+def config(fake: FakeOpenAI, **options: Any) -> PoolConfig:
+    base: dict[str, Any] = {"base_url": fake.base_url, "model": "fake-1", "backoff_base": 0.01, "retries": 2}
+    return PoolConfig(backend="openai", options={**base, **options}, concurrency=4, timeout=5.0)
+
+
+async def test_chat_success_sends_the_working_memory(fake: FakeOpenAI) -> None:
+    async with open_pool(config(fake, temperature=0.3, max_tokens=20, stop=["\n", "###"])) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback and result.line == "Aye, the forge is hot today."
+    assert result.backend == "openai" and result.model == "fake-1" and result.tokens == 6
+    body = fake.requests[0]["body"]
+    assert fake.requests[0]["path"] == "/v1/chat/completions"
+    assert body["temperature"] == 0.3 and body["max_tokens"] == 20 and body["stop"] == ["\n", "###"]
+    assert "The old bridge is broken." in body["messages"][0]["content"]
+    assert body["messages"][1]["content"] == "traveller: Is the bridge safe to cross?"
+
+
+async def test_completions_endpoint_sends_the_prompt(fake: FakeOpenAI) -> None:
+    async with open_pool(config(fake, endpoint="completions")) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback
+    assert fake.requests[0]["path"] == "/v1/completions"
+    assert fake.requests[0]["body"]["prompt"].endswith("mara:")
+
+
+async def test_429_honours_retry_after_then_succeeds(fake: FakeOpenAI) -> None:
+    fake.script = ["429", "429"]
+    fake.retry_after = "0.2"
+    async with open_pool(config(fake, backoff_base=5.0)) as pool:
+        result = await pool.infer(make_request())
+    # backoff_base=5 s would blow the 5 s pool timeout: only Retry-After (0.2 s) lets this pass
+    assert not result.fallback
+    assert fake.modes == ["429", "429", "ok"]
+
+
+async def test_500_is_retried_and_gives_the_fallback_when_it_persists(fake: FakeOpenAI) -> None:
+    fake.script = ["500"]
+    async with open_pool(config(fake)) as pool:
+        recovered = await pool.infer(make_request(1))
+        fake.default = "500"
+        failed = await pool.infer(make_request(2))
+    assert not recovered.fallback
+    assert failed.fallback and failed.fallback_reason == "backend_error"
+    assert fake.modes == ["500", "ok", "500", "500", "500"]
+
+
+async def test_a_hang_hits_the_read_timeout(fake: FakeOpenAI) -> None:
+    fake.default = "hang"
+    async with open_pool(config(fake, read_timeout=0.2, retries=1)) as pool:
+        result = await pool.infer(make_request())
+    assert result.fallback and result.fallback_reason == "timeout"
+    assert fake.modes == ["hang", "hang"]
+
+
+async def test_a_hang_hits_the_pool_timeout(fake: FakeOpenAI) -> None:
+    fake.default = "hang"
+    cfg = PoolConfig(backend="openai", options={"base_url": fake.base_url}, timeout=0.3)
+    async with open_pool(cfg) as pool:
+        result = await pool.infer(make_request())
+    assert result.fallback and result.fallback_reason == "timeout"
+
+
+async def test_malformed_json_gives_the_fallback_without_retry(fake: FakeOpenAI) -> None:
+    fake.script = ["malformed"]
+    async with open_pool(config(fake)) as pool:
+        bad = await pool.infer(make_request(1))
+        good = await pool.infer(make_request(2))
+    assert bad.fallback and bad.fallback_reason == "backend_error"
+    assert not good.fallback
+    assert fake.modes == ["malformed", "ok"]
+
+
+async def test_circuit_breaker_opens_fails_fast_and_recovers(fake: FakeOpenAI) -> None:
+    fake.default = "500"
+    options = {"retries": 0, "breaker_failures": 2, "breaker_cooldown": 0.3}
+    async with open_pool(config(fake, **options)) as pool:
+        first = [await pool.infer(make_request(n)) for n in range(2)]
+        opened = await pool.infer(make_request(2))
+        assert len(fake.requests) == 2  # failing fast: the open circuit sent nothing
+        fake.default = "ok"
+        await asyncio.sleep(0.35)  # past the cooldown: the next call is the probe
+        probe = await pool.infer(make_request(3))
+        after = await pool.infer(make_request(4))
+    assert [r.fallback_reason for r in first] == ["backend_error", "backend_error"]
+    assert opened.fallback and opened.fallback_reason == "circuit_open"
+    assert not probe.fallback and not after.fallback
+
+
+def test_circuit_breaker_states_on_a_virtual_clock() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failures=2, cooldown=10.0, clock=lambda: now[0])
+    breaker.failure()
+    assert breaker.state == "closed"
+    breaker.failure()
+    assert breaker.state == "open"
+    with pytest.raises(CircuitOpenError):
+        breaker.before("x")
+    now[0] = 10.0
+    assert breaker.state == "half-open"
+    breaker.before("x")  # the probe goes through ...
+    with pytest.raises(CircuitOpenError):
+        breaker.before("x")  # ... alone
+    breaker.failure()  # the probe failed: open again for another cooldown
+    assert breaker.state == "open"
+    now[0] = 20.0
+    breaker.before("x")
+    breaker.abandon()  # a cancelled probe counts as failed
+    assert breaker.state == "open"
+    now[0] = 30.0
+    breaker.before("x")
+    breaker.success()
+    assert breaker.state == "closed"
+
+
+async def test_one_hundred_concurrent_requests(fake: FakeOpenAI) -> None:
+    cfg = PoolConfig(backend="openai", options={"base_url": fake.base_url, "in_flight": 100}, concurrency=100,
+                     max_in_flight=100)
+    async with open_pool(cfg) as pool, asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(pool.infer(make_request(n, agent=f"a{n}"))) for n in range(100)]
+    assert all(not t.result().fallback for t in tasks)
+    assert len(fake.requests) == 100
+
+
+async def test_api_key_comes_from_the_named_environment_variable(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPCSIM_TEST_KEY", "sekrit")
+    async with open_pool(config(fake, api_key_env="NPCSIM_TEST_KEY")) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback
+    assert fake.requests[0]["headers"]["authorization"] == "Bearer sekrit"
