@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import msgspec
@@ -139,6 +140,7 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
         (["--max-context-tokens", "0"], "--max-context-tokens"),
         (["--latency-ms", "-5"], "--latency-ms"),
         (["--broker", "localhost:1883"], "--broker"),
+        (["--backend", "nope"], "--backend"),
         (["--seed", "-1"], "--seed"),
         (["--json", "/no/such/dir/out.json"], "--json"),
         (["--plot", "/no/such/dir/out.png"], "--plot"),
@@ -155,6 +157,16 @@ def test_bad_option_is_named(argv: list[str], named: str, capsys: pytest.Capture
 def test_nothing_to_run_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["loadtest", "--concurrency", "0", "--processes", "0"]) == 2
     assert "--concurrency 0 with --processes 0" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if the extra were missing
+    code = main(["loadtest", "--requests", "5", "--processes", "0", "--plot", str(tmp_path / "x.png")])
+    assert code == 2
+    assert "npcsim[plot]" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from sim.errors import ConfigError
+from sim.inference import BACKENDS
 from sim.loadtest import LoadTestConfig, LoadTestResult, Progress, default_processes, run_loadtest
 from sim.loadtest._display import print_result, progress_view
 from sim.loadtest._plot import require_matplotlib, write_plot
@@ -95,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="the working memory's hard limit in characters (default 2000)")
     p.add_argument("--max-context-tokens", type=_whole(1), default=None, metavar="T",
                    help="also limit each prompt to T tokens (cl100k; extra 'tokens')")
-    p.add_argument("--backend", default="scripted", metavar="NAME", help="inference backend (default scripted)")
+    p.add_argument("--backend", default="scripted", choices=BACKENDS, metavar="NAME",
+                   help=f"inference backend: {', '.join(BACKENDS)} (default scripted)")
     p.add_argument("--latency-ms", type=_milliseconds, default=0.0, metavar="MS",
                    help="fixed delay of the scripted backend (default 0)")
     p.add_argument("--broker", type=_broker, default=None, metavar="URL",
