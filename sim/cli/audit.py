@@ -7,6 +7,7 @@ what is audited.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -144,10 +145,16 @@ def export_command(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise StoreError(f"{args.out}: cannot write the export: {exc}") from exc
         count = 0
-        for record in reader.audit_records(args.agent):
-            out.write(encoder.encode(record) + b"\n")
-            count += 1
-        out.flush()
+        try:
+            for record in reader.audit_records(args.agent):
+                out.write(encoder.encode(record) + b"\n")
+                count += 1
+            out.flush()
+        except BrokenPipeError:
+            # the reader went away (`| head`): stop quietly, and keep Python's exit flush quiet too
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 1
     if args.out is not None:
         Console(stderr=True).print(f"exported {count} records to {args.out}")
     return 0

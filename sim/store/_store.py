@@ -98,19 +98,26 @@ _SQL: dict[str, str] = {
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
 
-# Newest `limit` rows per agent for the agents in a JSON array, newest first: the same
-# total order as NpcState's (tick, id, ...) so hot state is exactly the newest N.
+# Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same
+# total order as NpcState's (tick, id, ...), so hot state is exactly the newest N. The
+# correlated LIMIT walks each agent's recency index backwards and stops after N rows, so
+# the cost follows the agents loaded, not the length of their history.
 _IDS = "agent IN (SELECT value FROM json_each(?))"
+
+
+def _recent(table: str, columns: str, order: str) -> str:
+    newest_first = ", ".join(f"{c} DESC" for c in order.split(", "))
+    return (
+        f"SELECT t.agent, {', '.join('t.' + c for c in columns.split(', '))} FROM json_each(?) AS j"
+        f" JOIN {table} AS t ON t.n IN (SELECT n FROM {table} WHERE agent = j.value"
+        f" ORDER BY {newest_first} LIMIT ?) ORDER BY t.agent, {', '.join('t.' + c for c in order.split(', '))}"
+    )
+
+
 _RECENT: dict[str, str] = {
-    "episodic": "SELECT agent, id, tick, text, significance FROM (SELECT *, ROW_NUMBER() OVER ("
-    "PARTITION BY agent ORDER BY tick DESC, id DESC, text DESC, significance DESC) AS r"
-    f" FROM episodes WHERE {_IDS}) WHERE r <= ? ORDER BY agent, r DESC",
-    "beliefs": "SELECT agent, id, tick, text, confidence FROM (SELECT *, ROW_NUMBER() OVER ("
-    "PARTITION BY agent ORDER BY tick DESC, id DESC, text DESC, confidence DESC) AS r"
-    f" FROM beliefs WHERE {_IDS}) WHERE r <= ? ORDER BY agent, r DESC",
-    "dialogue": "SELECT agent, tick, seq, speaker, text FROM (SELECT *, ROW_NUMBER() OVER ("
-    "PARTITION BY agent ORDER BY tick DESC, seq DESC, speaker DESC, text DESC) AS r"
-    f" FROM dialogue WHERE {_IDS}) WHERE r <= ? ORDER BY agent, r DESC",
+    "episodic": _recent("episodes", "id, tick, text, significance", "tick, id, text, significance"),
+    "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
+    "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
 }
 
 
