@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import msgspec
 
 from sim import topics
+from sim.audit import make_record
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus, single_error
 from sim.errors import ConfigError
@@ -40,6 +41,7 @@ from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, ev
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.store import Store, Writer, open_store
 
 __all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
 
@@ -129,31 +131,6 @@ def _resolve(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-# --- stand-in until sim.store (issue 3) lands --------------------------------------------------
-
-
-class _MemoryStore:
-    """Hot state in memory behind the store's shape; replaced by sim.store."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, NpcState] = {}
-        self.last_tick: int | None = None
-        self.records = 0
-
-    def ensure_agent(self, state: NpcState) -> None:
-        self._states.setdefault(state.agent_id, state)
-
-    def state(self, agent_id: str) -> NpcState:
-        return self._states[agent_id]
-
-    def _append(self, agent_id: str, name: str, item: object) -> None:
-        state = self._states[agent_id]
-        self._states[agent_id] = msgspec.structs.replace(state, **{name: (*getattr(state, name), item)})
-
-    def end_tick(self, tick: int) -> None:
-        self.last_tick = tick
-
-
 # --- the shard ---------------------------------------------------------------------------------
 
 
@@ -161,7 +138,15 @@ class ShardContext:
     """What an agent may use: the bus, its state, the pool, and the run's identity."""
 
     def __init__(
-        self, scenario: Scenario, config: RunConfig, run_id: str, seed: int, bus: Bus, pool: Pool, stats: RunStats
+        self,
+        scenario: Scenario,
+        config: RunConfig,
+        run_id: str,
+        seed: int,
+        bus: Bus,
+        pool: Pool,
+        store: Store,
+        stats: RunStats,
     ) -> None:
         self.scenario = scenario
         self.run_id = run_id
@@ -175,7 +160,7 @@ class ShardContext:
         for spec in sorted(scenario.npcs, key=lambda s: s.id):
             self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        self._store = _MemoryStore()
+        self._store = store
         self._pool = pool
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
@@ -192,13 +177,13 @@ class ShardContext:
         return self._store.state(agent_id)
 
     async def add_episode(self, agent_id: str, episode: Episode) -> None:
-        self._store._append(agent_id, "episodic", episode)
+        await self._store.add_episode(agent_id, episode, writer=Writer.NPC)
 
     async def add_belief(self, agent_id: str, belief: Belief) -> None:
-        self._store._append(agent_id, "beliefs", belief)
+        await self._store.add_belief(agent_id, belief, writer=Writer.NPC)
 
     async def add_line(self, agent_id: str, line: Line) -> None:
-        self._store._append(agent_id, "dialogue", line)
+        await self._store.add_line(agent_id, line, writer=Writer.NPC)
 
     async def infer(
         self,
@@ -247,7 +232,36 @@ class ShardContext:
         memory: WorkingMemory,
         result: InferenceResult,
     ) -> None:
-        self._store.records += 1
+        """One audit record: enough to rebuild the exact context the model saw."""
+        record = make_record(
+            id=inference_id,
+            run_id=self.run_id,
+            state=state,
+            player_input=player_input,
+            config=self.memory_config,
+            memory=memory,
+            tick=tick,
+            backend=result.backend,
+            model=result.model,
+            params=result.params,
+            raw_response=result.raw_response,
+            line=result.line,
+            fallback=result.fallback,
+            fallback_reason=result.fallback_reason,
+            timings=result.timings,
+        )
+        await self._store.record(record)
+
+
+def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
+    """A database holding ticks is continued only when asked, never silently reused."""
+    if config.resume and store.last_tick is None:
+        raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
+    if not config.resume and store.last_tick is not None:
+        raise ConfigError(
+            f"--db {db} already holds this run up to tick {store.last_tick}: "
+            "pass --resume to continue it, or give another file"
+        )
 
 
 def _default_run_id(scenario: Scenario, seed: int) -> str:
@@ -316,9 +330,11 @@ async def run(
                 run_id=run_id,
                 shard=str(index),
             )
-            async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
+            async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+                _check_resume(config, db, store)
                 stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, stats)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
                 await _run_shard(
                     ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
                 )
@@ -337,9 +353,11 @@ async def _run_shard(
 ) -> None:
     bus, stats = ctx.bus, ctx.stats
     store = ctx._store
+    missing = set(await store.load_agents(spec.id for spec in specs))
     agents: list[Agent] = []
     for spec in specs:
-        store.ensure_agent(scenario.initial_state(spec.id))
+        if spec.id in missing:
+            await store.ensure_agent(scenario.initial_state(spec.id), writer=Writer.SCENARIO)
         kind = AGENT_KINDS.get(spec.kind)
         if kind is None:
             raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
@@ -447,7 +465,7 @@ async def _run_shard(
                             log.warning(
                                 "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
                             )
-                        store.end_tick(tick)
+                        await store.end_tick(tick)
                         if tick % 10 == 0:
                             await bus.publish_status(
                                 StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
