@@ -37,9 +37,9 @@ from sim.audit import make_record
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus, single_error
 from sim.errors import ConfigError
-from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, event_id
+from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
-from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.store import Store, Writer, open_store
 
@@ -104,6 +104,7 @@ class RunStats:
     lines: int = 0
     player_inputs: int = 0
     late_echoes: int = 0
+    world_changes: int = 0
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
@@ -253,6 +254,18 @@ class ShardContext:
         await self._store.record(record)
 
 
+async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
+    """Set what the game system changed, with its authority; returns how many entries changed."""
+    changed = 0
+    for agent in agents:
+        current = {entry.key: entry.value for entry in store.state(agent).world_state}
+        for key, value in sorted(message.state.items()):
+            if current.get(key) != value:
+                await store.set_world(agent, WorldFact(key=key, value=value), writer=Writer.GAME)
+                changed += 1
+    return changed
+
+
 def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
     """A database holding ticks is continued only when asked, never silently reused."""
     if config.resume and store.last_tick is None:
@@ -393,9 +406,13 @@ async def _run_shard(
         outside.append((player, message))
 
     await bus.listen_player_input(on_player_input)
+    world_updates: list[WorldStateMessage] = []
+    await bus.listen_world_state(world_updates.append)
 
     first = 0 if not config.resume or store.last_tick is None else store.last_tick + 1
     stats.first_tick, stats.last_tick = first, first + ticks - 1
+    if index == 0 and not config.resume and scenario.world:
+        await bus.publish_world_state(WorldStateMessage(state={w.key: w.value for w in scenario.world}, tick=first))
     await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
     if on_ready is not None:
         on_ready(stats)
@@ -432,6 +449,9 @@ async def _run_shard(
                         started = time.monotonic()
                         current[0] = tick
                         stats.tick = tick
+                        taken_world, world_updates[:] = list(world_updates), []
+                        for message in taken_world:
+                            stats.world_changes += await _apply_world_state(store, sorted(local), message)
                         for player in players:
                             for event in player.inputs(tick):
                                 _emit_player(ctx, player.location, event)

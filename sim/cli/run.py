@@ -89,6 +89,7 @@ def summary_table(stats: RunStats) -> Table:
         ("inferences", stats.inferences),
         ("fallback lines", stats.fallbacks),
         ("lines said", stats.lines),
+        ("world-state changes applied", stats.world_changes),
     ]
     if bus is not None:
         rows += [
