@@ -39,6 +39,7 @@ import msgspec
 from sim.audit import AuditRecord, encode_record
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory._state import belief_order, episode_order, line_order
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "Writer", "open_store"]
@@ -119,18 +120,6 @@ _RECENT: dict[str, str] = {
     "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
     "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
 }
-
-
-def _episode_key(e: Episode) -> tuple[int, str, str, float]:
-    return (e.tick, e.id, e.text, e.significance)
-
-
-def _belief_key(b: Belief) -> tuple[int, str, str, float]:
-    return (b.tick, b.id, b.text, b.confidence)
-
-
-def _line_key(line: Line) -> tuple[int, int, str, str]:
-    return (line.tick, line.seq, line.speaker, line.text)
 
 
 def _insert_bounded(items: list[T], item: T, key: Callable[[T], Any], limit: int) -> None:
@@ -347,7 +336,7 @@ class Store:
         if writer not in _NPC_WRITERS:
             self._violation(agent_id, "episodic", writer)
         hot = self._hot_for(agent_id)
-        _insert_bounded(hot.episodic, episode, _episode_key, self._limit)
+        _insert_bounded(hot.episodic, episode, episode_order, self._limit)
         hot.state = None
         await self._put("episode", (agent_id, episode.id, episode.tick, episode.text, episode.significance))
 
@@ -355,7 +344,7 @@ class Store:
         if writer not in _NPC_WRITERS:
             self._violation(agent_id, "beliefs", writer)
         hot = self._hot_for(agent_id)
-        _insert_bounded(hot.beliefs, belief, _belief_key, self._limit)
+        _insert_bounded(hot.beliefs, belief, belief_order, self._limit)
         hot.state = None
         await self._put("belief", (agent_id, belief.id, belief.tick, belief.text, belief.confidence))
 
@@ -363,7 +352,7 @@ class Store:
         if writer not in _NPC_WRITERS:
             self._violation(agent_id, "dialogue", writer)
         hot = self._hot_for(agent_id)
-        _insert_bounded(hot.dialogue, line, _line_key, self._limit)
+        _insert_bounded(hot.dialogue, line, line_order, self._limit)
         hot.state = None
         await self._put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
 
