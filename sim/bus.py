@@ -474,6 +474,6 @@ async def open_bus(config: BusConfig) -> AsyncIterator[Bus]:
         raise single_error(group_error) from None
 
 
-def single_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one error a TaskGroup wrapped (Python 3.11 wraps the body's too); else the group."""
     return group.exceptions[0] if len(group.exceptions) == 1 else group

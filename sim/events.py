@@ -44,7 +44,7 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid
     location: str | None = None
 
 
-class Speech(_Event, tag="speech"):
+class Speech(_Event, tag="speech", frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Someone said something: an NPC's line, or a player's input.
 
     `to` is who was addressed (None: said to the room). `turn` counts the replies in an
@@ -59,7 +59,7 @@ class Speech(_Event, tag="speech"):
     from_player: bool = False
 
 
-class Notice(_Event, tag="notice"):
+class Notice(_Event, tag="notice", frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Something happened at a place that nobody said: the game system's narration."""
 
     text: Text

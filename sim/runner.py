@@ -450,8 +450,8 @@ async def _run_shard(
                         current[0] = tick
                         stats.tick = tick
                         taken_world, world_updates[:] = list(world_updates), []
-                        for message in taken_world:
-                            stats.world_changes += await _apply_world_state(store, sorted(local), message)
+                        for world in taken_world:
+                            stats.world_changes += await _apply_world_state(store, sorted(local), world)
                         for player in players:
                             for event in player.inputs(tick):
                                 _emit_player(ctx, player.location, event)
@@ -507,7 +507,9 @@ async def _run_shard(
 
 def _emit_player(ctx: ShardContext, location: str | None, event: Speech) -> None:
     """A player standing at the NPC's place is overheard there; otherwise it is a direct message."""
-    if location is not None and event.to is not None and location == ctx.npc_location.get(event.to):
+    if event.to is None:
+        raise ValueError(f"player event {event.id!r} has no addressee")
+    if location is not None and location == ctx.npc_location.get(event.to):
         ctx.bus.emit(ctx.location_topic(location), event)
     else:
         ctx.bus.emit(topics.agent_inbox(ctx.run_id, event.to), msgspec.structs.replace(event, location=None))

@@ -31,7 +31,7 @@ __all__ = ["register"]
 _LINE_PREVIEW = 60
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = subparsers.add_parser("audit", help="inspect and verify the inference audit of a store")
     commands = group.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
 
