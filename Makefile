@@ -37,6 +37,7 @@ run: $(VENV)/.installed-run
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check sim agents tests benchmarks
+	$(VENV)/bin/mypy sim agents
 	$(PY) -m pytest
 
 bench: $(VENV)/.installed-bench

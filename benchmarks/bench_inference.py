@@ -29,12 +29,13 @@ from pathlib import Path
 
 import msgspec
 
+from benchmarks._report import write_section
 from sim.inference import InferenceResult, PoolConfig, Priority, open_pool
 from sim.inference.backends.llamacpp import missing_requirement
 from tests.inference_helpers import make_request
 
 REPO = Path(__file__).resolve().parent.parent
-SECTION = "## Inference pool (issue 5)"
+HEADING = "Inference pool (issue 5)"
 
 
 def _free_port() -> int:
@@ -174,7 +175,7 @@ def render(figures: list[Figures], llama: str, args: argparse.Namespace) -> str:
     import aiomqtt
     import httpx
 
-    return f"""{SECTION}
+    return f"""## {HEADING}
 
 Command: `.venv/bin/python benchmarks/bench_inference.py --write docs/benchmarks.md`
 Machine: 2 cores, Python {platform.python_version()} ({platform.machine()}), msgspec {msgspec.__version__},
@@ -197,18 +198,6 @@ Target: ratio >= 0.95.
 
 {llama}
 """
-
-
-def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        rest = text[start + len(SECTION):]
-        end = rest.find("\n## ")
-        text = text[:start] + section.rstrip("\n") + ("\n" + rest[end:] if end >= 0 else "\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
 
 
 async def main_async(args: argparse.Namespace) -> str:
@@ -243,7 +232,7 @@ def main() -> None:
     section = asyncio.run(main_async(args))
     print(section)
     if args.write:
-        write_section(args.write, section)
+        write_section(args.write, HEADING, section.split("\n", 1)[1])
 
 
 if __name__ == "__main__":

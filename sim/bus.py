@@ -42,8 +42,10 @@ from sim.events import (
     PlayerInputMessage,
     SayMessage,
     StatusMessage,
+    WorldStateMessage,
     decode_batch,
     decode_player_input,
+    decode_world_state,
     encode_batch,
     encode_json,
 )
@@ -57,6 +59,7 @@ _mqtt_log = logging.getLogger(__name__ + ".aiomqtt")
 _mqtt_log.setLevel(logging.ERROR)
 
 PlayerInputHandler = Callable[[str, PlayerInputMessage], None]
+WorldStateHandler = Callable[[WorldStateMessage], None]
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -165,6 +168,8 @@ class Bus:
         self._location_routes: dict[str, tuple[str, ...]] = {}
         self._inbox_routes: dict[str, str] = {}
         self._player_handler: PlayerInputHandler | None = None
+        self._world_handler: WorldStateHandler | None = None
+        self._world_topic = topics.world_state(config.run)
         self._player_prefix = topics.run_root(config.run) + "/player/"
         self._filters: list[str] = []
         self._seen = _SeenIds(config.seen_ids)
@@ -211,6 +216,14 @@ class Bus:
         """Call `handler(player, message)` for each JSON input on `player/+/input`."""
         self._player_handler = handler
         await self._subscribe([self._player_prefix + "+/input"])
+
+    async def listen_world_state(self, handler: WorldStateHandler) -> None:
+        """Call `handler(message)` for the retained world state and every change to it."""
+        self._world_handler = handler
+        await self._subscribe([self._world_topic])
+
+    async def publish_world_state(self, message: WorldStateMessage) -> None:
+        await self.publish(self._world_topic, encode_json(message), retain=True)
 
     async def _subscribe(self, filters: list[str]) -> None:
         self._filters.extend(filters)
@@ -317,6 +330,14 @@ class Bus:
                 self._malformed("player input", topic, exc)
                 return
             self._player_handler(player, message)
+            return
+        if topic == self._world_topic and self._world_handler:
+            try:
+                world = decode_world_state(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self._malformed("world state", topic, exc)
+                return
+            self._world_handler(world)
             return
         self._malformed("unrouted", topic, ValueError("no route for this topic"))
 
@@ -453,6 +474,6 @@ async def open_bus(config: BusConfig) -> AsyncIterator[Bus]:
         raise single_error(group_error) from None
 
 
-def single_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one error a TaskGroup wrapped (Python 3.11 wraps the body's too); else the group."""
     return group.exceptions[0] if len(group.exceptions) == 1 else group

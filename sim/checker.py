@@ -10,7 +10,7 @@ snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -53,7 +53,7 @@ _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
 }
 
 
-def _render(state: NpcState, player_input: str, kept: dict[str, Sequence[Any]]) -> str:
+def _render(state: NpcState, player_input: str, kept: Mapping[str, Sequence[Any]]) -> str:
     parts = [render_head(state.system_prompt)]
     for name in _ORDER:
         items = kept[name]

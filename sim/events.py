@@ -22,8 +22,10 @@ __all__ = [
     "SayMessage",
     "Speech",
     "StatusMessage",
+    "WorldStateMessage",
     "decode_batch",
     "decode_player_input",
+    "decode_world_state",
     "decode_say",
     "decode_status",
     "encode_batch",
@@ -42,7 +44,7 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid
     location: str | None = None
 
 
-class Speech(_Event, tag="speech"):
+class Speech(_Event, tag="speech", frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Someone said something: an NPC's line, or a player's input.
 
     `to` is who was addressed (None: said to the room). `turn` counts the replies in an
@@ -57,7 +59,7 @@ class Speech(_Event, tag="speech"):
     from_player: bool = False
 
 
-class Notice(_Event, tag="notice"):
+class Notice(_Event, tag="notice", frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Something happened at a place that nobody said: the game system's narration."""
 
     text: Text
@@ -93,6 +95,17 @@ class PlayerInputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     text: Text
 
 
+class WorldStateMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The world state as the game system sets it (retained): `{"state": {"king": "dead"}}`.
+
+    Only this topic changes NPCs' world state; the store writes it with the game system's
+    authority, so model output can never change it.
+    """
+
+    state: dict[Name, str]
+    tick: int | None = None
+
+
 class StatusMessage(msgspec.Struct, frozen=True, kw_only=True):
     """A shard's liveness (retained, and the last will with state "offline")."""
 
@@ -113,13 +126,14 @@ _batch = msgspec.msgpack.Decoder(EventBatch)
 _player_input = msgspec.json.Decoder(PlayerInputMessage)
 _say = msgspec.json.Decoder(SayMessage)
 _status = msgspec.json.Decoder(StatusMessage)
+_world = msgspec.json.Decoder(WorldStateMessage)
 
 
 def encode_batch(batch: EventBatch) -> bytes:
     return _msgpack.encode(batch)
 
 
-def encode_json(message: SayMessage | StatusMessage | PlayerInputMessage) -> bytes:
+def encode_json(message: SayMessage | StatusMessage | PlayerInputMessage | WorldStateMessage) -> bytes:
     return _json.encode(message)
 
 
@@ -138,3 +152,7 @@ def decode_say(data: bytes) -> SayMessage:
 
 def decode_status(data: bytes) -> StatusMessage:
     return _status.decode(data)
+
+
+def decode_world_state(data: bytes) -> WorldStateMessage:
+    return _world.decode(data)

@@ -33,13 +33,15 @@ from typing import Any, Protocol
 import msgspec
 
 from sim import topics
+from sim.audit import make_record
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus, single_error
 from sim.errors import ConfigError
-from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, event_id
+from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
-from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
 from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.store import Store, Writer, open_store
 
 __all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
 
@@ -102,6 +104,7 @@ class RunStats:
     lines: int = 0
     player_inputs: int = 0
     late_echoes: int = 0
+    world_changes: int = 0
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
@@ -129,31 +132,6 @@ def _resolve(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-# --- stand-in until sim.store (issue 3) lands --------------------------------------------------
-
-
-class _MemoryStore:
-    """Hot state in memory behind the store's shape; replaced by sim.store."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, NpcState] = {}
-        self.last_tick: int | None = None
-        self.records = 0
-
-    def ensure_agent(self, state: NpcState) -> None:
-        self._states.setdefault(state.agent_id, state)
-
-    def state(self, agent_id: str) -> NpcState:
-        return self._states[agent_id]
-
-    def _append(self, agent_id: str, name: str, item: object) -> None:
-        state = self._states[agent_id]
-        self._states[agent_id] = msgspec.structs.replace(state, **{name: (*getattr(state, name), item)})
-
-    def end_tick(self, tick: int) -> None:
-        self.last_tick = tick
-
-
 # --- the shard ---------------------------------------------------------------------------------
 
 
@@ -161,7 +139,15 @@ class ShardContext:
     """What an agent may use: the bus, its state, the pool, and the run's identity."""
 
     def __init__(
-        self, scenario: Scenario, config: RunConfig, run_id: str, seed: int, bus: Bus, pool: Pool, stats: RunStats
+        self,
+        scenario: Scenario,
+        config: RunConfig,
+        run_id: str,
+        seed: int,
+        bus: Bus,
+        pool: Pool,
+        store: Store,
+        stats: RunStats,
     ) -> None:
         self.scenario = scenario
         self.run_id = run_id
@@ -175,7 +161,7 @@ class ShardContext:
         for spec in sorted(scenario.npcs, key=lambda s: s.id):
             self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        self._store = _MemoryStore()
+        self._store = store
         self._pool = pool
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
@@ -192,13 +178,13 @@ class ShardContext:
         return self._store.state(agent_id)
 
     async def add_episode(self, agent_id: str, episode: Episode) -> None:
-        self._store._append(agent_id, "episodic", episode)
+        await self._store.add_episode(agent_id, episode, writer=Writer.NPC)
 
     async def add_belief(self, agent_id: str, belief: Belief) -> None:
-        self._store._append(agent_id, "beliefs", belief)
+        await self._store.add_belief(agent_id, belief, writer=Writer.NPC)
 
     async def add_line(self, agent_id: str, line: Line) -> None:
-        self._store._append(agent_id, "dialogue", line)
+        await self._store.add_line(agent_id, line, writer=Writer.NPC)
 
     async def infer(
         self,
@@ -247,7 +233,48 @@ class ShardContext:
         memory: WorkingMemory,
         result: InferenceResult,
     ) -> None:
-        self._store.records += 1
+        """One audit record: enough to rebuild the exact context the model saw."""
+        record = make_record(
+            id=inference_id,
+            run_id=self.run_id,
+            state=state,
+            player_input=player_input,
+            config=self.memory_config,
+            memory=memory,
+            tick=tick,
+            backend=result.backend,
+            model=result.model,
+            params=result.params,
+            raw_response=result.raw_response,
+            line=result.line,
+            fallback=result.fallback,
+            fallback_reason=result.fallback_reason,
+            timings=result.timings,
+        )
+        await self._store.record(record)
+
+
+async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
+    """Set what the game system changed, with its authority; returns how many entries changed."""
+    changed = 0
+    for agent in agents:
+        current = {entry.key: entry.value for entry in store.state(agent).world_state}
+        for key, value in sorted(message.state.items()):
+            if current.get(key) != value:
+                await store.set_world(agent, WorldFact(key=key, value=value), writer=Writer.GAME)
+                changed += 1
+    return changed
+
+
+def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
+    """A database holding ticks is continued only when asked, never silently reused."""
+    if config.resume and store.last_tick is None:
+        raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
+    if not config.resume and store.last_tick is not None:
+        raise ConfigError(
+            f"--db {db} already holds this run up to tick {store.last_tick}: "
+            "pass --resume to continue it, or give another file"
+        )
 
 
 def _default_run_id(scenario: Scenario, seed: int) -> str:
@@ -316,9 +343,11 @@ async def run(
                 run_id=run_id,
                 shard=str(index),
             )
-            async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
+            async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+                _check_resume(config, db, store)
                 stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, stats)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
                 await _run_shard(
                     ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
                 )
@@ -337,9 +366,11 @@ async def _run_shard(
 ) -> None:
     bus, stats = ctx.bus, ctx.stats
     store = ctx._store
+    missing = set(await store.load_agents(spec.id for spec in specs))
     agents: list[Agent] = []
     for spec in specs:
-        store.ensure_agent(scenario.initial_state(spec.id))
+        if spec.id in missing:
+            await store.ensure_agent(scenario.initial_state(spec.id), writer=Writer.SCENARIO)
         kind = AGENT_KINDS.get(spec.kind)
         if kind is None:
             raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
@@ -375,9 +406,13 @@ async def _run_shard(
         outside.append((player, message))
 
     await bus.listen_player_input(on_player_input)
+    world_updates: list[WorldStateMessage] = []
+    await bus.listen_world_state(world_updates.append)
 
     first = 0 if not config.resume or store.last_tick is None else store.last_tick + 1
     stats.first_tick, stats.last_tick = first, first + ticks - 1
+    if index == 0 and not config.resume and scenario.world:
+        await bus.publish_world_state(WorldStateMessage(state={w.key: w.value for w in scenario.world}, tick=first))
     await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
     if on_ready is not None:
         on_ready(stats)
@@ -414,6 +449,9 @@ async def _run_shard(
                         started = time.monotonic()
                         current[0] = tick
                         stats.tick = tick
+                        taken_world, world_updates[:] = list(world_updates), []
+                        for world in taken_world:
+                            stats.world_changes += await _apply_world_state(store, sorted(local), world)
                         for player in players:
                             for event in player.inputs(tick):
                                 _emit_player(ctx, player.location, event)
@@ -447,7 +485,7 @@ async def _run_shard(
                             log.warning(
                                 "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
                             )
-                        store.end_tick(tick)
+                        await store.end_tick(tick)
                         if tick % 10 == 0:
                             await bus.publish_status(
                                 StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
@@ -469,7 +507,9 @@ async def _run_shard(
 
 def _emit_player(ctx: ShardContext, location: str | None, event: Speech) -> None:
     """A player standing at the NPC's place is overheard there; otherwise it is a direct message."""
-    if location is not None and event.to is not None and location == ctx.npc_location.get(event.to):
+    if event.to is None:
+        raise ValueError(f"player event {event.id!r} has no addressee")
+    if location is not None and location == ctx.npc_location.get(event.to):
         ctx.bus.emit(ctx.location_topic(location), event)
     else:
         ctx.bus.emit(topics.agent_inbox(ctx.run_id, event.to), msgspec.structs.replace(event, location=None))

@@ -35,19 +35,19 @@ class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     pass
 
 
-class ScenarioMeta(_Spec):
+class ScenarioMeta(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Id
     description: str = ""
     seed: int = 0
     ticks: Annotated[int, msgspec.Meta(ge=1)] = 30
 
 
-class LocationSpec(_Spec):
+class LocationSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Id
     name: str = ""
 
 
-class NpcSpec(_Spec):
+class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One NPC: where it stands, who it is, and the state it starts with."""
 
     id: Id
@@ -64,20 +64,20 @@ class NpcSpec(_Spec):
     dialogue: list[Line] = []
 
 
-class PlayerInput(_Spec):
+class PlayerInput(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     tick: Tick
     to: Id
     text: Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class PlayerSpec(_Spec):
+class PlayerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Id
     name: str = ""
     location: Id | None = None
     script: list[PlayerInput] = []
 
 
-class Scenario(_Spec):
+class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     scenario: ScenarioMeta
     locations: list[LocationSpec]
     npcs: list[NpcSpec]

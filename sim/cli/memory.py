@@ -16,7 +16,7 @@ from sim.scenario import Scenario, load_scenario
 __all__ = ["register", "report_table"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = subparsers.add_parser("memory", help="inspect working memories")
     commands = group.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
     show = commands.add_parser("show", help="print each NPC's working memory and truncation report")

@@ -26,7 +26,7 @@ from sim.runner import RunConfig, RunStats, run
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file")
     cmd.add_argument("--broker", default="auto", help="auto (default) or mqtt://host:port")
@@ -89,6 +89,7 @@ def summary_table(stats: RunStats) -> Table:
         ("inferences", stats.inferences),
         ("fallback lines", stats.fallbacks),
         ("lines said", stats.lines),
+        ("world-state changes applied", stats.world_changes),
     ]
     if bus is not None:
         rows += [

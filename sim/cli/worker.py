@@ -15,7 +15,7 @@ from sim.inference import RemoteWorker, WorkerConfig
 __all__ = ["register", "worker_command"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
     worker.add_argument("--broker", required=True, help="mqtt://host:port")
     worker.add_argument("--run", required=True, help="the run id whose requests to serve")

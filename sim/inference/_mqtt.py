@@ -17,13 +17,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import aiomqtt
 import msgspec
 
 from sim import topics
-from sim.errors import BrokerError, BusError, ConfigError
+from sim.bus import parse_url
+from sim.errors import BrokerError, BusError
 from sim.inference._pool import Dispatch
 from sim.inference._serve import Counters, LogOnce, fallback_result, serve
 from sim.inference._types import (
@@ -39,27 +39,15 @@ from sim.inference._types import (
 )
 from sim.inference.backends import Backend, open_backend
 
-__all__ = ["RemoteWorker", "open_mqtt_dispatch", "parse_broker_url"]
+__all__ = ["RemoteWorker", "open_mqtt_dispatch"]
 
 log = logging.getLogger(__name__)
 
 _RECONNECT_MAX = 5.0
 
 
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """`mqtt://host[:port]` to (host, port); refuses what this transport cannot do."""
-    parts = urlsplit(url)
-    if parts.scheme != "mqtt" or not parts.hostname:
-        raise ConfigError(f"broker: expected mqtt://host[:port], got {url!r}")
-    try:
-        port = parts.port or 1883
-    except ValueError as exc:
-        raise ConfigError(f"broker: bad port in {url!r}") from exc
-    return parts.hostname, port
-
-
 def _client(url: str, identifier: str, inflight: int) -> aiomqtt.Client:
-    host, port = parse_broker_url(url)
+    host, port = parse_url(url)
     return aiomqtt.Client(
         host, port, identifier=identifier, protocol=aiomqtt.ProtocolVersion.V5,
         max_inflight_messages=inflight, timeout=10,
@@ -167,7 +155,7 @@ class RemoteWorker:
         self._backend = backend
         self._counters = Counters()
         self._warn = LogOnce(log)
-        parse_broker_url(config.broker)
+        parse_url(config.broker)
         self._request_topic = topics.infer_request_shared(config.run_id, config.group)
 
     def statistics(self) -> PoolStatistics:

@@ -106,7 +106,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
     kinds: tuple[type, ...] = (int, float) if allow_float else (int,)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not isinstance(value, kinds) or value <= 0:
         raise ConfigError(f"{name} must be a number > 0, got {value!r}")
 
 

@@ -16,7 +16,19 @@ from msgspec.structs import force_setattr
 
 from sim.memory import _render
 
-__all__ = ["Belief", "Episode", "Fact", "Line", "NpcState", "WorldFact"]
+__all__ = [
+    "Belief",
+    "Episode",
+    "Fact",
+    "Line",
+    "NpcState",
+    "WorldFact",
+    "belief_order",
+    "episode_order",
+    "fact_order",
+    "line_order",
+    "world_order",
+]
 
 Tick = Annotated[int, msgspec.Meta(ge=0)]
 UnitInterval = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -64,23 +76,23 @@ class Line(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seq: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-def _fact_order(f: Fact) -> tuple[str, str]:
+def fact_order(f: Fact) -> tuple[str, str]:
     return (f.id, f.text)
 
 
-def _world_order(w: WorldFact) -> tuple[str, str]:
+def world_order(w: WorldFact) -> tuple[str, str]:
     return (w.key, w.value)
 
 
-def _episode_order(e: Episode) -> tuple[int, str, str, float]:
+def episode_order(e: Episode) -> tuple[int, str, str, float]:
     return (e.tick, e.id, e.text, e.significance)
 
 
-def _belief_order(b: Belief) -> tuple[int, str, str, float]:
+def belief_order(b: Belief) -> tuple[int, str, str, float]:
     return (b.tick, b.id, b.text, b.confidence)
 
 
-def _line_order(line: Line) -> tuple[int, int, str, str]:
+def line_order(line: Line) -> tuple[int, int, str, str]:
     return (line.tick, line.seq, line.speaker, line.text)
 
 
@@ -100,11 +112,11 @@ class NpcState(msgspec.Struct, frozen=True, dict=True, forbid_unknown_fields=Tru
     dialogue: tuple[Line, ...] = ()
 
     def __post_init__(self) -> None:
-        force_setattr(self, "canonical_facts", tuple(sorted(self.canonical_facts, key=_fact_order)))
-        force_setattr(self, "world_state", tuple(sorted(self.world_state, key=_world_order)))
-        force_setattr(self, "episodic", tuple(sorted(self.episodic, key=_episode_order)))
-        force_setattr(self, "beliefs", tuple(sorted(self.beliefs, key=_belief_order)))
-        force_setattr(self, "dialogue", tuple(sorted(self.dialogue, key=_line_order)))
+        force_setattr(self, "canonical_facts", tuple(sorted(self.canonical_facts, key=fact_order)))
+        force_setattr(self, "world_state", tuple(sorted(self.world_state, key=world_order)))
+        force_setattr(self, "episodic", tuple(sorted(self.episodic, key=episode_order)))
+        force_setattr(self, "beliefs", tuple(sorted(self.beliefs, key=belief_order)))
+        force_setattr(self, "dialogue", tuple(sorted(self.dialogue, key=line_order)))
 
     @functools.cached_property
     def rendered(self) -> _render.RenderedState:

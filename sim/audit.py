@@ -1,0 +1,196 @@
+"""The black-box audit: one record per inference, and byte-exact replay of its context.
+
+A record holds the exact `NpcState` the working memory was built from, the player input
+and the config, so `replay` can rebuild the working memory with the same pure function and
+compare SHA-256 of the prompt and of the msgpack encoding, byte for byte. The prompt
+itself is stored too (optional, for old writers): it is what "what exactly did the model
+see" means, and it lets a drift be shown as a diff instead of two hashes.
+
+This module does no I/O; the store writes and reads records (`sim.store`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from typing import Any
+
+import msgspec
+
+from sim.errors import NpcsimError, StoreError
+from sim.memory import NpcState, TruncationReport, WorkingMemory, WorkingMemoryConfig, build_working_memory
+
+__all__ = [
+    "AuditRecord",
+    "ReplayResult",
+    "decode_record",
+    "encode_record",
+    "encoding_sha256",
+    "make_record",
+    "prompt_sha256",
+    "replay",
+]
+
+Scalar = str | int | float | bool | None
+
+
+class AuditRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything about one inference: what the model saw, said, and why.
+
+    `timings` are milliseconds by phase (e.g. "build", "queue", "infer"); `params` are the
+    request parameters sent to the backend (temperature, max_tokens, seed, ...).
+    """
+
+    id: str
+    run_id: str
+    agent_id: str
+    tick: int
+    state: NpcState
+    player_input: str
+    config: WorkingMemoryConfig
+    prompt_sha256: str
+    encoding_sha256: str
+    report: TruncationReport
+    backend: str
+    model: str
+    params: dict[str, Scalar] = {}
+    raw_response: str = ""
+    line: str = ""
+    fallback: bool = False
+    fallback_reason: str | None = None
+    timings: dict[str, float] = {}
+    prompt: str | None = None
+
+
+class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of replaying one record; `difference` says what drifted first."""
+
+    record_id: str
+    ok: bool
+    prompt_sha256: str
+    encoding_sha256: str
+    difference: str = ""
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_RECORD_DECODER = msgspec.msgpack.Decoder(AuditRecord)
+
+
+def prompt_sha256(wm: WorkingMemory) -> str:
+    """SHA-256 of the prompt's UTF-8 bytes, hex."""
+    return hashlib.sha256(wm.prompt.encode("utf-8")).hexdigest()
+
+
+def encoding_sha256(wm: WorkingMemory) -> str:
+    """SHA-256 of the msgpack encoding of the whole working memory, hex."""
+    return hashlib.sha256(_ENCODER.encode(wm)).hexdigest()
+
+
+def make_record(
+    *,
+    id: str,
+    run_id: str,
+    state: NpcState,
+    player_input: str,
+    config: WorkingMemoryConfig,
+    memory: WorkingMemory,
+    tick: int,
+    backend: str,
+    model: str,
+    **response: Any,
+) -> AuditRecord:
+    """A record for an inference whose working memory `memory` was built from `state`.
+
+    `response` takes the remaining fields (params, raw_response, line, fallback,
+    fallback_reason, timings).
+    """
+    return AuditRecord(
+        id=id,
+        run_id=run_id,
+        agent_id=state.agent_id,
+        tick=tick,
+        state=state,
+        player_input=player_input,
+        config=config,
+        prompt_sha256=prompt_sha256(memory),
+        encoding_sha256=encoding_sha256(memory),
+        report=memory.report,
+        backend=backend,
+        model=model,
+        prompt=memory.prompt,
+        **response,
+    )
+
+
+def encode_record(record: AuditRecord) -> bytes:
+    return _ENCODER.encode(record)
+
+
+def decode_record(data: bytes, *, where: str = "audit record") -> AuditRecord:
+    """Decode a stored record; a corrupt or foreign blob is a StoreError naming it."""
+    try:
+        return _RECORD_DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"{where}: cannot decode the stored record: {exc}") from exc
+
+
+def replay(record: AuditRecord) -> ReplayResult:
+    """Rebuild the record's working memory and compare it byte for byte.
+
+    Never raises for a drift: a config that no longer builds (e.g. over budget with
+    policy "raise") is a difference too, so one bad record does not stop a replay run.
+    """
+    try:
+        wm = build_working_memory(record.state, record.player_input, record.config)
+    except (NpcsimError, ValueError) as exc:
+        return ReplayResult(
+            record_id=record.id, ok=False, prompt_sha256="", encoding_sha256="", difference=f"build failed: {exc}"
+        )
+    got_prompt = prompt_sha256(wm)
+    got_encoding = encoding_sha256(wm)
+    difference = _first_difference(record, wm, got_prompt, got_encoding)
+    return ReplayResult(
+        record_id=record.id,
+        ok=not difference,
+        prompt_sha256=got_prompt,
+        encoding_sha256=got_encoding,
+        difference=difference,
+    )
+
+
+def _first_difference(record: AuditRecord, wm: WorkingMemory, got_prompt: str, got_encoding: str) -> str:
+    if record.prompt is not None and hashlib.sha256(record.prompt.encode("utf-8")).hexdigest() != record.prompt_sha256:
+        return "the stored prompt does not match the stored prompt_sha256 (the record was altered)"
+    if got_prompt != record.prompt_sha256:
+        head = f"prompt_sha256: recorded {record.prompt_sha256}, rebuilt {got_prompt}\n"
+        if record.prompt is None:
+            return head
+        diff = difflib.unified_diff(
+            record.prompt.splitlines(keepends=True),
+            wm.prompt.splitlines(keepends=True),
+            fromfile="recorded prompt",
+            tofile="rebuilt prompt",
+        )
+        return head + "".join(diff)
+    if got_encoding != record.encoding_sha256:
+        field = _first_report_field(record.report, wm.report)
+        where = f" (first differing field: {field})" if field else ""
+        return f"encoding_sha256: recorded {record.encoding_sha256}, rebuilt {got_encoding}{where}"
+    field = _first_report_field(record.report, wm.report)
+    if field:
+        return f"report: {field}"
+    return ""
+
+
+def _first_report_field(recorded: TruncationReport, rebuilt: TruncationReport) -> str:
+    """The first field, as a dotted path, where two reports differ; "" when equal."""
+    a = msgspec.to_builtins(recorded)
+    b = msgspec.to_builtins(rebuilt)
+    for key in sorted(a.keys() | b.keys()):
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            for sub in sorted(a[key].keys() | b[key].keys()):
+                if a[key].get(sub) != b[key].get(sub):
+                    return f"report.{key}.{sub}: recorded {a[key].get(sub)!r}, rebuilt {b[key].get(sub)!r}"
+        elif a.get(key) != b.get(key):
+            return f"report.{key}: recorded {a.get(key)!r}, rebuilt {b.get(key)!r}"
+    return ""

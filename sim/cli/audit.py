@@ -1,0 +1,160 @@
+"""`npcsim audit list|show|replay|export`: read the black-box audit of a store file.
+
+Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
+what is audited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
+from rich.console import Console
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from sim.audit import replay
+from sim.cli.memory import report_table
+from sim.errors import StoreError
+from sim.memory import build_working_memory
+from sim.store import open_reader
+
+__all__ = ["register"]
+
+_LINE_PREVIEW = 60
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = subparsers.add_parser("audit", help="inspect and verify the inference audit of a store")
+    commands = group.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+
+    list_ = commands.add_parser("list", help="one line per recorded inference")
+    list_.add_argument("--db", required=True, help="store file (opened read-only)")
+    list_.add_argument("--agent", default=None, help="only this agent")
+    list_.set_defaults(func=list_command)
+
+    show = commands.add_parser("show", help="the exact prompt, the truncation report and the response")
+    show.add_argument("--db", required=True, help="store file (opened read-only)")
+    show.add_argument("id", help="inference id")
+    show.set_defaults(func=show_command)
+
+    rep = commands.add_parser("replay", help="rebuild every working memory and compare byte for byte")
+    rep.add_argument("--db", required=True, help="store file (opened read-only)")
+    rep.add_argument("--agent", default=None, help="only this agent")
+    rep.set_defaults(func=replay_command)
+
+    export = commands.add_parser("export", help="every record as JSON Lines")
+    export.add_argument("--db", required=True, help="store file (opened read-only)")
+    export.add_argument("--agent", default=None, help="only this agent")
+    export.add_argument("--out", default=None, help="output file (default: standard output)")
+    export.set_defaults(func=export_command)
+
+
+def list_command(args: argparse.Namespace) -> int:
+    console = Console()
+    with open_reader(args.db) as reader:
+        summaries = reader.audit_summaries(args.agent)
+    table = Table(show_edge=False)
+    for column in ("id", "agent", "tick", "backend", "model", "fallback", "line"):
+        table.add_column(column, justify="right" if column == "tick" else "left")
+    for s in summaries:
+        line = s.line if len(s.line) <= _LINE_PREVIEW else s.line[: _LINE_PREVIEW - 1] + "…"
+        table.add_row(s.id, s.agent_id, str(s.tick), s.backend, s.model, "yes" if s.fallback else "", Text(line))
+    table.caption = f"{len(summaries)} records"
+    console.print(table)
+    return 0
+
+
+def show_command(args: argparse.Namespace) -> int:
+    console = Console()
+    with open_reader(args.db) as reader:
+        record = reader.audit_record(args.id)
+    wm = build_working_memory(record.state, record.player_input, record.config)
+    result = replay(record)
+    prompt = record.prompt if record.prompt is not None else wm.prompt
+    source = "recorded" if record.prompt is not None else "rebuilt from the recorded state"
+    console.print(
+        Panel(
+            Text(prompt),
+            title=f"{record.id}: {record.agent_id} at tick {record.tick} (prompt {source})",
+            expand=False,
+        )
+    )
+    console.print(report_table(wm))
+    verdict = "[green]replay identical[/]" if result.ok else "[bold red]replay DIFFERS[/] (see `npcsim audit replay`)"
+    console.print(f"prompt sha256 {record.prompt_sha256}  {verdict}")
+    response = Table(show_header=False, show_edge=False)
+    response.add_column("field")
+    response.add_column("value")
+    response.add_row("backend", f"{record.backend} / {record.model}")
+    response.add_row("params", Text(msgspec.json.encode(record.params).decode()))
+    response.add_row("raw response", Text(record.raw_response))
+    response.add_row("line", Text(record.line))
+    fallback = "no" if not record.fallback else f"yes: {record.fallback_reason or 'no reason recorded'}"
+    response.add_row("fallback", Text(fallback))
+    response.add_row("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items())))
+    console.print(response)
+    return 0
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    console = Console()
+    total = 0
+    differing = 0
+    first = None
+    with open_reader(args.db) as reader:
+        for record in reader.audit_records(args.agent):
+            total += 1
+            result = replay(record)
+            if not result.ok:
+                differing += 1
+                if first is None:
+                    first = (record, result)
+    if first is None:
+        console.print(f"replayed {total} records: all byte-identical")
+        return 0
+    record, result = first
+    console.print(f"[bold red]replayed {total} records: {differing} differ[/]")
+    console.print(f"first difference: record {record.id} (agent {record.agent_id}, tick {record.tick})")
+    if result.difference.startswith("prompt_sha256") and "\n---" in result.difference:
+        head, _, diff = result.difference.partition("\n")
+        console.print(head)
+        console.print(Syntax(diff, "diff", theme="ansi_dark", word_wrap=True))
+    else:
+        console.print(Text(result.difference))
+    return 1
+
+
+def export_command(args: argparse.Namespace) -> int:
+    encoder = msgspec.json.Encoder()
+    with ExitStack() as stack:
+        reader = stack.enter_context(open_reader(args.db))
+        out: BinaryIO
+        if args.out is None:
+            out = sys.stdout.buffer
+        else:
+            try:
+                out = stack.enter_context(Path(args.out).open("wb"))
+            except OSError as exc:
+                raise StoreError(f"{args.out}: cannot write the export: {exc}") from exc
+        count = 0
+        try:
+            for record in reader.audit_records(args.agent):
+                out.write(encoder.encode(record) + b"\n")
+                count += 1
+            out.flush()
+        except BrokenPipeError:
+            # the reader went away (`| head`): stop quietly, and keep Python's exit flush quiet too
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 1
+    if args.out is not None:
+        Console(stderr=True).print(f"exported {count} records to {args.out}")
+    return 0

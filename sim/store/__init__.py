@@ -1,0 +1,25 @@
+"""Persistent NPC state in SQLite (aiosqlite), with authority enforced, and the audit log.
+
+`open_store` is the writer side (one per shard process); `open_reader` is a read-only view
+for the CLI that never modifies the file.
+"""
+
+from sim.errors import AuthorityError, SchemaError, StoreError
+from sim.store._reader import AuditSummary, StoreReader, open_reader
+from sim.store._schema import SCHEMA_VERSION
+from sim.store._store import HOT_LIMIT, Store, StoreStatistics, Writer, open_store
+
+__all__ = [
+    "HOT_LIMIT",
+    "SCHEMA_VERSION",
+    "AuditSummary",
+    "AuthorityError",
+    "SchemaError",
+    "Store",
+    "StoreError",
+    "StoreReader",
+    "StoreStatistics",
+    "Writer",
+    "open_reader",
+    "open_store",
+]

@@ -1,0 +1,89 @@
+"""The store's schema, its forward migrations, and the file check done before opening.
+
+`PRAGMA user_version` holds the schema version. Migrations only go forward: a database
+from a newer npcsim is refused, as is a file that is not SQLite at all. Both are
+detected from the 100-byte header, read as plain bytes, so a refused file is never
+opened by SQLite and no -wal/-shm file appears next to it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sim.errors import SchemaError, StoreError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_file"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_HEADER_SIZE = 100
+_USER_VERSION_OFFSET = 60
+
+# MIGRATIONS[i] takes a database from version i to version i + 1, in one transaction.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+        "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL) WITHOUT ROWID",
+        "CREATE TABLE facts (agent TEXT NOT NULL, id TEXT NOT NULL, text TEXT NOT NULL, writer TEXT NOT NULL,"
+        " PRIMARY KEY (agent, id)) WITHOUT ROWID",
+        "CREATE TABLE world (agent TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, writer TEXT NOT NULL,"
+        " PRIMARY KEY (agent, key)) WITHOUT ROWID",
+        "CREATE TABLE episodes (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
+        " tick INTEGER NOT NULL, text TEXT NOT NULL, significance REAL NOT NULL)",
+        "CREATE INDEX episodes_recent ON episodes (agent, tick, id)",
+        "CREATE TABLE beliefs (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
+        " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
+        "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
+        "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
+        " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
+        "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
+        "CREATE TABLE events (id TEXT PRIMARY KEY) WITHOUT ROWID",
+        "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
+        " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
+        " line TEXT NOT NULL, record BLOB NOT NULL)",
+        "CREATE INDEX audit_agent ON audit (agent, tick)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def check_file(path: str | os.PathLike[str], *, must_exist: bool = False) -> None:
+    """Refuse a file that is not SQLite, or was written by a newer schema, unopened.
+
+    A missing or empty file passes (unless `must_exist`): it becomes a new store. The
+    header's version is stale while a non-empty `-wal` file holds commits not yet
+    checkpointed (a killed writer), so then only the magic is checked here and the
+    caller checks `PRAGMA user_version` once it has opened the file.
+    """
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            header = f.read(_HEADER_SIZE)
+    except FileNotFoundError as exc:
+        if must_exist:
+            raise StoreError(f"{p}: no such database file") from exc
+        return
+    except IsADirectoryError as exc:
+        raise SchemaError(f"{p}: is a directory, not a database") from exc
+    except OSError as exc:
+        raise StoreError(f"{p}: cannot read the database file: {exc}") from exc
+    if not header:
+        if must_exist:
+            raise SchemaError(f"{p}: the file is empty, not an npcsim store")
+        return
+    if len(header) < _HEADER_SIZE or not header.startswith(SQLITE_MAGIC):
+        raise SchemaError(f"{p}: not an SQLite database (bad header); refusing to open it, the file is left untouched")
+    wal = Path(f"{p}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return
+    check_version(p, int.from_bytes(header[_USER_VERSION_OFFSET : _USER_VERSION_OFFSET + 4], "big", signed=True))
+
+
+def check_version(path: Path, version: int) -> None:
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{path}: schema version {version} is newer than this npcsim supports ({SCHEMA_VERSION}); "
+            "upgrade npcsim. The file is left untouched"
+        )
+    if version < 0:
+        raise SchemaError(f"{path}: schema version {version} is not an npcsim schema; the file is left untouched")

@@ -1,0 +1,212 @@
+"""sim.audit and `npcsim audit`: record, replay byte for byte, detect drift, read-only CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sqlite3
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import sim.audit
+from sim.audit import AuditRecord, decode_record, encode_record, make_record, replay
+from sim.cli import main
+from sim.memory import (
+    Belief,
+    Episode,
+    Fact,
+    Line,
+    NpcState,
+    WorkingMemoryConfig,
+    WorldFact,
+    build_working_memory,
+)
+from sim.store import Writer, open_store
+
+RECORDS = 1_000
+AGENTS = 25
+
+
+def random_state(rng: random.Random, agent_id: str, tick: int) -> NpcState:
+    words = ["bread", "sword", "river", "king", "rain", "gold", "wolf", "ale", "smoke", "bell", "é", "→"]
+
+    def text() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randrange(1, 14)))
+
+    return NpcState(
+        agent_id=agent_id,
+        system_prompt=f"You are {agent_id}. {text()}",
+        canonical_facts=tuple(Fact(id=f"f{i}", text=text()) for i in range(rng.randrange(0, 4))),
+        world_state=tuple(WorldFact(key=f"k{i}", value=text()) for i in range(rng.randrange(0, 3))),
+        episodic=tuple(
+            Episode(id=f"e{i}", tick=rng.randrange(tick + 1), text=text(), significance=rng.random())
+            for i in range(rng.randrange(0, 12))
+        ),
+        beliefs=tuple(
+            Belief(id=f"b{i}", tick=rng.randrange(tick + 1), text=text(), confidence=rng.random())
+            for i in range(rng.randrange(0, 8))
+        ),
+        dialogue=tuple(
+            Line(tick=rng.randrange(tick + 1), seq=rng.randrange(3), speaker=rng.choice(["p", agent_id]), text=text())
+            for _ in range(rng.randrange(0, 20))
+        ),
+    )
+
+
+def random_config(rng: random.Random) -> WorkingMemoryConfig:
+    return WorkingMemoryConfig(
+        max_context_chars=rng.choice([250, 400, 800, 2000]),
+        max_dialogue_lines=rng.choice([3, 10]),
+        redistribute_unused=rng.random() < 0.7,
+        always_include_world_state=rng.random() < 0.8,
+    )
+
+
+def random_record(rng: random.Random, n: int) -> AuditRecord:
+    agent_id = f"npc{n % AGENTS}"
+    tick = n // AGENTS
+    state = random_state(rng, agent_id, tick)
+    config = random_config(rng)
+    said = f"player: {rng.choice(['hello', 'any news?', 'sell me bread'])}"
+    wm = build_working_memory(state, said, config)
+    fallback = rng.random() < 0.1
+    return make_record(
+        id=f"inf-{n:05d}",
+        run_id="run-1",
+        state=state,
+        player_input=said,
+        config=config,
+        memory=wm,
+        tick=tick,
+        backend="scripted",
+        model="scripted-v1",
+        params={"temperature": 0.7, "seed": 42, "max_tokens": 64},
+        raw_response=f"{agent_id}: Good day ({n}).",
+        line=f"Good day ({n}).",
+        fallback=fallback,
+        fallback_reason="timeout" if fallback else None,
+        timings={"build": 0.1, "infer": 12.5},
+    )
+
+
+@pytest.fixture
+async def audit_db(tmp_path: Path) -> Path:
+    """A store holding 1,000 recorded inferences of 25 agents."""
+    db = tmp_path / "audit.db"
+    rng = random.Random(3)
+    async with open_store(db) as store:
+        for n in range(RECORDS):
+            record = random_record(rng, n)
+            if n % AGENTS == 0:
+                await store.end_tick(record.tick)
+            await store.ensure_agent(record.state, writer=Writer.SCENARIO)
+            await store.record(record)
+    return db
+
+
+def fingerprint(path: Path) -> tuple[bytes, list[str]]:
+    return hashlib.sha256(path.read_bytes()).digest(), sorted(p.name for p in path.parent.iterdir())
+
+
+def test_public_surface() -> None:
+    assert sorted(sim.audit.__all__) == [
+        "AuditRecord",
+        "ReplayResult",
+        "decode_record",
+        "encode_record",
+        "encoding_sha256",
+        "make_record",
+        "prompt_sha256",
+        "replay",
+    ]
+
+
+def test_record_round_trips_and_replays() -> None:
+    record = random_record(random.Random(1), 0)
+    again = decode_record(encode_record(record))
+    assert again == record
+    result = replay(again)
+    assert result.ok and result.prompt_sha256 == record.prompt_sha256 and result.difference == ""
+
+
+def test_replay_names_the_drift() -> None:
+    record = random_record(random.Random(2), 0)
+    tight = msgspec.structs.replace(record, config=msgspec.structs.replace(record.config, max_context_chars=100))
+    result = replay(tight)
+    assert not result.ok
+    assert "--- recorded prompt" in result.difference and "+++ rebuilt prompt" in result.difference
+    # without the stored prompt, the hashes are what is compared
+    result = replay(msgspec.structs.replace(tight, prompt=None))
+    assert not result.ok and result.difference.startswith("prompt_sha256: recorded")
+    # an edited prompt no longer matches its own hash
+    edited = msgspec.structs.replace(record, prompt=(record.prompt or "") + "x")
+    assert "altered" in replay(edited).difference
+    # a changed report alone is caught too
+    report = msgspec.structs.replace(record.report, mandatory_chars=record.report.mandatory_chars + 1)
+    assert "report.mandatory_chars" in replay(msgspec.structs.replace(record, report=report)).difference
+
+
+async def test_replay_of_1000_recorded_inferences_is_byte_exact(
+    audit_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = fingerprint(audit_db)
+    assert main(["audit", "replay", "--db", str(audit_db)]) == 0
+    assert f"replayed {RECORDS} records: all byte-identical" in capsys.readouterr().out
+    assert main(["audit", "replay", "--db", str(audit_db), "--agent", "npc3"]) == 0
+    assert f"replayed {RECORDS // AGENTS} records" in capsys.readouterr().out
+    assert fingerprint(audit_db) == before, "auditing changed the database file"
+
+
+async def test_a_changed_config_makes_replay_exit_1(audit_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with sqlite3.connect(audit_db) as conn:
+        (blob,) = conn.execute("SELECT record FROM audit WHERE id = 'inf-00500'").fetchone()
+        record = decode_record(blob)
+        config = msgspec.structs.replace(record.config, max_context_chars=record.report.prompt_chars - 40)
+        changed = msgspec.structs.replace(record, config=config)
+        conn.execute("UPDATE audit SET record = ? WHERE id = 'inf-00500'", (encode_record(changed),))
+    conn.close()
+    assert main(["audit", "replay", "--db", str(audit_db)]) == 1
+    out = capsys.readouterr().out
+    assert f"replayed {RECORDS} records: 1 differ" in out
+    assert "first difference: record inf-00500" in out
+    assert "recorded prompt" in out and "rebuilt prompt" in out
+
+
+async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = fingerprint(audit_db)
+    assert main(["audit", "list", "--db", str(audit_db), "--agent", "npc7"]) == 0
+    out = capsys.readouterr().out
+    assert "inf-00007" in out and "inf-00008" not in out and f"{RECORDS // AGENTS} records" in out
+
+    assert main(["audit", "show", "--db", str(audit_db), "inf-00042"]) == 0
+    out = capsys.readouterr().out
+    with sqlite3.connect(f"{audit_db.as_uri()}?mode=ro&immutable=1", uri=True) as conn:
+        (blob,) = conn.execute("SELECT record FROM audit WHERE id = 'inf-00042'").fetchone()
+    conn.close()
+    record = decode_record(blob)
+    assert record.prompt is not None
+    assert record.raw_response in out and "replay identical" in out and "episodic" in out
+    for line in record.prompt.splitlines():
+        assert line.strip() in out
+
+    target = tmp_path / "export.jsonl"
+    assert main(["audit", "export", "--db", str(audit_db), "--out", str(target)]) == 0
+    decoder = msgspec.json.Decoder(AuditRecord)
+    exported = [decoder.decode(line) for line in target.read_bytes().splitlines()]
+    assert len(exported) == RECORDS
+    assert all(replay(r).ok for r in exported[:50])
+    assert fingerprint(audit_db)[0] == before[0]
+
+
+def test_cli_refuses_missing_and_foreign_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database at all, just some words\n" * 5)
+    before = fingerprint(notes)
+    assert main(["audit", "replay", "--db", str(notes)]) == 2
+    assert "not an SQLite database" in capsys.readouterr().err
+    assert fingerprint(notes) == before
+    assert main(["audit", "list", "--db", str(tmp_path / "missing.db")]) == 2
+    assert "no such database file" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
