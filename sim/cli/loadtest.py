@@ -76,7 +76,7 @@ def _output(text: str) -> Path:
     return path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "loadtest",
         help="load-test priority truncation: many agents, every snapshot checked",

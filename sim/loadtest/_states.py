@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 
@@ -68,7 +69,9 @@ def _text(rng: random.Random, words: int, exotic: float) -> str:
     return " ".join(parts)
 
 
-def _items(rng: random.Random, counts: Sequence[int], exotic: float, long_in: str | None, long_len: int) -> dict:  # type: ignore[type-arg]
+def _items(
+    rng: random.Random, counts: Sequence[int], exotic: float, long_in: str | None, long_len: int
+) -> dict[str, list[Any]]:
     n_facts, n_world, n_eps, n_beliefs, n_lines = counts
     ticks = max(1, (n_eps + n_beliefs + n_lines) // 2)  # about two items per tick: ties on purpose
 
@@ -134,7 +137,15 @@ def generate_state(seed: int, index: int, max_context_chars: int) -> NpcState:
             facts.append(fact)
             size += len(fact.text)
         items["canonical_facts"] = facts
-    return NpcState(agent_id=agent_id(index), system_prompt=system, **items)
+    return NpcState(
+        agent_id=agent_id(index),
+        system_prompt=system,
+        canonical_facts=tuple(items["canonical_facts"]),
+        world_state=tuple(items["world_state"]),
+        episodic=tuple(items["episodic"]),
+        beliefs=tuple(items["beliefs"]),
+        dialogue=tuple(items["dialogue"]),
+    )
 
 
 def pick_input(rng: random.Random) -> str:
