@@ -147,7 +147,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 @asynccontextmanager
 async def _embedded() -> AsyncIterator[BrokerInfo]:
     try:
-        from amqtt.broker import Broker  # type: ignore[import-untyped]
+        from amqtt.broker import Broker
     except ImportError as exc:
         raise BrokerError(
             "--broker auto: mosquitto is not on PATH and the embedded broker is not installed; "
