@@ -64,12 +64,21 @@ def _render(state: NpcState, player_input: str, kept: Mapping[str, Sequence[Any]
     return "".join(parts)
 
 
+def _history(state: NpcState) -> dict[str, list[Any]]:
+    """The state's items in the checker's own recency order, sorted once per state."""
+    cached: dict[str, list[Any]] | None = state.__dict__.get("_checker_history")
+    if cached is None:
+        cached = {name: sorted(getattr(state, name), key=_RECENCY[name]) for name in _ORDER}
+        state.__dict__["_checker_history"] = cached
+    return cached
+
+
 def check_working_memory(
     state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory
 ) -> list[Violation]:
     """Every invariant the snapshot breaks; empty when it is sound."""
     out: list[Violation] = []
-    history = {name: sorted(getattr(state, name), key=_RECENCY[name]) for name in _ORDER}
+    history = _history(state)
     kept = {name: list(getattr(wm, name)) for name in _ORDER}
     always = {
         "canonical_facts": config.always_include_canonical_facts,
@@ -131,8 +140,15 @@ def check_working_memory(
             items, k = history[name], len(kept[name])
             if always.get(name) or k >= len(items) or k >= caps.get(name, len(items)):
                 continue
-            candidate = dict(kept)
-            candidate[name] = items[len(items) - k - 1 :]
-            if fits(_render(state, player_input, candidate)):
+            nxt = items[len(items) - k - 1]
+            if count is None:
+                # Adding an item inserts its line (and, into an empty section, the header).
+                grown = len(prompt) + len(_RENDER[name](nxt)) + (len(CATEGORY_HEADERS[name]) if k == 0 else 0)
+                could = grown <= config.max_context_chars
+            else:
+                candidate = dict(kept)
+                candidate[name] = [nxt, *kept[name]]
+                could = fits(_render(state, player_input, candidate))
+            if could:
                 out.append(Violation("I6", f"{name}: the next newest item would have fitted but was dropped"))
     return out
