@@ -31,7 +31,8 @@ __all__ = [
     "replay",
 ]
 
-Scalar = str | int | float | bool | None
+# A request parameter: a scalar, or a list of them (stop sequences).
+Param = str | int | float | bool | None | list[str | int | float | bool | None]
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -53,7 +54,7 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     report: TruncationReport
     backend: str
     model: str
-    params: dict[str, Scalar] = {}
+    params: dict[str, Param] = {}
     raw_response: str = ""
     line: str = ""
     fallback: bool = False

@@ -76,3 +76,22 @@ async def test_game_system_sets_world_state_over_mqtt(mosquitto: MosquittoProces
         latest = [r for r in reader.audit_records("innkeeper") if r.player_input.startswith("visitor")]
     assert latest and "king: crowned: Queen Ysolde" in (latest[-1].prompt or "")
     assert "king: dead" not in (latest[-1].prompt or "")
+
+
+async def test_village_runs_against_an_openai_compatible_server(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    """`--backend openai --base-url ...`: every line comes from the server, the audit says so."""
+    from tests.fake_openai import open_fake_openai
+
+    db = tmp_path / "openai.db"
+    async with open_fake_openai(reply="Aye, the forge is hot today.") as server:
+        stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="oa", ticks=6, db=str(db),
+                                    backend="openai", backend_options={"base_url": server.base_url, "model": "fake-1"},
+                                    keep_dialogue=True))
+        prompts = [r["body"]["messages"][0]["content"] for r in server.requests]
+    assert stats.inferences > 0 and stats.fallbacks == 0
+    assert {say.text for say in stats.dialogue} == {"Aye, the forge is hot today."}
+    assert any("capitalist snack machine" in prompt for prompt in prompts)
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert records and {(r.backend, r.model) for r in records} == {("openai", "fake-1")}
+    assert main(["audit", "replay", "--db", str(db)]) == 0
