@@ -65,6 +65,7 @@ class MosquittoProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                self.stop()
                 raise RuntimeError(f"mosquitto exited at start: {err}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
