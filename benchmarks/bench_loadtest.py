@@ -150,13 +150,12 @@ def main() -> int:
         f"{r.round_trip_latency.p95_ms:.2f}/{r.round_trip_latency.p99_ms:.2f} ms, {r.violations} violations, "
         f"{r.over_budget:,} over-budget snapshots, {r.fallbacks} fallbacks, peak RSS {r.peak_rss_mb:,.0f} MB.")
     out()
-    out("Reading: building alone beats the 50,000/s target (the peer row); the independent checker, which "
-        "re-sorts each category of the state and re-renders the prompt for every snapshot, costs more than the "
-        "build itself, so build+check falls short of it on 2 cores. With a token budget, both the builder's "
-        "exact recount and the checker's count run tiktoken on every prompt. Through Mosquitto, throughput "
-        "stays near 1,000 round trips/s whatever the backend delay: the MQTT transport's own ceiling on this "
-        "machine, not the loadtest's (build and check take ~0.04 ms of each request). The machine is shared with other "
-        "jobs, so figures move by up to ~30 % between runs.")
+    out("Reading: the independent checker re-renders the prompt of every snapshot and costs about as much as "
+        "the build itself (compare the build-only peer row). With a token budget, both the builder's exact "
+        "recount and the checker's count run tiktoken on every prompt. Through Mosquitto, throughput stays near "
+        "1,000 round trips/s whatever the backend delay: the MQTT transport's own ceiling on this machine (the "
+        "pool, the broker and the worker share 2 cores; build and check take ~0.04 ms of each request). Figures "
+        "move by up to ~30 % between runs.")
     out()
     if args.write is not None:
         write_section(args.write, HEADING, "\n".join(lines))
