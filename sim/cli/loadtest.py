@@ -15,8 +15,8 @@ import msgspec
 from rich.console import Console
 from rich.live import Live
 
+from sim.cli._backend import add_backend_arguments, backend_options
 from sim.errors import ConfigError
-from sim.inference import BACKENDS
 from sim.loadtest import LoadTestConfig, LoadTestResult, Progress, default_processes, run_loadtest
 from sim.loadtest._display import print_result, progress_view
 from sim.loadtest._plot import require_matplotlib, write_plot
@@ -96,8 +96,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the working memory's hard limit in characters (default 2000)")
     p.add_argument("--max-context-tokens", type=_whole(1), default=None, metavar="T",
                    help="also limit each prompt to T tokens (cl100k; extra 'tokens')")
-    p.add_argument("--backend", default="scripted", choices=BACKENDS, metavar="NAME",
-                   help=f"inference backend: {', '.join(BACKENDS)} (default scripted)")
+    add_backend_arguments(p, delay=False)
     p.add_argument("--latency-ms", type=_milliseconds, default=0.0, metavar="MS",
                    help="fixed delay of the scripted backend (default 0)")
     p.add_argument("--broker", type=_broker, default=None, metavar="URL",
@@ -124,8 +123,8 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
     duration = args.duration if args.duration is not None or args.requests is not None else 10.0
     return LoadTestConfig(
         agents=args.agents, duration_s=duration, requests=args.requests, concurrency=args.concurrency,
-        processes=processes, memory=memory, backend=args.backend, latency_ms=args.latency_ms,
-        broker=args.broker, seed=args.seed,
+        processes=processes, memory=memory, backend=args.backend, backend_options=backend_options(args),
+        latency_ms=args.latency_ms, broker=args.broker, seed=args.seed,
     )
 
 

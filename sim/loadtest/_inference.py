@@ -40,10 +40,20 @@ _WORKER_STOP_S = 5.0
 class InferenceSettings:
     """What the pool is opened with; plain values so tests can build it by hand."""
 
-    def __init__(self, *, backend: str, latency_ms: float, concurrency: int, broker: str | None, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        backend: str,
+        latency_ms: float,
+        concurrency: int,
+        broker: str | None,
+        seed: int,
+        backend_options: dict[str, Any] | None = None,
+    ) -> None:
         if latency_ms and backend != "scripted":
             raise ConfigError(f"--latency-ms applies to the scripted backend only, not to backend {backend!r}")
         self.backend = backend
+        self.backend_options = dict(backend_options or {})
         self.latency_ms = latency_ms
         self.concurrency = concurrency
         self.broker = broker
@@ -51,7 +61,7 @@ class InferenceSettings:
 
     @property
     def options(self) -> dict[str, Any]:
-        return {"delay_ms": self.latency_ms} if self.latency_ms else {}
+        return {**self.backend_options, "delay_ms": self.latency_ms} if self.latency_ms else self.backend_options
 
 
 @contextlib.asynccontextmanager

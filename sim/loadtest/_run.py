@@ -76,6 +76,7 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
     processes: int = msgspec.field(default_factory=default_processes)
     memory: WorkingMemoryConfig = msgspec.field(default_factory=WorkingMemoryConfig)
     backend: str = "scripted"
+    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
     latency_ms: float = 0.0
     broker: str | None = None
     seed: int = 0
@@ -459,7 +460,8 @@ async def run_loadtest(
     timeline: list[TimelinePoint] = []
     sweep_quota = config.requests if config.concurrency == 0 else None
     settings = InferenceSettings(
-        backend=config.backend, latency_ms=config.latency_ms, concurrency=config.concurrency,
+        backend=config.backend, backend_options=config.backend_options, latency_ms=config.latency_ms,
+        concurrency=config.concurrency,
         broker=config.broker, seed=config.seed,
     )
     async with contextlib.AsyncExitStack() as stack:
