@@ -15,11 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks._report import machine_line, write_section  # noqa: E402
-from sim.memory import (  # noqa: E402
+from benchmarks._report import machine_line, write_section
+from sim.memory import (
     Belief,
     Episode,
     Line,
@@ -27,9 +24,10 @@ from sim.memory import (  # noqa: E402
     WorkingMemoryConfig,
     build_working_memory,
 )
-from sim.memory._render import RENDER_ORDER  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
+from sim.memory._render import RENDER_ORDER
+from sim.scenario import load_scenario
 
+REPO = Path(__file__).resolve().parent.parent
 ENCODER = msgspec.msgpack.Encoder()
 SAID = "player: Comrade machine, the snacks belong to the people."
 

@@ -293,7 +293,8 @@ class Bus:
 
     # --- receiving -------------------------------------------------------------------
 
-    def _malformed(self, kind: str, topic: str, exc: Exception) -> None:
+    def count_malformed(self, kind: str, topic: str, exc: Exception) -> None:
+        """Count a malformed payload by kind and log the first of each kind; the caller drops it."""
         self.stats.malformed[kind] = self.stats.malformed.get(kind, 0) + 1
         if kind not in self._logged:
             self._logged.add(kind)
@@ -307,7 +308,7 @@ class Bus:
             try:
                 batch = decode_batch(payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._malformed("location events" if agent is None else "inbox", topic, exc)
+                self.count_malformed("location events" if agent is None else "inbox", topic, exc)
                 return
             if batch.shard == self.config.shard:
                 self._awaiting.discard((topic, batch.tick))
@@ -327,7 +328,7 @@ class Bus:
             try:
                 message = decode_player_input(payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._malformed("player input", topic, exc)
+                self.count_malformed("player input", topic, exc)
                 return
             self._player_handler(player, message)
             return
@@ -335,11 +336,11 @@ class Bus:
             try:
                 world = decode_world_state(payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._malformed("world state", topic, exc)
+                self.count_malformed("world state", topic, exc)
                 return
             self._world_handler(world)
             return
-        self._malformed("unrouted", topic, ValueError("no route for this topic"))
+        self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
 
     # --- the connection --------------------------------------------------------------
 
@@ -381,7 +382,7 @@ class Bus:
                     async for message in client.messages:
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
-                            self._malformed("non-binary", str(message.topic), TypeError(type(payload).__name__))
+                            self.count_malformed("non-binary", str(message.topic), TypeError(type(payload).__name__))
                             continue
                         self._dispatch(message.topic.value, bytes(payload))
             except aiomqtt.MqttError as exc:

@@ -161,7 +161,7 @@ class ShardContext:
         for spec in sorted(scenario.npcs, key=lambda s: s.id):
             self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        self._store = store
+        self.store = store
         self._pool = pool
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
@@ -175,16 +175,16 @@ class ShardContext:
         return self._location_topics[location]
 
     def state(self, agent_id: str) -> NpcState:
-        return self._store.state(agent_id)
+        return self.store.state(agent_id)
 
     async def add_episode(self, agent_id: str, episode: Episode) -> None:
-        await self._store.add_episode(agent_id, episode, writer=Writer.NPC)
+        await self.store.add_episode(agent_id, episode, writer=Writer.NPC)
 
     async def add_belief(self, agent_id: str, belief: Belief) -> None:
-        await self._store.add_belief(agent_id, belief, writer=Writer.NPC)
+        await self.store.add_belief(agent_id, belief, writer=Writer.NPC)
 
     async def add_line(self, agent_id: str, line: Line) -> None:
-        await self._store.add_line(agent_id, line, writer=Writer.NPC)
+        await self.store.add_line(agent_id, line, writer=Writer.NPC)
 
     async def infer(
         self,
@@ -251,7 +251,7 @@ class ShardContext:
             fallback_reason=result.fallback_reason,
             timings=result.timings,
         )
-        await self._store.record(record)
+        await self.store.record(record)
 
 
 async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
@@ -365,7 +365,7 @@ async def _run_shard(
     on_ready: Callable[[RunStats], None] | None,
 ) -> None:
     bus, stats = ctx.bus, ctx.stats
-    store = ctx._store
+    store = ctx.store
     missing = set(await store.load_agents(spec.id for spec in specs))
     agents: list[Agent] = []
     for spec in specs:
@@ -397,7 +397,7 @@ async def _run_shard(
     def on_player_input(player: str, message: PlayerInputMessage) -> None:
         if message.to not in local:
             if message.to not in ctx.npc_ids:
-                bus._malformed(
+                bus.count_malformed(
                     "player input to an unknown NPC",
                     topics.player_input(ctx.run_id, player),
                     ValueError(f"no NPC {message.to!r} in this run"),

@@ -140,6 +140,17 @@ class _Totals:
             self.first_violations.extend(records[:room])
 
 
+def _build_and_check(
+    builder: Builder, checker: Checker, state: NpcState, said: str, memory: WorkingMemoryConfig
+) -> tuple[WorkingMemory, list[Violation], int, int]:
+    """One snapshot built and checked: the memory, its violations, build ns and check ns."""
+    t0 = time.perf_counter_ns()
+    wm = builder(state, said, memory)
+    t1 = time.perf_counter_ns()
+    violations = checker(state, said, memory, wm)
+    return wm, violations, t1 - t0, time.perf_counter_ns() - t1
+
+
 def _records(agent: str, said: str, violations: list[Violation], source: str) -> list[ViolationRecord]:
     return [
         ViolationRecord(agent_id=agent, invariant=v.invariant, detail=v.detail, source=source, player_input=said)
@@ -185,7 +196,6 @@ def _sweep_loop(
         out.put(("done", index, _delta(0, 0, 0, Histogram(), Histogram(), [], 0.0)))
         return
     rng = random.Random(f"npcsim-loadtest:{config.seed}:sweep:{index}")
-    clock = time.perf_counter_ns
     began = last_flush = time.perf_counter()
     n = len(states)
     total = snapshots = over = nviolations = 0
@@ -195,13 +205,9 @@ def _sweep_loop(
         for _ in range(_BATCH if quota is None else min(_BATCH, quota - total)):
             state = states[rng.randrange(n)]
             said = pick_input(rng)
-            t0 = clock()
-            wm = builder(state, said, memory)
-            t1 = clock()
-            violations = checker(state, said, memory, wm)
-            t2 = clock()
-            build.record(t1 - t0)
-            check.record(t2 - t1)
+            wm, violations, build_ns, check_ns = _build_and_check(builder, checker, state, said, memory)
+            build.record(build_ns)
+            check.record(check_ns)
             snapshots += 1
             total += 1
             if wm.report.over_budget:
@@ -383,9 +389,7 @@ async def _requester(
         state = states[rng.randrange(config.agents)]
         said = pick_input(rng)
         t0 = clock()
-        wm = builder(state, said, memory)
-        t1 = clock()
-        violations = checker(state, said, memory, wm)
+        wm, violations, build_ns, check_ns = _build_and_check(builder, checker, state, said, memory)
         t2 = clock()
         fallback = await infer(wm, tick)
         t3 = clock()
@@ -400,9 +404,9 @@ async def _requester(
         totals.round_trip.record(t3 - t0)
         totals.interval_rt.record(t3 - t0)
         if not config.processes:  # without a sweep, the round trip's builds are the build figures
-            totals.build.record(t1 - t0)
-            totals.interval_build.record(t1 - t0)
-            totals.check.record(t2 - t1)
+            totals.build.record(build_ns)
+            totals.interval_build.record(build_ns)
+            totals.check.record(check_ns)
 
 
 # --- the whole run ----------------------------------------------------------------------
