@@ -72,13 +72,13 @@ async def test_auto_leaves_no_mosquitto_after_sigterm() -> None:
     assert gone(pid)
 
 
-async def test_auto_in_process_stops_on_cancellation(tmp_path: Path) -> None:
+async def test_auto_in_process_stops_on_cancellation() -> None:
     require_mosquitto()
     pids = []
     started = asyncio.Event()
 
     async def hold() -> None:
-        async with open_broker("auto", tmp_path) as info:
+        async with open_broker("auto") as info:
             pids.append(info.pid)
             started.set()
             await asyncio.sleep(60)
@@ -91,7 +91,7 @@ async def test_auto_in_process_stops_on_cancellation(tmp_path: Path) -> None:
     assert pids[0] is not None and gone(pids[0])
 
 
-async def test_bad_broker_url_is_refused(tmp_path: Path) -> None:
+async def test_bad_broker_url_is_refused() -> None:
     with pytest.raises(ConfigError, match="expected mqtt://host:port"):
-        async with open_broker("http://example", tmp_path):
+        async with open_broker("http://example"):
             pass

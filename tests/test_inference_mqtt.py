@@ -47,13 +47,13 @@ async def running(*workers: RemoteWorker) -> AsyncIterator[None]:
 
 
 def pool_config(broker: MosquittoProcess, run: str, **kw: object) -> PoolConfig:
-    return PoolConfig(transport="mqtt", broker=broker.url, run_id=run, **kw)  # type: ignore[arg-type]
+    return PoolConfig(transport="mqtt", broker=broker.address, run_id=run, **kw)  # type: ignore[arg-type]
 
 
 async def test_two_workers_share_the_load(mosquitto: MosquittoProcess) -> None:
     run = "share"
     workers = [
-        RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name=f"w{i}", concurrency=2,
+        RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name=f"w{i}", concurrency=2,
                                   options={"delay_ms": 20}))
         for i in range(2)
     ]
@@ -103,7 +103,7 @@ async def test_worker_killed_mid_request_gives_a_timeout_fallback_and_the_pool_g
             lost = pending.result()
             assert lost.fallback and lost.fallback_reason == "timeout"
             assert lost.line in ("The forge needs me; ask again later.", "Hmm. Not now, friend.")
-            survivor = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="survivor"))
+            survivor = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="survivor"))
             async with running(survivor):
                 after = await pool.infer(make_request(2))
             assert not after.fallback and after.worker == "survivor"
@@ -133,7 +133,7 @@ async def test_worker_process_exits_0_on_sigterm(mosquitto: MosquittoProcess) ->
 
 async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoProcess) -> None:
     run = "stale"
-    worker = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="w"))
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="w"))
     async with running(worker), aiomqtt.Client("127.0.0.1", mosquitto.port,
                                                 protocol=aiomqtt.ProtocolVersion.V5) as client:
         await client.subscribe(topics.infer_response(run, "0"), qos=1)
@@ -167,8 +167,11 @@ async def test_no_worker_means_a_timeout_fallback(mosquitto: MosquittoProcess) -
 
 async def test_an_unreachable_broker_is_a_broker_error() -> None:
     from sim.errors import BrokerError
+    from sim.mqtt import BrokerAddress, ReconnectPolicy
     from tests.conftest import free_port
 
-    with pytest.raises(BrokerError, match="cannot connect to broker"):
-        async with open_pool(PoolConfig(transport="mqtt", broker=f"mqtt://127.0.0.1:{free_port()}")):
+    config = PoolConfig(transport="mqtt", broker=BrokerAddress(port=free_port()),
+                        reconnect=ReconnectPolicy(initial=0.01, patience=0.2))
+    with pytest.raises(BrokerError, match="no MQTT connection"):
+        async with open_pool(config):
             pass

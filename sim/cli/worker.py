@@ -9,6 +9,7 @@ import signal
 from rich.console import Console
 
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._broker import add_broker_arguments, broker_address
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 
@@ -17,7 +18,7 @@ __all__ = ["register", "worker_command"]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
-    worker.add_argument("--broker", required=True, help="mqtt://host:port")
+    add_broker_arguments(worker, default=None)
     worker.add_argument("--run", required=True, help="the run id whose requests to serve")
     add_backend_arguments(worker)
     worker.add_argument("--concurrency", type=int, default=8, help="requests served at once (default 8)")
@@ -53,7 +54,7 @@ async def _run(worker: RemoteWorker, console: Console) -> None:
 
 def worker_command(args: argparse.Namespace) -> int:
     config = WorkerConfig(
-        broker=args.broker, run_id=args.run, backend=args.backend, options=backend_options(args),
+        broker=broker_address(args), run_id=args.run, backend=args.backend, options=backend_options(args),
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
     )
     worker = RemoteWorker(config)
