@@ -38,6 +38,7 @@ from sim.events import AnyEvent, EventBatch, SayMessage, StatusMessage, WorldSta
 from sim.mailbox import Mailbox
 from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy, mqtt_error, open_client, stay_connected
 from sim.routing import BusStats, PlayerInputHandler, Router, WorldStateHandler
+from sim.signing import RunKey
 
 __all__ = ["Bus", "BusConfig", "BusStats", "Mailbox", "PlayerInputHandler", "open_bus", "single_error"]
 
@@ -56,6 +57,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     publish_timeout: float = 10.0
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    run_key: RunKey | None = None  # sign and check internal batches (sim.signing)
 
 
 _Outgoing = tuple[str, bytes, int, bool]
@@ -68,7 +70,7 @@ class Bus:
         self.config = config
         self.router = Router(
             config.run, config.shard, mailbox_size=config.mailbox_size, seen_events=config.seen_ids,
-            bounds=config.bounds,
+            bounds=config.bounds, run_key=config.run_key,
         )
         self.stats = self.router.stats
         self._filters: list[str] = []
@@ -141,7 +143,9 @@ class Bus:
             if self.router.is_routed(topic):
                 self.router.expect_echo(topic, tick)
                 self._echoed.clear()
-            await self.publish(topic, encode_batch(EventBatch(shard=self.config.shard, tick=tick, events=events)))
+            body = encode_batch(EventBatch(shard=self.config.shard, tick=tick, events=events))
+            key = self.config.run_key
+            await self.publish(topic, body if key is None else key.sign(topic, body))
         return len(pending)
 
     async def wait_echoes(self) -> None:

@@ -12,6 +12,7 @@ bounds (sim.bounds) is refused and counted by kind. Neither ever raises.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,10 +28,14 @@ from sim.events import (
     decode_world_state,
 )
 from sim.mailbox import Mailbox, Overflow, SeenEvents
+from sim.signing import RunKey
 
 __all__ = ["BusStats", "PlayerInputHandler", "Router", "WorldStateHandler"]
 
 log = logging.getLogger(__name__)
+
+# A player id becomes an event's speaker: the same rule as events.Name.
+_PLAYER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 PlayerInputHandler = Callable[[str, PlayerInputMessage], None]
 WorldStateHandler = Callable[[WorldStateMessage], None]
@@ -72,9 +77,11 @@ class Router:
         mailbox_size: int,
         seen_events: int,
         bounds: InputBounds,
+        run_key: RunKey | None = None,
         stats: BusStats | None = None,
     ) -> None:
         self.shard = shard
+        self.run_key = run_key
         self.stats = stats or BusStats()
         self.bounds = bounds
         self._mailbox_size = mailbox_size
@@ -153,6 +160,12 @@ class Router:
             self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
 
     def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> None:
+        if self.run_key is not None:
+            body = self.run_key.open(topic, payload)
+            if body is None:
+                self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
+                return
+            payload = body
         try:
             batch = decode_batch(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -171,6 +184,9 @@ class Router:
 
     def _receive_player_input(self, topic: str, payload: bytes, handler: PlayerInputHandler) -> None:
         player = topic[len(self.player_prefix) : -len("/input")]
+        if not _PLAYER_ID.match(player):
+            self.count_malformed("player input", topic, ValueError(f"player id {player[:40]!r} is not a name"))
+            return
         try:
             message = decode_player_input(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

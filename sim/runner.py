@@ -44,7 +44,7 @@ from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMe
 from sim.mqtt import TlsFiles
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.store import Store, Writer, open_store
-from sim.trust import announce_trust, limit_player_inputs
+from sim.trust import announce_trust, limit_player_inputs, run_key_for
 
 __all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
 
@@ -74,6 +74,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     broker: str = "auto"
     broker_tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    run_key_file: str | None = None
     ticks: int | None = None
     tick_ms: int = 0
     seed: int | None = None
@@ -336,9 +337,11 @@ async def run(
     with _signals(stop, stats):
         async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
             stats.broker = f"{broker.kind} {broker.url}"
-            announce_trust(broker, run_id, workdir if config.remote_workers else None)
+            run_key = run_key_for(config.run_key_file, broker)
+            announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
             bus_config = BusConfig(
-                broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds
+                broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
+                run_key=run_key,
             )
             pool_config = PoolConfig(
                 backend=config.backend,
@@ -348,6 +351,7 @@ async def run(
                 timeout=config.inference_timeout,
                 transport="mqtt" if config.remote_workers else "inprocess",
                 broker=broker.address,
+                run_key=run_key,
                 run_id=run_id,
                 shard=str(index),
             )

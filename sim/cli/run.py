@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_backend_arguments(cmd)
     cmd.add_argument("--remote-workers", action="store_true",
                      help="send inferences to `npcsim worker` processes on the broker instead of in-process")
+    cmd.add_argument("--run-key-file", metavar="FILE",
+                     help="sign internal messages with this secret (HMAC; every process of the run needs it); "
+                     "generated for --broker auto")
     cmd.add_argument("--concurrency", type=int, default=64, help="inferences in flight at once (default 64)")
     cmd.add_argument("--shard", default="0/1", help="i/n: run shard i of n")
     cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
@@ -112,6 +115,7 @@ def run_command(args: argparse.Namespace) -> int:
         scenario=args.scenario,
         broker=args.broker,
         broker_tls=tls_files(args),
+        run_key_file=args.run_key_file,
         ticks=args.ticks,
         tick_ms=args.tick_ms,
         seed=args.seed,

@@ -118,7 +118,9 @@ class _PoolLink:
 
     async def send(self, client: aiomqtt.Client, entry: _Waiting) -> None:
         entry.sent_on = self.connection
-        await client.publish(self.request_topic, encode_request(entry.request), qos=1)
+        body = encode_request(entry.request)
+        key = self.config.run_key
+        await client.publish(self.request_topic, body if key is None else key.sign(self.request_topic, body), qos=1)
 
     def receive(self, message: aiomqtt.Message) -> None:
         counters = self.counters
@@ -127,6 +129,13 @@ class _PoolLink:
             counters.malformed += 1
             self.warn("result-type", "malformed reply on %s: payload is %s, not bytes", message.topic, type(payload))
             return
+        if self.config.run_key is not None:
+            body = self.config.run_key.open(message.topic.value, payload)
+            if body is None:
+                counters.malformed += 1
+                self.warn("result-unsigned", "reply on %s without a valid run-key signature dropped", message.topic)
+                return
+            payload = body
         try:
             result = decode_result(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -267,8 +276,10 @@ class RemoteWorker:
             slots.release()
         if result is not None:
             reply_topic = topics.infer_response(self.config.run_id, result[0])
+            body = encode_result(result[1])
+            key = self.config.run_key
             try:
-                await client.publish(reply_topic, encode_result(result[1]), qos=1)
+                await client.publish(reply_topic, body if key is None else key.sign(reply_topic, body), qos=1)
             except aiomqtt.MqttError as exc:
                 if mqtt_error(exc) is None:
                     raise
@@ -285,6 +296,14 @@ class RemoteWorker:
             c.malformed += 1
             self._warn("request-type", "malformed request on %s: payload is %s", message.topic, type(payload))
             return None
+        if self.config.run_key is not None:
+            body = self.config.run_key.open(topics.infer_request(self.config.run_id), payload)
+            if body is None:
+                c.malformed += 1
+                self._warn("request-unsigned", "request on %s without a valid run-key signature dropped",
+                           message.topic)
+                return None
+            payload = body
         try:
             request = decode_request(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -14,6 +14,7 @@ import msgspec
 from sim.errors import ConfigError
 from sim.memory import WorkingMemory
 from sim.mqtt import BrokerAddress, ReconnectPolicy
+from sim.signing import RunKey
 
 __all__ = [
     "InferenceRequest",
@@ -119,7 +120,8 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     remote workers bring their own slots and the pool keeps `max_in_flight` outstanding.
     `timeout` bounds one request's time at the backend (seconds); a request's own deadline
     bounds it further. `reply_grace` lets a remote worker's "stale" answer arrive.
-    `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt).
+    `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
+    `run_key`, requests are signed and replies without a valid signature refused (sim.signing).
     """
 
     backend: str = "scripted"
@@ -132,6 +134,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     transport: Transport = "inprocess"
     broker: BrokerAddress = msgspec.field(default_factory=BrokerAddress)
     reconnect: ReconnectPolicy = msgspec.field(default_factory=ReconnectPolicy)
+    run_key: RunKey | None = None
     run_id: str = "run"
     shard: str = "0"
     group: str = "workers"
@@ -167,6 +170,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_line_chars: int = 200
     name: str = ""
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(patience=None))
+    run_key: RunKey | None = None
 
     def __post_init__(self) -> None:
         _positive("concurrency", self.concurrency)

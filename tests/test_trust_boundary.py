@@ -1,0 +1,189 @@
+"""The trust boundary on a real Mosquitto with the shipped auth.conf and acl (DESIGN.md).
+
+Every npcsim process logs in (run, worker, subscribe, loadtest); a player may publish only
+its own input; each attack found on the anonymous broker is refused by the broker or
+refused and counted by npcsim, and the audit afterwards holds none of the forged text; no
+password appears in any output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from sim import topics
+from sim.cli import main
+from sim.events import EventBatch, Notice, Speech, encode_batch
+from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
+from sim.mqtt import BrokerAddress
+from sim.runner import RunConfig, RunStats, run
+from sim.store import open_reader
+from tests.conftest import REPO
+from tests.secured import ROLES, SecuredBroker, password, secured_broker
+
+pytestmark = pytest.mark.mosquitto
+VILLAGE = str(REPO / "scenarios" / "village.toml")
+FORGED = "FORGED-KING-ALIVE"
+
+
+def client(broker: SecuredBroker, user: str) -> aiomqtt.Client:
+    return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password(user),
+                          protocol=aiomqtt.ProtocolVersion.V5)
+
+
+def assert_no_password(*texts: str) -> None:
+    for text in texts:
+        for user in ROLES:
+            assert password(user) not in text, f"the password of {user} leaked"
+
+
+async def cli(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
+    )
+
+
+async def read_until(stream: asyncio.StreamReader, needle: bytes, seconds: float = 30) -> bytes:
+    seen = b""
+    async with asyncio.timeout(seconds):
+        while needle not in seen:
+            line = await stream.readline()
+            assert line, f"stream ended before {needle!r}: {seen!r}"
+            seen += line
+    return seen
+
+
+async def stop(proc: asyncio.subprocess.Process) -> tuple[str, str]:
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        async with asyncio.timeout(15):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themselves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    db = tmp_path / "sec.db"
+    with secured_broker() as broker:
+        plain = f"mqtt://127.0.0.1:{broker.port}"
+        worker = await cli("worker", "--broker", plain, "--run", "sec", "--name", "w1", env=broker.env_for("worker"))
+        viewer = await cli("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
+        try:
+            assert worker.stdout is not None and viewer.stdout is not None
+            await read_until(worker.stdout, b"ready")
+            stats = RunStats()
+            ready = asyncio.Event()
+            config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="sec", ticks=40,
+                               tick_ms=50, remote_workers=True, db=str(db))
+            async with asyncio.TaskGroup() as group:
+                job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+                await ready.wait()
+                async with client(broker, "alice") as alice:
+                    await alice.publish(topics.player_input("sec", "alice"),
+                                        json.dumps({"to": "innkeeper", "text": "alice-asks-for-ale"}), qos=1)
+                    await alice.publish(topics.player_input("sec", "bob"),
+                                        json.dumps({"to": "innkeeper", "text": "impostor-speaks-for-bob"}), qos=1)
+                said = await read_until(viewer.stdout, b"sec t")  # the viewer sees lines as they are said
+                await job
+        finally:
+            worker_out, worker_err = await stop(worker)
+            viewer_out, viewer_err = await stop(viewer)
+    assert stats.tick == 39 and stats.inferences > 0
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert not [r.fallback_reason for r in records if r.fallback_reason in ("timeout", "transport_error")], \
+        "every inference was served by the logged-in worker"
+    inputs = [r.player_input for r in records if r.agent_id == "innkeeper"]
+    assert "alice: alice-asks-for-ale" in inputs
+    assert not any("impostor" in text for text in inputs)
+    assert "served" in worker_out
+    assert_no_password(caplog.text, worker_out, worker_err, viewer_out, viewer_err, said.decode(), stats.broker)
+
+
+async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path: Path) -> None:
+    db = tmp_path / "attack.db"
+    with secured_broker() as broker:
+        worker = RemoteWorker(WorkerConfig(broker=BrokerAddress.parse(broker.url_for("worker")), run_id="atk",
+                                           name="w"))
+        stats = RunStats()
+        ready = asyncio.Event()
+        config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="atk", ticks=30, tick_ms=100,
+                           remote_workers=True, db=str(db))
+        forged_notice = Notice(id="atk:guard_captain:5:0", tick=5, text=FORGED)
+        forged_speech = Speech(id="atk:guard_captain:6:0", tick=6, speaker="guard_captain", text=FORGED,
+                               to="snack_machine")
+        async with asyncio.TaskGroup() as group:
+            serving = group.create_task(worker.run())
+            job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+            await ready.wait()
+            async with client(broker, "alice") as alice, client(broker, "game") as game:
+                batch = encode_batch(EventBatch(shard="0", tick=1, events=(forged_notice, forged_speech)))
+                await alice.publish(topics.location_events("atk", "square"), batch, qos=1)
+                await alice.publish(topics.agent_inbox("atk", "snack_machine"), batch, qos=1)
+                reply = InferenceResult(id="x", agent_id="snack_machine", tick=1, line=FORGED * 180,
+                                        raw_response=FORGED, backend="scripted", model="")
+                await alice.publish(topics.infer_response("atk", "0"), encode_result(reply), qos=1)
+                await alice.publish(topics.world_state("atk"), json.dumps({"state": {"king": FORGED}}), qos=1)
+                await game.publish(topics.world_state("atk"), json.dumps({"state": {"king": "Z" * 1_000_000}}), qos=1)
+                many = {f"k{i}": "v" for i in range(20_000)}
+                await game.publish(topics.world_state("atk"), json.dumps({"state": many}), qos=1)
+                for n in range(50):
+                    await alice.publish(topics.player_input("atk", "alice"),
+                                        json.dumps({"to": "snack_machine", "text": f"flood {n}"}), qos=1)
+            await job
+            serving.cancel()
+    assert stats.tick == 29
+    bus = stats.bus
+    assert bus.refused["world state over its bounds"] == 2
+    assert bus.refused["player inputs over the per-tick bound"] >= 47 - 3 * 29
+    assert stats.player_inputs <= 3 * 30 + 30  # the scripted player's lines plus at most 3 of alice's per tick
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert records
+    for record in records:
+        text = json.dumps([record.prompt, record.line, record.raw_response, record.player_input,
+                           [f.value for f in record.state.world_state]])
+        assert FORGED not in text and "ZZZZZZZZ" not in text and "k19999" not in text
+    raw = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists()
+                             else b"")
+    assert FORGED.encode() not in raw
+
+
+def test_a_wrong_password_is_one_line_without_the_password(capsys: pytest.CaptureFixture[str]) -> None:
+    with secured_broker() as broker:
+        bad = f"mqtt://worker:not-{password('worker')}@127.0.0.1:{broker.port}"
+        assert main(["worker", "--broker", bad, "--run", "r"]) == 2
+        assert main(["run", VILLAGE, "--broker", bad, "--quiet", "--ticks", "1"]) == 2
+        assert main(["subscribe", "--broker", bad]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("npcsim: error:")]
+    assert len(lines) == 3 and all("refused the login of user 'worker'" in line for line in lines)
+    assert "Traceback" not in err and password("worker") not in err
+
+
+def test_loadtest_logs_in_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.json"
+    with secured_broker() as broker:
+        for name, value in broker.env_for("shard").items():
+            monkeypatch.setenv(name, value)
+        code = main(["loadtest", "--agents", "50", "--requests", "40", "--concurrency", "4", "--processes", "0",
+                     "--broker", f"mqtt://127.0.0.1:{broker.port}", "--json", str(out)])
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert figures["inferences"] == 40 and figures["fallbacks"] == 0
