@@ -60,7 +60,7 @@ def test_tls_files(tmp_path: Path) -> None:
         BrokerAddress.parse("mqtt://h", env={}, tls=TlsFiles(ca_file=str(ca)))
     with pytest.raises(ConfigError, match="--cert-file needs --key-file"):
         BrokerAddress.parse("mqtts://h", env={}, tls=TlsFiles(cert_file=str(ca)))
-    with pytest.raises(ConfigError, match="--ca-file .*no such file"):
+    with pytest.raises(ConfigError, match=r"--ca-file .*no such file"):
         BrokerAddress.parse("mqtts://h", env={}, tls=TlsFiles(ca_file=str(tmp_path / "missing.pem")))
 
 
