@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import sys
 from pathlib import Path
 
+import aiomqtt
 import psutil
 import pytest
 
 from sim.broker import open_broker
 from sim.errors import ConfigError
+from sim.mqtt import open_client
 from tests.conftest import REPO, require_mosquitto
 
 pytestmark = pytest.mark.mosquitto
@@ -95,3 +98,45 @@ async def test_bad_broker_url_is_refused() -> None:
     with pytest.raises(ConfigError, match="expected mqtt://host:port"):
         async with open_broker("http://example"):
             pass
+
+
+async def test_auto_leaves_no_mosquitto_and_no_broker_files_after_kill_9() -> None:
+    require_mosquitto()
+    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50")
+    config = Path(psutil.Process(pid).cmdline()[-1])
+    assert config.name == "mosquitto.conf"
+    assert not config.parent.exists(), "the broker's files outlive its start"
+    proc.kill()
+    await proc.wait()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        await asyncio.to_thread(psutil.Process(pid).wait, 15)  # raises TimeoutExpired if it stays
+    assert gone(pid)
+    assert proc.stderr is not None
+    assert b"Traceback" not in await proc.stderr.read()
+
+
+async def test_auto_is_private_anonymous_clients_reach_only_public_topics_and_player_input() -> None:
+    require_mosquitto()
+    async with open_broker("auto") as info:
+        assert info.address.username == "shard" and info.worker.username == "worker" and info.acl
+        assert info.address.password and info.address.password not in info.url
+        async with open_client(info.address) as shard, aiomqtt.Client("127.0.0.1", info.address.port) as anon:
+            await shard.subscribe("npcsim/r/#", qos=1)
+            await anon.subscribe("npcsim/r/infer/req", qos=1)
+            await anon.subscribe("npcsim/r/agent/+/say", qos=1)
+            for topic in ("npcsim/r/loc/square/events", "npcsim/r/agent/a/inbox", "npcsim/r/infer/resp/0",
+                          "npcsim/r/world/state", "npcsim/r/status/0", "npcsim/r/player/p/input"):
+                await anon.publish(topic, b"x", qos=1)
+            async with asyncio.timeout(10):
+                async for message in shard.messages:
+                    assert message.topic.value == "npcsim/r/player/p/input", message.topic
+                    break
+            await shard.publish("npcsim/r/infer/req", b"internal", qos=1)
+            await shard.publish("npcsim/r/agent/a/say", b"public", qos=1)
+            async with asyncio.timeout(10):
+                async for message in anon.messages:
+                    assert message.topic.value == "npcsim/r/agent/a/say", message.topic
+                    break
+        with pytest.raises(aiomqtt.MqttError):
+            async with open_client(info.address.with_login("shard", "guessed")):
+                pass

@@ -14,15 +14,19 @@ import pytest
 
 from sim import topics
 from sim.inference import (
+    InferenceResult,
     PoolConfig,
     RemoteWorker,
     WorkerConfig,
     clean_line,
+    decode_request,
     decode_result,
     encode_request,
+    encode_result,
     open_pool,
 )
 from sim.inference.backends.scripted import scripted_reply
+from sim.signing import RunKey
 from tests.conftest import MosquittoProcess
 from tests.inference_helpers import make_request
 
@@ -175,3 +179,74 @@ async def test_an_unreachable_broker_is_a_broker_error() -> None:
     with pytest.raises(BrokerError, match="no MQTT connection"):
         async with open_pool(config):
             pass
+
+
+async def _forge_replies(port: int, run: str, line: str, answered: asyncio.Event) -> None:
+    """An outsider on an anonymous broker: read each request, answer first in a worker's place."""
+    async with aiomqtt.Client("127.0.0.1", port, protocol=aiomqtt.ProtocolVersion.V5) as forger:
+        await forger.subscribe(topics.infer_request(run), qos=1)
+        answered.set()
+        async for message in forger.messages:
+            assert isinstance(message.payload, bytes)
+            body = message.payload
+            request = decode_request(body[36:] if body.startswith(b"NPK1") else body)  # signed is not secret
+            forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick, line=line,
+                                     raw_response=line, backend="scripted", model="", worker="forger")
+            await forger.publish(topics.infer_response(run, request.shard), encode_result(forged), qos=1)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    ["FORGED " * 435, "The old bridge is not broken.", "*grins* As an AI I cannot say."],
+    ids=["3046 characters", "negates a canonical fact", "uncleaned"],
+)
+async def test_a_forged_reply_is_held_to_the_pools_output_checks(mosquitto: MosquittoProcess, forged: str) -> None:
+    run = "forge"
+    listening = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        forger = tg.create_task(_forge_replies(mosquitto.port, run, forged, listening))
+        await listening.wait()
+        async with open_pool(pool_config(mosquitto, run)) as pool:
+            result = await pool.infer(make_request(1))
+            stats = pool.statistics()
+        forger.cancel()
+    assert result.fallback and result.fallback_reason == "rejected"
+    assert "FORGED" not in result.line and "not broken" not in result.line and result.raw_response is None
+    assert stats.rejected_outputs == 1
+
+
+async def test_with_a_run_key_only_signed_replies_count(mosquitto: MosquittoProcess) -> None:
+    run = "keyed"
+    key = RunKey.generate()
+    listening = asyncio.Event()
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="honest", run_key=key))
+    async with asyncio.TaskGroup() as tg:
+        forger = tg.create_task(_forge_replies(mosquitto.port, run, "A plausible forged line.", listening))
+        await listening.wait()
+        async with running(worker), open_pool(pool_config(mosquitto, run, run_key=key)) as pool:
+            result = await pool.infer(make_request(1))
+            stats = pool.statistics()
+        forger.cancel()
+    assert not result.fallback and result.worker == "honest" and "forged" not in result.line
+    assert stats.malformed >= 1  # the unsigned forged reply
+
+
+async def test_the_pool_and_the_worker_ride_out_a_broker_restart(
+    mosquitto: MosquittoProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = "restart"
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="w",
+                                       options={"delay_ms": 300}))
+    async with running(worker), open_pool(pool_config(mosquitto, run)) as pool:
+        assert not (await pool.infer(make_request(0))).fallback
+        async with asyncio.TaskGroup() as tg:
+            waiting = [tg.create_task(pool.infer(make_request(n, deadline_in=60))) for n in range(1, 5)]
+            await asyncio.sleep(0.1)  # the requests are out; the worker sleeps on them
+            mosquitto.stop()
+            await asyncio.sleep(1.0)
+            mosquitto.start()
+        results = [t.result() for t in waiting]
+        after = await pool.infer(make_request(9))
+    assert [r.fallback for r in results] == [False] * 4, [r.fallback_reason for r in results]
+    assert not after.fallback
+    assert "is back" in caplog.text

@@ -25,7 +25,7 @@ from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_re
 from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
-from tests.conftest import REPO
+from tests.conftest import REPO, MosquittoProcess
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
@@ -187,3 +187,31 @@ def test_loadtest_logs_in_from_the_environment(tmp_path: Path, monkeypatch: pyte
     assert code == 0
     figures = json.loads(out.read_text())
     assert figures["inferences"] == 40 and figures["fallbacks"] == 0
+
+
+async def test_the_broker_restarted_mid_run_under_remote_workers(
+    mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "restart.db"
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id="rs", name="w"))
+    argv = ["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "rs", "--ticks", "40", "--tick-ms", "100",
+            "--remote-workers", "--quiet", "--db", str(db)]
+    async with asyncio.TaskGroup() as group:
+        serving = group.create_task(worker.run())
+        await worker.ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
+            await watcher.subscribe("npcsim/rs/agent/+/say", qos=1)
+            job = group.create_task(asyncio.to_thread(main, argv))
+            async with asyncio.timeout(60):
+                async for _ in watcher.messages:
+                    break  # the run is under way
+        mosquitto.stop()
+        await asyncio.sleep(3)  # the outage
+        mosquitto.start()
+        async with asyncio.timeout(90):
+            code = await job
+        serving.cancel()
+    assert code == 0
+    with open_reader(db) as reader:
+        assert reader.last_tick() == 39
+    assert "is back" in caplog.text

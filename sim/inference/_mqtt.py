@@ -9,8 +9,9 @@ a reply that comes later is counted as late and dropped. Malformed payloads are 
 logged once per kind, and dropped.
 
 Both sides connect through `sim.mqtt` and ride out a broker restart: the pool re-sends,
-on the new connection, every request still waiting for its reply (a worker's second answer
-is then counted as late), and the worker subscribes again. A reply is trusted no more than
+on the new connection, every request still waiting for its reply, and again with backoff
+until it is answered, since workers come back on their own schedule (a worker's second
+answer is counted as late); the worker subscribes again. A reply is trusted no more than
 a model: the pool runs the same output checks on it as in-process serving does (length,
 cleaning, canonical facts, the right agent and tick, the deterministic fallback line), so a
 client that answers in a worker's place cannot make an NPC say what the checks would refuse.
@@ -79,6 +80,7 @@ class _Waiting:
     request: InferenceRequest
     future: asyncio.Future[InferenceResult]
     sent_on: int = 0  # the connection it was last published on (0: none yet)
+    outage: bool = False  # it was waiting through a lost connection: re-sent until answered
 
 
 class _PoolLink:
@@ -112,15 +114,38 @@ class _PoolLink:
         if resend and self.connection > 1:
             log.warning("re-sending %d inference requests after the reconnect", len(resend))
         for entry in resend:
+            entry.outage = self.connection > 1
             await self.send(client, entry)
-        async for message in client.messages:
-            self.receive(message)
+        async with asyncio.TaskGroup() as tg:
+            if self.connection > 1:
+                tg.create_task(self.resend_after_outage(client))
+            async for message in client.messages:
+                self.receive(message)
+
+    async def resend_after_outage(self, client: aiomqtt.Client) -> None:
+        """Re-send requests that waited through an outage, with backoff, until each is answered.
+
+        Workers come back on their own schedule, and a shared subscription with nobody
+        subscribed drops what it gets; a worker's second answer is counted as late.
+        """
+        delay = 0.5
+        while True:
+            await asyncio.sleep(delay)
+            again = [w for w in self.waiting.values() if w.outage and not w.future.done()]
+            if not again:
+                return
+            for entry in again:
+                await client.publish(self.request_topic, self.payload(entry.request), qos=1)
+            delay = min(2 * delay, 8.0)
+
+    def payload(self, request: InferenceRequest) -> bytes:
+        body = encode_request(request)
+        key = self.config.run_key
+        return body if key is None else key.sign(self.request_topic, body)
 
     async def send(self, client: aiomqtt.Client, entry: _Waiting) -> None:
         entry.sent_on = self.connection
-        body = encode_request(entry.request)
-        key = self.config.run_key
-        await client.publish(self.request_topic, body if key is None else key.sign(self.request_topic, body), qos=1)
+        await client.publish(self.request_topic, self.payload(entry.request), qos=1)
 
     def receive(self, message: aiomqtt.Message) -> None:
         counters = self.counters
