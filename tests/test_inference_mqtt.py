@@ -219,7 +219,9 @@ async def test_with_a_run_key_only_signed_replies_count(mosquitto: MosquittoProc
     run = "keyed"
     key = RunKey.generate()
     listening = asyncio.Event()
-    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="honest", run_key=key))
+    # The honest worker is slow, so the forger always answers first.
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="honest", run_key=key,
+                                       options={"delay_ms": 500}))
     async with asyncio.TaskGroup() as tg:
         forger = tg.create_task(_forge_replies(mosquitto.port, run, "A plausible forged line.", listening))
         await listening.wait()

@@ -215,3 +215,29 @@ async def test_the_broker_restarted_mid_run_under_remote_workers(
     with open_reader(db) as reader:
         assert reader.last_tick() == 39
     assert "is back" in caplog.text
+
+
+async def test_an_anonymous_broker_is_announced_once_unless_a_run_key_is_given(
+    mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="anon", ticks=2))
+    assert caplog.text.count("can forge internal events") == 1
+    caplog.clear()
+    key = tmp_path / "run.key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="keyed", ticks=4,
+                                run_key_file=str(key)))
+    assert "can forge" not in caplog.text
+    assert stats.bus.events_delivered > 0 and not stats.bus.refused  # its own signed batches pass
+
+
+@pytest.mark.parametrize(("content", "fragment"), [(None, "No such file"), (b"short", "need at least 16")])
+def test_a_bad_run_key_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, fragment: str
+) -> None:
+    key = tmp_path / "run.key"
+    if content is not None:
+        key.write_bytes(content)
+    assert main(["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "r", "--run-key-file", str(key)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--run-key-file" in err and fragment in err
