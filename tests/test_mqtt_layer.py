@@ -80,3 +80,26 @@ def test_backoff_is_jittered_capped_and_starts_over_after_a_success() -> None:
     assert len(set(waits)) == len(waits)  # jittered
     backoff.reset()
     assert 0.05 <= backoff.next() <= 0.1
+
+
+def test_the_layer_exports_exactly_its_public_names() -> None:
+    import sim.mqtt
+
+    assert set(sim.mqtt.__all__) == {
+        "ENV_PASSWORD", "ENV_USERNAME", "Backoff", "BrokerAddress", "ReconnectPolicy", "TlsFiles", "login_refused",
+        "mqtt_error", "open_client", "redact", "stay_connected",
+    }
+
+
+def test_the_sans_io_modules_do_no_io() -> None:
+    import ast
+
+    import sim
+
+    root = Path(sim.__file__).parent
+    for name in ("routing.py", "mailbox.py", "bounds.py", "signing.py"):
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                io = ("aiomqtt", "asyncio", "socket", "sim.bus", "sim.mqtt")
+                assert not [m for m in modules if m.startswith(io)], (name, modules)

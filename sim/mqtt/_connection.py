@@ -14,7 +14,8 @@ wait between attempts is a jittered exponential backoff that starts over after e
 successful connection. It logs one warning when the connection is lost (or cannot be made)
 and one when it is back. After `policy.patience` seconds without a connection it raises a
 one-line BrokerError; a login the broker refuses (bad user name or password, not
-authorized) is a BrokerError at once, since retrying cannot fix it. Every message names
+authorized) and a broker certificate that TLS does not accept are BrokerErrors at once,
+since retrying cannot fix them. Every message names
 the broker by `address.url`, which never holds the password.
 """
 
@@ -44,6 +45,7 @@ _library_log.setLevel(logging.ERROR)
 
 # CONNACK codes that mean "your login is refused": MQTT 3.1.1 (4, 5) and MQTT 5 (134, 135).
 _LOGIN_REFUSED = frozenset({4, 5, 134, 135})
+_CERTIFICATE_REFUSED = "certificate verify failed"
 
 
 class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -178,6 +180,11 @@ async def stay_connected(
                 raise
             if login_refused(error):
                 raise refused_error(address, name, error) from None
+            if _CERTIFICATE_REFUSED in str(error).lower():
+                raise BrokerError(
+                    f"{name}: TLS did not accept the certificate of the broker at {address.url} ({error}); "
+                    f"check --ca-file"
+                ) from None
             if on_lost is not None:
                 on_lost()
             now = clock()
