@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from sim.events import EventBatch, Notice, Speech, encode_batch
 from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
 from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, RunStats, run
+from sim.signing import load_run_key
 from sim.store import open_reader
-from tests.conftest import REPO, MosquittoProcess
+from tests.conftest import REPO, MosquittoProcess, require_mosquitto
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
@@ -36,6 +38,10 @@ FORGED = "FORGED-KING-ALIVE"
 def client(broker: SecuredBroker, user: str) -> aiomqtt.Client:
     return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password(user),
                           protocol=aiomqtt.ProtocolVersion.V5)
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in Path(path).read_text().splitlines())
 
 
 def assert_no_password(*texts: str) -> None:
@@ -241,3 +247,28 @@ def test_a_bad_run_key_file_is_one_line(
     assert main(["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "r", "--run-key-file", str(key)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--run-key-file" in err and fragment in err
+
+
+async def test_remote_workers_join_a_private_auto_broker_with_the_logged_login_and_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    require_mosquitto()
+    stats = RunStats()
+    ready = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, broker="auto", run_id="joined", ticks=30, tick_ms=100,
+                       remote_workers=True, inference_timeout=5.0)
+    async with asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+        await ready.wait()
+        join = next(r.getMessage() for r in caplog.records if "remote workers join this run" in r.getMessage())
+        match = re.search(r"\. (\S+worker-login\.env); .* --broker (\S+) --run joined --run-key-file (\S+)`", join)
+        assert match, join
+        login = read_env_file(match[1])
+        assert login["NPCSIM_MQTT_USERNAME"] == "worker" and login["NPCSIM_MQTT_PASSWORD"] not in caplog.text
+        worker = RemoteWorker(WorkerConfig(broker=BrokerAddress.parse(match[2], env=login), run_id="joined",
+                                           name="joiner", run_key=load_run_key(match[3])))
+        serving = group.create_task(worker.run())
+        await job
+        served = worker.statistics().completed
+        serving.cancel()
+    assert stats.tick == 29 and served > 0
