@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
+import aiomqtt
 import pytest
 
-from sim.errors import ConfigError
-from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy, TlsFiles, redact
+from sim.errors import BrokerError, ConfigError
+from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy, TlsFiles, redact, stay_connected
 
 SECRET = "s3cr%t:pw"
 
@@ -103,3 +105,63 @@ def test_the_sans_io_modules_do_no_io() -> None:
                 modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 io = ("aiomqtt", "asyncio", "socket", "sim.bus", "sim.mqtt")
                 assert not [m for m in modules if m.startswith(io)], (name, modules)
+
+
+class _FakeClient:
+    """Stands in for aiomqtt.Client: fails to connect when told to."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    async def __aenter__(self) -> _FakeClient:
+        if self.fail:
+            raise aiomqtt.MqttError("[Errno 111] Connection refused")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_stay_connected_logs_lost_and_back_once_and_backs_off_from_the_start_after_a_success(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = [True, True, False, True, False]  # fail, fail, connect (then lost), fail, connect (then done)
+    sessions = []
+    delays: list[float] = []
+
+    async def no_wait(delay: float) -> None:
+        delays.append(delay)
+
+    monkeypatch.setattr(asyncio, "sleep", no_wait)  # the backoff's waits, recorded
+
+    async def session(client: object) -> None:
+        sessions.append(client)
+        if len(sessions) == 1:
+            raise aiomqtt.MqttError("Disconnected during message iteration")
+
+    address = BrokerAddress.parse("mqtt://shard:hunter2@127.0.0.1:1", env={})
+    await stay_connected(address, session, name="t", policy=ReconnectPolicy(initial=1.0, maximum=100.0),
+                         connect=lambda: _FakeClient(plan.pop(0)))  # type: ignore[arg-type, return-value]
+    assert len(sessions) == 2
+    assert 0.5 <= delays[0] <= 1 and 1 <= delays[1] <= 2  # growing...
+    assert 0.5 <= delays[2] <= 1 and 1 <= delays[3] <= 2  # ...and from the start again after the success
+    assert caplog.text.count("cannot be made") == 1 and caplog.text.count(" lost ") == 1
+    assert caplog.text.count("is back") == 1 and "hunter2" not in caplog.text
+
+
+async def test_stay_connected_gives_up_after_its_patience_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter(range(0, 100, 3))
+
+    async def no_wait(delay: float) -> None:
+        return None
+
+    monkeypatch.setattr(asyncio, "sleep", no_wait)  # the backoff's waits, recorded
+
+    async def session(client: object) -> None:
+        raise AssertionError("never connects")
+
+    address = BrokerAddress.parse("mqtt://127.0.0.1:1", env={})
+    with pytest.raises(BrokerError, match=r"^t: no MQTT connection to mqtt://127.0.0.1:1 for 5 s"):
+        await stay_connected(address, session, name="t", policy=ReconnectPolicy(patience=5),
+                             connect=lambda: _FakeClient(True),  # type: ignore[arg-type, return-value]
+                             clock=lambda: float(next(now)))
