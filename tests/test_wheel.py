@@ -1,8 +1,9 @@
 """The built wheel, installed into a fresh venv outside the repository, runs every command
 from an empty folder: what a user who ran `pip install npcsim-*.whl` gets.
 
-The wheel is built the standard way (`pip wheel`, hatchling in an isolated build env) and
-installed with its dependencies from the package index (pip's cache serves repeats).
+The wheel is built the standard ways (`python -m build` and `pip wheel`, hatchling in an
+isolated build env) and installed with its dependencies from the package index (pip's
+cache serves repeats).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from importlib.metadata import version
 from pathlib import Path
@@ -47,11 +49,21 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) -> None:
     require_mosquitto()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
-    dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", dist, REPO], tmp_path, env)
+    # `python -m build`: the sdist, then the wheel from the sdist (where symlinked data gets lost
+    # most easily); `pip wheel`: the wheel straight from the clone, as `pip install .` makes it.
+    dist, direct = tmp_path / "dist", tmp_path / "direct"
+    _run([sys.executable, "-m", "build", "--outdir", dist, REPO], tmp_path, env)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", direct, REPO], tmp_path, env)
+    (sdist,) = dist.glob("npcsim-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        assert {"sim/data/broker-config/dev.conf", "sim/data/scenarios/village.toml"} <= {
+            name.partition("/")[2] for name in archive.getnames()
+        }
     (wheel,) = dist.glob("npcsim-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    (direct_wheel,) = direct.glob("npcsim-*.whl")
+    with zipfile.ZipFile(wheel) as archive, zipfile.ZipFile(direct_wheel) as other:
         contents = set(archive.namelist())
+        assert contents == set(other.namelist())
     assert {"sim/data/broker-config/dev.conf", "sim/data/scenarios/village.toml"} <= contents
     assert _package_files() <= contents, sorted(_package_files() - contents)
 
