@@ -6,9 +6,14 @@ They are read through `importlib.resources`, so they are found the same way in a
 One source of truth: `broker-config/` and `scenarios/` at the top of the repository are the
 operator-facing files, and `sim/data/broker-config` and `sim/data/scenarios` are symlinks
 to them. An editable install reads through the links; hatchling follows them when it builds
-a wheel, so the wheel holds the real files (tests/test_wheel.py checks it). Every other
-non-Python file under `sim/` or `agents/` ships in the wheel as it is (a web view's static
-files, say): read those with `importlib.resources.files("<their package>")`.
+a wheel, and pyproject.toml's sdist settings put the real files into the sdist, so both hold
+them (tests/test_wheel.py checks it). Every other non-Python file under `sim/` or `agents/`
+ships in the wheel as it is (the view's static files, say): read those with
+`importlib.resources.files("<their package>")`.
+
+What these functions return are `Traversable`s: use `/`, `.read_text()`, `.iterdir()`.
+Where a program needs a real file path (Mosquitto's `acl_file`), write the text into the
+run's own directory, or use `importlib.resources.as_file`.
 """
 
 from __future__ import annotations
