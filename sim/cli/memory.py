@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = subparsers.add_parser("memory", help="inspect working memories")
     commands = group.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
     show = commands.add_parser("show", help="print each NPC's working memory and truncation report")
-    show.add_argument("scenario", help="scenario TOML file")
+    show.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     show.add_argument("--npc", action="append", help="only this NPC (repeatable)")
     show.add_argument("--tight", type=int, default=600, metavar="CHARS", help="the tight budget (default 600)")
     show.add_argument("--tokens", type=int, default=None, metavar="T", help="also limit to T tokens (cl100k)")

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sim import topics
+from sim.cli import bundled
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address, tls_files
 from sim.events import SayMessage, decode_say
@@ -28,7 +29,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
-    cmd.add_argument("scenario", help="scenario TOML file")
+    cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     add_broker_arguments(cmd, default="auto", auto=True)
     cmd.add_argument("--ticks", type=int, default=None, help="ticks to run (default: the scenario's)")
     cmd.add_argument("--tick-ms", type=int, default=0, help="milliseconds per tick; 0 = as fast as possible")
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", required=True)
     gen.set_defaults(func=generate_command)
+    bundled.register(scmds)
 
 
 def _progress(stats: RunStats) -> Table:
