@@ -59,7 +59,8 @@ def test_kept_messages_outlive_one_barrier_and_no_more() -> None:
     for tick in range(3):
         b.keep(tick, "loc/a", f"b{tick}".encode(), events=1)
         b.keep(tick, "barrier/0", encode_barrier(b.finish(tick)))
-        assert [p for _, p in b.kept(0) if p.startswith(b"b")] == [f"b{t}".encode() for t in range(max(0, tick - 1), tick + 1)]
+        expected = [f"b{t}".encode() for t in range(max(0, tick - 1), tick + 1)]
+        assert [p for _, p in b.kept(0) if p.startswith(b"b")] == expected
         b.advance(tick)
         assert [p for _, p in b.kept(0) if p.startswith(b"b")] == [f"b{tick}".encode()]
     assert b.join() == Join(shard="0", tick=3)
@@ -128,7 +129,7 @@ class BarrierModel(RuleBasedStateMachine):
             self._publish(i, topic, payload)
 
     @rule(data=st.data())
-    @precondition(lambda self: any(not f and t < 6 for f, t in zip(self.finished, self.next_tick)))
+    @precondition(lambda self: any(not f and t < 6 for f, t in zip(self.finished, self.next_tick, strict=True)))
     def finish_tick(self, data: st.DataObject) -> None:
         i = data.draw(st.sampled_from([k for k in range(self.n) if not self.finished[k] and self.next_tick[k] < 6]))
         tick = self.next_tick[i]

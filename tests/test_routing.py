@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from sim import topics
+from sim.barrier import BarrierMessage, TickDone, encode_barrier
 from sim.bounds import InputBounds
 from sim.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
 from sim.routing import Router
@@ -92,10 +94,29 @@ def test_with_a_run_key_unsigned_and_badly_signed_batches_are_dropped_and_counte
     assert "k" * 32 not in repr(key)
 
 
-def test_echo_bookkeeping() -> None:
+def test_batches_and_barrier_messages_reach_their_handlers() -> None:
     r = router()
-    r.expect_echo(LOC, 3)
-    r.receive(LOC, batch(line(1), tick=2))
-    assert r.echoes_pending == 1
-    r.receive(LOC, batch(line(2), tick=3))
-    assert r.echoes_pending == 0
+    batches: list[tuple[str, int, str, int]] = []
+    said: list[BarrierMessage] = []
+    r.batch_handler = lambda *args: batches.append(args)
+    r.barrier_handler = said.append
+    r.receive(LOC, batch(line(1), line(2), tick=2))
+    done = TickDone(shard="1", tick=2, batches={LOC: 2})
+    r.receive(topics.barrier("r", "1"), encode_barrier(done))
+    r.receive(topics.barrier("r", "0"), encode_barrier(done))  # on another shard's topic
+    r.receive(topics.barrier("r", "1"), b"\xc1")
+    assert batches == [("0", 2, LOC, 2)]
+    assert said == [done]
+    assert r.stats.malformed == {"barrier": 2}
+
+
+def test_mailboxes_hold_events_of_later_ticks_back() -> None:
+    r = router()
+    for tick in (3, 2):
+        event = Speech(id=f"r:x:{tick}:1", tick=tick, speaker="x", text="hello", location="square")
+        r.receive(LOC, batch(event, tick=tick))
+    box = r.mailbox("guard")
+    assert box.has_mail(3) and not box.has_mail(2)
+    assert [e.tick for e in box.drain(3)] == [2]
+    assert not box.has_mail(3) and box.has_mail(4)
+    assert [e.tick for e in box.drain()] == [3]

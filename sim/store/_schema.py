@@ -43,6 +43,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " line TEXT NOT NULL, record BLOB NOT NULL)",
         "CREATE INDEX audit_agent ON audit (agent, tick)",
     ),
+    (
+        # Outside input, stamped with the tick it took effect at (committed with that tick).
+        "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
+        " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
