@@ -488,8 +488,8 @@ class Shard:
             self.players = self._players()
         await bus.listen_player_input(self._on_player_input)
         await bus.listen_world_state(self.world_updates.append)
-        await bus.listen_barrier(self.barrier.batch_received, self._on_barrier)
         await self._restore_sent()
+        await bus.listen_barrier(self._on_batch, self._on_barrier)
         bus.on_connected = self._rejoin
         await self._rejoin()
 
@@ -525,6 +525,9 @@ class Shard:
                 )
             return
         self.outside.append((player, message))
+
+    def _on_batch(self, shard: str, tick: int, topic: str, events: int) -> None:
+        self.barrier.batch_received(shard, tick, topic, events)
 
     def _on_barrier(self, message: BarrierMessage) -> None:
         if isinstance(message, Join):
