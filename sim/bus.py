@@ -136,6 +136,16 @@ class Bus:
         await self.publish(topic, payload)
         return topic, payload
 
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """The topic filters this bus subscribes to (again after each reconnect)."""
+        return tuple(self._filters)
+
+    def deliver(self, topic: str, payload: bytes) -> None:
+        """Route one received message and wake `wait_for` (the connection loop calls it)."""
+        self.router.receive(topic, payload)
+        self._received.set()
+
     async def wait_for(self, condition: Callable[[], bool]) -> None:
         """Wait until `condition()` holds, checked after each message received (callers bound it)."""
         while not condition():
@@ -243,8 +253,7 @@ class Bus:
             if not isinstance(payload, bytes | bytearray):
                 self.count_malformed("non-binary", str(message.topic), TypeError(type(payload).__name__))
                 continue
-            self.router.receive(message.topic.value, bytes(payload))
-            self._received.set()
+            self.deliver(message.topic.value, bytes(payload))
 
     def _lost(self) -> None:
         self._connected.clear()

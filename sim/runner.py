@@ -554,16 +554,18 @@ class Shard:
     async def run(self, on_ready: Callable[[RunStats], None] | None = None) -> None:
         ctx, bus, stats = self.ctx, self.bus, self.stats
         await self.setup()
-        stats.first_tick, stats.last_tick = self.first, self.end - 1
+        stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
         if self.index == 0 and not self.config.resume and ctx.scenario.world:
             world = WorldStateMessage(state={w.key: w.value for w in ctx.scenario.world}, tick=self.first)
             await bus.publish_world_state(world)
         await self._status()
         if on_ready is not None:
             on_ready(stats)
+        if self.end <= self.first:
+            log.warning("nothing to run: the store is at tick %d and the run ends before tick %d", self.first, self.end)
         try:
-            if self.barrier.tick < self.first:
-                await self.wait_barrier(self.barrier.tick)
+            if self.barrier.tick < self.first < self.end and not await self.wait_barrier(self.barrier.tick):
+                return
             for tick in range(self.first, self.end):
                 if self.stop.is_set():
                     break
@@ -572,7 +574,8 @@ class Shard:
                 await self.take_inputs(tick)
                 await self.step_agents(tick)
                 await self.publish(tick)
-                await self.wait_barrier(tick)
+                if not await self.wait_barrier(tick):
+                    break
                 await self.commit(tick)
                 if self.config.tick_ms:
                     await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
@@ -621,8 +624,12 @@ class Shard:
         topic, payload = await self.bus.publish_barrier(self.barrier.finish(tick))
         self.barrier.keep(tick, topic, payload)
 
-    async def wait_barrier(self, tick: int) -> None:
-        """Until the barrier for `tick` passes; serve re-send requests; say who holds it up."""
+    async def wait_barrier(self, tick: int) -> bool:
+        """Until the barrier for `tick` passes; serve re-send requests; say who holds it up.
+
+        False when asked to stop while held: the tick is not committed (the store rolls it
+        back) and runs again on --resume.
+        """
         started, since = self.clock.now(), self.clock.wall()
         announced = ""
         warned = False
@@ -633,6 +640,10 @@ class Shard:
             await self._serve_resends()
             if self.barrier.passed(tick):
                 break
+            if self.stop.is_set():
+                awaited = ", ".join(self.barrier.awaited(tick))
+                log.warning("stopping while tick %d waits for %s: it runs again on --resume", tick, awaited)
+                return False
             waited = self.clock.now() - started
             if waited < _BARRIER_POLL:
                 continue
@@ -649,6 +660,7 @@ class Shard:
         if announced:
             self.stats.awaiting, self.stats.awaiting_since = "", None
             await self._status()
+        return True
 
     async def commit(self, tick: int) -> None:
         """The tick and what it sent, in one transaction; status every 10 ticks."""
