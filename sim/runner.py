@@ -131,6 +131,8 @@ class RunStats:
     lines: int = 0
     player_inputs: int = 0
     stalls: int = 0
+    barrier_seconds: float = 0.0  # time spent waiting at the barrier, after the first tick run
+    barrier_ticks: int = 0
     awaiting: str = ""
     awaiting_since: float | None = None
     world_changes: int = 0
@@ -657,6 +659,9 @@ class Shard:
                 self.stats.stalls += 1
                 log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
         self.barrier.advance(tick)
+        if tick > self.first:  # the first tick also waits for the other shards to start
+            self.stats.barrier_seconds += self.clock.now() - started
+            self.stats.barrier_ticks += 1
         if announced:
             self.stats.awaiting, self.stats.awaiting_since = "", None
             await self._status()

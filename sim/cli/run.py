@@ -102,6 +102,7 @@ def summary_table(stats: RunStats) -> Table:
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
         ("barrier stalls", stats.stalls),
+        ("barrier wait/tick (ms)", f"{1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1):,.1f}"),
     ]
     if bus is not None:
         rows += [
