@@ -18,8 +18,10 @@ re-sending (`kept`) after a reconnect or when a peer announces itself with a `Jo
 by then every shard committed t-1 (a shard sends its `TickDone` for t only after that
 commit), so nobody can ask for t-1 again.
 
-The shell (sim.shard) feeds received batches and barrier messages in and asks `passed`;
-`awaited` says whom the shard is waiting for, for the status topic and the live display.
+The shell (sim.runner.Shard) feeds received batches and barrier messages in and asks
+`passed`; `awaited` says whom the shard is waiting for, for the status topic and the live
+display. Every message carries the run's shard count: a shard started with another count
+(`--shard 1/3` beside `--shard 0/2`) would hold the run forever, so `conflict` names it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     to the number of events in that batch (one batch per topic and tick)."""
 
     shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
     tick: _Tick
     batches: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
 
@@ -55,6 +58,7 @@ class Join(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     """Shard `shard` is (again) listening and needs what was sent for ticks >= `tick`."""
 
     shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
     tick: _Tick
 
 
@@ -92,6 +96,7 @@ class Barrier:
         self._published: dict[int, dict[str, int]] = {}
         self._kept: dict[int, list[tuple[str, bytes]]] = {}
         self.mismatched: set[tuple[str, int, str]] = set()  # (shard, tick, topic): counts differ
+        self.conflict: str | None = None  # a peer that runs with another shard count
 
     # --- receiving -----------------------------------------------------------------------
 
@@ -101,8 +106,18 @@ class Barrier:
             self._batches.setdefault(tick, {})[(shard, topic)] = events
 
     def done_received(self, done: TickDone) -> None:
-        if done.tick >= self.tick and done.shard in self.shards:
+        if self.same_run(done) and done.tick >= self.tick and done.shard in self.shards:
             self._done.setdefault(done.tick, {})[done.shard] = done
+
+    def same_run(self, message: BarrierMessage) -> bool:
+        """False (and `conflict` says why) for a message from a shard of another shard count."""
+        if message.shards == len(self.shards):
+            return True
+        self.conflict = (
+            f"shard {message.shard} runs as {message.shard}/{message.shards}, this one as "
+            f"{self.shard}/{len(self.shards)}: every shard of a run needs the same count"
+        )
+        return False
 
     def passed(self, tick: int) -> bool:
         """Every shard finished `tick` and every batch of `tick` routed here arrived."""
@@ -156,7 +171,8 @@ class Barrier:
 
     def finish(self, tick: int) -> TickDone:
         """This shard's TickDone for `tick`, listing the batches kept for it; counted here too."""
-        done = TickDone(shard=self.shard, tick=tick, batches=dict(sorted(self._published.get(tick, {}).items())))
+        batches = dict(sorted(self._published.get(tick, {}).items()))
+        done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches)
         self.done_received(done)  # our own batches on routed topics still have to come back
         return done
 
@@ -166,4 +182,4 @@ class Barrier:
 
     def join(self) -> Join:
         """What this shard announces after (re)connecting: it needs ticks >= its barrier's."""
-        return Join(shard=self.shard, tick=self.tick)
+        return Join(shard=self.shard, shards=len(self.shards), tick=self.tick)

@@ -533,7 +533,7 @@ class Shard:
 
     def _on_barrier(self, message: BarrierMessage) -> None:
         if isinstance(message, Join):
-            if message.shard != self.barrier.shard:
+            if message.shard != self.barrier.shard and self.barrier.same_run(message):
                 since = message.tick if self._resend_since is None else min(self._resend_since, message.tick)
                 self._resend_since = since
             return
@@ -640,6 +640,8 @@ class Shard:
                 async with asyncio.timeout(_BARRIER_POLL):
                     await self.bus.wait_for(lambda: self.barrier.passed(tick) or self._resend_since is not None)
             await self._serve_resends()
+            if self.barrier.conflict is not None:
+                raise ConfigError(f"--shard {self.config.shard}: {self.barrier.conflict}")
             if self.barrier.passed(tick):
                 break
             if self.stop.is_set():

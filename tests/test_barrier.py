@@ -28,7 +28,7 @@ def test_waits_for_every_shard_and_every_listed_batch() -> None:
     assert b.awaited(0) == ["shard 0", "shard 1"]
     b.keep(0, "loc/a", b"x", events=2)
     b.finish(0)
-    b.done_received(TickDone(shard="1", tick=0, batches={"loc/a": 1, "loc/b": 3}))
+    b.done_received(TickDone(shard="1", shards=2, tick=0, batches={"loc/a": 1, "loc/b": 3}))
     assert b.awaited(0) == ["1 batch(es) from shard 0", "1 batch(es) from shard 1"]
     b.batch_received("1", 0, "loc/a", 1)
     b.batch_received("0", 0, "loc/a", 2)
@@ -40,7 +40,7 @@ def test_waits_for_every_shard_and_every_listed_batch() -> None:
 def test_a_batch_before_its_done_message_counts() -> None:
     b = Barrier("1", ["0", "1"], lambda t: True)
     b.batch_received("0", 4, "loc/a", 1)
-    b.done_received(TickDone(shard="0", tick=4, batches={"loc/a": 1}))
+    b.done_received(TickDone(shard="0", shards=2, tick=4, batches={"loc/a": 1}))
     b.finish(4)
     assert b.passed(4)
 
@@ -49,7 +49,7 @@ def test_advance_refuses_an_open_barrier_and_old_ticks_are_ignored() -> None:
     b = Barrier("0", ["0", "1"], lambda t: True, tick=3)
     with pytest.raises(ValueError, match="shard 1"):
         b.advance(3)
-    b.done_received(TickDone(shard="1", tick=2, batches={}))
+    b.done_received(TickDone(shard="1", shards=2, tick=2, batches={}))
     assert b.awaited(3) == ["shard 0", "shard 1"]
     assert b.passed(2)
 
@@ -63,24 +63,31 @@ def test_kept_messages_outlive_one_barrier_and_no_more() -> None:
         assert [p for _, p in b.kept(0) if p.startswith(b"b")] == expected
         b.advance(tick)
         assert [p for _, p in b.kept(0) if p.startswith(b"b")] == [f"b{tick}".encode()]
-    assert b.join() == Join(shard="0", tick=3)
+    assert b.join() == Join(shard="0", shards=1, tick=3)
 
 
 def test_counts_that_differ_are_noted() -> None:
     b = Barrier("0", ["0", "1"], lambda t: True)
     b.finish(0)
-    b.done_received(TickDone(shard="1", tick=0, batches={"loc/a": 2}))
+    b.done_received(TickDone(shard="1", shards=2, tick=0, batches={"loc/a": 2}))
     b.batch_received("1", 0, "loc/a", 3)
     assert b.passed(0)
     assert b.mismatched == {("1", 0, "loc/a")}
 
 
 def test_wire_format_rejects_junk() -> None:
-    done = TickDone(shard="2", tick=7, batches={"loc/a": 3})
+    done = TickDone(shard="2", shards=3, tick=7, batches={"loc/a": 3})
     assert decode_barrier(encode_barrier(done)) == done
     for junk in (b"", b"\xc1", encode_barrier(done)[:-1], msgspec.msgpack.encode({"type": "done", "shard": "x"})):
         with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
             decode_barrier(junk)
+
+
+def test_a_peer_with_another_shard_count_is_named_not_waited_for() -> None:
+    b = Barrier("0", ["0", "1"], lambda t: True)
+    b.done_received(TickDone(shard="1", shards=3, tick=0, batches={}))
+    assert b.awaited(0) == ["shard 0", "shard 1"]
+    assert b.conflict is not None and "shard 1 runs as 1/3, this one as 0/2" in b.conflict
 
 
 def test_a_shard_outside_the_run_is_refused() -> None:

@@ -101,7 +101,7 @@ def test_batches_and_barrier_messages_reach_their_handlers() -> None:
     r.batch_handler = lambda *args: batches.append(args)
     r.barrier_handler = said.append
     r.receive(LOC, batch(line(1), line(2), tick=2))
-    done = TickDone(shard="1", tick=2, batches={LOC: 2})
+    done = TickDone(shard="1", shards=2, tick=2, batches={LOC: 2})
     r.receive(topics.barrier("r", "1"), encode_barrier(done))
     r.receive(topics.barrier("r", "0"), encode_barrier(done))  # on another shard's topic
     r.receive(topics.barrier("r", "1"), b"\xc1")

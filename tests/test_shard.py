@@ -20,6 +20,7 @@ import pytest
 from agents.npc import NpcAgent, ambient_roll
 from sim.bus import Bus, BusConfig
 from sim.cli import main
+from sim.errors import ConfigError
 from sim.events import Speech
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
@@ -83,20 +84,26 @@ class MemoryBroker:
                         bus.deliver(topic, payload)
 
 
-async def run_in_memory(tmp_path: Path, scenario: str, shards: int, ticks: int, seed: int) -> tuple[set, list]:
-    """Run `shards` shards on the in-memory broker; the audit set and each shard's stats."""
+async def run_in_memory(
+    tmp_path: Path, scenario: str, shards: int, ticks: int, seed: int, counts: list[int] | None = None
+) -> tuple[set, list]:
+    """Run `shards` shards on the in-memory broker; the audit set and each shard's stats.
+
+    `counts` gives each shard's idea of the shard count (default: all `shards`)."""
     broker = MemoryBroker(seed)
     loaded = load_scenario(scenario)
     stats = [RunStats(shard=str(i)) for i in range(shards)]
     clocks = [VirtualClock() for _ in range(shards)]
     dbs = [tmp_path / f"mem-{shards}-{seed}-{i}.db" for i in range(shards)]
+    counts = counts or [shards] * shards
 
     async def one(i: int) -> None:
-        config = RunConfig(scenario=scenario, run_id="mem", ticks=ticks, shard=f"{i}/{shards}", tick_ms=250)
+        n = counts[i]
+        config = RunConfig(scenario=scenario, run_id="mem", ticks=ticks, shard=f"{i}/{n}", tick_ms=250)
         async with open_store(dbs[i], keep_tail=False) as store, open_pool(PoolConfig()) as pool:
             bus = broker.bus("mem", i)
             ctx = ShardContext(loaded, config, "mem", loaded.scenario.seed, bus, pool, store, stats[i])
-            shard = Shard(ctx, config, shard_npcs(loaded, i, shards), i, shards, asyncio.Event(), clocks[i])
+            shard = Shard(ctx, config, shard_npcs(loaded, i, n), i, n, asyncio.Event(), clocks[i])
             await shard.run()
 
     async with asyncio.TaskGroup() as group:
@@ -120,6 +127,16 @@ async def test_one_or_three_shards_in_any_delivery_order_say_the_same(tmp_path: 
         three, stats = await run_in_memory(tmp_path, VILLAGE, 3, 30, seed=seed)
         assert three == one, (sorted(one - three)[:3], sorted(three - one)[:3])
         assert all(s.tick == 29 and s.stalls == 0 for s in stats)
+
+
+async def test_shards_started_with_different_counts_stop_with_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ExceptionGroup) as info:
+        await run_in_memory(tmp_path, VILLAGE, 2, 5, seed=1, counts=[2, 3])
+    errors = [str(e) for e in info.value.exceptions if isinstance(e, ConfigError)]
+    assert errors[0] in {
+        "--shard 0/2: shard 1 runs as 1/3, this one as 0/2: every shard of a run needs the same count",
+        "--shard 1/3: shard 0 runs as 0/2, this one as 1/3: every shard of a run needs the same count",
+    }
 
 
 # --- NpcAgent, alone ----------------------------------------------------------------------
