@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -151,7 +151,7 @@ def render_rule(prohibition: str | None, escape: Escape = inert) -> str:
     return f"{RULE_HEADER}{escape(prohibition)}\n" if prohibition is not None else ""
 
 
-RENDER: dict[str, Callable[[Any], str]] = {
+RENDER: dict[str, Callable[..., str]] = {
     "canonical_facts": render_fact,
     "world_state": render_world,
     "beliefs": render_belief,
