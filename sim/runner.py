@@ -347,8 +347,11 @@ async def run(
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
     scenario = load_scenario(config.scenario)
     seed = scenario.scenario.seed if config.seed is None else config.seed
-    run_id = config.run_id or _default_run_id(scenario, seed)
-    topics.run_root(run_id)
+    run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
+    try:
+        topics.run_root(run_id)
+    except ValueError as exc:
+        raise ConfigError(f"--run-id: {exc}") from exc
     index, count = parse_shard(config.shard)
     stats = stats or RunStats()
     stop = stop or asyncio.Event()

@@ -153,7 +153,8 @@ async def test_negating_reply_is_retried_with_a_prohibition_then_accepted() -> N
     assert backend.prohibitions[1] is not None and "The old bridge is broken." in backend.prohibitions[1]
     assert stats.rejected_outputs == 1
     first, second = result.attempts
-    assert first.raw_response == "The old bridge is not broken at all." and first.problem == "negates canonical fact 'f1'"
+    assert first.raw_response == "The old bridge is not broken at all."
+    assert first.problem == "negates canonical fact 'f1'"
     assert second.problem is None and second.prohibition == backend.prohibitions[1]
     assert "\n## Rule\n" not in first.prompt and f"\n## Rule\n{second.prohibition}\n" in second.prompt
     assert len(second.prompt) <= WorkingMemoryConfig().max_context_chars
