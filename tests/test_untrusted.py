@@ -93,7 +93,8 @@ def test_any_text_leaves_the_structure_as_a_neutral_text_does(text: str, prohibi
     state, said = with_text(text)
     neutral_state, neutral_said = with_text("x")
     wm = build_working_memory(state, said, config, prohibition=prohibition)
-    neutral = build_working_memory(neutral_state, neutral_said, config, prohibition=None if prohibition is None else "x")
+    neutral_rule = None if prohibition is None else "x"
+    neutral = build_working_memory(neutral_state, neutral_said, config, prohibition=neutral_rule)
     assert structure(wm.prompt) == structure(neutral.prompt)
     assert not MARKERS.search(wm.prompt)
     assert [m["role"] for m in wm.messages()] == ["system", "user"]
