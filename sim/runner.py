@@ -43,7 +43,9 @@ from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMe
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
 
-__all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
+__all__ = [
+    "AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "hot_limit", "parse_shard", "run", "shard_npcs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +300,7 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
         )
 
 
-def _hot_limit(config: WorkingMemoryConfig) -> int:
+def hot_limit(config: WorkingMemoryConfig) -> int:
     """The store's hot state holds at least what the count caps can use, in every category."""
     return max(HOT_LIMIT, config.max_dialogue_lines, config.max_episodic_memories, config.max_beliefs)
 
@@ -373,9 +375,8 @@ async def run(
                 shard=str(index),
             )
             db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
-            hot_limit = _hot_limit(scenario.memory)
             async with (
-                open_store(db, hot_limit=hot_limit) as store,
+                open_store(db, hot_limit=hot_limit(scenario.memory)) as store,
                 open_bus(bus_config) as bus,
                 open_pool(pool_config) as pool,
             ):
