@@ -226,7 +226,7 @@ async def test_read_timeout_must_stay_below_the_inference_timeout() -> None:
     from sim.errors import ConfigError
 
     config = PoolConfig(backend="openai", timeout=2.0, options={"base_url": "http://127.0.0.1:9/v1", "read_timeout": 2})
-    with pytest.raises(ConfigError, match=r"read_timeout 2 must be below the inference timeout 2\.0"):
+    with pytest.raises(ConfigError, match=r"read_timeout 2\.0 must be below the inference timeout 2\.0"):
         async with open_pool(config):
             pass
 
