@@ -34,7 +34,7 @@ async def _hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def measure(ticks: int, timeout: float) -> str:
+async def measure(ticks: int, inference_timeout: float) -> str:
     server = await asyncio.start_server(_hang, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
@@ -42,7 +42,7 @@ async def measure(ticks: int, timeout: float) -> str:
             db = Path(tmp) / "hang.db"
             config = RunConfig(
                 scenario=str(REPO / "scenarios" / "village.toml"), ticks=ticks, db=str(db), backend="openai",
-                backend_options={"base_url": f"http://127.0.0.1:{port}/v1"}, inference_timeout=timeout,
+                backend_options={"base_url": f"http://127.0.0.1:{port}/v1"}, inference_timeout=inference_timeout,
             )
             started = time.monotonic()
             stats = await run(config)
@@ -54,7 +54,7 @@ async def measure(ticks: int, timeout: float) -> str:
     listed = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
     return (
         f"Command: `{COMMAND}` (the village, {ticks} ticks, `--backend openai` against a loopback server that "
-        f"never answers, `--inference-timeout {timeout:g}`, read timeout derived: {timeout / 2:g} s).\n\n"
+        f"never answers, `--inference-timeout {inference_timeout:g}`, read timeout derived: {inference_timeout / 2:g} s).\n\n"
         f"Machine: {machine_line(('msgspec', 'httpx'))}; loaded by other engineers' test runs.\n\n"
         f"| measure | value |\n|---|---|\n| wall time | {elapsed:.1f} s |\n| inferences | {stats.inferences} |\n"
         f"| fallback lines | {stats.fallbacks} |\n| fallback reasons (audit) | {listed} |\n\n"
