@@ -54,7 +54,8 @@ async def measure(ticks: int, inference_timeout: float) -> str:
     listed = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
     return (
         f"Command: `{COMMAND}` (the village, {ticks} ticks, `--backend openai` against a loopback server that "
-        f"never answers, `--inference-timeout {inference_timeout:g}`, read timeout derived: {inference_timeout / 2:g} s).\n\n"
+        f"never answers, `--inference-timeout {inference_timeout:g}`, "
+        f"read timeout derived: {inference_timeout / 2:g} s).\n\n"
         f"Machine: {machine_line(('msgspec', 'httpx'))}; loaded by other engineers' test runs.\n\n"
         f"| measure | value |\n|---|---|\n| wall time | {elapsed:.1f} s |\n| inferences | {stats.inferences} |\n"
         f"| fallback lines | {stats.fallbacks} |\n| fallback reasons (audit) | {listed} |\n\n"
