@@ -89,6 +89,18 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
 
+    def __post_init__(self) -> None:
+        """The library's boundary: the same values the CLI refuses are refused here, by option name."""
+        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
+        for name in ("inference_timeout", "echo_timeout", "shutdown_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+
 
 @dataclass
 class RunStats:

@@ -222,6 +222,15 @@ def test_bad_values_get_one_line_and_exit_code_2(
     assert len(err.strip().splitlines()) == 1 and option in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(("field", "value"), [("ticks", -5), ("tick_ms", -100), ("inference_timeout", 0.0),
+                                              ("concurrency", 0), ("bots", -1)])
+def test_run_config_refuses_what_the_cli_refuses(field: str, value: float) -> None:
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be"):
+        RunConfig(scenario=str(VILLAGE), **{field: value})
+
+
 async def test_read_timeout_must_stay_below_the_inference_timeout() -> None:
     from sim.errors import ConfigError
 

@@ -160,7 +160,7 @@ class OpenAIBackend:
 
     def _backoff(self, attempt: int) -> float:
         o = self._options
-        return min(o.backoff_max, o.backoff_base * 2**attempt) * self._random.uniform(0.5, 1.5)
+        return min(o.backoff_max, o.backoff_base * 2.0**attempt) * self._random.uniform(0.5, 1.5)
 
     async def generate(self, memory: WorkingMemory) -> Reply:
         body = self._body(memory)
