@@ -96,6 +96,7 @@ def test_any_text_leaves_the_structure_as_a_neutral_text_does(text: str, prohibi
     neutral_rule = None if prohibition is None else "x"
     neutral = build_working_memory(neutral_state, neutral_said, config, prohibition=neutral_rule)
     assert structure(wm.prompt) == structure(neutral.prompt)
+    assert set(structure(wm.prompt)) <= set(HEADERS)
     assert not MARKERS.search(wm.prompt)
     assert [m["role"] for m in wm.messages()] == ["system", "user"]
     for m, n in zip(wm.messages(), neutral.messages(), strict=True):
