@@ -185,6 +185,21 @@ async def test_the_retry_makes_room_for_its_rule_inside_the_budget() -> None:
     assert retry.report.dialogue.kept + retry.report.beliefs.kept < 2  # flexible items made room
 
 
+async def test_no_retry_when_its_rule_cannot_fit_the_budget() -> None:
+    state = smith_state()
+    said = "traveller: Is the bridge safe to cross?"
+    bare = build_working_memory(state, said, WorkingMemoryConfig(max_context_chars=10))  # mandatory only
+    config = WorkingMemoryConfig(max_context_chars=bare.report.mandatory_chars)
+    request = msgspec.structs.replace(
+        make_request(said=said), memory=build_working_memory(state, said, config), config=config
+    )
+    assert not request.memory.report.over_budget
+    backend = ScriptBackend(["The old bridge is not broken at all.", "never asked"])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        result = await pool.infer(request)
+    assert result.fallback and result.fallback_reason == "rejected" and len(result.attempts) == 1
+
+
 async def test_twice_rejected_reply_becomes_the_fallback() -> None:
     backend = ScriptBackend(["The old bridge is not broken.", "*stares*"])
     async with open_pool(PoolConfig(), backend=backend) as pool:

@@ -109,19 +109,25 @@ def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verd
     """The working memory of the one retry after a rejected reply, or None when there is none.
 
     It is built by `sim.memory` from the request's state with the prohibition as mandatory
-    content inside the same budget: flexible items make room for it.
+    content inside the same budget: flexible items make room for it. When the rule does not
+    fit even then, there is no retry (the fallback speaks), so a retry never goes over a
+    budget the first attempt kept.
     """
     if memory.prohibition is not None or verdict.prohibition is None:
         return None  # a retry was made already
     if request.state is None or request.config is None:
         return None
     try:
-        return build_working_memory(
+        retry = build_working_memory(
             request.state, memory.player_input, request.config, prohibition=verdict.prohibition,
             renderer=memory.renderer,
         )
     except OverBudgetError:
-        return None  # policy "raise" and the rule does not fit: no retry, the fallback speaks
+        return None  # policy "raise"
+    if retry.report.over_budget and not memory.report.over_budget:
+        log.info("no retry for %s: the rule does not fit the budget", request.agent_id)
+        return None
+    return retry
 
 
 def _attempt(backend: Backend, memory: WorkingMemory) -> Attempt:

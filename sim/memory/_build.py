@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from sim.errors import OverBudgetError
+from sim.errors import ConfigError, OverBudgetError
 from sim.memory._config import WorkingMemoryConfig
 from sim.memory._render import (
     RENDERER_VERSION,
@@ -109,7 +109,9 @@ class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
         chat endpoint ("chat") the messages' contents in order, joined by a blank line."""
         if form == "chat":
             return "\n\n".join(m["content"] for m in self.messages())
-        return self.prompt
+        if form == "text":
+            return self.prompt
+        raise ConfigError(f"form must be 'text' or 'chat', got {form!r}")
 
 
 _DEFAULT_CONFIG = WorkingMemoryConfig()
