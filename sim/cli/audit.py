@@ -89,6 +89,11 @@ def _fallback(record: AuditRecord) -> str:
     return f"yes: {record.fallback_reason or 'no reason recorded'}"
 
 
+def _raw(text: str | None) -> str:
+    """A raw reply as shown: none at all and an empty one are told apart."""
+    return "(none)" if text is None else text or "(empty)"
+
+
 def _attempts_table(record: AuditRecord) -> Table:
     """Every attempt: the exact text given, the raw reply, and why it was rejected."""
     table = Table(title="attempts", title_justify="left", show_lines=True)
@@ -97,7 +102,7 @@ def _attempts_table(record: AuditRecord) -> Table:
     for n, a in enumerate(record.attempts, 1):
         given = a.prompt if a.prohibition is None else f"[rule: {a.prohibition}]\n{a.prompt}"
         table.add_row(
-            str(n), Text(given), Text("(none)" if a.raw_response is None else a.raw_response),
+            str(n), Text(given), Text(_raw(a.raw_response)),
             Text(a.problem or "accepted"),
         )
     return table
@@ -126,7 +131,7 @@ def show_command(args: argparse.Namespace) -> int:
     response.add_column("value")
     response.add_row("backend", f"{record.backend} / {record.model}")
     response.add_row("params", Text(msgspec.json.encode(record.params).decode()))
-    response.add_row("raw response", Text("(none)" if record.raw_response is None else record.raw_response))
+    response.add_row("raw response", Text(_raw(record.raw_response)))
     response.add_row("line", Text(record.line))
     response.add_row("fallback", Text(_fallback(record) if record.fallback else "no"))
     response.add_row("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items())))
