@@ -232,6 +232,10 @@ async def test_hot_state_holds_what_the_caps_can_use(tmp_path: Path) -> None:
         (["run", str(VILLAGE), "--connect-timeout", "x"], "--connect-timeout"),
         (["run", str(VILLAGE), "--concurrency", "0"], "--concurrency"),
         (["scenario", "generate", "--npcs", "0", "--locations", "1", "--out", "x.toml"], "--npcs"),
+        (["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"], "--run"),
+        (["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "a", "--group", "x#"], "--group"),
+        (["memory", "show", str(VILLAGE), "--tight", "-5"], "--tight"),
+        (["run", str(VILLAGE), "--seed", "x"], "--seed"),
         (["scenario", "generate", "--npcs", "2", "--locations", "1", "--out", "/no/such/dir/x.toml"], "--out"),
     ],
 )

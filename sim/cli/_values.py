@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from sim import topics
 
-__all__ = ["milliseconds", "run_id", "seconds", "whole"]
+__all__ = ["milliseconds", "run_id", "seconds", "segment", "whole"]
 
 
 def whole(minimum: int) -> Callable[[str], int]:
@@ -55,9 +55,16 @@ def milliseconds(text: str) -> float:
     return value
 
 
-def run_id(text: str) -> str:
-    """A run id: it becomes an MQTT topic segment, so non-empty and free of / + # and NUL."""
-    try:
-        return topics.check_segment("run id", text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def segment(kind: str) -> Callable[[str], str]:
+    """A value that becomes an MQTT topic segment (run id, worker group): non-empty, no / + # NUL."""
+
+    def parse(text: str) -> str:
+        try:
+            return topics.check_segment(kind, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+run_id = segment("run id")

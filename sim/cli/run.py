@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--broker", default="auto", help="auto (default) or mqtt://host:port")
     cmd.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     cmd.add_argument("--tick-ms", type=whole(0), default=0, help="milliseconds per tick; 0 = as fast as possible")
-    cmd.add_argument("--seed", type=whole(0), default=None)
+    cmd.add_argument("--seed", type=int, default=None)
     cmd.add_argument("--run-id", type=run_id, default=None, help="run id (default: scenario name and seed)")
     cmd.add_argument("--db", default=None, help="SQLite file for this shard")
     add_backend_arguments(cmd)
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gen = scmds.add_parser("generate", help="write a large generated world")
     gen.add_argument("--npcs", type=whole(1), required=True)
     gen.add_argument("--locations", type=whole(1), required=True)
-    gen.add_argument("--seed", type=whole(0), default=0)
+    gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", required=True)
     gen.set_defaults(func=generate_command)
 
