@@ -209,7 +209,7 @@ async def test_twice_rejected_reply_becomes_the_fallback() -> None:
     assert result.fallback and result.fallback_reason == "rejected"
     assert result.line == fallback_line("mara", 5, 7, FALLBACKS)
     assert result.raw_response == "*stares*"
-    assert stats.fallbacks == {"rejected": 1} and stats.rejected_outputs == 2
+    assert stats.fallbacks == {"rejected": 1} and stats.rejected_outputs == 2 and stats.attempts == 2
     assert [a.problem for a in result.attempts] == ["negates canonical fact 'f1'", "empty"]
 
 

@@ -56,9 +56,11 @@ class Counters:
         self.waiting = 0
         self.malformed = 0
         self.late_replies = 0
+        self.attempts = 0
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
+        self.attempts += len(result.attempts)
         if result.fallback:
             self.fallbacks[result.fallback_reason or "unknown"] += 1
 
@@ -74,6 +76,7 @@ class Counters:
             waiting=self.waiting,
             malformed=self.malformed,
             late_replies=self.late_replies,
+            attempts=self.attempts,
         )
 
 

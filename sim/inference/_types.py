@@ -110,6 +110,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     waiting: int
     malformed: int
     late_replies: int
+    attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
 
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
