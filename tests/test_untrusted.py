@@ -116,6 +116,16 @@ def test_budget_and_invariants_hold_for_any_text_and_any_rule(
     assert "\n" not in inert(said) and not MARKERS.search(inert(said))
 
 
+@settings(max_examples=60, deadline=None)
+@given(state=states(max_items=8), config=configs(tokens=True), said=st.text(max_size=120),
+       prohibition=st.none() | st.text(max_size=80))
+def test_token_budgets_hold_with_any_text_and_any_rule(
+    state: NpcState, config: WorkingMemoryConfig, said: str, prohibition: str | None
+) -> None:
+    wm = build_working_memory(state, said, config, prohibition=prohibition)
+    assert check_working_memory(state, said, config, wm) == []
+
+
 def test_a_record_written_by_renderer_1_still_replays() -> None:
     """Before untrusted text was inert: the record names renderer 1 (by leaving it out) and replays."""
     state = snack_machine()
