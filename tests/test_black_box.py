@@ -178,7 +178,7 @@ async def test_a_hanging_server_is_a_counted_failure_that_opens_the_circuit(
         server.default = "hang"
         config = RunConfig(scenario=str(VILLAGE), broker=mosquitto.url, run_id="hang", ticks=6, db=str(db),
                            backend="openai", backend_options={"base_url": server.base_url, "breaker_failures": 2},
-                           inference_timeout=1.0)
+                           inference_timeout=2.0)
         stats = await run(config)
     assert stats.inferences > 0 and stats.fallbacks == stats.inferences
     with open_reader(db) as reader:
