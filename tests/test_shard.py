@@ -224,11 +224,19 @@ def test_ticks_and_until_tick_exclude_each_other(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as exit_info:
         main(["run", VILLAGE, "--ticks", "3", "--until-tick", "5", "--quiet"])
     assert exit_info.value.code == 2
-    assert "--until-tick: not allowed with argument --ticks" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "npcsim run: error: argument --until-tick: not allowed with argument --ticks"
+    ]
+    with pytest.raises(ConfigError, match="--ticks 3 and --until-tick 5: give one of them, not both"):
+        RunConfig(scenario=VILLAGE, ticks=3, until_tick=5)
 
 
-@pytest.mark.parametrize("value", ["0", "-3"])
+@pytest.mark.parametrize("value", ["0", "-3", "x"])
 def test_a_bad_until_tick_is_one_line(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", VILLAGE, "--until-tick", value, "--quiet"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"npcsim: error: --until-tick {value}: must be >= 1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", VILLAGE, "--until-tick", value, "--quiet"])
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("npcsim run: error: argument --until-tick: must be") and value in line
+    with pytest.raises(ConfigError, match="--until-tick must be a whole number >= 1"):
+        RunConfig(scenario=VILLAGE, until_tick=0)

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from sim import __version__
 from sim.cli import audit, loadtest, memory, run, worker
@@ -20,8 +21,15 @@ __all__ = ["build_parser", "main"]
 COMMAND_GROUPS = [memory, run, worker, audit, loadtest]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad argument as one line (no usage block), exit code 2; sub-parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="npcsim", description="Run LLM-driven NPCs at scale.")
+    parser = _Parser(prog="npcsim", description="Run LLM-driven NPCs at scale.")
     parser.add_argument("--version", action="version", version=f"npcsim {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     # The command list is the epilog, sub-commands included, so argparse's own listing is hidden.
@@ -33,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _list_commands(
-    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[Any]
 ) -> None:
     """`npcsim --help` ends with every command, one line each."""
     commands = _commands(subparsers, "")
@@ -46,7 +54,7 @@ def _list_commands(
 
 
 def _commands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], prefix: str
+    subparsers: argparse._SubParsersAction[Any], prefix: str
 ) -> list[tuple[str, str]]:
     """Every runnable command (`audit replay`, not `audit`) with its one-line help.
 
