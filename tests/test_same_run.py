@@ -72,7 +72,7 @@ async def run_shards(
     *,
     during: Callable[[list[RunStats]], Awaitable[None]] | None = None,
     **kw: object,
-) -> list[Path]:
+) -> tuple[list[Path], list[RunStats]]:
     """Run `count` shards in this process, concurrently; `during` acts on the live run."""
     configs = [config(world, tmp_path, broker, f"{i}/{count}", **kw) for i in range(count)]
     stats = [RunStats() for _ in configs]
@@ -83,7 +83,7 @@ async def run_shards(
         await asyncio.gather(*jobs)
     for s in stats:
         assert s.tick == HORIZON[world] - 1, f"shard {s.shard} stopped at tick {s.tick}"
-    return [Path(c.db) for c in configs if c.db]
+    return [Path(c.db) for c in configs if c.db], stats
 
 
 async def reference(world: str, tmp_path: Path, mosquitto: MosquittoProcess) -> AuditSet:
@@ -91,7 +91,8 @@ async def reference(world: str, tmp_path: Path, mosquitto: MosquittoProcess) -> 
     if world not in _REFERENCE:
         where = tmp_path / "reference"
         where.mkdir()
-        _REFERENCE[world] = audit_set(await run_shards(world, where, mosquitto.url, 1))
+        dbs, _ = await run_shards(world, where, mosquitto.url, 1)
+        _REFERENCE[world] = audit_set(dbs)
         assert len(_REFERENCE[world]) > 20, "too few inferences for the comparison to mean anything"
     return _REFERENCE[world]
 
@@ -118,14 +119,14 @@ WORLDS = pytest.mark.parametrize("world", ["village", "generated"])
 @WORLDS
 async def test_one_shard_twice(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
-    again = await run_shards(world, tmp_path, mosquitto.url, 1)
+    again, _ = await run_shards(world, tmp_path, mosquitto.url, 1)
     assert_same(world, expected, audit_set(again), "1 shard")
 
 
 @WORLDS
 async def test_three_shards(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
-    dbs = await run_shards(world, tmp_path, mosquitto.url, 3)
+    dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 3)
     assert_same(world, expected, audit_set(dbs), "3 shards")
 
 
@@ -156,7 +157,8 @@ async def test_broker_down_longer_than_the_echo_timeout(
         await asyncio.sleep(2.5)
         await asyncio.to_thread(mosquitto.start)
 
-    dbs = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)
+    dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)
+    assert all(s.bus.reconnects >= 1 and s.stalls >= 1 for s in stats), "the outage did not hit the run"
     assert_same(world, expected, audit_set(dbs), "2 shards, broker down 2.5 s (echo timeout 1 s)")
 
 
