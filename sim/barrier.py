@@ -46,12 +46,17 @@ _Shard = Annotated[str, msgspec.Meta(min_length=1, max_length=16, pattern=r"^[0-
 
 class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="done", tag_field="type"):
     """Shard `shard` finished `tick`; `batches` maps each topic it published to for that tick
-    to the number of events in that batch (one batch per topic and tick)."""
+    to the number of events in that batch (one batch per topic and tick).
+
+    Shard 0 alone takes the game system's world-state changes; `world` carries those it
+    took during `tick`, and every shard applies them at tick + 1, the same tick everywhere.
+    """
 
     shard: _Shard
     shards: Annotated[int, msgspec.Meta(ge=1)]
     tick: _Tick
     batches: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
+    world: dict[str, str] | None = None
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="join", tag_field="type"):
@@ -150,6 +155,11 @@ class Barrier:
                 missing.append(f"{lacking} batch(es) from shard {shard}")
         return missing
 
+    def world(self, tick: int) -> dict[str, str] | None:
+        """The world-state changes shard 0 took during `tick` (read before `advance`)."""
+        done = self._done.get(tick, {}).get(self.shards[0])
+        return None if done is None else done.world
+
     def advance(self, tick: int) -> None:
         """The barrier for `tick` passed: wait for `tick + 1`, forget what no one can need."""
         if not self.passed(tick):
@@ -169,10 +179,10 @@ class Barrier:
         if events is not None:
             self._published.setdefault(tick, {})[topic] = events
 
-    def finish(self, tick: int) -> TickDone:
+    def finish(self, tick: int, world: dict[str, str] | None = None) -> TickDone:
         """This shard's TickDone for `tick`, listing the batches kept for it; counted here too."""
         batches = dict(sorted(self._published.get(tick, {}).items()))
-        done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches)
+        done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches, world=world)
         self.done_received(done)  # our own batches on routed topics still have to come back
         return done
 

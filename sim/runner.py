@@ -2,8 +2,10 @@
 
 The tick is the clock, and a barrier for the whole run (sim.barrier). Each tick, in
 `Shard`'s methods:
-1. `take_inputs`: world-state changes, scripted and bot players (functions of seed and
-   tick) and outside clients' JSON (stamped with this tick and stored) become events;
+1. `take_inputs`: the world-state changes shard 0 took in the previous tick (announced in
+   its TickDone, so every shard applies them at the same tick), scripted and bot players
+   (functions of seed and tick) and outside clients' JSON (stamped with this tick and
+   stored) become events;
 2. `step_agents`: the local agents that have mail from earlier ticks or roll to talk
    take their turn, concurrently, and the tick waits for all of them;
 3. `publish`: the tick's events go out as one msgpack batch per topic, then the shard's
@@ -487,7 +489,8 @@ class Shard:
         self.agents: list[Agent] = []
         self.players: list[_Player] = []
         self.outside: list[tuple[str, PlayerInputMessage]] = []
-        self.world_updates: list[WorldStateMessage] = []
+        self.world_updates: list[WorldStateMessage] = []  # shard 0: taken into its next TickDone
+        self.world_due: dict[str, str] | None = None  # applied at the start of the next tick
         last = self.store.last_tick if config.resume else None
         self.first = 0 if last is None else last + 1
         self.end = config.until_tick if config.until_tick is not None else self.first + (
@@ -521,7 +524,8 @@ class Shard:
         if self.index == 0:
             self.players = self._players()
         await bus.listen_player_input(self._on_player_input)
-        await bus.listen_world_state(self.world_updates.append)
+        if self.index == 0:
+            await bus.listen_world_state(self.world_updates.append)
         await self._restore_sent()
         await bus.listen_barrier(self._on_batch, self._on_barrier)
         bus.on_connected = self._rejoin
@@ -619,9 +623,10 @@ class Shard:
     async def take_inputs(self, tick: int) -> None:
         """World-state changes, then the players' inputs of this tick, as events."""
         ctx, stats = self.ctx, self.stats
-        taken_world, self.world_updates[:] = list(self.world_updates), []
-        for world in taken_world:
+        if self.world_due:
+            world = WorldStateMessage(state=self.world_due, tick=tick)
             stats.world_changes += await _apply_world_state(self.store, sorted(self.local), world)
+        self.world_due = None
         for player in self.players:
             for event in player.inputs(tick):
                 _emit_player(ctx, player.location, event)
@@ -655,7 +660,11 @@ class Shard:
         """The tick's batches, then the TickDone that lists them; all kept for re-sending."""
         for topic, payload, events in await self.bus.flush(tick):
             self.barrier.keep(tick, topic, payload, events=events)
-        topic, payload = await self.bus.publish_barrier(self.barrier.finish(tick))
+        world: dict[str, str] = {}
+        for message in self.world_updates:  # shard 0 only: in the order they arrived
+            world.update(message.state)
+        self.world_updates.clear()
+        topic, payload = await self.bus.publish_barrier(self.barrier.finish(tick, world or None))
         self.barrier.keep(tick, topic, payload)
 
     async def wait_barrier(self, tick: int) -> bool:
@@ -675,6 +684,7 @@ class Shard:
             if self.barrier.conflict is not None:
                 raise ConfigError(f"--shard {self.config.shard}: {self.barrier.conflict}")
             if self.barrier.passed(tick):
+                self.world_due = self.barrier.world(tick)
                 break
             if self.stop.is_set():
                 awaited = ", ".join(self.barrier.awaited(tick))

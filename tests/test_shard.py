@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiomqtt
 import pytest
 
 from agents.npc import NpcAgent, ambient_roll
+from sim import topics
 from sim.bus import Bus, BusConfig
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.events import Speech
+from sim.generate import write_scenario
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, RunStats, Shard, ShardContext, shard_npcs
@@ -85,11 +87,18 @@ class MemoryBroker:
 
 
 async def run_in_memory(
-    tmp_path: Path, scenario: str, shards: int, ticks: int, seed: int, counts: list[int] | None = None
-) -> tuple[set, list]:
+    tmp_path: Path,
+    scenario: str,
+    shards: int,
+    ticks: int,
+    seed: int,
+    counts: list[int] | None = None,
+    during: Callable[[MemoryBroker, list[RunStats]], Awaitable[None]] | None = None,
+) -> tuple[set, list, list[Path]]:
     """Run `shards` shards on the in-memory broker; the audit set and each shard's stats.
 
-    `counts` gives each shard's idea of the shard count (default: all `shards`)."""
+    `counts` gives each shard's idea of the shard count (default: all `shards`); `during`
+    acts on the live run."""
     broker = MemoryBroker(seed)
     loaded = load_scenario(scenario)
     stats = [RunStats(shard=str(i)) for i in range(shards)]
@@ -109,7 +118,7 @@ async def run_in_memory(
     async with asyncio.TaskGroup() as group:
         server = group.create_task(broker.serve())
         async with asyncio.timeout(120):
-            await asyncio.gather(*(one(i) for i in range(shards)))
+            await asyncio.gather(*(one(i) for i in range(shards)), *([during(broker, stats)] if during else []))
         server.cancel()
     records = set()
     for db in dbs:
@@ -117,14 +126,14 @@ async def run_in_memory(
             records |= {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
     for clock in clocks:
         assert len(clock.sleeps) == ticks and all(s == pytest.approx(0.25) for s in clock.sleeps)
-    return records, stats
+    return records, stats, dbs
 
 
 async def test_one_or_three_shards_in_any_delivery_order_say_the_same(tmp_path: Path) -> None:
-    one, _ = await run_in_memory(tmp_path, VILLAGE, 1, 30, seed=1)
+    one, _, _ = await run_in_memory(tmp_path, VILLAGE, 1, 30, seed=1)
     assert len(one) > 10
     for seed in (2, 3):
-        three, stats = await run_in_memory(tmp_path, VILLAGE, 3, 30, seed=seed)
+        three, stats, _ = await run_in_memory(tmp_path, VILLAGE, 3, 30, seed=seed)
         assert three == one, (sorted(one - three)[:3], sorted(three - one)[:3])
         assert all(s.tick == 29 and s.stalls == 0 for s in stats)
 
@@ -137,6 +146,28 @@ async def test_shards_started_with_different_counts_stop_with_one_clear_error(tm
         "--shard 0/2: shard 1 runs as 1/3, this one as 0/2: every shard of a run needs the same count",
         "--shard 1/3: shard 0 runs as 0/2, this one as 1/3: every shard of a run needs the same count",
     }
+
+
+async def test_a_world_state_change_takes_effect_at_the_same_tick_on_every_shard(tmp_path: Path) -> None:
+    async def crown(broker: MemoryBroker, stats: list[RunStats]) -> None:
+        for _ in range(5000):
+            if stats[1].tick >= 6:
+                break
+            await asyncio.sleep(0.005)
+        broker.queue.append((topics.world_state("mem"), b'{"state": {"king": "crowned: Queen Ysolde"}}'))
+        broker.ready.set()
+
+    world = str(write_scenario(tmp_path / "generated.toml", npcs=200, locations=12, seed=5))
+    _, stats, dbs = await run_in_memory(tmp_path, world, 3, 14, seed=4, during=crown)
+    seen = []  # (tick, the king as that record's NPC knew him) for every inference on every shard
+    for db in dbs:
+        with open_reader(db) as reader:
+            records = reader.audit_records()
+            seen += [(r.tick, {w.key: w.value for w in r.state.world_state}.get("king")) for r in records]
+    crowned = sorted({tick for tick, king in seen if king == "crowned: Queen Ysolde"})
+    before = sorted({tick for tick, king in seen if king != "crowned: Queen Ysolde"})
+    assert crowned and before and max(before) < min(crowned), (before, crowned)
+    assert all(s.world_changes > 0 for s in stats)
 
 
 # --- NpcAgent, alone ----------------------------------------------------------------------
