@@ -48,7 +48,7 @@ from sim.inference._types import (
     encode_result,
 )
 from sim.inference.backends import Backend, open_backend
-from sim.mqtt import mqtt_error, open_client, stay_connected
+from sim.mqtt import open_client, stay_connected
 
 __all__ = ["RemoteWorker", "open_mqtt_dispatch", "reply_problem"]
 
@@ -306,8 +306,6 @@ class RemoteWorker:
             try:
                 await client.publish(reply_topic, body if key is None else key.sign(reply_topic, body), qos=1)
             except aiomqtt.MqttError as exc:
-                if mqtt_error(exc) is None:
-                    raise
                 self._warn("reply-lost", "reply %s lost with the connection (%s); the pool re-sends or "
                            "times it out", result[1].id, exc)
                 raise
