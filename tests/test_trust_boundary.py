@@ -272,3 +272,28 @@ async def test_remote_workers_join_a_private_auto_broker_with_the_logged_login_a
         served = worker.statistics().completed
         serving.cancel()
     assert stats.tick == 29 and served > 0
+
+
+async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """An outsider publishes Notices carrying the future ids of two NPCs before they speak."""
+    db = tmp_path / "preempt.db"
+    stats = RunStats()
+    ready = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="pre", ticks=30, tick_ms=20, db=str(db))
+    future_ids = [f"pre:{npc}:{tick}:{seq}" for npc in ("guard_captain", "snack_machine")
+                  for tick in range(30) for seq in range(1, 31)]
+    notices = tuple(Notice(id=i, tick=0, text="shh") for i in future_ids)
+    async with asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+        await ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as outsider:
+            await outsider.publish(topics.location_events("pre", "square"),
+                                   encode_batch(EventBatch(shard="0", tick=0, events=notices)), qos=1)
+        await job
+    assert stats.bus.duplicates == 0, "a real line was dropped as a duplicate of a forged one"
+    assert stats.bus.mailbox_overflow > 0  # the flood lost its own excess...
+    with open_reader(db) as reader:
+        heard = {line.speaker for r in reader.audit_records("snack_machine") for line in r.state.dialogue}
+    assert "guard_captain" in heard  # ...and the guard captain was still heard
