@@ -72,6 +72,9 @@ def reply_problem(request: InferenceRequest, result: InferenceResult, max_line_c
         return verdict.problem
     if verdict.line != result.line:
         return f"a line that output handling would change ({len(result.line)} characters)"
+    raw = result.raw_response
+    if raw is not None and judge(raw, request.memory, max_line_chars).line != result.line:
+        return "a raw response that does not clean to the line"
     return None
 
 
