@@ -278,6 +278,7 @@ async def test_remote_workers_join_a_private_auto_broker_with_the_logged_login_a
         served = worker.statistics().completed
         serving.cancel()
     assert stats.tick == 29 and served > 0
+    assert not os.path.exists(match[1]) and not os.path.exists(match[3]), "the login and key outlive the run"
 
 
 async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
