@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sim.bounds import InputBounds
 from sim.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
+from sim.mailbox import Mailbox, Overflow, event_source
 from sim.routing import Router
 from sim.signing import RunKey
 
@@ -99,3 +102,25 @@ def test_echo_bookkeeping() -> None:
     assert r.echoes_pending == 1
     r.receive(LOC, batch(line(2), tick=3))
     assert r.echoes_pending == 0
+
+
+@given(
+    size=st.integers(min_value=2, max_value=30),
+    order=st.lists(st.sampled_from(["flooder", "alice", "bob", "(notice)"]), max_size=300),
+)
+def test_a_full_mailbox_drops_only_the_flooders_excess(size: int, order: list[str]) -> None:
+    """Whatever the interleaving: the box never exceeds its size, every event is kept or counted,
+    and while the others hold less than half of it, none of theirs is dropped."""
+    overflow = Overflow()
+    box = Mailbox("m", size, overflow)
+    others_put = 0
+    for n, source in enumerate(order):
+        event: Speech | Notice = (Notice(id=f"n{n}", tick=0, text="x") if source == "(notice)"
+                                  else Speech(id=f"s{n}", tick=0, speaker=source, text="x"))
+        others_put += source != "flooder"
+        box.put(event)
+        assert len(box) <= size
+    kept = box.drain()
+    assert len(kept) + overflow.total == len(order)
+    if others_put < size / 2:
+        assert sum(1 for e in kept if event_source(e) != "flooder") == others_put
