@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sim.errors import BrokerError
+from sim.errors import BrokerError, ConfigError
 from sim.mqtt import BrokerAddress, TlsFiles
 from sim.resources import broker_config_dir
 
@@ -111,6 +111,8 @@ async def open_broker(
         address = BrokerAddress.parse(spec, env=env, tls=tls)
         yield BrokerInfo(address=address, worker=address, protocol=5, kind="external")
         return
+    if tls is not None and tls.any:
+        raise ConfigError("--ca-file/--cert-file/--key-file apply to an mqtts:// broker, not to --broker auto")
     binary = find_mosquitto()
     if binary is not None:
         async with _mosquitto(binary) as info:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -30,7 +31,9 @@ def gone(pid: int) -> bool:
         return True
 
 
-async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
+async def start_run(*extra: str, tmpdir: Path | None = None) -> tuple[asyncio.subprocess.Process, int]:
+    """`npcsim run --broker auto`, with its temp files under `tmpdir` when given."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
     proc = await asyncio.create_subprocess_exec(
         NPCSIM,
         "-v",
@@ -42,6 +45,7 @@ async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
         *extra,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     assert proc.stderr is not None
     async with asyncio.timeout(15):
@@ -53,18 +57,19 @@ async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
                 return proc, int(match.group(1))
 
 
-async def test_auto_leaves_no_mosquitto_after_normal_exit() -> None:
+async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_normal_exit(tmp_path: Path) -> None:
     require_mosquitto()
-    proc, pid = await start_run("--ticks", "5")
-    async with asyncio.timeout(15):
+    proc, pid = await start_run("--ticks", "5", tmpdir=tmp_path)
+    async with asyncio.timeout(60):
         await proc.communicate()
     assert proc.returncode == 0
     assert gone(pid)
+    assert not os.listdir(tmp_path), "temp files left behind"
 
 
-async def test_auto_leaves_no_mosquitto_after_sigterm() -> None:
+async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_sigterm(tmp_path: Path) -> None:
     require_mosquitto()
-    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50")
+    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50", tmpdir=tmp_path)
     assert psutil.pid_exists(pid)
     await asyncio.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
@@ -73,6 +78,7 @@ async def test_auto_leaves_no_mosquitto_after_sigterm() -> None:
     assert proc.returncode == 0, err.decode()
     assert "SIGTERM" in err.decode()
     assert gone(pid)
+    assert not os.listdir(tmp_path), "temp files left behind"
 
 
 async def test_auto_in_process_stops_on_cancellation() -> None:

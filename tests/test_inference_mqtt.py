@@ -190,15 +190,17 @@ async def _forge_replies(port: int, run: str, line: str, answered: asyncio.Event
             assert isinstance(message.payload, bytes)
             body = message.payload
             request = decode_request(body[36:] if body.startswith(b"NPK1") else body)  # signed is not secret
-            forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick, line=line,
+            short = line.split(".")[0] + "."  # a clean line, unless the raw text is held to it
+            forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick,
+                                     line=line if len(line) < 200 and "FORGED" not in line else short,
                                      raw_response=line, backend="scripted", model="", worker="forger")
             await forger.publish(topics.infer_response(run, request.shard), encode_result(forged), qos=1)
 
 
 @pytest.mark.parametrize(
     "forged",
-    ["FORGED " * 435, "The old bridge is not broken.", "*grins* As an AI I cannot say."],
-    ids=["3046 characters", "negates a canonical fact", "uncleaned"],
+    ["FORGED " * 435, "The old bridge is not broken.", "*grins* As an AI I cannot say.", "Fine. FORGED " * 20],
+    ids=["3046 characters", "negates a canonical fact", "uncleaned", "raw text that is not the line"],
 )
 async def test_a_forged_reply_is_held_to_the_pools_output_checks(mosquitto: MosquittoProcess, forged: str) -> None:
     run = "forge"

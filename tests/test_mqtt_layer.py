@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from pathlib import Path
 
@@ -88,8 +89,8 @@ def test_the_layer_exports_exactly_its_public_names() -> None:
     import sim.mqtt
 
     assert set(sim.mqtt.__all__) == {
-        "ENV_PASSWORD", "ENV_USERNAME", "Backoff", "BrokerAddress", "ReconnectPolicy", "TlsFiles", "login_refused",
-        "mqtt_error", "open_client", "redact", "stay_connected",
+        "ENV_PASSWORD", "ENV_USERNAME", "Backoff", "BrokerAddress", "ReconnectPolicy", "TlsFiles", "mqtt_error",
+        "open_client", "redact", "stay_connected",
     }
 
 
@@ -165,3 +166,28 @@ async def test_stay_connected_gives_up_after_its_patience_with_one_line(monkeypa
         await stay_connected(address, session, name="t", policy=ReconnectPolicy(patience=5),
                              connect=lambda: _FakeClient(True),  # type: ignore[arg-type, return-value]
                              clock=lambda: float(next(now)))
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["subscribe", "--broker", "http://h:1"], "--broker"),
+        (["worker", "--broker", "mqtt://u:hunter2@h:x", "--run", "r"], "bad port"),
+        (["subscribe", "--broker", "mqtts://h:1", "--ca-file", "/nonexistent/ca.pem"], "--ca-file"),
+        (["subscribe", "--broker", "mqtts://h:1", "--key-file", "/etc/hostname"], "--key-file needs --cert-file"),
+        (["run", "scenarios/village.toml", "--ca-file", "/etc/hostname", "--quiet"], "not to --broker auto"),
+        (["loadtest", "--broker", "mqtt://u:hunter2@h:x"], "--broker"),
+    ],
+)
+def test_bad_broker_options_are_one_line_and_exit_2(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sim.cli import main
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) if argv[0] == "loadtest" else contextlib.nullcontext():
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "hunter2" not in err
+    assert fragment in err.splitlines()[-1]  # one line (argparse puts its usage above)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sim import topics
 from sim.barrier import BarrierMessage, TickDone, encode_barrier
 from sim.bounds import InputBounds
 from sim.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
+from sim.mailbox import Mailbox, Overflow, event_source
 from sim.routing import Router
 from sim.signing import RunKey
 
@@ -120,3 +123,25 @@ def test_mailboxes_hold_events_of_later_ticks_back() -> None:
     assert [e.tick for e in box.drain(3)] == [2]
     assert not box.has_mail(3) and box.has_mail(4)
     assert [e.tick for e in box.drain()] == [3]
+
+
+@given(
+    size=st.integers(min_value=2, max_value=30),
+    order=st.lists(st.sampled_from(["flooder", "alice", "bob", "(notice)"]), max_size=300),
+)
+def test_a_full_mailbox_drops_only_the_flooders_excess(size: int, order: list[str]) -> None:
+    """Whatever the interleaving: the box never exceeds its size, every event is kept or counted,
+    and while the others hold less than half of it, none of theirs is dropped."""
+    overflow = Overflow()
+    box = Mailbox("m", size, overflow)
+    others_put = 0
+    for n, source in enumerate(order):
+        event: Speech | Notice = (Notice(id=f"n{n}", tick=0, text="x") if source == "(notice)"
+                                  else Speech(id=f"s{n}", tick=0, speaker=source, text="x"))
+        others_put += source != "flooder"
+        box.put(event)
+        assert len(box) <= size
+    kept = box.drain()
+    assert len(kept) + overflow.total == len(order)
+    if others_put < size / 2:
+        assert sum(1 for e in kept if event_source(e) != "flooder") == others_put

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
+from rich.console import Console
 
 from sim import topics
 from sim.cli import main
+from sim.cli.run import summary_table
 from sim.events import EventBatch, Notice, Speech, encode_batch
 from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
 from sim.mqtt import BrokerAddress
@@ -38,6 +40,10 @@ FORGED = "FORGED-KING-ALIVE"
 def client(broker: SecuredBroker, user: str) -> aiomqtt.Client:
     return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password(user),
                           protocol=aiomqtt.ProtocolVersion.V5)
+
+
+def file_exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 def read_env_file(path: str) -> dict[str, str]:
@@ -159,6 +165,10 @@ async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path:
     assert bus.refused["world state over its bounds"] == 2
     assert bus.refused["player inputs over the per-tick bound"] >= 47 - 3 * 29
     assert stats.player_inputs <= 3 * 30 + 30  # the scripted player's lines plus at most 3 of alice's per tick
+    console = Console(record=True, width=200)
+    console.print(summary_table(stats))
+    summary = console.export_text()
+    assert "refused: world state over its bounds" in summary and "refused: player inputs over the" in summary
     with open_reader(db) as reader:
         records = list(reader.audit_records())
     assert records
@@ -272,3 +282,29 @@ async def test_remote_workers_join_a_private_auto_broker_with_the_logged_login_a
         served = worker.statistics().completed
         serving.cancel()
     assert stats.tick == 29 and served > 0
+    assert not any(map(file_exists, (match[1], match[3]))), "the login and key outlive the run"
+
+
+async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """An outsider publishes Notices carrying the future ids of two NPCs before they speak."""
+    db = tmp_path / "preempt.db"
+    stats = RunStats()
+    ready = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="pre", ticks=30, tick_ms=20, db=str(db))
+    future_ids = [f"pre:{npc}:{tick}:{seq}" for npc in ("guard_captain", "snack_machine")
+                  for tick in range(30) for seq in range(1, 31)]
+    notices = tuple(Notice(id=i, tick=0, text="shh") for i in future_ids)
+    async with asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+        await ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as outsider:
+            await outsider.publish(topics.location_events("pre", "square"),
+                                   encode_batch(EventBatch(shard="0", tick=0, events=notices)), qos=1)
+        await job
+    assert stats.bus.duplicates == 0, "a real line was dropped as a duplicate of a forged one"
+    assert stats.bus.mailbox_overflow > 0  # the flood lost its own excess...
+    with open_reader(db) as reader:
+        heard = {line.speaker for r in reader.audit_records("snack_machine") for line in r.state.dialogue}
+    assert "guard_captain" in heard  # ...and the guard captain was still heard

@@ -12,9 +12,9 @@ Both sides connect through `sim.mqtt` and ride out a broker restart: the pool re
 on the new connection, every request still waiting for its reply, and again with backoff
 until it is answered, since workers come back on their own schedule (a worker's second
 answer is counted as late); the worker subscribes again. A reply is trusted no more than
-a model: the pool runs the same output checks on it as in-process serving does (length,
-cleaning, canonical facts, the right agent and tick, the deterministic fallback line), so a
-client that answers in a worker's place cannot make an NPC say what the checks would refuse.
+a model: `sim.inference._replies` holds it to what the pool could have produced itself, so
+a client that answers in a worker's place cannot make an NPC say what the checks would
+refuse, nor put text of its own into the audit.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ import msgspec
 
 from sim import topics
 from sim.errors import single_error
-from sim.inference._fallback import fallback_line
-from sim.inference._output import judge
 from sim.inference._pool import Dispatch
+from sim.inference._replies import reply_problem
 from sim.inference._serve import Counters, LogOnce, fallback_result, serve
 from sim.inference._types import (
     InferenceRequest,
@@ -48,32 +47,11 @@ from sim.inference._types import (
     encode_result,
 )
 from sim.inference.backends import Backend, open_backend
-from sim.mqtt import mqtt_error, open_client, stay_connected
+from sim.mqtt import open_client, stay_connected
 
-__all__ = ["RemoteWorker", "open_mqtt_dispatch", "reply_problem"]
+__all__ = ["RemoteWorker", "open_mqtt_dispatch"]
 
 log = logging.getLogger(__name__)
-
-# A raw model answer is kept in the audit; more than this from a worker is not a model's.
-MAX_RAW_REPLY_CHARS = 32_768
-
-
-def reply_problem(request: InferenceRequest, result: InferenceResult, max_line_chars: int) -> str | None:
-    """Why the pool refuses a remote worker's reply, or None: the pool's own output checks."""
-    if result.agent_id != request.agent_id or result.tick != request.tick:
-        return f"answers {result.agent_id!r} at tick {result.tick}, not {request.agent_id!r} at {request.tick}"
-    if result.raw_response is not None and len(result.raw_response) > MAX_RAW_REPLY_CHARS:
-        return f"raw response of {len(result.raw_response)} characters (bound {MAX_RAW_REPLY_CHARS})"
-    if result.fallback:
-        expected = fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines)
-        return None if result.line == expected else "a fallback line that is not the NPC's fallback line"
-    verdict = judge(result.line, request.memory, max_line_chars)
-    if verdict.problem is not None:
-        return verdict.problem
-    if verdict.line != result.line:
-        return f"a line that output handling would change ({len(result.line)} characters)"
-    return None
-
 
 @dataclass
 class _Waiting:
@@ -308,8 +286,6 @@ class RemoteWorker:
             try:
                 await client.publish(reply_topic, body if key is None else key.sign(reply_topic, body), qos=1)
             except aiomqtt.MqttError as exc:
-                if mqtt_error(exc) is None:
-                    raise
                 self._warn("reply-lost", "reply %s lost with the connection (%s); the pool re-sends or "
                            "times it out", result[1].id, exc)
                 raise

@@ -11,7 +11,7 @@ here, so login, TLS, reconnection and the redaction of passwords are the same ev
 """
 
 from sim.mqtt._address import ENV_PASSWORD, ENV_USERNAME, BrokerAddress, TlsFiles, redact
-from sim.mqtt._connection import Backoff, ReconnectPolicy, login_refused, mqtt_error, open_client, stay_connected
+from sim.mqtt._connection import Backoff, ReconnectPolicy, mqtt_error, open_client, stay_connected
 
 __all__ = [
     "ENV_PASSWORD",
@@ -20,7 +20,6 @@ __all__ = [
     "BrokerAddress",
     "ReconnectPolicy",
     "TlsFiles",
-    "login_refused",
     "mqtt_error",
     "open_client",
     "redact",

@@ -83,24 +83,24 @@ class BrokerAddress(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             parts = urlsplit(url)
             port = parts.port
         except ValueError:
-            raise ConfigError(f"broker URL {shown!r}: bad port") from None
+            raise ConfigError(f"--broker {shown!r}: bad port") from None
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise ConfigError(f"broker URL {shown!r}: expected mqtt://host:port or mqtts://host:port")
+            raise ConfigError(f"--broker {shown!r}: expected mqtt://host:port or mqtts://host:port")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ConfigError(f"broker URL {shown!r}: unexpected path, query or fragment")
+            raise ConfigError(f"--broker {shown!r}: unexpected path, query or fragment")
         username = unquote(parts.username) if parts.username else None
         password = unquote(parts.password) if parts.password is not None else None
         if username is None:
             if password is not None:
-                raise ConfigError(f"broker URL {shown!r}: a password without a user name")
+                raise ConfigError(f"--broker {shown!r}: a password without a user name")
             username = env.get(ENV_USERNAME) or None
         if username is not None and password is None:
             password = env.get(ENV_PASSWORD) or None
         elif username is None and env.get(ENV_PASSWORD):
             raise ConfigError(f"{ENV_PASSWORD} is set but no user name is given (URL or {ENV_USERNAME})")
         if tls.any and scheme != "mqtts":
-            raise ConfigError(f"broker URL {shown!r}: --ca-file/--cert-file/--key-file need an mqtts:// URL")
+            raise ConfigError(f"--broker {shown!r}: --ca-file/--cert-file/--key-file need an mqtts:// URL")
         tls.check()
         return cls(
             host=parts.hostname, port=port or _DEFAULT_PORTS[scheme], tls=scheme == "mqtts",

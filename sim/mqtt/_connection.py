@@ -35,7 +35,9 @@ from aiomqtt.exceptions import MqttConnectError
 from sim.errors import BrokerError
 from sim.mqtt._address import BrokerAddress, redact
 
-__all__ = ["Backoff", "ReconnectPolicy", "login_refused", "mqtt_error", "open_client", "stay_connected"]
+__all__ = [
+    "Backoff", "ReconnectPolicy", "login_refused", "mqtt_error", "open_client", "refused_error", "stay_connected",
+]
 
 log = logging.getLogger(__name__)
 # aiomqtt warns for every publish beyond its threshold in flight; npcsim clients keep many in
