@@ -145,3 +145,17 @@ def test_a_full_mailbox_drops_only_the_flooders_excess(size: int, order: list[st
     assert len(kept) + overflow.total == len(order)
     if others_put < size / 2:
         assert sum(1 for e in kept if event_source(e) != "flooder") == others_put
+
+
+def test_with_a_run_key_barrier_messages_must_be_signed_for_their_topic() -> None:
+    key = RunKey(b"k" * 32)
+    r = router(run_key=key)
+    said: list[BarrierMessage] = []
+    r.barrier_handler = said.append
+    done = encode_barrier(TickDone(shard="1", shards=2, tick=0, batches={}))
+    topic = topics.barrier("r", "1")
+    r.receive(topic, done)  # unsigned: a forged "tick done" could release the barrier early
+    r.receive(topic, key.sign(topics.barrier("r", "0"), done))  # signed for another topic
+    r.receive(topic, key.sign(topic, done))
+    assert len(said) == 1
+    assert r.stats.refused == {"unsigned internal message": 2}
