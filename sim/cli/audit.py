@@ -7,6 +7,7 @@ what is audited.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import sys
 from contextlib import ExitStack
@@ -22,7 +23,7 @@ from rich.text import Text
 
 from sim.audit import replay
 from sim.cli.memory import report_table
-from sim.errors import StoreError
+from sim.errors import ConfigError, StoreError
 from sim.memory import build_working_memory
 from sim.store import open_reader
 
@@ -50,10 +51,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.add_argument("--agent", default=None, help="only this agent")
     rep.set_defaults(func=replay_command)
 
-    export = commands.add_parser("export", help="every record as JSON Lines")
+    export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
     export.add_argument("--db", required=True, help="store file (opened read-only)")
     export.add_argument("--agent", default=None, help="only this agent")
-    export.add_argument("--out", default=None, help="output file (default: standard output)")
+    export.add_argument("--from-tick", type=int, default=None, help="only records of this tick or later")
+    export.add_argument("--to-tick", type=int, default=None, help="only records of this tick or earlier")
+    export.add_argument("--out", default=None, help="output file (default: standard output); *.gz is gzip")
     export.set_defaults(func=export_command)
 
 
@@ -132,11 +135,20 @@ def replay_command(args: argparse.Namespace) -> int:
     return 1
 
 
+def _tick_range(args: argparse.Namespace) -> None:
+    for option, value in (("--from-tick", args.from_tick), ("--to-tick", args.to_tick)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{option} must be >= 0, got {value}")
+    if args.from_tick is not None and args.to_tick is not None and args.from_tick > args.to_tick:
+        raise ConfigError(f"--from-tick {args.from_tick} is after --to-tick {args.to_tick}")
+
+
 def export_command(args: argparse.Namespace) -> int:
+    _tick_range(args)
     encoder = msgspec.json.Encoder()
     with ExitStack() as stack:
         reader = stack.enter_context(open_reader(args.db))
-        out: BinaryIO
+        out: BinaryIO | gzip.GzipFile
         if args.out is None:
             out = sys.stdout.buffer
         else:
@@ -144,9 +156,11 @@ def export_command(args: argparse.Namespace) -> int:
                 out = stack.enter_context(Path(args.out).open("wb"))
             except OSError as exc:
                 raise StoreError(f"{args.out}: cannot write the export: {exc}") from exc
+            if args.out.endswith(".gz"):
+                out = stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb"))
         count = 0
         try:
-            for record in reader.audit_records(args.agent):
+            for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
                 out.write(encoder.encode(record) + b"\n")
                 count += 1
             out.flush()

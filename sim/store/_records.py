@@ -9,9 +9,9 @@ integer, SQLite's rowid); the other 8 bytes are a check the writer compares, and
 trigger refuses a different body under an existing key. So the same episode heard by a
 hundred NPCs, or repeated in an NPC's next fifty audit records, is stored once.
 
-A *packed record* is an `AuditRecord` without copies: msgpack `[refs, compressed]` where
-`refs` lists the item keys of its state and config in a fixed layout (`_LAYOUT`), and
-`compressed` is the rest of the record (less the fields the `audit` table holds as
+A *packed record* is an `AuditRecord` without copies: msgpack `[counts, keys, compressed]`
+where `keys` are the item keys of its state and config in a fixed layout (`_LISTS`, whose
+lengths `counts` gives), and `compressed` is the rest of the record (less the fields the `audit` table holds as
 columns) as msgpack, deflated with a preset dictionary made of the template item and the
 referenced items' bodies. The prompt is kept (it is what the model saw, and it lets a
 drift show as a diff); it compresses well against the items it was rendered from.
@@ -23,6 +23,7 @@ exact msgpack encoding of the record before decoding it with the record's own de
 from __future__ import annotations
 
 import hashlib
+import struct
 import zlib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -54,17 +55,20 @@ class Item(NamedTuple):
     body: bytes
 
 
+_KEY_AND_CHECK = struct.Struct(">qq")
+
+
 def item(body: bytes) -> Item:
-    digest = hashlib.blake2b(body, digest_size=16).digest()
-    return Item(int.from_bytes(digest[:8], "big", signed=True), int.from_bytes(digest[8:], "big", signed=True), body)
+    key, check = _KEY_AND_CHECK.unpack(hashlib.blake2b(body, digest_size=16).digest())
+    return Item(key, check, body)
 
 
 def _encode_item(value: Any) -> Item:
     return item(_ENCODER.encode(value))
 
 
-def _zdict(template: bytes, bodies: list[bytes]) -> bytes:
-    return (template + b"".join(bodies))[-_ZDICT_SIZE:]
+def _zdict(bodies: list[bytes]) -> bytes:
+    return b"".join(bodies)[-_ZDICT_SIZE:]
 
 
 class RecordPacker:
@@ -80,9 +84,12 @@ class RecordPacker:
     def pack(self, record: AuditRecord) -> tuple[bytes, list[Item]]:
         """The packed blob and every item it references (template first)."""
         state = record.state
-        refs: list[Item] = [_encode_item(state.system_prompt)]
         lists = [[_encode_item(x) for x in getattr(state, name)] for name in _LISTS]
-        config = _encode_item(record.config)
+        referenced = [
+            _encode_item(state.system_prompt),
+            *(i for group in lists for i in group),
+            _encode_item(record.config),
+        ]
         fields = msgspec.structs.asdict(record)
         for name in (*COLUMNS, "config"):
             del fields[name]
@@ -93,55 +100,55 @@ class RecordPacker:
         payload = _ENCODER.encode(fields)
         if self._template is None:
             self._template = item(payload)
-        template = self._template
-        bodies = [refs[0].body, *(i.body for group in lists for i in group), config.body]
-        compressor = zlib.compressobj(_LEVEL, zdict=_zdict(template.body, bodies))
+        items = [self._template, *referenced]
+        compressor = zlib.compressobj(_LEVEL, zdict=_zdict([i.body for i in items]))
         compressed = compressor.compress(payload) + compressor.flush()
-        layout = [template.key, refs[0].key, *([i.key for i in group] for group in lists), config.key]
-        items = [template, refs[0], *(i for group in lists for i in group), config]
-        return _ENCODER.encode([layout, compressed]), items
+        keys = struct.pack(f">{len(items)}q", *(i.key for i in items))
+        return _ENCODER.encode(([len(group) for group in lists], keys, compressed)), items
 
 
-_Layout = tuple[int, int, list[int], list[int], list[int], list[int], list[int], int]
-_BLOB_DECODER = msgspec.msgpack.Decoder(tuple[_Layout, bytes])
+# A packed record: the length of each of `_LISTS`, the item keys (template, system prompt,
+# the lists' items in order, config) as big-endian int64s, the compressed remainder.
+_BLOB_DECODER = msgspec.msgpack.Decoder(tuple[list[int], bytes, bytes])
 
 
-def _layout(blob: bytes, where: str) -> tuple[_Layout, bytes]:
+def _unpack_blob(blob: bytes, where: str) -> tuple[list[int], tuple[int, ...], bytes]:
     try:
-        return _BLOB_DECODER.decode(blob)
+        counts, keys, compressed = _BLOB_DECODER.decode(blob)
     except msgspec.DecodeError as exc:
         raise StoreError(f"{where}: cannot decode the stored record: {exc}") from exc
+    if len(keys) % 8 or len(counts) != len(_LISTS) or sum(counts) + 3 != len(keys) // 8 or min(counts) < 0:
+        raise StoreError(f"{where}: cannot decode the stored record: its item keys do not match its layout")
+    return counts, struct.unpack(f">{len(keys) // 8}q", keys), compressed
 
 
-def record_keys(blob: bytes, *, where: str = "audit record") -> list[int]:
+def record_keys(blob: bytes, *, where: str = "audit record") -> tuple[int, ...]:
     """The item keys a packed record references (to fetch their bodies first)."""
-    layout, _ = _layout(blob, where)
-    template, prompt, *lists, config = layout
-    return [template, prompt, *(k for group in lists for k in group), config]
+    return _unpack_blob(blob, where)[1]
 
 
 def unpack_record(
     blob: bytes, columns: Mapping[str, Any], bodies: Mapping[int, bytes], *, where: str = "audit record"
 ) -> AuditRecord:
     """Rebuild the record from its packed blob, its columns and the referenced items' bodies."""
-    layout, compressed = _layout(blob, where)
-    template_key, prompt_key, facts, world, episodic, beliefs, dialogue, config_key = layout
+    counts, keys, compressed = _unpack_blob(blob, where)
     try:
-        groups = [[bodies[k] for k in group] for group in (facts, world, episodic, beliefs, dialogue)]
-        prompt, config, template = bodies[prompt_key], bodies[config_key], bodies[template_key]
+        referenced = [bodies[k] for k in keys]
     except KeyError as exc:
         raise StoreError(f"{where}: references item {exc.args[0]} that is not in the store") from exc
     try:
-        decompressor = zlib.decompressobj(zdict=_zdict(template, [prompt, *(b for g in groups for b in g), config]))
+        decompressor = zlib.decompressobj(zdict=_zdict(referenced))
         fields = msgspec.msgpack.decode(decompressor.decompress(compressed) + decompressor.flush())
     except (zlib.error, msgspec.DecodeError) as exc:
         raise StoreError(f"{where}: cannot decompress the stored record: {exc}") from exc
     if not isinstance(fields, dict) or not isinstance(fields.get("state"), dict):
         raise StoreError(f"{where}: the stored record is not a packed audit record")
     state = fields["state"]
-    state["system_prompt"] = msgspec.Raw(prompt)
-    for name, group in zip(_LISTS, groups, strict=True):
-        state[name] = [msgspec.Raw(b) for b in group]
-    fields["config"] = msgspec.Raw(config)
+    state["system_prompt"] = msgspec.Raw(referenced[1])
+    at = 2
+    for name, count in zip(_LISTS, counts, strict=True):
+        state[name] = [msgspec.Raw(b) for b in referenced[at : at + count]]
+        at += count
+    fields["config"] = msgspec.Raw(referenced[at])
     fields.update(columns)
     return decode_record(_ENCODER.encode(fields), where=where)
