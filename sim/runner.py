@@ -86,6 +86,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
+    retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
 
 
 @dataclass
@@ -105,6 +106,7 @@ class RunStats:
     player_inputs: int = 0
     late_echoes: int = 0
     world_changes: int = 0
+    memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
@@ -277,6 +279,15 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
         )
 
 
+def _check_retention(config: RunConfig, store: Store) -> None:
+    """Retention never reaches into what a working memory can use (sim/store/_retention.py)."""
+    if config.retain_memories is not None and config.retain_memories < store.hot_limit:
+        raise ConfigError(
+            f"--retain-memories must be at least the store's hot window ({store.hot_limit} items per category),"
+            f" got {config.retain_memories}"
+        )
+
+
 def _default_run_id(scenario: Scenario, seed: int) -> str:
     return f"{scenario.scenario.name}-{seed}"
 
@@ -346,6 +357,7 @@ async def run(
             db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
             async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                 _check_resume(config, db, store)
+                _check_retention(config, store)
                 stats.bus = bus.stats
                 ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
                 await _run_shard(
@@ -486,6 +498,8 @@ async def _run_shard(
                                 "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
                             )
                         await store.end_tick(tick)
+                        if config.retain_memories is not None:
+                            stats.memories_pruned += await store.prune_memories(config.retain_memories)
                         if tick % 10 == 0:
                             await bus.publish_status(
                                 StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 import sim.store._store
 from sim.audit import AuditRecord, decode_record, encode_record, make_record, replay
 from sim.cli import main
-from sim.memory import Episode, NpcState, WorkingMemoryConfig, build_working_memory
-from sim.store import SCHEMA_VERSION, StoreError, Writer, open_reader, open_store
+from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
+from sim.store import HOT_LIMIT, SCHEMA_VERSION, StoreError, Writer, open_reader, open_store
 from sim.store._records import Item, RecordPacker, record_keys, unpack_record
 from tests.strategies import beliefs, configs, episodes, facts, lines, player_inputs, texts, worlds
 from tests.test_audit import fingerprint, random_record
@@ -348,3 +348,37 @@ async def test_export_by_tick_range_to_gzip(tmp_path: Path, capsys: pytest.Captu
         assert main(["audit", "export", "--db", str(db), "--out", str(tmp_path / "x.jsonl"), *argv]) == 2
         assert capsys.readouterr().err.strip() == f"npcsim: error: {complaint}"
     assert not (tmp_path / "x.jsonl").exists()
+
+
+async def test_pruning_keeps_exactly_what_loading_needs(tmp_path: Path) -> None:
+    """After prune_memories(keep) a reload gives the same hot state; older rows are gone."""
+    db = tmp_path / "shard.db"
+    rng = random.Random(8)
+    async with open_store(db) as store:
+        for a in range(3):
+            await store.ensure_agent(NpcState(agent_id=f"npc{a}", system_prompt="p"), writer=Writer.SCENARIO)
+        for tick in range(40):
+            for a in range(3):
+                # several episodes per tick, ids in random order, sometimes none
+                for _ in range(rng.choice([0, 1, 3, 7])):
+                    episode = Episode(id=f"e{rng.randrange(1000):03d}", tick=tick, text=f"heard at {tick}")
+                    await store.add_episode(f"npc{a}", episode, writer=Writer.NPC)
+                belief = Belief(id=f"b{tick}", tick=tick, text=f"belief {tick}")
+                await store.add_belief(f"npc{a}", belief, writer=Writer.NPC)
+                await store.add_line(f"npc{a}", Line(tick=tick, speaker="p", text=f"line {tick}"), writer=Writer.NPC)
+            await store.end_tick(tick)
+        expected = {f"npc{a}": store.state(f"npc{a}") for a in range(3)}
+        with pytest.raises(StoreError, match="below the hot limit 32"):
+            await store.prune_memories(31)
+        deleted = await store.prune_memories(HOT_LIMIT)
+        await store.flush()
+        assert store.statistics().rows_pruned == deleted > 0
+    with sqlite3.connect(db) as conn:
+        kept = dict(conn.execute("SELECT agent, sum(length(items) / 8) FROM heard GROUP BY agent").fetchall())
+        per_tick = dict(conn.execute("SELECT agent, count(*) FROM beliefs GROUP BY agent").fetchall())
+    conn.close()
+    assert all(HOT_LIMIT <= n < HOT_LIMIT + 7 for n in kept.values()), kept  # at most a tick's worth more
+    assert set(per_tick.values()) == {HOT_LIMIT}
+    async with open_store(db) as store:
+        await store.load_agents(expected)
+        assert {a: store.state(a) for a in expected} == expected

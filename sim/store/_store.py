@@ -48,6 +48,7 @@ from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.memory._state import belief_order, episode_order, line_order
 from sim.store._records import COLUMNS, Item, RecordPacker, item
+from sim.store._retention import PRUNE_SQL
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "Writer", "open_store"]
@@ -94,6 +95,7 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     hot_agents: int
     queue_size: int
     queue_high_water: int
+    rows_pruned: int = 0
 
 
 # Statements by row kind, in the order a batch runs them.
@@ -188,6 +190,14 @@ class _Commit:
         self.future = future
 
 
+class _Prune:
+    __slots__ = ("future", "keep")
+
+    def __init__(self, keep: int, future: asyncio.Future[int]) -> None:
+        self.keep = keep
+        self.future = future
+
+
 _CLOSE = object()
 
 
@@ -219,12 +229,18 @@ class Store:
         self._violations = 0
         self._duplicates = 0
         self._high_water = 0
+        self._pruned = 0
 
     # -- introspection -------------------------------------------------------------------
 
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def hot_limit(self) -> int:
+        """Newest items per flexible category kept in memory: all a working memory can use."""
+        return self._limit
 
     @property
     def last_tick(self) -> int | None:
@@ -244,6 +260,7 @@ class Store:
             hot_agents=len(self._hot),
             queue_size=self._queue.qsize(),
             queue_high_water=self._high_water,
+            rows_pruned=self._pruned,
         )
 
     def agents(self) -> tuple[str, ...]:
@@ -445,6 +462,20 @@ class Store:
         """Commit everything queued so far without ending a tick."""
         await self._commit(None)
 
+    async def prune_memories(self, keep: int) -> int:
+        """Delete memories older than each agent's newest `keep` per category; rows deleted.
+
+        `keep` below `hot_limit` is refused: what a working memory can use is never
+        pruned, and neither is anything an audit record references (sim/store/_retention.py).
+        The deletion is committed with the next commit.
+        """
+        if keep < self._limit:
+            raise StoreError(f"{self._path}: keeping {keep} memories per category is below the hot limit {self._limit}")
+        self._check_open()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Prune(keep, future))
+        return await future
+
     # -- internals -----------------------------------------------------------------------
 
     def _hot_for(self, agent_id: str) -> _Hot:
@@ -515,6 +546,9 @@ class Store:
                     elif isinstance(op, _Commit):
                         await self._write(rows, events, commit=True, tick=op.tick)
                         self._settle(op.future)
+                    elif isinstance(op, _Prune):
+                        await self._write(rows, events, commit=False, tick=None)
+                        await self._prune(op)
                     else:
                         closing = True
                 if closing and self._queue.empty():
@@ -567,6 +601,24 @@ class Store:
             self._commits += 1
         if tick is not None:
             self._last_tick = tick
+
+    async def _prune(self, op: _Prune) -> None:
+        deleted = 0
+        if self._failure is None:
+            try:
+                await self._begin()
+                for _, sql in PRUNE_SQL:
+                    async with self._conn.execute(sql, (op.keep,)) as cursor:
+                        deleted += max(cursor.rowcount, 0)
+            except sqlite3.Error as exc:
+                self._fail(exc)
+        if op.future.done():
+            return
+        if self._failure is not None:
+            op.future.set_exception(StoreError(f"{self._path}: pruning failed: {self._failure}"))
+        else:
+            self._pruned += deleted
+            op.future.set_result(deleted)
 
     def _address(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         """Turn queued episodes and records into item, heard and audit rows: each item once.
