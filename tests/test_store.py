@@ -45,6 +45,7 @@ def test_public_surface() -> None:
             "StoreReader",
             "StoreStatistics",
             "Writer",
+            "delete_audit_records",
             "open_reader",
             "open_store",
         ]

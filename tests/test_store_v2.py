@@ -382,3 +382,32 @@ async def test_pruning_keeps_exactly_what_loading_needs(tmp_path: Path) -> None:
     async with open_store(db) as store:
         await store.load_agents(expected)
         assert {a: store.state(a) for a in expected} == expected
+
+
+async def test_export_rotate_deletes_what_was_exported_and_the_rest_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "shard.db"
+    rng = random.Random(4)
+    records = [random_record(rng, n) for n in range(250)]  # ticks 0..9
+    async with open_store(db) as store:
+        for record in records:
+            await store.record(record)
+    archive = tmp_path / "ticks-0-4.jsonl.gz"
+    assert main(["audit", "export", "--db", str(db), "--to-tick", "4", "--out", str(archive), "--rotate"]) == 0
+    assert "deleted 125 exported records" in capsys.readouterr().err
+    decoder = msgspec.json.Decoder(AuditRecord)
+    exported = [decoder.decode(line) for line in gzip.decompress(archive.read_bytes()).splitlines()]
+    assert len(exported) == 125 and all(r.tick <= 4 for r in exported) and all(replay(r).ok for r in exported)
+    with open_reader(db) as reader:
+        left = list(reader.audit_records())
+    assert len(left) == 125 and all(r.tick >= 5 for r in left)
+    assert main(["audit", "replay", "--db", str(db)]) == 0
+    assert "replayed 125 records: all byte-identical" in capsys.readouterr().out
+    # without a file to keep them in, nothing is deleted
+    assert main(["audit", "export", "--db", str(db), "--rotate"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "npcsim: error: --rotate needs --out: records are deleted only once they are in a file"
+    )
+    with open_reader(db) as reader:
+        assert len(list(reader.audit_records())) == 125

@@ -1,7 +1,8 @@
 """`npcsim audit list|show|replay|export`: read the black-box audit of a store file.
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
-what is audited.
+what is audited. The one exception is `export --rotate`, which deletes the records it has
+exported, once the export is on disk.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sim.audit import replay
 from sim.cli.memory import report_table
 from sim.errors import ConfigError, StoreError
 from sim.memory import build_working_memory
-from sim.store import open_reader
+from sim.store import delete_audit_records, open_reader
 
 __all__ = ["register"]
 
@@ -57,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--from-tick", type=int, default=None, help="only records of this tick or later")
     export.add_argument("--to-tick", type=int, default=None, help="only records of this tick or earlier")
     export.add_argument("--out", default=None, help="output file (default: standard output); *.gz is gzip")
+    export.add_argument("--rotate", action="store_true",
+                        help="then delete the exported records from the store (needs --out)")
     export.set_defaults(func=export_command)
 
 
@@ -145,6 +148,9 @@ def _tick_range(args: argparse.Namespace) -> None:
 
 def export_command(args: argparse.Namespace) -> int:
     _tick_range(args)
+    if args.rotate and args.out is None:
+        raise ConfigError("--rotate needs --out: records are deleted only once they are in a file")
+    exported: list[str] = []
     encoder = msgspec.json.Encoder()
     with ExitStack() as stack:
         reader = stack.enter_context(open_reader(args.db))
@@ -163,6 +169,8 @@ def export_command(args: argparse.Namespace) -> int:
             for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
                 out.write(encoder.encode(record) + b"\n")
                 count += 1
+                if args.rotate:
+                    exported.append(record.id)
             out.flush()
         except BrokenPipeError:
             # the reader went away (`| head`): stop quietly, and keep Python's exit flush quiet too
@@ -171,4 +179,20 @@ def export_command(args: argparse.Namespace) -> int:
             return 1
     if args.out is not None:
         Console(stderr=True).print(f"exported {count} records to {args.out}")
+    if args.rotate:
+        _sync(Path(args.out))
+        deleted = delete_audit_records(args.db, exported)
+        Console(stderr=True).print(f"rotated: deleted {deleted} exported records from {args.db}")
     return 0
+
+
+def _sync(path: Path) -> None:
+    """The export is on disk before anything is deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot sync the export to disk, nothing deleted: {exc}") from exc
