@@ -91,64 +91,107 @@ class RecordPacker:
             _encode_item(record.config),
         ]
         fields = msgspec.structs.asdict(record)
-        for name in (*COLUMNS, "config"):
+        for name in (*COLUMNS, "config", "state"):
             del fields[name]
         rest_of_state = msgspec.structs.asdict(state)
         for name in ("system_prompt", *_LISTS):
             del rest_of_state[name]
-        fields["state"] = rest_of_state
-        payload = _ENCODER.encode(fields)
+        top = _ENCODER.encode(fields)
+        payload = top + _ENCODER.encode(rest_of_state)
         if self._template is None:
             self._template = item(payload)
         items = [self._template, *referenced]
         compressor = zlib.compressobj(_LEVEL, zdict=_zdict([i.body for i in items]))
         compressed = compressor.compress(payload) + compressor.flush()
         keys = struct.pack(f">{len(items)}q", *(i.key for i in items))
-        return _ENCODER.encode(([len(group) for group in lists], keys, compressed)), items
+        return _ENCODER.encode(([len(group) for group in lists], keys, len(top), compressed)), items
 
 
-# A packed record: the length of each of `_LISTS`, the item keys (template, system prompt,
-# the lists' items in order, config) as big-endian int64s, the compressed remainder.
-_BLOB_DECODER = msgspec.msgpack.Decoder(tuple[list[int], bytes, bytes])
+# A packed record: the length of each of `_LISTS`; the item keys (template, system prompt,
+# the lists' items in order, config) as big-endian int64s; the length of the first of the
+# two msgpack maps (the record's other fields, the state's other fields) compressed last.
+_BLOB_DECODER = msgspec.msgpack.Decoder(tuple[list[int], bytes, int, bytes])
 
 
-def _unpack_blob(blob: bytes, where: str) -> tuple[list[int], tuple[int, ...], bytes]:
+class _Blob(NamedTuple):
+    counts: list[int]
+    keys: tuple[int, ...]
+    top_length: int
+    compressed: bytes
+
+
+def _unpack_blob(blob: bytes, where: str) -> _Blob:
     try:
-        counts, keys, compressed = _BLOB_DECODER.decode(blob)
+        counts, keys, top_length, compressed = _BLOB_DECODER.decode(blob)
     except msgspec.DecodeError as exc:
         raise StoreError(f"{where}: cannot decode the stored record: {exc}") from exc
     if len(keys) % 8 or len(counts) != len(_LISTS) or sum(counts) + 3 != len(keys) // 8 or min(counts) < 0:
         raise StoreError(f"{where}: cannot decode the stored record: its item keys do not match its layout")
-    return counts, struct.unpack(f">{len(keys) // 8}q", keys), compressed
+    return _Blob(counts, struct.unpack(f">{len(keys) // 8}q", keys), top_length, compressed)
+
+
+def _map_entries(data: bytes, where: str) -> tuple[int, bytes]:
+    """A msgpack map's entry count and its entries' bytes (the header stripped)."""
+    first = data[0] if data else 0
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F, data[1:]
+    if first == 0xDE:
+        return int.from_bytes(data[1:3], "big"), data[3:]
+    if first == 0xDF:
+        return int.from_bytes(data[1:5], "big"), data[5:]
+    raise StoreError(f"{where}: the stored record is not a packed audit record")
+
+
+def _header(n: int, fix: int, short: bytes, long: bytes) -> bytes:
+    if n < 16:
+        return bytes([fix | n])
+    return short + n.to_bytes(2, "big") if n < 65_536 else long + n.to_bytes(4, "big")
+
+
+_CONFIG_KEY, _STATE_KEY, _PROMPT_KEY = (_ENCODER.encode(k) for k in ("config", "state", "system_prompt"))
+_LIST_KEYS = tuple(_ENCODER.encode(name) for name in _LISTS)
 
 
 def record_keys(blob: bytes, *, where: str = "audit record") -> tuple[int, ...]:
     """The item keys a packed record references (to fetch their bodies first)."""
-    return _unpack_blob(blob, where)[1]
+    return _unpack_blob(blob, where).keys
 
 
 def unpack_record(
     blob: bytes, columns: Mapping[str, Any], bodies: Mapping[int, bytes], *, where: str = "audit record"
 ) -> AuditRecord:
-    """Rebuild the record from its packed blob, its columns and the referenced items' bodies."""
-    counts, keys, compressed = _unpack_blob(blob, where)
+    """Rebuild the record from its packed blob, its columns and the referenced items' bodies.
+
+    The record's msgpack is assembled from bytes (the stored maps' entries, the columns,
+    the items' bodies) and decoded once, with the record's own decoder.
+    """
+    packed = _unpack_blob(blob, where)
     try:
-        referenced = [bodies[k] for k in keys]
+        referenced = [bodies[k] for k in packed.keys]
     except KeyError as exc:
         raise StoreError(f"{where}: references item {exc.args[0]} that is not in the store") from exc
     try:
         decompressor = zlib.decompressobj(zdict=_zdict(referenced))
-        fields = msgspec.msgpack.decode(decompressor.decompress(compressed) + decompressor.flush())
-    except (zlib.error, msgspec.DecodeError) as exc:
+        payload = decompressor.decompress(packed.compressed) + decompressor.flush()
+    except zlib.error as exc:
         raise StoreError(f"{where}: cannot decompress the stored record: {exc}") from exc
-    if not isinstance(fields, dict) or not isinstance(fields.get("state"), dict):
-        raise StoreError(f"{where}: the stored record is not a packed audit record")
-    state = fields["state"]
-    state["system_prompt"] = msgspec.Raw(referenced[1])
+    top_count, top = _map_entries(payload[: packed.top_length], where)
+    state_count, state = _map_entries(payload[packed.top_length :], where)
+    column_count, column_entries = _map_entries(_ENCODER.encode(columns), where)
+    parts = [
+        _header(top_count + column_count + 2, 0x80, b"\xde", b"\xdf"),
+        top,
+        column_entries,
+        _CONFIG_KEY,
+        referenced[-1],
+        _STATE_KEY,
+        _header(state_count + 1 + len(_LISTS), 0x80, b"\xde", b"\xdf"),
+        state,
+        _PROMPT_KEY,
+        referenced[1],
+    ]
     at = 2
-    for name, count in zip(_LISTS, counts, strict=True):
-        state[name] = [msgspec.Raw(b) for b in referenced[at : at + count]]
+    for key, count in zip(_LIST_KEYS, packed.counts, strict=True):
+        parts += [key, _header(count, 0x90, b"\xdc", b"\xdd"), *referenced[at : at + count]]
         at += count
-    fields["config"] = msgspec.Raw(referenced[at])
-    fields.update(columns)
-    return decode_record(_ENCODER.encode(fields), where=where)
+    return decode_record(b"".join(parts), where=where)
