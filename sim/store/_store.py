@@ -62,7 +62,7 @@ _QUEUE_SIZE = 65_536
 _BATCH_ROWS = 8_192
 # Item keys the writer remembers as written (with their check); past this many it forgets
 # them all and lets the database's collision trigger check the next ones.
-_ITEM_CACHE = 1 << 20
+_ITEM_CACHE = 1 << 18
 
 T = TypeVar("T")
 
