@@ -24,7 +24,6 @@ import asyncio
 import json
 import platform
 import sqlite3
-import struct
 import tempfile
 import time
 from pathlib import Path
@@ -34,8 +33,8 @@ import msgspec
 
 from sim.memory import Episode, Line, NpcState
 from sim.store import HOT_LIMIT, Writer, open_store
-from sim.store._records import item
-from sim.store._store import _HEARD_RECENT, _IDS, _ITEM_BODIES, _RECENT, _SQL, _pack_keys
+from sim.store._records import item, pack_keys, unpack_keys
+from sim.store._store import _HEARD_RECENT, _IDS, _ITEM_BODIES, _RECENT, _SQL
 
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -93,7 +92,7 @@ def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
                     it = item(_ENCODER.encode(Episode(id=f"{tick}.{n}", tick=tick, text=f"{a} saw thing {n}")))
                     items.append((it.key, it.body))
                     keys.append(it.key)
-                heard.append((n_agent + 1, tick, _pack_keys(keys)))
+                heard.append((n_agent + 1, tick, pack_keys(keys)))
             lines = [(a, tick, n, a, f"line {n} of tick {tick}") for a in ids for n in range(rows // 2)]
             batches.append((items, heard, lines))
         start = time.perf_counter()
@@ -138,7 +137,7 @@ def fill_history(path: Path, agents: int, history: int) -> int:
             conn.executemany(
                 _SQL["heard"],
                 [
-                    (i + 1, t, _pack_keys([it.key for it in episodes[t * 10 : t * 10 + 10]]))
+                    (i + 1, t, pack_keys([it.key for it in episodes[t * 10 : t * 10 + 10]]))
                     for t in range((history + 9) // 10)
                 ],
             )
@@ -172,7 +171,7 @@ def raw_load(path: Path, agents: int) -> float:
         for sql in _RECENT.values():
             conn.execute(sql, (ids, HOT_LIMIT)).fetchall()
         heard = conn.execute(_HEARD_RECENT, (ids, HOT_LIMIT - 1)).fetchall()
-        keys = sorted({k for _, blob in heard for k in struct.unpack(f">{len(blob) // 8}q", blob)})
+        keys = sorted({k for _, blob in heard for k in unpack_keys(blob)})
         for start_at in range(0, len(keys), 100_000):
             conn.execute(_ITEM_BODIES, (json.dumps(keys[start_at : start_at + 100_000]),)).fetchall()
         return time.perf_counter() - start

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -33,7 +33,7 @@ import msgspec
 from sim.audit import AuditRecord, decode_record
 from sim.errors import StoreError
 
-__all__ = ["COLUMNS", "Item", "RecordPacker", "item", "record_keys", "unpack_record"]
+__all__ = ["COLUMNS", "Item", "RecordPacker", "item", "pack_keys", "record_keys", "unpack_keys", "unpack_record"]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _ZDICT_SIZE = 32_768  # deflate's window: only the last 32 KiB of a preset dictionary count
@@ -61,6 +61,15 @@ _KEY_AND_CHECK = struct.Struct(">qq")
 def item(body: bytes) -> Item:
     key, check = _KEY_AND_CHECK.unpack(hashlib.blake2b(body, digest_size=16).digest())
     return Item(key, check, body)
+
+
+def pack_keys(keys: Sequence[int]) -> bytes:
+    """Item keys as big-endian int64s: how heard rows and packed records list them."""
+    return struct.pack(f">{len(keys)}q", *keys)
+
+
+def unpack_keys(blob: bytes) -> tuple[int, ...]:
+    return struct.unpack(f">{len(blob) // 8}q", blob)
 
 
 def _encode_item(value: Any) -> Item:
@@ -103,7 +112,7 @@ class RecordPacker:
         items = [self._template, *referenced]
         compressor = zlib.compressobj(_LEVEL, zdict=_zdict([i.body for i in items]))
         compressed = compressor.compress(payload) + compressor.flush()
-        keys = struct.pack(f">{len(items)}q", *(i.key for i in items))
+        keys = pack_keys([i.key for i in items])
         return _ENCODER.encode(([len(group) for group in lists], keys, len(top), compressed)), items
 
 
@@ -127,7 +136,7 @@ def _unpack_blob(blob: bytes, where: str) -> _Blob:
         raise StoreError(f"{where}: cannot decode the stored record: {exc}") from exc
     if len(keys) % 8 or len(counts) != len(_LISTS) or sum(counts) + 3 != len(keys) // 8 or min(counts) < 0:
         raise StoreError(f"{where}: cannot decode the stored record: its item keys do not match its layout")
-    return _Blob(counts, struct.unpack(f">{len(keys) // 8}q", keys), top_length, compressed)
+    return _Blob(counts, unpack_keys(keys), top_length, compressed)
 
 
 def _map_entries(data: bytes, where: str) -> tuple[int, bytes]:

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import sqlite3
-import struct
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -47,7 +46,7 @@ from sim.audit import AuditRecord
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.memory._state import belief_order, episode_order, line_order
-from sim.store._records import COLUMNS, Item, RecordPacker, item
+from sim.store._records import COLUMNS, Item, RecordPacker, item, pack_keys, unpack_keys
 from sim.store._retention import PRUNE_SQL
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 
@@ -147,14 +146,6 @@ _RECENT: dict[str, str] = {
     "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
     "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
 }
-
-
-def _pack_keys(keys: list[int]) -> bytes:
-    return struct.pack(f">{len(keys)}q", *keys)
-
-
-def _unpack_keys(blob: bytes) -> tuple[int, ...]:
-    return struct.unpack(f">{len(blob) // 8}q", blob)
 
 
 def _insert_bounded(items: list[T], item: T, key: Callable[[T], Any], limit: int) -> None:
@@ -328,7 +319,7 @@ class Store:
         rows = await self._fetch(_HEARD_RECENT, (ids, self._limit - 1))
         keys: dict[str, list[int]] = {}
         for agent, blob in rows:
-            keys.setdefault(agent, []).extend(_unpack_keys(blob))
+            keys.setdefault(agent, []).extend(unpack_keys(blob))
         wanted = sorted({k for ks in keys.values() for k in ks})
         bodies: dict[int, bytes] = {}
         for start in range(0, len(wanted), 100_000):
@@ -644,7 +635,7 @@ class Store:
             for agent, tick, it in episodes:
                 add(it)
                 heard.setdefault((self._agent_key(agent, rows), tick), []).append(it.key)
-            rows["heard"] = [(agent_key, tick, _pack_keys(keys)) for (agent_key, tick), keys in heard.items()]
+            rows["heard"] = [(agent_key, tick, pack_keys(keys)) for (agent_key, tick), keys in heard.items()]
         audits = rows.get("audit")
         if audits:
             for row in audits:
