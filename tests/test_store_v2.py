@@ -22,7 +22,7 @@ from sim.audit import AuditRecord, decode_record, encode_record, make_record, re
 from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.store import HOT_LIMIT, SCHEMA_VERSION, StoreError, Writer, open_reader, open_store
-from sim.store._records import Item, RecordPacker, record_keys, unpack_record
+from sim.store._records import Item, RecordPacker, read_packed, unpack_record
 from tests.strategies import beliefs, configs, episodes, facts, lines, player_inputs, texts, worlds
 from tests.test_audit import fingerprint, random_record
 
@@ -220,7 +220,8 @@ def test_packed_records_with_shared_items_replay_exactly(records: list[AuditReco
         columns = {name: getattr(record, name) for name in ("id", "run_id", "agent_id", "tick")}
         columns |= {"backend": record.backend, "model": record.model, "fallback": record.fallback}
         columns["line"] = record.line
-        rebuilt = unpack_record(blob, columns, {k: table[k] for k in record_keys(blob)})
+        packed = read_packed(blob)
+        rebuilt = unpack_record(packed, columns, {k: table[k] for k in packed.keys})
         assert encode_record(rebuilt) == as_schema_1_reads_it(record)
         assert replay(rebuilt).ok
 

@@ -23,6 +23,7 @@ exact msgpack encoding of the record before decoding it with the record's own de
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,17 @@ import msgspec
 from sim.audit import AuditRecord, decode_record
 from sim.errors import StoreError
 
-__all__ = ["COLUMNS", "Item", "RecordPacker", "item", "pack_keys", "record_keys", "unpack_keys", "unpack_record"]
+__all__ = [
+    "COLUMNS",
+    "Item",
+    "PackedRecord",
+    "RecordPacker",
+    "item",
+    "pack_keys",
+    "read_packed",
+    "unpack_keys",
+    "unpack_record",
+]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _ZDICT_SIZE = 32_768  # deflate's window: only the last 32 KiB of a preset dictionary count
@@ -76,7 +87,7 @@ def _encode_item(value: Any) -> Item:
     return item(_ENCODER.encode(value))
 
 
-def _zdict(bodies: list[bytes]) -> bytes:
+def _zdict(bodies: Sequence[bytes]) -> bytes:
     return b"".join(bodies)[-_ZDICT_SIZE:]
 
 
@@ -122,21 +133,23 @@ class RecordPacker:
 _BLOB_DECODER = msgspec.msgpack.Decoder(tuple[list[int], bytes, int, bytes])
 
 
-class _Blob(NamedTuple):
+class PackedRecord(NamedTuple):
+    """A packed record's parts, as stored; `keys` are the items to fetch before unpacking."""
+
     counts: list[int]
     keys: tuple[int, ...]
     top_length: int
     compressed: bytes
 
 
-def _unpack_blob(blob: bytes, where: str) -> _Blob:
+def read_packed(blob: bytes, *, where: str = "audit record") -> PackedRecord:
     try:
         counts, keys, top_length, compressed = _BLOB_DECODER.decode(blob)
     except msgspec.DecodeError as exc:
         raise StoreError(f"{where}: cannot decode the stored record: {exc}") from exc
     if len(keys) % 8 or len(counts) != len(_LISTS) or sum(counts) + 3 != len(keys) // 8 or min(counts) < 0:
         raise StoreError(f"{where}: cannot decode the stored record: its item keys do not match its layout")
-    return _Blob(counts, unpack_keys(keys), top_length, compressed)
+    return PackedRecord(counts, unpack_keys(keys), top_length, compressed)
 
 
 def _map_entries(data: bytes, where: str) -> tuple[int, bytes]:
@@ -161,22 +174,16 @@ _CONFIG_KEY, _STATE_KEY, _PROMPT_KEY = (_ENCODER.encode(k) for k in ("config", "
 _LIST_KEYS = tuple(_ENCODER.encode(name) for name in _LISTS)
 
 
-def record_keys(blob: bytes, *, where: str = "audit record") -> tuple[int, ...]:
-    """The item keys a packed record references (to fetch their bodies first)."""
-    return _unpack_blob(blob, where).keys
-
-
 def unpack_record(
-    blob: bytes, columns: Mapping[str, Any], bodies: Mapping[int, bytes], *, where: str = "audit record"
+    packed: PackedRecord, columns: Mapping[str, Any], bodies: Mapping[int, bytes], *, where: str = "audit record"
 ) -> AuditRecord:
     """Rebuild the record from its packed blob, its columns and the referenced items' bodies.
 
     The record's msgpack is assembled from bytes (the stored maps' entries, the columns,
     the items' bodies) and decoded once, with the record's own decoder.
     """
-    packed = _unpack_blob(blob, where)
     try:
-        referenced = [bodies[k] for k in packed.keys]
+        referenced: tuple[bytes, ...] = operator.itemgetter(*packed.keys)(bodies)
     except KeyError as exc:
         raise StoreError(f"{where}: references item {exc.args[0]} that is not in the store") from exc
     try:
