@@ -320,11 +320,12 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
         )
 
 
-def _check_retention(config: RunConfig, store: Store) -> None:
-    """Retention never reaches into what a working memory can use (sim/store/_retention.py)."""
-    if config.retain_memories is not None and config.retain_memories < store.hot_limit:
+def _check_retention(config: RunConfig, limit: int) -> None:
+    """Retention never reaches into what a working memory can use (sim/store/_retention.py);
+    checked before anything starts, so a refused run leaves no file behind."""
+    if config.retain_memories is not None and config.retain_memories < limit:
         raise ConfigError(
-            f"--retain-memories must be at least the store's hot window ({store.hot_limit} items per category),"
+            f"--retain-memories must be at least the store's hot window ({limit} items per category),"
             f" got {config.retain_memories}"
         )
 
@@ -377,6 +378,7 @@ async def run(
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
     scenario = load_scenario(config.scenario)
+    _check_retention(config, hot_limit(scenario.memory))
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
     try:
@@ -416,7 +418,6 @@ async def run(
                 open_pool(pool_config) as pool,
             ):
                 _check_resume(config, db, store)
-                _check_retention(config, store)
                 stats.bus = bus.stats
                 ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
                 await _run_shard(

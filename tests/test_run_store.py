@@ -130,3 +130,4 @@ def test_retention_below_the_hot_window_is_refused(
     assert err.strip() == (
         "npcsim: error: --retain-memories must be at least the store's hot window (32 items per category), got 5"
     )
+    assert not (tmp_path / "v.db").exists()

@@ -230,11 +230,6 @@ class Store:
         return self._path
 
     @property
-    def hot_limit(self) -> int:
-        """Newest items per flexible category kept in memory: all a working memory can use."""
-        return self._limit
-
-    @property
     def last_tick(self) -> int | None:
         """The last tick committed with `end_tick` (also across restarts), for --resume."""
         return self._last_tick
@@ -457,7 +452,7 @@ class Store:
     async def prune_memories(self, keep: int) -> int:
         """Delete memories older than each agent's newest `keep` per category; rows deleted.
 
-        `keep` below `hot_limit` is refused: what a working memory can use is never
+        `keep` below the hot limit is refused: what a working memory can use is never
         pruned, and neither is anything an audit record references (sim/store/_retention.py).
         The deletion is committed with the next commit.
         """
