@@ -9,15 +9,17 @@ integer, SQLite's rowid); the other 8 bytes are a check the writer compares, and
 trigger refuses a different body under an existing key. So the same episode heard by a
 hundred NPCs, or repeated in an NPC's next fifty audit records, is stored once.
 
-A *packed record* is an `AuditRecord` without copies: msgpack `[counts, keys, compressed]`
-where `keys` are the item keys of its state and config in a fixed layout (`_LISTS`, whose
-lengths `counts` gives), and `compressed` is the rest of the record (less the fields the `audit` table holds as
-columns) as msgpack, deflated with a preset dictionary made of the template item and the
-referenced items' bodies. The prompt is kept (it is what the model saw, and it lets a
-drift show as a diff); it compresses well against the items it was rendered from.
-zlib was chosen by measurement over zstd (docs/store.md). Every field of `AuditRecord`,
-including fields added later, rides along in the remainder, and unpacking rebuilds the
-exact msgpack encoding of the record before decoding it with the record's own decoder.
+A *packed record* is an `AuditRecord` without copies: msgpack `[counts, keys, top_length,
+compressed]`. `keys` are the item keys of the compression template, its state (system
+prompt, then the lists of `_LISTS`, whose lengths `counts` gives) and its config;
+`compressed` holds two msgpack maps, the record's other fields (less the ones the `audit`
+table holds as columns; the first `top_length` bytes) and the state's other fields,
+deflated with a preset dictionary made of the template and the referenced bodies. The
+prompt is kept (it is what the model saw, and it lets a drift show as a diff); it
+compresses well against the items it was rendered from. zlib was chosen by measurement
+over zstd (docs/store.md). Every field of `AuditRecord`, including fields added later,
+rides along, and unpacking assembles the exact msgpack of the record from these bytes
+and decodes it once, with the record's own decoder.
 """
 
 from __future__ import annotations
