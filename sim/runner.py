@@ -116,10 +116,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
+    retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
 
     def __post_init__(self) -> None:
         """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0}
+        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -154,6 +155,7 @@ class RunStats:
     awaiting: str = ""
     awaiting_since: float | None = None
     world_changes: int = 0
+    memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
@@ -375,6 +377,16 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
         )
 
 
+def _check_retention(config: RunConfig, limit: int) -> None:
+    """Retention never reaches into what a working memory can use (sim/store/_retention.py);
+    checked before anything starts, so a refused run leaves no file behind."""
+    if config.retain_memories is not None and config.retain_memories < limit:
+        raise ConfigError(
+            f"--retain-memories must be at least the store's hot window ({limit} items per category),"
+            f" got {config.retain_memories}"
+        )
+
+
 def hot_limit(config: WorkingMemoryConfig) -> int:
     """The store's hot state holds at least what the count caps can use, in every category."""
     return max(HOT_LIMIT, config.max_dialogue_lines, config.max_episodic_memories, config.max_beliefs)
@@ -424,6 +436,7 @@ async def run(
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
     scenario = load_scenario(config.scenario)
+    _check_retention(config, hot_limit(scenario.memory))
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
     try:
@@ -716,6 +729,8 @@ class Shard:
         self.bus.report_overflow(tick)
         await self.store.keep_sent(tick, self.barrier.kept(tick))
         await self.store.end_tick(tick)
+        if self.config.retain_memories is not None:
+            self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)
         if tick % 10 == 0:
             await self._status()
 

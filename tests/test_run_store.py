@@ -12,6 +12,7 @@ from sim import topics
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.events import decode_say
+from sim.generate import generate_scenario
 from sim.runner import RunConfig, run
 from sim.store import open_reader, open_store
 from tests.conftest import REPO, MosquittoProcess
@@ -135,3 +136,38 @@ async def test_resume_to_a_horizon(mosquitto: MosquittoProcess, tmp_path: Path) 
         assert reader.last_tick() == 13
     with pytest.raises(ConfigError, match="--ticks 3 and --until-tick 14: give one of them"):
         await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, ticks=3, until_tick=14, db=str(db)))
+
+
+async def test_retention_prunes_memories_but_no_prompt_changes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    """--retain-memories at the hot window, across a resume: every prompt is as without it."""
+    full, pruned = tmp_path / "full.db", tmp_path / "pruned.db"
+    # a busy square: 30 NPCs in one place, each hears every line said there
+    busy = str(tmp_path / "busy.toml")
+    with open(busy, "w") as f:  # noqa: ASYNC230 - a test's setup, before anything runs
+        f.write(generate_scenario(npcs=30, locations=1, ambient_chance=0.3))
+    pruned_rows = 0
+    for db, retain in ((full, None), (pruned, 32)):
+        for resume in (False, True):
+            stats = await run(RunConfig(scenario=busy, broker=mosquitto.url, run_id="r", ticks=5, db=str(db),
+                                        retain_memories=retain, resume=resume))
+            pruned_rows += stats.memories_pruned
+    assert pruned_rows > 0
+
+    def prompts(db: Path) -> dict[str, str]:
+        with open_reader(db) as reader:
+            return {r.id: r.prompt_sha256 for r in reader.audit_records()}
+
+    assert prompts(pruned) == prompts(full)
+    assert main(["audit", "replay", "--db", str(pruned)]) == 0
+
+
+def test_retention_below_the_hot_window_is_refused(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", VILLAGE, "--broker", mosquitto.url, "--ticks", "2", "--db", str(tmp_path / "v.db"), "--quiet"]
+    assert main([*argv, "--retain-memories", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "npcsim: error: --retain-memories must be at least the store's hot window (32 items per category), got 5"
+    )
+    assert not (tmp_path / "v.db").exists()
