@@ -14,9 +14,11 @@ Faults are repaired by re-sending, never by skipping: a shard keeps its own batc
 `TickDone`s of the ticks a peer may still need (`keep`) and hands them back for
 re-sending (`kept`) after a reconnect or when a peer announces itself with a `Join`
 (a shard that starts late, restarts after a broker outage, or comes back with
-`--resume`). Everything it keeps for tick t-1 is forgotten once the barrier for t passed:
-by then every shard committed t-1 (a shard sends its `TickDone` for t only after that
-commit), so nobody can ask for t-1 again.
+`--resume`). What it keeps for tick t-2 is forgotten once the barrier for t passed: by
+then every shard committed t-1 (a shard sends its `TickDone` for t only after that
+commit), so a shard killed now resumes from t-1 at the earliest and asks for t-1, never
+for t-2. (Forgetting t-1 already would strand a shard killed after sending its TickDone
+for t but before committing t: it resumes from t-1, and t-1 would be gone.)
 
 The shell (sim.runner.Shard) feeds received batches and barrier messages in and asks
 `passed`; `awaited` says whom the shard is waiting for, for the status topic and the live
@@ -168,7 +170,7 @@ class Barrier:
         for table in (self._done, self._batches, self._published):
             for old in [t for t in table if t <= tick]:
                 del table[old]
-        for old in [t for t in self._kept if t < tick]:
+        for old in [t for t in self._kept if t < tick - 1]:
             del self._kept[old]
 
     # --- sending -------------------------------------------------------------------------
@@ -185,6 +187,11 @@ class Barrier:
         done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches, world=world)
         self.done_received(done)  # our own batches on routed topics still have to come back
         return done
+
+    def kept_by_tick(self) -> list[tuple[int, str, bytes]]:
+        """Everything kept, with its tick: what a shard commits, so that it can re-send it
+        after a crash (its store's copy of the last two ticks)."""
+        return [(tick, topic, payload) for tick in sorted(self._kept) for topic, payload in self._kept[tick]]
 
     def kept(self, since: int) -> list[tuple[str, bytes]]:
         """Every kept message for ticks >= `since`, oldest tick first, in sending order."""

@@ -554,17 +554,18 @@ class Shard:
         return players
 
     async def _restore_sent(self) -> None:
-        """On resume: keep what the last committed tick sent, and pass its barrier again."""
+        """On resume: keep again what the last two committed ticks sent, and pass the last
+        one's barrier again (the others re-send theirs: docs/topics.md, "The tick barrier")."""
         last = self.first - 1
         if last < 0:
             return
         sent = await self.store.sent()
-        if sent is None or sent[0] != last:
+        if not any(tick == last for tick, _, _ in sent):
             log.warning("%s: no record of what tick %d sent; its events are not perceived again", self.store.path, last)
             return
         self.barrier = Barrier(self.barrier.shard, self.barrier.shards, self.bus.router.is_routed, tick=last)
-        for topic, payload in sent[1]:
-            self.barrier.keep(last, topic, payload)
+        for tick, topic, payload in sent:
+            self.barrier.keep(tick, topic, payload)
 
     def _on_player_input(self, player: str, message: PlayerInputMessage) -> None:
         if message.to not in self.local:
@@ -727,7 +728,7 @@ class Shard:
     async def commit(self, tick: int) -> None:
         """The tick and what it sent, in one transaction; status every 10 ticks."""
         self.bus.report_overflow(tick)
-        await self.store.keep_sent(tick, self.barrier.kept(tick))
+        await self.store.keep_sent(self.barrier.kept_by_tick())
         await self.store.end_tick(tick)
         if self.config.retain_memories is not None:
             self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)

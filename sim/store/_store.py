@@ -26,7 +26,7 @@ only queue.
 
 With `keep_tail=False` (the runner) closing the store rolls back whatever was queued after
 the last `end_tick`: after a crash, however it happened, nothing of an unfinished tick is
-on disk. What the shard sent in its last committed tick (`keep_sent`) and the outside
+on disk. What the shard sent in its last two committed ticks (`keep_sent`) and the outside
 inputs (`record_input`) are committed with the tick, for an exact resume.
 """
 
@@ -124,7 +124,7 @@ _EPISODE_DECODER = msgspec.msgpack.Decoder(Episode)
 _ENCODER = msgspec.msgpack.Encoder()
 
 _sent_encoder = msgspec.msgpack.Encoder()
-_sent_decoder = msgspec.msgpack.Decoder(tuple[int, list[tuple[str, bytes]]])
+_sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
 
 # Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same
 # total order as NpcState's (tick, id, ...), so hot state is exactly the newest N. The
@@ -466,15 +466,15 @@ class Store:
         rows = await self._fetch("SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq", (tick,))
         return [(int(seq), str(p), str(a), str(t)) for seq, p, a, t in rows]
 
-    async def keep_sent(self, tick: int, messages: list[tuple[str, bytes]]) -> None:
-        """Queue what the shard sent for `tick` (batches, barrier message), replacing the last."""
-        await self._put("meta", ("sent", _sent_encoder.encode((tick, messages))))
+    async def keep_sent(self, messages: list[tuple[int, str, bytes]]) -> None:
+        """Queue what the shard keeps for re-sending, as (tick, topic, payload), replacing the last."""
+        await self._put("meta", ("sent", _sent_encoder.encode(messages)))
 
-    async def sent(self) -> tuple[int, list[tuple[str, bytes]]] | None:
-        """What the shard sent in its last committed tick: (tick, [(topic, payload)])."""
+    async def sent(self) -> list[tuple[int, str, bytes]]:
+        """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
         rows = list(await self._fetch("SELECT value FROM meta WHERE key = 'sent'", ()))
         if not rows:
-            return None
+            return []
         try:
             return _sent_decoder.decode(rows[0][0])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
