@@ -54,6 +54,7 @@ class BusStats:
     events_in: int = 0
     events_delivered: int = 0
     duplicates: int = 0
+    stale_batches: int = 0  # re-sent batches of ticks already perceived, dropped
     reconnects: int = 0
     malformed: dict[str, int] = field(default_factory=dict)
     overflow: Overflow = field(default_factory=Overflow)
@@ -100,6 +101,9 @@ class Router:
         self.world_handler: WorldStateHandler | None = None
         self.barrier_prefix = topics.run_root(run) + "/barrier/"
         self.batch_handler: BatchHandler | None = None
+        # Batches of earlier ticks are re-sends whose events were perceived already (the
+        # shard sets this to the tick whose barrier it waits for): they are dropped.
+        self.stale_before = 0
         self.barrier_handler: BarrierHandler | None = None
 
     # --- routes ------------------------------------------------------------------------
@@ -171,6 +175,9 @@ class Router:
             return
         if self.batch_handler is not None:
             self.batch_handler(batch.shard, batch.tick, topic, len(batch.events))
+        if batch.tick < self.stale_before:
+            self.stats.stale_batches += 1
+            return
         for event in batch.events:
             self.stats.events_in += 1
             if not self._seen.first_time(event):

@@ -519,6 +519,9 @@ class Shard:
     async def setup(self) -> None:
         """Load or create the agents, listen to their topics, join the run's barrier."""
         ctx, bus, store = self.ctx, self.bus, self.store
+        await self._restore_sent()
+        bus.router.stale_before = self.barrier.tick
+        await bus.listen_barrier(self._on_batch, self._on_barrier)  # first: every batch is counted
         missing = set(await store.load_agents(spec.id for spec in self.specs))
         for spec in self.specs:
             if spec.id in missing:
@@ -539,8 +542,6 @@ class Shard:
         await bus.listen_player_input(self._on_player_input)
         if self.index == 0:
             await bus.listen_world_state(self.world_updates.append)
-        await self._restore_sent()
-        await bus.listen_barrier(self._on_batch, self._on_barrier)
         bus.on_connected = self._rejoin
         await self._rejoin()
 
@@ -717,6 +718,7 @@ class Shard:
                 self.stats.stalls += 1
                 log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
         self.barrier.advance(tick)
+        self.bus.router.stale_before = self.barrier.tick
         if tick > self.first:  # the first tick also waits for the other shards to start
             self.stats.barrier_seconds += self.clock.now() - started
             self.stats.barrier_ticks += 1

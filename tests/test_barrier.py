@@ -229,7 +229,7 @@ class BarrierModel(RuleBasedStateMachine):
             for tick, topic, payload in self.stored_kept[i]:
                 b.keep(tick, topic, payload)
             self.next_tick[i], self.finished[i] = c, True  # re-pass the barrier of the committed tick
-        self._resend(i, self.barriers[i].tick)
+        self._resend(i, 0)  # as after any (re)connection: everything kept, then a Join
         self._publish(i, f"barrier/{i}", encode_barrier(self.barriers[i].join()))
 
     def teardown(self) -> None:

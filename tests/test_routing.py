@@ -159,3 +159,17 @@ def test_with_a_run_key_barrier_messages_must_be_signed_for_their_topic() -> Non
     r.receive(topic, key.sign(topic, done))
     assert len(said) == 1
     assert r.stats.refused == {"unsigned internal message": 2}
+
+
+def test_a_re_sent_batch_of_a_tick_already_perceived_is_counted_not_delivered() -> None:
+    r = router()
+    batches: list[tuple[str, int, str, int]] = []
+    r.batch_handler = lambda *args: batches.append(args)
+    r.stale_before = 5
+    old = Speech(id="r:x:4:1", tick=4, speaker="x", text="old news", location="square")
+    new = Speech(id="r:x:5:1", tick=5, speaker="x", text="news", location="square")
+    r.receive(LOC, batch(old, tick=4))
+    r.receive(LOC, batch(new, tick=5))
+    assert [e.text for e in r.mailbox("guard").drain()] == ["news"]
+    assert r.stats.stale_batches == 1
+    assert [b[1] for b in batches] == [4, 5]  # the barrier still hears of both
