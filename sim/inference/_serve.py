@@ -154,6 +154,7 @@ async def serve(
             timings={"backend_ms": backend_ms},
             tokens=reply.tokens,
             worker=worker,
+            prompt_tokens=reply.prompt_tokens,
         )
     except TimeoutError:
         reason = "timeout"
