@@ -75,38 +75,40 @@ def _budget_name(chars: int, tokens: int | None) -> str:
 
 def truncation_table(r: LoadTestResult) -> Table:
     """Per category and budget: how often it was cut, items kept/dropped, how full its budget was."""
-    table = Table(title="truncation per category (cut: share of snapshots that lost an item; "
-                  "used: share of the category's budget)", show_edge=False)
-    table.add_column("category")
-    columns: list[tuple[str, TruncationFigures]] = [
+    table = Table(title="truncation per category", caption="cut: share of snapshots that lost an item; "
+                  "used: mean share of the category's budget (mandatory: of the limit)", show_edge=False)
+    for column in ("category", "budget", "cut", "kept", "dropped", "used"):
+        table.add_column(column, justify="left" if column in ("category", "budget") else "right")
+    named: list[tuple[str, TruncationFigures]] = [
         (_budget_name(b.max_context_chars, b.max_context_tokens), b.truncation) for b in r.budgets
     ]
-    for name, _ in columns:
-        table.add_column(f"{name}\ncut / kept / dropped / used", justify="right")
     for category in CATEGORIES:
-        cells = []
-        for _, figures in columns:
+        for j, (name, figures) in enumerate(named):
             c: CategoryTruncation = getattr(figures, category)
-            cells.append(
-                f"{c.cut_fraction:.0%} / {c.kept_mean:.1f} / {c.dropped_mean:.1f} / {c.used_fraction_mean:.0%}"
+            table.add_row(
+                category if j == 0 else "", name, f"{c.cut_fraction:.0%}", f"{c.kept_mean:.1f}",
+                f"{c.dropped_mean:.1f}", f"{c.used_fraction_mean:.0%}", end_section=j == len(named) - 1,
             )
-        table.add_row(category, *cells)
-    table.add_row("over budget", *(f"{f.over_budget_fraction:.1%}" for _, f in columns))
+    for j, (name, figures) in enumerate(named):
+        table.add_row("over budget" if j == 0 else "", name, f"{figures.over_budget_fraction:.1%}", "", "", "")
     return table
 
 
 def sweep_table(r: LoadTestResult) -> Group:
     """The saturation curve per budget, and the knee: where more concurrency stops paying."""
     table = Table(title="model-server sweep (inference latency: pool queue + backend)", show_edge=False)
-    for column in ("budget", "conc.", "infer/s", "p50 ms", "p95 ms", "p99 ms", "fallbacks",
-                   "prompt tok/s", "compl. tok/s"):
-        table.add_column(column, justify="left" if column == "budget" else "right")
+    for column in ("budget", "conc.", "inferences/s", "p50/p95/p99 ms", "fallbacks", "tokens/s in/out"):
+        table.add_column(column, justify="left" if column == "budget" else "right", no_wrap=column == "budget")
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f}"
+
     for p in r.sweep:
+        f = p.latency
         table.add_row(
             _budget_name(p.max_context_chars, p.max_context_tokens), str(p.concurrency), f"{p.inferences_per_s:,.1f}",
-            f"{p.latency.p50_ms:.2f}", f"{p.latency.p95_ms:.2f}", f"{p.latency.p99_ms:.2f}", f"{p.fallbacks:,}",
-            "-" if p.prompt_tokens_per_s is None else f"{p.prompt_tokens_per_s:,.0f}",
-            "-" if p.completion_tokens_per_s is None else f"{p.completion_tokens_per_s:,.0f}",
+            f"{f.p50_ms:.1f}/{f.p95_ms:.1f}/{f.p99_ms:.1f}", f"{p.fallbacks:,}",
+            f"{rate(p.prompt_tokens_per_s)}/{rate(p.completion_tokens_per_s)}",
         )
     lines = []
     for b in r.budgets:
@@ -133,7 +135,7 @@ def print_result(console: Console, r: LoadTestResult) -> None:
     console.print(final_table(r))
     console.print()
     console.print(truncation_table(r))
-    if len(r.sweep) > 1:
+    if len({p.concurrency for p in r.sweep}) > 1:
         console.print()
         console.print(sweep_table(r))
     if r.violations:

@@ -114,7 +114,7 @@ def write_plot(result: LoadTestResult, path: Path) -> None:
     matplotlib.use("Agg")  # no display: write a file only
     import matplotlib.pyplot as plt
 
-    swept = len(result.sweep) > 1
+    swept = len({p.concurrency for p in result.sweep}) > 1
     rows = 4 if swept else 3
     fig = plt.figure(figsize=(11, 3.2 * rows))
     try:

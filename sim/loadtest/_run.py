@@ -70,6 +70,7 @@ _FLUSH_S = 0.25
 _BATCH = 64
 _TIMELINE_S = 1.0
 _SHUTDOWN_S = 15.0
+_LATE_S = 0.25  # how late after a phase's end a timeline beat may still count
 
 
 def default_processes() -> int:
@@ -331,25 +332,30 @@ class _Sweep:
         """How long the sweep ran: the longest-running process's loop time."""
         return max(self._active.values(), default=0.0)
 
-    async def _next(self) -> tuple[str, int, Any] | None:
+    async def _next(self) -> list[tuple[str, int, Any]]:
+        """Every message waiting (at least one, unless 0.1 s pass): a busy event loop must not fall behind."""
         try:
-            message: tuple[str, int, Any] = await asyncio.to_thread(self._out.get, True, 0.1)
+            messages: list[tuple[str, int, Any]] = [await asyncio.to_thread(self._out.get, True, 0.1)]
         except queue.Empty:
             for i, proc in enumerate(self._procs):
                 if i not in self._done and proc.exitcode is not None:
                     raise NpcsimError(
                         f"sweep process {i} exited with code {proc.exitcode} without a report"
                     ) from None
-            return None
-        if message[0] == "error":
-            raise NpcsimError(f"sweep process {message[1]} failed: {message[2]}")
-        return message
+            return []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                messages.append(self._out.get_nowait())
+        for message in messages:
+            if message[0] == "error":
+                raise NpcsimError(f"sweep process {message[1]} failed: {message[2]}")
+        return messages
 
     async def wait_ready(self) -> None:
         while len(self._ready) < len(self._procs):
-            message = await self._next()
-            if message is not None and message[0] == "ready":
-                self._ready.add(message[1])
+            for kind, index, _ in await self._next():
+                if kind == "ready":
+                    self._ready.add(index)
 
     def start(self) -> None:
         self._start.set()
@@ -361,21 +367,18 @@ class _Sweep:
     async def pump(self, totals: _Totals) -> None:
         """Fold the processes' deltas into `totals` until every process has said done."""
         while not self.finished:
-            message = await self._next()
-            if message is None:
-                continue
-            kind, index, delta = message
-            if kind == "done":
-                self._done.add(index)
-            self._active[index] = delta["active_s"]
-            totals.sweep_snapshots += delta["snapshots"]
-            totals.over_budget += delta["over_budget"]
-            totals.add_violations(delta["found"], delta["violations"])
-            build = Histogram.from_wire(delta["build"])
-            totals.build.merge(build)
-            totals.interval_build.merge(build)
-            totals.check.merge(Histogram.from_wire(delta["check"]))
-            totals.truncation.merge(TruncationTally.from_wire(delta["truncation"]))
+            for kind, index, delta in await self._next():
+                if kind == "done":
+                    self._done.add(index)
+                self._active[index] = delta["active_s"]
+                totals.sweep_snapshots += delta["snapshots"]
+                totals.over_budget += delta["over_budget"]
+                totals.add_violations(delta["found"], delta["violations"])
+                build = Histogram.from_wire(delta["build"])
+                totals.build.merge(build)
+                totals.interval_build.merge(build)
+                totals.check.merge(Histogram.from_wire(delta["check"]))
+                totals.truncation.merge(TruncationTally.from_wire(delta["truncation"]))
 
 
 @contextlib.asynccontextmanager
@@ -494,7 +497,8 @@ async def _requester(
 
 async def _monitor(
     config: LoadTestConfig, phase: _Phase, totals: _Totals, rss: PeakRss, run_began: float, began: float,
-    timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None, done: asyncio.Event,
+    deadline: float | None, timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None,
+    done: asyncio.Event,
 ) -> None:
     """Every interval, on a fixed grid from the phase's start: sample RSS, add a timeline point, show progress."""
     loop = asyncio.get_running_loop()
@@ -520,8 +524,8 @@ async def _monitor(
             max_context_chars=phase.memory.max_context_chars,
             concurrency=phase.concurrency,
         )
-        if not done.is_set():
-            timeline.append(point)
+        if not done.is_set() and (deadline is None or now <= deadline + _LATE_S):
+            timeline.append(point)  # an interval that ends after the phase's end is not a measurement
         totals.interval_build, totals.interval_rt = Histogram(), Histogram()
         last_t, last_snap, last_inf = now, snaps, totals.inferences
         if on_progress is not None:
@@ -559,7 +563,9 @@ async def _run_phase(
         done = asyncio.Event()
         rt_elapsed = 0.0
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(_monitor(config, phase, totals, rss, run_began, began, timeline, on_progress, done))
+            tg.create_task(
+                _monitor(config, phase, totals, rss, run_began, began, deadline, timeline, on_progress, done)
+            )
             if sweep is not None:
                 sweep.start()
                 tg.create_task(sweep.pump(totals))
