@@ -19,7 +19,7 @@ from sim.loadtest import (
 from sim.memory import WorkingMemoryConfig, build_working_memory
 
 TRUNCATION_KEYS = {"cut_fraction", "kept_mean", "dropped_mean", "used_fraction_mean"}
-DURATION_S = 4
+DURATION_S = 5
 
 
 @pytest.mark.parametrize(

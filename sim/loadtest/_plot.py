@@ -124,9 +124,13 @@ def write_plot(result: LoadTestResult, path: Path) -> None:
         timeline = result.timeline
         starts = _phase_starts(timeline)
         rates.plot(*_broken(timeline, "snapshots_per_s"), marker=".", label="snapshots/s (all)")
-        rates.plot(*_broken(timeline, "inferences_per_s"), marker=".", label="inferences/s")
-        rates.set_ylabel("per second")
-        rates.legend(loc="lower right", fontsize=8)
+        rates.set_ylabel("snapshots/s")
+        rates.set_ylim(bottom=0)
+        inferences = rates.twinx()  # a different scale: an inference costs far more than a snapshot
+        inferences.plot(*_broken(timeline, "inferences_per_s"), marker=".", color="tab:orange", label="inferences/s")
+        inferences.set_ylabel("inferences/s")
+        inferences.set_ylim(bottom=0)
+        rates.legend(handles=rates.get_lines() + inferences.get_lines(), loc="lower right", fontsize=8)
         rates.set_title(f"npcsim loadtest: {result.agents:,} agents, {result.snapshots:,} snapshots checked, "
                         f"violations {result.violations}")
         _mark_phases(rates, starts, label=True)

@@ -500,7 +500,12 @@ async def _monitor(
     deadline: float | None, timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None,
     done: asyncio.Event,
 ) -> None:
-    """Every interval, on a fixed grid from the phase's start: sample RSS, add a timeline point, show progress."""
+    """Every interval, on a fixed grid from the phase's start: sample RSS, add a timeline point, show progress.
+
+    A beat that comes less than half an interval after the previous one (the loop was
+    busy and the beats bunched up) is folded into the next, so that no point's rate is a
+    backlog divided by a sliver of time.
+    """
     loop = asyncio.get_running_loop()
     offset = loop.time() - time.perf_counter()  # the grid in the loop's clock
     last_t, last_snap, last_inf = began, 0, 0
@@ -512,6 +517,8 @@ async def _monitor(
                 await done.wait()
         now = time.perf_counter()
         dt = max(now - last_t, 1e-9)
+        if dt < _TIMELINE_S / 2 and not done.is_set():
+            continue  # a late beat just before this one: fold this short interval into the next point
         snaps = totals.sweep_snapshots + totals.rt_snapshots
         rss_mb = rss.sample() / 2**20
         point = TimelinePoint(
