@@ -177,6 +177,9 @@ class _Totals:
         self.truncation = TruncationTally()
         self.interval_build = Histogram()
         self.interval_rt = Histogram()
+        # The sweep's deltas as (seconds into the phase by the process's clock, snapshots, builds):
+        # they arrive late when the event loop is busy, so the timeline is re-binned by these.
+        self.sweep_marks: list[tuple[float, int, Histogram]] = []
 
     def add_violations(self, records: list[ViolationRecord], count: int) -> None:
         self.violations += count
@@ -377,6 +380,7 @@ class _Sweep:
                 build = Histogram.from_wire(delta["build"])
                 totals.build.merge(build)
                 totals.interval_build.merge(build)
+                totals.sweep_marks.append((delta["active_s"], delta["snapshots"], build))
                 totals.check.merge(Histogram.from_wire(delta["check"]))
                 totals.truncation.merge(TruncationTally.from_wire(delta["truncation"]))
 
@@ -498,7 +502,7 @@ async def _requester(
 async def _monitor(
     config: LoadTestConfig, phase: _Phase, totals: _Totals, rss: PeakRss, run_began: float, began: float,
     deadline: float | None, timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None,
-    done: asyncio.Event,
+    done: asyncio.Event, intervals: list[tuple[float, float, int]],
 ) -> None:
     """Every interval, on a fixed grid from the phase's start: sample RSS, add a timeline point, show progress.
 
@@ -508,7 +512,7 @@ async def _monitor(
     """
     loop = asyncio.get_running_loop()
     offset = loop.time() - time.perf_counter()  # the grid in the loop's clock
-    last_t, last_snap, last_inf = began, 0, 0
+    last_t, last_snap, last_inf, last_rt = began, 0, 0, 0
     beat = 0
     while not done.is_set():
         beat += 1
@@ -533,8 +537,9 @@ async def _monitor(
         )
         if not done.is_set() and (deadline is None or now <= deadline + _LATE_S):
             timeline.append(point)  # an interval that ends after the phase's end is not a measurement
+            intervals.append((last_t - began, now - began, totals.rt_snapshots - last_rt))
         totals.interval_build, totals.interval_rt = Histogram(), Histogram()
-        last_t, last_snap, last_inf = now, snaps, totals.inferences
+        last_t, last_snap, last_inf, last_rt = now, snaps, totals.inferences, totals.rt_snapshots
         if on_progress is not None:
             on_progress(Progress(
                 elapsed_s=now - began, planned_s=config.duration_s, requests=config.requests, snapshots=snaps,
@@ -542,6 +547,25 @@ async def _monitor(
                 inferences_per_s=point.inferences_per_s, violations=totals.violations,
                 over_budget=totals.over_budget, fallbacks=totals.fallbacks, rss_mb=rss_mb, phase=phase.label,
             ))
+
+
+def _rebin_sweep(
+    points: list[TimelinePoint], intervals: list[tuple[float, float, int]], marks: list[tuple[float, int, Histogram]]
+) -> list[TimelinePoint]:
+    """The phase's points with the sweep's figures put in the intervals the processes measured them in."""
+    rebinned = []
+    for point, (start, end, rt_snapshots) in zip(points, intervals, strict=True):
+        builds = Histogram()
+        snapshots = rt_snapshots
+        for t, count, histogram in marks:
+            if start < t <= end:
+                snapshots += count
+                builds.merge(histogram)
+        rebinned.append(msgspec.structs.replace(
+            point, snapshots_per_s=round(snapshots / (end - start), 1),
+            build_p50_ms=round(builds.percentile_ms(50), 4),
+        ))
+    return rebinned
 
 
 class _PhaseOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -569,10 +593,12 @@ async def _run_phase(
         deadline = began + config.duration_s if config.duration_s is not None else None
         done = asyncio.Event()
         rt_elapsed = 0.0
+        points: list[TimelinePoint] = []
+        intervals: list[tuple[float, float, int]] = []
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(
-                _monitor(config, phase, totals, rss, run_began, began, deadline, timeline, on_progress, done)
-            )
+            tg.create_task(_monitor(
+                config, phase, totals, rss, run_began, began, deadline, points, on_progress, done, intervals
+            ))
             if sweep is not None:
                 sweep.start()
                 tg.create_task(sweep.pump(totals))
@@ -591,6 +617,7 @@ async def _run_phase(
             done.set()
         elapsed = time.perf_counter() - began
         rss.sample()
+    timeline.extend(_rebin_sweep(points, intervals, totals.sweep_marks) if sweep is not None else points)
     outcome = _PhaseOutcome(
         elapsed_s=elapsed, round_trip_s=rt_elapsed, sweep_s=sweep.active_s if sweep is not None else 0.0
     )
