@@ -89,8 +89,10 @@ def main() -> None:
             f"{p.completion_tokens_per_s or 0:,.0f} |"
         )
     knee = r.budgets[0].knee_concurrency
-    lines += ["", f"Knee: concurrency {knee} (beyond it inferences/s rose by less than 10 %); "
-              f"violations {r.violations}."]
+    found = "the sweep found it" if knee == args.capacity else "the sweep did NOT find it"
+    lines += ["", f"Knee: concurrency {knee} (beyond it inferences/s rose by less than 10 %); the server's capacity "
+              f"is {args.capacity}: {found}. Violations {r.violations}. The token rates are the fake server's "
+              "`usage`, which counts words."]
     body = "\n".join(lines)
     print(body)
     if args.write:

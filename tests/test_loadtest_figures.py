@@ -172,6 +172,7 @@ def test_bad_list_combination_is_named(argv: list[str], named: str, capsys: pyte
         ([(1, 10.0), (2, 20.0), (4, 40.0), (8, 42.0), (16, 41.0)], 4),
         ([(8, 42.0), (1, 10.0), (4, 40.0), (2, 20.0)], 4),  # any order
         ([(1, 10.0), (2, 10.5)], 1),
+        ([(1, 10.0), (2, 20.0), (4, 9.0), (8, 40.0), (16, 41.0)], 8),  # a dip is not the knee
         ([(1, 10.0), (2, 11.5), (4, 13.0)], None),  # 10 % or more at each step: still rising
         ([(1, 10.0), (2, 20.0)], None),
         ([(4, 10.0)], None),

@@ -114,7 +114,7 @@ def sweep_table(r: LoadTestResult) -> Group:
     for b in r.budgets:
         name = _budget_name(b.max_context_chars, b.max_context_tokens)
         if b.knee_concurrency is None:
-            lines.append(f"{name}: throughput still rose by {KNEE_GAIN:.0%} or more at each step: no knee yet")
+            lines.append(f"{name}: no knee: beyond each level a higher one gave {KNEE_GAIN:.0%} more inferences/s")
         else:
             lines.append(f"{name}: knee at concurrency {b.knee_concurrency}: beyond it, "
                          f"inferences/s rose by less than {KNEE_GAIN:.0%}")

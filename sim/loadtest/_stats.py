@@ -7,7 +7,6 @@ cost a few hundred integers.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 
@@ -163,7 +162,7 @@ class BudgetResult(msgspec.Struct, frozen=True, kw_only=True):
     """One budget of `--max-context-chars`/`--max-context-tokens`, over all its phases.
 
     `knee_concurrency`: the concurrency beyond which inferences/s rose by less than
-    `KNEE_GAIN` (None with one concurrency, or when throughput kept rising).
+    `KNEE_GAIN` (None with one concurrency, or when the highest level still gained that much).
     """
 
     max_context_chars: int
@@ -181,13 +180,14 @@ KNEE_GAIN = 0.10
 
 
 def knee_concurrency(points: list[tuple[int, float]]) -> int | None:
-    """The first concurrency whose next step up raises throughput by less than KNEE_GAIN.
+    """The lowest concurrency beyond which throughput never rises by KNEE_GAIN or more over its own.
 
-    `points` are (concurrency, inferences/s) pairs in any order.
+    `points` are (concurrency, inferences/s) pairs in any order. Every higher level is
+    compared, not only the next one, so that one noisy dip does not name a false knee.
     """
     ordered = sorted(points)
-    for (c, rate), (_, next_rate) in itertools.pairwise(ordered):
-        if next_rate < rate * (1 + KNEE_GAIN):
+    for i, (c, rate) in enumerate(ordered[:-1]):
+        if max(r for _, r in ordered[i + 1 :]) < rate * (1 + KNEE_GAIN):
             return c
     return None
 
