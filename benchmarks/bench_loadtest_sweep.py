@@ -88,11 +88,15 @@ def main() -> None:
             f"{p.latency.p99_ms:,.1f} | {p.fallbacks} | {p.prompt_tokens_per_s or 0:,.0f} | "
             f"{p.completion_tokens_per_s or 0:,.0f} |"
         )
-    knee = r.budgets[0].knee_concurrency
-    found = "the sweep found it" if knee == args.capacity else "the sweep did NOT find it"
-    lines += ["", f"Knee: concurrency {knee} (beyond it inferences/s rose by less than 10 %); the server's capacity "
-              f"is {args.capacity}: {found}. Violations {r.violations}. The token rates are the fake server's "
-              "`usage`, which counts words."]
+    ceiling = args.capacity / (args.delay_ms / 1000)
+    at = {p.concurrency: p for p in r.sweep}
+    full, top = at.get(args.capacity), r.sweep[-1]
+    lines += ["", f"Knee: concurrency {r.budgets[0].knee_concurrency} (beyond it inferences/s rose by less than "
+              f"10 %). The server serves {args.capacity} at a time, {ceiling:g} inferences/s at most"
+              + (f"; at concurrency {args.capacity} the sweep reached {full.inferences_per_s / ceiling:.0%} of that "
+                 f"(p50 {full.latency.p50_ms:,.0f} ms)" if full else "")
+              + f"; at {top.concurrency}, {top.inferences_per_s / ceiling:.0%} (p50 {top.latency.p50_ms:,.0f} ms). "
+              f"Violations {r.violations}. The token rates are the fake server's `usage`, which counts words."]
     body = "\n".join(lines)
     print(body)
     if args.write:
