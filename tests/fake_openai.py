@@ -3,10 +3,10 @@
 Real HTTP/1.1 over asyncio streams (keep-alive, Content-Length bodies), a listen backlog of
 256. Each request takes the next mode from `script`, then `default`: "ok", "429" (with
 Retry-After), "500", "hang" (never answers until the server closes), "malformed" (a 200
-whose body is not JSON). An "ok" answer reports `usage` (prompt tokens: the words of the
-prompt or messages; completion tokens: the words of the reply); `delay_s` holds every
-answer back, and `capacity` serves at most that many requests at a time (the rest wait),
-like a model server whose batch is full.
+whose body is not JSON), "empty" (a 200 whose reply text is empty). An "ok" answer
+reports `usage` (prompt tokens: the words of the prompt or messages; completion tokens: the
+words of the reply); `delay_s` holds every answer back, and `capacity` serves at most that
+many requests at a time (the rest wait), like a model server whose batch is full.
 """
 
 from __future__ import annotations
@@ -76,14 +76,15 @@ class FakeOpenAI:
         elif self.delay_s:
             await asyncio.sleep(self.delay_s)
         status, extra, payload = 200, {}, b""
-        if mode == "ok":
+        if mode in ("ok", "empty"):
+            reply = self.reply if mode == "ok" else ""
             if path.endswith("/chat/completions"):
-                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": self.reply}}
+                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply}}
             else:
-                choice = {"index": 0, "text": self.reply}
+                choice = {"index": 0, "text": reply}
             prompt = request.get("prompt") or " ".join(m.get("content", "") for m in request.get("messages", []))
             usage = self.usage if self.usage is not None else {
-                "prompt_tokens": len(prompt.split()), "completion_tokens": len(self.reply.split())
+                "prompt_tokens": len(prompt.split()), "completion_tokens": len(reply.split())
             }
             payload = json.dumps(
                 {"id": "cmpl-1", "model": request.get("model", ""), "choices": [choice], "usage": usage}
