@@ -44,7 +44,8 @@ def test_public_surface() -> None:
         "Builder", "Checker", "LatencyFigures", "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES",
         "Progress", "TimelinePoint", "ViolationRecord", "agent_id", "default_processes", "generate_state",
         "profile_of", "run_loadtest", "CATEGORIES", "KNEE_GAIN", "BudgetResult", "CategoryTruncation",
-        "SweepPoint", "TruncationFigures", "TruncationTally", "knee_concurrency",
+        "SweepPoint", "TruncationFigures", "TruncationTally", "knee_concurrency", "print_result", "progress_view",
+        "require_matplotlib", "write_plot",
     }
 
 

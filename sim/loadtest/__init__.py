@@ -6,6 +6,8 @@ through the inference pool (`_run`), run once per (budget, concurrency) phase; f
 optional plot (`_plot`). See docs/loadtest.md.
 """
 
+from sim.loadtest._display import print_result, progress_view
+from sim.loadtest._plot import require_matplotlib, write_plot
 from sim.loadtest._run import Builder, Checker, LoadTestConfig, Progress, default_processes, run_loadtest
 from sim.loadtest._states import PATHOLOGICAL_SHARE, PROFILES, agent_id, generate_state, profile_of
 from sim.loadtest._stats import (
@@ -42,6 +44,10 @@ __all__ = [
     "default_processes",
     "generate_state",
     "knee_concurrency",
+    "print_result",
     "profile_of",
+    "progress_view",
+    "require_matplotlib",
     "run_loadtest",
+    "write_plot",
 ]
