@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from sim.errors import ConfigError
 from sim.loadtest import (
     CATEGORIES,
     LoadTestConfig,
@@ -182,3 +183,18 @@ def test_bad_list_combination_is_named(argv: list[str], named: str, capsys: pyte
 )
 def test_knee(points: list[tuple[int, float]], knee: int | None) -> None:
     assert knee_concurrency(points) == knee
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"concurrency": ()},
+        {"concurrency": (4, 4)},
+        {"concurrency": (0, 4)},
+        {"concurrency": (-1, 4)},
+        {"memory": ()},
+    ],
+)
+def test_bad_lists_are_refused_by_the_config(fields: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        LoadTestConfig(processes=1, **fields)  # type: ignore[arg-type]

@@ -74,9 +74,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--agents", type=whole(1), default=1000, metavar="N", help="number of agents (default 1000)")
     until = p.add_mutually_exclusive_group()
-    until.add_argument("--duration", type=seconds, metavar="S", help="run for S seconds (default 10)")
+    until.add_argument("--duration", type=seconds, metavar="S",
+                       help="run each phase (budget, concurrency) for S seconds (default 10)")
     until.add_argument("--requests", type=whole(1), metavar="R",
-                       help="stop after R round trips (with --concurrency 0: R snapshots)")
+                       help="stop each phase after R round trips (with --concurrency 0: R snapshots)")
     p.add_argument("--concurrency", type=_whole_list(0), default=(64,), metavar="C[,C...]",
                    help="round-trip requests in flight (default 64; 0: build-and-check sweep only); a list "
                    "such as 1,2,4,8,16 measures each in turn: the model-server sweep")
