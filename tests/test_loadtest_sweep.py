@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sim.cli import main
+from sim.inference.backends.llamacpp import missing_requirement
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 
 CAPACITY = 2
@@ -94,3 +95,21 @@ def test_a_failing_server_shows_as_fallbacks_not_a_crash(server: FakeOpenAI, tmp
     for point in json.loads(out.read_text())["sweep"]:
         assert point["fallbacks"] == point["inferences"] == 12
         assert point["completion_tokens_per_s"] is None
+
+
+_missing_llm = missing_requirement()
+
+
+@pytest.mark.skipif(_missing_llm is not None, reason=_missing_llm or "")
+def test_sweep_with_the_real_small_model(tmp_path: Path) -> None:
+    """SmolLM2 through llama.cpp (extra `llm`): the same sweep on a real model, a few requests per level."""
+    out = tmp_path / "smol.json"
+    code = main(["loadtest", "--agents", "50", "--requests", "4", "--processes", "0", "--backend", "llamacpp",
+                 "--concurrency", "1,2", "--json", str(out)])
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert [p["concurrency"] for p in figures["sweep"]] == [1, 2]
+    for point in figures["sweep"]:
+        assert point["inferences"] == 4 and point["inferences_per_s"] > 0
+        assert point["latency"]["p50_ms"] > 0
+    assert figures["violations"] == 0
