@@ -12,9 +12,11 @@ from sim.errors import ConfigError
 from sim.loadtest import (
     CATEGORIES,
     LoadTestConfig,
+    Progress,
     TruncationTally,
     generate_state,
     knee_concurrency,
+    progress_view,
     run_loadtest,
 )
 from sim.memory import WorkingMemoryConfig, build_working_memory
@@ -198,3 +200,12 @@ def test_knee(points: list[tuple[int, float]], knee: int | None) -> None:
 def test_bad_lists_are_refused_by_the_config(fields: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         LoadTestConfig(processes=1, **fields)  # type: ignore[arg-type]
+
+
+def test_the_live_line_names_the_phase() -> None:
+    progress = Progress(
+        elapsed_s=1.0, planned_s=10.0, requests=None, snapshots=5, snapshots_per_s=5.0, inferences=1,
+        inferences_per_s=1.0, violations=0, over_budget=0, fallbacks=0, rss_mb=10.0,
+        phase="1000 chars, concurrency 4 [1/2]",
+    )
+    assert "1000 chars, concurrency 4 [1/2]" in progress_view(progress).plain
