@@ -180,5 +180,5 @@ def test_plot_writes_a_png_of_real_curves(tmp_path: Path) -> None:
     assert code == 0
     assert out.read_bytes().startswith(b"\x89PNG")
     timeline = json.loads(figures.read_text())["timeline"]
-    assert len(timeline) >= 2  # what the plot's curves are drawn from
-    assert all(p["snapshots_per_s"] > 0 and p["inferences_per_s"] > 0 for p in timeline)
+    # What the plot's curves are drawn from: points that move.
+    assert len([p for p in timeline if p["snapshots_per_s"] > 0 and p["inferences_per_s"] > 0]) >= 2

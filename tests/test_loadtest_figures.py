@@ -39,8 +39,8 @@ async def test_the_monitor_runs_about_once_a_second_in_every_mode(mode: str, con
     moving = [p for p in result.timeline if p.snapshots_per_s > 0]
     assert len(moving) >= DURATION_S - 1, (mode, result.timeline)
     if concurrency:
-        assert all(p.inferences_per_s > 0 for p in moving), (mode, result.timeline)
-        assert all(p.round_trip_p50_ms > 0 for p in moving)
+        inferring = [p for p in result.timeline if p.inferences_per_s > 0 and p.round_trip_p50_ms > 0]
+        assert len(inferring) >= DURATION_S - 1, (mode, result.timeline)
     assert all(p.rss_mb > 0 for p in result.timeline)
     assert [p.t_s for p in result.timeline] == sorted(p.t_s for p in result.timeline)
     assert len(seen) >= DURATION_S - 1  # the live display was updated as often
