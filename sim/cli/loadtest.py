@@ -31,6 +31,7 @@ from sim.loadtest import (
     write_plot,
 )
 from sim.memory import WorkingMemoryConfig, build_working_memory
+from sim.mqtt import BrokerAddress
 
 __all__ = ["loadtest_command", "register"]
 
@@ -51,8 +52,10 @@ def _whole_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
 
 
 def _broker(text: str) -> str:
-    if not text.startswith(("mqtt://", "mqtts://")):
-        raise argparse.ArgumentTypeError(f"must be mqtt://host:port or mqtts://host:port, got {text!r}")
+    try:
+        BrokerAddress.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -56,6 +56,7 @@ from sim.loadtest._stats import (
 )
 from sim.loadtest._truncation import TruncationTally
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.mqtt import redact
 
 __all__ = ["Builder", "Checker", "LoadTestConfig", "Progress", "default_processes", "run_loadtest"]
 
@@ -720,7 +721,7 @@ async def run_loadtest(
         concurrency=levels[0],
         backend=config.backend,
         latency_ms=config.latency_ms,
-        broker=config.broker,
+        broker=redact(config.broker) if config.broker else None,
         max_context_chars=first.max_context_chars,
         max_context_tokens=first.max_context_tokens,
         snapshots=snapshots,
