@@ -33,15 +33,17 @@ from typing import Any, Protocol
 import msgspec
 
 from sim import topics
-from sim.audit import make_record
+from sim.audit import AuditRecord, make_record
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus, single_error
 from sim.errors import ConfigError
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
+from sim.metrics import Metrics
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.store import Store, Writer, open_store
+from sim.trace import RosterEntry, RosterMessage, TraceMessage, encode_roster, encode_trace
 
 __all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
 
@@ -86,6 +88,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
+    trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class RunStats:
     run_id: str = ""
     shard: str = "0"
     broker: str = ""
+    broker_url: str = ""
     agents: int = 0
     first_tick: int = 0
     tick: int = -1
@@ -148,8 +152,10 @@ class ShardContext:
         pool: Pool,
         store: Store,
         stats: RunStats,
+        metrics: Metrics | None = None,
     ) -> None:
         self.scenario = scenario
+        self.metrics = metrics
         self.run_id = run_id
         self.seed = seed
         self.shard = stats.shard
@@ -165,6 +171,8 @@ class ShardContext:
         self._pool = pool
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
+        self._trace_prompts = config.trace_prompts
+        self._trace_topic = topics.trace(run_id, stats.shard)
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
 
     def neighbours(self, location: str) -> tuple[str, ...]:
@@ -252,6 +260,38 @@ class ShardContext:
             timings=result.timings,
         )
         await self.store.record(record)
+        await self._trace(record, memory, result)
+
+    async def _trace(self, record: AuditRecord, memory: WorkingMemory, result: InferenceResult) -> None:
+        """Publish the inference's trace (for viewers) and observe it in the metrics."""
+        latency_ms = result.timings.get("total_ms")
+        if self.metrics is not None:
+            self.metrics.inference(record.report, (latency_ms or 0.0) / 1000)
+        trace = TraceMessage(
+            run=self.run_id,
+            shard=self.shard,
+            agent=record.agent_id,
+            location=self.npc_location.get(record.agent_id),
+            tick=record.tick,
+            inference_id=record.id,
+            player_input=record.player_input,
+            line=record.line,
+            fallback=record.fallback,
+            fallback_reason=record.fallback_reason,
+            backend=record.backend,
+            model=record.model,
+            prompt_sha256=record.prompt_sha256,
+            report=record.report,
+            latency_ms=latency_ms,
+            prompt=memory.prompt if self._trace_prompts else None,
+        )
+        await self.bus.publish(self._trace_topic, encode_trace(trace))
+
+    async def publish_roster(self, specs: list[NpcSpec]) -> None:
+        """Say which NPCs this shard runs and where (retained, for viewers that connect later)."""
+        npcs = tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs)
+        message = RosterMessage(run=self.run_id, shard=self.shard, npcs=npcs)
+        await self.bus.publish(topics.roster(self.run_id, self.shard), encode_roster(message), retain=True)
 
 
 async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
@@ -317,6 +357,7 @@ async def run(
     stats: RunStats | None = None,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[RunStats], None] | None = None,
+    metrics: Metrics | None = None,
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
     scenario = load_scenario(config.scenario)
@@ -331,6 +372,7 @@ async def run(
     with _signals(stop, stats):
         async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
             stats.broker = f"{broker.kind} {broker.url}"
+            stats.broker_url = broker.url
             bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
             pool_config = PoolConfig(
                 backend=config.backend,
@@ -347,7 +389,10 @@ async def run(
             async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                 _check_resume(config, db, store)
                 stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics)
+                if metrics is not None:
+                    metrics.watch_pool(pool.statistics)
+                    metrics.watch_bus(lambda: dict(bus.stats.malformed), lambda: bus.stats.reconnects)
                 await _run_shard(
                     ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
                 )
@@ -376,6 +421,9 @@ async def _run_shard(
             raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
         agents.append(_resolve(kind)(spec, ctx))
     stats.agents = len(agents)
+    if ctx.metrics is not None:
+        ctx.metrics.agents.set(len(agents))
+    await ctx.publish_roster(specs)
     by_location: dict[str, list[str]] = {}
     for spec in specs:
         by_location.setdefault(spec.location, []).append(spec.id)
@@ -477,6 +525,8 @@ async def _run_shard(
                                 wakes[agent.id].set()
                             await all_done.wait()
                         await bus.flush(tick)
+                        if ctx.metrics is not None:
+                            ctx.metrics.awaited_shards.set(1)
                         try:
                             async with asyncio.timeout(config.echo_timeout):
                                 await bus.wait_echoes()
@@ -486,6 +536,9 @@ async def _run_shard(
                                 "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
                             )
                         await store.end_tick(tick)
+                        if ctx.metrics is not None:
+                            ctx.metrics.awaited_shards.set(0)
+                            ctx.metrics.tick_done(tick, time.monotonic() - started)
                         if tick % 10 == 0:
                             await bus.publish_status(
                                 StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)

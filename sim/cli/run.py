@@ -18,6 +18,7 @@ from rich.table import Table
 from sim import topics
 from sim.bus import parse_url
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._observe import add_metrics_argument, metrics_served, port_number, run_observed
 from sim.errors import BrokerError
 from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
@@ -44,6 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--bots", type=int, default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="no live display")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
+    cmd.add_argument("--follow", action="store_true", help="print each line as it is said (no live display)")
+    cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
+                     help="serve the web view of the run on http://127.0.0.1:PORT/")
+    cmd.add_argument("--no-trace-prompt", action="store_true",
+                     help="the per-inference trace topic carries the report and digest, not the prompt")
+    add_metrics_argument(cmd)
     cmd.set_defaults(func=run_command)
 
     sub = subparsers.add_parser("subscribe", help="print what NPCs say, as it happens")
@@ -121,11 +128,17 @@ def run_command(args: argparse.Namespace) -> int:
         shard=args.shard,
         resume=args.resume,
         bots=args.bots,
-        keep_dialogue=args.dialogue,
+        keep_dialogue=args.dialogue or args.follow,
+        trace_prompts=not args.no_trace_prompt,
     )
     console = Console()
     stats = RunStats()
-    asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
+    with metrics_served(args.metrics_port, console) as metrics:
+        if metrics is None and args.view is None and not args.follow:
+            asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
+        else:
+            follow = _say_line if args.follow else None
+            asyncio.run(run_observed(config, stats, console, metrics=metrics, view_port=args.view, follow=follow))
     for say in stats.dialogue:
         console.print(_say_line(say))
     console.print(summary_table(stats))

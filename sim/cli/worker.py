@@ -9,6 +9,7 @@ import signal
 from rich.console import Console
 
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 
@@ -24,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker.add_argument("--group", default="workers", help="shared-subscription group (default 'workers')")
     worker.add_argument("--timeout", type=float, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
+    add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
 
@@ -59,7 +61,10 @@ def worker_command(args: argparse.Namespace) -> int:
     worker = RemoteWorker(config)
     console = Console()
     try:
-        asyncio.run(_run(worker, console))
+        with metrics_served(args.metrics_port, console) as metrics:
+            if metrics is not None:
+                metrics.watch_pool(worker.statistics)
+            asyncio.run(_run(worker, console))
     except ExceptionGroup as group:
         # A worker that cannot start (bad option, unknown backend) fails inside the task group.
         first = next((e for e in group.exceptions if isinstance(e, NpcsimError)), None)

@@ -53,6 +53,7 @@ class Counters:
         self.waiting = 0
         self.malformed = 0
         self.late_replies = 0
+        self.retries = 0
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
@@ -71,6 +72,7 @@ class Counters:
             waiting=self.waiting,
             malformed=self.malformed,
             late_replies=self.late_replies,
+            retries=self.retries,
         )
 
 
@@ -135,6 +137,7 @@ async def serve(
             if verdict.problem is not None:
                 counters.rejected_outputs += 1
                 log.info("rejected output for %s (%s): %r; retrying once", request.agent_id, verdict.problem, raw)
+                counters.retries += 1
                 reply = await backend.generate(request.memory, verdict.prohibition)
                 raw = reply.text
                 verdict = judge(reply.text, request.memory, max_line_chars)

@@ -102,6 +102,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     waiting: int
     malformed: int
     late_replies: int
+    retries: int = 0
 
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
