@@ -77,10 +77,8 @@ def _int_param(request: web.Request, name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise web.HTTPBadRequest(
-            body=_JSON.encode({"error": f"{name}: expected a whole number, got {value!r}"}),
-            content_type="application/json",
-        ) from None
+        error = _JSON.encode({"error": f"{name}: expected a whole number, got {value!r}"}).decode()
+        raise web.HTTPBadRequest(text=error, content_type="application/json") from None
 
 
 def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -> web.Application:
