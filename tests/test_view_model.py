@@ -30,7 +30,8 @@ def say(agent: str, tick: int, n: int, to: str | None = "player") -> bytes:
 
 def roster() -> bytes:
     return encode_roster(RosterMessage(run=RUN, shard="0", npcs=(
-        RosterEntry(id="smith", name="Brenna", location="forge"), RosterEntry(id="guard", name="Mara", location="square"),
+        RosterEntry(id="smith", name="Brenna", location="forge"),
+        RosterEntry(id="guard", name="Mara", location="square"),
     )))
 
 

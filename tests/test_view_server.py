@@ -24,12 +24,13 @@ from tests.conftest import REPO, MosquittoProcess
 VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
-async def wait_for(what: str, probe: Any, timeout: float = 60.0) -> Any:
-    async with asyncio.timeout(timeout):
-        while not (value := await probe()):
-            await asyncio.sleep(0.1)
-    assert value, what
-    return value
+async def wait_for(what: str, probe: Any) -> Any:
+    """Poll `probe` for up to a minute (generous: the machine is shared) until it gives something."""
+    for _ in range(600):
+        if value := await probe():
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
