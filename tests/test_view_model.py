@@ -136,3 +136,18 @@ def test_the_page_never_renders_run_data_as_html() -> None:
     script = (importlib.resources.files("sim.view") / "static" / "view.js").read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script, sink
+
+
+def test_view_trace_and_metrics_export_exactly_their_public_names() -> None:
+    import sim.metrics
+    import sim.trace
+    import sim.view
+
+    assert set(sim.view.__all__) == {"DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource",
+                                     "ViewThread", "build_app", "open_view_server", "open_view_thread"}
+    assert set(sim.trace.__all__) == {"RosterEntry", "RosterMessage", "TraceMessage", "decode_roster",
+                                      "decode_trace", "encode_roster", "encode_trace"}
+    assert set(sim.metrics.__all__) == {"PROMPT_CATEGORIES", "Metrics", "serve_metrics"}
+    for module in (sim.view, sim.trace, sim.metrics):
+        for name in module.__all__:
+            assert getattr(module, name) is not None

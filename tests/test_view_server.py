@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,40 @@ def test_bad_ports_exit_2_naming_the_option(argv: list[str], capsys: pytest.Capt
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and argv[-2] in err and argv[-1] in err
+
+
+@pytest.mark.mosquitto
+def test_run_with_view_prints_the_address_first_then_the_dialogue(
+    mosquitto: MosquittoProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`npcsim run --view PORT --follow` (what `make run` does), with the view on its own thread."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    seen: list[dict[str, Any]] = []
+
+    def watch() -> None:
+        for _ in range(600):
+            try:
+                state = httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=10).json()
+            except httpx.HTTPError:
+                state = {}
+            if state.get("lines"):
+                seen.append(state)
+                return
+            threading.Event().wait(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        code = main(["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "cli", "--ticks", "40", "--tick-ms", "100",
+                     "--view", str(port), "--follow"])
+    finally:
+        watcher.join(timeout=90)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.splitlines()[0].startswith(f"view: http://127.0.0.1:{port}/")
+    assert "cli t" in out  # lines printed as they are said
+    assert seen and seen[0]["run"] == "cli" and len(seen[0]["world"]["names"]) == 4
+    with pytest.raises(httpx.HTTPError):  # the view stopped with the run
+        httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=5)

@@ -16,7 +16,7 @@ from sim.bus import single_error
 from sim.events import SayMessage
 from sim.metrics import Metrics, serve_metrics
 from sim.runner import RunConfig, RunStats, run
-from sim.view import LiveView, build_app, open_view_server
+from sim.view import open_view_thread
 
 __all__ = ["add_metrics_argument", "metrics_served", "port_number", "run_observed"]
 
@@ -63,18 +63,19 @@ async def run_observed(
 
     `follow` formats a line for the terminal; None prints nothing.
     """
-    view = LiveView() if view_port is not None else None
-    async with contextlib.AsyncExitStack() as stack:
-        if view is not None and view_port is not None:
-            url = await stack.enter_async_context(open_view_server(build_app(view.source()), view_host, view_port))
-            console.print(f"view: [bold]{url}[/]  (Ctrl-C stops the run)")
-        ready = asyncio.Event()
+    with contextlib.ExitStack() as stack:
+        view = stack.enter_context(open_view_thread(view_host, view_port)) if view_port is not None else None
+        if view is not None:
+            console.print(f"view: [bold]{view.url}[/]  (Ctrl-C stops the run)")
+
+        def ready(ready_stats: RunStats) -> None:
+            if view is not None:
+                view.attach(ready_stats.broker_url, ready_stats.run_id)
+
         try:
             async with asyncio.TaskGroup() as group:
-                job = group.create_task(run(config, stats=stats, on_ready=lambda _s: ready.set(), metrics=metrics))
+                job = group.create_task(run(config, stats=stats, on_ready=ready, metrics=metrics))
                 helpers = []
-                if view is not None:
-                    helpers.append(group.create_task(_attach(view, stats, ready)))
                 if follow is not None:
                     helpers.append(group.create_task(_print_dialogue(stats, console, follow)))
                 try:
@@ -86,11 +87,6 @@ async def run_observed(
             raise single_error(group_error) from None
         if follow is not None:
             _print_new(stats, console, follow)
-
-
-async def _attach(view: LiveView, stats: RunStats, ready: asyncio.Event) -> None:
-    await ready.wait()
-    await view.follow(stats.broker_url, stats.run_id)
 
 
 async def _print_dialogue(stats: RunStats, console: Console, form: Callable[[SayMessage], str]) -> None:

@@ -12,6 +12,7 @@ from sim.view.live import LiveFeed, LiveView
 from sim.view.model import DialogueLine, RunModel
 from sim.view.server import ViewSource, build_app, open_view_server
 from sim.view.stored import StoredRun
+from sim.view.thread import ViewThread, open_view_thread
 
 __all__ = [
     "DialogueLine",
@@ -20,6 +21,8 @@ __all__ = [
     "RunModel",
     "StoredRun",
     "ViewSource",
+    "ViewThread",
     "build_app",
     "open_view_server",
+    "open_view_thread",
 ]
