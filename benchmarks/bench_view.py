@@ -1,9 +1,10 @@
 """The web view with the 10,000-NPC world, and what the trace topic costs per inference.
 
 One shard of `npcsim scenario generate --npcs 10000 --locations 100` runs as fast as it
-can on a private Mosquitto (`--broker auto`) with the view beside it in the same process
-(as `npcsim run --view` does). Headless Chromium (Debian's, through selenium) opens the
-page; measured: the time until the NPCs and the dialogue are on the page, the size of the
+can on a private Mosquitto (`--broker auto`), first alone, then watched by the view on the
+run's event loop, on its own thread and loop (as `npcsim run --view` does), and as
+`npcsim view` in another process. Headless Chromium (Debian's, through selenium) opens the
+page each time; measured: the time until the NPCs and the dialogue are on the page, the size of the
 first JSON state, the event stream's updates and lines per second in the browser, the time
 from clicking an NPC to its budget table, and the run's own ticks/s and inferences/s. Then,
 over the run's audit records, what building and encoding a trace costs per inference (and
@@ -36,7 +37,7 @@ from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.trace import TraceMessage, encode_trace
-from sim.view import LiveView, build_app, open_view_server
+from sim.view import LiveView, build_app, open_view_server, open_view_thread
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1500,950")
@@ -94,7 +95,7 @@ def page_figures(url: str, seconds: float, profile: Path) -> dict[str, float]:
 
 
 async def measure(seconds: float, workdir: Path) -> tuple[list[dict[str, float]], Path]:
-    """The run alone, then with the view in its process (`run --view`), then with `npcsim view` beside it."""
+    """The run alone, then watched by the view on the run's loop, on its own thread, in its own process."""
     scenario = write_scenario(workdir / "big.toml", npcs=10_000, locations=100, seed=0)
     db = workdir / "big.db"
     config = RunConfig(scenario=str(scenario), broker="auto", run_id="big", ticks=1_000_000, db=str(db))
@@ -110,6 +111,10 @@ async def measure(seconds: float, workdir: Path) -> tuple[list[dict[str, float]]
         await asyncio.sleep(3)
         rows.append(await _phase(stats, seconds, url, workdir / "p1"))
         feed.cancel()
+        with open_view_thread("127.0.0.1", 0) as thread:
+            thread.attach(stats.broker_url, "big")
+            await asyncio.sleep(3)
+            rows.append(await _phase(stats, seconds, thread.url, workdir / "p2"))
         port = free_port()
         process = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "npcsim"), "view", "--broker", stats.broker_url, "--run", "big",
@@ -122,7 +127,7 @@ async def measure(seconds: float, workdir: Path) -> tuple[list[dict[str, float]]
                     break
                 await asyncio.sleep(0.1)
             await asyncio.sleep(3)
-            rows.append(await _phase(stats, seconds, other, workdir / "p2"))
+            rows.append(await _phase(stats, seconds, other, workdir / "p3"))
         finally:
             process.terminate()
             await process.wait()
@@ -191,12 +196,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="npcsim-bench-view-") as tmp:
         rows, db = asyncio.run(measure(args.seconds, Path(tmp)))
         cost = trace_cost(db)
-    alone, inside, beside = rows
+    alone, same_loop, own_thread, beside = rows
     row = "| {} | {:.2f} | {} | {:.1f} | {:.0f} | {:.0f} ms | {:.2f} / {:.0f} | {:,.0f} / {:,.0f} |"
     table = "\n".join(row.format(name, r["load_s"], f"{r['state_kb']:.0f} KB", r["updates_per_s"], r["lines_per_s"],
                                  r["click_s"] * 1000, r["ticks_per_s"], r["inferences_per_s"],
                                  r["view_inferences"], r["run_inferences"])
-                      for name, r in (("`run --view` (same process)", inside), ("`npcsim view` (own process)", beside)))
+                      for name, r in (("on the run's event loop", same_loop),
+                                      ("`run --view`: own thread and loop", own_thread),
+                                      ("`npcsim view`: own process", beside)))
     body = f"""Command: `.venv/bin/python benchmarks/bench_view.py --seconds {args.seconds:g}` (one shard of the
 generated 10,000-NPC, 100-place world at full speed on a private Mosquitto; the page in
 headless Chromium {_chromium()} through selenium {metadata.version('selenium')}, for {args.seconds:g} s
@@ -204,8 +211,9 @@ per phase). Machine: {machine_line(("msgspec", "aiohttp"))}; shared with other
 engineers' test runs (load average above 10 on 2 cores), so the figures are loaded ones.
 
 The same run, first alone ({alone['ticks_per_s']:.2f} ticks/s, {alone['inferences_per_s']:.0f} inferences/s: the peer),
-then watched by the view in the run's process (as `npcsim run --view`), then by
-`npcsim view` in another process:
+then watched by the view in three ways: on the run's own event loop, on a thread with
+its own loop in the run's process (what `npcsim run --view` does), and as `npcsim view`
+in another process:
 
 {HEADER}
 {table}

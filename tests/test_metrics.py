@@ -108,3 +108,15 @@ def test_a_metrics_port_in_use_is_one_config_error() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=f"--metrics-port {port}"), serve_metrics(Metrics(), port):
             pass
+
+
+def test_the_grafana_dashboard_and_the_docs_name_only_real_metrics() -> None:
+    """The dashboard and docs/operations.md must not drift from what is exported."""
+    import re
+
+    exported = {"npcsim_rejected_outputs", "npcsim_stale_requests", "npcsim_working_memories",
+                "npcsim_invariant_violations", "npcsim_resident_memory_bytes", *EXPECTED}
+    samples = {f"{name}{suffix}" for name in exported for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    for path in (REPO / "docs" / "grafana-dashboard.json", REPO / "docs" / "operations.md"):
+        named = set(re.findall(r"npcsim_[a-z_]+", path.read_text()))
+        assert named and named <= samples, (path.name, named - samples)

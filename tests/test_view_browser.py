@@ -19,7 +19,7 @@ import pytest
 
 from sim.runner import RunConfig, run
 from sim.store import open_reader
-from sim.view import LiveView, build_app, open_view_server
+from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
 from tests.conftest import IN_CI, REPO, MosquittoProcess
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
@@ -145,3 +145,26 @@ def read_budget_table(driver: Any) -> dict[str, dict[str, str]]:
         cells = {td.get_attribute("data-field"): td.text for td in row.find_elements("css selector", "td[data-field]")}
         table[row.get_attribute("data-cat")] = cells
     return table
+
+
+async def test_stored_run_page_moves_with_the_tick_slider(
+    browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    db = tmp_path / "done.db"
+    await run(RunConfig(scenario=str(REPO / "scenarios" / "village.toml"), broker=mosquitto.url, run_id="old",
+                        ticks=12, db=str(db)))
+    stored = StoredRun(db)
+    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
+    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
+        await asyncio.to_thread(browser.get, url)
+        await eventually("the stored run", lambda: css(browser, "#dialogue li"))
+        assert await asyncio.to_thread(lambda: browser.find_element("id", "speak").is_displayed()) is False
+        last = await asyncio.to_thread(lambda: browser.find_element("id", "health-tick").text)
+        assert last == str(stored.last_tick)
+        await asyncio.to_thread(browser.execute_script, """
+            const slider = document.getElementById('tick-slider');
+            slider.value = 3; slider.dispatchEvent(new Event('change'));""")
+        await eventually("tick 3", lambda: browser.find_element("id", "health-tick").text == "3")
+        ticks = await asyncio.to_thread(lambda: [li.find_element("css selector", ".tick").text
+                                                 for li in css(browser, "#dialogue li")])
+        assert ticks and all(int(t[1:]) <= 3 for t in ticks)
