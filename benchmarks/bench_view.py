@@ -36,7 +36,7 @@ from sim.broker import free_port
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
-from sim.trace import TraceMessage, encode_trace
+from sim.trace import encode_trace, trace_of
 from sim.view import LiveView, build_app, open_view_server, open_view_thread
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -167,25 +167,15 @@ def trace_cost(db: Path, limit: int = 5000) -> dict[str, float]:
     sizes_with, sizes_without, trace_us, record_us = [], [], [], []
     for record in records:
         started = time.perf_counter()
-        trace = TraceMessage(
-            run=record.run_id, shard="0", agent=record.agent_id, location="loc", tick=record.tick,
-            inference_id=record.id, player_input=record.player_input, line=record.line, fallback=record.fallback,
-            fallback_reason=record.fallback_reason, backend=record.backend, model=record.model,
-            prompt_sha256=record.prompt_sha256, report=record.report, latency_ms=1.0, prompt=record.prompt,
-        )
-        payload = encode_trace(trace)
+        payload = encode_trace(trace_of(record, shard="0", location="loc"))
         trace_us.append((time.perf_counter() - started) * 1e6)
         sizes_with.append(len(payload))
-        sizes_without.append(len(encode_trace(TraceMessage(**{**_fields(trace), "prompt": None}))))
+        sizes_without.append(len(encode_trace(trace_of(record, shard="0", location="loc", prompts=False))))
         started = time.perf_counter()
         encode_record(record)
         record_us.append((time.perf_counter() - started) * 1e6)
     return {"n": len(records), "trace_us": statistics.median(trace_us), "record_us": statistics.median(record_us),
             "bytes_with": statistics.mean(sizes_with), "bytes_without": statistics.mean(sizes_without)}
-
-
-def _fields(trace: TraceMessage) -> dict[str, Any]:
-    return {name: getattr(trace, name) for name in trace.__struct_fields__}
 
 
 def main() -> None:

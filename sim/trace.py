@@ -17,17 +17,29 @@ from __future__ import annotations
 
 import msgspec
 
+from sim.audit import AuditRecord
 from sim.memory import TruncationReport
 
 __all__ = [
     "RosterEntry",
     "RosterMessage",
+    "TraceAttempt",
     "TraceMessage",
     "decode_roster",
     "decode_trace",
     "encode_roster",
     "encode_trace",
+    "trace_of",
 ]
+
+
+class TraceAttempt(msgspec.Struct, frozen=True, kw_only=True):
+    """One call to the backend, as the audit's `Attempt` says, without its prompt (the size only)."""
+
+    prompt_chars: int
+    raw_response: str | None = None
+    problem: str | None = None
+    prohibition: str | None = None
 
 
 class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +61,7 @@ class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
     report: TruncationReport
     latency_ms: float | None = None
     prompt: str | None = None
+    attempts: tuple[TraceAttempt, ...] = ()  # every call to the backend; more than one for a retry
 
 
 class RosterEntry(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -63,6 +76,33 @@ class RosterMessage(msgspec.Struct, frozen=True, kw_only=True):
     run: str
     shard: str
     npcs: tuple[RosterEntry, ...]
+
+
+def trace_of(record: AuditRecord, *, shard: str, location: str | None, prompts: bool = True) -> TraceMessage:
+    """The trace of an inference from its audit record: all but the state snapshot."""
+    return TraceMessage(
+        run=record.run_id,
+        shard=shard,
+        agent=record.agent_id,
+        location=location,
+        tick=record.tick,
+        inference_id=record.id,
+        player_input=record.player_input,
+        line=record.line,
+        fallback=record.fallback,
+        fallback_reason=record.fallback_reason,
+        backend=record.backend,
+        model=record.model,
+        prompt_sha256=record.prompt_sha256,
+        report=record.report,
+        latency_ms=record.timings.get("total_ms"),
+        prompt=record.prompt if prompts else None,
+        attempts=tuple(
+            TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
+                         prohibition=a.prohibition)
+            for a in record.attempts
+        ),
+    )
 
 
 _json = msgspec.json.Encoder()

@@ -178,7 +178,6 @@ async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoPr
     [
         (["view"], "--broker URL and --run ID"),
         (["view", "--broker", "http://x", "--run", "r"], "broker URL 'http://x'"),
-        (["view", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"], "--run"),
         (["view", "--db", "/nonexistent/file.db"], "--db '/nonexistent/file.db'"),
         (["view", "--db", "x.db", "--run", "r"], "--db"),
     ],
@@ -190,6 +189,7 @@ def test_view_command_refuses_bad_options(argv: list[str], needle: str, capsys: 
 
 
 @pytest.mark.parametrize("argv", [["view", "--db", "x", "--port", "99999"], ["run", "s.toml", "--view", "port"],
+                                  ["view", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"],
                                   ["worker", "--broker", "mqtt://h:1", "--run", "r", "--metrics-port", "0"]])
 def test_bad_ports_exit_2_naming_the_option(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from sim import topics
 from sim.bus import parse_url
 from sim.cli._observe import port_number
+from sim.cli._values import run_id
 from sim.errors import ConfigError
 from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
 
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "and the run's health. Live runs are read over MQTT; a store file is read-only, with a tick slider.",
     )
     cmd.add_argument("--broker", default=None, metavar="URL", help="the live run's broker, mqtt://host:port")
-    cmd.add_argument("--run", default=None, metavar="ID", help="the live run's id")
+    cmd.add_argument("--run", type=run_id, default=None, metavar="ID", help="the live run's id")
     cmd.add_argument("--db", default=None, metavar="FILE", help="a finished run's shard store (read-only)")
     cmd.add_argument("--port", type=port_number, default=8080, help="HTTP port (default 8080)")
     cmd.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
@@ -45,10 +45,6 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     if args.broker is None or args.run is None:
         raise ConfigError("view: give --broker URL and --run ID for a live run, or --db FILE for a stored one")
     parse_url(args.broker)
-    try:
-        topics.run_root(args.run)
-    except ValueError as exc:
-        raise ConfigError(f"--run: {exc}") from exc
     live = LiveView(args.run)
     return live.source(), live
 

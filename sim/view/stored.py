@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sim.events import SayMessage
 from sim.store import open_reader
-from sim.trace import RosterEntry, TraceMessage
+from sim.trace import RosterEntry, TraceMessage, trace_of
 from sim.view.model import RunModel
 
 __all__ = ["StoredRun"]
@@ -28,14 +28,7 @@ class StoredRun:
         with open_reader(path) as reader:
             for record in reader.audit_records():
                 world = {w.key: w.value for w in record.state.world_state}
-                trace = TraceMessage(
-                    run=record.run_id, shard="", agent=record.agent_id, location=None, tick=record.tick,
-                    inference_id=record.id, player_input=record.player_input, line=record.line,
-                    fallback=record.fallback, fallback_reason=record.fallback_reason, backend=record.backend,
-                    model=record.model, prompt_sha256=record.prompt_sha256, report=record.report,
-                    latency_ms=record.timings.get("total_ms"), prompt=record.prompt,
-                )
-                traces.append((trace, world))
+                traces.append((trace_of(record, shard="", location=None), world))
         self._traces = traces
         self.run = traces[0][0].run if traces else path.stem
         self.first_tick = traces[0][0].tick if traces else 0

@@ -162,9 +162,14 @@ function showAttempts(trace) {
   const box = $("attempts");
   box.replaceChildren();
   if (!Array.isArray(trace.attempts) || trace.attempts.length < 2) return;
-  box.append(el("h3", {}, "Attempts"));
+  box.append(el("h3", {}, "Attempts (a retried inference)"));
   const list = el("ol");
-  for (const a of trace.attempts) list.append(el("li", {}, typeof a === "string" ? a : JSON.stringify(a)));
+  for (const a of trace.attempts) {
+    const what = a.problem ? "rejected: " + a.problem : "accepted";
+    const rule = a.prohibition ? "; told: " + a.prohibition : "";
+    list.append(el("li", { class: "attempt" }, a.prompt_chars + " chars sent" + rule + "; " + what
+      + (a.raw_response === null ? "" : "; reply: " + a.raw_response)));
+  }
   box.append(list);
 }
 async function showNpc() {
