@@ -52,6 +52,9 @@ async def test_every_inference_is_traced_like_its_audit_record(
             record.report, record.prompt_sha256, record.line, record.fallback)
         assert trace.prompt == (record.prompt if prompts else None)
         assert trace.location is not None and trace.shard == "0"
+        assert [(a.prompt_chars, a.problem, a.raw_response) for a in trace.attempts] == [
+            (len(a.prompt), a.problem, a.raw_response) for a in record.attempts]
+        assert trace.attempts  # every answered inference made at least one call
 
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:  # the roster is retained
         await client.subscribe(topics.roster("tr", "0"), qos=1)
