@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from sim import topics
@@ -151,3 +152,16 @@ def test_view_trace_and_metrics_export_exactly_their_public_names() -> None:
     for module in (sim.view, sim.trace, sim.metrics):
         for name in module.__all__:
             assert getattr(module, name) is not None
+
+
+def test_a_retried_inference_shows_each_attempt() -> None:
+    from sim.trace import TraceAttempt
+
+    model = RunModel(RUN)
+    attempts = (TraceAttempt(prompt_chars=900, raw_response="The king lives!", problem="negates canonical fact 'f1'"),
+                TraceAttempt(prompt_chars=960, raw_response="The king is dead.", prohibition="No."))
+    retried = msgspec.structs.replace(trace("smith", 3, 1), attempts=attempts)
+    model.feed(topics.trace(RUN, "0"), encode_trace(retried), 0.0)
+    view = model.npc_view("smith")
+    assert view is not None
+    assert [a["problem"] for a in view["traces"][0]["attempts"]] == ["negates canonical fact 'f1'", None]
