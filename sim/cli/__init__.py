@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = _Parser(prog="npcsim", description="Run LLM-driven NPCs at scale.")
+    parser = _Parser(prog="npcsim", description="Run LLM-driven NPCs at scale.")
     parser.add_argument("--version", action="version", version=f"npcsim {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     # The command list is the epilog, sub-commands included, so argparse's own listing is hidden.
