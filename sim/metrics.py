@@ -29,9 +29,8 @@ from sim.memory import TruncationReport
 if TYPE_CHECKING:  # the runner imports this module; the load test's machinery stays out of it
     from sim.loadtest import Progress
 
-__all__ = ["PROMPT_CATEGORIES", "Metrics", "serve_metrics"]
+__all__ = ["Metrics", "serve_metrics"]
 
-PROMPT_CATEGORIES = ("mandatory", "dialogue", "episodic", "beliefs")
 _CHAR_BUCKETS = (50, 100, 200, 400, 800, 1200, 1600, 2000, 3000, 4000, 8000, 16000)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)

@@ -148,7 +148,7 @@ def test_view_trace_and_metrics_export_exactly_their_public_names() -> None:
                                      "ViewThread", "build_app", "open_view_server", "open_view_thread"}
     assert set(sim.trace.__all__) == {"RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage", "decode_roster",
                                       "decode_trace", "encode_roster", "encode_trace", "trace_of"}
-    assert set(sim.metrics.__all__) == {"PROMPT_CATEGORIES", "Metrics", "serve_metrics"}
+    assert set(sim.metrics.__all__) == {"Metrics", "serve_metrics"}
     for module in (sim.view, sim.trace, sim.metrics):
         for name in module.__all__:
             assert getattr(module, name) is not None

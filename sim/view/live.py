@@ -38,7 +38,6 @@ class LiveFeed:
     def __init__(self, model: RunModel, url: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self.url = url
-        self.connected = asyncio.Event()
         self._clock = clock
         self._client: aiomqtt.Client | None = None
         root = topics.run_root(model.run)
@@ -58,7 +57,6 @@ class LiveFeed:
                 async with _connect(self.url) as client:
                     await client.subscribe([(f, 1) for f in self._filters])
                     self._client = client
-                    self.connected.set()
                     attempt = 0
                     async for message in client.messages:
                         payload = message.payload
@@ -66,7 +64,6 @@ class LiveFeed:
                         self.model.feed(message.topic.value, data, self._clock())
             except aiomqtt.MqttError as exc:
                 self._client = None
-                self.connected.clear()
                 delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
                 attempt += 1
                 # The first failure is often the run ending (`run --view`): only repeated ones warn.
