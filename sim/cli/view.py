@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -13,7 +14,9 @@ from sim.bus import parse_url
 from sim.cli._observe import port_number
 from sim.cli._values import run_id
 from sim.errors import ConfigError
-from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
+
+if TYPE_CHECKING:  # imported when the command runs: aiohttp would slow every start of the CLI
+    from sim.view import LiveView, ViewSource
 
 __all__ = ["register", "view_command"]
 
@@ -34,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     """Check the options and make the page's source; a bad value is one ConfigError."""
+    from sim.view import LiveView, StoredRun, ViewSource
+
     if args.db is not None:
         if args.broker is not None or args.run is not None:
             raise ConfigError("--db: a stored run is viewed without --broker and --run")
@@ -57,6 +62,8 @@ def view_command(args: argparse.Namespace) -> int:
 
 
 async def _serve(source: ViewSource, live: LiveView | None, args: argparse.Namespace, console: Console) -> None:
+    from sim.view import build_app, open_view_server
+
     async with open_view_server(build_app(source), args.host, args.port) as url:
         console.print(f"view: [bold]{url}[/]  (Ctrl-C stops)")
         if live is not None:
