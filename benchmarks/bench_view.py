@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from benchmarks._report import machine_line, write_section
 from sim.audit import encode_record
 from sim.broker import free_port
 from sim.generate import write_scenario
+from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.trace import encode_trace, trace_of
@@ -107,18 +109,21 @@ async def measure(seconds: float, workdir: Path) -> tuple[list[dict[str, float]]
         await ready.wait()
         await asyncio.sleep(3)
         rows.append(await _phase(stats, seconds, None, workdir / "p0"))
-        feed = group.create_task(view.follow(stats.broker_url, "big"))
+        address = stats.broker_address
+        assert address is not None
+        feed = group.create_task(view.follow(address, "big"))
         await asyncio.sleep(3)
         rows.append(await _phase(stats, seconds, url, workdir / "p1"))
         feed.cancel()
         with open_view_thread("127.0.0.1", 0) as thread:
-            thread.attach(stats.broker_url, "big")
+            thread.attach(address, "big")
             await asyncio.sleep(3)
             rows.append(await _phase(stats, seconds, thread.url, workdir / "p2"))
         port = free_port()
         process = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "npcsim"), "view", "--broker", stats.broker_url, "--run", "big",
-            "--port", str(port), stdout=asyncio.subprocess.DEVNULL)
+            str(Path(sys.executable).parent / "npcsim"), "view", "--broker", address.url, "--run", "big",
+            "--port", str(port), stdout=asyncio.subprocess.DEVNULL,
+            env={**os.environ, ENV_USERNAME: address.username or "", ENV_PASSWORD: address.password or ""})
         try:
             other = f"http://127.0.0.1:{port}/"
             for _ in range(600):

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from sim.errors import ConfigError
 from sim.inference import PoolStatistics
 from sim.memory import TruncationReport
+from sim.routing import BusStats
 
 if TYPE_CHECKING:  # the runner imports this module; the load test's machinery stays out of it
     from sim.loadtest import Progress
@@ -41,8 +42,7 @@ class _Sources(Collector):
 
     def __init__(self) -> None:
         self.pool: Callable[[], PoolStatistics] | None = None
-        self.bus_malformed: Callable[[], dict[str, int]] | None = None
-        self.bus_reconnects: Callable[[], int] | None = None
+        self.bus: BusStats | None = None
         self.loadtest: Callable[[], Progress | None] | None = None
 
     def collect(self) -> Iterable[Any]:
@@ -73,14 +73,16 @@ class _Sources(Collector):
         malformed = CounterMetricFamily(
             "npcsim_malformed_messages", "Refused or malformed messages, dropped, by kind.", labels=["kind"]
         )
-        if self.bus_malformed is not None:
-            for kind, count in sorted(self.bus_malformed().items()):
+        if self.bus is not None:
+            for kind, count in sorted(self.bus.malformed.items()):
                 malformed.add_metric([kind], count)
+            for kind, count in sorted(self.bus.refusals.counts.items()):
+                malformed.add_metric([f"refused {kind}"], count)
         if self.pool is not None:
             malformed.add_metric(["inference transport"], self.pool().malformed)
         yield malformed
-        if self.bus_reconnects is not None:
-            yield CounterMetricFamily("npcsim_reconnects", "MQTT reconnections.", value=self.bus_reconnects())
+        if self.bus is not None:
+            yield CounterMetricFamily("npcsim_reconnects", "MQTT reconnections.", value=self.bus.reconnects)
         progress = self.loadtest() if self.loadtest is not None else None
         if progress is not None:
             yield from _loadtest_families(progress)
@@ -134,9 +136,9 @@ class Metrics:
     def watch_pool(self, statistics: Callable[[], PoolStatistics]) -> None:
         self._sources.pool = statistics
 
-    def watch_bus(self, malformed: Callable[[], dict[str, int]], reconnects: Callable[[], int]) -> None:
-        self._sources.bus_malformed = malformed
-        self._sources.bus_reconnects = reconnects
+    def watch_bus(self, stats: BusStats) -> None:
+        """Malformed and refused messages by kind, and reconnects, as the shard's bus counts them."""
+        self._sources.bus = stats
 
     def watch_loadtest(self, progress: Callable[[], Progress | None]) -> None:
         """A load test has no pool here: its progress reports stand for the counters."""

@@ -34,16 +34,19 @@ import msgspec
 
 from sim import topics
 from sim.audit import AuditRecord, make_record
+from sim.bounds import InputBounds
 from sim.broker import open_broker
-from sim.bus import Bus, BusConfig, open_bus, single_error
-from sim.errors import ConfigError
+from sim.bus import Bus, BusConfig, open_bus
+from sim.errors import ConfigError, single_error
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
 from sim.metrics import Metrics
+from sim.mqtt import BrokerAddress, TlsFiles
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
 from sim.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, trace_of
+from sim.trust import announce_trust, limit_player_inputs, run_key_for
 
 __all__ = [
     "AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "hot_limit", "parse_shard", "run", "shard_npcs",
@@ -73,6 +76,9 @@ class _Player(Protocol):
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     scenario: str
     broker: str = "auto"
+    broker_tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
+    bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    run_key_file: str | None = None
     ticks: int | None = None
     tick_ms: int = 0
     seed: int | None = None
@@ -112,7 +118,7 @@ class RunStats:
     run_id: str = ""
     shard: str = "0"
     broker: str = ""
-    broker_url: str = ""
+    broker_address: BrokerAddress | None = None  # with the shard's login: `run --view` follows the run with it
     agents: int = 0
     first_tick: int = 0
     tick: int = -1
@@ -396,10 +402,15 @@ async def run(
     stats.run_id, stats.shard = run_id, str(index)
     ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
     with _signals(stop, stats):
-        async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
+        async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
             stats.broker = f"{broker.kind} {broker.url}"
-            stats.broker_url = broker.url
-            bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
+            stats.broker_address = broker.address
+            run_key = run_key_for(config.run_key_file, broker)
+            announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+            bus_config = BusConfig(
+                broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
+                run_key=run_key,
+            )
             pool_config = PoolConfig(
                 backend=config.backend,
                 options=dict(config.backend_options),
@@ -407,7 +418,8 @@ async def run(
                 max_in_flight=config.concurrency,
                 timeout=config.inference_timeout,
                 transport="mqtt" if config.remote_workers else "inprocess",
-                broker=broker.url,
+                broker=broker.address,
+                run_key=run_key,
                 run_id=run_id,
                 shard=str(index),
             )
@@ -422,7 +434,7 @@ async def run(
                 ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics)
                 if metrics is not None:
                     metrics.watch_pool(pool.statistics)
-                    metrics.watch_bus(lambda: dict(bus.stats.malformed), lambda: bus.stats.reconnects)
+                    metrics.watch_bus(bus.stats)
                 await _run_shard(
                     ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
                 )
@@ -534,7 +546,8 @@ async def _run_shard(
                             for event in player.inputs(tick):
                                 _emit_player(ctx, player.location, event)
                                 stats.player_inputs += 1
-                        taken, outside[:] = list(outside), []
+                        taken = limit_player_inputs(outside, config.bounds.player_inputs_per_tick, bus)
+                        outside.clear()
                         for player_id, message in taken:
                             ext_seq += 1
                             event = Speech(
@@ -565,6 +578,7 @@ async def _run_shard(
                             log.warning(
                                 "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
                             )
+                        bus.report_overflow(tick)
                         await store.end_tick(tick)
                         if ctx.metrics is not None:
                             ctx.metrics.awaited_shards.set(0)

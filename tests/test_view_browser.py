@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
@@ -79,7 +80,7 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
         await ready.wait()
-        feed = group.create_task(view.follow(mosquitto.url, "web"))
+        feed = group.create_task(view.follow(BrokerAddress.parse(mosquitto.url), "web"))
         try:
             await asyncio.to_thread(browser.get, url)
             await eventually("the NPCs", lambda: len(css(browser, ".npc-chip")) == 4)

@@ -17,6 +17,7 @@ from sim import topics
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.events import PlayerInputMessage
+from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_view_server
@@ -112,7 +113,7 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
         await ready.wait()
-        feed = group.create_task(view.follow(mosquitto.url, "lv"))
+        feed = group.create_task(view.follow(BrokerAddress.parse(mosquitto.url), "lv"))
         try:
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 async def world() -> Any:
@@ -177,7 +178,7 @@ async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoPr
     ("argv", "needle"),
     [
         (["view"], "--broker URL and --run ID"),
-        (["view", "--broker", "http://x", "--run", "r"], "broker URL 'http://x'"),
+        (["view", "--broker", "http://x", "--run", "r"], "--broker 'http://x'"),
         (["view", "--db", "/nonexistent/file.db"], "--db '/nonexistent/file.db'"),
         (["view", "--db", "x.db", "--run", "r"], "--db"),
     ],
@@ -234,3 +235,40 @@ def test_run_with_view_prints_the_address_first_then_the_dialogue(
     assert seen and seen[0]["run"] == "cli" and len(seen[0]["world"]["names"]) == 4
     with pytest.raises(httpx.HTTPError):  # the view stopped with the run
         httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=5)
+
+
+@pytest.mark.mosquitto
+async def test_live_view_logs_in_as_viewer_on_the_shipped_acl(tmp_path: Path) -> None:
+    """With auth.conf and the ACL: the viewer sees traces and the roster; a player's login sees no trace."""
+    from tests.secured import secured_broker
+
+    with secured_broker() as broker:
+        config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="acl", ticks=100_000,
+                           tick_ms=100)
+        viewer, player = LiveView(), LiveView()
+        stop, ready = asyncio.Event(), asyncio.Event()
+        async with asyncio.TaskGroup() as group:
+            job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
+            await ready.wait()
+            feeds = [group.create_task(viewer.follow(BrokerAddress.parse(broker.url_for("viewer")), "acl")),
+                     group.create_task(player.follow(BrokerAddress.parse(broker.url_for("alice")), "acl"))]
+            try:
+                async def both_see_lines() -> bool:
+                    return viewer.model.health.inferences >= 3 and player.model.health.lines >= 3
+
+                await wait_for("traces for the viewer, lines for the player", both_see_lines)
+                assert len(viewer.model.npcs) == 4 and len(player.model.npcs) == 4  # the roster is public
+                assert player.model.health.inferences == 0  # the trace is not
+                speak = viewer.source().speak
+                assert speak is not None
+                await speak("viewer", PlayerInputMessage(to="innkeeper", text="Ale?"))  # allowed: its own name
+
+                async def answered() -> bool:
+                    return any(x.speaker == "innkeeper" and x.to == "viewer" for x in viewer.model.lines())
+
+                await wait_for("the innkeeper's answer to the viewer", answered)
+            finally:
+                stop.set()
+            await job
+            for feed in feeds:
+                feed.cancel()

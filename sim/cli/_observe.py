@@ -74,8 +74,8 @@ async def run_observed(
             console.print(f"view: [bold]{view.url}[/]  (Ctrl-C stops the run)")
 
         def ready(ready_stats: RunStats) -> None:
-            if view is not None:
-                view.attach(ready_stats.broker_url, ready_stats.run_id)
+            if view is not None and ready_stats.broker_address is not None:
+                view.attach(ready_stats.broker_address, ready_stats.run_id)
 
         try:
             async with asyncio.TaskGroup() as group:

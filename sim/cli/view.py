@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from sim.bus import parse_url
+from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import port_number
 from sim.cli._values import run_id
 from sim.errors import ConfigError
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="A web page showing the world, the dialogue, each NPC's working memory and budget, "
         "and the run's health. Live runs are read over MQTT; a store file is read-only, with a tick slider.",
     )
-    cmd.add_argument("--broker", default=None, metavar="URL", help="the live run's broker, mqtt://host:port")
+    add_broker_arguments(cmd, default="")  # "": not given (a stored run needs no broker)
     cmd.add_argument("--run", type=run_id, default=None, metavar="ID", help="the live run's id")
     cmd.add_argument("--db", default=None, metavar="FILE", help="a finished run's shard store (read-only)")
     cmd.add_argument("--port", type=port_number, default=8080, help="HTTP port (default 8080)")
@@ -40,16 +40,16 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     from sim.view import LiveView, StoredRun, ViewSource
 
     if args.db is not None:
-        if args.broker is not None or args.run is not None:
+        if args.broker or args.run is not None:
             raise ConfigError("--db: a stored run is viewed without --broker and --run")
         path = Path(args.db)
         if not path.is_file():
             raise ConfigError(f"--db {args.db!r}: no such file")
         stored = StoredRun(path)
         return ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick)), None
-    if args.broker is None or args.run is None:
+    if not args.broker or args.run is None:
         raise ConfigError("view: give --broker URL and --run ID for a live run, or --db FILE for a stored one")
-    parse_url(args.broker)
+    args.address = broker_address(args)
     live = LiveView(args.run)
     return live.source(), live
 
@@ -67,6 +67,6 @@ async def _serve(source: ViewSource, live: LiveView | None, args: argparse.Names
     async with open_view_server(build_app(source), args.host, args.port) as url:
         console.print(f"view: [bold]{url}[/]  (Ctrl-C stops)")
         if live is not None:
-            await live.follow(args.broker, args.run)
+            await live.follow(args.address, args.run)
         else:
             await asyncio.Event().wait()

@@ -1,43 +1,34 @@
 """Feed a `RunModel` from a live run's MQTT topics, and speak to NPCs as a player.
 
-The viewer reads public topics and the trace only (DESIGN.md, "Trust boundary"), and
-publishes nothing but a player's input. The connection is made in one function,
-`_connect`, the only place that knows how npcsim clients connect.
+The viewer reads public topics, the trace and the roster only (DESIGN.md, "Trust
+boundary"), and publishes nothing but a player's input. It connects through `sim.mqtt`
+like every npcsim client: login from the URL or the environment, TLS, the one reconnect
+policy; it waits for its broker as long as it takes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable
 
 import aiomqtt
 
 from sim import topics
-from sim.bus import parse_url
 from sim.errors import BrokerError
 from sim.events import PlayerInputMessage, encode_json
+from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
 from sim.view.model import RunModel
 from sim.view.server import ViewSource
 
 __all__ = ["LiveFeed", "LiveView"]
 
-log = logging.getLogger(__name__)
-_RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
-
-
-def _connect(url: str) -> aiomqtt.Client:
-    host, port = parse_url(url)
-    return aiomqtt.Client(host, port, keepalive=30, logger=logging.getLogger(__name__ + ".aiomqtt"))
-
 
 class LiveFeed:
     """`await feed.run()` keeps the model current until cancelled, reconnecting when the broker goes."""
 
-    def __init__(self, model: RunModel, url: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: RunModel, address: BrokerAddress, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
-        self.url = url
+        self.address = address
         self._clock = clock
         self._client: aiomqtt.Client | None = None
         root = topics.run_root(model.run)
@@ -51,35 +42,29 @@ class LiveFeed:
         ]
 
     async def run(self) -> None:
-        attempt = 0
-        while True:
-            try:
-                async with _connect(self.url) as client:
-                    await client.subscribe([(f, 1) for f in self._filters])
-                    self._client = client
-                    attempt = 0
-                    async for message in client.messages:
-                        payload = message.payload
-                        data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
-                        self.model.feed(message.topic.value, data, self._clock())
-            except aiomqtt.MqttError as exc:
-                self._client = None
-                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
-                attempt += 1
-                # The first failure is often the run ending (`run --view`): only repeated ones warn.
-                level = logging.WARNING if attempt > 1 else logging.INFO
-                log.log(level, "view: broker %s unreachable (%s); retrying in %.1f s", self.url, exc, delay)
-                await asyncio.sleep(delay)
+        await stay_connected(self.address, self._session, name="view", policy=ReconnectPolicy(patience=None),
+                             on_lost=self._lost)
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        await client.subscribe([(f, 1) for f in self._filters])
+        self._client = client
+        async for message in client.messages:
+            payload = message.payload
+            data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+            self.model.feed(message.topic.value, data, self._clock())
+
+    def _lost(self) -> None:
+        self._client = None
 
     async def speak(self, player: str, message: PlayerInputMessage) -> None:
         """Publish a player's input on `player/{player}/input`; BrokerError when not connected."""
         client = self._client
         if client is None:
-            raise BrokerError(f"view: not connected to the broker {self.url}")
+            raise BrokerError(f"view: not connected to the broker {self.address.url}")
         try:
             await client.publish(topics.player_input(self.model.run, player), encode_json(message), qos=1)
         except aiomqtt.MqttError as exc:
-            raise BrokerError(f"view: publishing to {self.url} failed: {exc}") from exc
+            raise BrokerError(f"view: publishing to {self.address.url} failed: {exc}") from exc
 
 
 class LiveView:
@@ -95,10 +80,10 @@ class LiveView:
     def source(self) -> ViewSource:
         return ViewSource(model=lambda _tick: self.model, live=True, speak=self._speak)
 
-    async def follow(self, url: str, run: str) -> None:
+    async def follow(self, address: BrokerAddress, run: str) -> None:
         """Feed the model from the run's topics until cancelled."""
         self.model.run = run
-        self._feed = LiveFeed(self.model, url)
+        self._feed = LiveFeed(self.model, address)
         await self._feed.run()
 
     async def _speak(self, player: str, message: PlayerInputMessage) -> None:

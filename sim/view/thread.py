@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 
 from sim.errors import NpcsimError
+from sim.mqtt import BrokerAddress
 from sim.view.live import LiveView
 from sim.view.server import build_app, open_view_server
 
@@ -37,14 +38,14 @@ class ViewThread:
         self._follow: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._main, name="npcsim-view", daemon=True)
 
-    def attach(self, broker_url: str, run: str) -> None:
+    def attach(self, address: BrokerAddress, run: str) -> None:
         """Follow the run's topics (thread-safe; called from the shard's loop)."""
         loop = self._loop
         if loop is not None:
-            loop.call_soon_threadsafe(self._start_follow, broker_url, run)
+            loop.call_soon_threadsafe(self._start_follow, address, run)
 
-    def _start_follow(self, broker_url: str, run: str) -> None:
-        self._follow = asyncio.get_running_loop().create_task(self.view.follow(broker_url, run), name="view-follow")
+    def _start_follow(self, address: BrokerAddress, run: str) -> None:
+        self._follow = asyncio.get_running_loop().create_task(self.view.follow(address, run), name="view-follow")
 
     def _main(self) -> None:
         try:
