@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -18,6 +19,9 @@ from sim.bus import single_error
 from sim.events import SayMessage
 from sim.metrics import Metrics, serve_metrics
 from sim.runner import RunConfig, RunStats, run
+
+if TYPE_CHECKING:  # sim.view is imported when a view is asked for (see above)
+    from sim.view import ViewThread
 
 __all__ = ["add_metrics_argument", "metrics_served", "port_number", "run_observed"]
 
@@ -77,10 +81,13 @@ async def run_observed(
             if view is not None and ready_stats.broker_address is not None:
                 view.attach(ready_stats.broker_address, ready_stats.run_id)
 
+        stop = asyncio.Event()  # set by SIGINT/SIGTERM (the runner's handlers)
         try:
             async with asyncio.TaskGroup() as group:
-                job = group.create_task(run(config, stats=stats, on_ready=ready, metrics=metrics))
+                job = group.create_task(run(config, stats=stats, stop=stop, on_ready=ready, metrics=metrics))
                 helpers = []
+                if view is not None:
+                    helpers.append(group.create_task(_detach_on_stop(view, stop)))
                 if follow is not None:
                     helpers.append(group.create_task(_print_dialogue(stats, console, follow)))
                 try:
@@ -92,6 +99,12 @@ async def run_observed(
             raise single_error(group_error) from None
         if follow is not None:
             _print_new(stats, console, follow)
+
+
+async def _detach_on_stop(view: ViewThread, stop: asyncio.Event) -> None:
+    """Let go of the run's broker before the stopping run closes it (no "connection lost" warning)."""
+    await stop.wait()
+    view.detach()
 
 
 async def _print_dialogue(stats: RunStats, console: Console, form: Callable[[SayMessage], str]) -> None:

@@ -44,6 +44,16 @@ class ViewThread:
         if loop is not None:
             loop.call_soon_threadsafe(self._start_follow, address, run)
 
+    def detach(self) -> None:
+        """Stop following (thread-safe): the run is stopping, its broker is about to go."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._stop_follow)
+
+    def _stop_follow(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
+
     def _start_follow(self, address: BrokerAddress, run: str) -> None:
         self._follow = asyncio.get_running_loop().create_task(self.view.follow(address, run), name="view-follow")
 
