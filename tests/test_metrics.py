@@ -120,3 +120,16 @@ def test_the_grafana_dashboard_and_the_docs_name_only_real_metrics() -> None:
     for path in (REPO / "docs" / "grafana-dashboard.json", REPO / "docs" / "operations.md"):
         named = set(re.findall(r"npcsim_[a-z_]+", path.read_text()))
         assert named and named <= samples, (path.name, named - samples)
+
+
+def test_loadtest_serves_metrics_on_its_port(capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["loadtest", "--requests", "50", "--concurrency", "4", "--processes", "0",
+                 "--metrics-port", str(port)]) == 0
+    assert f"metrics: http://127.0.0.1:{port}/metrics" in capsys.readouterr().out
+    with pytest.raises(httpx.HTTPError):  # stopped with the command
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
