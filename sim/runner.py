@@ -97,10 +97,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
     trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
+    retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
 
     def __post_init__(self) -> None:
         """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0}
+        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -130,6 +131,7 @@ class RunStats:
     player_inputs: int = 0
     late_echoes: int = 0
     world_changes: int = 0
+    memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
@@ -341,6 +343,16 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
         )
 
 
+def _check_retention(config: RunConfig, limit: int) -> None:
+    """Retention never reaches into what a working memory can use (sim/store/_retention.py);
+    checked before anything starts, so a refused run leaves no file behind."""
+    if config.retain_memories is not None and config.retain_memories < limit:
+        raise ConfigError(
+            f"--retain-memories must be at least the store's hot window ({limit} items per category),"
+            f" got {config.retain_memories}"
+        )
+
+
 def hot_limit(config: WorkingMemoryConfig) -> int:
     """The store's hot state holds at least what the count caps can use, in every category."""
     return max(HOT_LIMIT, config.max_dialogue_lines, config.max_episodic_memories, config.max_beliefs)
@@ -390,6 +402,7 @@ async def run(
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
     scenario = load_scenario(config.scenario)
+    _check_retention(config, hot_limit(scenario.memory))
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
     try:
@@ -580,6 +593,8 @@ async def _run_shard(
                             )
                         bus.report_overflow(tick)
                         await store.end_tick(tick)
+                        if config.retain_memories is not None:
+                            stats.memories_pruned += await store.prune_memories(config.retain_memories)
                         if ctx.metrics is not None:
                             ctx.metrics.awaited_shards.set(0)
                             ctx.metrics.tick_done(tick, time.monotonic() - started)

@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--no-trace-prompt", action="store_true",
                      help="the per-inference trace topic carries the report and digest, not the prompt")
     add_metrics_argument(cmd)
+    cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
+                     help="prune NPC memories past each agent's newest N per category after every tick"
+                     " (N >= the store's hot window; default: keep everything)")
     cmd.set_defaults(func=run_command)
 
     sub = subparsers.add_parser("subscribe", help="print what NPCs say, as it happens")
@@ -108,6 +111,8 @@ def summary_table(stats: RunStats) -> Table:
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
     ]
+    if stats.memories_pruned:
+        rows.append(("memory rows pruned", stats.memories_pruned))
     if bus is not None:
         rows += [
             ("events delivered", bus.events_delivered),
@@ -145,6 +150,7 @@ def run_command(args: argparse.Namespace) -> int:
         inference_timeout=args.inference_timeout,
         keep_dialogue=args.dialogue or args.follow,
         trace_prompts=not args.no_trace_prompt,
+        retain_memories=args.retain_memories,
     )
     console = Console()
     stats = RunStats()
