@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import msgspec
 
 from sim import topics
-from sim.audit import make_record
+from sim.audit import AuditRecord, make_record
 from sim.bounds import InputBounds
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus
@@ -41,9 +41,11 @@ from sim.errors import ConfigError, single_error
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
-from sim.mqtt import TlsFiles
+from sim.metrics import Metrics
+from sim.mqtt import BrokerAddress, TlsFiles
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
+from sim.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, trace_of
 from sim.trust import announce_trust, limit_player_inputs, run_key_for
 
 __all__ = [
@@ -94,6 +96,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
+    trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
     retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
 
     def __post_init__(self) -> None:
@@ -116,6 +119,7 @@ class RunStats:
     run_id: str = ""
     shard: str = "0"
     broker: str = ""
+    broker_address: BrokerAddress | None = None  # with the shard's login: `run --view` follows the run with it
     agents: int = 0
     first_tick: int = 0
     tick: int = -1
@@ -171,8 +175,10 @@ class ShardContext:
         pool: Pool,
         store: Store,
         stats: RunStats,
+        metrics: Metrics | None = None,
     ) -> None:
         self.scenario = scenario
+        self.metrics = metrics
         self.run_id = run_id
         self.seed = seed
         self.shard = stats.shard
@@ -188,6 +194,8 @@ class ShardContext:
         self._pool = pool
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
+        self._trace_prompts = config.trace_prompts
+        self._trace_topic = topics.trace(run_id, stats.shard)
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
         self._over_budget_logged: set[str] = set()
 
@@ -295,6 +303,21 @@ class ShardContext:
             attempts=result.attempts,
         )
         await self.store.record(record)
+        await self._trace(record, result)
+
+    async def _trace(self, record: AuditRecord, result: InferenceResult) -> None:
+        """Publish the inference's trace (for viewers) and observe it in the metrics."""
+        if self.metrics is not None:
+            self.metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
+        trace = trace_of(record, shard=self.shard, location=self.npc_location.get(record.agent_id),
+                         prompts=self._trace_prompts)
+        await self.bus.publish(self._trace_topic, encode_trace(trace))
+
+    async def publish_roster(self, specs: list[NpcSpec]) -> None:
+        """Say which NPCs this shard runs and where (retained, for viewers that connect later)."""
+        npcs = tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs)
+        message = RosterMessage(run=self.run_id, shard=self.shard, npcs=npcs)
+        await self.bus.publish(topics.roster(self.run_id, self.shard), encode_roster(message), retain=True)
 
 
 async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
@@ -375,6 +398,7 @@ async def run(
     stats: RunStats | None = None,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[RunStats], None] | None = None,
+    metrics: Metrics | None = None,
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
     scenario = load_scenario(config.scenario)
@@ -393,6 +417,7 @@ async def run(
     with _signals(stop, stats):
         async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
             stats.broker = f"{broker.kind} {broker.url}"
+            stats.broker_address = broker.address
             run_key = run_key_for(config.run_key_file, broker)
             announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
             bus_config = BusConfig(
@@ -419,7 +444,10 @@ async def run(
             ):
                 _check_resume(config, db, store)
                 stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics)
+                if metrics is not None:
+                    metrics.watch_pool(pool.statistics)
+                    metrics.watch_bus(bus.stats)
                 await _run_shard(
                     ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
                 )
@@ -448,6 +476,9 @@ async def _run_shard(
             raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
         agents.append(_resolve(kind)(spec, ctx))
     stats.agents = len(agents)
+    if ctx.metrics is not None:
+        ctx.metrics.agents.set(len(agents))
+    await ctx.publish_roster(specs)
     by_location: dict[str, list[str]] = {}
     for spec in specs:
         by_location.setdefault(spec.location, []).append(spec.id)
@@ -550,6 +581,8 @@ async def _run_shard(
                                 wakes[agent.id].set()
                             await all_done.wait()
                         await bus.flush(tick)
+                        if ctx.metrics is not None:
+                            ctx.metrics.awaited_shards.set(1)
                         try:
                             async with asyncio.timeout(config.echo_timeout):
                                 await bus.wait_echoes()
@@ -562,6 +595,9 @@ async def _run_shard(
                         await store.end_tick(tick)
                         if config.retain_memories is not None:
                             stats.memories_pruned += await store.prune_memories(config.retain_memories)
+                        if ctx.metrics is not None:
+                            ctx.metrics.awaited_shards.set(0)
+                            ctx.metrics.tick_done(tick, time.monotonic() - started)
                         if tick % 10 == 0:
                             await bus.publish_status(
                                 StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
