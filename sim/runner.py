@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from sim import topics
+from sim import startup, topics
 from sim.audit import make_record
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus, single_error
@@ -40,7 +40,7 @@ from sim.errors import ConfigError
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
-from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.scenario import NpcSpec, Scenario
 from sim.store import Store, Writer, open_store
 
 __all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
@@ -108,6 +108,7 @@ class RunStats:
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
+    startup_progress: startup.StartupProgress = field(default_factory=startup.StartupProgress)
     dialogue: list[SayMessage] = field(default_factory=list)
 
 
@@ -157,9 +158,10 @@ class ShardContext:
         self.stats = stats
         self.memory_config: WorkingMemoryConfig = scenario.memory
         self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
-        self._neighbours: dict[str, tuple[str, ...]] = {}
+        neighbours: dict[str, list[str]] = {}
         for spec in sorted(scenario.npcs, key=lambda s: s.id):
-            self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
+            neighbours.setdefault(spec.location, []).append(spec.id)
+        self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
         self.store = store
         self._pool = pool
@@ -318,40 +320,60 @@ async def run(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[RunStats], None] | None = None,
 ) -> RunStats:
-    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
-    scenario = load_scenario(config.scenario)
+    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too).
+
+    A stop during start-up cancels the start-up at once (see `sim.startup`); after it, the
+    current tick ends first.
+    """
+    stats = stats or RunStats()
+    stop = stop or asyncio.Event()
+    index, _ = parse_shard(config.shard)
+    stats.shard = str(index)
+    with _signals(stop, stats):
+        try:
+            async with asyncio.TaskGroup() as group:
+                main = group.create_task(_run(config, stats, stop, on_ready), name="run")
+                watch = startup.cancel_start_up_on(stop, stats.startup_progress, main)
+                watcher = group.create_task(watch, name="start-up-watch")
+                main.add_done_callback(lambda _: watcher.cancel())
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+    return stats
+
+
+async def _run(
+    config: RunConfig, stats: RunStats, stop: asyncio.Event, on_ready: Callable[[RunStats], None] | None
+) -> None:
+    stats.startup_progress.enter(startup.LOADING)
+    scenario = await startup.load_scenario_in_thread(config.scenario)
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id or _default_run_id(scenario, seed)
     topics.run_root(run_id)
     index, count = parse_shard(config.shard)
-    stats = stats or RunStats()
-    stop = stop or asyncio.Event()
-    stats.run_id, stats.shard = run_id, str(index)
+    stats.run_id = run_id
     ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
-    with _signals(stop, stats):
-        async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
-            stats.broker = f"{broker.kind} {broker.url}"
-            bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
-            pool_config = PoolConfig(
-                backend=config.backend,
-                options=dict(config.backend_options),
-                concurrency=config.concurrency,
-                max_in_flight=config.concurrency,
-                timeout=config.inference_timeout,
-                transport="mqtt" if config.remote_workers else "inprocess",
-                broker=broker.url,
-                run_id=run_id,
-                shard=str(index),
+    async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
+        stats.broker = f"{broker.kind} {broker.url}"
+        bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
+        pool_config = PoolConfig(
+            backend=config.backend,
+            options=dict(config.backend_options),
+            concurrency=config.concurrency,
+            max_in_flight=config.concurrency,
+            timeout=config.inference_timeout,
+            transport="mqtt" if config.remote_workers else "inprocess",
+            broker=broker.url,
+            run_id=run_id,
+            shard=str(index),
+        )
+        db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
+        async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+            _check_resume(config, db, store)
+            stats.bus = bus.stats
+            ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
+            await _run_shard(
+                ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
             )
-            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
-            async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
-                _check_resume(config, db, store)
-                stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
-                await _run_shard(
-                    ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
-                )
-    return stats
 
 
 async def _run_shard(
@@ -366,16 +388,17 @@ async def _run_shard(
 ) -> None:
     bus, stats = ctx.bus, ctx.stats
     store = ctx.store
-    missing = set(await store.load_agents(spec.id for spec in specs))
-    agents: list[Agent] = []
+    kinds: dict[str, Callable[[NpcSpec, ShardContext], Agent]] = {}
     for spec in specs:
-        if spec.id in missing:
-            await store.ensure_agent(scenario.initial_state(spec.id), writer=Writer.SCENARIO)
-        kind = AGENT_KINDS.get(spec.kind)
-        if kind is None:
-            raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
-        agents.append(_resolve(kind)(spec, ctx))
+        if spec.kind not in kinds:
+            kind = AGENT_KINDS.get(spec.kind)
+            if kind is None:
+                raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+            kinds[spec.kind] = _resolve(kind)
+    progress = stats.startup_progress
+    agents = await startup.create_agents(store, scenario, specs, progress, lambda spec: kinds[spec.kind](spec, ctx))
     stats.agents = len(agents)
+    progress.enter(startup.SUBSCRIBING)
     by_location: dict[str, list[str]] = {}
     for spec in specs:
         by_location.setdefault(spec.location, []).append(spec.id)
@@ -414,6 +437,7 @@ async def _run_shard(
     if index == 0 and not config.resume and scenario.world:
         await bus.publish_world_state(WorldStateMessage(state={w.key: w.value for w in scenario.world}, tick=first))
     await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
+    stats.startup_progress.enter(startup.RUNNING)
     if on_ready is not None:
         on_ready(stats)
 

@@ -5,6 +5,7 @@ Every error names the file, the NPC (or player) and the field at fault.
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -77,7 +78,7 @@ class PlayerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     script: list[PlayerInput] = []
 
 
-class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dict=True):
     scenario: ScenarioMeta
     locations: list[LocationSpec]
     npcs: list[NpcSpec]
@@ -85,16 +86,22 @@ class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     players: list[PlayerSpec] = []
     memory: WorkingMemoryConfig = WorkingMemoryConfig()
 
-    def npc(self, npc_id: str) -> NpcSpec:
-        for spec in self.npcs:
-            if spec.id == npc_id:
-                return spec
-        raise KeyError(npc_id)
+    @functools.cached_property
+    def _npcs_by_id(self) -> dict[str, NpcSpec]:
+        """Built once, on first use: lookups stay O(1) with 100,000 NPCs."""
+        return {spec.id: spec for spec in self.npcs}
 
-    def initial_state(self, npc_id: str) -> NpcState:
+    @functools.cached_property
+    def _world_by_key(self) -> dict[str, WorldFact]:
+        return {w.key: w for w in self.world}
+
+    def npc(self, npc_id: str) -> NpcSpec:
+        return self._npcs_by_id[npc_id]
+
+    def initial_state(self, npc: str | NpcSpec) -> NpcState:
         """The state an NPC starts with: the world's state overlaid by its own."""
-        spec = self.npc(npc_id)
-        world = {w.key: w for w in self.world}
+        spec = self.npc(npc) if isinstance(npc, str) else npc
+        world = dict(self._world_by_key)
         world.update({w.key: w for w in spec.world})
         return NpcState(
             agent_id=spec.id,
