@@ -22,6 +22,7 @@ from sim.inference import (
     encode_request,
     open_pool,
 )
+from sim.inference._batch import decode_batch, encode_batch
 from sim.inference.backends.scripted import scripted_reply
 from tests.conftest import MosquittoProcess
 from tests.inference_helpers import make_request
@@ -143,18 +144,21 @@ async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoPro
         await client.publish(topics.infer_request(run), encode_request(stale), qos=1)
         fresh = make_request(2)
         await client.publish(topics.infer_request(run), encode_request(fresh), qos=1)
+        in_batch = make_request(3)  # a batch with one malformed element: the other is served
+        await client.publish(topics.infer_request(run), encode_batch([in_batch, fresh.memory]), qos=1)
         replies = {}
         async with asyncio.timeout(10):
             async for message in client.messages:
                 assert isinstance(message.payload, bytes)
-                result = decode_result(message.payload)
-                replies[result.id] = result
-                if len(replies) == 2:
+                results, errors = decode_batch(message.payload, decode_result)
+                assert not errors
+                replies.update((result.id, result) for result in results)
+                if len(replies) == 3:
                     break
     assert replies[stale.id].fallback and replies[stale.id].fallback_reason == "stale"
-    assert not replies[fresh.id].fallback
+    assert not replies[fresh.id].fallback and not replies[in_batch.id].fallback
     stats = worker.statistics()
-    assert stats.malformed == 2 and stats.dropped_stale == 1 and stats.completed == 2
+    assert stats.malformed == 3 and stats.dropped_stale == 1 and stats.completed == 3
 
 
 async def test_no_worker_means_a_timeout_fallback(mosquitto: MosquittoProcess) -> None:

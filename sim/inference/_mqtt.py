@@ -6,7 +6,8 @@ load; replies go to `npcsim/{run}/infer/resp/{shard}` and are matched by correla
 (the request id). A request whose reply has not come by its deadline (plus a short grace,
 so that a worker's own "stale" answer can arrive) gets the fallback with reason "timeout";
 a reply that comes later is counted as late and dropped. Malformed payloads are counted,
-logged once per kind, and dropped.
+logged once per kind, and dropped. Requests and replies travel in batches
+(`sim.inference._batch`); this module only plugs the batchers into send and receive.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import msgspec
 from sim import topics
 from sim.bus import parse_url
 from sim.errors import BrokerError, BusError
+from sim.inference._batch import Batcher, BatchSender, decode_batch, encode_batch
 from sim.inference._pool import Dispatch
 from sim.inference._serve import Counters, LogOnce, fallback_result, serve
 from sim.inference._types import (
@@ -34,8 +36,6 @@ from sim.inference._types import (
     WorkerConfig,
     decode_request,
     decode_result,
-    encode_request,
-    encode_result,
 )
 from sim.inference.backends import Backend, open_backend
 
@@ -71,18 +71,17 @@ async def _listen(
                 counters.malformed += 1
                 warn("result-type", "malformed reply on %s: payload is %s, not bytes", message.topic, type(payload))
                 continue
-            try:
-                result = decode_result(payload)
-            except msgspec.DecodeError as exc:
+            results, errors = decode_batch(payload, decode_result)
+            for exc in errors:
                 counters.malformed += 1
                 warn("result-decode", "malformed reply on %s dropped: %s", message.topic, exc)
-                continue
-            future = pending.get(result.id)
-            if future is None or future.done():
-                counters.late_replies += 1
-                log.debug("late or unknown reply %s on %s dropped", result.id, message.topic)
-                continue
-            future.set_result(result)
+            for result in results:
+                future = pending.get(result.id)
+                if future is None or future.done():
+                    counters.late_replies += 1
+                    log.debug("late or unknown reply %s on %s dropped", result.id, message.topic)
+                    continue
+                future.set_result(result)
     except aiomqtt.MqttError as exc:
         raise BusError(f"lost the broker while listening on {topic}: {exc}") from exc
 
@@ -106,6 +105,21 @@ async def open_mqtt_dispatch(config: PoolConfig, counters: Counters) -> AsyncIte
         def give_up(request: InferenceRequest, reason: str) -> InferenceResult:
             return fallback_result(request, reason, backend=config.backend, model="")
 
+        def answer(requests: list[InferenceRequest], reason: str) -> None:
+            for request in requests:
+                future = pending.get(request.id)
+                if future is not None and not future.done():
+                    future.set_result(give_up(request, reason))
+
+        async def send(batch: list[InferenceRequest]) -> None:
+            try:
+                await client.publish(request_topic, encode_batch(batch), qos=1)
+            except aiomqtt.MqttError as exc:
+                warn("transport_error", "cannot publish %d requests on %s: %s", len(batch), request_topic, exc)
+                answer(batch, "transport_error")
+
+        outbox = BatchSender(Batcher[InferenceRequest](), send, lambda expired: answer(expired, "stale"))
+
         async def dispatch(request: InferenceRequest) -> InferenceResult:
             if request.shard != config.shard:
                 request = msgspec.structs.replace(request, shard=config.shard)
@@ -117,11 +131,7 @@ async def open_mqtt_dispatch(config: PoolConfig, counters: Counters) -> AsyncIte
             future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
             pending[request.id] = future
             try:
-                try:
-                    await client.publish(request_topic, encode_request(request), qos=1)
-                except aiomqtt.MqttError as exc:
-                    warn("transport_error", "cannot publish request %s on %s: %s", request.id, request_topic, exc)
-                    return give_up(request, "transport_error")
+                outbox.put(request, priority=request.priority, deadline=request.deadline)
                 wait = min(config.timeout, request.deadline - time.time()) + config.reply_grace
                 try:
                     async with asyncio.timeout(wait):
@@ -137,10 +147,12 @@ async def open_mqtt_dispatch(config: PoolConfig, counters: Counters) -> AsyncIte
 
         async with asyncio.TaskGroup() as tg:
             listener = tg.create_task(_listen(client, response_topic, pending, counters, warn))
+            sender = tg.create_task(outbox.run())
             try:
                 yield dispatch
             finally:
                 listener.cancel()
+                sender.cancel()
 
 
 class RemoteWorker:
@@ -190,48 +202,62 @@ class RemoteWorker:
         slots = asyncio.Semaphore(self.config.concurrency)
         async with _client(self.config.broker, self.name, 4 * self.config.concurrency) as client:
             await client.subscribe(self._request_topic, qos=1)
+
+            async def send(batch: list[tuple[str, InferenceResult]]) -> None:
+                """One message per shard; a failure ends the session, which reconnects."""
+                by_shard: dict[str, list[InferenceResult]] = {}
+                for shard, result in batch:
+                    by_shard.setdefault(shard, []).append(result)
+                for shard, results in by_shard.items():
+                    await client.publish(topics.infer_response(self.config.run_id, shard), encode_batch(results), qos=1)
+
+            # Replies never expire here: a late one is the pool's to count (its deadline has a grace).
+            replies = BatchSender(Batcher[tuple[str, InferenceResult]](), send, lambda _: None)
             self.ready.set()
             log.info("worker %s serving %s with backend %s", self.name, self._request_topic, backend.name)
             async with asyncio.TaskGroup() as tg:
-                async for message in client.messages:
-                    await slots.acquire()
-                    tg.create_task(self._handle(client, backend, message, slots))
+                sender = tg.create_task(replies.run())
+                try:
+                    async for message in client.messages:
+                        for request in self._requests(message):
+                            await slots.acquire()
+                            tg.create_task(self._handle(backend, request, slots, replies))
+                finally:
+                    sender.cancel()
 
-    async def _handle(
-        self, client: aiomqtt.Client, backend: Backend, message: aiomqtt.Message, slots: asyncio.Semaphore
-    ) -> None:
-        """Serve one message; the slot is freed before the reply's PUBACK round trip."""
-        c = self._counters
-        c.in_flight += 1
-        c.in_flight_peak = max(c.in_flight_peak, c.in_flight)
-        try:
-            result = await self._serve_payload(backend, message)
-        finally:
-            c.in_flight -= 1
-            slots.release()
-        if result is not None:
-            reply_topic = topics.infer_response(self.config.run_id, result[0])
-            await client.publish(reply_topic, encode_result(result[1]), qos=1)
-
-    async def _serve_payload(
-        self, backend: Backend, message: aiomqtt.Message
-    ) -> tuple[str, InferenceResult] | None:
+    def _requests(self, message: aiomqtt.Message) -> list[InferenceRequest]:
+        """The well-formed requests of a message; each malformed one counted and logged once."""
         c = self._counters
         payload = message.payload
         if not isinstance(payload, bytes):
             c.malformed += 1
             self._warn("request-type", "malformed request on %s: payload is %s", message.topic, type(payload))
-            return None
-        try:
-            request = decode_request(payload)
-        except msgspec.DecodeError as exc:
+            return []
+        requests, errors = decode_batch(payload, decode_request)
+        for exc in errors:
             c.malformed += 1
             self._warn("request-decode", "malformed request on %s dropped: %s", message.topic, exc)
-            return None
+        return requests
+
+    async def _handle(
+        self,
+        backend: Backend,
+        request: InferenceRequest,
+        slots: asyncio.Semaphore,
+        replies: BatchSender[tuple[str, InferenceResult]],
+    ) -> None:
+        """Serve one request; its reply joins the reply batch of the moment it is ready."""
+        c = self._counters
+        c.in_flight += 1
+        c.in_flight_peak = max(c.in_flight_peak, c.in_flight)
         c.requests += 1
-        result = await serve(
-            request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
-            counters=c, worker=self.name, warn=self._warn,
-        )
+        try:
+            result = await serve(
+                request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
+                counters=c, worker=self.name, warn=self._warn,
+            )
+        finally:
+            c.in_flight -= 1
+            slots.release()
         c.count_result(result)
-        return request.shard, result
+        replies.put((request.shard, result), priority=request.priority, deadline=float("inf"))
