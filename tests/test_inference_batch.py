@@ -124,10 +124,13 @@ def test_a_malformed_element_costs_only_itself() -> None:
 
 async def test_the_next_batch_fills_while_one_is_being_sent() -> None:
     sent: list[list[int]] = []
-    release = asyncio.Event()
+    first_sent, release, all_sent = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def send(batch: list[int]) -> None:
         sent.append(batch)
+        first_sent.set()
+        if sum(map(len, sent)) == 7:
+            all_sent.set()
         if len(sent) == 1:
             await release.wait()
 
@@ -135,14 +138,13 @@ async def test_the_next_batch_fills_while_one_is_being_sent() -> None:
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(sender.run())
         sender.put(0, priority=1, deadline=time.time() + 60)
-        while not sent:
-            await asyncio.sleep(0.001)
+        async with asyncio.timeout(30):
+            await first_sent.wait()
         for n in range(1, 7):
             sender.put(n, priority=1, deadline=time.time() + 60)
         release.set()
         async with asyncio.timeout(30):
-            while sum(map(len, sent)) < 7:
-                await asyncio.sleep(0.001)
+            await all_sent.wait()
         task.cancel()
     assert sent == [[0], [1, 2, 3, 4], [5, 6]]
     assert (sender.batches, sender.items) == (3, 7)
@@ -151,9 +153,11 @@ async def test_the_next_batch_fills_while_one_is_being_sent() -> None:
 async def test_items_that_expire_waiting_are_answered_not_sent() -> None:
     sent: list[list[str]] = []
     expired: list[str] = []
+    done = asyncio.Event()
 
     async def send(batch: list[str]) -> None:
         sent.append(batch)
+        done.set()
 
     sender = BatchSender(Batcher[str](max_items=8, linger=0.05), send, expired.extend)
     async with asyncio.TaskGroup() as tg:
@@ -161,8 +165,7 @@ async def test_items_that_expire_waiting_are_answered_not_sent() -> None:
         sender.put("late", priority=1, deadline=time.time() - 1)
         sender.put("fine", priority=1, deadline=time.time() + 60)
         async with asyncio.timeout(30):
-            while not sent:
-                await asyncio.sleep(0.001)
+            await done.wait()
         task.cancel()
     assert sent == [["fine"]] and expired == ["late"]
 
