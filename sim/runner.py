@@ -344,6 +344,17 @@ async def run(
 async def _run(
     config: RunConfig, stats: RunStats, stop: asyncio.Event, on_ready: Callable[[RunStats], None] | None
 ) -> None:
+    with startup.PausedCollector() as collector:
+        await _start_and_run(config, stats, stop, on_ready, collector)
+
+
+async def _start_and_run(
+    config: RunConfig,
+    stats: RunStats,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+    collector: startup.PausedCollector,
+) -> None:
     stats.startup_progress.enter(startup.LOADING)
     scenario = await startup.load_scenario_in_thread(config.scenario)
     seed = scenario.scenario.seed if config.seed is None else config.seed
@@ -372,7 +383,7 @@ async def _run(
             stats.bus = bus.stats
             ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
             await _run_shard(
-                ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
+                ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready, collector
             )
 
 
@@ -385,6 +396,7 @@ async def _run_shard(
     ticks: int,
     stop: asyncio.Event,
     on_ready: Callable[[RunStats], None] | None,
+    collector: startup.PausedCollector,
 ) -> None:
     bus, stats = ctx.bus, ctx.stats
     store = ctx.store
@@ -437,9 +449,6 @@ async def _run_shard(
     if index == 0 and not config.resume and scenario.world:
         await bus.publish_world_state(WorldStateMessage(state={w.key: w.value for w in scenario.world}, tick=first))
     await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
-    stats.startup_progress.enter(startup.RUNNING)
-    if on_ready is not None:
-        on_ready(stats)
 
     wakes = {agent.id: asyncio.Event() for agent in agents}
     pending = 0
@@ -466,6 +475,10 @@ async def _run_shard(
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(agent_loop(a, wakes[a.id]), name=f"agent-{a.id}") for a in agents]
+                collector.start_up_done()
+                stats.startup_progress.enter(startup.RUNNING)
+                if on_ready is not None:
+                    on_ready(stats)
                 try:
                     for tick in range(first, first + ticks):
                         if stop.is_set():
