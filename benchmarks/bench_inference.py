@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import platform
 import shutil
 import socket
@@ -30,13 +31,14 @@ from pathlib import Path
 
 import msgspec
 
-from benchmarks._report import write_section
+from benchmarks._report import machine_line, write_section
 from sim.inference import InferenceResult, PoolConfig, Priority, open_pool
 from sim.inference.backends.llamacpp import missing_requirement
 from tests.inference_helpers import make_request
 
 REPO = Path(__file__).resolve().parent.parent
 HEADING = "Inference pool (issue 5)"
+ROUND_TRIP_HEADING = "Remote inference round trips, batched (issue 11)"
 
 
 def _free_port() -> int:
@@ -278,7 +280,17 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt's "N pending publish calls" is expected here
     if args.round_trips:
-        print(asyncio.run(remote_vs_inprocess(args.concurrency, args.seconds)))
+        figures = asyncio.run(remote_vs_inprocess(args.concurrency, args.seconds))
+        load = os.getloadavg()[0]
+        body = (
+            f"Command: `.venv/bin/python benchmarks/bench_inference.py --round-trips --concurrency "
+            f"{args.concurrency} --seconds {args.seconds:.0f}`\nMachine: {machine_line(('msgspec', 'aiomqtt'))}; "
+            f"Mosquitto from broker-config/dev.conf; load average {load:.1f} when it ended (other engineers' "
+            f"runs shared the 2 cores).\n\n{figures}\n"
+        )
+        print(body)
+        if args.write:
+            write_section(args.write, ROUND_TRIP_HEADING, body)
         return
     section = asyncio.run(main_async(args))
     print(section)

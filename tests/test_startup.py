@@ -198,3 +198,22 @@ def test_the_live_display_says_what_start_up_is_doing() -> None:
     assert "creating or loading agents (12,000 of 100,000)" in shown(stats)
     stats.startup_progress.enter(RUNNING)
     assert "start-up" not in shown(stats)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read the scenario file"), ("[scenario\n", "not valid TOML"), ("[scenario]\nname = 1\n", "name")],
+)
+def test_a_bad_scenario_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
+) -> None:
+    """The scenario is parsed in a thread now: its errors still reach the user as one line."""
+    from sim.cli import main
+
+    path = tmp_path / "bad.toml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["run", str(path), "--broker", "mqtt://127.0.0.1:9", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("npcsim: error: ") and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
