@@ -115,6 +115,7 @@ class NpcAgent:
             player=turn == 1 and to not in ctx.npc_ids,
             ambient=turn == 0,
             fallback_lines=tuple(self.spec.fallback_lines),
+            state=state,
         )
         await ctx.say(self.id, tick, to, result.line, inference_id)
         ctx.bus.emit(

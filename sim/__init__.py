@@ -1,3 +1,9 @@
 """npcsim's engine: state model, working memory, codecs, bus, store, inference, runner."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    # One source of truth: the version in pyproject.toml, as the installed metadata has it.
+    __version__ = version("npcsim")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

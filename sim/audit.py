@@ -6,6 +6,17 @@ compare SHA-256 of the prompt and of the msgpack encoding, byte for byte. The pr
 itself is stored too (optional, for old writers): it is what "what exactly did the model
 see" means, and it lets a drift be shown as a diff instead of two hashes.
 
+Every attempt of an inference is kept (`attempts`): the exact text the model was given
+(for the chat endpoint, the messages' contents in order, joined by a blank line), its raw
+reply (None when none came) and why it was rejected (None when accepted). A retry's
+working memory is the first one rebuilt with the attempt's prohibition, so `replay`
+checks every attempt byte for byte too.
+
+Old records stay readable: fields added later have defaults, `raw_response` was widened
+to allow None (records of failed inferences stored null there), unknown fields are
+ignored, and a record names its `renderer` (1 when absent: written before untrusted text
+was rendered inert) and its `version` (1 when absent: no attempts recorded).
+
 This module does no I/O; the store writes and reads records (`sim.store`).
 """
 
@@ -21,8 +32,11 @@ from sim.errors import NpcsimError, StoreError
 from sim.memory import NpcState, TruncationReport, WorkingMemory, WorkingMemoryConfig, build_working_memory
 
 __all__ = [
+    "RECORD_VERSION",
+    "Attempt",
     "AuditRecord",
     "ReplayResult",
+    "attempt_prompt",
     "decode_record",
     "encode_record",
     "encoding_sha256",
@@ -34,8 +48,27 @@ __all__ = [
 # A request parameter: a scalar, or a list of them (stop sequences).
 Param = str | int | float | bool | None | list[str | int | float | bool | None]
 
+RECORD_VERSION = 2
+"""2: records carry `attempts` and `renderer`."""
 
-class AuditRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+
+class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+    """One call to a backend: what the model was given, what came back, what was wrong.
+
+    `prompt` is `prefix` + the working memory's text in `form` ("text": the prompt; "chat":
+    the messages' contents joined by a blank line); the memory is the record's, rebuilt
+    with `prohibition`. `problem` is None when the reply was accepted.
+    """
+
+    prompt: str
+    raw_response: str | None = None
+    problem: str | None = None
+    prohibition: str | None = None
+    form: str = "text"
+    prefix: str = ""
+
+
+class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything about one inference: what the model saw, said, and why.
 
     `timings` are milliseconds by phase (e.g. "build", "queue", "infer"); `params` are the
@@ -55,12 +88,21 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     backend: str
     model: str
     params: dict[str, Param] = {}
-    raw_response: str = ""
+    raw_response: str | None = None
     line: str = ""
     fallback: bool = False
     fallback_reason: str | None = None
     timings: dict[str, float] = {}
     prompt: str | None = None
+    attempts: tuple[Attempt, ...] = ()
+    renderer: int = 1
+    version: int = 1
+
+    def memory(self, prohibition: str | None = None) -> WorkingMemory:
+        """The working memory of this record (or of its retry with `prohibition`), rebuilt."""
+        return build_working_memory(
+            self.state, self.player_input, self.config, prohibition=prohibition, renderer=self.renderer
+        )
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +113,7 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_sha256: str
     encoding_sha256: str
     difference: str = ""
+    attempts: int = 0  # attempts checked
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -103,7 +146,7 @@ def make_record(
     """A record for an inference whose working memory `memory` was built from `state`.
 
     `response` takes the remaining fields (params, raw_response, line, fallback,
-    fallback_reason, timings).
+    fallback_reason, timings, attempts).
     """
     return AuditRecord(
         id=id,
@@ -119,6 +162,8 @@ def make_record(
         backend=backend,
         model=model,
         prompt=memory.prompt,
+        renderer=memory.renderer,
+        version=RECORD_VERSION,
         **response,
     )
 
@@ -142,21 +187,45 @@ def replay(record: AuditRecord) -> ReplayResult:
     policy "raise") is a difference too, so one bad record does not stop a replay run.
     """
     try:
-        wm = build_working_memory(record.state, record.player_input, record.config)
+        wm = record.memory()
     except (NpcsimError, ValueError) as exc:
         return ReplayResult(
             record_id=record.id, ok=False, prompt_sha256="", encoding_sha256="", difference=f"build failed: {exc}"
         )
     got_prompt = prompt_sha256(wm)
     got_encoding = encoding_sha256(wm)
-    difference = _first_difference(record, wm, got_prompt, got_encoding)
+    difference = _first_difference(record, wm, got_prompt, got_encoding) or _attempt_difference(record)
     return ReplayResult(
         record_id=record.id,
         ok=not difference,
         prompt_sha256=got_prompt,
         encoding_sha256=got_encoding,
         difference=difference,
+        attempts=len(record.attempts),
     )
+
+
+def attempt_prompt(record: AuditRecord, attempt: Attempt) -> str:
+    """What the model was given on `attempt`, rebuilt from the record (raises on a bad build)."""
+    return attempt.prefix + record.memory(attempt.prohibition).sent_text(attempt.form)
+
+
+def _attempt_difference(record: AuditRecord) -> str:
+    """The first attempt whose rebuilt text differs from the recorded one, as a diff."""
+    for n, attempt in enumerate(record.attempts, 1):
+        try:
+            rebuilt = attempt_prompt(record, attempt)
+        except (NpcsimError, ValueError) as exc:
+            return f"attempt {n}: build failed: {exc}"
+        if rebuilt != attempt.prompt:
+            diff = difflib.unified_diff(
+                attempt.prompt.splitlines(keepends=True),
+                rebuilt.splitlines(keepends=True),
+                fromfile=f"recorded prompt of attempt {n}",
+                tofile=f"rebuilt prompt of attempt {n}",
+            )
+            return f"prompt_sha256: attempt {n} differs\n" + "".join(diff)
+    return ""
 
 
 def _first_difference(record: AuditRecord, wm: WorkingMemory, got_prompt: str, got_encoding: str) -> str:

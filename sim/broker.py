@@ -32,12 +32,13 @@ from typing import Literal
 
 from sim.bus import parse_url
 from sim.errors import BrokerError
+from sim.resources import broker_config_dir
 
 __all__ = ["BROKER_CONFIG", "BrokerInfo", "find_mosquitto", "free_port", "open_broker"]
 
 log = logging.getLogger(__name__)
 
-BROKER_CONFIG = Path(__file__).resolve().parent.parent / "broker-config"
+BROKER_CONFIG = broker_config_dir()
 _START_TIMEOUT = 10.0
 
 

@@ -23,6 +23,7 @@ from sim.memory._render import (
     render_fact,
     render_head,
     render_line,
+    render_rule,
     render_tail,
     render_world,
 )
@@ -53,13 +54,14 @@ _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
 }
 
 
-def _render(state: NpcState, player_input: str, kept: Mapping[str, Sequence[Any]]) -> str:
+def _render(state: NpcState, player_input: str, kept: Mapping[str, Sequence[Any]], rule: str) -> str:
     parts = [render_head(state.system_prompt)]
     for name in _ORDER:
         items = kept[name]
         if items:
             parts.append(CATEGORY_HEADERS[name])
             parts.extend(_RENDER[name](item) for item in items)
+    parts.append(rule)
     parts.append(render_tail(state.agent_id, player_input))
     return "".join(parts)
 
@@ -105,22 +107,23 @@ def check_working_memory(
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
 
     prompt = wm.prompt
-    if prompt != _render(state, player_input, kept):
+    rule = render_rule(wm.prohibition)
+    if prompt != _render(state, player_input, kept, rule):
         out.append(Violation("I2", "the prompt is not the rendering of the kept items (hidden or altered text)"))
 
-    # I1: canonical facts and world state appear verbatim (flags on).
+    # I1: canonical facts appear verbatim, world state as rendered (inert), flags on.
     if always["canonical_facts"]:
         for fact in history["canonical_facts"]:
             if fact.text not in prompt or fact not in kept["canonical_facts"]:
                 out.append(Violation("I1", f"canonical fact {fact.id!r} is missing from the prompt"))
     if always["world_state"]:
         for entry in history["world_state"]:
-            if f"{entry.key}: {entry.value}" not in prompt or entry not in kept["world_state"]:
+            if render_world(entry) not in prompt or entry not in kept["world_state"]:
                 out.append(Violation("I1", f"world state {entry.key!r} is missing from the prompt"))
 
     # I2: within the limit unless over budget, and over budget only when it must be.
     mandatory = {name: (history[name] if always.get(name) else []) for name in _ORDER}
-    must_overflow = not fits(_render(state, player_input, mandatory))
+    must_overflow = not fits(_render(state, player_input, mandatory, rule))
     if wm.report.over_budget != must_overflow:
         out.append(
             Violation("I2", f"over_budget is {wm.report.over_budget} but the mandatory content alone "
@@ -148,7 +151,7 @@ def check_working_memory(
             else:
                 candidate = dict(kept)
                 candidate[name] = [nxt, *kept[name]]
-                could = fits(_render(state, player_input, candidate))
+                could = fits(_render(state, player_input, candidate, rule))
             if could:
                 out.append(Violation("I6", f"{name}: the next newest item would have fitted but was dropped"))
     return out

@@ -41,9 +41,11 @@ from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, Wo
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
 from sim.scenario import NpcSpec, Scenario
-from sim.store import Store, Writer, open_store
+from sim.store import HOT_LIMIT, Store, Writer, open_store
 
-__all__ = ["AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "parse_shard", "run", "shard_npcs"]
+__all__ = [
+    "AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "hot_limit", "parse_shard", "run", "shard_npcs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,18 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
 
+    def __post_init__(self) -> None:
+        """The library's boundary: the same values the CLI refuses are refused here, by option name."""
+        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
+        for name in ("inference_timeout", "echo_timeout", "shutdown_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+
 
 @dataclass
 class RunStats:
@@ -101,6 +115,7 @@ class RunStats:
     last_tick: int = 0
     inferences: int = 0
     fallbacks: int = 0
+    over_budget: int = 0  # working memories whose mandatory content alone exceeded the limit
     lines: int = 0
     player_inputs: int = 0
     late_echoes: int = 0
@@ -168,6 +183,7 @@ class ShardContext:
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
+        self._over_budget_logged: set[str] = set()
 
     def neighbours(self, location: str) -> tuple[str, ...]:
         """Every NPC at `location`, in any shard, in id order."""
@@ -198,9 +214,11 @@ class ShardContext:
         player: bool,
         ambient: bool,
         fallback_lines: tuple[str, ...],
+        state: NpcState | None = None,
     ) -> InferenceResult:
         """Ask the pool; players first, ambient chatter last. Never raises for a model failure."""
         priority = Priority.PLAYER if player else Priority.AMBIENT if ambient else Priority.NPC
+        self._count_over_budget(agent, memory)
         request = InferenceRequest(
             id=inference_id,
             run_id=self.run_id,
@@ -212,11 +230,27 @@ class ShardContext:
             fallback_lines=fallback_lines,
             seed=self.seed,
             shard=self.shard,
+            state=state,
+            config=self.memory_config,
         )
         result = await self._pool.infer(request)
         self.stats.inferences += 1
         self.stats.fallbacks += result.fallback
         return result
+
+    def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
+        """DESIGN.md step 5: an over-budget snapshot is counted, and logged once per NPC."""
+        if not memory.report.over_budget:
+            return
+        self.stats.over_budget += 1
+        if agent not in self._over_budget_logged:
+            self._over_budget_logged.add(agent)
+            report = memory.report
+            log.warning(
+                "%s: the mandatory content alone (%d chars) exceeds max_context_chars=%d; the prompt is over "
+                "budget (counted in the summary; not logged again for this NPC)",
+                agent, report.mandatory_chars, report.limit_chars,
+            )
 
     async def say(self, agent: str, tick: int, to: str, text: str, inference_id: str) -> None:
         message = SayMessage(run=self.run_id, agent=agent, tick=tick, to=to, text=text, inference_id=inference_id)
@@ -252,6 +286,7 @@ class ShardContext:
             fallback=result.fallback,
             fallback_reason=result.fallback_reason,
             timings=result.timings,
+            attempts=result.attempts,
         )
         await self.store.record(record)
 
@@ -277,6 +312,11 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
             f"--db {db} already holds this run up to tick {store.last_tick}: "
             "pass --resume to continue it, or give another file"
         )
+
+
+def hot_limit(config: WorkingMemoryConfig) -> int:
+    """The store's hot state holds at least what the count caps can use, in every category."""
+    return max(HOT_LIMIT, config.max_dialogue_lines, config.max_episodic_memories, config.max_beliefs)
 
 
 def _default_run_id(scenario: Scenario, seed: int) -> str:
@@ -358,8 +398,11 @@ async def _start_and_run(
     stats.startup_progress.enter(startup.LOADING)
     scenario = await startup.load_scenario_in_thread(config.scenario)
     seed = scenario.scenario.seed if config.seed is None else config.seed
-    run_id = config.run_id or _default_run_id(scenario, seed)
-    topics.run_root(run_id)
+    run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
+    try:
+        topics.run_root(run_id)
+    except ValueError as exc:
+        raise ConfigError(f"--run-id: {exc}") from exc
     index, count = parse_shard(config.shard)
     stats.run_id = run_id
     ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
@@ -378,7 +421,11 @@ async def _start_and_run(
             shard=str(index),
         )
         db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
-        async with open_store(db) as store, open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+        async with (
+            open_store(db, hot_limit=hot_limit(scenario.memory)) as store,
+            open_bus(bus_config) as bus,
+            open_pool(pool_config) as pool,
+        ):
             _check_resume(config, db, store)
             stats.bus = bus.stats
             ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)

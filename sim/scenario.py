@@ -15,6 +15,7 @@ import msgspec
 
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
+from sim.resources import bundled_scenario, scenario_names
 
 __all__ = [
     "LocationSpec",
@@ -115,12 +116,20 @@ class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dic
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file."""
+    """Read and validate a scenario file, or the bundled scenario of that name (`village`).
+
+    A file wins: `village` means the bundled village only when no file `village` exists.
+    """
     path = Path(path)
+    if not path.is_file() and str(path) in scenario_names():
+        return parse_scenario(bundled_scenario(str(path)), source=f"{path} (bundled scenario)")
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the scenario file: {exc.strerror or exc}") from exc
+        raise ScenarioError(
+            f"{path}: cannot read the scenario file: {exc.strerror or exc} "
+            f"(bundled scenarios, by name: {', '.join(scenario_names())})"
+        ) from exc
     return parse_scenario(data, source=str(path))
 
 

@@ -3,7 +3,7 @@
 Real HTTP/1.1 over asyncio streams (keep-alive, Content-Length bodies), a listen backlog of
 256. Each request takes the next mode from `script`, then `default`: "ok", "429" (with
 Retry-After), "500", "hang" (never answers until the server closes), "malformed" (a 200
-whose body is not JSON).
+whose body is not JSON), "empty" (a 200 whose reply text is empty).
 """
 
 from __future__ import annotations
@@ -63,14 +63,15 @@ class FakeOpenAI:
         if mode == "hang":
             await asyncio.sleep(3600)
         status, extra, payload = 200, {}, b""
-        if mode == "ok":
+        if mode in ("ok", "empty"):
+            reply = self.reply if mode == "ok" else ""
             if path.endswith("/chat/completions"):
-                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": self.reply}}
+                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply}}
             else:
-                choice = {"index": 0, "text": self.reply}
+                choice = {"index": 0, "text": reply}
             payload = json.dumps(
                 {"id": "cmpl-1", "model": request.get("model", ""), "choices": [choice],
-                 "usage": {"completion_tokens": len(self.reply.split())}}
+                 "usage": {"completion_tokens": len(reply.split())}}
             ).encode()
         elif mode == "429":
             status, extra, payload = 429, {"Retry-After": self.retry_after}, b'{"error": "slow down"}'

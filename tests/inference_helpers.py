@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from sim.inference import InferenceRequest, Priority
-from sim.memory import Belief, Fact, Line, NpcState, WorldFact, build_working_memory
+from sim.memory import Belief, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact, build_working_memory
 
 FALLBACKS = ("The forge needs me; ask again later.", "Hmm. Not now, friend.")
 
@@ -33,8 +33,10 @@ def make_request(
     fallback_lines: tuple[str, ...] = FALLBACKS,
     said: str = "traveller: Is the bridge safe to cross?",
 ) -> InferenceRequest:
-    memory = build_working_memory(smith_state(agent), said)
+    state = smith_state(agent)
+    config = WorkingMemoryConfig()
+    memory = build_working_memory(state, said, config)
     return InferenceRequest(
         id=f"req-{agent}-{n}", run_id="test", agent_id=agent, tick=n, memory=memory, priority=priority,
-        deadline=time.time() + deadline_in, fallback_lines=fallback_lines, seed=7,
+        deadline=time.time() + deadline_in, fallback_lines=fallback_lines, seed=7, state=state, config=config,
     )

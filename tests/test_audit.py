@@ -112,8 +112,11 @@ def fingerprint(path: Path) -> tuple[bytes, list[str]]:
 
 def test_public_surface() -> None:
     assert sorted(sim.audit.__all__) == [
+        "Attempt",
         "AuditRecord",
+        "RECORD_VERSION",
         "ReplayResult",
+        "attempt_prompt",
         "decode_record",
         "encode_record",
         "encoding_sha256",

@@ -28,8 +28,8 @@ from sim.inference import (
     fallback_line,
     open_pool,
 )
-from sim.memory import Fact, WorkingMemory
-from tests.inference_helpers import FALLBACKS, make_request
+from sim.memory import Fact, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from tests.inference_helpers import FALLBACKS, make_request, smith_state
 
 
 def test_public_surface_is_pinned() -> None:
@@ -124,18 +124,20 @@ async def test_scripted_reply_proves_the_context_reached_the_worker() -> None:
 
 
 class ScriptBackend:
-    """A backend that answers from a list, recording the prohibitions it was given."""
+    """A backend that answers from a list, recording the prohibitions of the memories it was given."""
 
     name = "script"
     model = "script-1"
+    prompt_form = "text"
+    prompt_prefix = ""
 
     def __init__(self, texts: list[str], fail: Exception | None = None) -> None:
         self.texts = texts
         self.fail = fail
         self.prohibitions: list[str | None] = []
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
-        self.prohibitions.append(prohibition)
+    async def generate(self, memory: WorkingMemory) -> Reply:
+        self.prohibitions.append(memory.prohibition)
         if self.fail is not None:
             raise self.fail
         return Reply(text=self.texts.pop(0), model=self.model)
@@ -150,6 +152,52 @@ async def test_negating_reply_is_retried_with_a_prohibition_then_accepted() -> N
     assert backend.prohibitions[0] is None
     assert backend.prohibitions[1] is not None and "The old bridge is broken." in backend.prohibitions[1]
     assert stats.rejected_outputs == 1
+    first, second = result.attempts
+    assert first.raw_response == "The old bridge is not broken at all."
+    assert first.problem == "negates canonical fact 'f1'"
+    assert second.problem is None and second.prohibition == backend.prohibitions[1]
+    assert "\n## Rule\n" not in first.prompt and f"\n## Rule\n{second.prohibition}\n" in second.prompt
+    assert len(second.prompt) <= WorkingMemoryConfig().max_context_chars
+
+
+async def test_a_rejected_reply_without_the_state_is_not_retried() -> None:
+    backend = ScriptBackend(["The old bridge is not broken at all.", "never asked"])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        result = await pool.infer(msgspec.structs.replace(make_request(), state=None, config=None))
+    assert result.fallback and result.fallback_reason == "rejected"
+    assert backend.prohibitions == [None] and len(result.attempts) == 1
+
+
+async def test_the_retry_makes_room_for_its_rule_inside_the_budget() -> None:
+    state = smith_state()
+    said = "traveller: Is the bridge safe to cross?"
+    first = build_working_memory(state, said, WorkingMemoryConfig())
+    config = WorkingMemoryConfig(max_context_chars=len(first.prompt))  # the first attempt fills the budget
+    request = msgspec.structs.replace(
+        make_request(said=said), memory=build_working_memory(state, said, config), config=config
+    )
+    backend = ScriptBackend(["The old bridge is not broken at all.", "Aye, it's broken."])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        result = await pool.infer(request)
+    retry = build_working_memory(state, said, config, prohibition=result.attempts[1].prohibition)
+    assert retry.prompt == result.attempts[1].prompt and not retry.report.over_budget
+    assert len(retry.prompt) <= config.max_context_chars
+    assert retry.report.dialogue.kept + retry.report.beliefs.kept < 2  # flexible items made room
+
+
+async def test_no_retry_when_its_rule_cannot_fit_the_budget() -> None:
+    state = smith_state()
+    said = "traveller: Is the bridge safe to cross?"
+    bare = build_working_memory(state, said, WorkingMemoryConfig(max_context_chars=10))  # mandatory only
+    config = WorkingMemoryConfig(max_context_chars=bare.report.mandatory_chars)
+    request = msgspec.structs.replace(
+        make_request(said=said), memory=build_working_memory(state, said, config), config=config
+    )
+    assert not request.memory.report.over_budget
+    backend = ScriptBackend(["The old bridge is not broken at all.", "never asked"])
+    async with open_pool(PoolConfig(), backend=backend) as pool:
+        result = await pool.infer(request)
+    assert result.fallback and result.fallback_reason == "rejected" and len(result.attempts) == 1
 
 
 async def test_twice_rejected_reply_becomes_the_fallback() -> None:
@@ -161,7 +209,8 @@ async def test_twice_rejected_reply_becomes_the_fallback() -> None:
     assert result.fallback and result.fallback_reason == "rejected"
     assert result.line == fallback_line("mara", 5, 7, FALLBACKS)
     assert result.raw_response == "*stares*"
-    assert stats.fallbacks == {"rejected": 1} and stats.rejected_outputs == 2
+    assert stats.fallbacks == {"rejected": 1} and stats.rejected_outputs == 2 and stats.attempts == 2
+    assert [a.problem for a in result.attempts] == ["negates canonical fact 'f1'", "empty"]
 
 
 async def test_backend_error_gives_the_fallback_never_raises() -> None:
@@ -197,12 +246,14 @@ class GatedBackend:
 
     name = "gated"
     model = "gated"
+    prompt_form = "text"
+    prompt_prefix = ""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.served: list[str] = []
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+    async def generate(self, memory: WorkingMemory) -> Reply:
         self.served.append(memory.agent_id)
         await self.gate.wait()
         return Reply(text=f"{memory.agent_id} speaks.", model=self.model)

@@ -5,8 +5,8 @@ import sim.memory
 
 def test_memory_exports_exactly_the_public_names() -> None:
     assert set(sim.memory.__all__) == {
-        "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "TruncationReport",
-        "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "build_working_memory",
+        "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",
+        "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "build_working_memory", "inert",
     }
     for name in sim.memory.__all__:
         assert getattr(sim.memory, name) is not None

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from sim import __version__
 from sim.cli import audit, loadtest, memory, run, worker
@@ -20,14 +21,51 @@ __all__ = ["build_parser", "main"]
 COMMAND_GROUPS = [memory, run, worker, audit, loadtest]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad argument as one line (no usage block), exit code 2; sub-parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="npcsim", description="Run LLM-driven NPCs at scale.")
+    parser = _Parser(prog="npcsim", description="Run LLM-driven NPCs at scale.")
     parser.add_argument("--version", action="version", version=f"npcsim {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The command list is the epilog, sub-commands included, so argparse's own listing is hidden.
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS)
     for group in COMMAND_GROUPS:
         group.register(subparsers)
+    _list_commands(parser, subparsers)
     return parser
+
+
+def _list_commands(
+    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+) -> None:
+    """`npcsim --help` ends with every command, one line each."""
+    commands = _commands(subparsers, "")
+    width = max(len(name) for name, _ in commands) + 2
+    parser.usage = "%(prog)s [-h] [--version] [-v] COMMAND ..."
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "commands (npcsim COMMAND --help for its options):\n" + "\n".join(
+        f"  {name:<{width}}{help_line}" for name, help_line in commands
+    )
+
+
+def _commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], prefix: str
+) -> list[tuple[str, str]]:
+    """Every runnable command (`audit replay`, not `audit`) with its one-line help.
+
+    argparse has no public way to list sub-commands with their help, hence its private names.
+    """
+    commands = []
+    for choice in subparsers._choices_actions:
+        name = f"{prefix}{choice.dest}"
+        nested = [a for a in subparsers.choices[choice.dest]._actions if isinstance(a, argparse._SubParsersAction)]
+        commands += _commands(nested[0], f"{name} ") if nested else [(name, choice.help or "")]
+    return commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """`npcsim audit list|show|replay|export`: read the black-box audit of a store file.
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
-what is audited.
+what is audited. `show` prints every attempt of an inference (what the model was given,
+its raw reply, why it was rejected); `replay` rebuilds and checks every attempt; `export`
+writes each record with its `attempts` list.
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from sim.audit import replay
+from sim.audit import AuditRecord, replay
 from sim.cli.memory import report_table
 from sim.errors import StoreError
-from sim.memory import build_working_memory
 from sim.store import open_reader
 
 __all__ = ["register"]
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = subparsers.add_parser("audit", help="inspect and verify the inference audit of a store")
     commands = group.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
 
-    list_ = commands.add_parser("list", help="one line per recorded inference")
+    list_ = commands.add_parser("list", help="one line per recorded inference (attempts, over budget, fallback)")
     list_.add_argument("--db", required=True, help="store file (opened read-only)")
     list_.add_argument("--agent", default=None, help="only this agent")
     list_.set_defaults(func=list_command)
@@ -59,24 +60,59 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def list_command(args: argparse.Namespace) -> int:
     console = Console()
-    with open_reader(args.db) as reader:
-        summaries = reader.audit_summaries(args.agent)
     table = Table(show_edge=False)
-    for column in ("id", "agent", "tick", "backend", "model", "fallback", "line"):
-        table.add_column(column, justify="right" if column == "tick" else "left")
-    for s in summaries:
-        line = s.line if len(s.line) <= _LINE_PREVIEW else s.line[: _LINE_PREVIEW - 1] + "…"
-        table.add_row(s.id, s.agent_id, str(s.tick), s.backend, s.model, "yes" if s.fallback else "", Text(line))
-    table.caption = f"{len(summaries)} records"
+    rows = []
+    count = over = 0
+    with open_reader(args.db) as reader:
+        for r in reader.audit_records(args.agent):
+            count += 1
+            over += r.report.over_budget
+            line = r.line if len(r.line) <= _LINE_PREVIEW else r.line[: _LINE_PREVIEW - 1] + "…"
+            rows.append((
+                r.id, r.agent_id, str(r.tick), f"{r.backend}/{r.model}", str(len(r.attempts)),
+                "yes" if r.report.over_budget else "", r.fallback_reason or "?" if r.fallback else "", Text(line),
+            ))
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
+    for column, width in zip(("id", "agent", "tick"), widths, strict=True):
+        table.add_column(column, no_wrap=True, min_width=width, justify="right" if column == "tick" else "left")
+    for column in ("backend", "tries", "over budget", "fallback"):
+        table.add_column(column, justify="right" if column == "tries" else "left")
+    table.add_column("line", ratio=1)
+    for row in rows:
+        table.add_row(*row)
+    table.caption = f"{count} records, {over} over budget"
     console.print(table)
     return 0
+
+
+def _fallback(record: AuditRecord) -> str:
+    return f"yes: {record.fallback_reason or 'no reason recorded'}"
+
+
+def _raw(text: str | None) -> str:
+    """A raw reply as shown: none at all and an empty one are told apart."""
+    return "(none)" if text is None else text or "(empty)"
+
+
+def _attempts_table(record: AuditRecord) -> Table:
+    """Every attempt: the exact text given, the raw reply, and why it was rejected."""
+    table = Table(title="attempts", title_justify="left", show_lines=True)
+    for column in ("#", "given to the model", "raw response", "problem"):
+        table.add_column(column, overflow="fold")
+    for n, a in enumerate(record.attempts, 1):
+        given = a.prompt if a.prohibition is None else f"[rule: {a.prohibition}]\n{a.prompt}"
+        table.add_row(
+            str(n), Text(given), Text(_raw(a.raw_response)),
+            Text(a.problem or "accepted"),
+        )
+    return table
 
 
 def show_command(args: argparse.Namespace) -> int:
     console = Console()
     with open_reader(args.db) as reader:
         record = reader.audit_record(args.id)
-    wm = build_working_memory(record.state, record.player_input, record.config)
+    wm = record.memory()
     result = replay(record)
     prompt = record.prompt if record.prompt is not None else wm.prompt
     source = "recorded" if record.prompt is not None else "rebuilt from the recorded state"
@@ -95,30 +131,36 @@ def show_command(args: argparse.Namespace) -> int:
     response.add_column("value")
     response.add_row("backend", f"{record.backend} / {record.model}")
     response.add_row("params", Text(msgspec.json.encode(record.params).decode()))
-    response.add_row("raw response", Text(record.raw_response))
+    response.add_row("raw response", Text(_raw(record.raw_response)))
     response.add_row("line", Text(record.line))
-    fallback = "no" if not record.fallback else f"yes: {record.fallback_reason or 'no reason recorded'}"
-    response.add_row("fallback", Text(fallback))
+    response.add_row("fallback", Text(_fallback(record) if record.fallback else "no"))
     response.add_row("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items())))
+    response.add_row("renderer", str(record.renderer))
     console.print(response)
+    if record.attempts:
+        console.print(_attempts_table(record))
+    else:
+        console.print("no attempts recorded (a stale request, or a record written before attempts were kept)")
     return 0
 
 
 def replay_command(args: argparse.Namespace) -> int:
     console = Console()
     total = 0
+    attempts = 0
     differing = 0
     first = None
     with open_reader(args.db) as reader:
         for record in reader.audit_records(args.agent):
             total += 1
             result = replay(record)
+            attempts += result.attempts
             if not result.ok:
                 differing += 1
                 if first is None:
                     first = (record, result)
     if first is None:
-        console.print(f"replayed {total} records: all byte-identical")
+        console.print(f"replayed {total} records: all byte-identical ({attempts} attempts checked)")
         return 0
     record, result = first
     console.print(f"[bold red]replayed {total} records: {differing} differ[/]")

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from sim.cli._values import whole
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
 from sim.scenario import Scenario, load_scenario
 
@@ -20,10 +21,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = subparsers.add_parser("memory", help="inspect working memories")
     commands = group.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
     show = commands.add_parser("show", help="print each NPC's working memory and truncation report")
-    show.add_argument("scenario", help="scenario TOML file")
+    show.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     show.add_argument("--npc", action="append", help="only this NPC (repeatable)")
-    show.add_argument("--tight", type=int, default=600, metavar="CHARS", help="the tight budget (default 600)")
-    show.add_argument("--tokens", type=int, default=None, metavar="T", help="also limit to T tokens (cl100k)")
+    show.add_argument("--tight", type=whole(1), default=600, metavar="CHARS", help="the tight budget (default 600)")
+    show.add_argument("--tokens", type=whole(1), default=None, metavar="T", help="also limit to T tokens (cl100k)")
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
     show.set_defaults(func=show_command)
 

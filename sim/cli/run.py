@@ -17,8 +17,10 @@ from rich.table import Table
 
 from sim import topics
 from sim.bus import parse_url
+from sim.cli import bundled
 from sim.cli._backend import add_backend_arguments, backend_options
-from sim.errors import BrokerError
+from sim.cli._values import run_id, seconds, whole
+from sim.errors import BrokerError, ConfigError
 from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
@@ -29,20 +31,22 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
-    cmd.add_argument("scenario", help="scenario TOML file")
+    cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     cmd.add_argument("--broker", default="auto", help="auto (default) or mqtt://host:port")
-    cmd.add_argument("--ticks", type=int, default=None, help="ticks to run (default: the scenario's)")
-    cmd.add_argument("--tick-ms", type=int, default=0, help="milliseconds per tick; 0 = as fast as possible")
+    cmd.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
+    cmd.add_argument("--tick-ms", type=whole(0), default=0, help="milliseconds per tick; 0 = as fast as possible")
     cmd.add_argument("--seed", type=int, default=None)
-    cmd.add_argument("--run-id", default=None)
+    cmd.add_argument("--run-id", type=run_id, default=None, help="run id (default: scenario name and seed)")
     cmd.add_argument("--db", default=None, help="SQLite file for this shard")
     add_backend_arguments(cmd)
     cmd.add_argument("--remote-workers", action="store_true",
                      help="send inferences to `npcsim worker` processes on the broker instead of in-process")
-    cmd.add_argument("--concurrency", type=int, default=64, help="inferences in flight at once (default 64)")
+    cmd.add_argument("--concurrency", type=whole(1), default=64, help="inferences in flight at once (default 64)")
+    cmd.add_argument("--inference-timeout", type=seconds, default=30.0, metavar="S",
+                     help="seconds one inference may take before the fallback line speaks (default 30)")
     cmd.add_argument("--shard", default="0/1", help="i/n: run shard i of n")
     cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
-    cmd.add_argument("--bots", type=int, default=0, help="bot players for load")
+    cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="no live display")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
     cmd.set_defaults(func=run_command)
@@ -56,11 +60,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     scenario = subparsers.add_parser("scenario", help="scenario tools")
     scmds = scenario.add_subparsers(dest="scenario_command", required=True, metavar="COMMAND")
     gen = scmds.add_parser("generate", help="write a large generated world")
-    gen.add_argument("--npcs", type=int, required=True)
-    gen.add_argument("--locations", type=int, required=True)
+    gen.add_argument("--npcs", type=whole(1), required=True)
+    gen.add_argument("--locations", type=whole(1), required=True)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", required=True)
     gen.set_defaults(func=generate_command)
+    bundled.register(scmds)
 
 
 def _progress(stats: RunStats) -> Table:
@@ -91,6 +96,7 @@ def summary_table(stats: RunStats) -> Table:
         ("player inputs", stats.player_inputs),
         ("inferences", stats.inferences),
         ("fallback lines", stats.fallbacks),
+        ("over-budget prompts", stats.over_budget),
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
     ]
@@ -124,6 +130,7 @@ def run_command(args: argparse.Namespace) -> int:
         shard=args.shard,
         resume=args.resume,
         bots=args.bots,
+        inference_timeout=args.inference_timeout,
         keep_dialogue=args.dialogue,
     )
     console = Console()
@@ -180,6 +187,9 @@ async def _subscribe(url: str, run_id: str, agent: str, console: Console) -> Non
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    path = write_scenario(Path(args.out), npcs=args.npcs, locations=args.locations, seed=args.seed)
+    try:
+        path = write_scenario(Path(args.out), npcs=args.npcs, locations=args.locations, seed=args.seed)
+    except OSError as exc:
+        raise ConfigError(f"--out {args.out!r}: cannot write the scenario: {exc.strerror or exc}") from exc
     Console().print(f"wrote {args.npcs} NPCs in {args.locations} locations to {path}")
     return 0

@@ -9,6 +9,7 @@ import signal
 from rich.console import Console
 
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._values import run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 
@@ -18,11 +19,12 @@ __all__ = ["register", "worker_command"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
     worker.add_argument("--broker", required=True, help="mqtt://host:port")
-    worker.add_argument("--run", required=True, help="the run id whose requests to serve")
+    worker.add_argument("--run", type=run_id, required=True, help="the run id whose requests to serve")
     add_backend_arguments(worker)
-    worker.add_argument("--concurrency", type=int, default=8, help="requests served at once (default 8)")
-    worker.add_argument("--group", default="workers", help="shared-subscription group (default 'workers')")
-    worker.add_argument("--timeout", type=float, default=30.0, help="seconds per request at the backend")
+    worker.add_argument("--concurrency", type=whole(1), default=8, help="requests served at once (default 8)")
+    worker.add_argument("--group", type=segment("worker group"), default="workers",
+                        help="shared-subscription group (default 'workers')")
+    worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
     worker.set_defaults(func=worker_command)
 

@@ -180,7 +180,9 @@ class RemoteWorker:
         if self._backend is not None:
             await self._reconnecting(self._backend)
             return
-        async with open_backend(self.config.backend, self.config.options, self.config.concurrency) as backend:
+        async with open_backend(
+            self.config.backend, self.config.options, self.config.concurrency, self.config.timeout
+        ) as backend:
             await self._reconnecting(backend)
 
     async def _reconnecting(self, backend: Backend) -> None:

@@ -132,5 +132,5 @@ async def open_pool(config: PoolConfig, *, backend: Backend | None = None) -> As
     if backend is not None:
         yield Pool(config, dispatcher(backend), counters)
         return
-    async with open_backend(config.backend, config.options, config.concurrency) as opened:
+    async with open_backend(config.backend, config.options, config.concurrency, config.timeout) as opened:
         yield Pool(config, dispatcher(opened), counters)

@@ -1,8 +1,9 @@
 """Serving one request: what a worker does, in-process or remote.
 
 Drop it when stale, call the backend within the time left, clean and judge the output,
-retry once with a prohibition when the output is rejected, and answer with the fallback
-line whenever anything fails: `serve` never raises for a backend failure.
+retry once with a prohibition when the output is rejected (a working memory rebuilt with
+the prohibition inside the budget), and answer with the fallback line whenever anything
+fails: `serve` never raises for a backend failure. Every call is kept as an `Attempt`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from collections.abc import Callable
 
 import msgspec
 
-from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, RejectedOutputError
+from sim.audit import Attempt
+from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, OverBudgetError, RejectedOutputError
 from sim.inference._fallback import fallback_line
-from sim.inference._output import judge
-from sim.inference._types import InferenceRequest, InferenceResult, PoolStatistics, Reply
+from sim.inference._output import Verdict, judge
+from sim.inference._types import InferenceRequest, InferenceResult, PoolStatistics
 from sim.inference.backends import Backend
+from sim.memory import WorkingMemory, build_working_memory
 
-__all__ = ["Counters", "LogOnce", "fallback_result", "serve", "with_timings"]
+__all__ = ["Counters", "LogOnce", "fallback_result", "retry_memory", "serve", "with_timings"]
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +56,11 @@ class Counters:
         self.waiting = 0
         self.malformed = 0
         self.late_replies = 0
+        self.attempts = 0
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
+        self.attempts += len(result.attempts)
         if result.fallback:
             self.fallbacks[result.fallback_reason or "unknown"] += 1
 
@@ -71,6 +76,7 @@ class Counters:
             waiting=self.waiting,
             malformed=self.malformed,
             late_replies=self.late_replies,
+            attempts=self.attempts,
         )
 
 
@@ -83,6 +89,7 @@ def fallback_result(
     raw_response: str | None = None,
     timings: dict[str, float] | None = None,
     worker: str = "",
+    attempts: tuple[Attempt, ...] = (),
 ) -> InferenceResult:
     """The NPC's deterministic fallback line, recording why it was used."""
     return InferenceResult(
@@ -97,6 +104,42 @@ def fallback_result(
         fallback_reason=reason,
         timings=timings or {},
         worker=worker,
+        attempts=attempts,
+    )
+
+
+def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verdict) -> WorkingMemory | None:
+    """The working memory of the one retry after a rejected reply, or None when there is none.
+
+    It is built by `sim.memory` from the request's state with the prohibition as mandatory
+    content inside the same budget: flexible items make room for it. When the rule does not
+    fit even then, there is no retry (the fallback speaks), so a retry never goes over a
+    budget the first attempt kept.
+    """
+    if memory.prohibition is not None or verdict.prohibition is None:
+        return None  # a retry was made already
+    if request.state is None or request.config is None:
+        return None
+    try:
+        retry = build_working_memory(
+            request.state, memory.player_input, request.config, prohibition=verdict.prohibition,
+            renderer=memory.renderer,
+        )
+    except OverBudgetError:
+        return None  # policy "raise"
+    if retry.report.over_budget and not memory.report.over_budget:
+        log.info("no retry for %s: the rule does not fit the budget", request.agent_id)
+        return None
+    return retry
+
+
+def _attempt(backend: Backend, memory: WorkingMemory) -> Attempt:
+    """The attempt about to be made: exactly the text the backend will give the model."""
+    return Attempt(
+        prompt=backend.prompt_prefix + memory.sent_text(backend.prompt_form),
+        prohibition=memory.prohibition,
+        form=backend.prompt_form,
+        prefix=backend.prompt_prefix,
     )
 
 
@@ -115,7 +158,7 @@ async def serve(
 
     `time_limit` (seconds) bounds the backend's time together with the request's deadline;
     it is a parameter, not the caller's timeout scope, because the fallback must still be
-    produced when it runs out.
+    produced when it runs out. Every call to the backend is kept as an `Attempt`.
     """
     started = time.perf_counter()
     warn = warn or LogOnce(log)
@@ -124,56 +167,63 @@ async def serve(
         counters.dropped_stale += 1
         log.debug("dropped stale request %s of %s (%.3fs past its deadline)", request.id, request.agent_id, -left)
         return fallback_result(request, "stale", backend=backend.name, model=backend.model, worker=worker)
+    limit = min(time_limit, left)
+    attempts: list[Attempt] = []
+    in_flight: Attempt | None = None
     raw: str | None = None
-    reply: Reply | None = None
     reason: str
+    detail: str
     try:
-        async with asyncio.timeout(min(time_limit, left)):
-            reply = await backend.generate(request.memory, None)
-            raw = reply.text
-            verdict = judge(reply.text, request.memory, max_line_chars)
-            if verdict.problem is not None:
-                counters.rejected_outputs += 1
-                log.info("rejected output for %s (%s): %r; retrying once", request.agent_id, verdict.problem, raw)
-                reply = await backend.generate(request.memory, verdict.prohibition)
+        async with asyncio.timeout(limit):
+            memory: WorkingMemory | None = request.memory
+            while memory is not None:
+                in_flight = _attempt(backend, memory)
+                reply = await backend.generate(memory)
                 raw = reply.text
-                verdict = judge(reply.text, request.memory, max_line_chars)
-                if verdict.problem is not None:
-                    counters.rejected_outputs += 1
-                    raise RejectedOutputError(verdict.problem)
-        backend_ms = (time.perf_counter() - started) * 1000
-        return InferenceResult(
-            id=request.id,
-            agent_id=request.agent_id,
-            tick=request.tick,
-            line=verdict.line,
-            raw_response=raw,
-            backend=backend.name,
-            model=reply.model,
-            params=reply.params,
-            timings={"backend_ms": backend_ms},
-            tokens=reply.tokens,
-            worker=worker,
-        )
+                verdict = judge(reply.text, memory, max_line_chars)
+                attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem))
+                in_flight = None
+                if verdict.problem is None:
+                    return InferenceResult(
+                        id=request.id,
+                        agent_id=request.agent_id,
+                        tick=request.tick,
+                        line=verdict.line,
+                        raw_response=raw,
+                        backend=backend.name,
+                        model=reply.model,
+                        params=reply.params,
+                        timings={"backend_ms": (time.perf_counter() - started) * 1000},
+                        tokens=reply.tokens,
+                        worker=worker,
+                        attempts=tuple(attempts),
+                    )
+                counters.rejected_outputs += 1
+                memory = retry_memory(request, memory, verdict)
+                if memory is not None:
+                    log.info("rejected output for %s (%s): %r; retrying once", request.agent_id, verdict.problem, raw)
+            raise RejectedOutputError(attempts[-1].problem or "rejected")
     except TimeoutError:
-        reason = "timeout"
-        warn(reason, "backend %s timed out for %s after %.2fs", backend.name, request.agent_id, min(time_limit, left))
+        reason, detail = "timeout", f"no reply within {limit:.2f}s"
+        warn(reason, "backend %s timed out for %s after %.2fs", backend.name, request.agent_id, limit)
     except BackendTimeoutError as exc:
-        reason = "timeout"
+        reason, detail = "timeout", str(exc)
         warn(reason, "backend %s timed out: %s", backend.name, exc)
     except CircuitOpenError as exc:
-        reason = "circuit_open"
+        reason, detail = "circuit_open", str(exc)
         warn(reason, "backend %s: %s", backend.name, exc)
     except RejectedOutputError as exc:
-        reason = "rejected"
-        warn(reason, "output for %s rejected twice (%s); using the fallback line", request.agent_id, exc)
+        reason, detail = "rejected", str(exc)
+        warn(reason, "output for %s rejected (%s); using the fallback line", request.agent_id, exc)
     except InferenceError as exc:
-        reason = "backend_error"
+        reason, detail = "backend_error", str(exc)
         warn(reason, "backend %s failed: %s", backend.name, exc)
+    if in_flight is not None:
+        attempts.append(msgspec.structs.replace(in_flight, problem=f"{reason}: {detail}"))
     backend_ms = (time.perf_counter() - started) * 1000
     return fallback_result(
         request, reason, backend=backend.name, model=backend.model, raw_response=raw,
-        timings={"backend_ms": backend_ms}, worker=worker,
+        timings={"backend_ms": backend_ms}, worker=worker, attempts=tuple(attempts),
     )
 
 

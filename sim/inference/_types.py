@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from sim.audit import Attempt
 from sim.errors import ConfigError
-from sim.memory import WorkingMemory
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 
 __all__ = [
     "InferenceRequest",
@@ -44,6 +45,9 @@ class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     `deadline` is in unix seconds; a worker that picks the request up later drops it and
     answers with a fallback. `fallback_lines` are the NPC's persona lines for that case.
+    `state` and `config` are what `memory` was built from: a worker rebuilds the memory
+    with a prohibition from them when it retries a rejected reply, so the retry is a
+    working memory inside the same budget. Without them a rejected reply is not retried.
     """
 
     id: str
@@ -56,13 +60,16 @@ class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     fallback_lines: tuple[str, ...] = ()
     seed: int = 0
     shard: str = "0"
+    state: NpcState | None = None
+    config: WorkingMemoryConfig | None = None
 
 
 class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What the NPC says and how it came about; `timings` in milliseconds.
 
     `fallback_reason` is one of "stale", "timeout", "circuit_open", "backend_error",
-    "rejected", "transport_error" when `fallback` is true.
+    "rejected", "transport_error" when `fallback` is true. `attempts` holds every call
+    made to the backend, in order (none for a stale request).
     """
 
     id: str
@@ -78,6 +85,7 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     tokens: int | None = None
     worker: str = ""
+    attempts: tuple[Attempt, ...] = ()
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +110,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     waiting: int
     malformed: int
     late_replies: int
+    attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
 
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:

@@ -6,6 +6,7 @@ No I/O happens here, and nothing here imports the I/O layers.
 from sim.errors import OverBudgetError
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._config import WorkingMemoryConfig
+from sim.memory._render import RENDERER_VERSION, inert
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
 
 __all__ = [
@@ -16,9 +17,11 @@ __all__ = [
     "Line",
     "NpcState",
     "OverBudgetError",
+    "RENDERER_VERSION",
     "TruncationReport",
     "WorkingMemory",
     "WorkingMemoryConfig",
     "WorldFact",
     "build_working_memory",
+    "inert",
 ]

@@ -13,9 +13,17 @@ from typing import Any
 
 import msgspec
 
-from sim.errors import OverBudgetError
+from sim.errors import ConfigError, OverBudgetError
 from sim.memory._config import WorkingMemoryConfig
-from sim.memory._render import RenderedState, Section, TokenSizes, render_tail
+from sim.memory._render import (
+    RENDERER_VERSION,
+    RenderedState,
+    Section,
+    TokenSizes,
+    escape_for,
+    render_rule,
+    render_tail,
+)
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.memory._tokens import token_counter
 
@@ -63,8 +71,14 @@ class TruncationReport(msgspec.Struct, frozen=True, kw_only=True):
     beliefs: CategoryReport
 
 
-class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True):
-    """One inference's context. Kept items are the state's own items, oldest first."""
+class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One inference's context. Kept items are the state's own items, oldest first.
+
+    `prohibition` is a retry's rule (mandatory content, rendered in the prompt). Fields
+    added later have defaults that are omitted from the encoding, so a memory rebuilt
+    with renderer 1 encodes exactly as it did when renderer 1 was current: `renderer`
+    defaults to 1 for that reason, though every memory built now says 2.
+    """
 
     agent_id: str
     player_input: str
@@ -76,13 +90,28 @@ class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True):
     episodic: tuple[Episode, ...]
     beliefs: tuple[Belief, ...]
     report: TruncationReport
+    prohibition: str | None = None
+    renderer: int = 1
 
     def messages(self) -> list[dict[str, str]]:
-        """The same content in chat form: the context as system message, the input as user."""
+        """The same content in chat form: the context as system message, the input as user.
+
+        The user message is the input as the prompt renders it (inert), so the roles and
+        their content are the same whatever the input says.
+        """
         return [
             {"role": "system", "content": self.prompt[: self.context_chars]},
-            {"role": "user", "content": self.player_input},
+            {"role": "user", "content": escape_for(self.renderer)(self.player_input)},
         ]
+
+    def sent_text(self, form: str) -> str:
+        """What a model is given, as the audit records it: the prompt ("text"), or for the
+        chat endpoint ("chat") the messages' contents in order, joined by a blank line."""
+        if form == "chat":
+            return "\n\n".join(m["content"] for m in self.messages())
+        if form == "text":
+            return self.prompt
+        raise ConfigError(f"form must be 'text' or 'chat', got {form!r}")
 
 
 _DEFAULT_CONFIG = WorkingMemoryConfig()
@@ -120,7 +149,8 @@ def _grow(
     return k, room, token_room
 
 
-def _render_prompt(rendered: RenderedState, kept: list[int], tail: str) -> tuple[str, int]:
+def _render_prompt(rendered: RenderedState, kept: list[int], tail: tuple[str, str]) -> tuple[str, int]:
+    """The prompt and the length of its context; `tail` is (rule section, closing piece)."""
     pieces = [rendered.head]
     for section, k in zip(rendered.sections, kept, strict=True):
         n = len(section.lines)
@@ -129,24 +159,35 @@ def _render_prompt(rendered: RenderedState, kept: list[int], tail: str) -> tuple
         elif k:
             pieces.append(section.header)
             pieces.extend(section.lines[n - k :])
+    pieces.append(tail[0])
     context = "".join(pieces)
-    return context + tail, len(context)
+    return context + tail[1], len(context)
 
 
 def build_working_memory(
-    state: NpcState, player_input: str, config: WorkingMemoryConfig | None = None
+    state: NpcState,
+    player_input: str,
+    config: WorkingMemoryConfig | None = None,
+    *,
+    prohibition: str | None = None,
+    renderer: int = RENDERER_VERSION,
 ) -> WorkingMemory:
-    """Build a fresh, immutable working memory for one inference."""
+    """Build a fresh, immutable working memory for one inference.
+
+    `prohibition` makes it a retry's memory: the rule is mandatory content inside the same
+    budget, so flexible items make room for it. `renderer` is for replaying old records.
+    """
     cfg = _DEFAULT_CONFIG if config is None else config
-    rendered = state.rendered
+    escape = escape_for(renderer)
+    rendered = state.rendered_as(renderer)
     sections = rendered.sections
-    tail = render_tail(state.agent_id, player_input)
+    tail = (render_rule(prohibition, escape), render_tail(state.agent_id, player_input, escape))
     always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
     caps = (_NO_CAP, _NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
     shares = (0.0, 0.0, cfg.belief_share, cfg.episodic_share, cfg.dialogue_share)
     kept = [len(sections[i].lines) if always[i] else 0 for i in range(5)]
 
-    mandatory_chars = len(rendered.head) + len(tail)
+    mandatory_chars = len(rendered.head) + len(tail[0]) + len(tail[1])
     for i in ALWAYS:
         if always[i]:
             mandatory_chars += len(sections[i].text)
@@ -160,7 +201,7 @@ def build_working_memory(
         count = token_counter(cfg.tokenizer)
         mandatory_tokens = count(_render_prompt(rendered, kept, tail)[0])
         flex_tokens = cfg.max_context_tokens - mandatory_tokens
-        token_table = state.token_sizes(count)
+        token_table = state.token_sizes(count, renderer)
 
     budgets = [(0, 0)] * 5
     over_budget = flex_chars < 0 or flex_tokens < 0
@@ -207,6 +248,8 @@ def build_working_memory(
         episodic=_newest(state.episodic, kept[EPISODIC]),
         beliefs=_newest(state.beliefs, kept[BELIEFS]),
         report=report,
+        prohibition=prohibition,
+        renderer=renderer,
     )
 
 
@@ -274,7 +317,7 @@ def _fit_exact_tokens(
     kept: list[int],
     caps: tuple[int, ...],
     always: tuple[bool, ...],
-    tail: str,
+    tail: tuple[str, str],
     cfg: WorkingMemoryConfig,
     count: Callable[[str], int],
     prompt: str,
@@ -360,5 +403,5 @@ def _over_budget_message(
         parts.append(f"{mandatory_tokens} tokens against max_context_tokens={cfg.max_context_tokens}")
     return (
         f"working memory for agent {agent_id!r}: the mandatory content (system prompt, input, "
-        f"canonical facts, world state) alone is {' and '.join(parts)}; on_overflow='raise'"
+        f"canonical facts, world state, a retry's rule) alone is {' and '.join(parts)}; on_overflow='raise'"
     )

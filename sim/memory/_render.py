@@ -9,21 +9,32 @@ prefix):
     <blank line>## Beliefs              - {text}
     <blank line>## Memories             - [tick {tick}] {text}
     <blank line>## Recent dialogue      {speaker}: {text}
+    <blank line>## Rule                 {prohibition}     (a retry only)
     <blank line>## Now                  {player input}
     {agent id}:
 
 A section's header is rendered only when the section keeps at least one item, so the first
 item kept in a section costs its header too. Every size here is exact: the prompt is the
 concatenation of these pieces and nothing else.
+
+Untrusted text (DESIGN.md, "Rendering untrusted text"): everything that did not come from
+the scenario's author (world state, beliefs, memories, dialogue, the player input, the
+retry's prohibition) goes through `inert`, so it can neither break a line, start a section
+nor carry a chat-template marker. The author's system prompt, canonical facts and agent
+id are rendered verbatim. Renderer version 1 (before `inert`) is kept so that audit
+records written by it still replay byte for byte; `RENDERER_VERSION` is what is written now.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
+
+from sim.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
@@ -31,14 +42,20 @@ if TYPE_CHECKING:
 __all__ = [
     "CATEGORY_HEADERS",
     "RENDER",
+    "RENDERER_VERSION",
     "RENDER_ORDER",
+    "RULE_HEADER",
     "RenderedState",
+    "TAIL_HEADER",
     "TokenSizes",
+    "escape_for",
+    "inert",
     "render_belief",
     "render_episode",
     "render_fact",
     "render_head",
     "render_line",
+    "render_rule",
     "render_state",
     "render_tail",
     "render_world",
@@ -53,36 +70,88 @@ CATEGORY_HEADERS: dict[str, str] = {
     "episodic": "\n## Memories\n",
     "dialogue": "\n## Recent dialogue\n",
 }
+RULE_HEADER = "\n## Rule\n"
 TAIL_HEADER = "\n## Now\n"
 # The order of the sections in the prompt: static first, the most changing last.
 RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
+
+RENDERER_VERSION = 2
+"""The rendering written now; audit records name theirs (1: before untrusted text was inert)."""
+
+Escape = Callable[[str], str]
+
+# Line breaks of every kind (str.splitlines' set) become a visible "\n"; other control
+# characters a space.
+_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_CONTROLS = re.compile("[\x00-\x08\t\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+# Chat-template control sequences and their kin: every "<|" and "|>" (ChatML, Llama 3,
+# Phi), [INST] and <<SYS>> (Llama 2, Mistral), <s> </s> <bos> <eos>, Gemma's turn markers.
+_MARKERS = re.compile(
+    r"<\||\|>|\[/?INST\]|\[/?SYS\]|<</?SYS>>|</?(?:s|bos|eos|start_of_turn|end_of_turn)>", re.IGNORECASE
+)
+_NEUTRAL = str.maketrans({"<": "\u2039", ">": "\u203a", "[": "\u27e6", "]": "\u27e7"})
+
+
+def _neutralise(match: re.Match[str]) -> str:
+    return match.group().translate(_NEUTRAL)
+
+
+def inert(text: str) -> str:
+    """Untrusted text as data: one line, no leading "#", no chat-template marker."""
+    text = _CONTROLS.sub(" ", _BREAKS.sub("\\\\n", text))
+    previous = None
+    while previous != text:  # "<|>" hides a second marker behind the first: repeat until none is left
+        previous, text = text, _MARKERS.sub(_neutralise, text)
+    if text.lstrip().startswith("#"):
+        text = "\\" + text
+    return text
+
+
+def _verbatim(text: str) -> str:
+    return text
+
+
+_ESCAPES: dict[int, Escape] = {1: _verbatim, 2: inert}
+
+
+def escape_for(renderer: int) -> Escape:
+    """The untrusted-text escape of a renderer version; a version we never wrote is refused."""
+    escape = _ESCAPES.get(renderer)
+    if escape is None:
+        raise ConfigError(f"renderer: unknown renderer version {renderer!r}; known: {sorted(_ESCAPES)}")
+    return escape
 
 
 def render_head(system_prompt: str) -> str:
     return f"{system_prompt}\n"
 
 
-def render_fact(f: Fact) -> str:
-    return f"- {f.text}\n"
+def render_fact(f: Fact, escape: Escape = inert) -> str:
+    return f"- {f.text}\n"  # the author's text: verbatim (I1)
 
 
-def render_world(w: WorldFact) -> str:
-    return f"- {w.key}: {w.value}\n"
+def render_world(w: WorldFact, escape: Escape = inert) -> str:
+    return f"- {escape(w.key)}: {escape(w.value)}\n"
 
 
-def render_belief(b: Belief) -> str:
-    return f"- {b.text}\n"
+def render_belief(b: Belief, escape: Escape = inert) -> str:
+    return f"- {escape(b.text)}\n"
 
 
-def render_episode(e: Episode) -> str:
-    return f"- [tick {e.tick}] {e.text}\n"
+def render_episode(e: Episode, escape: Escape = inert) -> str:
+    return f"- [tick {e.tick}] {escape(e.text)}\n"
 
 
-def render_line(line: Line) -> str:
-    return f"{line.speaker}: {line.text}\n"
+def render_line(line: Line, escape: Escape = inert) -> str:
+    return f"{escape(line.speaker)}: {escape(line.text)}\n"
 
 
-RENDER: dict[str, Callable[[Any], str]] = {
+def render_rule(prohibition: str | None, escape: Escape = inert) -> str:
+    """A retry's prohibition, as its own section at the end of the context; "" otherwise."""
+    return f"{RULE_HEADER}{escape(prohibition)}\n" if prohibition is not None else ""
+
+
+RENDER: dict[str, Callable[..., str]] = {
     "canonical_facts": render_fact,
     "world_state": render_world,
     "beliefs": render_belief,
@@ -91,9 +160,9 @@ RENDER: dict[str, Callable[[Any], str]] = {
 }
 
 
-def render_tail(agent_id: str, player_input: str) -> str:
+def render_tail(agent_id: str, player_input: str, escape: Escape = inert) -> str:
     """The closing piece: what was just said to the NPC, then its cue to answer."""
-    said = f"{player_input}\n" if player_input else ""
+    said = f"{escape(player_input)}\n" if player_input else ""
     return f"{TAIL_HEADER}{said}{agent_id}:"
 
 
@@ -138,11 +207,12 @@ def _section(name: str, lines: Sequence[str]) -> Section:
     )
 
 
-def render_state(state: NpcState) -> RenderedState:
+def render_state(state: NpcState, renderer: int = RENDERER_VERSION) -> RenderedState:
+    escape = escape_for(renderer)
     return RenderedState(
         head=render_head(state.system_prompt),
         sections=tuple(
-            _section(name, [RENDER[name](item) for item in getattr(state, name)]) for name in RENDER_ORDER
+            _section(name, [RENDER[name](item, escape) for item in getattr(state, name)]) for name in RENDER_ORDER
         ),
     )
 

@@ -120,13 +120,22 @@ class NpcState(msgspec.Struct, frozen=True, dict=True, forbid_unknown_fields=Tru
 
     @functools.cached_property
     def rendered(self) -> _render.RenderedState:
-        """Every item rendered once, with its size; not encoded, built on first use."""
+        """Every item rendered once (current renderer), with its size; built on first use."""
         return _render.render_state(self)
 
-    def token_sizes(self, count: Any) -> _render.TokenSizes:
-        """Per-item token counts for the counter `count`, computed once per state."""
+    def rendered_as(self, renderer: int) -> _render.RenderedState:
+        """The rendering of an earlier renderer version (replaying old audit records)."""
+        if renderer == _render.RENDERER_VERSION:
+            return self.rendered
+        cache: dict[int, _render.RenderedState] = self.__dict__.setdefault("_rendered_as", {})
+        if renderer not in cache:
+            cache[renderer] = _render.render_state(self, renderer)
+        return cache[renderer]
+
+    def token_sizes(self, count: Any, renderer: int = _render.RENDERER_VERSION) -> _render.TokenSizes:
+        """Per-item token counts for the counter `count`, computed once per state and renderer."""
         cache: dict[Any, _render.TokenSizes] = self.__dict__.setdefault("_token_sizes", {})
-        sizes = cache.get(count)
+        sizes = cache.get((count, renderer))
         if sizes is None:
-            sizes = cache[count] = _render.token_sizes(self.rendered, count)
+            sizes = cache[(count, renderer)] = _render.token_sizes(self.rendered_as(renderer), count)
         return sizes

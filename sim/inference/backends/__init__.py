@@ -25,16 +25,21 @@ T = TypeVar("T")
 
 
 class Backend(Protocol):
-    """What a worker needs of a backend."""
+    """What a worker needs of a backend.
+
+    A backend sends the working memory as `sim.memory` rendered it and adds nothing to it
+    but a fixed `prompt_prefix`; `prompt_form` says whether the model gets the prompt as
+    text ("text") or as chat messages ("chat"). Together they let the audit record and
+    replay the exact text the model was given.
+    """
 
     name: str
     model: str
+    prompt_form: str
+    prompt_prefix: str
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
-        """One raw reply; `prohibition` is added to the prompt on a retry after rejection.
-
-        Raises InferenceError (or a subclass) on failure; never returns partial text.
-        """
+    async def generate(self, memory: WorkingMemory) -> Reply:
+        """One raw reply. Raises InferenceError (or a subclass) on failure; never partial text."""
         ...
 
 
@@ -47,8 +52,13 @@ def convert_options(backend: str, options: Mapping[str, Any], kind: type[T]) -> 
 
 
 @asynccontextmanager
-async def open_backend(name: str, options: Mapping[str, Any], concurrency: int) -> AsyncIterator[Backend]:
-    """Open the named backend; `concurrency` is the worker's slot count (a default for N in flight)."""
+async def open_backend(
+    name: str, options: Mapping[str, Any], concurrency: int, time_limit: float | None = None
+) -> AsyncIterator[Backend]:
+    """Open the named backend; `concurrency` is the worker's slot count (a default for N in flight).
+
+    `time_limit` is the worker's bound on one inference: a backend's own timeouts fit in it.
+    """
     if name == "scripted":
         from sim.inference.backends.scripted import ScriptedBackend
 
@@ -56,7 +66,7 @@ async def open_backend(name: str, options: Mapping[str, Any], concurrency: int) 
     elif name == "openai":
         from sim.inference.backends.openai import open_openai
 
-        async with open_openai(options, concurrency) as backend:
+        async with open_openai(options, concurrency, time_limit) as backend:
             yield backend
     elif name == "llamacpp":
         from sim.inference.backends.llamacpp import open_llamacpp

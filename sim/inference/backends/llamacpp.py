@@ -80,13 +80,10 @@ def missing_requirement() -> str | None:
     return None
 
 
-def _prompt(memory: WorkingMemory, prohibition: str | None) -> str:
-    rule = f"\n## Rule\n{prohibition}\n" if prohibition else ""
-    return FEW_SHOT + memory.prompt[: memory.context_chars] + rule + memory.prompt[memory.context_chars :]
-
-
 class LlamaCppBackend:
     name = "llamacpp"
+    prompt_form = "text"
+    prompt_prefix = FEW_SHOT
 
     def __init__(self, llama: Any, options: LlamaCppOptions, model: str) -> None:
         self._llama = llama
@@ -119,8 +116,8 @@ class LlamaCppBackend:
             )
         return result
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
-        prompt = _prompt(memory, prohibition)
+    async def generate(self, memory: WorkingMemory) -> Reply:
+        prompt = self.prompt_prefix + memory.prompt
         async with self._lock:
             try:
                 result = await asyncio.to_thread(self._complete, prompt)

@@ -5,6 +5,12 @@ One `httpx.AsyncClient` per backend, N requests in flight at most. A transient f
 Retry-After is honoured. A circuit breaker counts consecutive failures: once open it fails
 fast, and after a cooldown it lets one probe through; the probe's outcome closes or reopens
 it. The caller bounds the whole call with its own timeout scope.
+
+Timeouts: `connect_timeout` for opening a connection, `read_timeout` for waiting on the
+server. The read timeout must be shorter than the caller's time limit (the pool's
+inference timeout): a server that hangs then ends in our own counted timeout, which feeds
+the circuit breaker, instead of in the caller's cancellation. Unset, it is half the time
+limit, at most 30 s.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ __all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai"]
 
 log = logging.getLogger(__name__)
 
+_DEFAULT_READ = 30.0  # seconds: the read timeout when neither the option nor a time limit says less
+
 
 class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     base_url: str
@@ -41,7 +49,7 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     stop: tuple[str, ...] = ("\n",)
     in_flight: int | None = None
     connect_timeout: float = 5.0
-    read_timeout: float = 30.0
+    read_timeout: float | None = None  # None: derived from the caller's time limit
     retries: int = 2
     backoff_base: float = 0.2
     backoff_max: float = 5.0
@@ -136,27 +144,26 @@ class OpenAIBackend:
             "stop": list(options.stop),
         }
         self._path = "/chat/completions" if options.endpoint == "chat" else "/completions"
+        self.prompt_form = "chat" if options.endpoint == "chat" else "text"
+        self.prompt_prefix = ""
 
-    def _body(self, memory: WorkingMemory, prohibition: str | None) -> dict[str, Any]:
+    def _body(self, memory: WorkingMemory) -> dict[str, Any]:
         o = self._options
         body: dict[str, Any] = {"model": o.model, "max_tokens": o.max_tokens, "temperature": o.temperature}
         if o.stop:
             body["stop"] = list(o.stop)
-        rule = f"\n## Rule\n{prohibition}\n" if prohibition else ""
         if o.endpoint == "chat":
-            messages = memory.messages()
-            messages[0]["content"] += rule
-            body["messages"] = messages
+            body["messages"] = memory.messages()
         else:
-            body["prompt"] = memory.prompt[: memory.context_chars] + rule + memory.prompt[memory.context_chars :]
+            body["prompt"] = memory.prompt
         return body
 
     def _backoff(self, attempt: int) -> float:
         o = self._options
-        return min(o.backoff_max, o.backoff_base * 2**attempt) * self._random.uniform(0.5, 1.5)
+        return min(o.backoff_max, o.backoff_base * 2.0**attempt) * self._random.uniform(0.5, 1.5)
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
-        body = self._body(memory, prohibition)
+    async def generate(self, memory: WorkingMemory) -> Reply:
+        body = self._body(memory)
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
         async with self._slots:
             for attempt in range(self._options.retries + 1):
@@ -216,9 +223,31 @@ class OpenAIBackend:
         return text, tokens if isinstance(tokens, int) else None
 
 
+def _timeouts(opts: OpenAIOptions, time_limit: float | None) -> httpx.Timeout:
+    """connect and read timeouts; the read timeout stays below the caller's time limit."""
+    for name in ("connect_timeout", "read_timeout"):
+        value = getattr(opts, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"backend 'openai' options: {name} must be a number > 0, got {value!r}")
+    read = opts.read_timeout
+    if read is None:
+        read = _DEFAULT_READ if time_limit is None else min(_DEFAULT_READ, time_limit / 2)
+    elif time_limit is not None and read >= time_limit:
+        raise ConfigError(
+            f"backend 'openai' options: read_timeout {read!r} must be below the inference timeout {time_limit!r}, "
+            "so that a hanging server counts as a backend failure"
+        )
+    return httpx.Timeout(read, connect=min(opts.connect_timeout, read))
+
+
 @asynccontextmanager
-async def open_openai(options: Mapping[str, Any], concurrency: int) -> AsyncIterator[OpenAIBackend]:
-    """Open the HTTP client; it is closed however the block ends."""
+async def open_openai(
+    options: Mapping[str, Any], concurrency: int, time_limit: float | None = None
+) -> AsyncIterator[OpenAIBackend]:
+    """Open the HTTP client; it is closed however the block ends.
+
+    `time_limit` is the caller's bound on one inference (seconds), when it has one.
+    """
     opts = convert_options("openai", options, OpenAIOptions)
     if not opts.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"backend 'openai' options: base_url must be http(s)://..., got {opts.base_url!r}")
@@ -232,7 +261,7 @@ async def open_openai(options: Mapping[str, Any], concurrency: int) -> AsyncIter
     api_key = os.environ.get(opts.api_key_env)
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    timeout = httpx.Timeout(opts.read_timeout, connect=opts.connect_timeout)
+    timeout = _timeouts(opts, time_limit)
     limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
     async with httpx.AsyncClient(
         base_url=opts.base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits

@@ -47,13 +47,15 @@ def scripted_reply(memory: WorkingMemory) -> str:
 class ScriptedBackend:
     name = "scripted"
     model = "scripted"
+    prompt_form = "text"
+    prompt_prefix = ""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self._options = convert_options(self.name, options, ScriptedOptions)
         self._script = itertools.cycle(self._options.script) if self._options.script else None
         self._params: dict[str, Any] = {"delay_ms": self._options.delay_ms}
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+    async def generate(self, memory: WorkingMemory) -> Reply:
         if self._options.delay_ms > 0:
             await asyncio.sleep(self._options.delay_ms / 1000)
         text = next(self._script) if self._script is not None else scripted_reply(memory)
