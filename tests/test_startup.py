@@ -217,3 +217,19 @@ def test_a_bad_scenario_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.startswith("npcsim: error: ") and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xff\xfe[scenario]", "not UTF-8 text"),
+        (b"[scenario]\nname = 'x'\n[scenario]\n", "not valid TOML"),
+        (b"x = " + b"[" * 5000 + b"]" * 5000, "evil.toml"),
+        (b"[scenario]\nname = 1979-05-27T07:32:00Z\n", "name"),
+    ],
+)
+def test_hostile_scenario_bytes_give_a_scenario_error(data: bytes, message: str) -> None:
+    from sim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(data, source="evil.toml")

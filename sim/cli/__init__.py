@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _list_commands(
-    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[_Parser]
 ) -> None:
     """`npcsim --help` ends with every command, one line each."""
     commands = _commands(subparsers, "")
@@ -54,7 +54,7 @@ def _list_commands(
 
 
 def _commands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], prefix: str
+    subparsers: argparse._SubParsersAction[_Parser], prefix: str
 ) -> list[tuple[str, str]]:
     """Every runnable command (`audit replay`, not `audit`) with its one-line help.
 
