@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sim import __version__
 from sim.cli import audit, loadtest, memory, run, worker
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _list_commands(
-    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[_Parser]
+    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[Any]
 ) -> None:
     """`npcsim --help` ends with every command, one line each."""
     commands = _commands(subparsers, "")
@@ -54,7 +54,7 @@ def _list_commands(
 
 
 def _commands(
-    subparsers: argparse._SubParsersAction[_Parser], prefix: str
+    subparsers: argparse._SubParsersAction[Any], prefix: str
 ) -> list[tuple[str, str]]:
     """Every runnable command (`audit replay`, not `audit`) with its one-line help.
 
