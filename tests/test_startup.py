@@ -233,3 +233,37 @@ def test_hostile_scenario_bytes_give_a_scenario_error(data: bytes, message: str)
 
     with pytest.raises(ScenarioError, match=message):
         parse_scenario(data, source="evil.toml")
+
+
+@pytest.mark.mosquitto
+async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: MosquittoProcess) -> None:
+    """Inboxes use one wildcard subscription; another shard's inbox traffic is ignored, not
+    counted as malformed, and each local agent still gets exactly its own events."""
+    import asyncio
+
+    from sim import topics
+    from sim.bus import BusConfig, open_bus
+    from sim.events import Speech
+
+    def speech(n: int, to: str) -> Speech:
+        return Speech(id=f"r:p:0:{n}", tick=0, speaker="p", to=to, text=f"line {n}")
+
+    async with open_bus(BusConfig(url=mosquitto.url, run="r", shard="0")) as local, \
+            open_bus(BusConfig(url=mosquitto.url, run="r", shard="1")) as other:
+        await local.listen_inboxes([f"a{i}" for i in range(3)])
+        await local.listen_inboxes(["a3"])
+        await other.listen_inboxes(["b0"])
+        for n, to in enumerate(["a0", "b0", "a3", "a0"]):
+            local.emit(topics.agent_inbox("r", to), speech(n, to))
+        await local.flush(0)
+        async with asyncio.timeout(30):
+            await local.wait_echoes()
+        for _ in range(3000):  # the other shard's copy: poll its counter, at most 30 s
+            if len(other.mailbox("b0")):
+                break
+            await asyncio.sleep(0.01)
+        assert [e.text for e in local.mailbox("a0").drain()] == ["line 0", "line 3"]
+        assert [e.text for e in local.mailbox("a3").drain()] == ["line 2"]
+        assert len(local.mailbox("b0")) == 0 and len(other.mailbox("a0")) == 0
+        assert [e.text for e in other.mailbox("b0").drain()] == ["line 1"]
+        assert local.stats.malformed == {} and other.stats.malformed == {}
