@@ -169,8 +169,8 @@ def test_sigterm_during_start_up_stops_the_run_cleanly(
     assert code == 0, err[-2000:]
     assert "Traceback" not in err
     assert "stopped by signal" in out and "yes" in out.split("stopped by signal")[1].splitlines()[0]
-    if phase == "loading the scenario":
-        assert not db.exists()
+    if not db.exists():
+        assert phase == "loading the scenario", "the store was never opened"
         return
     with sqlite3.connect(db) as conn:
         (created,) = conn.execute("SELECT count(*) FROM agents").fetchone()
