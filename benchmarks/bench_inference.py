@@ -34,6 +34,7 @@ import msgspec
 from benchmarks._report import machine_line, write_section
 from sim.inference import InferenceResult, PoolConfig, Priority, open_pool
 from sim.inference.backends.llamacpp import missing_requirement
+from sim.mqtt import BrokerAddress
 from tests.inference_helpers import make_request
 
 REPO = Path(__file__).resolve().parent.parent
@@ -212,7 +213,8 @@ async def main_async(args: argparse.Namespace) -> str:
         )
     ]
     with mosquitto() as broker, workers(broker, "bench", 2, args.slots // 2, args.delay_ms):
-        config = PoolConfig(transport="mqtt", broker=broker, run_id="bench", max_in_flight=2 * args.slots, timeout=60)
+        config = PoolConfig(transport="mqtt", broker=BrokerAddress.parse(broker), run_id="bench",
+                            max_in_flight=2 * args.slots, timeout=60)
         figures.append(await run_pool("MQTT, 2 workers", config, args.agents, args.rounds, args.slots, args.delay_ms))
         # Unsaturated: no more in flight than the workers have slots, so "added" is the transport alone.
         light = msgspec.structs.replace(config, max_in_flight=args.slots)

@@ -1,40 +1,56 @@
-"""Which broker a shard talks to: `--broker auto` or `--broker mqtt://host:port`.
+"""Which broker a shard talks to: `--broker auto` or `--broker mqtt[s]://...`.
 
-    async with open_broker("auto", workdir) as broker:
-        broker.url, broker.protocol      # "mqtt://127.0.0.1:PORT", 5 (or 311 for amqtt)
+    async with open_broker("auto") as broker:
+        broker.address          # the shard's login (sim.mqtt.BrokerAddress)
+        broker.worker           # the remote workers' login
+        broker.url              # printable: never holds a password
 
-`auto` starts a private Mosquitto child from broker-config/dev.conf on a free loopback
-port when `mosquitto` is on PATH; the child is stopped on every exit path of the context
-manager (normal exit, exception, cancellation by SIGINT/SIGTERM in the runner), and it
-is started in its own process group with a parent-death signal where the platform has
-one, so a SIGKILLed shard does not leave it behind either. Without Mosquitto an embedded
-amqtt broker runs in-process: it speaks MQTT 3.1.1 only and has no shared subscriptions,
-so the bus falls back to 3.1.1 and remote workers cannot share requests through it.
+`auto` starts a private Mosquitto child on a free loopback port when `mosquitto` is on
+PATH. It is private by default: it installs the shipped ACL (broker-config/acl) with a
+password file holding fresh random passwords for the roles `shard` and `worker`, so that an
+anonymous local client can at most read the public topics and publish player input. Its
+files live in a directory of their own that is removed as soon as Mosquitto has read them
+(it reads them once at start), so nothing is left behind even after `kill -9` of the run.
+
+The child is stopped on every exit path of the context manager (normal exit, exception,
+cancellation by SIGINT/SIGTERM in the runner). It gets its own process group and a
+parent-death signal, so a SIGKILLed shard does not leave it behind either: Mosquitto
+started as root would drop to the user `mosquitto`, and that change of identity clears the
+parent-death signal, so it is told to run as the user that started it (the same privilege
+as the run itself, no more). Without Mosquitto an embedded amqtt broker runs in-process: it
+speaks MQTT 3.1.1 only, has no shared subscriptions and no ACL, so the bus falls back to
+3.1.1, remote workers cannot share requests through it and the run warns that anyone on it
+can forge internal events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
+import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sim.bus import parse_url
-from sim.errors import BrokerError
+from sim.errors import BrokerError, ConfigError
+from sim.mqtt import BrokerAddress, TlsFiles
 from sim.resources import broker_config_dir
 
-__all__ = ["BROKER_CONFIG", "BrokerInfo", "find_mosquitto", "free_port", "open_broker"]
+__all__ = ["BROKER_CONFIG", "BrokerInfo", "find_mosquitto", "free_port", "mosquitto_password_line", "open_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +60,22 @@ _START_TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class BrokerInfo:
-    url: str
+    """The broker a run uses, with the logins of its roles.
+
+    `acl` is True when npcsim knows the broker enforces the shipped ACL (its own private
+    Mosquitto); for an external broker it cannot know, and for the embedded one it is False.
+    """
+
+    address: BrokerAddress
+    worker: BrokerAddress
     protocol: Literal[5, 311]
     kind: Literal["mosquitto", "embedded", "external"]
     pid: int | None = None
+    acl: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.address.url
 
 
 def free_port() -> int:
@@ -63,51 +91,99 @@ def find_mosquitto() -> str | None:
     )
 
 
+def mosquitto_password_line(user: str, password: str) -> str:
+    """A password-file line as `mosquitto_passwd` writes it (PBKDF2-SHA512, format $7$)."""
+    salt = secrets.token_bytes(12)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, 101)
+    return f"{user}:$7$101${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}\n"
+
+
 @asynccontextmanager
-async def open_broker(spec: str, workdir: Path) -> AsyncIterator[BrokerInfo]:
-    """`auto` -> a private broker for the lifetime of the context; a URL -> that broker."""
+async def open_broker(
+    spec: str, *, tls: TlsFiles | None = None, env: Mapping[str, str] | None = None
+) -> AsyncIterator[BrokerInfo]:
+    """`auto` -> a private broker for the lifetime of the context; a URL -> that broker.
+
+    For a URL, the login comes from the URL or the environment (sim.mqtt.BrokerAddress) and
+    serves both the shard and its remote workers.
+    """
     if spec != "auto":
-        parse_url(spec)
-        yield BrokerInfo(url=spec, protocol=5, kind="external")
+        address = BrokerAddress.parse(spec, env=env, tls=tls)
+        yield BrokerInfo(address=address, worker=address, protocol=5, kind="external")
         return
+    if tls is not None and tls.any:
+        raise ConfigError("--ca-file/--cert-file/--key-file apply to an mqtts:// broker, not to --broker auto")
     binary = find_mosquitto()
     if binary is not None:
-        async with _mosquitto(binary, workdir) as info:
+        async with _mosquitto(binary) as info:
             yield info
     else:
         async with _embedded() as info:
             yield info
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> Callable[[], None]:
     """In the child: own process group, and SIGTERM when the parent dies (Linux)."""
-    os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if sys.platform.startswith("linux"):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+
+    return setup
+
+
+def _private_files(directory: Path, port: int, logins: dict[str, str]) -> Path:
+    """Write the config, the password file and the ACL for a private Mosquitto; returns the config."""
+    passwords = directory / "passwords"
+    passwords.write_text("".join(mosquitto_password_line(user, pw) for user, pw in logins.items()))
+    acl = directory / "acl"
+    acl.write_text((BROKER_CONFIG / "acl").read_text())
+    config = directory / "mosquitto.conf"
+    body = (BROKER_CONFIG / "dev.conf").read_text()
+    config.write_text(
+        f"listener {port} 127.0.0.1\n{body}\n"
+        f"# private: generated logins for the shard and worker roles, the shipped ACL\n"
+        f"password_file {passwords}\nacl_file {acl}\nuser {pwd.getpwuid(os.geteuid()).pw_name}\n"
+    )
+    for path in (passwords, acl, config):
+        path.chmod(0o600)
+    return config
 
 
 @asynccontextmanager
-async def _mosquitto(binary: str, workdir: Path) -> AsyncIterator[BrokerInfo]:
+async def _mosquitto(binary: str) -> AsyncIterator[BrokerInfo]:
     port = free_port()
-    config = workdir / f"mosquitto-{port}.conf"
-    body = (BROKER_CONFIG / "dev.conf").read_text()
-    config.write_text(f"listener {port} 127.0.0.1\n{body}")
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        "-c",
-        str(config),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        preexec_fn=_die_with_parent,
-    )
+    logins = {"shard": secrets.token_urlsafe(24), "worker": secrets.token_urlsafe(24)}
+    with tempfile.TemporaryDirectory(prefix="npcsim-broker-") as directory:
+        config = _private_files(Path(directory), port, logins)
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            "-c",
+            str(config),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+        try:
+            await _wait_listening(proc, port)
+        except BaseException:
+            await asyncio.shield(_stop(proc))
+            raise
+    # Mosquitto has read its files: they are gone before the run starts.
     try:
-        await _wait_listening(proc, port)
         log.info("started mosquitto (pid %d) on 127.0.0.1:%d", proc.pid, port)
-        yield BrokerInfo(url=f"mqtt://127.0.0.1:{port}", protocol=5, kind="mosquitto", pid=proc.pid)
+        local = BrokerAddress(host="127.0.0.1", port=port)
+        yield BrokerInfo(
+            address=local.with_login("shard", logins["shard"]),
+            worker=local.with_login("worker", logins["worker"]),
+            protocol=5, kind="mosquitto", pid=proc.pid, acl=True,
+        )
     finally:
         await asyncio.shield(_stop(proc))
-        config.unlink(missing_ok=True)
 
 
 async def _wait_listening(proc: asyncio.subprocess.Process, port: int) -> None:
@@ -172,6 +248,7 @@ async def _embedded() -> AsyncIterator[BrokerInfo]:
     except Exception as exc:  # amqtt raises its own and OS errors alike at start
         raise BrokerError(f"the embedded amqtt broker did not start on 127.0.0.1:{port}: {exc}") from exc
     try:
-        yield BrokerInfo(url=f"mqtt://127.0.0.1:{port}", protocol=311, kind="embedded")
+        address = BrokerAddress(host="127.0.0.1", port=port)
+        yield BrokerInfo(address=address, worker=address, protocol=311, kind="embedded")
     finally:
         await asyncio.shield(broker.shutdown())

@@ -36,6 +36,7 @@ __all__ = [
     "ScenarioError",
     "SchemaError",
     "StoreError",
+    "single_error",
 ]
 
 
@@ -97,3 +98,12 @@ class CircuitOpenError(InferenceError):
 
 class RejectedOutputError(InferenceError):
     """The model's output was rejected by output handling."""
+
+
+def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error a TaskGroup wrapped (Python 3.11 wraps the body's too); else the group.
+
+    Context managers built on a TaskGroup raise this, so that callers see one BrokerError
+    and not a group around it.
+    """
+    return group.exceptions[0] if len(group.exceptions) == 1 else group

@@ -34,14 +34,17 @@ import msgspec
 
 from sim import startup, topics
 from sim.audit import make_record
+from sim.bounds import InputBounds
 from sim.broker import open_broker
-from sim.bus import Bus, BusConfig, open_bus, single_error
-from sim.errors import ConfigError
+from sim.bus import Bus, BusConfig, open_bus
+from sim.errors import ConfigError, single_error
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
+from sim.mqtt import TlsFiles
 from sim.scenario import NpcSpec, Scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
+from sim.trust import announce_trust, limit_player_inputs, run_key_for
 
 __all__ = [
     "AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "hot_limit", "parse_shard", "run", "shard_npcs",
@@ -71,6 +74,9 @@ class _Player(Protocol):
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     scenario: str
     broker: str = "auto"
+    broker_tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
+    bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    run_key_file: str | None = None
     ticks: int | None = None
     tick_ms: int = 0
     seed: int | None = None
@@ -406,9 +412,14 @@ async def _start_and_run(
     index, count = parse_shard(config.shard)
     stats.run_id = run_id
     ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
-    async with _workdir() as workdir, open_broker(config.broker, workdir) as broker:
+    async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
         stats.broker = f"{broker.kind} {broker.url}"
-        bus_config = BusConfig(url=broker.url, run=run_id, shard=str(index), protocol=broker.protocol)
+        run_key = run_key_for(config.run_key_file, broker)
+        announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+        bus_config = BusConfig(
+            broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
+            run_key=run_key,
+        )
         pool_config = PoolConfig(
             backend=config.backend,
             options=dict(config.backend_options),
@@ -416,7 +427,8 @@ async def _start_and_run(
             max_in_flight=config.concurrency,
             timeout=config.inference_timeout,
             transport="mqtt" if config.remote_workers else "inprocess",
-            broker=broker.url,
+            broker=broker.address,
+            run_key=run_key,
             run_id=run_id,
             shard=str(index),
         )
@@ -540,7 +552,8 @@ async def _run_shard(
                             for event in player.inputs(tick):
                                 _emit_player(ctx, player.location, event)
                                 stats.player_inputs += 1
-                        taken, outside[:] = list(outside), []
+                        taken = limit_player_inputs(outside, config.bounds.player_inputs_per_tick, bus)
+                        outside.clear()
                         for player_id, message in taken:
                             ext_seq += 1
                             event = Speech(
@@ -569,6 +582,7 @@ async def _run_shard(
                             log.warning(
                                 "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
                             )
+                        bus.report_overflow(tick)
                         await store.end_tick(tick)
                         if tick % 10 == 0:
                             await bus.publish_status(

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from sim.mqtt import BrokerAddress
+
 REPO = Path(__file__).resolve().parent.parent
 BROKER_CONFIG = REPO / "broker-config"
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -56,6 +58,10 @@ class MosquittoProcess:
     @property
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> BrokerAddress:
+        return BrokerAddress(host="127.0.0.1", port=self.port)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import signal
 import sys
 from pathlib import Path
 
+import aiomqtt
 import psutil
 import pytest
 
 from sim.broker import open_broker
 from sim.errors import ConfigError
+from sim.mqtt import open_client
 from tests.conftest import REPO, require_mosquitto
 
 pytestmark = pytest.mark.mosquitto
@@ -27,7 +31,9 @@ def gone(pid: int) -> bool:
         return True
 
 
-async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
+async def start_run(*extra: str, tmpdir: Path | None = None) -> tuple[asyncio.subprocess.Process, int]:
+    """`npcsim run --broker auto`, with its temp files under `tmpdir` when given."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
     proc = await asyncio.create_subprocess_exec(
         NPCSIM,
         "-v",
@@ -39,6 +45,7 @@ async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
         *extra,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     assert proc.stderr is not None
     async with asyncio.timeout(15):
@@ -50,18 +57,19 @@ async def start_run(*extra: str) -> tuple[asyncio.subprocess.Process, int]:
                 return proc, int(match.group(1))
 
 
-async def test_auto_leaves_no_mosquitto_after_normal_exit() -> None:
+async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_normal_exit(tmp_path: Path) -> None:
     require_mosquitto()
-    proc, pid = await start_run("--ticks", "5")
-    async with asyncio.timeout(15):
+    proc, pid = await start_run("--ticks", "5", tmpdir=tmp_path)
+    async with asyncio.timeout(60):
         await proc.communicate()
     assert proc.returncode == 0
     assert gone(pid)
+    assert not os.listdir(tmp_path), "temp files left behind"
 
 
-async def test_auto_leaves_no_mosquitto_after_sigterm() -> None:
+async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_sigterm(tmp_path: Path) -> None:
     require_mosquitto()
-    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50")
+    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50", tmpdir=tmp_path)
     assert psutil.pid_exists(pid)
     await asyncio.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
@@ -70,15 +78,16 @@ async def test_auto_leaves_no_mosquitto_after_sigterm() -> None:
     assert proc.returncode == 0, err.decode()
     assert "SIGTERM" in err.decode()
     assert gone(pid)
+    assert not os.listdir(tmp_path), "temp files left behind"
 
 
-async def test_auto_in_process_stops_on_cancellation(tmp_path: Path) -> None:
+async def test_auto_in_process_stops_on_cancellation() -> None:
     require_mosquitto()
     pids = []
     started = asyncio.Event()
 
     async def hold() -> None:
-        async with open_broker("auto", tmp_path) as info:
+        async with open_broker("auto") as info:
             pids.append(info.pid)
             started.set()
             await asyncio.sleep(60)
@@ -91,7 +100,49 @@ async def test_auto_in_process_stops_on_cancellation(tmp_path: Path) -> None:
     assert pids[0] is not None and gone(pids[0])
 
 
-async def test_bad_broker_url_is_refused(tmp_path: Path) -> None:
+async def test_bad_broker_url_is_refused() -> None:
     with pytest.raises(ConfigError, match="expected mqtt://host:port"):
-        async with open_broker("http://example", tmp_path):
+        async with open_broker("http://example"):
             pass
+
+
+async def test_auto_leaves_no_mosquitto_and_no_broker_files_after_kill_9() -> None:
+    require_mosquitto()
+    proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50")
+    config = Path(psutil.Process(pid).cmdline()[-1])
+    assert config.name == "mosquitto.conf"
+    assert not config.parent.exists(), "the broker's files outlive its start"
+    proc.kill()
+    await proc.wait()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        await asyncio.to_thread(psutil.Process(pid).wait, 15)  # raises TimeoutExpired if it stays
+    assert gone(pid)
+    assert proc.stderr is not None
+    assert b"Traceback" not in await proc.stderr.read()
+
+
+async def test_auto_is_private_anonymous_clients_reach_only_public_topics_and_player_input() -> None:
+    require_mosquitto()
+    async with open_broker("auto") as info:
+        assert info.address.username == "shard" and info.worker.username == "worker" and info.acl
+        assert info.address.password and info.address.password not in info.url
+        async with open_client(info.address) as shard, aiomqtt.Client("127.0.0.1", info.address.port) as anon:
+            await shard.subscribe("npcsim/r/#", qos=1)
+            await anon.subscribe("npcsim/r/infer/req", qos=1)
+            await anon.subscribe("npcsim/r/agent/+/say", qos=1)
+            for topic in ("npcsim/r/loc/square/events", "npcsim/r/agent/a/inbox", "npcsim/r/infer/resp/0",
+                          "npcsim/r/world/state", "npcsim/r/status/0", "npcsim/r/player/p/input"):
+                await anon.publish(topic, b"x", qos=1)
+            async with asyncio.timeout(10):
+                async for message in shard.messages:
+                    assert message.topic.value == "npcsim/r/player/p/input", message.topic
+                    break
+            await shard.publish("npcsim/r/infer/req", b"internal", qos=1)
+            await shard.publish("npcsim/r/agent/a/say", b"public", qos=1)
+            async with asyncio.timeout(10):
+                async for message in anon.messages:
+                    assert message.topic.value == "npcsim/r/agent/a/say", message.topic
+                    break
+        with pytest.raises(aiomqtt.MqttError):
+            async with open_client(info.address.with_login("shard", "guessed")):
+                pass

@@ -1,70 +1,93 @@
-"""broker-config/auth.conf and acl on a real Mosquitto: players publish only their own input
-and read only the public topics; anonymous clients are refused."""
+"""broker-config/auth.conf and acl on a real Mosquitto: every role may publish and read
+exactly what DESIGN.md's trust boundary says; anonymous clients are refused."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiomqtt
 import pytest
 
-from tests.conftest import BROKER_CONFIG, MosquittoProcess, require_mosquitto
+from tests.secured import SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
 
+R = "npcsim/r"
+PUBLISH = {  # role -> topics it may publish; every role tries every topic
+    "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "infer/req", "status/0", "world/state"},
+    "worker": {"infer/resp/0"},
+    "game": {"world/state"},
+    "viewer": {"player/viewer/input"},
+    "alice": {"player/alice/input"},
+}
+TOPICS = sorted({*(t for ts in PUBLISH.values() for t in ts), "player/bob/input", "trace/0", "roster/0"})
+PUBLIC = {"agent/a/say", "world/state", "status/0", "roster/0"}
+READ = {  # role -> topics it may read, of those the shard publishes: the public ones, and
+    "worker": {*PUBLIC, "infer/req"},
+    "game": PUBLIC,
+    "viewer": {*PUBLIC, "trace/0", "player/bob/input", "player/alice/input", "player/viewer/input"},
+    "alice": PUBLIC,
+}
+
 
 @pytest.fixture
-def secured(tmp_path: Path) -> Iterator[MosquittoProcess]:
-    passwd = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-    passwords = tmp_path / "passwords"
-    passwords.touch()
-    for user in ("shard", "alice"):
-        subprocess.run([passwd, "-b", str(passwords), user, f"{user}-secret"], check=True, timeout=10)
-    broker = MosquittoProcess(require_mosquitto(), tmp_path, config="auth.conf")
-    body = broker.config_path.read_text()
-    body = body.replace("broker-config/passwords", str(passwords))
-    body = body.replace("broker-config/acl", str(BROKER_CONFIG / "acl"))
-    if os.geteuid() == 0:
-        body += "user root\n"  # as root Mosquitto drops to 'mosquitto', who cannot read tmp_path
-    broker.config_path.write_text(body)
-    broker.start()
-    try:
+def secured() -> Iterator[SecuredBroker]:
+    with secured_broker() as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
-def client(broker: MosquittoProcess, user: str | None) -> aiomqtt.Client:
-    password = f"{user}-secret" if user else None
-    return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password,
+def client(broker: SecuredBroker, user: str | None) -> aiomqtt.Client:
+    return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password(user) if user else None,
                           protocol=aiomqtt.ProtocolVersion.V5)
 
 
-async def test_players_reach_only_their_own_input_and_the_public_topics(secured: MosquittoProcess) -> None:
-    async with client(secured, "shard") as shard, client(secured, "alice") as alice:
-        await shard.subscribe("npcsim/r/player/+/input", qos=1)
-        await alice.subscribe("npcsim/r/agent/+/say", qos=1)
-        await alice.subscribe("npcsim/r/infer/req", qos=1)  # refused by the ACL
-        await alice.publish("npcsim/r/player/bob/input", b'{"to": "x", "text": "impostor"}', qos=0)
-        await alice.publish("npcsim/r/player/alice/input", b'{"to": "x", "text": "mine"}', qos=1)
-        async with asyncio.timeout(5):
-            async for message in shard.messages:
-                assert message.topic.value == "npcsim/r/player/alice/input", "bob's input was let through"
-                break
-        await shard.publish("npcsim/r/infer/req", b"internal", qos=1)
-        await shard.publish("npcsim/r/agent/innkeeper/say", b'{"text": "public"}', qos=1)
-        async with asyncio.timeout(5):
-            async for message in alice.messages:
-                assert message.topic.value == "npcsim/r/agent/innkeeper/say", "a player read an internal topic"
-                break
+async def collect(c: aiomqtt.Client, until: str) -> set[str]:
+    """Topics received (under npcsim/r/) until the marker topic arrives."""
+    got: set[str] = set()
+    async with asyncio.timeout(10):
+        async for message in c.messages:
+            topic = message.topic.value.removeprefix(R + "/")
+            if topic == until:
+                return got
+            got.add(topic)
+    return got
 
 
-async def test_anonymous_clients_are_refused(secured: MosquittoProcess) -> None:
+async def test_each_role_publishes_only_what_it_may(secured: SecuredBroker) -> None:
+    async with client(secured, "shard") as shard:
+        await shard.subscribe(f"{R}/#", qos=1)
+        for role in PUBLISH:
+            async with client(secured, role) as c:
+                for topic in TOPICS:
+                    await c.publish(f"{R}/{topic}", role.encode(), qos=1)
+            await shard.publish(f"{R}/agent/marker/say", b"", qos=1)
+            got = await collect(shard, "agent/marker/say")
+            if role == "shard":
+                assert got == set(TOPICS), got
+            else:
+                assert got == PUBLISH[role], (role, got)
+
+
+async def test_each_role_reads_only_what_it_may(secured: SecuredBroker) -> None:
+    async with client(secured, "shard") as shard:
+        for role, allowed in READ.items():
+            async with client(secured, role) as c:
+                await c.subscribe(f"{R}/#", qos=1)
+                await c.subscribe(f"$share/g/{R}/infer/req", qos=1)
+                for topic in TOPICS:
+                    await shard.publish(f"{R}/{topic}", b"x", qos=1)
+                await shard.publish(f"{R}/agent/a/say", b"end", qos=1)
+                got: set[str] = set()
+                async with asyncio.timeout(10):
+                    async for message in c.messages:
+                        got.add(message.topic.value.removeprefix(R + "/"))
+                        if message.payload == b"end":
+                            break
+            assert got == allowed, (role, got)
+
+
+async def test_anonymous_clients_are_refused(secured: SecuredBroker) -> None:
     with pytest.raises(aiomqtt.MqttError):
         async with client(secured, None):
             pass

@@ -12,9 +12,11 @@ from sim import topics
 from sim.bus import BusConfig, open_bus
 from sim.errors import BrokerError, OutboxFullError
 from sim.events import EventBatch, Speech, encode_batch
+from sim.mqtt import BrokerAddress, ReconnectPolicy
 from tests.conftest import MosquittoProcess, free_port
 
 pytestmark = pytest.mark.mosquitto
+FAST = ReconnectPolicy(initial=0.05, maximum=0.2)
 
 
 def speech(n: int, tick: int = 0) -> Speech:
@@ -31,7 +33,7 @@ async def wait_for(condition: Callable[[], object], steps: int = 500) -> None:
 
 
 async def test_batch_round_trip_and_echo(mosquitto: MosquittoProcess) -> None:
-    async with open_bus(BusConfig(url=mosquitto.url, run="r")) as bus:
+    async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
         await bus.listen_location("sq", ["b", "c"])
         topic = topics.location_events("r", "sq")
         for n in (2, 1, 3):
@@ -45,7 +47,7 @@ async def test_batch_round_trip_and_echo(mosquitto: MosquittoProcess) -> None:
 
 
 async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) -> None:
-    async with open_bus(BusConfig(url=mosquitto.url, run="r")) as bus:
+    async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
         await bus.listen_location("sq", ["b"])
         payload = encode_batch(EventBatch(shard="other", tick=0, events=(speech(1), speech(2))))
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
@@ -58,7 +60,7 @@ async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) 
 
 async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoProcess) -> None:
     inputs = []
-    async with open_bus(BusConfig(url=mosquitto.url, run="r")) as bus:
+    async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
         await bus.listen_location("sq", ["b"])
         await bus.listen_inboxes(["b"])
         await bus.listen_player_input(lambda player, msg: inputs.append((player, msg.to)))
@@ -78,7 +80,7 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
 
 
 async def test_outbox_full_during_outage_raises(mosquitto: MosquittoProcess) -> None:
-    config = BusConfig(url=mosquitto.url, run="r", outbox_size=3, backoff_initial=0.05, backoff_max=0.2)
+    config = BusConfig(broker=mosquitto.address, run="r", outbox_size=3, reconnect=FAST)
     async with open_bus(config) as bus:
         mosquitto.stop()
         await wait_for(lambda: not bus._connected.is_set())
@@ -93,7 +95,7 @@ async def test_outbox_full_during_outage_raises(mosquitto: MosquittoProcess) -> 
 
 
 async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
-    config = BusConfig(url=mosquitto.url, run="r", backoff_initial=0.05, backoff_max=0.2)
+    config = BusConfig(broker=mosquitto.address, run="r", reconnect=FAST)
     async with open_bus(config) as bus:
         await bus.listen_location("sq", ["b"])
         mosquitto.stop()
@@ -108,7 +110,8 @@ async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
 
 
 async def test_unreachable_broker_is_a_clear_error() -> None:
-    config = BusConfig(url=f"mqtt://127.0.0.1:{free_port()}", run="r", connect_attempts=2, backoff_initial=0.01)
-    with pytest.raises(BrokerError, match="cannot connect"):
+    unreachable = BrokerAddress(host="127.0.0.1", port=free_port())
+    config = BusConfig(broker=unreachable, run="r", reconnect=ReconnectPolicy(initial=0.01, patience=0.2))
+    with pytest.raises(BrokerError, match="no MQTT connection"):
         async with open_bus(config):
             pass

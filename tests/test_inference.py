@@ -38,7 +38,7 @@ def test_public_surface_is_pinned() -> None:
             "BACKENDS", "GENERIC_LINES", "Backend", "InferenceRequest", "InferenceResult", "Pool", "PoolConfig",
             "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
             "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result",
-            "fallback_line", "judge", "open_backend", "open_pool",
+            "fallback_line", "judge", "open_backend", "open_pool", "reply_problem",
         ]
     )
     assert Priority.PLAYER < Priority.NPC < Priority.AMBIENT

@@ -199,9 +199,9 @@ async def test_requests_travel_in_batches_and_a_slow_one_holds_no_other_reply(
 ) -> None:
     run = "batch"
     backend = SlowForOne("slow")
-    worker = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="w", concurrency=32), backend=backend)
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="w", concurrency=32), backend=backend)
     seen: list[list[InferenceRequest]] = []
-    config = PoolConfig(transport="mqtt", broker=mosquitto.url, run_id=run, max_in_flight=64, reply_grace=0.0)
+    config = PoolConfig(transport="mqtt", broker=mosquitto.address, run_id=run, max_in_flight=64, reply_grace=0.0)
     requests = [make_request(0, agent="slow", priority=Priority.AMBIENT, deadline_in=60)]
     requests += [make_request(n, agent=f"npc{n}", priority=Priority(n % 3), deadline_in=60) for n in range(1, 40)]
 

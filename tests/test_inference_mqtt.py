@@ -14,16 +14,20 @@ import pytest
 
 from sim import topics
 from sim.inference import (
+    InferenceResult,
     PoolConfig,
     RemoteWorker,
     WorkerConfig,
     clean_line,
+    decode_request,
     decode_result,
     encode_request,
+    encode_result,
     open_pool,
 )
 from sim.inference._batch import decode_batch, encode_batch
 from sim.inference.backends.scripted import scripted_reply
+from sim.signing import RunKey
 from tests.conftest import MosquittoProcess
 from tests.inference_helpers import make_request
 
@@ -48,13 +52,13 @@ async def running(*workers: RemoteWorker) -> AsyncIterator[None]:
 
 
 def pool_config(broker: MosquittoProcess, run: str, **kw: object) -> PoolConfig:
-    return PoolConfig(transport="mqtt", broker=broker.url, run_id=run, **kw)  # type: ignore[arg-type]
+    return PoolConfig(transport="mqtt", broker=broker.address, run_id=run, **kw)  # type: ignore[arg-type]
 
 
 async def test_two_workers_share_the_load(mosquitto: MosquittoProcess) -> None:
     run = "share"
     workers = [
-        RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name=f"w{i}", concurrency=2,
+        RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name=f"w{i}", concurrency=2,
                                   options={"delay_ms": 20}))
         for i in range(2)
     ]
@@ -104,7 +108,7 @@ async def test_worker_killed_mid_request_gives_a_timeout_fallback_and_the_pool_g
             lost = pending.result()
             assert lost.fallback and lost.fallback_reason == "timeout"
             assert lost.line in ("The forge needs me; ask again later.", "Hmm. Not now, friend.")
-            survivor = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="survivor"))
+            survivor = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="survivor"))
             async with running(survivor):
                 after = await pool.infer(make_request(2))
             assert not after.fallback and after.worker == "survivor"
@@ -134,7 +138,7 @@ async def test_worker_process_exits_0_on_sigterm(mosquitto: MosquittoProcess) ->
 
 async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoProcess) -> None:
     run = "stale"
-    worker = RemoteWorker(WorkerConfig(broker=mosquitto.url, run_id=run, name="w"))
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="w"))
     async with running(worker), aiomqtt.Client("127.0.0.1", mosquitto.port,
                                                 protocol=aiomqtt.ProtocolVersion.V5) as client:
         await client.subscribe(topics.infer_response(run, "0"), qos=1)
@@ -171,8 +175,87 @@ async def test_no_worker_means_a_timeout_fallback(mosquitto: MosquittoProcess) -
 
 async def test_an_unreachable_broker_is_a_broker_error() -> None:
     from sim.errors import BrokerError
+    from sim.mqtt import BrokerAddress, ReconnectPolicy
     from tests.conftest import free_port
 
-    with pytest.raises(BrokerError, match="cannot connect to broker"):
-        async with open_pool(PoolConfig(transport="mqtt", broker=f"mqtt://127.0.0.1:{free_port()}")):
+    config = PoolConfig(transport="mqtt", broker=BrokerAddress(port=free_port()),
+                        reconnect=ReconnectPolicy(initial=0.01, patience=0.2))
+    with pytest.raises(BrokerError, match="no MQTT connection"):
+        async with open_pool(config):
             pass
+
+
+async def _forge_replies(port: int, run: str, line: str, answered: asyncio.Event) -> None:
+    """An outsider on an anonymous broker: read each request, answer first in a worker's place."""
+    async with aiomqtt.Client("127.0.0.1", port, protocol=aiomqtt.ProtocolVersion.V5) as forger:
+        await forger.subscribe(topics.infer_request(run), qos=1)
+        answered.set()
+        async for message in forger.messages:
+            assert isinstance(message.payload, bytes)
+            body = message.payload
+            requests, _ = decode_batch(body[36:] if body.startswith(b"NPK1") else body, decode_request)  # signed
+            short = line.split(".")[0] + "."  # a clean line, unless the raw text is held to it
+            for request in requests:  # is not secret
+                forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick,
+                                         line=line if len(line) < 200 and "FORGED" not in line else short,
+                                         raw_response=line, backend="scripted", model="", worker="forger")
+                await forger.publish(topics.infer_response(run, request.shard), encode_result(forged), qos=1)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    ["FORGED " * 435, "The old bridge is not broken.", "*grins* As an AI I cannot say.", "Fine. FORGED " * 20],
+    ids=["3046 characters", "negates a canonical fact", "uncleaned", "raw text that is not the line"],
+)
+async def test_a_forged_reply_is_held_to_the_pools_output_checks(mosquitto: MosquittoProcess, forged: str) -> None:
+    run = "forge"
+    listening = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        forger = tg.create_task(_forge_replies(mosquitto.port, run, forged, listening))
+        await listening.wait()
+        async with open_pool(pool_config(mosquitto, run)) as pool:
+            result = await pool.infer(make_request(1))
+            stats = pool.statistics()
+        forger.cancel()
+    assert result.fallback and result.fallback_reason == "rejected"
+    assert "FORGED" not in result.line and "not broken" not in result.line and result.raw_response is None
+    assert stats.rejected_outputs == 1
+
+
+async def test_with_a_run_key_only_signed_replies_count(mosquitto: MosquittoProcess) -> None:
+    run = "keyed"
+    key = RunKey.generate()
+    listening = asyncio.Event()
+    # The honest worker is slow, so the forger always answers first.
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="honest", run_key=key,
+                                       options={"delay_ms": 500}))
+    async with asyncio.TaskGroup() as tg:
+        forger = tg.create_task(_forge_replies(mosquitto.port, run, "A plausible forged line.", listening))
+        await listening.wait()
+        async with running(worker), open_pool(pool_config(mosquitto, run, run_key=key)) as pool:
+            result = await pool.infer(make_request(1))
+            stats = pool.statistics()
+        forger.cancel()
+    assert not result.fallback and result.worker == "honest" and "forged" not in result.line
+    assert stats.malformed >= 1  # the unsigned forged reply
+
+
+async def test_the_pool_and_the_worker_ride_out_a_broker_restart(
+    mosquitto: MosquittoProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = "restart"
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="w",
+                                       options={"delay_ms": 300}))
+    async with running(worker), open_pool(pool_config(mosquitto, run)) as pool:
+        assert not (await pool.infer(make_request(0))).fallback
+        async with asyncio.TaskGroup() as tg:
+            waiting = [tg.create_task(pool.infer(make_request(n, deadline_in=60))) for n in range(1, 5)]
+            await asyncio.sleep(0.1)  # the requests are out; the worker sleeps on them
+            mosquitto.stop()
+            await asyncio.sleep(1.0)
+            mosquitto.start()
+        results = [t.result() for t in waiting]
+        after = await pool.infer(make_request(9))
+    assert [r.fallback for r in results] == [False] * 4, [r.fallback_reason for r in results]
+    assert not after.fallback
+    assert "is back" in caplog.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -143,35 +144,33 @@ async def test_two_shard_processes_share_a_run(mosquitto: MosquittoProcess, tmp_
     scenario = tmp_path / "two.toml"
     scenario.write_text(TWO)
     said = []
+    async def shard(i: int, ticks: int) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "npcsim"), "run", str(scenario), "--broker", mosquitto.url,
+            "--run-id", "two", "--shard", f"{i}/2", "--ticks", str(ticks), "--tick-ms", "50", "--quiet",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+        await client.subscribe("npcsim/two/status/1", qos=1)
         await client.subscribe("npcsim/two/agent/+/say", qos=1)
-        procs = [
-            await asyncio.create_subprocess_exec(
-                str(Path(sys.executable).parent / "npcsim"),
-                "run",
-                str(scenario),
-                "--broker",
-                mosquitto.url,
-                "--run-id",
-                "two",
-                "--shard",
-                f"{i}/2",
-                "--ticks",
-                "40",
-                "--tick-ms",
-                "50",
-                "--quiet",
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            for i in range(2)
-        ]
-        async with asyncio.timeout(15):
+        # Shard 1 (b) first, until it listens, and long enough to hear shard 0 whatever the machine's load:
+        # shard 0's player speaks to b at tick 2. It is stopped with SIGTERM once b has answered.
+        procs = [await shard(1, 100_000)]
+        async with asyncio.timeout(30):
             async for message in client.messages:
+                if message.topic.value.endswith("/status/1") and b'"online"' in bytes(message.payload):  # type: ignore[arg-type]
+                    break
+        procs.insert(0, await shard(0, 40))
+        async with asyncio.timeout(30):
+            async for message in client.messages:
+                if "/status/" in message.topic.value:
+                    continue
                 said.append(decode_say(bytes(message.payload)))  # type: ignore[arg-type]
                 heard = {(s.agent, s.to) for s in said}
                 if ("b", "a") in heard and ("b", "p") in heard:
                     break
+        procs[1].send_signal(signal.SIGTERM)
         for proc in procs:
             async with asyncio.timeout(15):
                 _, err = await proc.communicate()

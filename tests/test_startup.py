@@ -248,8 +248,8 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
     def speech(n: int, to: str) -> Speech:
         return Speech(id=f"r:p:0:{n}", tick=0, speaker="p", to=to, text=f"line {n}")
 
-    async with open_bus(BusConfig(url=mosquitto.url, run="r", shard="0")) as local, \
-            open_bus(BusConfig(url=mosquitto.url, run="r", shard="1")) as other:
+    async with open_bus(BusConfig(broker=mosquitto.address, run="r", shard="0")) as local, \
+            open_bus(BusConfig(broker=mosquitto.address, run="r", shard="1")) as other:
         await local.listen_inboxes([f"a{i}" for i in range(3)])
         await local.listen_inboxes(["a3"])
         await other.listen_inboxes(["b0"])

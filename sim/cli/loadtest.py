@@ -22,6 +22,7 @@ from sim.loadtest._display import print_result, progress_view
 from sim.loadtest._plot import require_matplotlib, write_plot
 from sim.loadtest._run import Builder
 from sim.memory import WorkingMemoryConfig, build_working_memory
+from sim.mqtt import BrokerAddress
 
 __all__ = ["loadtest_command", "register"]
 
@@ -62,8 +63,10 @@ def _milliseconds(text: str) -> float:
 
 
 def _broker(text: str) -> str:
-    if not text.startswith(("mqtt://", "mqtts://")):
-        raise argparse.ArgumentTypeError(f"must be mqtt://host:port or mqtts://host:port, got {text!r}")
+    try:
+        BrokerAddress.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

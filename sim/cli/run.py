@@ -16,13 +16,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from sim import topics
-from sim.bus import parse_url
 from sim.cli import bundled
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._broker import add_broker_arguments, broker_address, tls_files
 from sim.cli._values import run_id, seconds, whole
-from sim.errors import BrokerError, ConfigError
+from sim.errors import ConfigError
 from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
+from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
 from sim.runner import RunConfig, RunStats, run
 from sim.startup import RUNNING
 
@@ -32,7 +33,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
-    cmd.add_argument("--broker", default="auto", help="auto (default) or mqtt://host:port")
+    add_broker_arguments(cmd, default="auto", auto=True)
     cmd.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     cmd.add_argument("--tick-ms", type=whole(0), default=0, help="milliseconds per tick; 0 = as fast as possible")
     cmd.add_argument("--seed", type=int, default=None)
@@ -41,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_backend_arguments(cmd)
     cmd.add_argument("--remote-workers", action="store_true",
                      help="send inferences to `npcsim worker` processes on the broker instead of in-process")
+    cmd.add_argument("--run-key-file", metavar="FILE",
+                     help="sign internal messages with this secret (HMAC; every process of the run needs it); "
+                     "generated for --broker auto")
     cmd.add_argument("--concurrency", type=whole(1), default=64, help="inferences in flight at once (default 64)")
     cmd.add_argument("--inference-timeout", type=seconds, default=30.0, metavar="S",
                      help="seconds one inference may take before the fallback line speaks (default 30)")
@@ -52,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.set_defaults(func=run_command)
 
     sub = subparsers.add_parser("subscribe", help="print what NPCs say, as it happens")
-    sub.add_argument("--broker", default="mqtt://127.0.0.1:1883")
+    add_broker_arguments(sub, default="mqtt://127.0.0.1:1883")
     sub.add_argument("--run", default="+", help="run id (default: every run)")
     sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
     sub.set_defaults(func=subscribe_command)
@@ -107,7 +111,9 @@ def summary_table(stats: RunStats) -> Table:
             ("duplicates dropped", bus.duplicates),
             ("malformed dropped", sum(bus.malformed.values())),
             ("reconnects", bus.reconnects),
+            ("mailbox overflow dropped", bus.mailbox_overflow),
         ]
+        rows += [(f"refused: {kind}", n) for kind, n in sorted(bus.refused.items())]
     rows.append(("stopped by signal", "yes" if stats.stopped_by_signal else "no"))
     for name, value in rows:
         table.add_row(name, str(value))
@@ -118,6 +124,8 @@ def run_command(args: argparse.Namespace) -> int:
     config = RunConfig(
         scenario=args.scenario,
         broker=args.broker,
+        broker_tls=tls_files(args),
+        run_key_file=args.run_key_file,
         ticks=args.ticks,
         tick_ms=args.tick_ms,
         seed=args.seed,
@@ -143,8 +151,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _say_line(say: SayMessage) -> str:
-    to = f" [dim]to[/] [bold]{say.to}[/]" if say.to else ""
-    return f"[dim]{say.run} t{say.tick:>4}[/] [bold cyan]{say.agent}[/]{to}: {escape(say.text)}"
+    to = f" [dim]to[/] [bold]{escape(say.to)}[/]" if say.to else ""
+    return f"[dim]{escape(say.run)} t{say.tick:>4}[/] [bold cyan]{escape(say.agent)}[/]{to}: {escape(say.text)}"
 
 
 async def _run_live(config: RunConfig, stats: RunStats, console: Console, *, live: bool) -> None:
@@ -164,26 +172,26 @@ async def _run_live(config: RunConfig, stats: RunStats, console: Console, *, liv
 def subscribe_command(args: argparse.Namespace) -> int:
     console = Console()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_subscribe(args.broker, args.run, args.agent, console))
+        asyncio.run(_subscribe(broker_address(args), args.run, args.agent, console))
     return 0
 
 
-async def _subscribe(url: str, run_id: str, agent: str, console: Console) -> None:
-    host, port = parse_url(url)
+async def _subscribe(address: BrokerAddress, run_id: str, agent: str, console: Console) -> None:
+    """Print every line said; rides out a broker restart like every npcsim client."""
     topic = f"{topics.ROOT}/{run_id}/agent/{agent}/say"
-    try:
-        async with aiomqtt.Client(host, port) as client:
-            await client.subscribe(topic, qos=1)
-            async for message in client.messages:
-                payload = message.payload
-                try:
-                    say = decode_say(bytes(payload) if isinstance(payload, bytes | bytearray) else b"")
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    console.print(f"[dim]{message.topic}: unreadable payload ({exc})[/]")
-                    continue
-                console.print(_say_line(say))
-    except aiomqtt.MqttError as exc:
-        raise BrokerError(f"subscribe: broker {url}: {exc}") from exc
+
+    async def session(client: aiomqtt.Client) -> None:
+        await client.subscribe(topic, qos=1)
+        async for message in client.messages:
+            payload = message.payload
+            try:
+                say = decode_say(bytes(payload) if isinstance(payload, bytes | bytearray) else b"")
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                console.print(f"[dim]{escape(str(message.topic))}: unreadable payload ({escape(str(exc))})[/]")
+                continue
+            console.print(_say_line(say))
+
+    await stay_connected(address, session, name="subscribe", policy=ReconnectPolicy())
 
 
 def generate_command(args: argparse.Namespace) -> int:

@@ -9,18 +9,21 @@ import signal
 from rich.console import Console
 
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._values import run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
+from sim.signing import load_run_key
 
 __all__ = ["register", "worker_command"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
-    worker.add_argument("--broker", required=True, help="mqtt://host:port")
+    add_broker_arguments(worker, default=None)
     worker.add_argument("--run", type=run_id, required=True, help="the run id whose requests to serve")
     add_backend_arguments(worker)
+    worker.add_argument("--run-key-file", metavar="FILE", help="the run's key, when the run signs internal messages")
     worker.add_argument("--concurrency", type=whole(1), default=8, help="requests served at once (default 8)")
     worker.add_argument("--group", type=segment("worker group"), default="workers",
                         help="shared-subscription group (default 'workers')")
@@ -55,7 +58,9 @@ async def _run(worker: RemoteWorker, console: Console) -> None:
 
 def worker_command(args: argparse.Namespace) -> int:
     config = WorkerConfig(
-        broker=args.broker, run_id=args.run, backend=args.backend, options=backend_options(args),
+        broker=broker_address(args), run_id=args.run,
+        run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
+        backend=args.backend, options=backend_options(args),
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
     )
     worker = RemoteWorker(config)

@@ -10,6 +10,7 @@ from sim.inference._fallback import GENERIC_LINES, fallback_line
 from sim.inference._mqtt import RemoteWorker
 from sim.inference._output import Verdict, clean_line, contradicted_fact, judge
 from sim.inference._pool import Pool, open_pool
+from sim.inference._replies import reply_problem
 from sim.inference._types import (
     InferenceRequest,
     InferenceResult,
@@ -49,4 +50,5 @@ __all__ = [
     "judge",
     "open_backend",
     "open_pool",
+    "reply_problem",
 ]

@@ -14,6 +14,8 @@ import msgspec
 from sim.audit import Attempt
 from sim.errors import ConfigError
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.mqtt import BrokerAddress, ReconnectPolicy
+from sim.signing import RunKey
 
 __all__ = [
     "InferenceRequest",
@@ -127,6 +129,8 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     remote workers bring their own slots and the pool keeps `max_in_flight` outstanding.
     `timeout` bounds one request's time at the backend (seconds); a request's own deadline
     bounds it further. `reply_grace` lets a remote worker's "stale" answer arrive.
+    `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
+    `run_key`, requests are signed and replies without a valid signature refused (sim.signing).
     """
 
     backend: str = "scripted"
@@ -137,7 +141,9 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     reply_grace: float = 0.25
     max_line_chars: int = 200
     transport: Transport = "inprocess"
-    broker: str = "mqtt://127.0.0.1:1883"
+    broker: BrokerAddress = msgspec.field(default_factory=BrokerAddress)
+    reconnect: ReconnectPolicy = msgspec.field(default_factory=ReconnectPolicy)
+    run_key: RunKey | None = None
     run_id: str = "run"
     shard: str = "0"
     group: str = "workers"
@@ -163,7 +169,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A remote worker: which run it serves, through which broker, with which backend."""
 
-    broker: str
+    broker: BrokerAddress
     run_id: str
     backend: str = "scripted"
     options: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -172,6 +178,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     timeout: float = 30.0
     max_line_chars: int = 200
     name: str = ""
+    reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(patience=None))
+    run_key: RunKey | None = None
 
     def __post_init__(self) -> None:
         _positive("concurrency", self.concurrency)

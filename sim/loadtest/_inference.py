@@ -23,6 +23,7 @@ from typing import Any
 
 from sim.errors import BrokerError, ConfigError
 from sim.memory import WorkingMemory
+from sim.mqtt import BrokerAddress
 
 __all__ = ["FALLBACK_LINES", "RUN_ID", "Infer", "InferenceSettings", "open_inference"]
 
@@ -75,12 +76,14 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
             pool_config = PoolConfig(backend=settings.backend, options=settings.options, concurrency=slots,
                                      max_in_flight=slots, run_id=RUN_ID)
         else:
+            # One login (URL or NPCSIM_MQTT_*) serves both sides: it needs the shard's and the worker's rights.
+            broker = BrokerAddress.parse(settings.broker)
             await stack.enter_async_context(_worker_process(WorkerConfig(
-                broker=settings.broker, run_id=RUN_ID, backend=settings.backend, options=settings.options,
+                broker=broker, run_id=RUN_ID, backend=settings.backend, options=settings.options,
                 concurrency=slots, name="loadtest-local",
             )))
             pool_config = PoolConfig(backend=settings.backend, options=settings.options, concurrency=slots,
-                                     max_in_flight=slots, transport="mqtt", broker=settings.broker, run_id=RUN_ID)
+                                     max_in_flight=slots, transport="mqtt", broker=broker, run_id=RUN_ID)
         pool = await stack.enter_async_context(open_pool(pool_config))
 
         async def infer(memory: WorkingMemory, tick: int) -> bool:
@@ -112,7 +115,7 @@ async def _worker_process(config: Any) -> AsyncIterator[None]:
     try:
         if not await asyncio.to_thread(ready.wait, _WORKER_READY_S):
             raise BrokerError(
-                f"--broker {config.broker}: the local worker did not subscribe within {_WORKER_READY_S:.0f} s"
+                f"--broker {config.broker.url}: the local worker did not subscribe within {_WORKER_READY_S:.0f} s"
                 f" (exit code {proc.exitcode})"
             )
         yield

@@ -38,6 +38,7 @@ from sim.loadtest._inference import Infer, InferenceSettings, open_inference
 from sim.loadtest._states import generate_state, pick_input
 from sim.loadtest._stats import Histogram, LoadTestResult, PeakRss, TimelinePoint, ViolationRecord
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.mqtt import redact
 
 __all__ = ["Builder", "Checker", "LoadTestConfig", "Progress", "default_processes", "run_loadtest"]
 
@@ -511,7 +512,7 @@ async def run_loadtest(
         concurrency=config.concurrency,
         backend=config.backend,
         latency_ms=config.latency_ms,
-        broker=config.broker,
+        broker=redact(config.broker) if config.broker else None,
         max_context_chars=config.memory.max_context_chars,
         max_context_tokens=config.memory.max_context_tokens,
         snapshots=totals.sweep_snapshots + totals.rt_snapshots,

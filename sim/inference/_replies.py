@@ -1,0 +1,106 @@
+"""A remote worker's reply, judged at the pool: the pool trusts it no more than a model.
+
+Whoever answers on `infer/resp/{shard}` (a worker, or anyone the broker lets write there)
+must give a reply the pool could have produced itself from the request it sent:
+
+- for the request's NPC and tick;
+- a line that output handling leaves as it is (bounded, cleaned, not negating a kept
+  canonical fact), and a raw response that cleans to exactly that line;
+- a fallback line that is the NPC's own deterministic fallback line;
+- attempts (they go into the audit) that are the calls serving would have made: at most
+  one retry, each prompt a backend's fixed prefix and the request's working memory as the
+  backend receives it (the retry's rebuilt with the prohibition output handling gives for
+  the first reply), each verdict the one output handling gives for its raw response, all
+  of bounded size.
+
+`reply_problem` says why a reply is refused, or None. Sans-I/O.
+"""
+
+from __future__ import annotations
+
+from sim.audit import Attempt
+from sim.inference._fallback import fallback_line
+from sim.inference._output import judge
+from sim.inference._types import InferenceRequest, InferenceResult
+from sim.inference.backends.llamacpp import FEW_SHOT
+from sim.memory import OverBudgetError, WorkingMemory, build_working_memory
+
+__all__ = ["MAX_RAW_REPLY_CHARS", "reply_problem"]
+
+# A raw model answer is kept in the audit; more than this from a worker is not a model's.
+MAX_RAW_REPLY_CHARS = 32_768
+_MAX_PROBLEM_CHARS = 1_000
+_FORMS = ("text", "chat")
+_PREFIXES = ("", FEW_SHOT)  # the fixed prompt prefixes of the backends
+
+
+def reply_problem(request: InferenceRequest, result: InferenceResult, max_line_chars: int) -> str | None:
+    """Why the pool refuses this reply to `request`, or None."""
+    if result.agent_id != request.agent_id or result.tick != request.tick:
+        return f"answers {result.agent_id!r} at tick {result.tick}, not {request.agent_id!r} at {request.tick}"
+    raw = result.raw_response
+    if raw is not None and len(raw) > MAX_RAW_REPLY_CHARS:
+        return f"raw response of {len(raw)} characters (bound {MAX_RAW_REPLY_CHARS})"
+    problem = _attempts_problem(request, result.attempts, max_line_chars)
+    if problem is not None:
+        return problem
+    if result.fallback:
+        expected = fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines)
+        return None if result.line == expected else "a fallback line that is not the NPC's fallback line"
+    memory = _memory_of_last(request, result.attempts, max_line_chars)
+    verdict = judge(result.line, memory, max_line_chars)
+    if verdict.problem is not None:
+        return verdict.problem
+    if verdict.line != result.line:
+        return f"a line that output handling would change ({len(result.line)} characters)"
+    if raw is not None and judge(raw, memory, max_line_chars).line != result.line:
+        return "a raw response that does not clean to the line"
+    if result.attempts and (result.attempts[-1].raw_response != raw or result.attempts[-1].problem is not None):
+        return "a last attempt that is not the reply"
+    return None
+
+
+def _retry_memory(request: InferenceRequest, first: Attempt, max_line_chars: int) -> WorkingMemory | None:
+    """The retry's working memory serving would build after `first` was rejected, if any."""
+    if request.state is None or request.config is None or first.raw_response is None:
+        return None
+    prohibition = judge(first.raw_response, request.memory, max_line_chars).prohibition
+    if prohibition is None:
+        return None
+    try:
+        return build_working_memory(request.state, request.memory.player_input, request.config,
+                                    prohibition=prohibition, renderer=request.memory.renderer)
+    except OverBudgetError:
+        return None
+
+
+def _memory_of_last(request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int) -> WorkingMemory:
+    if len(attempts) == 2:
+        retry = _retry_memory(request, attempts[0], max_line_chars)
+        if retry is not None:
+            return retry
+    return request.memory
+
+
+def _attempts_problem(request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int) -> str | None:
+    if len(attempts) > 2:
+        return f"{len(attempts)} attempts (serving makes at most 2)"
+    memories: list[WorkingMemory | None] = [request.memory]
+    if len(attempts) == 2:
+        memories.append(_retry_memory(request, attempts[0], max_line_chars))
+    for n, (attempt, memory) in enumerate(zip(attempts, memories[: len(attempts)], strict=True), 1):
+        if memory is None:
+            return f"attempt {n}: a retry that serving would not have made"
+        if attempt.form not in _FORMS or attempt.prefix not in _PREFIXES:
+            return f"attempt {n}: a prompt form or prefix that no backend uses"
+        sent = attempt.prefix + memory.sent_text(attempt.form)
+        if attempt.prompt != sent or attempt.prohibition != memory.prohibition:
+            return f"attempt {n}: a prompt that is not the request's working memory"
+        if attempt.raw_response is not None:
+            if len(attempt.raw_response) > MAX_RAW_REPLY_CHARS:
+                return f"attempt {n}: raw response of {len(attempt.raw_response)} characters"
+            if judge(attempt.raw_response, memory, max_line_chars).problem != attempt.problem:
+                return f"attempt {n}: a verdict that output handling does not give"
+        elif attempt.problem is None or len(attempt.problem) > _MAX_PROBLEM_CHARS:
+            return f"attempt {n}: no raw response, and no (or an oversized) reason"
+    return None

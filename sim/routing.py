@@ -1,0 +1,214 @@
+"""The shard's routing: which message goes where, sans-I/O (no client, no awaits).
+
+`Router.receive(topic, payload)` decodes one MQTT message and hands what it holds to the
+agents' mailboxes (location events, inboxes) or to the shard's handlers (player input,
+world state). It also keeps the echo bookkeeping: which of the shard's own batches have not
+come back yet. The bus feeds it from the connection; tests feed it bytes directly.
+
+Malformed payloads are counted per kind and logged once per kind; outside input over its
+bounds (sim.bounds) is refused and counted by kind. Neither ever raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from sim import topics
+from sim.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
+from sim.events import (
+    PlayerInputMessage,
+    WorldStateMessage,
+    decode_batch,
+    decode_player_input,
+    decode_world_state,
+)
+from sim.mailbox import Mailbox, Overflow, SeenEvents
+from sim.signing import RunKey
+
+__all__ = ["BusStats", "PlayerInputHandler", "Router", "WorldStateHandler"]
+
+log = logging.getLogger(__name__)
+
+# A player id becomes an event's speaker: the same rule as events.Name.
+_PLAYER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+PlayerInputHandler = Callable[[str, PlayerInputMessage], None]
+WorldStateHandler = Callable[[WorldStateMessage], None]
+
+
+@dataclass
+class BusStats:
+    """Counters for the progress display, the summary, the benchmark and the tests."""
+
+    messages_in: int = 0
+    messages_out: int = 0
+    events_in: int = 0
+    events_delivered: int = 0
+    duplicates: int = 0
+    reconnects: int = 0
+    malformed: dict[str, int] = field(default_factory=dict)
+    overflow: Overflow = field(default_factory=Overflow)
+    refusals: Refusals = field(default_factory=Refusals)
+
+    @property
+    def mailbox_overflow(self) -> int:
+        """Events dropped from full mailboxes, in total."""
+        return self.overflow.total
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Outside input refused over a bound, by kind."""
+        return self.refusals.counts
+
+
+class Router:
+    """Routes, mailboxes, de-duplication and echo bookkeeping for one shard of one run."""
+
+    def __init__(
+        self,
+        run: str,
+        shard: str,
+        *,
+        mailbox_size: int,
+        seen_events: int,
+        bounds: InputBounds,
+        run_key: RunKey | None = None,
+        stats: BusStats | None = None,
+    ) -> None:
+        self.shard = shard
+        self.run_key = run_key
+        self.stats = stats or BusStats()
+        self.bounds = bounds
+        self._mailbox_size = mailbox_size
+        self._mailboxes: dict[str, Mailbox] = {}
+        self._location_routes: dict[str, tuple[str, ...]] = {}
+        self._inbox_routes: dict[str, str] = {}
+        self._seen = SeenEvents(seen_events)
+        self._awaiting: set[tuple[str, int]] = set()
+        self._logged: set[str] = set()
+        self.world_topic = topics.world_state(run)
+        self.player_prefix = topics.run_root(run) + "/player/"
+        self.agent_prefix = topics.run_root(run) + "/agent/"
+        self.player_handler: PlayerInputHandler | None = None
+        self.world_handler: WorldStateHandler | None = None
+
+    # --- routes ------------------------------------------------------------------------
+
+    def mailbox(self, agent: str) -> Mailbox:
+        box = self._mailboxes.get(agent)
+        if box is None:
+            box = self._mailboxes[agent] = Mailbox(agent, self._mailbox_size, self.stats.overflow)
+        return box
+
+    def route_location(self, topic: str, agents: tuple[str, ...] | list[str]) -> bool:
+        """Deliver `topic`'s events to `agents` too; True when the topic is new (subscribe it)."""
+        known = self._location_routes.get(topic, ())
+        self._location_routes[topic] = tuple(sorted({*known, *agents}))
+        return not known
+
+    def route_inbox(self, topic: str, agent: str) -> bool:
+        """Deliver `topic`'s events to `agent`; True when the topic is new."""
+        if topic in self._inbox_routes:
+            return False
+        self._inbox_routes[topic] = agent
+        return True
+
+    def is_routed(self, topic: str) -> bool:
+        return topic in self._location_routes or topic in self._inbox_routes
+
+    # --- echoes ------------------------------------------------------------------------
+
+    def expect_echo(self, topic: str, tick: int) -> None:
+        self._awaiting.add((topic, tick))
+
+    @property
+    def echoes_pending(self) -> int:
+        return len(self._awaiting)
+
+    def forget_echoes(self) -> int:
+        missing = len(self._awaiting)
+        self._awaiting.clear()
+        return missing
+
+    # --- receiving ---------------------------------------------------------------------
+
+    def count_malformed(self, kind: str, topic: str, exc: Exception) -> None:
+        """Count a malformed payload by kind and log the first of each kind; the caller drops it."""
+        self.stats.malformed[kind] = self.stats.malformed.get(kind, 0) + 1
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("dropping a malformed %s payload on %s: %s (logged once per kind)", kind, topic, exc)
+
+    def receive(self, topic: str, payload: bytes) -> None:
+        """Route one message; never raises for what the payload holds."""
+        self.stats.messages_in += 1
+        agent = self._inbox_routes.get(topic)
+        recipients = self._location_routes.get(topic)
+        if recipients is None and agent is not None:
+            recipients = (agent,)
+        if recipients is not None:
+            self._receive_batch(topic, payload, recipients)
+        elif topic.startswith(self.player_prefix) and topic.endswith("/input") and self.player_handler:
+            self._receive_player_input(topic, payload, self.player_handler)
+        elif topic == self.world_topic and self.world_handler:
+            self._receive_world_state(topic, payload, self.world_handler)
+        elif topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
+            pass  # another shard's agent: shards share one `agent/+/inbox` subscription
+        else:
+            self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
+
+    def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> None:
+        if self.run_key is not None:
+            body = self.run_key.open(topic, payload)
+            if body is None:
+                self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
+                return
+            payload = body
+        try:
+            batch = decode_batch(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.count_malformed("location events" if topic in self._location_routes else "inbox", topic, exc)
+            return
+        if batch.shard == self.shard:
+            self._awaiting.discard((topic, batch.tick))
+        for event in batch.events:
+            self.stats.events_in += 1
+            if not self._seen.first_time(event):
+                self.stats.duplicates += 1
+                continue
+            for name in recipients:
+                self.mailbox(name).put(event)
+                self.stats.events_delivered += 1
+
+    def _receive_player_input(self, topic: str, payload: bytes, handler: PlayerInputHandler) -> None:
+        player = topic[len(self.player_prefix) : -len("/input")]
+        if not _PLAYER_ID.match(player):
+            self.count_malformed("player input", topic, ValueError(f"player id {player[:40]!r} is not a name"))
+            return
+        try:
+            message = decode_player_input(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.count_malformed("player input", topic, exc)
+            return
+        problem = player_input_problem(message, self.bounds)
+        if problem is not None:
+            self.stats.refusals.refuse("player input too long", topic, problem)
+            return
+        handler(player, message)
+
+    def _receive_world_state(self, topic: str, payload: bytes, handler: WorldStateHandler) -> None:
+        try:
+            world = decode_world_state(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.count_malformed("world state", topic, exc)
+            return
+        problem = world_state_problem(world, self.bounds)
+        if problem is not None:
+            self.stats.refusals.refuse("world state over its bounds", topic, problem)
+            return
+        handler(world)

@@ -1,0 +1,126 @@
+"""Routing, mailboxes, de-duplication, bounds and the run key: sans-I/O, no broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.bounds import InputBounds
+from sim.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
+from sim.mailbox import Mailbox, Overflow, event_source
+from sim.routing import Router
+from sim.signing import RunKey
+
+LOC = "npcsim/r/loc/square/events"
+INBOX = "npcsim/r/agent/snack/inbox"
+
+
+def router(**kw: object) -> Router:
+    r = Router("r", "0", mailbox_size=kw.pop("mailbox_size", 100), seen_events=1000,  # type: ignore[arg-type]
+               bounds=InputBounds(), **kw)  # type: ignore[arg-type]
+    r.route_location(LOC, ["snack", "guard"])
+    r.route_inbox(INBOX, "snack")
+    return r
+
+
+def batch(*events: Speech | Notice, shard: str = "0", tick: int = 0) -> bytes:
+    return encode_batch(EventBatch(shard=shard, tick=tick, events=events))
+
+
+def line(n: int, speaker: str = "guard_captain", text: str | None = None) -> Speech:
+    return Speech(id=f"r:{speaker}:1:{n}", tick=1, speaker=speaker, text=text or f"real line {n}", location="square")
+
+
+def test_a_forged_event_with_a_future_id_does_not_silence_the_real_one() -> None:
+    r = router()
+    forged = Notice(id=line(1).id, tick=1, text="The king has returned alive")
+    r.receive(LOC, batch(forged, shard="evil"))
+    r.receive(LOC, batch(line(1)))
+    r.receive(LOC, batch(line(1)))  # a QoS 1 redelivery of the real one
+    texts = [e.text for e in r.mailbox("guard").drain()]
+    assert "real line 1" in texts and texts.count("real line 1") == 1
+    assert r.stats.duplicates == 1
+
+
+def test_a_flooding_source_loses_its_own_excess_not_the_others_events() -> None:
+    r = router(mailbox_size=5)
+    r.receive(INBOX, batch(line(0, "bob")))
+    r.receive(INBOX, batch(*(line(n, "flooder") for n in range(50))))
+    r.receive(INBOX, batch(line(1, "alice")))
+    speakers = [e.speaker for e in r.mailbox("snack").drain() if isinstance(e, Speech)]
+    assert "bob" in speakers and "alice" in speakers and len(speakers) == 5
+    assert r.stats.mailbox_overflow == 47
+    report = r.stats.overflow.take()
+    assert report == {"snack": (47, "flooder")}
+    assert r.stats.overflow.take() == {}
+
+
+def test_outside_input_over_its_bounds_is_refused_and_counted() -> None:
+    r = router()
+    got_inputs: list[tuple[str, PlayerInputMessage]] = []
+    got_world: list[WorldStateMessage] = []
+    r.player_handler = lambda p, m: got_inputs.append((p, m))
+    r.world_handler = got_world.append
+    r.receive("npcsim/r/player/alice/input", json.dumps({"to": "snack", "text": "x" * 501}).encode())
+    r.receive("npcsim/r/player/alice/input", json.dumps({"to": "snack", "text": "hello"}).encode())
+    r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "v" * 1_000_000}}).encode())
+    r.receive("npcsim/r/world/state", json.dumps({"state": {f"k{i}": "v" for i in range(20_000)}}).encode())
+    r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "dead"}}).encode())
+    assert [m.text for _, m in got_inputs] == ["hello"]
+    assert [w.state for w in got_world] == [{"king": "dead"}]
+    assert r.stats.refused == {"player input too long": 1, "world state over its bounds": 2}
+
+
+@pytest.mark.parametrize("player", ["bad name", "x" * 200, "é"])
+def test_a_player_id_that_is_not_a_name_is_malformed(player: str) -> None:
+    r = router()
+    r.player_handler = lambda p, m: pytest.fail("handler called")
+    r.receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}')
+    assert r.stats.malformed == {"player input": 1}
+
+
+def test_with_a_run_key_unsigned_and_badly_signed_batches_are_dropped_and_counted() -> None:
+    key = RunKey(b"k" * 32)
+    r = router(run_key=key)
+    forged = batch(Notice(id="x", tick=1, text="The king has returned alive"), shard="evil")
+    r.receive(LOC, forged)
+    r.receive(LOC, RunKey(b"z" * 32).sign(LOC, forged))
+    r.receive(LOC, key.sign(INBOX, forged))  # signed for another topic
+    r.receive(LOC, key.sign(LOC, batch(line(1))))
+    assert [e.text for e in r.mailbox("guard").drain()] == ["real line 1"]
+    assert r.stats.refused == {"unsigned internal message": 3}
+    assert "k" * 32 not in repr(key)
+
+
+def test_echo_bookkeeping() -> None:
+    r = router()
+    r.expect_echo(LOC, 3)
+    r.receive(LOC, batch(line(1), tick=2))
+    assert r.echoes_pending == 1
+    r.receive(LOC, batch(line(2), tick=3))
+    assert r.echoes_pending == 0
+
+
+@given(
+    size=st.integers(min_value=2, max_value=30),
+    order=st.lists(st.sampled_from(["flooder", "alice", "bob", "(notice)"]), max_size=300),
+)
+def test_a_full_mailbox_drops_only_the_flooders_excess(size: int, order: list[str]) -> None:
+    """Whatever the interleaving: the box never exceeds its size, every event is kept or counted,
+    and while the others hold less than half of it, none of theirs is dropped."""
+    overflow = Overflow()
+    box = Mailbox("m", size, overflow)
+    others_put = 0
+    for n, source in enumerate(order):
+        event: Speech | Notice = (Notice(id=f"n{n}", tick=0, text="x") if source == "(notice)"
+                                  else Speech(id=f"s{n}", tick=0, speaker=source, text="x"))
+        others_put += source != "flooder"
+        box.put(event)
+        assert len(box) <= size
+    kept = box.drain()
+    assert len(kept) + overflow.total == len(order)
+    if others_put < size / 2:
+        assert sum(1 for e in kept if event_source(e) != "flooder") == others_put

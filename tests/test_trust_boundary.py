@@ -1,0 +1,310 @@
+"""The trust boundary on a real Mosquitto with the shipped auth.conf and acl (DESIGN.md).
+
+Every npcsim process logs in (run, worker, subscribe, loadtest); a player may publish only
+its own input; each attack found on the anonymous broker is refused by the broker or
+refused and counted by npcsim, and the audit afterwards holds none of the forged text; no
+password appears in any output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import aiomqtt
+import pytest
+from rich.console import Console
+
+from sim import topics
+from sim.cli import main
+from sim.cli.run import summary_table
+from sim.events import EventBatch, Notice, Speech, encode_batch
+from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
+from sim.mqtt import BrokerAddress
+from sim.runner import RunConfig, RunStats, run
+from sim.signing import load_run_key
+from sim.store import open_reader
+from tests.conftest import REPO, MosquittoProcess, require_mosquitto
+from tests.secured import ROLES, SecuredBroker, password, secured_broker
+
+pytestmark = pytest.mark.mosquitto
+VILLAGE = str(REPO / "scenarios" / "village.toml")
+FORGED = "FORGED-KING-ALIVE"
+
+
+def client(broker: SecuredBroker, user: str) -> aiomqtt.Client:
+    return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password(user),
+                          protocol=aiomqtt.ProtocolVersion.V5)
+
+
+def file_exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in Path(path).read_text().splitlines())
+
+
+def assert_no_password(*texts: str) -> None:
+    for text in texts:
+        for user in ROLES:
+            assert password(user) not in text, f"the password of {user} leaked"
+
+
+async def cli(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
+    )
+
+
+async def read_until(stream: asyncio.StreamReader, needle: bytes, seconds: float = 30) -> bytes:
+    seen = b""
+    async with asyncio.timeout(seconds):
+        while needle not in seen:
+            line = await stream.readline()
+            assert line, f"stream ended before {needle!r}: {seen!r}"
+            seen += line
+    return seen
+
+
+async def stop(proc: asyncio.subprocess.Process) -> tuple[str, str]:
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        async with asyncio.timeout(15):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themselves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    db = tmp_path / "sec.db"
+    with secured_broker() as broker:
+        plain = f"mqtt://127.0.0.1:{broker.port}"
+        worker = await cli("worker", "--broker", plain, "--run", "sec", "--name", "w1", env=broker.env_for("worker"))
+        viewer = await cli("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
+        try:
+            assert worker.stdout is not None and viewer.stdout is not None
+            await read_until(worker.stdout, b"ready")
+            stats = RunStats()
+            ready = asyncio.Event()
+            config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="sec", ticks=40,
+                               tick_ms=50, remote_workers=True, db=str(db))
+            async with asyncio.TaskGroup() as group:
+                job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+                await ready.wait()
+                async with client(broker, "alice") as alice:
+                    await alice.publish(topics.player_input("sec", "alice"),
+                                        json.dumps({"to": "innkeeper", "text": "alice-asks-for-ale"}), qos=1)
+                    await alice.publish(topics.player_input("sec", "bob"),
+                                        json.dumps({"to": "innkeeper", "text": "impostor-speaks-for-bob"}), qos=1)
+                said = await read_until(viewer.stdout, b"sec t")  # the viewer sees lines as they are said
+                await job
+        finally:
+            worker_out, worker_err = await stop(worker)
+            viewer_out, viewer_err = await stop(viewer)
+    assert stats.tick == 39 and stats.inferences > 0
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert not [r.fallback_reason for r in records if r.fallback_reason in ("timeout", "transport_error")], \
+        "every inference was served by the logged-in worker"
+    inputs = [r.player_input for r in records if r.agent_id == "innkeeper"]
+    assert "alice: alice-asks-for-ale" in inputs
+    assert not any("impostor" in text for text in inputs)
+    assert "served" in worker_out
+    assert_no_password(caplog.text, worker_out, worker_err, viewer_out, viewer_err, said.decode(), stats.broker)
+
+
+async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path: Path) -> None:
+    db = tmp_path / "attack.db"
+    with secured_broker() as broker:
+        worker = RemoteWorker(WorkerConfig(broker=BrokerAddress.parse(broker.url_for("worker")), run_id="atk",
+                                           name="w"))
+        stats = RunStats()
+        ready = asyncio.Event()
+        config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="atk", ticks=30, tick_ms=100,
+                           remote_workers=True, db=str(db))
+        forged_notice = Notice(id="atk:guard_captain:5:0", tick=5, text=FORGED)
+        forged_speech = Speech(id="atk:guard_captain:6:0", tick=6, speaker="guard_captain", text=FORGED,
+                               to="snack_machine")
+        async with asyncio.TaskGroup() as group:
+            serving = group.create_task(worker.run())
+            job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+            await ready.wait()
+            async with client(broker, "alice") as alice, client(broker, "game") as game:
+                batch = encode_batch(EventBatch(shard="0", tick=1, events=(forged_notice, forged_speech)))
+                await alice.publish(topics.location_events("atk", "square"), batch, qos=1)
+                await alice.publish(topics.agent_inbox("atk", "snack_machine"), batch, qos=1)
+                reply = InferenceResult(id="x", agent_id="snack_machine", tick=1, line=FORGED * 180,
+                                        raw_response=FORGED, backend="scripted", model="")
+                await alice.publish(topics.infer_response("atk", "0"), encode_result(reply), qos=1)
+                await alice.publish(topics.world_state("atk"), json.dumps({"state": {"king": FORGED}}), qos=1)
+                await game.publish(topics.world_state("atk"), json.dumps({"state": {"king": "Z" * 1_000_000}}), qos=1)
+                many = {f"k{i}": "v" for i in range(20_000)}
+                await game.publish(topics.world_state("atk"), json.dumps({"state": many}), qos=1)
+                for n in range(50):
+                    await alice.publish(topics.player_input("atk", "alice"),
+                                        json.dumps({"to": "snack_machine", "text": f"flood {n}"}), qos=1)
+            await job
+            serving.cancel()
+    assert stats.tick == 29
+    bus = stats.bus
+    assert bus.refused["world state over its bounds"] == 2
+    assert bus.refused["player inputs over the per-tick bound"] >= 47 - 3 * 29
+    assert stats.player_inputs <= 3 * 30 + 30  # the scripted player's lines plus at most 3 of alice's per tick
+    console = Console(record=True, width=200)
+    console.print(summary_table(stats))
+    summary = console.export_text()
+    assert "refused: world state over its bounds" in summary and "refused: player inputs over the" in summary
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert records
+    for record in records:
+        text = json.dumps([record.prompt, record.line, record.raw_response, record.player_input,
+                           [f.value for f in record.state.world_state]])
+        assert FORGED not in text and "ZZZZZZZZ" not in text and "k19999" not in text
+    raw = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists()
+                             else b"")
+    assert FORGED.encode() not in raw
+
+
+def test_a_wrong_password_is_one_line_without_the_password(capsys: pytest.CaptureFixture[str]) -> None:
+    with secured_broker() as broker:
+        bad = f"mqtt://worker:not-{password('worker')}@127.0.0.1:{broker.port}"
+        assert main(["worker", "--broker", bad, "--run", "r"]) == 2
+        assert main(["run", VILLAGE, "--broker", bad, "--quiet", "--ticks", "1"]) == 2
+        assert main(["subscribe", "--broker", bad]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("npcsim: error:")]
+    assert len(lines) == 3 and all("refused the login of user 'worker'" in line for line in lines)
+    assert "Traceback" not in err and password("worker") not in err
+
+
+def test_loadtest_logs_in_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.json"
+    with secured_broker() as broker:
+        for name, value in broker.env_for("shard").items():
+            monkeypatch.setenv(name, value)
+        code = main(["loadtest", "--agents", "50", "--requests", "40", "--concurrency", "4", "--processes", "0",
+                     "--broker", f"mqtt://127.0.0.1:{broker.port}", "--json", str(out)])
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert figures["inferences"] == 40 and figures["fallbacks"] == 0
+
+
+async def test_the_broker_restarted_mid_run_under_remote_workers(
+    mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "restart.db"
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id="rs", name="w"))
+    argv = ["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "rs", "--ticks", "40", "--tick-ms", "100",
+            "--remote-workers", "--quiet", "--db", str(db)]
+    async with asyncio.TaskGroup() as group:
+        serving = group.create_task(worker.run())
+        await worker.ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
+            await watcher.subscribe("npcsim/rs/agent/+/say", qos=1)
+            job = group.create_task(asyncio.to_thread(main, argv))
+            async with asyncio.timeout(60):
+                async for _ in watcher.messages:
+                    break  # the run is under way
+        mosquitto.stop()
+        await asyncio.sleep(3)  # the outage
+        mosquitto.start()
+        async with asyncio.timeout(90):
+            code = await job
+        serving.cancel()
+    assert code == 0
+    with open_reader(db) as reader:
+        assert reader.last_tick() == 39
+    assert "is back" in caplog.text
+
+
+async def test_an_anonymous_broker_is_announced_once_unless_a_run_key_is_given(
+    mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="anon", ticks=2))
+    assert caplog.text.count("can forge internal events") == 1
+    caplog.clear()
+    key = tmp_path / "run.key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="keyed", ticks=4,
+                                run_key_file=str(key)))
+    assert "can forge" not in caplog.text
+    assert stats.bus.events_delivered > 0 and not stats.bus.refused  # its own signed batches pass
+
+
+@pytest.mark.parametrize(("content", "fragment"), [(None, "No such file"), (b"short", "need at least 16")])
+def test_a_bad_run_key_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, fragment: str
+) -> None:
+    key = tmp_path / "run.key"
+    if content is not None:
+        key.write_bytes(content)
+    assert main(["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "r", "--run-key-file", str(key)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--run-key-file" in err and fragment in err
+
+
+async def test_remote_workers_join_a_private_auto_broker_with_the_logged_login_and_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    require_mosquitto()
+    stats = RunStats()
+    ready = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, broker="auto", run_id="joined", ticks=30, tick_ms=100,
+                       remote_workers=True, inference_timeout=5.0)
+    async with asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+        await ready.wait()
+        join = next(r.getMessage() for r in caplog.records if "remote workers join this run" in r.getMessage())
+        match = re.search(r"\. (\S+worker-login\.env); .* --broker (\S+) --run joined --run-key-file (\S+)`", join)
+        assert match, join
+        login = read_env_file(match[1])
+        assert login["NPCSIM_MQTT_USERNAME"] == "worker" and login["NPCSIM_MQTT_PASSWORD"] not in caplog.text
+        worker = RemoteWorker(WorkerConfig(broker=BrokerAddress.parse(match[2], env=login), run_id="joined",
+                                           name="joiner", run_key=load_run_key(match[3])))
+        serving = group.create_task(worker.run())
+        await job
+        served = worker.statistics().completed
+        serving.cancel()
+    assert stats.tick == 29 and served > 0
+    assert not any(map(file_exists, (match[1], match[3]))), "the login and key outlive the run"
+
+
+async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """An outsider publishes Notices carrying the future ids of two NPCs before they speak."""
+    db = tmp_path / "preempt.db"
+    stats = RunStats()
+    ready = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="pre", ticks=30, tick_ms=20, db=str(db))
+    future_ids = [f"pre:{npc}:{tick}:{seq}" for npc in ("guard_captain", "snack_machine")
+                  for tick in range(30) for seq in range(1, 31)]
+    notices = tuple(Notice(id=i, tick=0, text="shh") for i in future_ids)
+    async with asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
+        await ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as outsider:
+            await outsider.publish(topics.location_events("pre", "square"),
+                                   encode_batch(EventBatch(shard="0", tick=0, events=notices)), qos=1)
+        await job
+    assert stats.bus.duplicates == 0, "a real line was dropped as a duplicate of a forged one"
+    assert stats.bus.mailbox_overflow > 0  # the flood lost its own excess...
+    with open_reader(db) as reader:
+        heard = {line.speaker for r in reader.audit_records("snack_machine") for line in r.state.dialogue}
+    assert "guard_captain" in heard  # ...and the guard captain was still heard
