@@ -254,7 +254,8 @@ async def remote_vs_inprocess(concurrency: int, seconds: float) -> str:
         PoolConfig(concurrency=concurrency, max_in_flight=concurrency, timeout=60), concurrency, seconds
     )
     with mosquitto() as broker, workers(broker, "rt", 2, concurrency // 2, 0.0):
-        config = PoolConfig(transport="mqtt", broker=broker, run_id="rt", max_in_flight=concurrency, timeout=60)
+        config = PoolConfig(transport="mqtt", broker=BrokerAddress.parse(broker), run_id="rt",
+                            max_in_flight=concurrency, timeout=60)
         remote, fb_remote = await round_trips(config, concurrency, seconds)
     ratio = remote / inprocess
     return (
