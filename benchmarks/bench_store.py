@@ -1,6 +1,7 @@
-"""Benchmark sim.store: sustained writer throughput and the time to load many agents.
+"""Benchmark sim.store: sustained writer throughput, the time to load many agents, storage.
 
     python benchmarks/bench_store.py [--agents 1000] [--ticks 20] [--rows 10] [--load-agents 10000]
+    python benchmarks/bench_store.py --storage DB [DB ...]
 
 1. Writer: `--agents` concurrent agent tasks each add `--rows` rows per tick (half
    episodes, half dialogue lines) for `--ticks` ticks; a driver ends each tick with
@@ -10,7 +11,10 @@
    asyncio layer, authority checks and hot-state upkeep cost.
 2. Load: `--load-agents` agents with `--history` items per flexible category on disk;
    the time for `open_store` + `load_agents(all)` into bounded hot state, against the
-   same six queries run raw in one thread (fetch only, no structs).
+   same eight queries run raw in one thread (fetch only, no structs).
+3. Storage (`--storage`): for store files written by `npcsim run` (of either schema),
+   the bytes on disk by table (SQLite's `dbstat`) and the bytes per tick, per inference
+   and per perceived event (an episode an NPC stored).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ import time
 from pathlib import Path
 
 import aiosqlite
+import msgspec
 
 from sim.memory import Episode, Line, NpcState
 from sim.store import HOT_LIMIT, Writer, open_store
-from sim.store._store import _IDS, _RECENT, _SQL
+from sim.store._records import item, pack_keys, unpack_keys
+from sim.store._store import _HEARD_RECENT, _IDS, _ITEM_BODIES, _RECENT, _SQL
+
+_ENCODER = msgspec.msgpack.Encoder()
 
 TARGET_ROWS_PER_S = 50_000
 
@@ -67,20 +75,31 @@ async def store_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
 
 
 def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
-    """The bound: the same rows with plain sqlite3 executemany, one thread."""
+    """The bound: the same rows as the store writes them (items, heard rows, dialogue) with
+    plain sqlite3 executemany in one thread; encoding and hashing are done before the clock."""
     ids = [f"npc{i}" for i in range(agents)]
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        start = time.perf_counter()
+        conn.executemany(_SQL["agent_key"], [(n + 1, a) for n, a in enumerate(ids)])
+        batches = []
         for tick in range(1, ticks + 1):
-            episodes = [
-                (a, f"{tick}.{n}", tick, f"{a} saw thing {n}", 0.5) for a in ids for n in range(rows // 2)
-            ]
+            items, heard = [], []
+            for n_agent, a in enumerate(ids):
+                keys = []
+                for n in range(rows // 2):
+                    it = item(_ENCODER.encode(Episode(id=f"{tick}.{n}", tick=tick, text=f"{a} saw thing {n}")))
+                    items.append((it.key, it.body))
+                    keys.append(it.key)
+                heard.append((n_agent + 1, tick, pack_keys(keys)))
             lines = [(a, tick, n, a, f"line {n} of tick {tick}") for a in ids for n in range(rows // 2)]
+            batches.append((items, heard, lines))
+        start = time.perf_counter()
+        for tick, (items, heard, lines) in enumerate(batches, start=1):
             conn.execute("BEGIN")
-            conn.executemany(_SQL["episode"], episodes)
+            conn.executemany(_SQL["item"], items)
+            conn.executemany(_SQL["heard"], heard)
             conn.executemany(_SQL["line"], lines)
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)", (tick,))
             conn.execute("COMMIT")
@@ -95,7 +114,11 @@ async def make_schema(path: Path) -> None:
 
 
 def fill_history(path: Path, agents: int, history: int) -> int:
-    """Write `agents` agents with `history` items per flexible category, raw, fast."""
+    """Write `agents` agents with `history` items per flexible category, raw, fast.
+
+    Episodes are written as the store writes them: one item each (distinct per agent,
+    the worst case for sharing) and one heard row per agent and tick of 10 episodes.
+    """
     conn = sqlite3.connect(path, isolation_level=None)
     total = 0
     try:
@@ -105,7 +128,19 @@ def fill_history(path: Path, agents: int, history: int) -> int:
             conn.execute(_SQL["agent"], (a, f"You are {a}."))
             conn.executemany(_SQL["fact"], [(a, f"f{k}", f"fact {k} of {a}", "scenario") for k in range(3)])
             conn.executemany(_SQL["world"], [(a, f"w{k}", f"value {k}", "game") for k in range(2)])
-            conn.executemany(_SQL["episode"], [(a, f"e{k}", k, f"memory {k}", 0.5) for k in range(history)])
+            conn.execute(_SQL["agent_key"], (i + 1, a))
+            episodes = [
+                item(_ENCODER.encode(Episode(id=f"e{k}", tick=k // 10, text=f"memory {k} of {a}")))
+                for k in range(history)
+            ]
+            conn.executemany(_SQL["item"], [(it.key, it.body) for it in episodes])
+            conn.executemany(
+                _SQL["heard"],
+                [
+                    (i + 1, t, pack_keys([it.key for it in episodes[t * 10 : t * 10 + 10]]))
+                    for t in range((history + 9) // 10)
+                ],
+            )
             conn.executemany(_SQL["belief"], [(a, f"b{k}", k, f"belief {k}", 0.5) for k in range(history)])
             conn.executemany(_SQL["line"], [(a, k, 0, "player", f"line {k}") for k in range(history)])
             total += 5 + 3 * history
@@ -135,9 +170,51 @@ def raw_load(path: Path, agents: int) -> float:
         conn.execute("SELECT agent, key, value FROM world WHERE " + _IDS, (ids,)).fetchall()
         for sql in _RECENT.values():
             conn.execute(sql, (ids, HOT_LIMIT)).fetchall()
+        heard = conn.execute(_HEARD_RECENT, (ids, HOT_LIMIT - 1)).fetchall()
+        keys = sorted({k for _, blob in heard for k in unpack_keys(blob)})
+        for start_at in range(0, len(keys), 100_000):
+            conn.execute(_ITEM_BODIES, (json.dumps(keys[start_at : start_at + 100_000]),)).fetchall()
         return time.perf_counter() - start
     finally:
         conn.close()
+
+
+def storage(path: Path) -> None:
+    """Bytes on disk by table and per tick / inference / perceived event, either schema."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        size = path.stat().st_size
+        tables = conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC").fetchall()
+        last_tick = int(conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()[0])
+        (records,) = conn.execute("SELECT count(*) FROM audit").fetchone()
+        (perceived,) = conn.execute("SELECT count(*) FROM episodes").fetchone()
+        if version >= 2:
+            (heard,) = conn.execute("SELECT IFNULL(sum(length(items) / 8), 0) FROM heard").fetchone()
+            perceived += heard
+    finally:
+        conn.close()
+    ticks = last_tick + 1
+    print(
+        f"storage: {path} (schema {version}): {size:,} bytes, {ticks} ticks, {records:,} audit records,"
+        f" {perceived:,} perceived events"
+    )
+    groups = {
+        "perception": ("episodes", "episodes_recent", "heard", "heard_recent", "agent_keys",
+                       "sqlite_autoindex_agent_keys_1"),
+        "audit": ("audit", "sqlite_autoindex_audit_1", "audit_agent", "audit_tick"),
+        "items (shared by both)": ("items",),
+    }  # fmt: skip
+    by_name = dict(tables)
+    for group, names in groups.items():
+        print(f"  {group:24s} {sum(by_name.get(n, 0) for n in names):>14,} bytes")
+    other = size - sum(by_name.get(n, 0) for names in groups.values() for n in names)
+    print(f"  {'everything else':24s} {other:>14,} bytes")
+    print(
+        f"  per tick: {size / ticks:,.0f} B; per inference: {size / max(records, 1):,.0f} B (audit part"
+        f" {sum(by_name.get(n, 0) for n in groups['audit']) / max(records, 1):,.0f} B);"
+        f" per perceived event: {sum(by_name.get(n, 0) for n in groups['perception']) / max(perceived, 1):,.1f} B"
+    )
 
 
 def main() -> None:
@@ -147,8 +224,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10, help="rows per agent per tick (even)")
     parser.add_argument("--load-agents", type=int, default=10_000)
     parser.add_argument("--history", type=int, default=100, help="items per flexible category per agent")
+    parser.add_argument("--storage", nargs="+", type=Path, default=None, help="only measure these store files")
     args = parser.parse_args()
     print(f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, aiosqlite {aiosqlite.__version__}")
+    if args.storage:
+        for path in args.storage:
+            storage(path)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         total = args.agents * args.ticks * (args.rows // 2) * 2
@@ -168,7 +250,7 @@ def main() -> None:
         load_s = asyncio.run(store_load(d / "load.db", args.load_agents))
         raw_load_s = raw_load(d / "load.db", args.load_agents)
         print(f"  open_store + load_agents: {load_s:.2f} s ({load_s / args.load_agents * 1e6:.0f} us per agent)")
-        print(f"  the same six queries raw, fetch only (bound): {raw_load_s:.2f} s")
+        print(f"  the same eight queries raw, fetch only (bound): {raw_load_s:.2f} s")
         print(f"  ratio to bound: {load_s / raw_load_s:.2f}x the bound's time")
 
 

@@ -94,10 +94,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
+    retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
 
     def __post_init__(self) -> None:
         """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0}
+        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -126,6 +127,7 @@ class RunStats:
     player_inputs: int = 0
     late_echoes: int = 0
     world_changes: int = 0
+    memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
@@ -320,6 +322,16 @@ def _check_resume(config: RunConfig, db: Path, store: Store) -> None:
         )
 
 
+def _check_retention(config: RunConfig, limit: int) -> None:
+    """Retention never reaches into what a working memory can use (sim/store/_retention.py);
+    checked before anything starts, so a refused run leaves no file behind."""
+    if config.retain_memories is not None and config.retain_memories < limit:
+        raise ConfigError(
+            f"--retain-memories must be at least the store's hot window ({limit} items per category),"
+            f" got {config.retain_memories}"
+        )
+
+
 def hot_limit(config: WorkingMemoryConfig) -> int:
     """The store's hot state holds at least what the count caps can use, in every category."""
     return max(HOT_LIMIT, config.max_dialogue_lines, config.max_episodic_memories, config.max_beliefs)
@@ -403,6 +415,7 @@ async def _start_and_run(
 ) -> None:
     stats.startup_progress.enter(startup.LOADING)
     scenario = await startup.load_scenario_in_thread(config.scenario)
+    _check_retention(config, hot_limit(scenario.memory))
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
     try:
@@ -584,6 +597,8 @@ async def _run_shard(
                             )
                         bus.report_overflow(tick)
                         await store.end_tick(tick)
+                        if config.retain_memories is not None:
+                            stats.memories_pruned += await store.prune_memories(config.retain_memories)
                         if tick % 10 == 0:
                             await bus.publish_status(
                                 StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)

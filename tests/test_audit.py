@@ -23,7 +23,7 @@ from sim.memory import (
     WorldFact,
     build_working_memory,
 )
-from sim.store import Writer, open_store
+from sim.store import Writer, open_reader, open_store
 
 RECORDS = 1_000
 AGENTS = 25
@@ -163,12 +163,13 @@ async def test_replay_of_1000_recorded_inferences_is_byte_exact(
 
 
 async def test_a_changed_config_makes_replay_exit_1(audit_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with open_reader(audit_db) as reader:
+        record = reader.audit_record("inf-00500")
+    config = msgspec.structs.replace(record.config, max_context_chars=record.report.prompt_chars - 40)
+    changed = msgspec.structs.replace(record, config=config)
     with sqlite3.connect(audit_db) as conn:
-        (blob,) = conn.execute("SELECT record FROM audit WHERE id = 'inf-00500'").fetchone()
-        record = decode_record(blob)
-        config = msgspec.structs.replace(record.config, max_context_chars=record.report.prompt_chars - 40)
-        changed = msgspec.structs.replace(record, config=config)
-        conn.execute("UPDATE audit SET record = ? WHERE id = 'inf-00500'", (encode_record(changed),))
+        # stored the way schema 1 stored it (format 1 is still read)
+        conn.execute("UPDATE audit SET record = ?, format = 1 WHERE id = 'inf-00500'", (encode_record(changed),))
     conn.close()
     assert main(["audit", "replay", "--db", str(audit_db)]) == 1
     out = capsys.readouterr().out
@@ -185,10 +186,8 @@ async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pyte
 
     assert main(["audit", "show", "--db", str(audit_db), "inf-00042"]) == 0
     out = capsys.readouterr().out
-    with sqlite3.connect(f"{audit_db.as_uri()}?mode=ro&immutable=1", uri=True) as conn:
-        (blob,) = conn.execute("SELECT record FROM audit WHERE id = 'inf-00042'").fetchone()
-    conn.close()
-    record = decode_record(blob)
+    with open_reader(audit_db) as reader:
+        record = reader.audit_record("inf-00042")
     assert record.prompt is not None
     assert record.raw_response in out and "replay identical" in out and "episodic" in out
     for line in record.prompt.splitlines():

@@ -135,7 +135,8 @@ async def test_a_record_stored_before_attempts_with_a_null_raw_response_reads_ba
     for later in ("attempts", "renderer", "version"):
         del old[later]
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE audit SET record = ? WHERE id = ?", (msgspec.msgpack.encode(old), request.id))
+        # stored whole, as schema 1 stored every record (format 1)
+        conn.execute("UPDATE audit SET record = ?, format = 1 WHERE id = ?", (msgspec.msgpack.encode(old), request.id))
     conn.close()
     assert _read_back(db, request.id, capsys) == []
 

@@ -11,6 +11,7 @@ import pytest
 from sim import topics
 from sim.cli import main
 from sim.errors import ConfigError
+from sim.generate import generate_scenario
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from tests.conftest import REPO, MosquittoProcess
@@ -95,3 +96,38 @@ async def test_village_runs_against_an_openai_compatible_server(mosquitto: Mosqu
         records = list(reader.audit_records())
     assert records and {(r.backend, r.model) for r in records} == {("openai", "fake-1")}
     assert main(["audit", "replay", "--db", str(db)]) == 0
+
+
+async def test_retention_prunes_memories_but_no_prompt_changes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    """--retain-memories at the hot window, across a resume: every prompt is as without it."""
+    full, pruned = tmp_path / "full.db", tmp_path / "pruned.db"
+    # a busy square: 30 NPCs in one place, each hears every line said there
+    busy = str(tmp_path / "busy.toml")
+    with open(busy, "w") as f:  # noqa: ASYNC230 - a test's setup, before anything runs
+        f.write(generate_scenario(npcs=30, locations=1, ambient_chance=0.3))
+    pruned_rows = 0
+    for db, retain in ((full, None), (pruned, 32)):
+        for resume in (False, True):
+            stats = await run(RunConfig(scenario=busy, broker=mosquitto.url, run_id="r", ticks=5, db=str(db),
+                                        retain_memories=retain, resume=resume))
+            pruned_rows += stats.memories_pruned
+    assert pruned_rows > 0
+
+    def prompts(db: Path) -> dict[str, str]:
+        with open_reader(db) as reader:
+            return {r.id: r.prompt_sha256 for r in reader.audit_records()}
+
+    assert prompts(pruned) == prompts(full)
+    assert main(["audit", "replay", "--db", str(pruned)]) == 0
+
+
+def test_retention_below_the_hot_window_is_refused(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", VILLAGE, "--broker", mosquitto.url, "--ticks", "2", "--db", str(tmp_path / "v.db"), "--quiet"]
+    assert main([*argv, "--retain-memories", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "npcsim: error: --retain-memories must be at least the store's hot window (32 items per category), got 5"
+    )
+    assert not (tmp_path / "v.db").exists()

@@ -45,6 +45,7 @@ def test_public_surface() -> None:
             "StoreReader",
             "StoreStatistics",
             "Writer",
+            "delete_audit_records",
             "open_reader",
             "open_store",
         ]
@@ -176,7 +177,7 @@ async def test_hot_state_is_bounded_with_a_long_history(tmp_path: Path) -> None:
         await store.load_agents(["smith"])
         assert store.state("smith") == hot
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM episodes").fetchone() == (10_000,)
+        assert conn.execute("SELECT sum(length(items) / 8) FROM heard").fetchone() == (10_000,)
 
 
 async def test_many_agents_load_in_a_bounded_number_of_queries(tmp_path: Path) -> None:
@@ -194,7 +195,7 @@ async def test_many_agents_load_in_a_bounded_number_of_queries(tmp_path: Path) -
         await store._conn.set_trace_callback(statements.append)
         assert await store.load_agents(ids) == ()
         await store._conn.set_trace_callback(None)
-        assert len(statements) == 6
+        assert len(statements) == 8  # six tables, plus heard rows and their items
         assert {agent_id: store.state(agent_id) for agent_id in ids} == expected
 
 

@@ -67,7 +67,7 @@ def ticks(lines: list[str], word: str) -> list[int]:
 def rows_per_tick(db: Path) -> dict[int, int]:
     with open_reader(db) as reader:
         assert reader.integrity_check() == "ok"
-        rows = reader._query("SELECT tick, count(*) FROM episodes GROUP BY tick")
+        rows = reader._query("SELECT tick, sum(length(items) / 8) FROM heard GROUP BY tick")
     return {int(t): int(n) for t, n in rows}  # type: ignore[call-overload]
 
 

@@ -3,12 +3,14 @@
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
 its raw reply, why it was rejected); `replay` rebuilds and checks every attempt; `export`
-writes each record with its `attempts` list.
+writes each record with its `attempts` list. The one write is `export --rotate`, which
+deletes the records it has exported, once the export is on disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import sys
 from contextlib import ExitStack
@@ -24,8 +26,8 @@ from rich.text import Text
 
 from sim.audit import AuditRecord, replay
 from sim.cli.memory import report_table
-from sim.errors import StoreError
-from sim.store import open_reader
+from sim.errors import ConfigError, StoreError
+from sim.store import delete_audit_records, open_reader
 
 __all__ = ["register"]
 
@@ -51,10 +53,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.add_argument("--agent", default=None, help="only this agent")
     rep.set_defaults(func=replay_command)
 
-    export = commands.add_parser("export", help="every record as JSON Lines")
+    export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
     export.add_argument("--db", required=True, help="store file (opened read-only)")
     export.add_argument("--agent", default=None, help="only this agent")
-    export.add_argument("--out", default=None, help="output file (default: standard output)")
+    export.add_argument("--from-tick", type=int, default=None, help="only records of this tick or later")
+    export.add_argument("--to-tick", type=int, default=None, help="only records of this tick or earlier")
+    export.add_argument("--out", default=None, help="output file (default: standard output); *.gz is gzip")
+    export.add_argument("--rotate", action="store_true",
+                        help="then delete the exported records from the store (needs --out)")
     export.set_defaults(func=export_command)
 
 
@@ -174,11 +180,23 @@ def replay_command(args: argparse.Namespace) -> int:
     return 1
 
 
+def _tick_range(args: argparse.Namespace) -> None:
+    for option, value in (("--from-tick", args.from_tick), ("--to-tick", args.to_tick)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{option} must be >= 0, got {value}")
+    if args.from_tick is not None and args.to_tick is not None and args.from_tick > args.to_tick:
+        raise ConfigError(f"--from-tick {args.from_tick} is after --to-tick {args.to_tick}")
+
+
 def export_command(args: argparse.Namespace) -> int:
+    _tick_range(args)
+    if args.rotate and args.out is None:
+        raise ConfigError("--rotate needs --out: records are deleted only once they are in a file")
+    exported: list[str] = []
     encoder = msgspec.json.Encoder()
     with ExitStack() as stack:
         reader = stack.enter_context(open_reader(args.db))
-        out: BinaryIO
+        out: BinaryIO | gzip.GzipFile
         if args.out is None:
             out = sys.stdout.buffer
         else:
@@ -186,11 +204,15 @@ def export_command(args: argparse.Namespace) -> int:
                 out = stack.enter_context(Path(args.out).open("wb"))
             except OSError as exc:
                 raise StoreError(f"{args.out}: cannot write the export: {exc}") from exc
+            if args.out.endswith(".gz"):
+                out = stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb"))
         count = 0
         try:
-            for record in reader.audit_records(args.agent):
+            for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
                 out.write(encoder.encode(record) + b"\n")
                 count += 1
+                if args.rotate:
+                    exported.append(record.id)
             out.flush()
         except BrokenPipeError:
             # the reader went away (`| head`): stop quietly, and keep Python's exit flush quiet too
@@ -199,4 +221,20 @@ def export_command(args: argparse.Namespace) -> int:
             return 1
     if args.out is not None:
         Console(stderr=True).print(f"exported {count} records to {args.out}")
+    if args.rotate:
+        _sync(Path(args.out))
+        deleted = delete_audit_records(args.db, exported)
+        Console(stderr=True).print(f"rotated: deleted {deleted} exported records from {args.db}")
     return 0
+
+
+def _sync(path: Path) -> None:
+    """The export is on disk before anything is deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot sync the export to disk, nothing deleted: {exc}") from exc

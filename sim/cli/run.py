@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="no live display")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
+    cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
+                     help="prune NPC memories past each agent's newest N per category after every tick"
+                     " (N >= the store's hot window; default: keep everything)")
     cmd.set_defaults(func=run_command)
 
     sub = subparsers.add_parser("subscribe", help="print what NPCs say, as it happens")
@@ -104,6 +107,8 @@ def summary_table(stats: RunStats) -> Table:
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
     ]
+    if stats.memories_pruned:
+        rows.append(("memory rows pruned", stats.memories_pruned))
     if bus is not None:
         rows += [
             ("events delivered", bus.events_delivered),
@@ -140,6 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
         bots=args.bots,
         inference_timeout=args.inference_timeout,
         keep_dialogue=args.dialogue,
+        retain_memories=args.retain_memories,
     )
     console = Console()
     stats = RunStats()

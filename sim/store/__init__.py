@@ -1,11 +1,13 @@
 """Persistent NPC state in SQLite (aiosqlite), with authority enforced, and the audit log.
 
 `open_store` is the writer side (one per shard process); `open_reader` is a read-only view
-for the CLI that never modifies the file.
+for the CLI that never modifies the file; `delete_audit_records` rotates exported records
+out of a file.
 """
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.store._reader import AuditSummary, StoreReader, open_reader
+from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
 from sim.store._store import HOT_LIMIT, Store, StoreStatistics, Writer, open_store
 
@@ -20,6 +22,7 @@ __all__ = [
     "StoreReader",
     "StoreStatistics",
     "Writer",
+    "delete_audit_records",
     "open_reader",
     "open_store",
 ]

@@ -5,13 +5,19 @@ closed cleanly, so every committed page is in the main file) it is also opened
 `immutable=1`, so SQLite does not create `-wal`/`-shm` files next to it either. With a
 `-wal` present (a live or killed writer) the reader uses it, which is how it sees every
 committed tick.
+
+Records of both schemas are read: a version-1 record is one msgpack blob, a version-2
+record is packed (`sim.store._records`) and rebuilt from the items it references, which
+the reader caches, since neighbouring records share most of them.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +25,7 @@ import msgspec
 
 from sim.audit import AuditRecord, decode_record
 from sim.errors import SchemaError, StoreError
+from sim.store._records import COLUMNS, read_packed, unpack_record
 from sim.store._schema import check_file, check_version
 
 __all__ = ["AuditSummary", "StoreReader", "open_reader"]
@@ -37,12 +44,23 @@ class AuditSummary(msgspec.Struct, frozen=True, kw_only=True):
     line: str
 
 
+_ITEM_CACHE = 1 << 18  # item bodies kept by the reader; past this it forgets them all
+_CHUNK = 256  # records decoded per round of item look-ups
+_RECORD_COLUMNS = "id, run_id, agent, tick, backend, model, fallback, line, record"
+
+
 class StoreReader:
     """Queries over an open read-only connection; use `open_reader`."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, version: int) -> None:
         self._conn = conn
         self._path = path
+        self._version = version
+        self._items: dict[int, bytes] = {}
+
+    @property
+    def schema_version(self) -> int:
+        return self._version
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         try:
@@ -81,20 +99,81 @@ class StoreReader:
         ]
 
     def audit_record(self, record_id: str) -> AuditRecord:
-        rows = self._query("SELECT record FROM audit WHERE id = ?", (record_id,))
+        rows = self._query(f"SELECT {_RECORD_COLUMNS}, {self._format} FROM audit WHERE id = ?", (record_id,))
         if not rows:
             raise StoreError(f"{self._path}: no audit record with id {record_id!r}")
-        return decode_record(rows[0][0], where=f"{self._path}: audit record {record_id!r}")  # type: ignore[arg-type]
+        return self._decode(rows)[0]
 
-    def audit_records(self, agent_id: str | None = None) -> Iterator[AuditRecord]:
-        """Every record, decoded one at a time, ordered by (tick, agent, id)."""
-        where, params = ("WHERE agent = ?", (agent_id,)) if agent_id is not None else ("", ())
+    def audit_records(
+        self, agent_id: str | None = None, *, from_tick: int | None = None, to_tick: int | None = None
+    ) -> Iterator[AuditRecord]:
+        """Every record (of `agent_id`, with from_tick <= tick <= to_tick), ordered by (tick, agent, id).
+
+        Records are decoded a chunk at a time, so memory stays bounded on any store.
+        """
+        conditions: list[str] = []
+        params: list[object] = []
+        for condition, value in (("agent = ?", agent_id), ("tick >= ?", from_tick), ("tick <= ?", to_tick)):
+            if value is not None:
+                conditions.append(condition)
+                params.append(value)
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+        self._preload_items()
         try:
-            cursor = self._conn.execute(f"SELECT id, record FROM audit {where} ORDER BY tick, agent, id", params)
-            for record_id, blob in cursor:
-                yield decode_record(blob, where=f"{self._path}: audit record {record_id!r}")
+            cursor = self._conn.execute(
+                f"SELECT {_RECORD_COLUMNS}, {self._format} FROM audit {where} ORDER BY tick, agent, id", params
+            )
+            while rows := cursor.fetchmany(_CHUNK):
+                yield from self._decode(rows)
         except sqlite3.Error as exc:
             raise StoreError(f"{self._path}: reading audit records failed: {exc}") from exc
+
+    @property
+    def _format(self) -> str:
+        """The column saying how a record is stored; version 1 had one way only."""
+        return "format" if self._version >= 2 else "1"
+
+    def _decode(self, rows: Sequence[Sequence[object]]) -> list[AuditRecord]:
+        """Decode rows of `_RECORD_COLUMNS` + format, fetching the items they reference."""
+        wheres = [f"{self._path}: audit record {row[0]!r}" for row in rows]
+        packed = {
+            i: read_packed(row[8], where=where)  # type: ignore[arg-type]
+            for i, (row, where) in enumerate(zip(rows, wheres, strict=True))
+            if row[9] == 2
+        }
+        self._fetch_items(set(itertools.chain.from_iterable(p.keys for p in packed.values())))
+        records = []
+        for i, (row, where) in enumerate(zip(rows, wheres, strict=True)):
+            if row[9] == 1:
+                records.append(decode_record(row[8], where=where))  # type: ignore[arg-type]
+            elif row[9] == 2:
+                columns = dict(zip(COLUMNS, row[:8], strict=True))
+                columns["fallback"] = bool(columns["fallback"])
+                records.append(unpack_record(packed[i], columns, self._items, where=where))
+            else:
+                raise StoreError(f"{where}: unknown record format {row[9]!r}")
+        return records
+
+    def _preload_items(self) -> None:
+        """Read every item in one sequential scan when they fit the cache: far cheaper, for
+        a pass over many records, than looking them up a chunk at a time."""
+        if self._version < 2 or self._items:
+            return
+        (count,) = self._query("SELECT count(*) FROM items")[0]
+        if int(count) <= _ITEM_CACHE:  # type: ignore[call-overload]
+            self._items.update((int(k), bytes(body)) for k, body in self._query("SELECT k, body FROM items"))  # type: ignore[call-overload]
+
+    def _fetch_items(self, keys: set[int]) -> None:
+        missing = sorted(keys.difference(self._items))
+        if not missing:
+            return
+        if len(self._items) + len(missing) > _ITEM_CACHE:
+            self._items.clear()
+            missing = sorted(keys)
+        for start in range(0, len(missing), 50_000):
+            chunk = json.dumps(missing[start : start + 50_000])
+            rows = self._query("SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each(?))", (chunk,))
+            self._items.update((int(k), bytes(body)) for k, body in rows)  # type: ignore[call-overload]
 
 
 @contextmanager
@@ -117,6 +196,6 @@ def open_reader(path: str | os.PathLike[str]) -> Iterator[StoreReader]:
         check_version(p, version)
         if version == 0:
             raise SchemaError(f"{p}: not an npcsim store (schema version 0)")
-        yield StoreReader(conn, p)
+        yield StoreReader(conn, p, version)
     finally:
         conn.close()

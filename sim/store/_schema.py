@@ -43,6 +43,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " line TEXT NOT NULL, record BLOB NOT NULL)",
         "CREATE INDEX audit_agent ON audit (agent, tick)",
     ),
+    # 2: store each thing once (sim/store/_records.py). Version 1's rows stay where they
+    # are and are still read: `episodes` is merged with `heard` when loading, an audit row
+    # with `format` 1 holds a whole msgpack record.
+    (
+        "CREATE TABLE items (k INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+        "CREATE TRIGGER items_collision BEFORE INSERT ON items"
+        " WHEN EXISTS (SELECT 1 FROM items WHERE k = NEW.k AND body <> NEW.body)"
+        " BEGIN SELECT RAISE(ABORT, 'two different items with the same digest key'); END",
+        "CREATE TABLE agent_keys (n INTEGER PRIMARY KEY, agent TEXT NOT NULL UNIQUE)",
+        "CREATE TABLE heard (agent INTEGER NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
+        "CREATE INDEX heard_recent ON heard (agent, tick)",
+        "ALTER TABLE audit ADD COLUMN format INTEGER NOT NULL DEFAULT 1",
+        "CREATE INDEX audit_tick ON audit (tick)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -17,6 +17,12 @@ Authority is enforced here, not by convention (DESIGN.md, "The state model"):
 
 Episodes, beliefs and dialogue are append-only logs: an item is never changed in place, a
 revised belief is a newer belief. Redelivered events are kept out by `mark_event`.
+
+Each thing is stored once (schema 2, `sim.store._records`): an episode is an item
+addressed by its content digest, and what an agent perceived in a tick is one `heard` row
+listing the keys; an audit record references its state items and config by key and
+stores the rest compressed. The writer task does the content addressing, so producers
+only queue.
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 
-from sim.audit import AuditRecord, encode_record
+from sim.audit import AuditRecord
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.memory._state import belief_order, episode_order, line_order
+from sim.store._records import COLUMNS, Item, RecordPacker, item, pack_keys, unpack_keys
+from sim.store._retention import PRUNE_SQL
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "Writer", "open_store"]
@@ -51,6 +59,10 @@ log = logging.getLogger(__name__)
 HOT_LIMIT = 32
 _QUEUE_SIZE = 65_536
 _BATCH_ROWS = 8_192
+# Item keys the writer remembers as written (with their check); past this many it forgets
+# them all and lets the database's collision trigger check the next ones.
+_ITEM_CACHE = 1 << 18
+_CACHE_KIB = -65_536  # SQLite's page cache, negative: in KiB
 
 T = TypeVar("T")
 
@@ -83,6 +95,7 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     hot_agents: int
     queue_size: int
     queue_high_water: int
+    rows_pruned: int = 0
 
 
 # Statements by row kind, in the order a batch runs them.
@@ -91,13 +104,17 @@ _SQL: dict[str, str] = {
     "fact": "INSERT OR IGNORE INTO facts (agent, id, text, writer) VALUES (?, ?, ?, ?)",
     "world": "INSERT INTO world (agent, key, value, writer) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, writer = excluded.writer",
-    "episode": "INSERT INTO episodes (agent, id, tick, text, significance) VALUES (?, ?, ?, ?, ?)",
+    "agent_key": "INSERT INTO agent_keys (n, agent) VALUES (?, ?)",
+    "item": "INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)",
+    "heard": "INSERT INTO heard (agent, tick, items) VALUES (?, ?, ?)",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
     "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
     "event": "INSERT OR IGNORE INTO events (id) VALUES (?)",
-    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record, format)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 2)",
 }
+_EPISODE_DECODER = msgspec.msgpack.Decoder(Episode)
+_ENCODER = msgspec.msgpack.Encoder()
 
 # Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same
 # total order as NpcState's (tick, id, ...), so hot state is exactly the newest N. The
@@ -114,6 +131,16 @@ def _recent(table: str, columns: str, order: str) -> str:
         f" ORDER BY {newest_first} LIMIT ?) ORDER BY t.agent, {', '.join('t.' + c for c in order.split(', '))}"
     )
 
+
+# Heard rows hold several items each, so the newest `limit` rows by tick hold at least
+# `limit` items; every row of the boundary tick is taken too, and Python keeps the newest
+# `limit` items by (tick, id).
+_HEARD_RECENT = (
+    "SELECT a.agent, h.items FROM json_each(?) AS j JOIN agent_keys AS a ON a.agent = j.value"
+    " JOIN heard AS h ON h.agent = a.n AND h.tick >= IFNULL((SELECT tick FROM heard WHERE agent = a.n"
+    " ORDER BY tick DESC LIMIT 1 OFFSET ?), -1)"
+)
+_ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each(?))"
 
 _RECENT: dict[str, str] = {
     "episodic": _recent("episodes", "id, tick, text, significance", "tick, id, text, significance"),
@@ -155,14 +182,27 @@ class _Commit:
         self.future = future
 
 
+class _Prune:
+    __slots__ = ("future", "keep")
+
+    def __init__(self, keep: int, future: asyncio.Future[int]) -> None:
+        self.keep = keep
+        self.future = future
+
+
 _CLOSE = object()
 
 
 class Store:
     """An open store; use `open_store`. Methods are safe to call from many tasks."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, last_tick: int | None, hot_limit: int) -> None:
+    def __init__(
+        self, conn: aiosqlite.Connection, path: Path, last_tick: int | None, hot_limit: int, agent_keys: dict[str, int]
+    ) -> None:
         self._conn = conn
+        self._agent_keys = agent_keys
+        self._item_checks: dict[int, int] = {}
+        self._packer = RecordPacker()
         self._path = path
         self._limit = hot_limit
         self._hot: dict[str, _Hot] = {}
@@ -181,6 +221,7 @@ class Store:
         self._violations = 0
         self._duplicates = 0
         self._high_water = 0
+        self._pruned = 0
 
     # -- introspection -------------------------------------------------------------------
 
@@ -206,6 +247,7 @@ class Store:
             hot_agents=len(self._hot),
             queue_size=self._queue.qsize(),
             queue_high_water=self._high_water,
+            rows_pruned=self._pruned,
         )
 
     def agents(self) -> tuple[str, ...]:
@@ -230,7 +272,7 @@ class Store:
     # -- loading -------------------------------------------------------------------------
 
     async def load_agents(self, agent_ids: Iterable[str]) -> tuple[str, ...]:
-        """Load hot state for many agents in six queries; returns the ids not on disk.
+        """Load hot state for many agents in eight queries; returns the ids not on disk.
 
         Agents already in memory are left as they are: their hot state is newer than
         anything the writer has not yet run.
@@ -244,6 +286,7 @@ class Store:
             facts = await self._fetch("SELECT agent, id, text FROM facts WHERE " + _IDS, (ids,))
             world = await self._fetch("SELECT agent, key, value FROM world WHERE " + _IDS, (ids,))
             episodic = await self._fetch(_RECENT["episodic"], (ids, self._limit))
+            heard = await self._heard(ids)
             beliefs = await self._fetch(_RECENT["beliefs"], (ids, self._limit))
             dialogue = await self._fetch(_RECENT["dialogue"], (ids, self._limit))
         except sqlite3.Error as exc:
@@ -255,6 +298,10 @@ class Store:
             loaded[agent].world[key] = WorldFact(key=key, value=value)
         for agent, eid, tick, text, significance in episodic:
             loaded[agent].episodic.append(Episode(id=eid, tick=tick, text=text, significance=significance))
+        for agent, episodes in heard.items():
+            merged = loaded[agent].episodic + episodes
+            merged.sort(key=episode_order)
+            loaded[agent].episodic = merged[-self._limit :]
         for agent, bid, tick, text, confidence in beliefs:
             loaded[agent].beliefs.append(Belief(id=bid, tick=tick, text=text, confidence=confidence))
         for agent, tick, seq, speaker, text in dialogue:
@@ -262,6 +309,19 @@ class Store:
         for agent, hot in loaded.items():
             self._hot.setdefault(agent, hot)
         return tuple(a for a in wanted if a not in loaded)
+
+    async def _heard(self, ids: str) -> dict[str, list[Episode]]:
+        """Each agent's newest episodes from `heard` (a superset of the newest N)."""
+        rows = await self._fetch(_HEARD_RECENT, (ids, self._limit - 1))
+        keys: dict[str, list[int]] = {}
+        for agent, blob in rows:
+            keys.setdefault(agent, []).extend(unpack_keys(blob))
+        wanted = sorted({k for ks in keys.values() for k in ks})
+        bodies: dict[int, bytes] = {}
+        for start in range(0, len(wanted), 100_000):
+            chunk = json.dumps(wanted[start : start + 100_000])
+            bodies.update(await self._fetch(_ITEM_BODIES, (chunk,)))  # type: ignore[arg-type]
+        return {agent: [_EPISODE_DECODER.decode(bodies[k]) for k in ks] for agent, ks in keys.items()}
 
     async def _fetch(self, sql: str, params: tuple[Any, ...]) -> Iterable[sqlite3.Row]:
         async with self._conn.execute(sql, params) as cursor:
@@ -320,7 +380,7 @@ class Store:
         for wf in hot.world.values():
             await self._put("world", (agent_id, wf.key, wf.value, w))
         for e in state.episodic:
-            await self._put("episode", (agent_id, e.id, e.tick, e.text, e.significance))
+            await self._put("episode", (agent_id, e.tick, item(_ENCODER.encode(e))))
         for b in state.beliefs:
             await self._put("belief", (agent_id, b.id, b.tick, b.text, b.confidence))
         for line in state.dialogue:
@@ -362,7 +422,7 @@ class Store:
         hot = self._hot_for(agent_id)
         _insert_bounded(hot.episodic, episode, episode_order, self._limit)
         hot.state = None
-        await self._put("episode", (agent_id, episode.id, episode.tick, episode.text, episode.significance))
+        await self._put("episode", (agent_id, episode.tick, item(_ENCODER.encode(episode))))
 
     async def add_belief(self, agent_id: str, belief: Belief, *, writer: Writer) -> None:
         if writer not in _NPC_WRITERS:
@@ -400,18 +460,8 @@ class Store:
 
     async def record(self, record: AuditRecord) -> None:
         """Queue one audit record; the first record of an inference id wins."""
-        row = (
-            record.id,
-            record.run_id,
-            record.agent_id,
-            record.tick,
-            record.backend,
-            record.model,
-            int(record.fallback),
-            record.line,
-            encode_record(record),
-        )
-        await self._put("audit", row)
+        blob, items = self._packer.pack(record)
+        await self._put("audit", (*(getattr(record, name) for name in COLUMNS), blob, items))
 
     async def end_tick(self, tick: int) -> None:
         """Commit everything queued so far as tick `tick`; returns once it is on disk."""
@@ -422,6 +472,20 @@ class Store:
     async def flush(self) -> None:
         """Commit everything queued so far without ending a tick."""
         await self._commit(None)
+
+    async def prune_memories(self, keep: int) -> int:
+        """Delete memories older than each agent's newest `keep` per category; rows deleted.
+
+        `keep` below the hot limit is refused: what a working memory can use is never
+        pruned, and neither is anything an audit record references (sim/store/_retention.py).
+        The deletion is committed with the next commit.
+        """
+        if keep < self._limit:
+            raise StoreError(f"{self._path}: keeping {keep} memories per category is below the hot limit {self._limit}")
+        self._check_open()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Prune(keep, future))
+        return await future
 
     # -- internals -----------------------------------------------------------------------
 
@@ -493,6 +557,9 @@ class Store:
                     elif isinstance(op, _Commit):
                         await self._write(rows, events, commit=True, tick=op.tick)
                         self._settle(op.future)
+                    elif isinstance(op, _Prune):
+                        await self._write(rows, events, commit=False, tick=None)
+                        await self._prune(op)
                     else:
                         closing = True
                 if closing and self._queue.empty():
@@ -511,7 +578,7 @@ class Store:
                 await self._execute(rows)
                 if commit:
                     await self._commit_transaction(tick)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, StoreError) as exc:
                 self._fail(exc)
         self._drop(rows)
         if commit:
@@ -526,6 +593,7 @@ class Store:
     async def _execute(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         if not rows:
             return
+        self._address(rows)
         await self._begin()
         for kind, sql in _SQL.items():
             group = rows.pop(kind, None)
@@ -545,6 +613,66 @@ class Store:
         if tick is not None:
             self._last_tick = tick
 
+    async def _prune(self, op: _Prune) -> None:
+        deleted = 0
+        if self._failure is None:
+            try:
+                await self._begin()
+                for _, sql in PRUNE_SQL:
+                    async with self._conn.execute(sql, (op.keep,)) as cursor:
+                        deleted += max(cursor.rowcount, 0)
+            except sqlite3.Error as exc:
+                self._fail(exc)
+        if op.future.done():
+            return
+        if self._failure is not None:
+            op.future.set_exception(StoreError(f"{self._path}: pruning failed: {self._failure}"))
+        else:
+            self._pruned += deleted
+            op.future.set_result(deleted)
+
+    def _address(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
+        """Turn queued episodes and records into item, heard and audit rows: each item once.
+
+        An agent's episodes of one tick in one batch become one `heard` row.
+        """
+        items: list[tuple[int, bytes]] = []
+        checks = self._item_checks
+
+        def add(it: Item) -> None:
+            known = checks.get(it.key)
+            if known is None:
+                if len(checks) >= _ITEM_CACHE:
+                    checks.clear()
+                checks[it.key] = it.check
+                items.append((it.key, it.body))
+            elif known != it.check:
+                raise StoreError(f"two different items with the digest key {it.key}; nothing of this batch is written")
+
+        episodes = rows.pop("episode", None)
+        if episodes:
+            heard: dict[tuple[int, int], list[int]] = {}
+            for agent, tick, it in episodes:
+                add(it)
+                heard.setdefault((self._agent_key(agent, rows), tick), []).append(it.key)
+            rows["heard"] = [(agent_key, tick, pack_keys(keys)) for (agent_key, tick), keys in heard.items()]
+        audits = rows.get("audit")
+        if audits:
+            for row in audits:
+                for it in row[-1]:
+                    add(it)
+            rows["audit"] = [row[:-1] for row in audits]
+        if items:
+            rows.setdefault("item", []).extend(items)
+
+    def _agent_key(self, agent: str, rows: dict[str, list[tuple[Any, ...]]]) -> int:
+        """The agent's small integer key in `heard` rows, assigned on first use."""
+        key = self._agent_keys.get(agent)
+        if key is None:
+            key = self._agent_keys[agent] = len(self._agent_keys) + 1
+            rows.setdefault("agent_key", []).append((key, agent))
+        return key
+
     def _settle(self, future: asyncio.Future[None]) -> None:
         if future.done():
             return
@@ -553,7 +681,7 @@ class Store:
         else:
             future.set_result(None)
 
-    def _fail(self, exc: sqlite3.Error) -> None:
+    def _fail(self, exc: sqlite3.Error | StoreError) -> None:
         self._failure = StoreError(f"{self._path}: write failed: {exc}")
         self._failure.__cause__ = exc
         log.error("store writer failed, further writes are refused: %s", self._failure)
@@ -585,8 +713,8 @@ async def open_store(
     except sqlite3.Error as exc:
         raise StoreError(f"{p}: cannot open the database: {exc}") from exc
     try:
-        last_tick = await _prepare(conn, p)
-        store = Store(conn, p, last_tick, hot_limit)
+        last_tick, agent_keys = await _prepare(conn, p)
+        store = Store(conn, p, last_tick, hot_limit, agent_keys)
         error: BaseException | None = None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(store._run_writer())
@@ -604,8 +732,9 @@ async def open_store(
         await conn.close()
 
 
-async def _prepare(conn: aiosqlite.Connection, path: Path) -> int | None:
-    """Refuse foreign or newer databases, switch to WAL, migrate; the last committed tick."""
+async def _prepare(conn: aiosqlite.Connection, path: Path) -> tuple[int | None, dict[str, int]]:
+    """Refuse foreign or newer databases, switch to WAL, migrate; the last committed tick
+    and the agents' integer keys."""
     try:
         version = await _scalar(conn, "PRAGMA user_version")
         check_version(path, version)
@@ -613,6 +742,9 @@ async def _prepare(conn: aiosqlite.Connection, path: Path) -> int | None:
             raise SchemaError(f"{path}: an SQLite database, but not an npcsim store; the file is left untouched")
         await conn.execute("PRAGMA journal_mode = WAL")
         await conn.execute("PRAGMA synchronous = NORMAL")
+        # Content-addressed items land at random places in their B-tree: a larger page
+        # cache (64 MiB instead of SQLite's 2 MiB default) keeps those inserts off the disk.
+        await conn.execute(f"PRAGMA cache_size = {_CACHE_KIB}")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             await conn.execute("BEGIN IMMEDIATE")
             for statement in MIGRATIONS[target - 1]:
@@ -622,9 +754,11 @@ async def _prepare(conn: aiosqlite.Connection, path: Path) -> int | None:
             log.info("%s: migrated the schema to version %d", path, target)
         async with conn.execute("SELECT value FROM meta WHERE key = 'last_tick'") as cursor:
             row = await cursor.fetchone()
+        async with conn.execute("SELECT agent, n FROM agent_keys") as cursor:
+            agent_keys = {str(agent): int(n) for agent, n in await cursor.fetchall()}
     except sqlite3.DatabaseError as exc:
         raise SchemaError(f"{path}: cannot use the database: {exc}") from exc
-    return None if row is None else int(row[0])
+    return (None if row is None else int(row[0])), agent_keys
 
 
 async def _scalar(conn: aiosqlite.Connection, sql: str) -> int:
