@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from sim import topics
+from sim import startup, topics
 from sim.audit import AuditRecord, make_record
 from sim.bounds import InputBounds
 from sim.broker import open_broker
@@ -43,7 +43,7 @@ from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, P
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
 from sim.metrics import Metrics
 from sim.mqtt import BrokerAddress, TlsFiles
-from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.scenario import NpcSpec, Scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
 from sim.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, trace_of
 from sim.trust import announce_trust, limit_player_inputs, run_key_for
@@ -135,6 +135,7 @@ class RunStats:
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
+    startup_progress: startup.StartupProgress = field(default_factory=startup.StartupProgress)
     dialogue: list[SayMessage] = field(default_factory=list)
 
 
@@ -186,9 +187,10 @@ class ShardContext:
         self.stats = stats
         self.memory_config: WorkingMemoryConfig = scenario.memory
         self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
-        self._neighbours: dict[str, tuple[str, ...]] = {}
+        neighbours: dict[str, list[str]] = {}
         for spec in sorted(scenario.npcs, key=lambda s: s.id):
-            self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
+            neighbours.setdefault(spec.location, []).append(spec.id)
+        self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
         self.store = store
         self._pool = pool
@@ -400,8 +402,48 @@ async def run(
     on_ready: Callable[[RunStats], None] | None = None,
     metrics: Metrics | None = None,
 ) -> RunStats:
-    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
-    scenario = load_scenario(config.scenario)
+    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too).
+
+    A stop during start-up cancels the start-up at once (see `sim.startup`); after it, the
+    current tick ends first.
+    """
+    stats = stats or RunStats()
+    stop = stop or asyncio.Event()
+    index, _ = parse_shard(config.shard)
+    stats.shard = str(index)
+    with _signals(stop, stats):
+        try:
+            async with asyncio.TaskGroup() as group:
+                main = group.create_task(_run(config, stats, stop, on_ready, metrics), name="run")
+                watch = startup.cancel_start_up_on(stop, stats.startup_progress, main)
+                watcher = group.create_task(watch, name="start-up-watch")
+                main.add_done_callback(lambda _: watcher.cancel())
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+    return stats
+
+
+async def _run(
+    config: RunConfig,
+    stats: RunStats,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+    metrics: Metrics | None,
+) -> None:
+    with startup.PausedCollector() as collector:
+        await _start_and_run(config, stats, stop, on_ready, collector, metrics)
+
+
+async def _start_and_run(
+    config: RunConfig,
+    stats: RunStats,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+    collector: startup.PausedCollector,
+    metrics: Metrics | None,
+) -> None:
+    stats.startup_progress.enter(startup.LOADING)
+    scenario = await startup.load_scenario_in_thread(config.scenario)
     _check_retention(config, hot_limit(scenario.memory))
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
@@ -410,48 +452,44 @@ async def run(
     except ValueError as exc:
         raise ConfigError(f"--run-id: {exc}") from exc
     index, count = parse_shard(config.shard)
-    stats = stats or RunStats()
-    stop = stop or asyncio.Event()
-    stats.run_id, stats.shard = run_id, str(index)
+    stats.run_id = run_id
     ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
-    with _signals(stop, stats):
-        async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
-            stats.broker = f"{broker.kind} {broker.url}"
-            stats.broker_address = broker.address
-            run_key = run_key_for(config.run_key_file, broker)
-            announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
-            bus_config = BusConfig(
-                broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
-                run_key=run_key,
+    async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
+        stats.broker = f"{broker.kind} {broker.url}"
+        stats.broker_address = broker.address
+        run_key = run_key_for(config.run_key_file, broker)
+        announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+        bus_config = BusConfig(
+            broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
+            run_key=run_key,
+        )
+        pool_config = PoolConfig(
+            backend=config.backend,
+            options=dict(config.backend_options),
+            concurrency=config.concurrency,
+            max_in_flight=config.concurrency,
+            timeout=config.inference_timeout,
+            transport="mqtt" if config.remote_workers else "inprocess",
+            broker=broker.address,
+            run_key=run_key,
+            run_id=run_id,
+            shard=str(index),
+        )
+        db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
+        async with (
+            open_store(db, hot_limit=hot_limit(scenario.memory)) as store,
+            open_bus(bus_config) as bus,
+            open_pool(pool_config) as pool,
+        ):
+            _check_resume(config, db, store)
+            stats.bus = bus.stats
+            ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics)
+            if metrics is not None:
+                metrics.watch_pool(pool.statistics)
+                metrics.watch_bus(bus.stats)
+            await _run_shard(
+                ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready, collector
             )
-            pool_config = PoolConfig(
-                backend=config.backend,
-                options=dict(config.backend_options),
-                concurrency=config.concurrency,
-                max_in_flight=config.concurrency,
-                timeout=config.inference_timeout,
-                transport="mqtt" if config.remote_workers else "inprocess",
-                broker=broker.address,
-                run_key=run_key,
-                run_id=run_id,
-                shard=str(index),
-            )
-            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
-            async with (
-                open_store(db, hot_limit=hot_limit(scenario.memory)) as store,
-                open_bus(bus_config) as bus,
-                open_pool(pool_config) as pool,
-            ):
-                _check_resume(config, db, store)
-                stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics)
-                if metrics is not None:
-                    metrics.watch_pool(pool.statistics)
-                    metrics.watch_bus(bus.stats)
-                await _run_shard(
-                    ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready
-                )
-    return stats
 
 
 async def _run_shard(
@@ -463,21 +501,23 @@ async def _run_shard(
     ticks: int,
     stop: asyncio.Event,
     on_ready: Callable[[RunStats], None] | None,
+    collector: startup.PausedCollector,
 ) -> None:
     bus, stats = ctx.bus, ctx.stats
     store = ctx.store
-    missing = set(await store.load_agents(spec.id for spec in specs))
-    agents: list[Agent] = []
+    kinds: dict[str, Callable[[NpcSpec, ShardContext], Agent]] = {}
     for spec in specs:
-        if spec.id in missing:
-            await store.ensure_agent(scenario.initial_state(spec.id), writer=Writer.SCENARIO)
-        kind = AGENT_KINDS.get(spec.kind)
-        if kind is None:
-            raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
-        agents.append(_resolve(kind)(spec, ctx))
+        if spec.kind not in kinds:
+            kind = AGENT_KINDS.get(spec.kind)
+            if kind is None:
+                raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+            kinds[spec.kind] = _resolve(kind)
+    progress = stats.startup_progress
+    agents = await startup.create_agents(store, scenario, specs, progress, lambda spec: kinds[spec.kind](spec, ctx))
     stats.agents = len(agents)
     if ctx.metrics is not None:
         ctx.metrics.agents.set(len(agents))
+    progress.enter(startup.SUBSCRIBING)
     await ctx.publish_roster(specs)
     by_location: dict[str, list[str]] = {}
     for spec in specs:
@@ -517,8 +557,6 @@ async def _run_shard(
     if index == 0 and not config.resume and scenario.world:
         await bus.publish_world_state(WorldStateMessage(state={w.key: w.value for w in scenario.world}, tick=first))
     await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
-    if on_ready is not None:
-        on_ready(stats)
 
     wakes = {agent.id: asyncio.Event() for agent in agents}
     pending = 0
@@ -545,6 +583,10 @@ async def _run_shard(
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(agent_loop(a, wakes[a.id]), name=f"agent-{a.id}") for a in agents]
+                collector.start_up_done()
+                stats.startup_progress.enter(startup.RUNNING)
+                if on_ready is not None:
+                    on_ready(stats)
                 try:
                     for tick in range(first, first + ticks):
                         if stop.is_set():

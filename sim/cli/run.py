@@ -26,6 +26,7 @@ from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
 from sim.runner import RunConfig, RunStats, run
+from sim.startup import RUNNING
 
 __all__ = ["register"]
 
@@ -86,6 +87,8 @@ def _progress(stats: RunStats) -> Table:
     bus = stats.bus
     table = Table(show_header=False, box=None)
     table.add_row("run", f"{stats.run_id} shard {stats.shard} on {stats.broker}")
+    if stats.startup_progress.phase != RUNNING:
+        table.add_row("start-up", stats.startup_progress.describe())
     table.add_row("tick", f"{max(stats.tick, 0)} / {stats.last_tick}")
     table.add_row("events/s", f"{(bus.events_delivered if bus else 0) / elapsed:,.0f}")
     table.add_row("inferences/s", f"{stats.inferences / elapsed:,.1f}")
