@@ -15,8 +15,10 @@ __all__ = [
     "infer_response",
     "location_events",
     "player_input",
+    "roster",
     "run_root",
     "status",
+    "trace",
     "world_state",
 ]
 
@@ -70,3 +72,13 @@ def infer_response(run: str, shard: str) -> str:
 
 def status(run: str, shard: str) -> str:
     return f"{run_root(run)}/status/{check_segment('shard', shard)}"
+
+
+def trace(run: str, shard: str) -> str:
+    """Per-inference traces of one shard (JSON): the truncation report, prompt digest, prompt."""
+    return f"{run_root(run)}/trace/{check_segment('shard', shard)}"
+
+
+def roster(run: str, shard: str) -> str:
+    """A shard's NPCs and where they are (JSON, retained): what a viewer lists."""
+    return f"{run_root(run)}/roster/{check_segment('shard', shard)}"

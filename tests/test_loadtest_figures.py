@@ -209,3 +209,17 @@ def test_the_live_line_names_the_phase() -> None:
         phase="1000 chars, concurrency 4 [1/2]",
     )
     assert "1000 chars, concurrency 4 [1/2]" in progress_view(progress).plain
+
+
+async def test_the_live_counts_never_go_back_across_phases() -> None:
+    """Counts are the run's, not the phase's: the metrics endpoint exports them as counters."""
+    seen: list[Progress] = []
+    memories = (WorkingMemoryConfig(max_context_chars=800), WorkingMemoryConfig(max_context_chars=1600))
+    await run_loadtest(
+        LoadTestConfig(agents=100, duration_s=2.5, concurrency=4, processes=0, memory=memories),
+        on_progress=seen.append,
+    )
+    assert {p.phase.split(",")[0] for p in seen} == {"800 chars", "1600 chars"}
+    for field in ("snapshots", "inferences", "over_budget"):
+        values = [getattr(p, field) for p in seen]
+        assert values == sorted(values), field

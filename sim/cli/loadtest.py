@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._values import milliseconds, seconds, whole
 from sim.errors import ConfigError
 from sim.loadtest import (
@@ -101,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", type=_output, default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", type=_output, default=None, metavar="FILE",
                    help="write a PNG of throughput and latency over time (extra 'plot')")
+    add_metrics_argument(p)
     p.set_defaults(func=loadtest_command, builder=build_working_memory)
 
 
@@ -147,9 +149,17 @@ def loadtest_command(args: argparse.Namespace) -> int:
         require_matplotlib()
     console = Console()
     builder: Builder = args.builder
-    with Live(console=console, refresh_per_second=4, transient=True) as live:
+    latest: list[Progress] = []
+    with metrics_served(args.metrics_port, console) as metrics, \
+            Live(console=console, refresh_per_second=4, transient=True) as live:
+        if metrics is not None:
+            metrics.watch_loadtest(lambda: latest[-1] if latest else None)
 
         def show(progress: Progress) -> None:
+            before = latest[-1].over_budget if latest else 0
+            if metrics is not None and progress.over_budget > before:
+                metrics.over_budget.inc(progress.over_budget - before)
+            latest[:] = [progress]
             live.update(progress_view(progress))
 
         result: LoadTestResult = asyncio.run(run_loadtest(config, builder=builder, on_progress=show))

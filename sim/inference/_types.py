@@ -115,6 +115,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     malformed: int
     late_replies: int
     attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
+    retries: int = 0  # attempts after the first, over the completed requests
 
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:

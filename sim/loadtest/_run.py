@@ -503,7 +503,7 @@ async def _requester(
 async def _monitor(
     config: LoadTestConfig, phase: _Phase, totals: _Totals, rss: PeakRss, run_began: float, began: float,
     deadline: float | None, timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None,
-    done: asyncio.Event, intervals: list[tuple[float, float, int]],
+    done: asyncio.Event, intervals: list[tuple[float, float, int]], before: _Counts,
 ) -> None:
     """Every interval, on a fixed grid from the phase's start: sample RSS, add a timeline point, show progress.
 
@@ -543,10 +543,11 @@ async def _monitor(
         last_t, last_snap, last_inf, last_rt = now, snaps, totals.inferences, totals.rt_snapshots
         if on_progress is not None:
             on_progress(Progress(
-                elapsed_s=now - began, planned_s=config.duration_s, requests=config.requests, snapshots=snaps,
-                snapshots_per_s=point.snapshots_per_s, inferences=totals.inferences,
-                inferences_per_s=point.inferences_per_s, violations=totals.violations,
-                over_budget=totals.over_budget, fallbacks=totals.fallbacks, rss_mb=rss_mb, phase=phase.label,
+                elapsed_s=now - began, planned_s=config.duration_s, requests=config.requests,
+                snapshots=before.snapshots + snaps, snapshots_per_s=point.snapshots_per_s,
+                inferences=before.inferences + totals.inferences, inferences_per_s=point.inferences_per_s,
+                violations=before.violations + totals.violations, over_budget=before.over_budget + totals.over_budget,
+                fallbacks=before.fallbacks + totals.fallbacks, rss_mb=rss_mb, phase=phase.label,
             ))
 
 
@@ -569,6 +570,23 @@ def _rebin_sweep(
     return rebinned
 
 
+class _Counts(msgspec.Struct, frozen=True, kw_only=True):
+    """The run's counts before a phase: the live line's counts (and the metrics) never go back."""
+
+    snapshots: int = 0
+    inferences: int = 0
+    violations: int = 0
+    over_budget: int = 0
+    fallbacks: int = 0
+
+    def plus(self, t: _Totals) -> _Counts:
+        return _Counts(
+            snapshots=self.snapshots + t.sweep_snapshots + t.rt_snapshots, inferences=self.inferences + t.inferences,
+            violations=self.violations + t.violations, over_budget=self.over_budget + t.over_budget,
+            fallbacks=self.fallbacks + t.fallbacks,
+        )
+
+
 class _PhaseOutcome(msgspec.Struct, frozen=True, kw_only=True):
     elapsed_s: float
     round_trip_s: float
@@ -578,7 +596,7 @@ class _PhaseOutcome(msgspec.Struct, frozen=True, kw_only=True):
 async def _run_phase(
     config: LoadTestConfig, phase: _Phase, builder: Builder, checker: Checker, infer: Infer | None,
     states: list[NpcState], totals: _Totals, rss: PeakRss, run_began: float | None,
-    timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None,
+    timeline: list[TimelinePoint], on_progress: Callable[[Progress], None] | None, before: _Counts,
 ) -> tuple[_PhaseOutcome, float]:
     """Run one phase into `totals`; returns its times and when it began (the run's start for the first)."""
     rounds = phase.concurrency > 0
@@ -598,7 +616,7 @@ async def _run_phase(
         intervals: list[tuple[float, float, int]] = []
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_monitor(
-                config, phase, totals, rss, run_began, began, deadline, points, on_progress, done, intervals
+                config, phase, totals, rss, run_began, began, deadline, points, on_progress, done, intervals, before
             ))
             if sweep is not None:
                 sweep.start()
@@ -660,6 +678,7 @@ async def run_loadtest(
     sweep_points: list[SweepPoint] = []
     elapsed = rt_elapsed = sweep_s = 0.0
     run_began: float | None = None
+    counted = _Counts()
     count = len(levels) * len(memories)
     async with contextlib.AsyncExitStack() as stack:
         infer = await stack.enter_async_context(inference(settings)) if max(levels) else None
@@ -680,8 +699,9 @@ async def run_loadtest(
                 phase_totals = _Totals()
                 outcome, run_began = await _run_phase(
                     config, phase, builder, checker, infer, states, phase_totals, rss, run_began, timeline,
-                    on_progress,
+                    on_progress, counted,
                 )
+                counted = counted.plus(phase_totals)
                 budget_totals.merge(phase_totals)
                 elapsed += outcome.elapsed_s
                 budget_sweep_s += outcome.sweep_s
