@@ -200,6 +200,7 @@ async def serve(
                         tokens=reply.tokens,
                         worker=worker,
                         attempts=tuple(attempts),
+                        prompt_tokens=reply.prompt_tokens,
                     )
                 counters.rejected_outputs += 1
                 memory = retry_memory(request, memory, verdict)
