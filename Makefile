@@ -35,8 +35,12 @@ $(VENV)/.installed-llm: pyproject.toml | $(PY)
 
 llm: $(VENV)/.installed-llm
 
+# The village at about a tick a second with the web view (its address is printed first) and
+# the dialogue in the terminal, until Ctrl-C. VIEW_PORT=8081 make run if 8080 is taken.
+VIEW_PORT ?= 8080
 run: $(VENV)/.installed-run
-	$(VENV)/bin/npcsim run scenarios/village.toml --broker auto --backend scripted --ticks 20 --dialogue
+	$(VENV)/bin/npcsim run scenarios/village.toml --broker auto --backend scripted --tick-ms 1000 \
+		--ticks 1000000000 --view $(VIEW_PORT) --follow
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check sim agents tests benchmarks

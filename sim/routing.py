@@ -97,6 +97,7 @@ class Router:
         self._logged: set[str] = set()
         self.world_topic = topics.world_state(run)
         self.player_prefix = topics.run_root(run) + "/player/"
+        self.agent_prefix = topics.run_root(run) + "/agent/"
         self.player_handler: PlayerInputHandler | None = None
         self.world_handler: WorldStateHandler | None = None
         self.barrier_prefix = topics.run_root(run) + "/barrier/"
@@ -158,6 +159,8 @@ class Router:
             self._receive_world_state(topic, payload, self.world_handler)
         elif topic.startswith(self.barrier_prefix) and self.barrier_handler:
             self._receive_barrier(topic, payload, self.barrier_handler)
+        elif topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
+            pass  # another shard's agent: shards share one `agent/+/inbox` subscription
         else:
             self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
 

@@ -41,8 +41,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from sim import topics
-from sim.audit import make_record
+from sim import startup, topics
+from sim.audit import AuditRecord, make_record
 from sim.barrier import Barrier, BarrierMessage, Join
 from sim.bounds import InputBounds
 from sim.broker import open_broker
@@ -51,9 +51,11 @@ from sim.errors import ConfigError, single_error
 from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
-from sim.mqtt import TlsFiles
-from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.metrics import Metrics
+from sim.mqtt import BrokerAddress, TlsFiles
+from sim.scenario import NpcSpec, Scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
+from sim.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, trace_of
 from sim.trust import announce_trust, limit_player_inputs, run_key_for
 
 __all__ = [
@@ -116,6 +118,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
+    trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
     retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
 
     def __post_init__(self) -> None:
@@ -140,6 +143,7 @@ class RunStats:
     run_id: str = ""
     shard: str = "0"
     broker: str = ""
+    broker_address: BrokerAddress | None = None  # with the shard's login: `run --view` follows the run with it
     agents: int = 0
     first_tick: int = 0
     tick: int = -1
@@ -159,6 +163,7 @@ class RunStats:
     started: float = field(default_factory=time.monotonic)
     bus: Any = None
     stopped_by_signal: bool = False
+    startup_progress: startup.StartupProgress = field(default_factory=startup.StartupProgress)
     dialogue: list[SayMessage] = field(default_factory=list)
 
 
@@ -228,8 +233,10 @@ class ShardContext:
         pool: Pool,
         store: Store,
         stats: RunStats,
+        metrics: Metrics | None = None,
     ) -> None:
         self.scenario = scenario
+        self.metrics = metrics
         self.run_id = run_id
         self.seed = seed
         self.shard = stats.shard
@@ -237,14 +244,17 @@ class ShardContext:
         self.stats = stats
         self.memory_config: WorkingMemoryConfig = scenario.memory
         self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
-        self._neighbours: dict[str, tuple[str, ...]] = {}
+        neighbours: dict[str, list[str]] = {}
         for spec in sorted(scenario.npcs, key=lambda s: s.id):
-            self._neighbours[spec.location] = (*self._neighbours.get(spec.location, ()), spec.id)
+            neighbours.setdefault(spec.location, []).append(spec.id)
+        self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
         self.store = store
         self._pool = pool
         self._inference_timeout = config.inference_timeout
         self._keep_dialogue = config.keep_dialogue
+        self._trace_prompts = config.trace_prompts
+        self._trace_topic = topics.trace(run_id, stats.shard)
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
         self._over_budget_logged: set[str] = set()
 
@@ -352,6 +362,21 @@ class ShardContext:
             attempts=result.attempts,
         )
         await self.store.record(record)
+        await self._trace(record, result)
+
+    async def _trace(self, record: AuditRecord, result: InferenceResult) -> None:
+        """Publish the inference's trace (for viewers) and observe it in the metrics."""
+        if self.metrics is not None:
+            self.metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
+        trace = trace_of(record, shard=self.shard, location=self.npc_location.get(record.agent_id),
+                         prompts=self._trace_prompts)
+        await self.bus.publish(self._trace_topic, encode_trace(trace))
+
+    async def publish_roster(self, specs: list[NpcSpec]) -> None:
+        """Say which NPCs this shard runs and where (retained, for viewers that connect later)."""
+        npcs = tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs)
+        message = RosterMessage(run=self.run_id, shard=self.shard, npcs=npcs)
+        await self.bus.publish(topics.roster(self.run_id, self.shard), encode_roster(message), retain=True)
 
 
 async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
@@ -432,10 +457,54 @@ async def run(
     stats: RunStats | None = None,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[RunStats], None] | None = None,
+    metrics: Metrics | None = None,
     clock: Clock | None = None,
 ) -> RunStats:
-    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too)."""
-    scenario = load_scenario(config.scenario)
+    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too).
+
+    A stop during start-up cancels the start-up at once (see `sim.startup`); after it, the
+    current tick ends first.
+    """
+    stats = stats or RunStats()
+    stop = stop or asyncio.Event()
+    index, _ = parse_shard(config.shard)
+    stats.shard = str(index)
+    with _signals(stop, stats):
+        try:
+            async with asyncio.TaskGroup() as group:
+                job = _run(config, stats, stop, on_ready, metrics, clock or SystemClock())
+                main = group.create_task(job, name="run")
+                watch = startup.cancel_start_up_on(stop, stats.startup_progress, main)
+                watcher = group.create_task(watch, name="start-up-watch")
+                main.add_done_callback(lambda _: watcher.cancel())
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+    return stats
+
+
+async def _run(
+    config: RunConfig,
+    stats: RunStats,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+    metrics: Metrics | None,
+    clock: Clock,
+) -> None:
+    with startup.PausedCollector() as collector:
+        await _start_and_run(config, stats, stop, on_ready, collector, metrics, clock)
+
+
+async def _start_and_run(
+    config: RunConfig,
+    stats: RunStats,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+    collector: startup.PausedCollector,
+    metrics: Metrics | None,
+    clock: Clock,
+) -> None:
+    stats.startup_progress.enter(startup.LOADING)
+    scenario = await startup.load_scenario_in_thread(config.scenario)
     _check_retention(config, hot_limit(scenario.memory))
     seed = scenario.scenario.seed if config.seed is None else config.seed
     run_id = config.run_id if config.run_id is not None else _default_run_id(scenario, seed)
@@ -444,42 +513,43 @@ async def run(
     except ValueError as exc:
         raise ConfigError(f"--run-id: {exc}") from exc
     index, count = parse_shard(config.shard)
-    stats = stats or RunStats()
-    stop = stop or asyncio.Event()
-    stats.run_id, stats.shard = run_id, str(index)
-    with _signals(stop, stats):
-        async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
-            stats.broker = f"{broker.kind} {broker.url}"
-            run_key = run_key_for(config.run_key_file, broker)
-            announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
-            bus_config = BusConfig(
-                broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
-                run_key=run_key,
-            )
-            pool_config = PoolConfig(
-                backend=config.backend,
-                options=dict(config.backend_options),
-                concurrency=config.concurrency,
-                max_in_flight=config.concurrency,
-                timeout=config.inference_timeout,
-                transport="mqtt" if config.remote_workers else "inprocess",
-                broker=broker.address,
-                run_key=run_key,
-                run_id=run_id,
-                shard=str(index),
-            )
-            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
-            async with (
-                open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
-                open_bus(bus_config) as bus,
-                open_pool(pool_config) as pool,
-            ):
-                _check_resume(config, db, store)
-                stats.bus = bus.stats
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats)
-                specs = shard_npcs(scenario, index, count)
-                await Shard(ctx, config, specs, index, count, stop, clock or SystemClock()).run(on_ready)
-    return stats
+    stats.run_id = run_id
+    async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
+        stats.broker = f"{broker.kind} {broker.url}"
+        stats.broker_address = broker.address
+        run_key = run_key_for(config.run_key_file, broker)
+        announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+        bus_config = BusConfig(
+            broker=broker.address, run=run_id, shard=str(index), protocol=broker.protocol, bounds=config.bounds,
+            run_key=run_key,
+        )
+        pool_config = PoolConfig(
+            backend=config.backend,
+            options=dict(config.backend_options),
+            concurrency=config.concurrency,
+            max_in_flight=config.concurrency,
+            timeout=config.inference_timeout,
+            transport="mqtt" if config.remote_workers else "inprocess",
+            broker=broker.address,
+            run_key=run_key,
+            run_id=run_id,
+            shard=str(index),
+        )
+        db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
+        async with (
+            open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
+            open_bus(bus_config) as bus,
+            open_pool(pool_config) as pool,
+        ):
+            _check_resume(config, db, store)
+            stats.bus = bus.stats
+            ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics)
+            if metrics is not None:
+                metrics.watch_pool(pool.statistics)
+                metrics.watch_bus(bus.stats)
+            specs = shard_npcs(scenario, index, count)
+            await Shard(ctx, config, specs, index, count, stop, clock).run(on_ready, collector)
+
 
 
 class Shard:
@@ -522,15 +592,22 @@ class Shard:
         await self._restore_sent()
         bus.router.stale_before = self.barrier.tick
         await bus.listen_barrier(self._on_batch, self._on_barrier)  # first: every batch is counted
-        missing = set(await store.load_agents(spec.id for spec in self.specs))
+        kinds: dict[str, Callable[[NpcSpec, ShardContext], Agent]] = {}
         for spec in self.specs:
-            if spec.id in missing:
-                await store.ensure_agent(ctx.scenario.initial_state(spec.id), writer=Writer.SCENARIO)
-            kind = AGENT_KINDS.get(spec.kind)
-            if kind is None:
-                raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
-            self.agents.append(_resolve(kind)(spec, ctx))
+            if spec.kind not in kinds:
+                kind = AGENT_KINDS.get(spec.kind)
+                if kind is None:
+                    raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+                kinds[spec.kind] = _resolve(kind)
+        progress = self.stats.startup_progress
+        self.agents = await startup.create_agents(
+            store, ctx.scenario, self.specs, progress, lambda spec: kinds[spec.kind](spec, ctx)
+        )
         self.stats.agents = len(self.agents)
+        if ctx.metrics is not None:
+            ctx.metrics.agents.set(len(self.agents))
+        progress.enter(startup.SUBSCRIBING)
+        await ctx.publish_roster(self.specs)
         by_location: dict[str, list[str]] = {}
         for spec in self.specs:
             by_location.setdefault(spec.location, []).append(spec.id)
@@ -604,7 +681,9 @@ class Shard:
 
     # --- the tick --------------------------------------------------------------------------
 
-    async def run(self, on_ready: Callable[[RunStats], None] | None = None) -> None:
+    async def run(
+        self, on_ready: Callable[[RunStats], None] | None = None, collector: startup.PausedCollector | None = None
+    ) -> None:
         ctx, bus, stats = self.ctx, self.bus, self.stats
         await self.setup()
         stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
@@ -612,6 +691,9 @@ class Shard:
             world = WorldStateMessage(state={w.key: w.value for w in ctx.scenario.world}, tick=self.first)
             await bus.publish_world_state(world)
         await self._status()
+        if collector is not None:
+            collector.start_up_done()
+        stats.startup_progress.enter(startup.RUNNING)
         if on_ready is not None:
             on_ready(stats)
         if self.end <= self.first:
@@ -630,6 +712,8 @@ class Shard:
                 if not await self.wait_barrier(tick):
                     break
                 await self.commit(tick)
+                if ctx.metrics is not None:
+                    ctx.metrics.tick_done(tick, self.clock.now() - started)
                 if self.config.tick_ms:
                     await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
         finally:
@@ -702,13 +786,16 @@ class Shard:
                 self.world_due = self.barrier.world(tick)
                 break
             if self.stop.is_set():
-                awaited = ", ".join(self.barrier.awaited(tick))
-                log.warning("stopping while tick %d waits for %s: it runs again on --resume", tick, awaited)
+                held = ", ".join(self.barrier.awaited(tick))
+                log.warning("stopping while tick %d waits for %s: it runs again on --resume", tick, held)
                 return False
             waited = self.clock.now() - started
             if waited < _BARRIER_POLL:
                 continue
-            awaiting = ", ".join(self.barrier.awaited(tick))
+            awaited = self.barrier.awaited(tick)
+            awaiting = ", ".join(awaited)
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.awaited_shards.set(len(awaited))
             if awaiting != announced:
                 announced = awaiting
                 self.stats.awaiting, self.stats.awaiting_since = awaiting, started
@@ -719,6 +806,8 @@ class Shard:
                 log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
         self.barrier.advance(tick)
         self.bus.router.stale_before = self.barrier.tick
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.awaited_shards.set(0)
         if tick > self.first:  # the first tick also waits for the other shards to start
             self.stats.barrier_seconds += self.clock.now() - started
             self.stats.barrier_ticks += 1

@@ -17,8 +17,10 @@ __all__ = [
     "infer_response",
     "location_events",
     "player_input",
+    "roster",
     "run_root",
     "status",
+    "trace",
     "world_state",
 ]
 
@@ -81,3 +83,13 @@ def barrier(run: str, shard: str) -> str:
 
 def barrier_all(run: str) -> str:
     return f"{run_root(run)}/barrier/+"
+
+
+def trace(run: str, shard: str) -> str:
+    """Per-inference traces of one shard (JSON): the truncation report, prompt digest, prompt."""
+    return f"{run_root(run)}/trace/{check_segment('shard', shard)}"
+
+
+def roster(run: str, shard: str) -> str:
+    """A shard's NPCs and where they are (JSON, retained): what a viewer lists."""
+    return f"{run_root(run)}/roster/{check_segment('shard', shard)}"

@@ -3,7 +3,10 @@
 Real HTTP/1.1 over asyncio streams (keep-alive, Content-Length bodies), a listen backlog of
 256. Each request takes the next mode from `script`, then `default`: "ok", "429" (with
 Retry-After), "500", "hang" (never answers until the server closes), "malformed" (a 200
-whose body is not JSON), "empty" (a 200 whose reply text is empty).
+whose body is not JSON), "empty" (a 200 whose reply text is empty). An "ok" answer
+reports `usage` (prompt tokens: the words of the prompt or messages; completion tokens: the
+words of the reply); `delay_s` holds every answer back, and `capacity` serves at most that
+many requests at a time (the rest wait), like a model server whose batch is full.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.modes: list[str] = []
         self.port = 0
+        self.usage: dict[str, Any] | None = None  # replaces the computed `usage` when set
+        self.delay_s = 0.0
+        self.capacity: int | None = None
+        self._busy: asyncio.Semaphore | None = None
         self._handlers: set[asyncio.Task[None]] = set()
 
     @property
@@ -62,6 +69,12 @@ class FakeOpenAI:
         self.requests.append({"method": method, "path": path, "headers": headers, "body": request})
         if mode == "hang":
             await asyncio.sleep(3600)
+        if self.capacity is not None:
+            self._busy = self._busy or asyncio.Semaphore(self.capacity)
+            async with self._busy:
+                await asyncio.sleep(self.delay_s)
+        elif self.delay_s:
+            await asyncio.sleep(self.delay_s)
         status, extra, payload = 200, {}, b""
         if mode in ("ok", "empty"):
             reply = self.reply if mode == "ok" else ""
@@ -69,9 +82,12 @@ class FakeOpenAI:
                 choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply}}
             else:
                 choice = {"index": 0, "text": reply}
+            prompt = request.get("prompt") or " ".join(m.get("content", "") for m in request.get("messages", []))
+            usage = self.usage if self.usage is not None else {
+                "prompt_tokens": len(prompt.split()), "completion_tokens": len(reply.split())
+            }
             payload = json.dumps(
-                {"id": "cmpl-1", "model": request.get("model", ""), "choices": [choice],
-                 "usage": {"completion_tokens": len(reply.split())}}
+                {"id": "cmpl-1", "model": request.get("model", ""), "choices": [choice], "usage": usage}
             ).encode()
         elif mode == "429":
             status, extra, payload = 429, {"Retry-After": self.retry_after}, b'{"error": "slow down"}'

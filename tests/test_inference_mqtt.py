@@ -25,6 +25,7 @@ from sim.inference import (
     encode_result,
     open_pool,
 )
+from sim.inference._batch import decode_batch, encode_batch
 from sim.inference.backends.scripted import scripted_reply
 from sim.signing import RunKey
 from tests.conftest import MosquittoProcess
@@ -147,18 +148,21 @@ async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoPro
         await client.publish(topics.infer_request(run), encode_request(stale), qos=1)
         fresh = make_request(2)
         await client.publish(topics.infer_request(run), encode_request(fresh), qos=1)
+        in_batch = make_request(3)  # a batch with one malformed element: the other is served
+        await client.publish(topics.infer_request(run), encode_batch([in_batch, fresh.memory]), qos=1)
         replies = {}
         async with asyncio.timeout(10):
             async for message in client.messages:
                 assert isinstance(message.payload, bytes)
-                result = decode_result(message.payload)
-                replies[result.id] = result
-                if len(replies) == 2:
+                results, errors = decode_batch(message.payload, decode_result)
+                assert not errors
+                replies.update((result.id, result) for result in results)
+                if len(replies) == 3:
                     break
     assert replies[stale.id].fallback and replies[stale.id].fallback_reason == "stale"
-    assert not replies[fresh.id].fallback
+    assert not replies[fresh.id].fallback and not replies[in_batch.id].fallback
     stats = worker.statistics()
-    assert stats.malformed == 2 and stats.dropped_stale == 1 and stats.completed == 2
+    assert stats.malformed == 3 and stats.dropped_stale == 1 and stats.completed == 3
 
 
 async def test_no_worker_means_a_timeout_fallback(mosquitto: MosquittoProcess) -> None:
@@ -189,12 +193,13 @@ async def _forge_replies(port: int, run: str, line: str, answered: asyncio.Event
         async for message in forger.messages:
             assert isinstance(message.payload, bytes)
             body = message.payload
-            request = decode_request(body[36:] if body.startswith(b"NPK1") else body)  # signed is not secret
+            requests, _ = decode_batch(body[36:] if body.startswith(b"NPK1") else body, decode_request)  # signed
             short = line.split(".")[0] + "."  # a clean line, unless the raw text is held to it
-            forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick,
-                                     line=line if len(line) < 200 and "FORGED" not in line else short,
-                                     raw_response=line, backend="scripted", model="", worker="forger")
-            await forger.publish(topics.infer_response(run, request.shard), encode_result(forged), qos=1)
+            for request in requests:  # is not secret
+                forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick,
+                                         line=line if len(line) < 200 and "FORGED" not in line else short,
+                                         raw_response=line, backend="scripted", model="", worker="forger")
+                await forger.publish(topics.infer_response(run, request.shard), encode_result(forged), qos=1)
 
 
 @pytest.mark.parametrize(

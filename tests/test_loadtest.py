@@ -21,6 +21,7 @@ RESULT_KEYS = {
     "max_context_chars", "max_context_tokens", "snapshots", "sweep_snapshots", "snapshots_per_s",
     "all_snapshots_per_s", "inferences", "inferences_per_s", "build_latency", "check_latency", "infer_latency",
     "round_trip_latency", "violations", "first_violations", "over_budget", "fallbacks", "peak_rss_mb", "timeline",
+    "truncation", "budgets", "sweep",
 }
 LATENCY_KEYS = {"count", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
 
@@ -42,7 +43,9 @@ def test_public_surface() -> None:
     assert set(sim.loadtest.__all__) == {
         "Builder", "Checker", "LatencyFigures", "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES",
         "Progress", "TimelinePoint", "ViolationRecord", "agent_id", "default_processes", "generate_state",
-        "profile_of", "run_loadtest",
+        "profile_of", "run_loadtest", "CATEGORIES", "KNEE_GAIN", "BudgetResult", "CategoryTruncation",
+        "SweepPoint", "TruncationFigures", "TruncationTally", "knee_concurrency", "print_result", "progress_view",
+        "require_matplotlib", "write_plot",
     }
 
 
@@ -169,10 +172,13 @@ def test_plot_without_matplotlib_is_a_clear_error(
     assert not (tmp_path / "x.png").exists()
 
 
-def test_plot_writes_a_png(tmp_path: Path) -> None:
+def test_plot_writes_a_png_of_real_curves(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    out = tmp_path / "load.png"
-    code = main(["loadtest", "--agents", "100", "--duration", "1.5", "--concurrency", "0", "--processes", "1",
-                 "--plot", str(out)])
+    out, figures = tmp_path / "load.png", tmp_path / "load.json"
+    code = main(["loadtest", "--agents", "100", "--duration", "3", "--processes", "0", "--concurrency", "4",
+                 "--plot", str(out), "--json", str(figures)])
     assert code == 0
     assert out.read_bytes().startswith(b"\x89PNG")
+    timeline = json.loads(figures.read_text())["timeline"]
+    # What the plot's curves are drawn from: points that move.
+    assert len([p for p in timeline if p["snapshots_per_s"] > 0 and p["inferences_per_s"] > 0]) >= 2

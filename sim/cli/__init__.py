@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sim import __version__
-from sim.cli import audit, loadtest, memory, run, worker
+from sim.cli import audit, loadtest, memory, run, view, worker
 from sim.errors import NpcsimError
 
 __all__ = ["build_parser", "main"]
 
 # Each module adds its sub-commands with `register(subparsers)`.
-COMMAND_GROUPS = [memory, run, worker, audit, loadtest]
+COMMAND_GROUPS = [memory, run, worker, audit, loadtest, view]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,11 +16,21 @@ from rich.console import Console
 from rich.live import Live
 
 from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._observe import add_metrics_argument, metrics_served
+from sim.cli._values import milliseconds, seconds, whole
 from sim.errors import ConfigError
-from sim.loadtest import LoadTestConfig, LoadTestResult, Progress, default_processes, run_loadtest
-from sim.loadtest._display import print_result, progress_view
-from sim.loadtest._plot import require_matplotlib, write_plot
-from sim.loadtest._run import Builder
+from sim.loadtest import (
+    Builder,
+    LoadTestConfig,
+    LoadTestResult,
+    Progress,
+    default_processes,
+    print_result,
+    progress_view,
+    require_matplotlib,
+    run_loadtest,
+    write_plot,
+)
 from sim.memory import WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress
 
@@ -29,37 +39,17 @@ __all__ = ["loadtest_command", "register"]
 _json = msgspec.json.Encoder()
 
 
-def _whole(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
+def _whole_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
+    """A comma-separated list of whole numbers >= minimum, each once: "1000,2000,4000"."""
+    one = whole(minimum)
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = tuple(one(part.strip()) for part in text.split(","))
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"each value once, got {text!r}")
+        return values
 
     return parse
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return value
-
-
-def _milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds >= 0, got {text!r}")
-    return value
 
 
 def _broker(text: str) -> str:
@@ -86,48 +76,70 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Build working memories for many seeded random agents at once, check every snapshot "
         "against the invariants I1-I6, and send them through the inference pool.",
     )
-    p.add_argument("--agents", type=_whole(1), default=1000, metavar="N", help="number of agents (default 1000)")
+    p.add_argument("--agents", type=whole(1), default=1000, metavar="N", help="number of agents (default 1000)")
     until = p.add_mutually_exclusive_group()
-    until.add_argument("--duration", type=_positive_seconds, metavar="S", help="run for S seconds (default 10)")
-    until.add_argument("--requests", type=_whole(1), metavar="R",
-                       help="stop after R round trips (with --concurrency 0: R snapshots)")
-    p.add_argument("--concurrency", type=_whole(0), default=64, metavar="C",
-                   help="round-trip requests in flight (default 64; 0: build-and-check sweep only)")
-    p.add_argument("--processes", type=_whole(0), default=None, metavar="P",
+    until.add_argument("--duration", type=seconds, metavar="S",
+                       help="run each phase (budget, concurrency) for S seconds (default 10)")
+    until.add_argument("--requests", type=whole(1), metavar="R",
+                       help="stop each phase after R round trips (with --concurrency 0: R snapshots)")
+    p.add_argument("--concurrency", type=_whole_list(0), default=(64,), metavar="C[,C...]",
+                   help="round-trip requests in flight (default 64; 0: build-and-check sweep only); a list "
+                   "such as 1,2,4,8,16 measures each in turn: the model-server sweep")
+    p.add_argument("--processes", type=whole(0), default=None, metavar="P",
                    help="build-and-check sweep processes (default: one per core; 0: round trip only)")
-    p.add_argument("--max-context-chars", type=_whole(1), default=2000, metavar="X",
-                   help="the working memory's hard limit in characters (default 2000)")
-    p.add_argument("--max-context-tokens", type=_whole(1), default=None, metavar="T",
-                   help="also limit each prompt to T tokens (cl100k; extra 'tokens')")
+    p.add_argument("--max-context-chars", type=_whole_list(1), default=(2000,), metavar="X[,X...]",
+                   help="the working memory's hard limit in characters (default 2000); a list such as "
+                   "1000,2000,4000 runs each budget on the same agents, side by side")
+    p.add_argument("--max-context-tokens", type=_whole_list(1), default=None, metavar="T[,T...]",
+                   help="also limit each prompt to T tokens (cl100k; extra 'tokens'); a list pairs up with "
+                   "--max-context-chars")
     add_backend_arguments(p, delay=False)
-    p.add_argument("--latency-ms", type=_milliseconds, default=0.0, metavar="MS",
+    p.add_argument("--latency-ms", type=milliseconds, default=0.0, metavar="MS",
                    help="fixed delay of the scripted backend (default 0)")
     p.add_argument("--broker", type=_broker, default=None, metavar="URL",
                    help="send inferences end to end over this MQTT broker (default: in-process)")
-    p.add_argument("--seed", type=_whole(0), default=0, metavar="N", help="seed of the agents and picks (default 0)")
+    p.add_argument("--seed", type=whole(0), default=0, metavar="N", help="seed of the agents and picks (default 0)")
     p.add_argument("--json", type=_output, default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", type=_output, default=None, metavar="FILE",
                    help="write a PNG of throughput and latency over time (extra 'plot')")
+    add_metrics_argument(p)
     p.set_defaults(func=loadtest_command, builder=build_working_memory)
+
+
+def _budgets(chars: tuple[int, ...], tokens: tuple[int, ...] | None) -> tuple[WorkingMemoryConfig, ...]:
+    """The budgets to run: the two lists paired up, a single value standing for every budget."""
+    token_list: tuple[int | None, ...] = tokens or (None,)
+    if len(chars) > 1 and len(token_list) > 1 and len(chars) != len(token_list):
+        raise ConfigError(
+            f"--max-context-chars has {len(chars)} values and --max-context-tokens {len(token_list)}: "
+            "give lists of the same length, or one value for either"
+        )
+    n = max(len(chars), len(token_list))
+    pairs = zip(chars * n if len(chars) == 1 else chars, token_list * n if len(token_list) == 1 else token_list,
+                strict=True)
+    try:
+        return tuple(WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t) for c, t in pairs)
+    except ConfigError as exc:
+        raise ConfigError(f"--max-context-tokens: {exc}") from exc
 
 
 def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
     """The run's config; a bad combination is refused naming the options."""
     processes = default_processes() if args.processes is None else args.processes
-    if args.concurrency == 0 and processes == 0:
+    levels: tuple[int, ...] = args.concurrency
+    if len(levels) > 1 and 0 in levels:
+        raise ConfigError(f"--concurrency: 0 (build-and-check only) cannot be part of a list, got {levels}")
+    if levels == (0,) and processes == 0:
         raise ConfigError("--concurrency 0 with --processes 0: nothing would run")
-    if args.concurrency == 0 and args.broker is not None:
+    if levels == (0,) and args.broker is not None:
         raise ConfigError("--broker needs round trips: --concurrency must be >= 1")
-    try:
-        memory = WorkingMemoryConfig(max_context_chars=args.max_context_chars,
-                                     max_context_tokens=args.max_context_tokens)
-    except ConfigError as exc:
-        raise ConfigError(f"--max-context-tokens: {exc}") from exc
+    memories = _budgets(args.max_context_chars, args.max_context_tokens)
     duration = args.duration if args.duration is not None or args.requests is not None else 10.0
     return LoadTestConfig(
-        agents=args.agents, duration_s=duration, requests=args.requests, concurrency=args.concurrency,
-        processes=processes, memory=memory, backend=args.backend, backend_options=backend_options(args),
-        latency_ms=args.latency_ms, broker=args.broker, seed=args.seed,
+        agents=args.agents, duration_s=duration, requests=args.requests,
+        concurrency=levels[0] if len(levels) == 1 else levels, processes=processes,
+        memory=memories[0] if len(memories) == 1 else memories, backend=args.backend,
+        backend_options=backend_options(args), latency_ms=args.latency_ms, broker=args.broker, seed=args.seed,
     )
 
 
@@ -137,9 +149,17 @@ def loadtest_command(args: argparse.Namespace) -> int:
         require_matplotlib()
     console = Console()
     builder: Builder = args.builder
-    with Live(console=console, refresh_per_second=4, transient=True) as live:
+    latest: list[Progress] = []
+    with metrics_served(args.metrics_port, console) as metrics, \
+            Live(console=console, refresh_per_second=4, transient=True) as live:
+        if metrics is not None:
+            metrics.watch_loadtest(lambda: latest[-1] if latest else None)
 
         def show(progress: Progress) -> None:
+            before = latest[-1].over_budget if latest else 0
+            if metrics is not None and progress.over_budget > before:
+                metrics.over_budget.inc(progress.over_budget - before)
+            latest[:] = [progress]
             live.update(progress_view(progress))
 
         result: LoadTestResult = asyncio.run(run_loadtest(config, builder=builder, on_progress=show))

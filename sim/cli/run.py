@@ -19,12 +19,14 @@ from sim import topics
 from sim.cli import bundled
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address, tls_files
+from sim.cli._observe import add_metrics_argument, metrics_served, port_number, run_observed
 from sim.cli._values import run_id, seconds, whole
 from sim.errors import ConfigError
 from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
 from sim.runner import RunConfig, RunStats, run
+from sim.startup import RUNNING
 
 __all__ = ["register"]
 
@@ -55,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="no live display")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
+    cmd.add_argument("--follow", action="store_true", help="print each line as it is said (no live display)")
+    cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
+                     help="serve the web view of the run on http://127.0.0.1:PORT/")
+    cmd.add_argument("--no-trace-prompt", action="store_true",
+                     help="the per-inference trace topic carries the report and digest, not the prompt")
+    add_metrics_argument(cmd)
     cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
                      help="prune NPC memories past each agent's newest N per category after every tick"
                      " (N >= the store's hot window; default: keep everything)")
@@ -82,6 +90,8 @@ def _progress(stats: RunStats) -> Table:
     bus = stats.bus
     table = Table(show_header=False, box=None)
     table.add_row("run", f"{stats.run_id} shard {stats.shard} on {stats.broker}")
+    if stats.startup_progress.phase != RUNNING:
+        table.add_row("start-up", stats.startup_progress.describe())
     table.add_row("tick", f"{max(stats.tick, 0)} / {stats.last_tick}")
     table.add_row("events/s", f"{(bus.events_delivered if bus else 0) / elapsed:,.0f}")
     table.add_row("inferences/s", f"{stats.inferences / elapsed:,.1f}")
@@ -150,12 +160,18 @@ def run_command(args: argparse.Namespace) -> int:
         resume=args.resume,
         bots=args.bots,
         inference_timeout=args.inference_timeout,
-        keep_dialogue=args.dialogue,
+        keep_dialogue=args.dialogue or args.follow,
+        trace_prompts=not args.no_trace_prompt,
         retain_memories=args.retain_memories,
     )
     console = Console()
     stats = RunStats()
-    asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
+    with metrics_served(args.metrics_port, console) as metrics:
+        if metrics is None and args.view is None and not args.follow:
+            asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
+        else:
+            follow = _say_line if args.follow else None
+            asyncio.run(run_observed(config, stats, console, metrics=metrics, view_port=args.view, follow=follow))
     for say in stats.dialogue:
         console.print(_say_line(say))
     console.print(summary_table(stats))

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address
+from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._values import run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="shared-subscription group (default 'workers')")
     worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
+    add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
 
@@ -66,7 +68,10 @@ def worker_command(args: argparse.Namespace) -> int:
     worker = RemoteWorker(config)
     console = Console()
     try:
-        asyncio.run(_run(worker, console))
+        with metrics_served(args.metrics_port, console) as metrics:
+            if metrics is not None:
+                metrics.watch_pool(worker.statistics)
+            asyncio.run(_run(worker, console))
     except ExceptionGroup as group:
         # A worker that cannot start (bad option, unknown backend) fails inside the task group.
         first = next((e for e in group.exceptions if isinstance(e, NpcsimError)), None)

@@ -6,7 +6,8 @@ load; replies go to `npcsim/{run}/infer/resp/{shard}` and are matched by correla
 (the request id). A request whose reply has not come by its deadline (plus a short grace,
 so that a worker's own "stale" answer can arrive) gets the fallback with reason "timeout";
 a reply that comes later is counted as late and dropped. Malformed payloads are counted,
-logged once per kind, and dropped.
+logged once per kind, and dropped. Requests and replies travel in batches
+(`sim.inference._batch`); this module only plugs the batchers into send and receive.
 
 Both sides connect through `sim.mqtt` and ride out a broker restart: the pool re-sends,
 on the new connection, every request still waiting for its reply, and again with backoff
@@ -32,6 +33,7 @@ import msgspec
 
 from sim import topics
 from sim.errors import single_error
+from sim.inference._batch import Batcher, BatchSender, decode_batch, encode_batch
 from sim.inference._pool import Dispatch
 from sim.inference._replies import reply_problem
 from sim.inference._serve import Counters, LogOnce, fallback_result, serve
@@ -44,7 +46,6 @@ from sim.inference._types import (
     decode_request,
     decode_result,
     encode_request,
-    encode_result,
 )
 from sim.inference.backends import Backend, open_backend
 from sim.mqtt import open_client, stay_connected
@@ -75,6 +76,7 @@ class _PoolLink:
         self.connected = asyncio.Event()
         self.client: aiomqtt.Client | None = None
         self.connection = 0
+        self.outbox = BatchSender(Batcher[_Waiting](), self.send_batch, self.expire)
 
     def new_client(self) -> aiomqtt.Client:
         return open_client(self.config.broker, identifier=self.identifier, max_inflight=2 * self.config.max_in_flight)
@@ -125,6 +127,27 @@ class _PoolLink:
         entry.sent_on = self.connection
         await client.publish(self.request_topic, self.payload(entry.request), qos=1)
 
+    async def send_batch(self, batch: list[_Waiting]) -> None:
+        """One message for a batch; on a lost connection the reconnect re-sends each request."""
+        client = self.client
+        live = [entry for entry in batch if not entry.future.done()]
+        if client is None or not live:
+            return
+        body = encode_batch([entry.request for entry in live])
+        key = self.config.run_key
+        try:
+            await client.publish(self.request_topic, body if key is None else key.sign(self.request_topic, body),
+                                 qos=1)
+        except aiomqtt.MqttError as exc:
+            self.warn("publish-failed", "%d requests not sent yet (%s); they go out after the reconnect",
+                      len(live), exc)
+
+    def expire(self, entries: list[_Waiting]) -> None:
+        """Requests whose deadline passed while they waited for their batch: never sent."""
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.set_result(self.give_up(entry.request, "stale"))
+
     def receive(self, message: aiomqtt.Message) -> None:
         counters = self.counters
         payload = message.payload
@@ -139,12 +162,15 @@ class _PoolLink:
                 self.warn("result-unsigned", "reply on %s without a valid run-key signature dropped", message.topic)
                 return
             payload = body
-        try:
-            result = decode_result(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        results, errors = decode_batch(payload, decode_result)
+        for exc in errors:
             counters.malformed += 1
             self.warn("result-decode", "malformed reply on %s dropped: %s", message.topic, exc)
-            return
+        for result in results:
+            self.accept(message, result)
+
+    def accept(self, message: aiomqtt.Message, result: InferenceResult) -> None:
+        counters = self.counters
         entry = self.waiting.get(result.id)
         if entry is None or entry.future.done():
             counters.late_replies += 1
@@ -177,11 +203,8 @@ class _PoolLink:
                 await self.connected.wait()
                 client = self.client
                 if client is not None and entry.sent_on != self.connection:
-                    try:
-                        await self.send(client, entry)
-                    except aiomqtt.MqttError as exc:  # the reconnect re-sends it
-                        self.warn("publish-failed", "request %s not sent yet (%s); it goes out after the "
-                                  "reconnect", request.id, exc)
+                    entry.sent_on = self.connection  # in the next batch; the reconnect re-sends it if lost
+                    self.outbox.put(entry, priority=request.priority, deadline=request.deadline)
                 result = await future
         except TimeoutError:
             self.warn("timeout", "no reply to request %s of %s within %.2fs", request.id, request.agent_id, wait)
@@ -207,11 +230,13 @@ async def open_mqtt_dispatch(config: PoolConfig, counters: Counters) -> AsyncIte
                 config.broker, link.session, name=f"inference pool of shard {config.shard}",
                 policy=config.reconnect, connect=link.new_client, on_lost=link.lost,
             ))
+            sender = tg.create_task(link.outbox.run())
             try:
                 await link.connected.wait()
                 yield link.dispatch
             finally:
                 connection.cancel()
+                sender.cancel()
     except BaseExceptionGroup as group_error:
         raise single_error(group_error) from None
 
@@ -260,69 +285,87 @@ class RemoteWorker:
     async def _session(self, client: aiomqtt.Client, backend: Backend) -> None:
         slots = asyncio.Semaphore(self.config.concurrency)
         await client.subscribe(self._request_topic, qos=1)
+
+        async def send(batch: list[tuple[str, InferenceResult]]) -> None:
+            """One message per shard; a lost connection ends the session, which reconnects."""
+            by_shard: dict[str, list[InferenceResult]] = {}
+            for shard, result in batch:
+                by_shard.setdefault(shard, []).append(result)
+            key = self.config.run_key
+            for shard, results in by_shard.items():
+                topic = topics.infer_response(self.config.run_id, shard)
+                body = encode_batch(results)
+                try:
+                    await client.publish(topic, body if key is None else key.sign(topic, body), qos=1)
+                except aiomqtt.MqttError as exc:
+                    self._warn("reply-lost", "%d replies lost with the connection (%s); the pool re-sends or "
+                               "times them out", len(results), exc)
+                    raise
+
+        # Replies never expire here: a late one is the pool's to count (its deadline has a grace).
+        replies = BatchSender(Batcher[tuple[str, InferenceResult]](), send, lambda _: None)
         self.ready.set()
         log.info("worker %s serving %s with backend %s", self.name, self._request_topic, backend.name)
         async with asyncio.TaskGroup() as tg:
-            async for message in client.messages:
-                await slots.acquire()
-                tg.create_task(self._handle(client, backend, message, slots))
+            sender = tg.create_task(replies.run())
+            try:
+                async for message in client.messages:
+                    for request in self._requests(message):
+                        await slots.acquire()
+                        tg.create_task(self._handle(backend, request, slots, replies))
+            finally:
+                sender.cancel()
 
     async def _handle(
-        self, client: aiomqtt.Client, backend: Backend, message: aiomqtt.Message, slots: asyncio.Semaphore
+        self,
+        backend: Backend,
+        request: InferenceRequest,
+        slots: asyncio.Semaphore,
+        replies: BatchSender[tuple[str, InferenceResult]],
     ) -> None:
-        """Serve one message; the slot is freed before the reply's PUBACK round trip."""
+        """Serve one request; its reply joins the reply batch of the moment it is ready."""
         c = self._counters
         c.in_flight += 1
         c.in_flight_peak = max(c.in_flight_peak, c.in_flight)
+        c.requests += 1
         try:
-            result = await self._serve_payload(backend, message)
+            result = await serve(
+                request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
+                counters=c, worker=self.name, warn=self._warn,
+            )
         finally:
             c.in_flight -= 1
             slots.release()
-        if result is not None:
-            reply_topic = topics.infer_response(self.config.run_id, result[0])
-            body = encode_result(result[1])
-            key = self.config.run_key
-            try:
-                await client.publish(reply_topic, body if key is None else key.sign(reply_topic, body), qos=1)
-            except aiomqtt.MqttError as exc:
-                self._warn("reply-lost", "reply %s lost with the connection (%s); the pool re-sends or "
-                           "times it out", result[1].id, exc)
-                raise
+        c.count_result(result)
+        replies.put((request.shard, result), priority=request.priority, deadline=float("inf"))
 
-    async def _serve_payload(
-        self, backend: Backend, message: aiomqtt.Message
-    ) -> tuple[str, InferenceResult] | None:
+    def _requests(self, message: aiomqtt.Message) -> list[InferenceRequest]:
+        """The well-formed, signed requests of a message; each malformed one counted, logged once."""
         c = self._counters
         payload = message.payload
         if not isinstance(payload, bytes):
             c.malformed += 1
             self._warn("request-type", "malformed request on %s: payload is %s", message.topic, type(payload))
-            return None
+            return []
         if self.config.run_key is not None:
             body = self.config.run_key.open(topics.infer_request(self.config.run_id), payload)
             if body is None:
                 c.malformed += 1
                 self._warn("request-unsigned", "request on %s without a valid run-key signature dropped",
                            message.topic)
-                return None
+                return []
             payload = body
-        try:
-            request = decode_request(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        decoded, errors = decode_batch(payload, decode_request)
+        for exc in errors:
             c.malformed += 1
             self._warn("request-decode", "malformed request on %s dropped: %s", message.topic, exc)
-            return None
-        try:
-            topics.check_segment("shard", request.shard)
-        except ValueError as exc:
-            c.malformed += 1
-            self._warn("request-shard", "request on %s dropped: %s", message.topic, exc)
-            return None
-        c.requests += 1
-        result = await serve(
-            request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
-            counters=c, worker=self.name, warn=self._warn,
-        )
-        c.count_result(result)
-        return request.shard, result
+        requests = []
+        for request in decoded:
+            try:
+                topics.check_segment("shard", request.shard)
+            except ValueError as exc:
+                c.malformed += 1
+                self._warn("request-shard", "request on %s dropped: %s", message.topic, exc)
+                continue
+            requests.append(request)
+        return requests

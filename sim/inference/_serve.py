@@ -57,10 +57,12 @@ class Counters:
         self.malformed = 0
         self.late_replies = 0
         self.attempts = 0
+        self.retries = 0
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
         self.attempts += len(result.attempts)
+        self.retries += max(len(result.attempts) - 1, 0)
         if result.fallback:
             self.fallbacks[result.fallback_reason or "unknown"] += 1
 
@@ -77,6 +79,7 @@ class Counters:
             malformed=self.malformed,
             late_replies=self.late_replies,
             attempts=self.attempts,
+            retries=self.retries,
         )
 
 
@@ -197,6 +200,7 @@ async def serve(
                         tokens=reply.tokens,
                         worker=worker,
                         attempts=tuple(attempts),
+                        prompt_tokens=reply.prompt_tokens,
                     )
                 counters.rejected_outputs += 1
                 memory = retry_memory(request, memory, verdict)

@@ -88,15 +88,17 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     tokens: int | None = None
     worker: str = ""
     attempts: tuple[Attempt, ...] = ()
+    prompt_tokens: int | None = None
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
-    """A backend's raw answer, before output handling."""
+    """A backend's raw answer, before output handling; `tokens` counts the completion."""
 
     text: str
     model: str
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     tokens: int | None = None
+    prompt_tokens: int | None = None
 
 
 class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +115,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     malformed: int
     late_replies: int
     attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
+    retries: int = 0  # attempts after the first, over the completed requests
 
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:

@@ -7,9 +7,10 @@ from rich.table import Table
 from rich.text import Text
 
 from sim.loadtest._run import Progress
-from sim.loadtest._stats import LatencyFigures, LoadTestResult
+from sim.loadtest._stats import KNEE_GAIN, LatencyFigures, LoadTestResult
+from sim.loadtest._truncation import CATEGORIES, CategoryTruncation, TruncationFigures
 
-__all__ = ["final_table", "print_result", "progress_view", "violations_table"]
+__all__ = ["final_table", "print_result", "progress_view", "sweep_table", "truncation_table", "violations_table"]
 
 
 def progress_view(p: Progress) -> Text:
@@ -21,6 +22,7 @@ def progress_view(p: Progress) -> Text:
     style = "bold red" if p.violations else "green"
     return Text.assemble(
         (f"loadtest {where}  ", "bold"),
+        f"{p.phase}  " if p.phase else "",
         f"snapshots {p.snapshots:,} ({p.snapshots_per_s:,.0f}/s)  ",
         f"inferences {p.inferences:,} ({p.inferences_per_s:,.0f}/s)  ",
         (f"violations {p.violations}", style),
@@ -37,7 +39,8 @@ def _latency_row(table: Table, name: str, f: LatencyFigures) -> None:
 
 def final_table(r: LoadTestResult) -> Group:
     """The figures of a finished run: throughput and counts, then latencies."""
-    budget = f"{r.max_context_chars} chars" + (f", {r.max_context_tokens} tokens" if r.max_context_tokens else "")
+    budget = ", ".join(_budget_name(b.max_context_chars, b.max_context_tokens) for b in r.budgets)
+    levels = sorted({p.concurrency for p in r.sweep}) or [r.concurrency]
     via = f"MQTT {r.broker}" if r.broker else "in-process"
     figures = Table(title=f"npcsim loadtest: {r.agents:,} agents, {budget}, {r.duration_s:.1f} s", show_edge=False)
     figures.add_column("figure")
@@ -46,7 +49,7 @@ def final_table(r: LoadTestResult) -> Group:
     figures.add_row("snapshots/s, all (sweep + round trip)", f"{r.all_snapshots_per_s:,.0f}")
     figures.add_row("snapshots built and checked", f"{r.snapshots:,}")
     figures.add_row(
-        f"inferences/s ({via}, {r.backend}, {r.latency_ms:g} ms, concurrency {r.concurrency})",
+        f"inferences/s ({via}, {r.backend}, {r.latency_ms:g} ms, concurrency {','.join(map(str, levels))})",
         f"{r.inferences_per_s:,.0f}",
     )
     figures.add_row("inferences", f"{r.inferences:,}")
@@ -66,6 +69,58 @@ def final_table(r: LoadTestResult) -> Group:
     return Group(figures, Text(), latency)
 
 
+def _budget_name(chars: int, tokens: int | None) -> str:
+    return f"{chars:,} ch" + (f"/{tokens:,} tok" if tokens else "")
+
+
+def truncation_table(r: LoadTestResult) -> Table:
+    """Per category and budget: how often it was cut, items kept/dropped, how full its budget was."""
+    table = Table(title="truncation per category", caption="cut: share of snapshots that lost an item; "
+                  "used: mean share of the category's budget (mandatory: of the limit)", show_edge=False)
+    for column in ("category", "budget", "cut", "kept", "dropped", "used"):
+        table.add_column(column, justify="left" if column in ("category", "budget") else "right")
+    named: list[tuple[str, TruncationFigures]] = [
+        (_budget_name(b.max_context_chars, b.max_context_tokens), b.truncation) for b in r.budgets
+    ]
+    for category in CATEGORIES:
+        for j, (name, figures) in enumerate(named):
+            c: CategoryTruncation = getattr(figures, category)
+            table.add_row(
+                category if j == 0 else "", name, f"{c.cut_fraction:.0%}", f"{c.kept_mean:.1f}",
+                f"{c.dropped_mean:.1f}", f"{c.used_fraction_mean:.0%}", end_section=j == len(named) - 1,
+            )
+    for j, (name, figures) in enumerate(named):
+        table.add_row("over budget" if j == 0 else "", name, f"{figures.over_budget_fraction:.1%}", "", "", "")
+    return table
+
+
+def sweep_table(r: LoadTestResult) -> Group:
+    """The saturation curve per budget, and the knee: where more concurrency stops paying."""
+    table = Table(title="model-server sweep (inference latency: pool queue + backend)", show_edge=False)
+    for column in ("budget", "conc.", "inferences/s", "p50/p95/p99 ms", "fallbacks", "tokens/s in/out"):
+        table.add_column(column, justify="left" if column == "budget" else "right", no_wrap=column == "budget")
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f}"
+
+    for p in r.sweep:
+        f = p.latency
+        table.add_row(
+            _budget_name(p.max_context_chars, p.max_context_tokens), str(p.concurrency), f"{p.inferences_per_s:,.1f}",
+            f"{f.p50_ms:.1f}/{f.p95_ms:.1f}/{f.p99_ms:.1f}", f"{p.fallbacks:,}",
+            f"{rate(p.prompt_tokens_per_s)}/{rate(p.completion_tokens_per_s)}",
+        )
+    lines = []
+    for b in r.budgets:
+        name = _budget_name(b.max_context_chars, b.max_context_tokens)
+        if b.knee_concurrency is None:
+            lines.append(f"{name}: no knee: beyond each level a higher one gave {KNEE_GAIN:.0%} more inferences/s")
+        else:
+            lines.append(f"{name}: knee at concurrency {b.knee_concurrency}: beyond it, "
+                         f"inferences/s rose by less than {KNEE_GAIN:.0%}")
+    return Group(table, Text("\n".join(lines), style="bold"))
+
+
 def violations_table(r: LoadTestResult) -> Table:
     """The first violations found, with the agent and the input that broke it."""
     table = Table(title=f"first {len(r.first_violations)} of {r.violations} violations", show_edge=False)
@@ -78,6 +133,11 @@ def violations_table(r: LoadTestResult) -> Table:
 
 def print_result(console: Console, r: LoadTestResult) -> None:
     console.print(final_table(r))
+    console.print()
+    console.print(truncation_table(r))
+    if len({p.concurrency for p in r.sweep}) > 1:
+        console.print()
+        console.print(sweep_table(r))
     if r.violations:
         console.print()
         console.print(violations_table(r))

@@ -19,18 +19,27 @@ import multiprocessing
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from sim.errors import BrokerError, ConfigError
 from sim.memory import WorkingMemory
 from sim.mqtt import BrokerAddress
 
-__all__ = ["FALLBACK_LINES", "RUN_ID", "Infer", "InferenceSettings", "open_inference"]
+__all__ = ["FALLBACK_LINES", "RUN_ID", "Answer", "Infer", "InferenceSettings", "open_inference"]
 
 log = logging.getLogger(__name__)
 
-# (memory, tick) -> whether the answer was a fallback line.
-Infer = Callable[[WorkingMemory, int], Awaitable[bool]]
+
+
+class Answer(NamedTuple):
+    """What the round trip keeps of a result: fallback or not, and the tokens the backend reported."""
+
+    fallback: bool
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+Infer = Callable[[WorkingMemory, int], Awaitable[Answer]]
 FALLBACK_LINES = ("Hm.", "Let me think on that.", "Not now, friend.")
 RUN_ID = "loadtest"
 _DEADLINE_S = 30.0
@@ -86,7 +95,7 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                                      max_in_flight=slots, transport="mqtt", broker=broker, run_id=RUN_ID)
         pool = await stack.enter_async_context(open_pool(pool_config))
 
-        async def infer(memory: WorkingMemory, tick: int) -> bool:
+        async def infer(memory: WorkingMemory, tick: int) -> Answer:
             request = InferenceRequest(
                 id=uuid.uuid4().hex,
                 run_id=RUN_ID,
@@ -100,7 +109,7 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                 shard="0",
             )
             result = await pool.infer(request)
-            return bool(result.fallback)
+            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens)
 
         yield infer
 

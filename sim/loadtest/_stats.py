@@ -13,13 +13,19 @@ from collections import Counter
 import msgspec
 import psutil
 
+from sim.loadtest._truncation import TruncationFigures
+
 __all__ = [
+    "KNEE_GAIN",
+    "BudgetResult",
     "Histogram",
     "LatencyFigures",
     "LoadTestResult",
     "PeakRss",
+    "SweepPoint",
     "TimelinePoint",
     "ViolationRecord",
+    "knee_concurrency",
 ]
 
 _BASE = 1.03
@@ -56,7 +62,7 @@ class Histogram:
         for bucket in sorted(self.buckets):
             seen += self.buckets[bucket]
             if seen >= rank:
-                return min(_BASE ** (bucket + 0.5), self.max_ns) / 1e6
+                return min(float(_BASE ** (bucket + 0.5)), self.max_ns) / 1e6
         return self.max_ns / 1e6
 
     def figures(self) -> LatencyFigures:
@@ -116,7 +122,11 @@ class ViolationRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TimelinePoint(msgspec.Struct, frozen=True, kw_only=True):
-    """One interval of the run: rates over it and the latency medians within it."""
+    """One interval of the run: rates over it and the latency medians within it.
+
+    `t_s` counts from the start of the first phase; `max_context_chars` and `concurrency`
+    say which phase (budget, concurrency) the interval belongs to.
+    """
 
     t_s: float
     snapshots_per_s: float
@@ -124,6 +134,62 @@ class TimelinePoint(msgspec.Struct, frozen=True, kw_only=True):
     build_p50_ms: float
     round_trip_p50_ms: float
     rss_mb: float
+    max_context_chars: int = 0
+    concurrency: int = 0
+
+
+class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One concurrency of the model-server sweep, at one budget.
+
+    `latency` is the inference alone (queue at the pool plus the backend); the tokens/s
+    are None unless the backend reported them (the openai backend: the server's `usage`;
+    the scripted backend counts the words of its reply as completion tokens).
+    """
+
+    max_context_chars: int
+    max_context_tokens: int | None
+    concurrency: int
+    duration_s: float
+    inferences: int
+    inferences_per_s: float
+    latency: LatencyFigures
+    fallbacks: int
+    prompt_tokens_per_s: float | None
+    completion_tokens_per_s: float | None
+
+
+class BudgetResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One budget of `--max-context-chars`/`--max-context-tokens`, over all its phases.
+
+    `knee_concurrency`: the concurrency beyond which inferences/s rose by less than
+    `KNEE_GAIN` (None with one concurrency, or when the highest level still gained that much).
+    """
+
+    max_context_chars: int
+    max_context_tokens: int | None
+    snapshots: int
+    snapshots_per_s: float
+    build_latency: LatencyFigures
+    violations: int
+    over_budget: int
+    truncation: TruncationFigures
+    knee_concurrency: int | None
+
+
+KNEE_GAIN = 0.10
+
+
+def knee_concurrency(points: list[tuple[int, float]]) -> int | None:
+    """The lowest concurrency beyond which throughput never rises by KNEE_GAIN or more over its own.
+
+    `points` are (concurrency, inferences/s) pairs in any order. Every higher level is
+    compared, not only the next one, so that one noisy dip does not name a false knee.
+    """
+    ordered = sorted(points)
+    for i, (c, rate) in enumerate(ordered[:-1]):
+        if max(r for _, r in ordered[i + 1 :]) < rate * (1 + KNEE_GAIN):
+            return c
+    return None
 
 
 class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,6 +200,11 @@ class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
     the round trip's own rate); `all_snapshots_per_s` counts every snapshot built and
     checked by both parts over the run's wall time. `inferences_per_s` is the round trip's
     rate (build, check and inference in this process, `concurrency` requests in flight).
+
+    With several budgets or concurrencies the run has one phase per (budget, concurrency)
+    pair; the top-level figures are the whole run's, `max_context_chars`,
+    `max_context_tokens` and `concurrency` are the first of their lists, `budgets` has one
+    entry per budget and `sweep` one per phase with round trips.
     """
 
     agents: int
@@ -162,3 +233,6 @@ class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
     fallbacks: int
     peak_rss_mb: float
     timeline: list[TimelinePoint]
+    truncation: TruncationFigures
+    budgets: list[BudgetResult]
+    sweep: list[SweepPoint]

@@ -359,6 +359,31 @@ class Store:
         await self.load_agents([agent_id])
         if agent_id in self._hot:
             return False
+        await self._create(state, writer)
+        return True
+
+    async def ensure_agents(self, states: Iterable[NpcState], *, writer: Writer) -> int:
+        """Create, in one transaction, every agent of `states` that exists neither in memory nor on disk.
+
+        The bulk form of `ensure_agent` for start-up: one `load_agents` (six queries) for the
+        whole batch, the rows of the new agents queued, then one commit. The caller bounds the
+        batch (a chunk of a few thousand agents), so the number of database round trips grows
+        with the number of chunks, not of agents. Returns how many agents were created.
+        """
+        if writer not in _CREATORS:
+            self._violation("(bulk)", "agent", writer)
+        wanted = {state.agent_id: state for state in states if state.agent_id not in self._hot}
+        if not wanted:
+            return 0
+        missing = await self.load_agents(wanted)
+        for agent_id in missing:
+            await self._create(wanted[agent_id], writer)
+        await self._commit(None)
+        return len(missing)
+
+    async def _create(self, state: NpcState, writer: Writer) -> None:
+        """Put a new agent in memory and queue its rows (the caller checked it is new)."""
+        agent_id = state.agent_id
         hot = _Hot(state.system_prompt)
         hot.facts = {f.id: f for f in state.canonical_facts}
         hot.world = {w.key: w for w in state.world_state}
@@ -378,7 +403,6 @@ class Store:
             await self._put("belief", (agent_id, b.id, b.tick, b.text, b.confidence))
         for line in state.dialogue:
             await self._put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
-        return True
 
     # -- writes --------------------------------------------------------------------------
 

@@ -169,7 +169,7 @@ class OpenAIBackend:
             for attempt in range(self._options.retries + 1):
                 self.breaker.before(url)
                 try:
-                    text, tokens = await self._post(url, body)
+                    text, tokens, prompt_tokens = await self._post(url, body)
                 except asyncio.CancelledError:
                     self.breaker.abandon()
                     raise
@@ -190,10 +190,12 @@ class OpenAIBackend:
                     self.breaker.success()  # the server answered; the answer was unusable
                     raise
                 self.breaker.success()
-                return Reply(text=text, model=self.model, params=self._params, tokens=tokens)
+                return Reply(
+                    text=text, model=self.model, params=self._params, tokens=tokens, prompt_tokens=prompt_tokens
+                )
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _post(self, url: str, body: dict[str, Any]) -> tuple[str, int | None]:
+    async def _post(self, url: str, body: dict[str, Any]) -> tuple[str, int | None, int | None]:
         try:
             response = await self._client.post(url, json=body)
         except httpx.TimeoutException as exc:
@@ -209,7 +211,8 @@ class OpenAIBackend:
             raise InferenceError(f"POST {url}: {status} {response.text[:200]!r}")
         return self._parse(url, response.content)
 
-    def _parse(self, url: str, content: bytes) -> tuple[str, int | None]:
+    def _parse(self, url: str, content: bytes) -> tuple[str, int | None, int | None]:
+        """The reply's text, and its completion and prompt tokens where the server's `usage` gives them."""
         try:
             data = msgspec.json.decode(content)
             choice = data["choices"][0]
@@ -219,8 +222,14 @@ class OpenAIBackend:
         except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
             raise InferenceError(f"POST {url}: malformed response ({exc}): {content[:200]!r}") from exc
         usage = data.get("usage") if isinstance(data, dict) else None
-        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        return text, tokens if isinstance(tokens, int) else None
+        usage = usage if isinstance(usage, dict) else {}
+        tokens, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        return text, _count(tokens), _count(prompt)
+
+
+def _count(value: object) -> int | None:
+    """A token count from `usage`, or None when missing or not a whole number >= 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _timeouts(opts: OpenAIOptions, time_limit: float | None) -> httpx.Timeout:

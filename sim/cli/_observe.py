@@ -1,0 +1,121 @@
+"""Watching from the command line: `--metrics-port`, `run --view` and `run --follow`.
+
+Shared by `npcsim run`, `worker` and `loadtest`; the `view` command lives in `sim.cli.view`.
+`sim.view` (aiohttp) is imported only when a view is asked for: it would add about 0.2 s
+to every start of the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from sim.bus import single_error
+from sim.events import SayMessage
+from sim.metrics import Metrics, serve_metrics
+from sim.runner import RunConfig, RunStats, run
+
+if TYPE_CHECKING:  # sim.view is imported when a view is asked for (see above)
+    from sim.view import ViewThread
+
+__all__ = ["add_metrics_argument", "metrics_served", "port_number", "run_observed"]
+
+
+def port_number(text: str) -> int:
+    """A TCP port 1-65535 (0 would pick a random one nobody can find)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
+    return value
+
+
+def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
+
+
+@contextlib.contextmanager
+def metrics_served(port: int | None, console: Console) -> Iterator[Metrics | None]:
+    """A `Metrics` served on `port` for the block, or None when no port was asked for."""
+    if port is None:
+        yield None
+        return
+    metrics = Metrics()
+    with serve_metrics(metrics, port) as bound:
+        console.print(f"metrics: http://127.0.0.1:{bound}/metrics", highlight=False)
+        yield metrics
+
+
+async def run_observed(
+    config: RunConfig,
+    stats: RunStats,
+    console: Console,
+    *,
+    metrics: Metrics | None,
+    view_port: int | None,
+    view_host: str = "127.0.0.1",
+    follow: Callable[[SayMessage], str] | None,
+) -> None:
+    """Run the shard with the view beside it (its address printed first) and/or the dialogue printed live.
+
+    `follow` formats a line for the terminal; None prints nothing.
+    """
+    with contextlib.ExitStack() as stack:
+        view = None
+        if view_port is not None:
+            from sim.view import open_view_thread
+
+            view = stack.enter_context(open_view_thread(view_host, view_port))
+        if view is not None:
+            console.print(f"view: [bold]{view.url}[/]  (Ctrl-C stops the run)")
+
+        def ready(ready_stats: RunStats) -> None:
+            if view is not None and ready_stats.broker_address is not None:
+                view.attach(ready_stats.broker_address, ready_stats.run_id)
+
+        stop = asyncio.Event()  # set by SIGINT/SIGTERM (the runner's handlers)
+        try:
+            async with asyncio.TaskGroup() as group:
+                job = group.create_task(run(config, stats=stats, stop=stop, on_ready=ready, metrics=metrics))
+                helpers = []
+                if view is not None:
+                    helpers.append(group.create_task(_detach_on_stop(view, stop)))
+                if follow is not None:
+                    helpers.append(group.create_task(_print_dialogue(stats, console, follow)))
+                try:
+                    await asyncio.shield(job)
+                finally:
+                    for helper in helpers:
+                        helper.cancel()
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+        if follow is not None:
+            _print_new(stats, console, follow)
+
+
+async def _detach_on_stop(view: ViewThread, stop: asyncio.Event) -> None:
+    """Let go of the run's broker before the stopping run closes it (no "connection lost" warning)."""
+    await stop.wait()
+    view.detach()
+
+
+async def _print_dialogue(stats: RunStats, console: Console, form: Callable[[SayMessage], str]) -> None:
+    while True:
+        _print_new(stats, console, form)
+        await asyncio.sleep(0.2)
+
+
+def _print_new(stats: RunStats, console: Console, form: Callable[[SayMessage], str]) -> None:
+    """Print the lines said since the last call and forget them (a long run keeps no history)."""
+    taken = list(stats.dialogue)
+    del stats.dialogue[: len(taken)]
+    for say in taken:
+        console.print(form(say), highlight=False)

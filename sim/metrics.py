@@ -1,0 +1,175 @@
+"""Prometheus metrics for `npcsim run`, `npcsim worker` and `npcsim loadtest` (prefix `npcsim_`).
+
+One `Metrics` object per process, with its own registry (tests open several). What is
+already counted elsewhere (the bus's and the pool's counters) is read at scrape time by
+collectors, so nothing is counted twice; what only exists as an event (a tick's duration,
+an inference's latency, a prompt's size per category) is observed as it happens.
+
+    metrics = Metrics()
+    with serve_metrics(metrics, port=9100):      # http://127.0.0.1:9100/metrics
+        ...
+
+docs/operations.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sim.errors import ConfigError
+from sim.inference import PoolStatistics
+from sim.memory import TruncationReport
+from sim.routing import BusStats
+
+if TYPE_CHECKING:  # the runner imports this module; the load test's machinery stays out of it
+    from sim.loadtest import Progress
+
+__all__ = ["Metrics", "serve_metrics"]
+
+_CHAR_BUCKETS = (50, 100, 200, 400, 800, 1200, 1600, 2000, 3000, 4000, 8000, 16000)
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class _Sources(Collector):
+    """Counters and gauges read at scrape time from the pool, the bus and the loadtest."""
+
+    def __init__(self) -> None:
+        self.pool: Callable[[], PoolStatistics] | None = None
+        self.bus: BusStats | None = None
+        self.loadtest: Callable[[], Progress | None] | None = None
+
+    def collect(self) -> Iterable[Any]:
+        if self.pool is not None:
+            stats = self.pool()
+            inferences = CounterMetricFamily(
+                "npcsim_inferences", "Inferences answered, by outcome (ok or fallback).", labels=["outcome"]
+            )
+            fallback_count = sum(stats.fallbacks.values())
+            inferences.add_metric(["ok"], stats.completed - fallback_count)
+            inferences.add_metric(["fallback"], fallback_count)
+            yield inferences
+            fallbacks = CounterMetricFamily("npcsim_fallbacks", "Fallback lines, by reason.", labels=["reason"])
+            for reason, count in sorted(stats.fallbacks.items()):
+                fallbacks.add_metric([reason], count)
+            yield fallbacks
+            yield CounterMetricFamily(
+                "npcsim_rejected_outputs", "Model outputs rejected by the output checks.", value=stats.rejected_outputs
+            )
+            yield CounterMetricFamily("npcsim_retries", "Inferences retried after a rejected output.",
+                                      value=stats.retries)
+            yield CounterMetricFamily("npcsim_stale_requests", "Requests dropped past their deadline.",
+                                      value=stats.dropped_stale)
+            yield GaugeMetricFamily("npcsim_inferences_in_flight", "Inferences being served now.",
+                                    value=stats.in_flight)
+            yield GaugeMetricFamily("npcsim_inference_queue_depth", "Inferences waiting for a slot.",
+                                    value=stats.waiting)
+        malformed = CounterMetricFamily(
+            "npcsim_malformed_messages", "Refused or malformed messages, dropped, by kind.", labels=["kind"]
+        )
+        if self.bus is not None:
+            for kind, count in sorted(self.bus.malformed.items()):
+                malformed.add_metric([kind], count)
+            for kind, count in sorted(self.bus.refusals.counts.items()):
+                malformed.add_metric([f"refused {kind}"], count)
+        if self.pool is not None:
+            malformed.add_metric(["inference transport"], self.pool().malformed)
+        yield malformed
+        if self.bus is not None:
+            yield CounterMetricFamily("npcsim_reconnects", "MQTT reconnections.", value=self.bus.reconnects)
+        progress = self.loadtest() if self.loadtest is not None else None
+        if progress is not None:
+            yield from _loadtest_families(progress)
+
+
+def _loadtest_families(progress: Progress) -> Iterator[Any]:
+    """A load test counts in its worker processes; its progress report is what this process knows."""
+    inferences = CounterMetricFamily("npcsim_inferences", "Inferences answered, by outcome.", labels=["outcome"])
+    inferences.add_metric(["ok"], progress.inferences - progress.fallbacks)
+    inferences.add_metric(["fallback"], progress.fallbacks)
+    yield inferences
+    fallbacks = CounterMetricFamily("npcsim_fallbacks", "Fallback lines, by reason.", labels=["reason"])
+    fallbacks.add_metric(["any"], progress.fallbacks)
+    yield fallbacks
+    yield CounterMetricFamily("npcsim_working_memories", "Working memories built.", value=progress.snapshots)
+    yield CounterMetricFamily("npcsim_invariant_violations", "Working-memory invariant violations (must be 0).",
+                              value=progress.violations)
+    yield GaugeMetricFamily("npcsim_resident_memory_bytes", "Resident memory of the load test.",
+                            value=progress.rss_mb * 1024 * 1024)
+
+
+class Metrics:
+    """The process's metrics; the runner, the worker and the loadtest feed it."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._sources = _Sources()
+        r.register(self._sources)
+        self.ticks = Counter("npcsim_ticks", "Ticks completed.", registry=r)
+        self.over_budget = Counter(
+            "npcsim_over_budget_snapshots", "Working memories whose mandatory part exceeded the limit.", registry=r
+        )
+        self.tick_duration = Histogram(
+            "npcsim_tick_duration_seconds", "Wall time of a tick's work.", buckets=_TICK_BUCKETS, registry=r
+        )
+        self.inference_latency = Histogram(
+            "npcsim_inference_latency_seconds", "Time from asking the pool to the answer.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.prompt_chars = Histogram(
+            "npcsim_prompt_chars", "Characters of a prompt, by category.", ["category"],
+            buckets=_CHAR_BUCKETS, registry=r,
+        )
+        self.agents = Gauge("npcsim_agents", "Agents in this process.", registry=r)
+        self.tick = Gauge("npcsim_tick", "The current tick.", registry=r)
+        self.awaited_shards = Gauge(
+            "npcsim_awaited_shards", "Shards whose batches this shard waits for before the next tick.", registry=r
+        )
+
+    def watch_pool(self, statistics: Callable[[], PoolStatistics]) -> None:
+        self._sources.pool = statistics
+
+    def watch_bus(self, stats: BusStats) -> None:
+        """Malformed and refused messages by kind, and reconnects, as the shard's bus counts them."""
+        self._sources.bus = stats
+
+    def watch_loadtest(self, progress: Callable[[], Progress | None]) -> None:
+        """A load test has no pool here: its progress reports stand for the counters."""
+        self._sources.loadtest = progress
+
+    def inference(self, report: TruncationReport, latency_s: float) -> None:
+        """Observe one finished inference: its latency and how its prompt was filled."""
+        self.inference_latency.observe(latency_s)
+        if report.over_budget:
+            self.over_budget.inc()
+        self.prompt_chars.labels("mandatory").observe(report.mandatory_chars)
+        self.prompt_chars.labels("dialogue").observe(report.dialogue.used)
+        self.prompt_chars.labels("episodic").observe(report.episodic.used)
+        self.prompt_chars.labels("beliefs").observe(report.beliefs.used)
+
+    def tick_done(self, tick: int, duration_s: float) -> None:
+        self.ticks.inc()
+        self.tick.set(tick)
+        self.tick_duration.observe(duration_s)
+
+
+@contextlib.contextmanager
+def serve_metrics(metrics: Metrics, port: int, host: str = "127.0.0.1") -> Iterator[int]:
+    """Serve `/metrics` on host:port (0: a free port) in a thread; yields the port, stops on exit."""
+    try:
+        server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,127 @@
+"""Wire types a viewer reads besides `say`: the per-inference trace and a shard's roster.
+
+The trace (`npcsim/{run}/trace/{shard}`, JSON) is published by the shard after each
+inference: the truncation report, the prompt's SHA-256 and, unless the operator turns
+prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is what the audit
+record holds minus the state snapshot, so a viewer on another machine sees how each
+prompt was cut without access to the shard's SQLite file.
+
+The roster (`npcsim/{run}/roster/{shard}`, JSON, retained) lists a shard's NPCs and their
+locations, so a viewer that connects late still knows the world.
+
+Both are decoded with `forbid_unknown_fields` off: a viewer must keep working when a
+newer shard adds a field.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from sim.audit import AuditRecord
+from sim.memory import TruncationReport
+
+__all__ = [
+    "RosterEntry",
+    "RosterMessage",
+    "TraceAttempt",
+    "TraceMessage",
+    "decode_roster",
+    "decode_trace",
+    "encode_roster",
+    "encode_trace",
+    "trace_of",
+]
+
+
+class TraceAttempt(msgspec.Struct, frozen=True, kw_only=True):
+    """One call to the backend, as the audit's `Attempt` says, without its prompt (the size only)."""
+
+    prompt_chars: int
+    raw_response: str | None = None
+    problem: str | None = None
+    prohibition: str | None = None
+
+
+class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One inference as a viewer sees it; joins the `say` line by `inference_id`."""
+
+    run: str
+    shard: str
+    agent: str
+    location: str | None
+    tick: int
+    inference_id: str
+    player_input: str
+    line: str
+    fallback: bool
+    fallback_reason: str | None
+    backend: str
+    model: str
+    prompt_sha256: str
+    report: TruncationReport
+    latency_ms: float | None = None
+    prompt: str | None = None
+    attempts: tuple[TraceAttempt, ...] = ()  # every call to the backend; more than one for a retry
+
+
+class RosterEntry(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """`[id, name, location]`: an array keeps a 10,000-NPC roster small."""
+
+    id: str
+    name: str
+    location: str
+
+
+class RosterMessage(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    shard: str
+    npcs: tuple[RosterEntry, ...]
+
+
+def trace_of(record: AuditRecord, *, shard: str, location: str | None, prompts: bool = True) -> TraceMessage:
+    """The trace of an inference from its audit record: all but the state snapshot."""
+    return TraceMessage(
+        run=record.run_id,
+        shard=shard,
+        agent=record.agent_id,
+        location=location,
+        tick=record.tick,
+        inference_id=record.id,
+        player_input=record.player_input,
+        line=record.line,
+        fallback=record.fallback,
+        fallback_reason=record.fallback_reason,
+        backend=record.backend,
+        model=record.model,
+        prompt_sha256=record.prompt_sha256,
+        report=record.report,
+        latency_ms=record.timings.get("total_ms"),
+        prompt=record.prompt if prompts else None,
+        attempts=tuple(
+            TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
+                         prohibition=a.prohibition)
+            for a in record.attempts
+        ),
+    )
+
+
+_json = msgspec.json.Encoder()
+_trace = msgspec.json.Decoder(TraceMessage)
+_roster = msgspec.json.Decoder(RosterMessage)
+
+
+def encode_trace(message: TraceMessage) -> bytes:
+    return _json.encode(message)
+
+
+def decode_trace(data: bytes) -> TraceMessage:
+    """Raises msgspec.DecodeError (or ValidationError) on a malformed payload."""
+    return _trace.decode(data)
+
+
+def encode_roster(message: RosterMessage) -> bytes:
+    return _json.encode(message)
+
+
+def decode_roster(data: bytes) -> RosterMessage:
+    return _roster.decode(data)

@@ -1,0 +1,28 @@
+"""The web view of a run: `npcsim view` and `npcsim run --view` (docs/operations.md).
+
+    view = LiveView()
+    async with open_view_server(build_app(view.source()), "127.0.0.1", 8080) as url:
+        await view.follow("mqtt://127.0.0.1:1883", "village-7")   # until cancelled
+
+`RunModel` is the sans-I/O state the page reads; `LiveFeed` fills it from MQTT,
+`StoredRun` from a finished run's store.
+"""
+
+from sim.view.live import LiveFeed, LiveView
+from sim.view.model import DialogueLine, RunModel
+from sim.view.server import ViewSource, build_app, open_view_server
+from sim.view.stored import StoredRun
+from sim.view.thread import ViewThread, open_view_thread
+
+__all__ = [
+    "DialogueLine",
+    "LiveFeed",
+    "LiveView",
+    "RunModel",
+    "StoredRun",
+    "ViewSource",
+    "ViewThread",
+    "build_app",
+    "open_view_server",
+    "open_view_thread",
+]

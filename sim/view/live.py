@@ -1,0 +1,92 @@
+"""Feed a `RunModel` from a live run's MQTT topics, and speak to NPCs as a player.
+
+The viewer reads public topics, the trace and the roster only (DESIGN.md, "Trust
+boundary"), and publishes nothing but a player's input. It connects through `sim.mqtt`
+like every npcsim client: login from the URL or the environment, TLS, the one reconnect
+policy; it waits for its broker as long as it takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import aiomqtt
+
+from sim import topics
+from sim.errors import BrokerError
+from sim.events import PlayerInputMessage, encode_json
+from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.view.model import RunModel
+from sim.view.server import ViewSource
+
+__all__ = ["LiveFeed", "LiveView"]
+
+
+class LiveFeed:
+    """`await feed.run()` keeps the model current until cancelled, reconnecting when the broker goes."""
+
+    def __init__(self, model: RunModel, address: BrokerAddress, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.address = address
+        self._clock = clock
+        self._client: aiomqtt.Client | None = None
+        root = topics.run_root(model.run)
+        self._filters = [
+            f"{root}/agent/+/say",
+            f"{root}/player/+/input",
+            topics.world_state(model.run),
+            f"{root}/status/+",
+            f"{root}/trace/+",
+            f"{root}/roster/+",
+        ]
+
+    async def run(self) -> None:
+        await stay_connected(self.address, self._session, name="view", policy=ReconnectPolicy(patience=None),
+                             on_lost=self._lost)
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        await client.subscribe([(f, 1) for f in self._filters])
+        self._client = client
+        async for message in client.messages:
+            payload = message.payload
+            data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+            self.model.feed(message.topic.value, data, self._clock())
+
+    def _lost(self) -> None:
+        self._client = None
+
+    async def speak(self, player: str, message: PlayerInputMessage) -> None:
+        """Publish a player's input on `player/{player}/input`; BrokerError when not connected."""
+        client = self._client
+        if client is None:
+            raise BrokerError(f"view: not connected to the broker {self.address.url}")
+        try:
+            await client.publish(topics.player_input(self.model.run, player), encode_json(message), qos=1)
+        except aiomqtt.MqttError as exc:
+            raise BrokerError(f"view: publishing to {self.address.url} failed: {exc}") from exc
+
+
+class LiveView:
+    """A live run's view: served first (the port is checked at once), attached to the run later.
+
+    `npcsim run --view` learns the broker's URL and the run id only once the run started.
+    """
+
+    def __init__(self, run: str = "") -> None:
+        self.model = RunModel(run)
+        self._feed: LiveFeed | None = None
+
+    def source(self) -> ViewSource:
+        return ViewSource(model=lambda _tick: self.model, live=True, speak=self._speak)
+
+    async def follow(self, address: BrokerAddress, run: str) -> None:
+        """Feed the model from the run's topics until cancelled."""
+        self.model.run = run
+        self._feed = LiveFeed(self.model, address)
+        await self._feed.run()
+
+    async def _speak(self, player: str, message: PlayerInputMessage) -> None:
+        if self._feed is None:
+            raise BrokerError("view: not attached to a run yet")
+        await self._feed.speak(player, message)

@@ -1,0 +1,193 @@
+"""The view's HTTP side (aiohttp): the static page, a JSON API and a server-sent event stream.
+
+Why aiohttp: one well-kept library (aio-libs) gives the server, server-sent events and a
+test client on the asyncio loop npcsim already runs, with no ASGI server in between.
+
+API (JSON; `tick` only for a stored run):
+    GET  /api/state?tick=T          run, mode, health, world, newest lines, tick range
+    GET  /api/lines?before=&npc=&location=&limit=&tick=   older lines (paging), filtered
+    GET  /api/npc/{id}?tick=T       the NPC's newest traces, the newest with its prompt
+    GET  /api/events                live only: one `data:` message per change, at most 4/s
+    POST /api/say {player, to, text}  live only: published on `player/{player}/input`
+
+The stream sends the health, the new lines (newest 200 at most) and whether the world or
+an NPC changed; the page fetches the rest when it needs it, so a 10,000-NPC run costs a
+browser what it shows, not what happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+import msgspec
+from aiohttp import web
+
+from sim.errors import ConfigError, NpcsimError
+from sim.events import PlayerInputMessage
+from sim.view.model import RunModel
+
+__all__ = ["ViewSource", "build_app", "open_view_server"]
+
+_STREAM_INTERVAL_S = 0.25
+_MAX_LINES = 200
+_JSON = msgspec.json.Encoder()
+_STATIC = importlib.resources.files("sim.view") / "static"
+_CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+
+Speak = Callable[[str, PlayerInputMessage], Awaitable[None]]
+
+
+class _SayRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The page's POST body; `to` and `text` are checked as a `PlayerInputMessage`."""
+
+    player: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    to: str
+    text: str
+
+
+_SAY = msgspec.json.Decoder(_SayRequest)
+
+
+class ViewSource(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the page's data comes from: a live model (with `speak`) or a stored run's models."""
+
+    model: Callable[[int | None], RunModel]
+    live: bool
+    speak: Speak | None = None
+    ticks: tuple[int, int] | None = None
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_JSON.encode(data), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name, "")
+    if value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        error = _JSON.encode({"error": f"{name}: expected a whole number, got {value!r}"}).decode()
+        raise web.HTTPBadRequest(text=error, content_type="application/json") from None
+
+
+def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -> web.Application:
+    routes = web.RouteTableDef()
+
+    @routes.get("/")
+    async def index(_: web.Request) -> web.Response:
+        return web.Response(body=(_STATIC / "index.html").read_bytes(), content_type="text/html")
+
+    @routes.get("/static/{name}")
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        suffix = name[name.rfind(".") :] if "." in name else ""
+        item = _STATIC / name
+        if "/" in name or name.startswith(".") or suffix not in _CONTENT_TYPES or not item.is_file():
+            raise web.HTTPNotFound()
+        return web.Response(body=item.read_bytes(), content_type=_CONTENT_TYPES[suffix])
+
+    @routes.get("/api/state")
+    async def state(request: web.Request) -> web.Response:
+        model = source.model(_int_param(request, "tick"))
+        return _json({
+            "run": model.run,
+            "live": source.live,
+            "ticks": source.ticks,
+            "health": model.health_view(clock()),
+            "world": model.world_view(),
+            "world_version": model.world_version,
+            "lines": model.lines(limit=_MAX_LINES),
+            "last_seq": model.last_seq,
+        })
+
+    @routes.get("/api/lines")
+    async def lines(request: web.Request) -> web.Response:
+        model = source.model(_int_param(request, "tick"))
+        limit = min(max(_int_param(request, "limit") or _MAX_LINES, 1), 1000)
+        return _json(model.lines(
+            before=_int_param(request, "before"), limit=limit,
+            npc=request.query.get("npc", ""), location=request.query.get("location", ""),
+        ))
+
+    @routes.get("/api/npc/{agent}")
+    async def npc(request: web.Request) -> web.Response:
+        view = source.model(_int_param(request, "tick")).npc_view(request.match_info["agent"])
+        if view is None:
+            return _error(404, f"no NPC {request.match_info['agent']!r} in this run")
+        return _json(view)
+
+    @routes.get("/api/events")
+    async def events(request: web.Request) -> web.StreamResponse:
+        if not source.live:
+            return _error(404, "a stored run has no event stream")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        model = source.model(None)
+        seen_version, seen_seq, seen_world = -1, _int_param(request, "after") or model.last_seq, model.world_version
+        with contextlib.suppress(ConnectionResetError):
+            while True:
+                if model.version != seen_version:
+                    new = model.lines(after=seen_seq, limit=_MAX_LINES)
+                    changed = sorted(a for a, v in model.npc_versions.items() if v > seen_version)
+                    message = {
+                        "health": model.health_view(clock()),
+                        "lines": new,
+                        "last_seq": model.last_seq,
+                        "world_changed": model.world_version != seen_world,
+                        "npcs_changed": changed if len(changed) <= 1000 else None,
+                    }
+                    seen_version, seen_seq, seen_world = model.version, model.last_seq, model.world_version
+                    await response.write(b"data: " + _JSON.encode(message) + b"\n\n")
+                await asyncio.sleep(_STREAM_INTERVAL_S)
+        return response
+
+    @routes.post("/api/say")
+    async def say(request: web.Request) -> web.Response:
+        if source.speak is None:
+            return _error(405, "a stored run cannot be spoken to")
+        try:
+            body = _SAY.decode(await request.read())
+            message = msgspec.convert({"to": body.to, "text": body.text}, PlayerInputMessage)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _error(400, f"say: {exc}")
+        player = body.player
+        model = source.model(None)
+        if model.npcs and message.to not in model.npcs:
+            return _error(400, f"say: to {message.to!r}: no such NPC in run {model.run}")
+        try:
+            await source.speak(player, message)
+        except NpcsimError as exc:
+            return _error(503, str(exc))
+        return _json({"ok": True})
+
+    app = web.Application(client_max_size=64 * 1024)
+    app.add_routes(routes)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def open_view_server(app: web.Application, host: str, port: int) -> AsyncIterator[str]:
+    """Serve `app` on host:port (0: a free port); yields the page's URL, stops on exit."""
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        bound = runner.addresses[0][1]
+        yield f"http://{host}:{bound}/"
+    finally:
+        await runner.cleanup()

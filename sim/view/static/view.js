@@ -1,0 +1,256 @@
+// npcsim view: plain JavaScript, no build step, no library. All run data is shown with
+// textContent (never as HTML): NPC lines and player input are untrusted text.
+"use strict";
+
+const CHIPS_PER_PLACE = 24;    // a 10,000-NPC world shows a sample per place, the rest on demand
+const SHOWN_LINES = 300;       // newest lines kept on the page; "older lines" pages the rest
+const CATEGORIES = ["dialogue", "episodic", "beliefs"];
+
+const view = { live: true, tick: null, selected: null, world: null, expanded: new Set(), oldest: null };
+
+function $(id) { return document.getElementById(id); }
+function el(tag, attrs, text) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+function query(extra) {
+  const params = new URLSearchParams(extra || {});
+  if (!view.live && view.tick !== null) params.set("tick", view.tick);
+  const s = params.toString();
+  return s ? "?" + s : "";
+}
+async function getJSON(path, extra) {
+  const response = await fetch(path + query(extra));
+  if (!response.ok) throw new Error(path + ": HTTP " + response.status);
+  return response.json();
+}
+
+// --- health -------------------------------------------------------------------------------
+function showHealth(h) {
+  $("health-tick").textContent = h.tick < 0 ? "-" : h.tick;
+  $("health-ticks-per-s").textContent = h.ticks_per_s;
+  $("health-inferences").textContent = h.inferences;
+  $("health-inferences-per-s").textContent = h.inferences_per_s;
+  $("health-fallbacks").textContent = h.fallbacks;
+  $("health-refused").textContent = h.refused;
+  const shards = Object.entries(h.shards).map(([id, s]) => id + ": " + s.state + (s.tick == null ? "" : " @" + s.tick));
+  $("health-shards").textContent = shards.length ? shards.join(", ") : "-";
+}
+
+// --- world --------------------------------------------------------------------------------
+function showWorld(world) {
+  view.world = world;
+  const box = $("locations");
+  box.replaceChildren();
+  const search = $("npc-search").value.trim().toLowerCase();
+  const select = $("filter-location");
+  const chosen = select.value;
+  select.replaceChildren(el("option", { value: "" }, "any"));
+  const ids = $("npc-ids");
+  ids.replaceChildren();
+  let total = 0;
+  for (const place of world.locations) {
+    select.append(el("option", { value: place.id }, place.id));
+    const div = el("div", { class: "location", "data-location": place.id });
+    const title = el("h4", {}, place.id + " (" + place.npcs.length + ")");
+    title.addEventListener("click", () => { $("filter-location").value = place.id; refilter(); });
+    div.append(title);
+    const matching = search ? place.npcs.filter((n) => n.toLowerCase().includes(search)) : place.npcs;
+    const limit = view.expanded.has(place.id) ? matching.length : CHIPS_PER_PLACE;
+    for (const id of matching.slice(0, limit)) {
+      const chip = el("button", { type: "button", class: "npc-chip", "data-npc": id, title: world.names[id] || id }, id);
+      if (id === view.selected) chip.classList.add("selected");
+      chip.addEventListener("click", () => choose(id));
+      div.append(chip);
+    }
+    if (matching.length > limit) {
+      const more = el("button", { type: "button", class: "more" }, "+" + (matching.length - limit) + " more");
+      more.addEventListener("click", () => { view.expanded.add(place.id); showWorld(view.world); });
+      div.append(more);
+    }
+    if (total < 2000) for (const id of place.npcs.slice(0, 2000 - total)) ids.append(el("option", { value: id }));
+    total += place.npcs.length;
+    box.append(div);
+  }
+  select.value = chosen;
+  const body = $("world-state").tBodies[0];
+  body.replaceChildren();
+  for (const [key, value] of Object.entries(world.state)) {
+    const row = el("tr");
+    row.append(el("td", {}, key), el("td", {}, value));
+    body.append(row);
+  }
+}
+
+// --- dialogue -----------------------------------------------------------------------------
+function filters() {
+  const f = {};
+  const npc = $("filter-npc").value.trim();
+  const location = $("filter-location").value;
+  if (npc) f.npc = npc;
+  if (location) f.location = location;
+  return f;
+}
+function matches(line, f) {
+  if (f.npc && line.speaker !== f.npc && line.to !== f.npc) return false;
+  if (f.location && line.location !== f.location) return false;
+  return true;
+}
+function lineNode(line) {
+  const li = el("li", { class: line.kind, "data-seq": line.seq, "data-speaker": line.speaker });
+  li.append(el("span", { class: "tick" }, "t" + line.tick));
+  li.append(el("span", { class: "who" }, line.speaker + (line.to ? " → " + line.to : "")));
+  li.append(document.createTextNode(": "));
+  li.append(el("span", { class: "text" }, line.text));
+  if (line.kind !== "npc") li.append(el("span", { class: "mark" }, line.kind));
+  return li;
+}
+function addLines(lines, atTop) {
+  const list = $("dialogue");
+  const f = filters();
+  const nodes = lines.filter((l) => matches(l, f)).map(lineNode);
+  if (!nodes.length) return;
+  const stick = list.scrollTop + list.clientHeight >= list.scrollHeight - 20;
+  if (atTop) list.prepend(...nodes); else list.append(...nodes);
+  while (!atTop && list.children.length > SHOWN_LINES) list.firstElementChild.remove();
+  view.oldest = list.firstElementChild ? Number(list.firstElementChild.dataset.seq) : null;
+  if (!atTop && stick) list.scrollTop = list.scrollHeight;
+}
+async function refilter() {
+  $("dialogue").replaceChildren();
+  addLines(await getJSON("/api/lines", filters()), false);
+}
+async function older() {
+  if (view.oldest === null) return;
+  addLines(await getJSON("/api/lines", { ...filters(), before: view.oldest, limit: 100 }), true);
+}
+
+// --- one NPC ------------------------------------------------------------------------------
+function bar(trace) {
+  const r = trace.report;
+  const total = Math.max(r.limit_chars, r.prompt_chars, 1);
+  const wrap = el("div", { class: "snapshot", "data-inference": trace.inference_id });
+  const label = el("div", { class: "bar-label" + (r.over_budget ? " over" : "") },
+    "t" + trace.tick + ": " + r.prompt_chars + " / " + r.limit_chars + " chars" + (r.over_budget ? " OVER BUDGET" : "")
+    + (trace.fallback ? " (fallback: " + trace.fallback_reason + ")" : ""));
+  const b = el("div", { class: "bar" });
+  const parts = [["mandatory", r.mandatory_chars], ...CATEGORIES.map((c) => [c, r[c].used])];
+  for (const [name, size] of parts) {
+    const seg = el("span", { class: "seg " + name, "data-cat": name, "data-chars": size, title: name + ": " + size + " chars" });
+    seg.style.width = (100 * size / total) + "%";
+    b.append(seg);
+  }
+  wrap.append(label, b);
+  return wrap;
+}
+function budgetTable(trace) {
+  const r = trace.report;
+  const body = $("budget").tBodies[0];
+  body.replaceChildren();
+  const rows = [["mandatory", { budget: r.limit_chars, used: r.mandatory_chars, kept: "", dropped: "" }]];
+  for (const c of ["canonical_facts", "world_state", ...CATEGORIES]) rows.push([c, r[c]]);
+  for (const [name, c] of rows) {
+    const tr = el("tr", { "data-cat": name });
+    tr.append(el("td", {}, name));
+    for (const field of ["budget", "used", "kept", "dropped"]) tr.append(el("td", { "data-field": field }, c[field]));
+    body.append(tr);
+  }
+}
+function showAttempts(trace) {
+  const box = $("attempts");
+  box.replaceChildren();
+  if (!Array.isArray(trace.attempts) || trace.attempts.length < 2) return;
+  box.append(el("h3", {}, "Attempts (a retried inference)"));
+  const list = el("ol");
+  for (const a of trace.attempts) {
+    const what = a.problem ? "rejected: " + a.problem : "accepted";
+    const rule = a.prohibition ? "; told: " + a.prohibition : "";
+    list.append(el("li", { class: "attempt" }, a.prompt_chars + " chars sent" + rule + "; " + what
+      + (a.raw_response === null ? "" : "; reply: " + a.raw_response)));
+  }
+  box.append(list);
+}
+async function showNpc() {
+  if (!view.selected) return;
+  let npc;
+  try { npc = await getJSON("/api/npc/" + encodeURIComponent(view.selected)); } catch (e) { return; }
+  $("npc-name").textContent = npc.name + " (" + npc.id + ", " + npc.location + ")";
+  $("speak-to-name").textContent = npc.name;
+  const detail = $("npc-detail");
+  detail.hidden = npc.traces.length === 0;
+  if (!npc.traces.length) return;
+  const latest = npc.traces[0];
+  $("bars").replaceChildren(...npc.traces.map(bar));
+  budgetTable(latest);
+  showAttempts(latest);
+  $("npc-flags").textContent = "latest: tick " + latest.tick + ", " + latest.backend + "/" + latest.model
+    + (latest.report.over_budget ? ", over budget" : "") + (latest.fallback ? ", fallback line" : "");
+  $("npc-detail").dataset.inference = latest.inference_id;
+  $("prompt-digest").textContent = "sha256 " + latest.prompt_sha256.slice(0, 16) + "…";
+  $("prompt").textContent = latest.prompt === null || latest.prompt === undefined
+    ? "(the run does not publish prompts: --no-trace-prompt)" : latest.prompt;
+}
+function choose(id) {
+  view.selected = id;
+  $("speak-to").value = id;
+  for (const chip of document.querySelectorAll(".npc-chip")) chip.classList.toggle("selected", chip.dataset.npc === id);
+  showNpc();
+}
+
+// --- speaking -----------------------------------------------------------------------------
+async function speak(event) {
+  event.preventDefault();
+  const status = $("speak-status");
+  const body = { player: $("speak-player").value.trim(), to: $("speak-to").value.trim(), text: $("speak-text").value };
+  const response = await fetch("/api/say", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const answer = await response.json().catch(() => ({ error: "HTTP " + response.status }));
+  status.classList.toggle("error", !response.ok);
+  status.textContent = response.ok ? "sent" : answer.error;
+  if (response.ok) $("speak-text").value = "";
+}
+
+// --- start --------------------------------------------------------------------------------
+async function load() {
+  const state = await getJSON("/api/state");
+  view.live = state.live;
+  $("run-id").textContent = state.run;
+  $("mode").textContent = state.live ? "live" : "stored";
+  showHealth(state.health);
+  showWorld(state.world);
+  $("dialogue").replaceChildren();
+  addLines(state.lines, false);
+  if (!state.live && state.ticks) {
+    const slider = $("tick-slider");
+    $("slider-box").hidden = false;
+    $("speak").hidden = true;
+    slider.min = state.ticks[0];
+    slider.max = state.ticks[1];
+    if (view.tick === null) slider.value = state.ticks[1];
+    $("slider-tick").textContent = slider.value;
+  }
+  if (view.selected) showNpc();
+  return state;
+}
+function stream(after) {
+  const source = new EventSource("/api/events?after=" + after);
+  source.onmessage = (event) => {
+    const m = JSON.parse(event.data);
+    showHealth(m.health);
+    addLines(m.lines, false);
+    if (m.world_changed) getJSON("/api/state").then((s) => showWorld(s.world));
+    if (view.selected && (m.npcs_changed === null || m.npcs_changed.includes(view.selected))) showNpc();
+  };
+}
+window.addEventListener("DOMContentLoaded", async () => {
+  $("older").addEventListener("click", older);
+  $("filter-npc").addEventListener("change", refilter);
+  $("filter-location").addEventListener("change", refilter);
+  $("npc-search").addEventListener("input", () => view.world && showWorld(view.world));
+  $("speak").addEventListener("submit", speak);
+  $("speak-to").addEventListener("change", () => { const id = $("speak-to").value.trim(); if (id) choose(id); });
+  $("tick-slider").addEventListener("change", () => { view.tick = Number($("tick-slider").value); load(); });
+  const state = await load();
+  if (state.live) stream(state.last_seq);
+});

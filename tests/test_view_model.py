@@ -1,0 +1,167 @@
+"""The view's sans-I/O model: what it shows, how it bounds memory, how it treats junk."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from sim import topics
+from sim.events import PlayerInputMessage, SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.memory import NpcState, WorkingMemoryConfig, build_working_memory
+from sim.trace import RosterEntry, RosterMessage, TraceMessage, encode_roster, encode_trace
+from sim.view import RunModel
+
+RUN = "r1"
+
+
+def trace(agent: str, tick: int, n: int, *, fallback: bool = False, prompt: str | None = "the prompt") -> TraceMessage:
+    memory = build_working_memory(NpcState(agent_id=agent, system_prompt="You are a test."), "hi",
+                                  WorkingMemoryConfig())
+    return TraceMessage(
+        run=RUN, shard="0", agent=agent, location="square", tick=tick, inference_id=f"{RUN}:{agent}:{tick}:{n}",
+        player_input="hi", line="hello", fallback=fallback, fallback_reason="timeout" if fallback else None,
+        backend="scripted", model="scripted", prompt_sha256="0" * 64, report=memory.report, prompt=prompt,
+    )
+
+
+def say(agent: str, tick: int, n: int, to: str | None = "player") -> bytes:
+    return encode_json(SayMessage(run=RUN, agent=agent, tick=tick, to=to, text=f"line {n}",
+                                  inference_id=f"{RUN}:{agent}:{tick}:{n}"))
+
+
+def roster() -> bytes:
+    return encode_roster(RosterMessage(run=RUN, shard="0", npcs=(
+        RosterEntry(id="smith", name="Brenna", location="forge"),
+        RosterEntry(id="guard", name="Mara", location="square"),
+    )))
+
+
+def test_roster_world_and_status_make_the_world_and_health() -> None:
+    model = RunModel(RUN)
+    model.feed(topics.roster(RUN, "0"), roster(), 0.0)
+    model.feed(topics.world_state(RUN), encode_json(WorldStateMessage(state={"king": "dead"}, tick=0)), 0.0)
+    model.feed(topics.status(RUN, "0"), encode_json(StatusMessage(run=RUN, shard="0", state="online", tick=3)), 1.0)
+    world = model.world_view()
+    assert world["locations"] == [{"id": "forge", "npcs": ["smith"]}, {"id": "square", "npcs": ["guard"]}]
+    assert world["names"] == {"smith": "Brenna", "guard": "Mara"}
+    assert world["state"] == {"king": "dead"}
+    health = model.health_view(1.0)
+    assert health["tick"] == 3 and health["shards"] == {"0": {"state": "online", "tick": 3}}
+
+
+def test_dialogue_marks_player_and_fallback_lines_whatever_the_order() -> None:
+    model = RunModel(RUN)
+    model.feed(topics.roster(RUN, "0"), roster(), 0.0)
+    model.feed(topics.player_input(RUN, "ann"), encode_json(PlayerInputMessage(to="smith", text="Hello?")), 0.0)
+    model.feed(topics.agent_say(RUN, "smith"), say("smith", 1, 1), 0.1)
+    model.feed(topics.trace(RUN, "0"), encode_trace(trace("smith", 1, 1, fallback=True)), 0.2)  # after its say
+    model.feed(topics.trace(RUN, "0"), encode_trace(trace("guard", 2, 1, fallback=True)), 0.3)  # before its say
+    model.feed(topics.agent_say(RUN, "guard"), say("guard", 2, 1), 0.4)
+    lines = model.lines()
+    assert [(line.speaker, line.kind, line.location) for line in lines] == [
+        ("ann", "player", "forge"), ("smith", "fallback", "forge"), ("guard", "fallback", "square"),
+    ]
+    assert model.health.fallbacks == 2 and model.health.inferences == 2
+
+
+def test_lines_are_bounded_paged_and_filtered() -> None:
+    model = RunModel(RUN, max_lines=50)
+    model.feed(topics.roster(RUN, "0"), roster(), 0.0)
+    for n in range(1, 121):
+        agent = "smith" if n % 2 else "guard"
+        model.feed(topics.agent_say(RUN, agent), say(agent, n, n), float(n))
+    newest = model.lines(limit=10)
+    assert [line.seq for line in newest] == list(range(111, 121))
+    older = model.lines(before=newest[0].seq, limit=10)
+    assert [line.seq for line in older] == list(range(101, 111))
+    assert len(model.lines(limit=1000)) == 50  # only the newest 50 are kept
+    assert {line.speaker for line in model.lines(npc="smith")} == {"smith"}
+    assert {line.location for line in model.lines(location="square")} == {"square"}
+    assert model.lines(after=120) == []
+
+
+def test_only_the_newest_prompt_is_kept_per_npc() -> None:
+    model = RunModel(RUN, history=3)
+    for tick in range(1, 6):
+        model.feed(topics.trace(RUN, "0"), encode_trace(trace("smith", tick, 1, prompt=f"prompt {tick}")), 0.0)
+    view = model.npc_view("smith")
+    assert view is not None
+    assert [t["tick"] for t in view["traces"]] == [5, 4, 3]
+    assert [t["prompt"] for t in view["traces"]] == ["prompt 5", None, None]
+    assert view["location"] == "square"  # learnt from the trace when no roster came
+    assert model.npc_view("nobody") is None
+
+
+def test_rates_come_from_the_injected_clock() -> None:
+    model = RunModel(RUN)
+    for second in range(11):
+        model.feed(topics.trace(RUN, "0"), encode_trace(trace("smith", second * 2, 1)), float(second))
+    ticks_per_s, inferences_per_s = model.rates(10.0)
+    assert ticks_per_s == pytest.approx(2.0, rel=0.2)
+    assert inferences_per_s == pytest.approx(1.0, rel=0.2)
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload"),
+    [
+        (topics.agent_say(RUN, "smith"), b"\xff\xfe not json"),
+        (topics.agent_say(RUN, "smith"), b'{"run": "r1"}'),
+        (topics.trace(RUN, "0"), b'{"agent": 5}'),
+        (topics.trace(RUN, "0"), b"[" * 100_000),
+        (topics.roster(RUN, "0"), b'{"run": "r1", "shard": "0", "npcs": [["only-id"]]}'),
+        (topics.player_input(RUN, "x"), b'{"to": "smith", "text": ""}'),
+        (topics.player_input(RUN, "x"), b'{"to": "smith", "text": "hi", "admin": true}'),
+        (topics.world_state(RUN), b'{"state": {"bad key/": "v"}}'),
+        (topics.status(RUN, "0"), b""),
+    ],
+)
+def test_a_malformed_message_is_counted_by_kind_and_dropped(topic: str, payload: bytes) -> None:
+    model = RunModel(RUN)
+    model.feed(topic, payload, 0.0)
+    assert model.health.refused == 1
+    assert sum(model.refused_kinds.values()) == 1
+    assert model.lines() == [] and model.npcs == {}
+
+
+def test_unknown_topics_of_the_run_are_ignored() -> None:
+    model = RunModel(RUN)
+    model.feed(f"npcsim/{RUN}/loc/square/events", b"\x00", 0.0)
+    model.feed("npcsim", b"", 0.0)
+    assert model.health.refused == 0
+
+
+def test_the_page_never_renders_run_data_as_html() -> None:
+    """NPC lines and player input are untrusted: the page builds nodes with textContent only."""
+    import importlib.resources
+
+    script = (importlib.resources.files("sim.view") / "static" / "view.js").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script, sink
+
+
+def test_view_trace_and_metrics_export_exactly_their_public_names() -> None:
+    import sim.metrics
+    import sim.trace
+    import sim.view
+
+    assert set(sim.view.__all__) == {"DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource",
+                                     "ViewThread", "build_app", "open_view_server", "open_view_thread"}
+    assert set(sim.trace.__all__) == {"RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage", "decode_roster",
+                                      "decode_trace", "encode_roster", "encode_trace", "trace_of"}
+    assert set(sim.metrics.__all__) == {"Metrics", "serve_metrics"}
+    for module in (sim.view, sim.trace, sim.metrics):
+        for name in module.__all__:
+            assert getattr(module, name) is not None
+
+
+def test_a_retried_inference_shows_each_attempt() -> None:
+    from sim.trace import TraceAttempt
+
+    model = RunModel(RUN)
+    attempts = (TraceAttempt(prompt_chars=900, raw_response="The king lives!", problem="negates canonical fact 'f1'"),
+                TraceAttempt(prompt_chars=960, raw_response="The king is dead.", prohibition="No."))
+    retried = msgspec.structs.replace(trace("smith", 3, 1), attempts=attempts)
+    model.feed(topics.trace(RUN, "0"), encode_trace(retried), 0.0)
+    view = model.npc_view("smith")
+    assert view is not None
+    assert [a["problem"] for a in view["traces"][0]["attempts"]] == ["negates canonical fact 'f1'", None]
