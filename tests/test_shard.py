@@ -200,6 +200,7 @@ class RecordingBus:
         self.bus = Bus(BusConfig(broker=BrokerAddress(), run="two", shard="0"))
         self.emitted: list[tuple[str, Speech]] = []
         self.said: list[object] = []
+        self.published: list[str] = []  # the trace of each inference
 
     def mailbox(self, agent: str):  # type: ignore[no-untyped-def]
         return self.bus.mailbox(agent)
@@ -209,6 +210,9 @@ class RecordingBus:
 
     async def publish_say(self, message: object) -> None:
         self.said.append(message)
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        self.published.append(topic)
 
 
 @contextlib.asynccontextmanager
@@ -235,6 +239,7 @@ async def test_an_npc_answers_what_came_before_its_tick_and_keeps_the_rest(tmp_p
         assert [(m.to, m.tick, m.inference_id) for m in bus.said] == [("visitor", 3, "two:a:3:2")]  # type: ignore[attr-defined]
         assert [(t, e.id, e.turn) for t, e in bus.emitted] == [("npcsim/two/loc/square/events", "two:a:3:2", 1)]
         assert [e.id for e in box.drain()] == ["p:3"]
+        assert bus.published == ["npcsim/two/trace/0"]
 
 
 async def test_ambient_dice_are_a_function_of_seed_id_and_tick(tmp_path: Path) -> None:
