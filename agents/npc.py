@@ -8,6 +8,11 @@ who addressed it, the first NPC who addressed it (while the exchange is short), 
 failing those, says something to a neighbour. Every line goes through the working
 memory, the inference pool, the NPC's public `say` topic, the location's events (so
 the others hear it) and the store (dialogue + an audit record).
+
+Nothing an NPC decides depends on state carried from one tick to the next outside the
+store: its dice are a function of (seed, id, tick) and its sequence numbers restart each
+tick. So a run resumed from the store after a crash decides exactly as the run that never
+stopped, with no generator state to save.
 """
 
 from __future__ import annotations
@@ -21,22 +26,28 @@ from sim.memory import Belief, Episode, Line, build_working_memory
 from sim.runner import ShardContext
 from sim.scenario import NpcSpec
 
-__all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng"]
+__all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng", "ambient_roll"]
 
 MAX_NPC_TURNS = 2
 """An NPC answers an NPC's line only while fewer than this many replies were exchanged."""
 
 
-def agent_rng(seed: int, agent_id: str) -> random.Random:
-    """The agent's own generator, derived from the run seed and its id (not from hash())."""
-    digest = hashlib.sha256(f"{seed}:{agent_id}".encode()).digest()
+def agent_rng(seed: int, agent_id: str, tick: int) -> random.Random:
+    """The agent's generator for one tick, derived from the run seed, its id and the tick."""
+    digest = hashlib.sha256(f"{seed}:{agent_id}:{tick}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def ambient_roll(seed: int, agent_id: str, tick: int) -> float:
+    """A uniform draw in [0, 1) for the tick's ambient dice: cheap, as every NPC rolls every tick."""
+    digest = hashlib.blake2b(f"{seed}:{agent_id}:{tick}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 class NpcAgent:
     """One NPC; `step(tick)` is called by its task when the runner wakes it."""
 
-    __slots__ = ("_ctx", "_rng", "_seq", "ambient", "id", "location", "name", "spec")
+    __slots__ = ("_ctx", "_seq", "ambient", "id", "location", "name", "spec")
 
     def __init__(self, spec: NpcSpec, ctx: ShardContext) -> None:
         self.spec = spec
@@ -44,17 +55,17 @@ class NpcAgent:
         self.name = spec.name
         self.location = spec.location
         self._ctx = ctx
-        self._rng = agent_rng(ctx.seed, spec.id)
         self._seq = 0
         self.ambient = False
 
     def wants_turn(self, tick: int) -> bool:
-        """Roll the ambient dice (every tick, so the draws do not depend on the mail)."""
-        self.ambient = self._rng.random() < self.spec.ambient_chance
-        return self.ambient or len(self._ctx.bus.mailbox(self.id)) > 0
+        """Roll the tick's ambient dice; an NPC with mail from earlier ticks always gets a turn."""
+        self.ambient = ambient_roll(self._ctx.seed, self.id, tick) < self.spec.ambient_chance
+        return self.ambient or self._ctx.bus.mailbox(self.id).has_mail(tick)
 
     async def step(self, tick: int) -> None:
-        events = self._ctx.bus.mailbox(self.id).drain()
+        self._seq = 0
+        events = self._ctx.bus.mailbox(self.id).drain(tick)
         replies: list[Speech] = []
         npc_reply: Speech | None = None
         for event in events:
@@ -73,8 +84,9 @@ class NpcAgent:
         if not replies and self.ambient:
             others = [n for n in self._ctx.neighbours(self.location) if n != self.id]
             if others:
-                other = self._rng.choice(others)
-                prompt = self._rng.choice(AMBIENT_PROMPTS).format(other=other)
+                rng = agent_rng(self._ctx.seed, self.id, tick)
+                other = rng.choice(others)
+                prompt = rng.choice(AMBIENT_PROMPTS).format(other=other)
                 await self._say(tick, other, prompt, 0)
 
     async def _perceive(self, event: AnyEvent, tick: int) -> None:

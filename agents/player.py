@@ -44,7 +44,10 @@ class ScriptedPlayer:
 
 
 class BotPlayer:
-    """A load-test player: each tick, with probability `rate`, says a stock line to an NPC."""
+    """A load-test player: each tick, with probability `rate`, says a stock line to an NPC.
+
+    Its draws are a function of (seed, id, tick), so a resumed run's bots say what the
+    uninterrupted run's did."""
 
     def __init__(self, player_id: str, npcs: Sequence[str], run_id: str, seed: int, rate: float) -> None:
         self.id = player_id
@@ -52,18 +55,19 @@ class BotPlayer:
         self._npcs = sorted(npcs)
         self._run = run_id
         self._rate = rate
-        self._rng = random.Random(f"{seed}:{player_id}")
+        self._seed = seed
 
     def inputs(self, tick: int) -> list[Speech]:
-        if not self._npcs or self._rng.random() >= self._rate:
+        rng = random.Random(f"{self._seed}:{self.id}:{tick}")
+        if not self._npcs or rng.random() >= self._rate:
             return []
         return [
             Speech(
                 id=event_id(self._run, self.id, tick, 0),
                 tick=tick,
                 speaker=self.id,
-                to=self._rng.choice(self._npcs),
-                text=self._rng.choice(BOT_LINES),
+                to=rng.choice(self._npcs),
+                text=rng.choice(BOT_LINES),
                 from_player=True,
             )
         ]

@@ -4,17 +4,18 @@
         box = bus.mailbox("blacksmith")
         await bus.listen_location("forge", ["blacksmith"])
         bus.emit(topics.location_events(run, "forge"), event)   # batched per tick
-        await bus.flush(tick)                                    # one msgpack message per topic
-        await bus.wait_echoes()                                  # own batches came back
+        sent = await bus.flush(tick)                             # one msgpack message per topic
+        await bus.wait_for(lambda: barrier.passed(tick))         # sim.barrier says when
 
-Why the echo wait: every event, local or not, travels through the broker, and a tick's
-events are perceived at the next tick once the shard's own batches have come back. The
-agents then drain their mailboxes sorted by (tick, id), so asyncio's scheduling order and
-the broker's interleaving of topics never reach the results.
+Every event, local or not, travels through the broker, and a tick's events are perceived
+at the next tick once the tick barrier (sim.barrier) says that every batch of the tick
+has arrived. The agents then drain their mailboxes sorted by (tick, id), so asyncio's
+scheduling order and the broker's interleaving of topics never reach the results.
 
 What arrives is decided by `sim.routing.Router` (sans-I/O: routes, mailboxes,
-de-duplication, bounds, echo bookkeeping); the connection and its reconnect policy are
-`sim.mqtt`'s. Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while
+de-duplication, bounds); the connection and its reconnect policy are `sim.mqtt`'s.
+After every (re)connection the bus calls `on_connected`, so that the shard re-sends
+what a broker restart may have lost. Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while
 the broker is away and, when it is full, the caller gets OutboxFullError: a QoS 1 event is
 never dropped silently.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -32,12 +33,13 @@ import aiomqtt
 import msgspec
 
 from sim import topics
+from sim.barrier import BarrierMessage, encode_barrier
 from sim.bounds import InputBounds
 from sim.errors import BusError, OutboxFullError, single_error
 from sim.events import AnyEvent, EventBatch, SayMessage, StatusMessage, WorldStateMessage, encode_batch, encode_json
 from sim.mailbox import Mailbox
 from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy, mqtt_error, open_client, stay_connected
-from sim.routing import BusStats, PlayerInputHandler, Router, WorldStateHandler
+from sim.routing import BarrierHandler, BatchHandler, BusStats, PlayerInputHandler, Router, WorldStateHandler
 from sim.signing import RunKey
 
 __all__ = ["Bus", "BusConfig", "BusStats", "Mailbox", "PlayerInputHandler", "open_bus", "single_error"]
@@ -75,8 +77,8 @@ class Bus:
         self.stats = self.router.stats
         self._filters: list[str] = []
         self._pending: dict[str, list[AnyEvent]] = {}
-        self._echoed = asyncio.Event()
-        self._echoed.set()
+        self._received = asyncio.Event()
+        self.on_connected: Callable[[], Awaitable[None]] | None = None
         self._outbox: collections.deque[_Outgoing] = collections.deque()
         self._outbox_ready = asyncio.Event()
         self._outbox_space = asyncio.Event()
@@ -124,6 +126,36 @@ class Bus:
         self.router.world_handler = handler
         await self._subscribe([self.router.world_topic])
 
+    async def listen_barrier(self, on_batch: BatchHandler, on_message: BarrierHandler) -> None:
+        """Report every batch received, and every shard's barrier messages (sim.barrier)."""
+        self.router.batch_handler = on_batch
+        self.router.barrier_handler = on_message
+        await self._subscribe([topics.barrier_all(self.config.run)])
+
+    async def publish_barrier(self, message: BarrierMessage) -> tuple[str, bytes]:
+        """Send this shard's barrier message; returns (topic, payload) for re-sending."""
+        topic = topics.barrier(self.config.run, self.config.shard)
+        body = encode_barrier(message)
+        payload = body if self.config.run_key is None else self.config.run_key.sign(topic, body)
+        await self.publish(topic, payload)
+        return topic, payload
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """The topic filters this bus subscribes to (again after each reconnect)."""
+        return tuple(self._filters)
+
+    def deliver(self, topic: str, payload: bytes) -> None:
+        """Route one received message and wake `wait_for` (the connection loop calls it)."""
+        self.router.receive(topic, payload)
+        self._received.set()
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Wait until `condition()` holds, checked after each message received (callers bound it)."""
+        while not condition():
+            self._received.clear()
+            await self._received.wait()
+
     async def publish_world_state(self, message: WorldStateMessage) -> None:
         await self.publish(self.router.world_topic, encode_json(message), retain=True)
 
@@ -139,31 +171,21 @@ class Bus:
         """Queue an event for this tick's batch on `topic`; `flush` sends it."""
         self._pending.setdefault(topic, []).append(event)
 
-    async def flush(self, tick: int) -> int:
-        """Publish one msgpack batch per topic with this tick's events; returns how many."""
+    async def flush(self, tick: int) -> list[tuple[str, bytes, int]]:
+        """Publish one msgpack batch per topic with this tick's events.
+
+        Returns (topic, payload, events) per batch, in sending order, for the barrier.
+        """
         pending, self._pending = self._pending, {}
+        sent = []
         for topic in sorted(pending):
             events = tuple(sorted(pending[topic], key=lambda e: (e.tick, e.id)))
-            if self.router.is_routed(topic):
-                self.router.expect_echo(topic, tick)
-                self._echoed.clear()
             body = encode_batch(EventBatch(shard=self.config.shard, tick=tick, events=events))
             key = self.config.run_key
-            await self.publish(topic, body if key is None else key.sign(topic, body))
-        return len(pending)
-
-    async def wait_echoes(self) -> None:
-        """Wait until every batch this shard published to its own topics came back.
-
-        Callers bound the wait (`asyncio.timeout`): during an outage it can last long.
-        """
-        await self._echoed.wait()
-
-    def forget_echoes(self) -> int:
-        """Stop waiting for batches that did not come back in time; returns how many."""
-        missing = self.router.forget_echoes()
-        self._echoed.set()
-        return missing
+            payload = body if key is None else key.sign(topic, body)
+            await self.publish(topic, payload)
+            sent.append((topic, payload, len(events)))
+        return sent
 
     def report_overflow(self, tick: int) -> None:
         """Log one line for the tick's mailbox overflow, naming each mailbox and its flooder."""
@@ -228,14 +250,14 @@ class Bus:
         self.stats.reconnects = self._connections - 1
         self._connected.set()
         self._outbox_ready.set()
+        if self.on_connected is not None and self._connections > 1:
+            await self.on_connected()
         async for message in client.messages:
             payload = message.payload
             if not isinstance(payload, bytes | bytearray):
                 self.count_malformed("non-binary", str(message.topic), TypeError(type(payload).__name__))
                 continue
-            self.router.receive(message.topic.value, bytes(payload))
-            if not self.router.echoes_pending:
-                self._echoed.set()
+            self.deliver(message.topic.value, bytes(payload))
 
     def _lost(self) -> None:
         self._connected.clear()

@@ -107,12 +107,18 @@ class WorldStateMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 
 class StatusMessage(msgspec.Struct, frozen=True, kw_only=True):
-    """A shard's liveness (retained, and the last will with state "offline")."""
+    """A shard's liveness (retained, and the last will with state "offline").
+
+    While the tick barrier holds the shard, `awaiting` says for what (for example
+    "shard 1") and `since` since when (Unix time, seconds).
+    """
 
     run: str
     shard: str
     state: str
     tick: int | None = None
+    awaiting: str | None = None
+    since: float | None = None
 
 
 def event_id(run: str, agent: str, tick: int, seq: int) -> str:

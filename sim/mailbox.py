@@ -79,12 +79,22 @@ class Mailbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    def drain(self) -> list[AnyEvent]:
-        """Every waiting event, sorted by (tick, id): the order never depends on arrival."""
-        items = sorted(self._items, key=lambda e: (e.tick, e.id))
-        self._items.clear()
-        self._by_source.clear()
-        return items
+    def has_mail(self, before: int) -> bool:
+        """Whether an event of a tick earlier than `before` is waiting."""
+        return any(e.tick < before for e in self._items)
+
+    def drain(self, before: int | None = None) -> list[AnyEvent]:
+        """Every waiting event of a tick earlier than `before` (default: all), sorted by
+        (tick, id): the order never depends on arrival. Events of later ticks (from a
+        shard already working on the next tick) stay for the tick that perceives them."""
+        if before is None:
+            taken, kept = list(self._items), []
+        else:
+            taken = [e for e in self._items if e.tick < before]
+            kept = [e for e in self._items if e.tick >= before]
+        self._items = collections.deque(kept)
+        self._by_source = collections.Counter(event_source(e) for e in kept)
+        return sorted(taken, key=lambda e: (e.tick, e.id))
 
 
 class SeenEvents:

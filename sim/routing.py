@@ -2,8 +2,9 @@
 
 `Router.receive(topic, payload)` decodes one MQTT message and hands what it holds to the
 agents' mailboxes (location events, inboxes) or to the shard's handlers (player input,
-world state). It also keeps the echo bookkeeping: which of the shard's own batches have not
-come back yet. The bus feeds it from the connection; tests feed it bytes directly.
+world state). Every batch that arrives, and every tick-barrier message, is also reported
+to the barrier handler (sim.barrier keeps that bookkeeping). The bus feeds it from the
+connection; tests feed it bytes directly.
 
 Malformed payloads are counted per kind and logged once per kind; outside input over its
 bounds (sim.bounds) is refused and counted by kind. Neither ever raises.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sim import topics
+from sim.barrier import BarrierMessage, decode_barrier
 from sim.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
 from sim.events import (
     PlayerInputMessage,
@@ -30,7 +32,7 @@ from sim.events import (
 from sim.mailbox import Mailbox, Overflow, SeenEvents
 from sim.signing import RunKey
 
-__all__ = ["BusStats", "PlayerInputHandler", "Router", "WorldStateHandler"]
+__all__ = ["BarrierHandler", "BatchHandler", "BusStats", "PlayerInputHandler", "Router", "WorldStateHandler"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,8 @@ _PLAYER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 PlayerInputHandler = Callable[[str, PlayerInputMessage], None]
 WorldStateHandler = Callable[[WorldStateMessage], None]
+BatchHandler = Callable[[str, int, str, int], None]  # (sending shard, tick, topic, events)
+BarrierHandler = Callable[[BarrierMessage], None]
 
 
 @dataclass
@@ -50,6 +54,7 @@ class BusStats:
     events_in: int = 0
     events_delivered: int = 0
     duplicates: int = 0
+    stale_batches: int = 0  # re-sent batches of ticks already perceived, dropped
     reconnects: int = 0
     malformed: dict[str, int] = field(default_factory=dict)
     overflow: Overflow = field(default_factory=Overflow)
@@ -67,7 +72,7 @@ class BusStats:
 
 
 class Router:
-    """Routes, mailboxes, de-duplication and echo bookkeeping for one shard of one run."""
+    """Routes, mailboxes and de-duplication for one shard of one run."""
 
     def __init__(
         self,
@@ -89,13 +94,18 @@ class Router:
         self._location_routes: dict[str, tuple[str, ...]] = {}
         self._inbox_routes: dict[str, str] = {}
         self._seen = SeenEvents(seen_events)
-        self._awaiting: set[tuple[str, int]] = set()
         self._logged: set[str] = set()
         self.world_topic = topics.world_state(run)
         self.player_prefix = topics.run_root(run) + "/player/"
         self.agent_prefix = topics.run_root(run) + "/agent/"
         self.player_handler: PlayerInputHandler | None = None
         self.world_handler: WorldStateHandler | None = None
+        self.barrier_prefix = topics.run_root(run) + "/barrier/"
+        self.batch_handler: BatchHandler | None = None
+        # Batches of earlier ticks are re-sends whose events were perceived already (the
+        # shard sets this to the tick whose barrier it waits for): they are dropped.
+        self.stale_before = 0
+        self.barrier_handler: BarrierHandler | None = None
 
     # --- routes ------------------------------------------------------------------------
 
@@ -121,19 +131,9 @@ class Router:
     def is_routed(self, topic: str) -> bool:
         return topic in self._location_routes or topic in self._inbox_routes
 
-    # --- echoes ------------------------------------------------------------------------
-
-    def expect_echo(self, topic: str, tick: int) -> None:
-        self._awaiting.add((topic, tick))
-
-    @property
-    def echoes_pending(self) -> int:
-        return len(self._awaiting)
-
-    def forget_echoes(self) -> int:
-        missing = len(self._awaiting)
-        self._awaiting.clear()
-        return missing
+    def pending_events(self) -> int:
+        """Events waiting in mailboxes, in total."""
+        return sum(len(box) for box in self._mailboxes.values())
 
     # --- receiving ---------------------------------------------------------------------
 
@@ -157,6 +157,8 @@ class Router:
             self._receive_player_input(topic, payload, self.player_handler)
         elif topic == self.world_topic and self.world_handler:
             self._receive_world_state(topic, payload, self.world_handler)
+        elif topic.startswith(self.barrier_prefix) and self.barrier_handler:
+            self._receive_barrier(topic, payload, self.barrier_handler)
         elif topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
             pass  # another shard's agent: shards share one `agent/+/inbox` subscription
         else:
@@ -174,8 +176,11 @@ class Router:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.count_malformed("location events" if topic in self._location_routes else "inbox", topic, exc)
             return
-        if batch.shard == self.shard:
-            self._awaiting.discard((topic, batch.tick))
+        if self.batch_handler is not None:
+            self.batch_handler(batch.shard, batch.tick, topic, len(batch.events))
+        if batch.tick < self.stale_before:
+            self.stats.stale_batches += 1
+            return
         for event in batch.events:
             self.stats.events_in += 1
             if not self._seen.first_time(event):
@@ -184,6 +189,23 @@ class Router:
             for name in recipients:
                 self.mailbox(name).put(event)
                 self.stats.events_delivered += 1
+
+    def _receive_barrier(self, topic: str, payload: bytes, handler: BarrierHandler) -> None:
+        if self.run_key is not None:
+            body = self.run_key.open(topic, payload)
+            if body is None:
+                self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
+                return
+            payload = body
+        try:
+            message = decode_barrier(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.count_malformed("barrier", topic, exc)
+            return
+        if topic != self.barrier_prefix + message.shard:
+            self.count_malformed("barrier", topic, ValueError(f"shard {message.shard!r} on another shard's topic"))
+            return
+        handler(message)
 
     def _receive_player_input(self, topic: str, payload: bytes, handler: PlayerInputHandler) -> None:
         player = topic[len(self.player_prefix) : -len("/input")]

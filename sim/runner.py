@@ -1,17 +1,26 @@
-"""A shard: scenario + store + bus + inference pool + agents under one TaskGroup.
+"""A shard: scenario + store + bus + inference pool + agents, and its tick loop (`Shard`).
 
-The tick is the clock. Each tick:
-1. players' inputs (scripted, bots, and outside clients' JSON) become events;
-2. the local agents that have mail or want to talk are woken, in id order, and the
-   tick waits for all of them (each agent is a long-lived task);
-3. the tick's events go out as one msgpack batch per topic, and the shard waits until its
-   own batches come back through the broker (bounded by `echo_timeout`), so the next
-   tick perceives them whatever the network's interleaving;
-4. the store commits the tick; the status topic says where the shard is.
+The tick is the clock, and a barrier for the whole run (sim.barrier). Each tick, in
+`Shard`'s methods:
+1. `take_inputs`: the world-state changes shard 0 took in the previous tick (announced in
+   its TickDone, so every shard applies them at the same tick), scripted and bot players
+   (functions of seed and tick) and outside clients' JSON (stamped with this tick and
+   stored) become events;
+2. `step_agents`: the local agents that have mail from earlier ticks or roll to talk
+   take their turn, concurrently, and the tick waits for all of them;
+3. `publish`: the tick's events go out as one msgpack batch per topic, then the shard's
+   TickDone listing them; everything sent is kept for re-sending;
+4. `wait_barrier`: until every shard finished the tick and every batch of it routed here
+   arrived; a stall is logged and shown on the status topic, never skipped;
+5. `commit`: the store commits the tick with what was sent in it, atomically.
 
-Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one's
-inferences finish (bounded by `shutdown_timeout`), the store is flushed, the retained
-status says "offline", and the run returns normally.
+Resume (`--resume`) starts by passing the barrier of the last committed tick again: the
+shard re-sends what it sent in that tick (from the store) and asks the others for theirs
+(Join), so the events not yet perceived at the crash are in the mailboxes again.
+
+Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one
+finishes, the retained status says "offline", and the run returns normally. After a crash
+the store rolls back the unfinished tick.
 
 `sim` never imports `agents` by name: NPC kinds resolve through AGENT_KINDS import strings.
 """
@@ -25,7 +34,7 @@ import logging
 import signal
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +43,7 @@ import msgspec
 
 from sim import startup, topics
 from sim.audit import AuditRecord, make_record
+from sim.barrier import Barrier, BarrierMessage, Join
 from sim.bounds import InputBounds
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus
@@ -49,7 +59,18 @@ from sim.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, t
 from sim.trust import announce_trust, limit_player_inputs, run_key_for
 
 __all__ = [
-    "AGENT_KINDS", "Agent", "RunConfig", "RunStats", "ShardContext", "hot_limit", "parse_shard", "run", "shard_npcs",
+    "AGENT_KINDS",
+    "Agent",
+    "Clock",
+    "RunConfig",
+    "RunStats",
+    "Shard",
+    "ShardContext",
+    "SystemClock",
+    "hot_limit",
+    "parse_shard",
+    "run",
+    "shard_npcs",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +101,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
     run_key_file: str | None = None
     ticks: int | None = None
+    until_tick: int | None = None  # run up to and including tick until_tick - 1 (not with `ticks`)
     tick_ms: int = 0
     seed: int | None = None
     run_id: str | None = None
@@ -92,7 +114,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: int = 64
     bots: int = 0
     bot_rate: float = 0.1
-    echo_timeout: float = 5.0
+    echo_timeout: float = 5.0  # a barrier held longer than this is logged as a stall
     shutdown_timeout: float = 10.0
     inference_timeout: float = 30.0
     keep_dialogue: bool = False
@@ -101,7 +123,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        minimum = {"ticks": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
+        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -110,6 +132,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+        if self.ticks is not None and self.until_tick is not None:
+            raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
 
 
 @dataclass
@@ -129,7 +153,11 @@ class RunStats:
     over_budget: int = 0  # working memories whose mandatory content alone exceeded the limit
     lines: int = 0
     player_inputs: int = 0
-    late_echoes: int = 0
+    stalls: int = 0
+    barrier_seconds: float = 0.0  # time spent waiting at the barrier, after the first tick run
+    barrier_ticks: int = 0
+    awaiting: str = ""
+    awaiting_since: float | None = None
     world_changes: int = 0
     memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = field(default_factory=time.monotonic)
@@ -153,6 +181,35 @@ def parse_shard(value: str) -> tuple[int, int]:
 def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
     """Shard i of n holds every n-th NPC in id order: a function of the scenario only."""
     return [spec for k, spec in enumerate(sorted(scenario.npcs, key=lambda s: s.id)) if k % count == index]
+
+
+class Clock(Protocol):
+    """What the tick loop reads time from; tests inject a virtual one."""
+
+    def now(self) -> float:
+        """Monotonic seconds (durations, pacing)."""
+        ...
+
+    def wall(self) -> float:
+        """Unix time (what the status topic says)."""
+        ...
+
+    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
+        """Wait `seconds` or until `stop` is set."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, seconds)):
+                await stop.wait()
 
 
 def _resolve(spec: str) -> Any:
@@ -401,6 +458,7 @@ async def run(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[RunStats], None] | None = None,
     metrics: Metrics | None = None,
+    clock: Clock | None = None,
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too).
 
@@ -414,7 +472,8 @@ async def run(
     with _signals(stop, stats):
         try:
             async with asyncio.TaskGroup() as group:
-                main = group.create_task(_run(config, stats, stop, on_ready, metrics), name="run")
+                job = _run(config, stats, stop, on_ready, metrics, clock or SystemClock())
+                main = group.create_task(job, name="run")
                 watch = startup.cancel_start_up_on(stop, stats.startup_progress, main)
                 watcher = group.create_task(watch, name="start-up-watch")
                 main.add_done_callback(lambda _: watcher.cancel())
@@ -429,9 +488,10 @@ async def _run(
     stop: asyncio.Event,
     on_ready: Callable[[RunStats], None] | None,
     metrics: Metrics | None,
+    clock: Clock,
 ) -> None:
     with startup.PausedCollector() as collector:
-        await _start_and_run(config, stats, stop, on_ready, collector, metrics)
+        await _start_and_run(config, stats, stop, on_ready, collector, metrics, clock)
 
 
 async def _start_and_run(
@@ -441,6 +501,7 @@ async def _start_and_run(
     on_ready: Callable[[RunStats], None] | None,
     collector: startup.PausedCollector,
     metrics: Metrics | None,
+    clock: Clock,
 ) -> None:
     stats.startup_progress.enter(startup.LOADING)
     scenario = await startup.load_scenario_in_thread(config.scenario)
@@ -453,7 +514,6 @@ async def _start_and_run(
         raise ConfigError(f"--run-id: {exc}") from exc
     index, count = parse_shard(config.shard)
     stats.run_id = run_id
-    ticks = config.ticks if config.ticks is not None else scenario.scenario.ticks
     async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
         stats.broker = f"{broker.kind} {broker.url}"
         stats.broker_address = broker.address
@@ -477,7 +537,7 @@ async def _start_and_run(
         )
         db = Path(config.db) if config.db else workdir / f"{run_id}.shard{index}.db"
         async with (
-            open_store(db, hot_limit=hot_limit(scenario.memory)) as store,
+            open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
             open_bus(bus_config) as bus,
             open_pool(pool_config) as pool,
         ):
@@ -487,176 +547,294 @@ async def _start_and_run(
             if metrics is not None:
                 metrics.watch_pool(pool.statistics)
                 metrics.watch_bus(bus.stats)
-            await _run_shard(
-                ctx, config, scenario, shard_npcs(scenario, index, count), index, ticks, stop, on_ready, collector
-            )
+            specs = shard_npcs(scenario, index, count)
+            await Shard(ctx, config, specs, index, count, stop, clock).run(on_ready, collector)
 
 
-async def _run_shard(
-    ctx: ShardContext,
-    config: RunConfig,
-    scenario: Scenario,
-    specs: list[NpcSpec],
-    index: int,
-    ticks: int,
-    stop: asyncio.Event,
-    on_ready: Callable[[RunStats], None] | None,
-    collector: startup.PausedCollector,
-) -> None:
-    bus, stats = ctx.bus, ctx.stats
-    store = ctx.store
-    kinds: dict[str, Callable[[NpcSpec, ShardContext], Agent]] = {}
-    for spec in specs:
-        if spec.kind not in kinds:
-            kind = AGENT_KINDS.get(spec.kind)
-            if kind is None:
-                raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
-            kinds[spec.kind] = _resolve(kind)
-    progress = stats.startup_progress
-    agents = await startup.create_agents(store, scenario, specs, progress, lambda spec: kinds[spec.kind](spec, ctx))
-    stats.agents = len(agents)
-    if ctx.metrics is not None:
-        ctx.metrics.agents.set(len(agents))
-    progress.enter(startup.SUBSCRIBING)
-    await ctx.publish_roster(specs)
-    by_location: dict[str, list[str]] = {}
-    for spec in specs:
-        by_location.setdefault(spec.location, []).append(spec.id)
-    for location, ids in sorted(by_location.items()):
-        await bus.listen_location(location, ids)
-    await bus.listen_inboxes(sorted(by_location_ids := [s.id for s in specs]))
-    local = set(by_location_ids)
 
-    players: list[_Player] = []
-    if index == 0:
+class Shard:
+    """One shard's tick loop: each phase of a tick is a method (see the module's docstring)."""
+
+    def __init__(
+        self,
+        ctx: ShardContext,
+        config: RunConfig,
+        specs: Sequence[NpcSpec],
+        index: int,
+        count: int,
+        stop: asyncio.Event,
+        clock: Clock,
+    ) -> None:
+        self.ctx, self.config, self.specs, self.stop, self.clock = ctx, config, list(specs), stop, clock
+        self.bus, self.store, self.stats = ctx.bus, ctx.store, ctx.stats
+        self.index = index
+        self.local = frozenset(spec.id for spec in specs)
+        self.agents: list[Agent] = []
+        self.players: list[_Player] = []
+        self.outside: list[tuple[str, PlayerInputMessage]] = []
+        self.world_updates: list[WorldStateMessage] = []  # shard 0: taken into its next TickDone
+        self.world_due: dict[str, str] | None = None  # applied at the start of the next tick
+        last = self.store.last_tick if config.resume else None
+        self.first = 0 if last is None else last + 1
+        self.end = config.until_tick if config.until_tick is not None else self.first + (
+            config.ticks if config.ticks is not None else ctx.scenario.scenario.ticks
+        )
+        self.barrier = Barrier(
+            str(index), [str(i) for i in range(count)], self.bus.router.is_routed, tick=self.first
+        )
+        self._resend_since: int | None = None
+
+    # --- setting up ----------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Load or create the agents, listen to their topics, join the run's barrier."""
+        ctx, bus, store = self.ctx, self.bus, self.store
+        await self._restore_sent()
+        bus.router.stale_before = self.barrier.tick
+        await bus.listen_barrier(self._on_batch, self._on_barrier)  # first: every batch is counted
+        kinds: dict[str, Callable[[NpcSpec, ShardContext], Agent]] = {}
+        for spec in self.specs:
+            if spec.kind not in kinds:
+                kind = AGENT_KINDS.get(spec.kind)
+                if kind is None:
+                    raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+                kinds[spec.kind] = _resolve(kind)
+        progress = self.stats.startup_progress
+        self.agents = await startup.create_agents(
+            store, ctx.scenario, self.specs, progress, lambda spec: kinds[spec.kind](spec, ctx)
+        )
+        self.stats.agents = len(self.agents)
+        if ctx.metrics is not None:
+            ctx.metrics.agents.set(len(self.agents))
+        progress.enter(startup.SUBSCRIBING)
+        await ctx.publish_roster(self.specs)
+        by_location: dict[str, list[str]] = {}
+        for spec in self.specs:
+            by_location.setdefault(spec.location, []).append(spec.id)
+        for location, ids in sorted(by_location.items()):
+            await bus.listen_location(location, ids)
+        await bus.listen_inboxes(sorted(self.local))
+        if self.index == 0:
+            self.players = self._players()
+        await bus.listen_player_input(self._on_player_input)
+        if self.index == 0:
+            await bus.listen_world_state(self.world_updates.append)
+        bus.on_connected = self._rejoin
+        await self._rejoin()
+
+    def _players(self) -> list[_Player]:
+        ctx, config = self.ctx, self.config
         scripted = _resolve(PLAYER_KINDS["scripted"])
-        players += [scripted(p, ctx.run_id) for p in scenario.players]
+        players: list[_Player] = [scripted(p, ctx.run_id) for p in ctx.scenario.players]
         bot = _resolve(PLAYER_KINDS["bot"])
         npc_ids = sorted(ctx.npc_ids)
         players += [bot(f"bot{i}", npc_ids, ctx.run_id, ctx.seed, config.bot_rate) for i in range(config.bots)]
+        return players
 
-    outside: list[tuple[str, PlayerInputMessage]] = []
+    async def _restore_sent(self) -> None:
+        """On resume: keep again what the last two committed ticks sent, and pass the last
+        one's barrier again (the others re-send theirs: docs/topics.md, "The tick barrier")."""
+        last = self.first - 1
+        if last < 0:
+            return
+        sent = await self.store.sent()
+        if not any(tick == last for tick, _, _ in sent):
+            log.warning("%s: no record of what tick %d sent; its events are not perceived again", self.store.path, last)
+            return
+        self.barrier = Barrier(self.barrier.shard, self.barrier.shards, self.bus.router.is_routed, tick=last)
+        for tick, topic, payload in sent:
+            self.barrier.keep(tick, topic, payload)
 
-    def on_player_input(player: str, message: PlayerInputMessage) -> None:
-        if message.to not in local:
-            if message.to not in ctx.npc_ids:
-                bus.count_malformed(
+    def _on_player_input(self, player: str, message: PlayerInputMessage) -> None:
+        if message.to not in self.local:
+            if message.to not in self.ctx.npc_ids:
+                self.bus.count_malformed(
                     "player input to an unknown NPC",
-                    topics.player_input(ctx.run_id, player),
+                    topics.player_input(self.ctx.run_id, player),
                     ValueError(f"no NPC {message.to!r} in this run"),
                 )
             return
-        outside.append((player, message))
+        self.outside.append((player, message))
 
-    await bus.listen_player_input(on_player_input)
-    world_updates: list[WorldStateMessage] = []
-    await bus.listen_world_state(world_updates.append)
+    def _on_batch(self, shard: str, tick: int, topic: str, events: int) -> None:
+        self.barrier.batch_received(shard, tick, topic, events)
 
-    first = 0 if not config.resume or store.last_tick is None else store.last_tick + 1
-    stats.first_tick, stats.last_tick = first, first + ticks - 1
-    if index == 0 and not config.resume and scenario.world:
-        await bus.publish_world_state(WorldStateMessage(state={w.key: w.value for w in scenario.world}, tick=first))
-    await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=first))
+    def _on_barrier(self, message: BarrierMessage) -> None:
+        if isinstance(message, Join):
+            if message.shard != self.barrier.shard and self.barrier.same_run(message):
+                since = message.tick if self._resend_since is None else min(self._resend_since, message.tick)
+                self._resend_since = since
+            return
+        self.barrier.done_received(message)
 
-    wakes = {agent.id: asyncio.Event() for agent in agents}
-    pending = 0
-    all_done = asyncio.Event()
-    current = [first]
+    async def _rejoin(self) -> None:
+        """After (re)connecting: re-send everything kept, then ask the others for theirs."""
+        for topic, payload in self.barrier.kept(0):
+            await self.bus.publish(topic, payload)
+        await self.bus.publish_barrier(self.barrier.join())
 
-    def finished() -> None:
-        nonlocal pending
-        pending -= 1
-        if pending == 0:
-            all_done.set()
+    async def _serve_resends(self) -> None:
+        since, self._resend_since = self._resend_since, None
+        if since is not None:
+            for topic, payload in self.barrier.kept(since):
+                await self.bus.publish(topic, payload)
 
-    async def agent_loop(agent: Agent, wake: asyncio.Event) -> None:
-        while True:
-            await wake.wait()
-            wake.clear()
-            try:
-                await agent.step(current[0])
-            finally:
-                finished()
+    # --- the tick --------------------------------------------------------------------------
 
-    ext_seq = 0
-    try:
+    async def run(
+        self, on_ready: Callable[[RunStats], None] | None = None, collector: startup.PausedCollector | None = None
+    ) -> None:
+        ctx, bus, stats = self.ctx, self.bus, self.stats
+        await self.setup()
+        stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
+        if self.index == 0 and not self.config.resume and ctx.scenario.world:
+            world = WorldStateMessage(state={w.key: w.value for w in ctx.scenario.world}, tick=self.first)
+            await bus.publish_world_state(world)
+        await self._status()
+        if collector is not None:
+            collector.start_up_done()
+        stats.startup_progress.enter(startup.RUNNING)
+        if on_ready is not None:
+            on_ready(stats)
+        if self.end <= self.first:
+            log.warning("nothing to run: the store is at tick %d and the run ends before tick %d", self.first, self.end)
+        try:
+            if self.barrier.tick < self.first < self.end and not await self.wait_barrier(self.barrier.tick):
+                return
+            for tick in range(self.first, self.end):
+                if self.stop.is_set():
+                    break
+                started = self.clock.now()
+                stats.tick = tick
+                await self.take_inputs(tick)
+                await self.step_agents(tick)
+                await self.publish(tick)
+                if not await self.wait_barrier(tick):
+                    break
+                await self.commit(tick)
+                if ctx.metrics is not None:
+                    ctx.metrics.tick_done(tick, self.clock.now() - started)
+                if self.config.tick_ms:
+                    await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
+        finally:
+            await self._status("offline")
+
+    async def take_inputs(self, tick: int) -> None:
+        """World-state changes, then the players' inputs of this tick, as events."""
+        ctx, stats = self.ctx, self.stats
+        if self.world_due:
+            world = WorldStateMessage(state=self.world_due, tick=tick)
+            stats.world_changes += await _apply_world_state(self.store, sorted(self.local), world)
+        self.world_due = None
+        for player in self.players:
+            for event in player.inputs(tick):
+                _emit_player(ctx, player.location, event)
+                stats.player_inputs += 1
+        taken = limit_player_inputs(self.outside, self.config.bounds.player_inputs_per_tick, self.bus)
+        self.outside.clear()
+        for seq, (player_id, message) in enumerate(taken):
+            await self.store.record_input(tick, seq, player_id, message.to, message.text)
+            event = Speech(
+                id=event_id(ctx.run_id, player_id, tick, 1_000_000 + seq),
+                tick=tick,
+                speaker=player_id,
+                to=message.to,
+                text=message.text,
+                from_player=True,
+            )
+            self.bus.emit(topics.agent_inbox(ctx.run_id, message.to), event)
+            stats.player_inputs += 1
+
+    async def step_agents(self, tick: int) -> None:
+        """Every agent with mail from earlier ticks, or that rolls to talk, takes its turn."""
+        woken = [agent for agent in self.agents if agent.wants_turn(tick)]
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(agent_loop(a, wakes[a.id]), name=f"agent-{a.id}") for a in agents]
-                collector.start_up_done()
-                stats.startup_progress.enter(startup.RUNNING)
-                if on_ready is not None:
-                    on_ready(stats)
-                try:
-                    for tick in range(first, first + ticks):
-                        if stop.is_set():
-                            break
-                        started = time.monotonic()
-                        current[0] = tick
-                        stats.tick = tick
-                        taken_world, world_updates[:] = list(world_updates), []
-                        for world in taken_world:
-                            stats.world_changes += await _apply_world_state(store, sorted(local), world)
-                        for player in players:
-                            for event in player.inputs(tick):
-                                _emit_player(ctx, player.location, event)
-                                stats.player_inputs += 1
-                        taken = limit_player_inputs(outside, config.bounds.player_inputs_per_tick, bus)
-                        outside.clear()
-                        for player_id, message in taken:
-                            ext_seq += 1
-                            event = Speech(
-                                id=event_id(ctx.run_id, player_id, tick, 1_000_000 + ext_seq),
-                                tick=tick,
-                                speaker=player_id,
-                                to=message.to,
-                                text=message.text,
-                                from_player=True,
-                            )
-                            bus.emit(topics.agent_inbox(ctx.run_id, message.to), event)
-                            stats.player_inputs += 1
-                        woken = [a for a in agents if a.wants_turn(tick)]
-                        if woken:
-                            pending = len(woken)
-                            all_done.clear()
-                            for agent in woken:
-                                wakes[agent.id].set()
-                            await all_done.wait()
-                        await bus.flush(tick)
-                        if ctx.metrics is not None:
-                            ctx.metrics.awaited_shards.set(1)
-                        try:
-                            async with asyncio.timeout(config.echo_timeout):
-                                await bus.wait_echoes()
-                        except TimeoutError:
-                            stats.late_echoes += bus.forget_echoes()
-                            log.warning(
-                                "tick %d: own batches did not come back within %.1f s", tick, config.echo_timeout
-                            )
-                        bus.report_overflow(tick)
-                        await store.end_tick(tick)
-                        if config.retain_memories is not None:
-                            stats.memories_pruned += await store.prune_memories(config.retain_memories)
-                        if ctx.metrics is not None:
-                            ctx.metrics.awaited_shards.set(0)
-                            ctx.metrics.tick_done(tick, time.monotonic() - started)
-                        if tick % 10 == 0:
-                            await bus.publish_status(
-                                StatusMessage(run=ctx.run_id, shard=ctx.shard, state="online", tick=tick)
-                            )
-                        if config.tick_ms:
-                            with contextlib.suppress(TimeoutError):
-                                async with asyncio.timeout(
-                                    max(0.0, config.tick_ms / 1000 - (time.monotonic() - started))
-                                ):
-                                    await stop.wait()
-                finally:
-                    for task in tasks:
-                        task.cancel()
+                for agent in woken:
+                    group.create_task(agent.step(tick), name=f"agent-{agent.id}")
         except BaseExceptionGroup as group_error:
             raise single_error(group_error) from None
-    finally:
-        await bus.publish_status(StatusMessage(run=ctx.run_id, shard=ctx.shard, state="offline", tick=stats.tick))
+
+    async def publish(self, tick: int) -> None:
+        """The tick's batches, then the TickDone that lists them; all kept for re-sending."""
+        for topic, payload, events in await self.bus.flush(tick):
+            self.barrier.keep(tick, topic, payload, events=events)
+        world: dict[str, str] = {}
+        for message in self.world_updates:  # shard 0 only: in the order they arrived
+            world.update(message.state)
+        self.world_updates.clear()
+        topic, payload = await self.bus.publish_barrier(self.barrier.finish(tick, world or None))
+        self.barrier.keep(tick, topic, payload)
+
+    async def wait_barrier(self, tick: int) -> bool:
+        """Until the barrier for `tick` passes; serve re-send requests; say who holds it up.
+
+        False when asked to stop while held: the tick is not committed (the store rolls it
+        back) and runs again on --resume.
+        """
+        started, since = self.clock.now(), self.clock.wall()
+        announced = ""
+        warned = False
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_BARRIER_POLL):
+                    await self.bus.wait_for(lambda: self.barrier.passed(tick) or self._resend_since is not None)
+            await self._serve_resends()
+            if self.barrier.conflict is not None:
+                raise ConfigError(f"--shard {self.config.shard}: {self.barrier.conflict}")
+            if self.barrier.passed(tick):
+                self.world_due = self.barrier.world(tick)
+                break
+            if self.stop.is_set():
+                held = ", ".join(self.barrier.awaited(tick))
+                log.warning("stopping while tick %d waits for %s: it runs again on --resume", tick, held)
+                return False
+            waited = self.clock.now() - started
+            if waited < _BARRIER_POLL:
+                continue
+            awaited = self.barrier.awaited(tick)
+            awaiting = ", ".join(awaited)
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.awaited_shards.set(len(awaited))
+            if awaiting != announced:
+                announced = awaiting
+                self.stats.awaiting, self.stats.awaiting_since = awaiting, started
+                await self._status(awaiting=awaiting, since=since)
+            if waited >= self.config.echo_timeout and not warned:
+                warned = True
+                self.stats.stalls += 1
+                log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
+        self.barrier.advance(tick)
+        self.bus.router.stale_before = self.barrier.tick
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.awaited_shards.set(0)
+        if tick > self.first:  # the first tick also waits for the other shards to start
+            self.stats.barrier_seconds += self.clock.now() - started
+            self.stats.barrier_ticks += 1
+        if announced:
+            self.stats.awaiting, self.stats.awaiting_since = "", None
+            await self._status()
+        return True
+
+    async def commit(self, tick: int) -> None:
+        """The tick and what it sent, in one transaction; status every 10 ticks."""
+        self.bus.report_overflow(tick)
+        await self.store.keep_sent(self.barrier.kept_by_tick())
+        await self.store.end_tick(tick)
+        if self.config.retain_memories is not None:
+            self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)
+        if tick % 10 == 0:
+            await self._status()
+
+    async def _status(self, state: str = "online", *, awaiting: str | None = None, since: float | None = None) -> None:
+        tick = self.stats.tick if self.stats.tick >= 0 else self.first
+        message = StatusMessage(
+            run=self.ctx.run_id, shard=self.ctx.shard, state=state, tick=tick, awaiting=awaiting, since=since
+        )
+        await self.bus.publish_status(message)
+
+
+_BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall warning)
 
 
 def _emit_player(ctx: ShardContext, location: str | None, event: Speech) -> None:

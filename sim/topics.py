@@ -9,6 +9,8 @@ __all__ = [
     "ROOT",
     "agent_inbox",
     "agent_say",
+    "barrier",
+    "barrier_all",
     "check_segment",
     "infer_request",
     "infer_request_shared",
@@ -72,6 +74,15 @@ def infer_response(run: str, shard: str) -> str:
 
 def status(run: str, shard: str) -> str:
     return f"{run_root(run)}/status/{check_segment('shard', shard)}"
+
+
+def barrier(run: str, shard: str) -> str:
+    """A shard's tick barrier messages (TickDone, Join; sim.barrier)."""
+    return f"{run_root(run)}/barrier/{check_segment('shard', shard)}"
+
+
+def barrier_all(run: str) -> str:
+    return f"{run_root(run)}/barrier/+"
 
 
 def trace(run: str, shard: str) -> str:

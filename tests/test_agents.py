@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from agents.npc import agent_rng
+from agents.npc import agent_rng, ambient_roll
 from agents.player import BotPlayer, ScriptedPlayer
 from sim.generate import generate_scenario
 from sim.scenario import load_scenario, parse_scenario
 from tests.conftest import REPO
 
 
-def test_agent_rng_depends_on_seed_and_id_only() -> None:
-    draws = [agent_rng(7, "smith").random() for _ in range(2)]
+def test_agent_dice_depend_on_seed_id_and_tick_only() -> None:
+    draws = [agent_rng(7, "smith", 3).random() for _ in range(2)]
     assert draws[0] == draws[1]
-    assert agent_rng(7, "smith").random() != agent_rng(8, "smith").random()
-    assert agent_rng(7, "smith").random() != agent_rng(7, "baker").random()
+    assert agent_rng(7, "smith", 3).random() != agent_rng(8, "smith", 3).random()
+    assert agent_rng(7, "smith", 3).random() != agent_rng(7, "baker", 3).random()
+    assert agent_rng(7, "smith", 3).random() != agent_rng(7, "smith", 4).random()
+    rolls = [ambient_roll(7, "smith", t) for t in range(2000)]
+    assert rolls == [ambient_roll(7, "smith", t) for t in range(2000)]
+    assert all(0 <= r < 1 for r in rolls) and 0.45 < sum(rolls) / len(rolls) < 0.55
 
 
 def test_scripted_player_says_its_lines_at_their_ticks() -> None:
@@ -32,6 +36,10 @@ def test_bots_are_reproducible() -> None:
 
     assert lines() == lines()
     assert lines()
+    resumed = BotPlayer("bot0", ["a", "b"], "r", seed=1, rate=0.5)
+    assert [(e.tick, e.to, e.text) for t in range(25, 50) for e in resumed.inputs(t)] == [
+        x for x in lines() if x[0] >= 25
+    ]
 
 
 def test_generated_world_loads() -> None:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mosquitto
 
 R = "npcsim/r"
 PUBLISH = {  # role -> topics it may publish; every role tries every topic
-    "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "infer/req", "status/0", "world/state"},
+    "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "infer/req", "status/0", "world/state", "barrier/0"},
     "worker": {"infer/resp/0"},
     "game": {"world/state"},
     "viewer": {"player/viewer/input"},

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim import topics
+from sim.barrier import BarrierMessage, TickDone, encode_barrier
 from sim.bounds import InputBounds
 from sim.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
 from sim.mailbox import Mailbox, Overflow, event_source
@@ -95,13 +97,32 @@ def test_with_a_run_key_unsigned_and_badly_signed_batches_are_dropped_and_counte
     assert "k" * 32 not in repr(key)
 
 
-def test_echo_bookkeeping() -> None:
+def test_batches_and_barrier_messages_reach_their_handlers() -> None:
     r = router()
-    r.expect_echo(LOC, 3)
-    r.receive(LOC, batch(line(1), tick=2))
-    assert r.echoes_pending == 1
-    r.receive(LOC, batch(line(2), tick=3))
-    assert r.echoes_pending == 0
+    batches: list[tuple[str, int, str, int]] = []
+    said: list[BarrierMessage] = []
+    r.batch_handler = lambda *args: batches.append(args)
+    r.barrier_handler = said.append
+    r.receive(LOC, batch(line(1), line(2), tick=2))
+    done = TickDone(shard="1", shards=2, tick=2, batches={LOC: 2})
+    r.receive(topics.barrier("r", "1"), encode_barrier(done))
+    r.receive(topics.barrier("r", "0"), encode_barrier(done))  # on another shard's topic
+    r.receive(topics.barrier("r", "1"), b"\xc1")
+    assert batches == [("0", 2, LOC, 2)]
+    assert said == [done]
+    assert r.stats.malformed == {"barrier": 2}
+
+
+def test_mailboxes_hold_events_of_later_ticks_back() -> None:
+    r = router()
+    for tick in (3, 2):
+        event = Speech(id=f"r:x:{tick}:1", tick=tick, speaker="x", text="hello", location="square")
+        r.receive(LOC, batch(event, tick=tick))
+    box = r.mailbox("guard")
+    assert box.has_mail(3) and not box.has_mail(2)
+    assert [e.tick for e in box.drain(3)] == [2]
+    assert not box.has_mail(3) and box.has_mail(4)
+    assert [e.tick for e in box.drain()] == [3]
 
 
 @given(
@@ -124,3 +145,31 @@ def test_a_full_mailbox_drops_only_the_flooders_excess(size: int, order: list[st
     assert len(kept) + overflow.total == len(order)
     if others_put < size / 2:
         assert sum(1 for e in kept if event_source(e) != "flooder") == others_put
+
+
+def test_with_a_run_key_barrier_messages_must_be_signed_for_their_topic() -> None:
+    key = RunKey(b"k" * 32)
+    r = router(run_key=key)
+    said: list[BarrierMessage] = []
+    r.barrier_handler = said.append
+    done = encode_barrier(TickDone(shard="1", shards=2, tick=0, batches={}))
+    topic = topics.barrier("r", "1")
+    r.receive(topic, done)  # unsigned: a forged "tick done" could release the barrier early
+    r.receive(topic, key.sign(topics.barrier("r", "0"), done))  # signed for another topic
+    r.receive(topic, key.sign(topic, done))
+    assert len(said) == 1
+    assert r.stats.refused == {"unsigned internal message": 2}
+
+
+def test_a_re_sent_batch_of_a_tick_already_perceived_is_counted_not_delivered() -> None:
+    r = router()
+    batches: list[tuple[str, int, str, int]] = []
+    r.batch_handler = lambda *args: batches.append(args)
+    r.stale_before = 5
+    old = Speech(id="r:x:4:1", tick=4, speaker="x", text="old news", location="square")
+    new = Speech(id="r:x:5:1", tick=5, speaker="x", text="news", location="square")
+    r.receive(LOC, batch(old, tick=4))
+    r.receive(LOC, batch(new, tick=5))
+    assert [e.text for e in r.mailbox("guard").drain()] == ["news"]
+    assert r.stats.stale_batches == 1
+    assert [b[1] for b in batches] == [4, 5]  # the barrier still hears of both

@@ -11,9 +11,10 @@ import pytest
 from sim import topics
 from sim.cli import main
 from sim.errors import ConfigError
+from sim.events import decode_say
 from sim.generate import generate_scenario
 from sim.runner import RunConfig, run
-from sim.store import open_reader
+from sim.store import open_reader, open_store
 from tests.conftest import REPO, MosquittoProcess
 
 pytestmark = pytest.mark.mosquitto
@@ -96,6 +97,45 @@ async def test_village_runs_against_an_openai_compatible_server(mosquitto: Mosqu
         records = list(reader.audit_records())
     assert records and {(r.backend, r.model) for r in records} == {("openai", "fake-1")}
     assert main(["audit", "replay", "--db", str(db)]) == 0
+
+
+async def test_outside_input_is_stored_with_its_tick(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    db = tmp_path / "inputs.db"
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="in1", ticks=500, tick_ms=20, db=str(db))
+    async with asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stop=stop, on_ready=lambda _: ready.set()))
+        await ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.subscribe(topics.agent_say("in1", "innkeeper"), qos=1)
+            await client.publish(topics.player_input("in1", "visitor"), b'{"to": "innkeeper", "text": "Ale!"}', qos=1)
+            async with asyncio.timeout(30):
+                async for message in client.messages:
+                    say = decode_say(bytes(message.payload))  # type: ignore[arg-type]
+                    if say.to == "visitor":
+                        break
+        stop.set()
+        await job
+    async with open_store(db) as store:
+        assert await store.inputs(say.tick - 1) == [(0, "visitor", "innkeeper", "Ale!")]
+
+
+async def test_resume_to_a_horizon(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    db = tmp_path / "horizon.db"
+    base = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="h1", until_tick=8, db=str(db))
+    first = await run(base)
+    assert (first.first_tick, first.tick) == (0, 7)
+    again = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="h1", until_tick=14, db=str(db),
+                                resume=True))
+    assert (again.first_tick, again.tick) == (8, 13)
+    done = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="h1", until_tick=14, db=str(db),
+                               resume=True))
+    assert (done.first_tick, done.tick, done.inferences) == (14, 13, 0)
+    with open_reader(db) as reader:
+        assert reader.last_tick() == 13
+    with pytest.raises(ConfigError, match="--ticks 3 and --until-tick 14: give one of them"):
+        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, ticks=3, until_tick=14, db=str(db)))
 
 
 async def test_retention_prunes_memories_but_no_prompt_changes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:

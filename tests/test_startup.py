@@ -257,7 +257,7 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
             local.emit(topics.agent_inbox("r", to), speech(n, to))
         await local.flush(0)
         async with asyncio.timeout(30):
-            await local.wait_echoes()
+            await local.wait_for(lambda: len(local.mailbox("a0")) == 2 and len(local.mailbox("a3")) == 1)
         for _ in range(3000):  # the other shard's copy: poll its counter, at most 30 s
             if len(other.mailbox("b0")):
                 break

@@ -248,3 +248,26 @@ async def test_error_in_the_block_still_flushes_and_propagates_unwrapped(tmp_pat
             1 / 0  # noqa: B018
     async with open_store(db) as store:
         assert await store.load_agents(["smith"]) == ()
+
+
+async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Path) -> None:
+    """The runner's store: after a crash of any kind, only whole ticks are on disk."""
+    db = tmp_path / "shard.db"
+    with pytest.raises(ZeroDivisionError):
+        async with open_store(db, keep_tail=False) as store:
+            await store.ensure_agent(village_state(), writer=Writer.SCENARIO)
+            await store.record_input(0, 0, "visitor", "smith", "A sword, please.")
+            await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02")])
+            await store.end_tick(0)
+            await store.add_episode("smith", Episode(id="e1", tick=1, text="half a tick"), writer=Writer.NPC)
+            await store.record_input(1, 0, "visitor", "smith", "Hello again")
+            await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02"), (1, "npcsim/r/loc/x", b"\x03")])
+            await asyncio.sleep(0.05)  # let the writer run the rows inside the open transaction
+            1 / 0  # noqa: B018
+    async with open_store(db, keep_tail=False) as store:
+        assert store.last_tick == 0
+        await store.load_agents(["smith"])
+        assert [e.id for e in store.state("smith").episodic] == ["e0"]
+        assert await store.inputs(0) == [(0, "visitor", "smith", "A sword, please.")]
+        assert await store.inputs(1) == []
+        assert await store.sent() == [(0, "npcsim/r/loc/forge/events", b"\x01\x02")]

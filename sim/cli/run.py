@@ -35,7 +35,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     add_broker_arguments(cmd, default="auto", auto=True)
-    cmd.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
+    horizon = cmd.add_mutually_exclusive_group()
+    horizon.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
+    horizon.add_argument("--until-tick", type=whole(1), default=None, metavar="T",
+                         help="run up to and including tick T-1, from tick 0 or (with --resume) where the store is")
     cmd.add_argument("--tick-ms", type=whole(0), default=0, help="milliseconds per tick; 0 = as fast as possible")
     cmd.add_argument("--seed", type=int, default=None)
     cmd.add_argument("--run-id", type=run_id, default=None, help="run id (default: scenario name and seed)")
@@ -93,6 +96,9 @@ def _progress(stats: RunStats) -> Table:
     table.add_row("events/s", f"{(bus.events_delivered if bus else 0) / elapsed:,.0f}")
     table.add_row("inferences/s", f"{stats.inferences / elapsed:,.1f}")
     table.add_row("lines said", str(stats.lines))
+    if stats.awaiting and stats.awaiting_since is not None:
+        waited = time.monotonic() - stats.awaiting_since
+        table.add_row("waiting for", f"{stats.awaiting} (for {waited:,.0f} s)")
     return table
 
 
@@ -113,6 +119,8 @@ def summary_table(stats: RunStats) -> Table:
         ("over-budget prompts", stats.over_budget),
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
+        ("barrier stalls", stats.stalls),
+        ("barrier wait/tick (ms)", f"{1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1):,.1f}"),
     ]
     if stats.memories_pruned:
         rows.append(("memory rows pruned", stats.memories_pruned))
@@ -139,6 +147,7 @@ def run_command(args: argparse.Namespace) -> int:
         broker_tls=tls_files(args),
         run_key_file=args.run_key_file,
         ticks=args.ticks,
+        until_tick=args.until_tick,
         tick_ms=args.tick_ms,
         seed=args.seed,
         run_id=args.run_id,

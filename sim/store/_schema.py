@@ -57,6 +57,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE audit ADD COLUMN format INTEGER NOT NULL DEFAULT 1",
         "CREATE INDEX audit_tick ON audit (tick)",
     ),
+    # 3: outside input, stamped with the tick it took effect at (committed with that tick).
+    (
+        "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
+        " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

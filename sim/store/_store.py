@@ -23,6 +23,11 @@ addressed by its content digest, and what an agent perceived in a tick is one `h
 listing the keys; an audit record references its state items and config by key and
 stores the rest compressed. The writer task does the content addressing, so producers
 only queue.
+
+With `keep_tail=False` (the runner) closing the store rolls back whatever was queued after
+the last `end_tick`: after a crash, however it happened, nothing of an unfinished tick is
+on disk. What the shard sent in its last two committed ticks (`keep_sent`) and the outside
+inputs (`record_input`) are committed with the tick, for an exact resume.
 """
 
 from __future__ import annotations
@@ -112,9 +117,14 @@ _SQL: dict[str, str] = {
     "event": "INSERT OR IGNORE INTO events (id) VALUES (?)",
     "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record, format)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 2)",
+    "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
+    "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
 }
 _EPISODE_DECODER = msgspec.msgpack.Decoder(Episode)
 _ENCODER = msgspec.msgpack.Encoder()
+
+_sent_encoder = msgspec.msgpack.Encoder()
+_sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
 
 # Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same
 # total order as NpcState's (tick, id, ...), so hot state is exactly the newest N. The
@@ -197,9 +207,17 @@ class Store:
     """An open store; use `open_store`. Methods are safe to call from many tasks."""
 
     def __init__(
-        self, conn: aiosqlite.Connection, path: Path, last_tick: int | None, hot_limit: int, agent_keys: dict[str, int]
+        self,
+        conn: aiosqlite.Connection,
+        path: Path,
+        last_tick: int | None,
+        hot_limit: int,
+        agent_keys: dict[str, int],
+        *,
+        keep_tail: bool = True,
     ) -> None:
         self._conn = conn
+        self._keep_tail = keep_tail
         self._agent_keys = agent_keys
         self._item_checks: dict[int, int] = {}
         self._packer = RecordPacker()
@@ -463,6 +481,29 @@ class Store:
         blob, items = self._packer.pack(record)
         await self._put("audit", (*(getattr(record, name) for name in COLUMNS), blob, items))
 
+    async def record_input(self, tick: int, seq: int, player: str, agent: str, text: str) -> None:
+        """Queue one outside input as taking effect at `tick` (committed with that tick)."""
+        await self._put("input", (tick, seq, player, agent, text))
+
+    async def inputs(self, tick: int) -> list[tuple[int, str, str, str]]:
+        """The committed outside inputs of `tick`: (seq, player, agent, text) in seq order."""
+        rows = await self._fetch("SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq", (tick,))
+        return [(int(seq), str(p), str(a), str(t)) for seq, p, a, t in rows]
+
+    async def keep_sent(self, messages: list[tuple[int, str, bytes]]) -> None:
+        """Queue what the shard keeps for re-sending, as (tick, topic, payload), replacing the last."""
+        await self._put("meta", ("sent", _sent_encoder.encode(messages)))
+
+    async def sent(self) -> list[tuple[int, str, bytes]]:
+        """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
+        rows = list(await self._fetch("SELECT value FROM meta WHERE key = 'sent'", ()))
+        if not rows:
+            return []
+        try:
+            return _sent_decoder.decode(rows[0][0])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: the kept messages of the last tick are unreadable: {exc}") from exc
+
     async def end_tick(self, tick: int) -> None:
         """Commit everything queued so far as tick `tick`; returns once it is on disk."""
         if self._last_tick is not None and tick < self._last_tick:
@@ -563,7 +604,10 @@ class Store:
                     else:
                         closing = True
                 if closing and self._queue.empty():
-                    await self._write(rows, events, commit=True, tick=None)
+                    if self._keep_tail:
+                        await self._write(rows, events, commit=True, tick=None)
+                    else:
+                        await self._roll_back(rows)
                     return
                 await self._write(rows, events, commit=False, tick=None)
         finally:
@@ -584,6 +628,19 @@ class Store:
         if commit:
             self._pending_events.difference_update(events)
             events.clear()
+
+    async def _roll_back(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
+        """Forget the unfinished tick: rows not yet run and the open transaction."""
+        discarded = bool(rows) or self._in_transaction
+        rows.clear()
+        if self._in_transaction and self._failure is None:
+            try:
+                await self._conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                self._fail(exc)
+            self._in_transaction = False
+        if discarded:
+            log.info("%s: rolled back the unfinished tick after %s", self._path, self._last_tick)
 
     async def _begin(self) -> None:
         if not self._in_transaction:
@@ -697,12 +754,14 @@ class Store:
 
 @asynccontextmanager
 async def open_store(
-    path: str | os.PathLike[str], *, hot_limit: int = HOT_LIMIT, create: bool = True
+    path: str | os.PathLike[str], *, hot_limit: int = HOT_LIMIT, create: bool = True, keep_tail: bool = True
 ) -> AsyncIterator[Store]:
     """Open (or create) a store file; on exit, flush and commit everything queued.
 
     The exit flushes whatever ended the block (normal end, an error, a cancellation from
     SIGTERM or Ctrl-C); only SIGKILL loses the uncommitted tail, never a committed tick.
+    With `keep_tail=False` the exit rolls the uncommitted tail back instead: only whole
+    ticks are ever on disk.
     """
     if hot_limit < 1:
         raise StoreError(f"hot_limit must be >= 1, got {hot_limit}")
@@ -714,7 +773,7 @@ async def open_store(
         raise StoreError(f"{p}: cannot open the database: {exc}") from exc
     try:
         last_tick, agent_keys = await _prepare(conn, p)
-        store = Store(conn, p, last_tick, hot_limit, agent_keys)
+        store = Store(conn, p, last_tick, hot_limit, agent_keys, keep_tail=keep_tail)
         error: BaseException | None = None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(store._run_writer())

@@ -1,0 +1,202 @@
+"""The tick barrier across the shards of a run: sans-I/O bookkeeping, no client, no awaits.
+
+Bulk-synchronous ticks: no shard begins tick t+1 before every shard of the run finished
+tick t and every batch published for tick t reached every shard that routes its topic.
+MQTT orders messages per topic only (a clustered broker may not even keep that), so a
+shard cannot infer "nothing more is coming" from the order of arrival. Instead each
+shard, after publishing its batches for tick t, publishes a `TickDone` on
+`barrier/{shard}` that lists every topic it published to for t with the batch's event
+count. A receiver passes the barrier for t when it holds a `TickDone` for t from every
+shard and, for each listed topic it routes, that shard's batch for t: exactly what the
+senders said, whatever order things arrived in.
+
+Faults are repaired by re-sending, never by skipping: a shard keeps its own batches and
+`TickDone`s of the ticks a peer may still need (`keep`) and hands them back for
+re-sending (`kept`) after a reconnect or when a peer announces itself with a `Join`
+(a shard that starts late, restarts after a broker outage, or comes back with
+`--resume`). What it keeps for tick t-2 is forgotten once the barrier for t passed: by
+then every shard committed t-1 (a shard sends its `TickDone` for t only after that
+commit), so a shard killed now resumes from t-1 at the earliest and asks for t-1, never
+for t-2. (Forgetting t-1 already would strand a shard killed after sending its TickDone
+for t but before committing t: it resumes from t-1, and t-1 would be gone.)
+
+The shell (sim.runner.Shard) feeds received batches and barrier messages in and asks
+`passed`; `awaited` says whom the shard is waiting for, for the status topic and the live
+display. Every message carries the run's shard count: a shard started with another count
+(`--shard 1/3` beside `--shard 0/2`) would hold the run forever, so `conflict` names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Annotated
+
+import msgspec
+
+__all__ = [
+    "Barrier",
+    "BarrierMessage",
+    "Join",
+    "TickDone",
+    "decode_barrier",
+    "encode_barrier",
+]
+
+_Tick = Annotated[int, msgspec.Meta(ge=0)]
+_Shard = Annotated[str, msgspec.Meta(min_length=1, max_length=16, pattern=r"^[0-9]+$")]
+
+
+class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="done", tag_field="type"):
+    """Shard `shard` finished `tick`; `batches` maps each topic it published to for that tick
+    to the number of events in that batch (one batch per topic and tick).
+
+    Shard 0 alone takes the game system's world-state changes; `world` carries those it
+    took during `tick`, and every shard applies them at tick + 1, the same tick everywhere.
+    """
+
+    shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
+    tick: _Tick
+    batches: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
+    world: dict[str, str] | None = None
+
+
+class Join(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="join", tag_field="type"):
+    """Shard `shard` is (again) listening and needs what was sent for ticks >= `tick`."""
+
+    shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
+    tick: _Tick
+
+
+BarrierMessage = TickDone | Join
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(BarrierMessage)
+
+
+def encode_barrier(message: BarrierMessage) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_barrier(data: bytes) -> BarrierMessage:
+    """Raises msgspec.DecodeError (or ValidationError) on a malformed payload."""
+    return _decoder.decode(data)
+
+
+class Barrier:
+    """One shard's view of the barrier: what it received, what it kept for re-sending.
+
+    `shards` names every shard of the run; `routes(topic)` says whether this shard
+    receives `topic` (only those batches are waited for).
+    """
+
+    def __init__(self, shard: str, shards: Sequence[str], routes: Callable[[str], bool], *, tick: int = 0) -> None:
+        if shard not in shards:
+            raise ValueError(f"shard {shard!r} is not one of {list(shards)}")
+        self.shard = shard
+        self.shards = tuple(shards)
+        self._routes = routes
+        self.tick = tick  # the lowest tick whose barrier has not passed here
+        self._done: dict[int, dict[str, TickDone]] = {}
+        self._batches: dict[int, dict[tuple[str, str], int]] = {}
+        self._published: dict[int, dict[str, int]] = {}
+        self._kept: dict[int, list[tuple[str, bytes]]] = {}
+        self.mismatched: set[tuple[str, int, str]] = set()  # (shard, tick, topic): counts differ
+        self.conflict: str | None = None  # a peer that runs with another shard count
+
+    # --- receiving -----------------------------------------------------------------------
+
+    def batch_received(self, shard: str, tick: int, topic: str, events: int) -> None:
+        """A batch came in (duplicates are harmless); old ticks are ignored."""
+        if tick >= self.tick and shard in self.shards:
+            self._batches.setdefault(tick, {})[(shard, topic)] = events
+
+    def done_received(self, done: TickDone) -> None:
+        if self.same_run(done) and done.tick >= self.tick and done.shard in self.shards:
+            self._done.setdefault(done.tick, {})[done.shard] = done
+
+    def same_run(self, message: BarrierMessage) -> bool:
+        """False (and `conflict` says why) for a message from a shard of another shard count."""
+        if message.shards == len(self.shards):
+            return True
+        self.conflict = (
+            f"shard {message.shard} runs as {message.shard}/{message.shards}, this one as "
+            f"{self.shard}/{len(self.shards)}: every shard of a run needs the same count"
+        )
+        return False
+
+    def passed(self, tick: int) -> bool:
+        """Every shard finished `tick` and every batch of `tick` routed here arrived."""
+        if tick < self.tick:
+            return True
+        return not self.awaited(tick)
+
+    def awaited(self, tick: int) -> list[str]:
+        """What the barrier for `tick` still waits for, in words, shards in order."""
+        if tick < self.tick:
+            return []
+        done = self._done.get(tick, {})
+        got = self._batches.get(tick, {})
+        missing: list[str] = []
+        for shard in self.shards:
+            message = done.get(shard)
+            if message is None:
+                missing.append(f"shard {shard}")
+                continue
+            lacking = 0
+            for topic, count in message.batches.items():
+                if not self._routes(topic):
+                    continue
+                received = got.get((shard, topic))
+                if received is None:
+                    lacking += 1
+                elif received != count:
+                    self.mismatched.add((shard, tick, topic))
+            if lacking:
+                missing.append(f"{lacking} batch(es) from shard {shard}")
+        return missing
+
+    def world(self, tick: int) -> dict[str, str] | None:
+        """The world-state changes shard 0 took during `tick` (read before `advance`)."""
+        done = self._done.get(tick, {}).get(self.shards[0])
+        return None if done is None else done.world
+
+    def advance(self, tick: int) -> None:
+        """The barrier for `tick` passed: wait for `tick + 1`, forget what no one can need."""
+        if not self.passed(tick):
+            raise ValueError(f"the barrier for tick {tick} has not passed: waiting for {self.awaited(tick)}")
+        self.tick = max(self.tick, tick + 1)
+        for table in (self._done, self._batches, self._published):
+            for old in [t for t in table if t <= tick]:
+                del table[old]
+        for old in [t for t in self._kept if t < tick - 1]:
+            del self._kept[old]
+
+    # --- sending -------------------------------------------------------------------------
+
+    def keep(self, tick: int, topic: str, payload: bytes, *, events: int | None = None) -> None:
+        """Remember a message sent for `tick` (a batch when `events` is given) for re-sending."""
+        self._kept.setdefault(tick, []).append((topic, payload))
+        if events is not None:
+            self._published.setdefault(tick, {})[topic] = events
+
+    def finish(self, tick: int, world: dict[str, str] | None = None) -> TickDone:
+        """This shard's TickDone for `tick`, listing the batches kept for it; counted here too."""
+        batches = dict(sorted(self._published.get(tick, {}).items()))
+        done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches, world=world)
+        self.done_received(done)  # our own batches on routed topics still have to come back
+        return done
+
+    def kept_by_tick(self) -> list[tuple[int, str, bytes]]:
+        """Everything kept, with its tick: what a shard commits, so that it can re-send it
+        after a crash (its store's copy of the last two ticks)."""
+        return [(tick, topic, payload) for tick in sorted(self._kept) for topic, payload in self._kept[tick]]
+
+    def kept(self, since: int) -> list[tuple[str, bytes]]:
+        """Every kept message for ticks >= `since`, oldest tick first, in sending order."""
+        return [item for tick in sorted(self._kept) if tick >= since for item in self._kept[tick]]
+
+    def join(self) -> Join:
+        """What this shard announces after (re)connecting: it needs ticks >= its barrier's."""
+        return Join(shard=self.shard, shards=len(self.shards), tick=self.tick)

@@ -1,0 +1,219 @@
+"""The run is a function of scenario, seed and inputs, however it is deployed and whatever fails.
+
+On a real Mosquitto, with the scripted backend, for the village and a generated world of
+200 NPCs, the set of audit records (id, SHA-256 of the prompt, line) is the same for:
+one shard; three shards; two shards with one started seconds after the other; a broker
+stopped for longer than the echo timeout and started again; a kill -9 of one shard at a
+random tick and --resume to the same horizon. The comparison is record by record, so a
+single line said differently fails it, and the failure names the records that differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from sim import topics
+from sim.events import decode_status
+from sim.generate import write_scenario
+from sim.runner import RunConfig, RunStats, run
+from sim.store import open_reader
+from tests.conftest import REPO, MosquittoProcess
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
+
+VILLAGE = str(REPO / "scenarios" / "village.toml")
+RUN = "same"
+HORIZON = {"village": 60, "generated": 16}
+AuditSet = set[tuple[str, str, str]]
+_REFERENCE: dict[str, AuditSet] = {}
+
+
+def scenario_path(world: str, tmp_path: Path) -> str:
+    if world == "village":
+        return VILLAGE
+    return str(write_scenario(tmp_path / "generated.toml", npcs=200, locations=12, seed=5))
+
+
+def audit_set(dbs: list[Path]) -> AuditSet:
+    records: AuditSet = set()
+    for db in dbs:
+        with open_reader(db) as reader:
+            records |= {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
+    return records
+
+
+def config(world: str, tmp_path: Path, broker: str, shard: str, **kw: object) -> RunConfig:
+    index = shard.split("/")[0]
+    return RunConfig(
+        scenario=scenario_path(world, tmp_path),
+        broker=broker,
+        run_id=RUN,
+        until_tick=HORIZON[world],
+        shard=shard,
+        db=str(tmp_path / f"{world}-{shard.replace('/', 'of')}-{index}.db"),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def run_shards(
+    world: str,
+    tmp_path: Path,
+    broker: str,
+    count: int,
+    *,
+    during: Callable[[list[RunStats]], Awaitable[None]] | None = None,
+    **kw: object,
+) -> tuple[list[Path], list[RunStats]]:
+    """Run `count` shards in this process, concurrently; `during` acts on the live run."""
+    configs = [config(world, tmp_path, broker, f"{i}/{count}", **kw) for i in range(count)]
+    stats = [RunStats() for _ in configs]
+    async with asyncio.TaskGroup() as group:
+        jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
+        if during is not None:
+            await during(stats)
+        await asyncio.gather(*jobs)
+    for s in stats:
+        assert s.tick == HORIZON[world] - 1, f"shard {s.shard} stopped at tick {s.tick}"
+    return [Path(c.db) for c in configs if c.db], stats
+
+
+async def reference(world: str, tmp_path: Path, mosquitto: MosquittoProcess) -> AuditSet:
+    """One shard, calm weather: the run every other deployment must reproduce."""
+    if world not in _REFERENCE:
+        where = tmp_path / "reference"
+        where.mkdir()
+        dbs, _ = await run_shards(world, where, mosquitto.url, 1)
+        _REFERENCE[world] = audit_set(dbs)
+        assert len(_REFERENCE[world]) > 20, "too few inferences for the comparison to mean anything"
+    return _REFERENCE[world]
+
+
+def assert_same(world: str, expected: AuditSet, got: AuditSet, case: str) -> None:
+    missing, extra = sorted(expected - got), sorted(got - expected)
+    assert not missing and not extra, f"{world}, {case}: {len(missing)} records missing {missing[:3]}, " \
+        f"{len(extra)} different {extra[:3]}"
+    print(f"\n{world}, {case}: {len(got)} audit records compared, identical")
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll a condition on the live run (generous: the machine is shared)."""
+    for _ in range(6000):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(what)
+
+
+WORLDS = pytest.mark.parametrize("world", ["village", "generated"])
+
+
+@WORLDS
+async def test_one_shard_twice(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    expected = await reference(world, tmp_path, mosquitto)
+    again, _ = await run_shards(world, tmp_path, mosquitto.url, 1)
+    assert_same(world, expected, audit_set(again), "1 shard")
+
+
+@WORLDS
+async def test_three_shards(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    expected = await reference(world, tmp_path, mosquitto)
+    dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 3)
+    assert_same(world, expected, audit_set(dbs), "3 shards")
+
+
+@WORLDS
+async def test_a_shard_started_seconds_later(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    expected = await reference(world, tmp_path, mosquitto)
+    stats = [RunStats(), RunStats()]
+    configs = [config(world, tmp_path, mosquitto.url, f"{i}/2") for i in range(2)]
+    async with asyncio.TaskGroup() as group:
+        first = group.create_task(run(configs[0], stats=stats[0]))
+        await wait_until(lambda: stats[0].awaiting == "shard 1", "shard 0 never said it awaits shard 1")
+        await asyncio.sleep(1.5)
+        assert stats[0].tick == 0, "shard 0 ran ahead without shard 1"
+        second = group.create_task(run(configs[1], stats=stats[1]))
+        await asyncio.gather(first, second)
+    assert_same(world, expected, audit_set([Path(c.db) for c in configs if c.db]), "2 shards, one 2 s late")
+
+
+@WORLDS
+async def test_broker_down_longer_than_the_echo_timeout(
+    world: str, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    expected = await reference(world, tmp_path, mosquitto)
+
+    async def outage(stats: list[RunStats]) -> None:
+        await wait_until(lambda: min(s.tick for s in stats) >= 4, "the run did not get going")
+        await asyncio.to_thread(mosquitto.stop)
+        await asyncio.sleep(2.5)
+        await asyncio.to_thread(mosquitto.start)
+
+    dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)
+    assert all(s.bus.reconnects >= 1 and s.stalls >= 1 for s in stats), "the outage did not hit the run"
+    assert_same(world, expected, audit_set(dbs), "2 shards, broker down 2.5 s (echo timeout 1 s)")
+
+
+def committed_tick(db: Path) -> int:
+    if not db.exists():
+        return -1
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()
+    except sqlite3.Error:
+        return -1
+    return -1 if row is None else int(row[0])
+
+
+@WORLDS
+async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    expected = await reference(world, tmp_path, mosquitto)
+    horizon = HORIZON[world]
+    kill_at = random.Random(os.urandom(8)).randrange(2, horizon - 6)
+    npcsim = str(Path(sys.executable).parent / "npcsim")
+    dbs = [tmp_path / f"kill-{i}.db" for i in range(2)]
+    logs = [tmp_path / f"kill-{i}.log" for i in range(3)]
+
+    async def start(i: int, log: Path, *extra: str) -> asyncio.subprocess.Process:
+        with log.open("wb") as err:
+            return await asyncio.create_subprocess_exec(
+                npcsim, "run", scenario_path(world, tmp_path), "--broker", mosquitto.url, "--run-id", RUN,
+                "--shard", f"{i}/2", "--until-tick", str(horizon), "--tick-ms", "200", "--db", str(dbs[i]),
+                "--quiet", *extra, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+            )
+
+    procs = [await start(i, logs[i]) for i in range(2)]
+    try:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.subscribe(topics.status(RUN, "0"), qos=1)
+            await wait_until(lambda: committed_tick(dbs[1]) >= kill_at, f"shard 1 never reached tick {kill_at}")
+            assert procs[1].returncode is None, "shard 1 ended before the kill (a slow machine: raise --tick-ms)"
+            procs[1].kill()
+            await procs[1].wait()
+            killed_after = committed_tick(dbs[1])
+            async with asyncio.timeout(60):  # the others hold, and say for whom
+                async for message in client.messages:
+                    status = decode_status(bytes(message.payload))  # type: ignore[arg-type]
+                    if status.awaiting and "shard 1" in status.awaiting:
+                        break
+            assert committed_tick(dbs[0]) <= killed_after + 1
+            procs[1] = await start(1, logs[2], "--resume")
+            for i, proc in enumerate(procs):
+                async with asyncio.timeout(120):
+                    code = await proc.wait()
+                assert code == 0, f"shard {i}: {logs[i if i == 0 else 2].read_text()[-2000:]}"
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert committed_tick(dbs[0]) == committed_tick(dbs[1]) == horizon - 1
+    assert_same(world, expected, audit_set(dbs), f"kill -9 of shard 1 after tick {killed_after}, --resume")
