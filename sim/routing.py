@@ -164,13 +164,20 @@ class Router:
         else:
             self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
 
+    def _open(self, topic: str, payload: bytes) -> bytes | None:
+        """The message's body, or None (refused and counted) when the run key's signature fails."""
+        if self.run_key is None:
+            return payload
+        body = self.run_key.open(topic, payload)
+        if body is None:
+            self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
+        return body
+
     def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> None:
-        if self.run_key is not None:
-            body = self.run_key.open(topic, payload)
-            if body is None:
-                self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
-                return
-            payload = body
+        opened = self._open(topic, payload)
+        if opened is None:
+            return
+        payload = opened
         try:
             batch = decode_batch(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -191,12 +198,10 @@ class Router:
                 self.stats.events_delivered += 1
 
     def _receive_barrier(self, topic: str, payload: bytes, handler: BarrierHandler) -> None:
-        if self.run_key is not None:
-            body = self.run_key.open(topic, payload)
-            if body is None:
-                self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
-                return
-            payload = body
+        opened = self._open(topic, payload)
+        if opened is None:
+            return
+        payload = opened
         try:
             message = decode_barrier(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
