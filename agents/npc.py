@@ -21,10 +21,10 @@ import hashlib
 import random
 
 from agents.personas import AMBIENT_PROMPTS
-from sim.events import AnyEvent, Notice, Speech, event_id
 from sim.memory import Belief, Episode, Line, build_working_memory
 from sim.runner import ShardContext
 from sim.scenario import NpcSpec
+from sim.wire.events import AnyEvent, Notice, Speech, event_id
 
 __all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng", "ambient_roll"]
 

@@ -11,8 +11,8 @@ import random
 from collections.abc import Sequence
 
 from agents.personas import BOT_LINES
-from sim.events import Speech, event_id
 from sim.scenario import PlayerSpec
+from sim.wire.events import Speech, event_id
 
 __all__ = ["BotPlayer", "ScriptedPlayer"]
 

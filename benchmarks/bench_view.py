@@ -38,8 +38,8 @@ from sim.generate import write_scenario
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
-from sim.trace import encode_trace, trace_of
 from sim.view import LiveView, build_app, open_view_server, open_view_thread
+from sim.wire.trace import encode_trace, trace_of
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1500,950")

@@ -5,14 +5,14 @@
         await bus.listen_location("forge", ["blacksmith"])
         bus.emit(topics.location_events(run, "forge"), event)   # batched per tick
         sent = await bus.flush(tick)                             # one msgpack message per topic
-        await bus.wait_for(lambda: barrier.passed(tick))         # sim.barrier says when
+        await bus.wait_for(lambda: barrier.passed(tick))         # sim.protocol.barrier says when
 
 Every event, local or not, travels through the broker, and a tick's events are perceived
-at the next tick once the tick barrier (sim.barrier) says that every batch of the tick
+at the next tick once the tick barrier (sim.protocol.barrier) says that every batch of the tick
 has arrived. The agents then drain their mailboxes sorted by (tick, id), so asyncio's
 scheduling order and the broker's interleaving of topics never reach the results.
 
-What arrives is decided by `sim.routing.Router` (sans-I/O: routes, mailboxes,
+What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, mailboxes,
 de-duplication, bounds); the connection and its reconnect policy are `sim.mqtt`'s.
 After every (re)connection the bus calls `on_connected`, so that the shard re-sends
 what a broker restart may have lost. Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while
@@ -32,15 +32,23 @@ from typing import Literal
 import aiomqtt
 import msgspec
 
-from sim import topics
-from sim.barrier import BarrierMessage, encode_barrier
-from sim.bounds import InputBounds
 from sim.errors import BusError, OutboxFullError, single_error
-from sim.events import AnyEvent, EventBatch, SayMessage, StatusMessage, WorldStateMessage, encode_batch, encode_json
-from sim.mailbox import Mailbox
 from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy, mqtt_error, open_client, stay_connected
-from sim.routing import BarrierHandler, BatchHandler, BusStats, PlayerInputHandler, Router, WorldStateHandler
-from sim.signing import RunKey
+from sim.protocol.bounds import InputBounds
+from sim.protocol.mailbox import Mailbox
+from sim.protocol.router import BarrierHandler, BatchHandler, BusStats, PlayerInputHandler, Router, WorldStateHandler
+from sim.protocol.seal import RunKey
+from sim.wire import topics
+from sim.wire.barrier import BarrierMessage, encode_barrier
+from sim.wire.events import (
+    AnyEvent,
+    EventBatch,
+    SayMessage,
+    StatusMessage,
+    WorldStateMessage,
+    encode_batch,
+    encode_json,
+)
 
 __all__ = ["Bus", "BusConfig", "BusStats", "Mailbox", "PlayerInputHandler", "open_bus", "single_error"]
 
@@ -59,7 +67,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     publish_timeout: float = 10.0
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
-    run_key: RunKey | None = None  # sign and check internal batches (sim.signing)
+    run_key: RunKey | None = None  # sign and check internal batches (sim.protocol.seal)
 
 
 _Outgoing = tuple[str, bytes, int, bool]
@@ -127,7 +135,7 @@ class Bus:
         await self._subscribe([self.router.world_topic])
 
     async def listen_barrier(self, on_batch: BatchHandler, on_message: BarrierHandler) -> None:
-        """Report every batch received, and every shard's barrier messages (sim.barrier)."""
+        """Report every batch received, and every shard's barrier messages (sim.protocol.barrier)."""
         self.router.batch_handler = on_batch
         self.router.barrier_handler = on_message
         await self._subscribe([topics.barrier_all(self.config.run)])

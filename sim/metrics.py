@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from sim.errors import ConfigError
 from sim.inference import PoolStatistics
 from sim.memory import TruncationReport
-from sim.routing import BusStats
+from sim.protocol.router import BusStats
 
 if TYPE_CHECKING:  # the runner imports this module; the load test's machinery stays out of it
     from sim.loadtest import Progress

@@ -1,6 +1,6 @@
 """A shard: scenario + store + bus + inference pool + agents, and its tick loop (`Shard`).
 
-The tick is the clock, and a barrier for the whole run (sim.barrier). Each tick, in
+The tick is the clock, and a barrier for the whole run (sim.protocol.barrier). Each tick, in
 `Shard`'s methods:
 1. `take_inputs`: the world-state changes shard 0 took in the previous tick (announced in
    its TickDone, so every shard applies them at the same tick), scripted and bot players
@@ -41,22 +41,24 @@ from typing import Any, Protocol
 
 import msgspec
 
-from sim import startup, topics
+from sim import startup
 from sim.audit import AuditRecord, make_record
-from sim.barrier import Barrier, BarrierMessage, Join
-from sim.bounds import InputBounds
 from sim.broker import open_broker
 from sim.bus import Bus, BusConfig, open_bus
 from sim.errors import ConfigError, single_error
-from sim.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.inference import InferenceRequest, InferenceResult, Pool, PoolConfig, Priority, open_pool
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact
 from sim.metrics import Metrics
 from sim.mqtt import BrokerAddress, TlsFiles
+from sim.protocol.barrier import Barrier
+from sim.protocol.bounds import InputBounds
 from sim.scenario import NpcSpec, Scenario
 from sim.store import HOT_LIMIT, Store, Writer, open_store
-from sim.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, trace_of
 from sim.trust import announce_trust, limit_player_inputs, run_key_for
+from sim.wire import topics
+from sim.wire.barrier import BarrierMessage, Join
+from sim.wire.events import PlayerInputMessage, SayMessage, Speech, StatusMessage, WorldStateMessage, event_id
+from sim.wire.trace import RosterEntry, RosterMessage, encode_roster, encode_trace, trace_of
 
 __all__ = [
     "AGENT_KINDS",

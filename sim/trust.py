@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Protocol
 
 from sim.broker import BrokerInfo
-from sim.events import PlayerInputMessage
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.signing import RunKey, load_run_key
+from sim.protocol.seal import RunKey, load_run_key
+from sim.wire.events import PlayerInputMessage
 
 __all__ = ["announce_trust", "limit_player_inputs", "run_key_for"]
 

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from sim.barrier import Barrier, Join, TickDone, decode_barrier, encode_barrier
+from sim.protocol.barrier import Barrier
+from sim.wire.barrier import Join, TickDone, decode_barrier, encode_barrier
 
 TOPICS = ("loc/a", "loc/b", "agent/x/inbox", "agent/y/inbox")
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 import aiomqtt
 import pytest
 
-from sim import topics
 from sim.bus import BusConfig, open_bus
 from sim.errors import BrokerError, OutboxFullError
-from sim.events import EventBatch, Speech, encode_batch
 from sim.mqtt import BrokerAddress, ReconnectPolicy
+from sim.wire import topics
+from sim.wire.events import EventBatch, Speech, encode_batch
 from tests.conftest import MosquittoProcess, free_port
 
 pytestmark = pytest.mark.mosquitto

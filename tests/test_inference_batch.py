@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim import topics
 from sim.inference import (
     InferenceRequest,
     PoolConfig,
@@ -25,6 +24,7 @@ from sim.inference import (
 )
 from sim.inference._batch import Batcher, BatchSender, decode_batch, encode_batch
 from sim.memory import WorkingMemory
+from sim.wire import topics
 from tests.conftest import MosquittoProcess
 from tests.inference_helpers import make_request
 from tests.test_inference_mqtt import running

@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 import aiomqtt
 import pytest
 
-from sim import topics
 from sim.inference import (
     InferenceResult,
     PoolConfig,
@@ -27,7 +26,8 @@ from sim.inference import (
 )
 from sim.inference._batch import decode_batch, encode_batch
 from sim.inference.backends.scripted import scripted_reply
-from sim.signing import RunKey
+from sim.protocol.seal import RunKey
+from sim.wire import topics
 from tests.conftest import MosquittoProcess
 from tests.inference_helpers import make_request
 

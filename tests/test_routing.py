@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim import topics
-from sim.barrier import BarrierMessage, TickDone, encode_barrier
-from sim.bounds import InputBounds
-from sim.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
-from sim.mailbox import Mailbox, Overflow, event_source
-from sim.routing import Router
-from sim.signing import RunKey
+from sim.protocol.bounds import InputBounds
+from sim.protocol.mailbox import Mailbox, Overflow, event_source
+from sim.protocol.router import Router
+from sim.protocol.seal import RunKey
+from sim.wire import topics
+from sim.wire.barrier import BarrierMessage, TickDone, encode_barrier
+from sim.wire.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
 
 LOC = "npcsim/r/loc/square/events"
 INBOX = "npcsim/r/agent/snack/inbox"

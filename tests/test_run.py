@@ -11,10 +11,10 @@ import aiomqtt
 import pytest
 
 from sim import broker as broker_module
-from sim import topics
-from sim.events import decode_say
 from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
+from sim.wire import topics
+from sim.wire.events import decode_say
 from tests.conftest import REPO, MosquittoProcess
 
 pytestmark = pytest.mark.mosquitto

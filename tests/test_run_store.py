@@ -8,13 +8,13 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim import topics
 from sim.cli import main
 from sim.errors import ConfigError
-from sim.events import decode_say
 from sim.generate import generate_scenario
 from sim.runner import RunConfig, run
 from sim.store import open_reader, open_store
+from sim.wire import topics
+from sim.wire.events import decode_say
 from tests.conftest import REPO, MosquittoProcess
 
 pytestmark = pytest.mark.mosquitto

@@ -21,11 +21,11 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim import topics
-from sim.events import decode_status
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
+from sim.wire import topics
+from sim.wire.events import decode_status
 from tests.conftest import REPO, MosquittoProcess
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]

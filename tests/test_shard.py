@@ -18,17 +18,17 @@ import aiomqtt
 import pytest
 
 from agents.npc import NpcAgent, ambient_roll
-from sim import topics
 from sim.bus import Bus, BusConfig
 from sim.cli import main
 from sim.errors import ConfigError
-from sim.events import Speech
 from sim.generate import write_scenario
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, RunStats, Shard, ShardContext, shard_npcs
 from sim.scenario import load_scenario, parse_scenario
 from sim.store import Writer, open_reader, open_store
+from sim.wire import topics
+from sim.wire.events import Speech
 from tests.conftest import REPO
 
 VILLAGE = str(REPO / "scenarios" / "village.toml")

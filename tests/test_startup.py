@@ -241,9 +241,9 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
     counted as malformed, and each local agent still gets exactly its own events."""
     import asyncio
 
-    from sim import topics
     from sim.bus import BusConfig, open_bus
-    from sim.events import Speech
+    from sim.wire import topics
+    from sim.wire.events import Speech
 
     def speech(n: int, to: str) -> Speech:
         return Speech(id=f"r:p:0:{n}", tick=0, speaker="p", to=to, text=f"line {n}")

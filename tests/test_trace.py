@@ -8,10 +8,10 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim import topics
 from sim.runner import RunConfig, run
 from sim.store import open_reader
-from sim.trace import TraceMessage, decode_roster, decode_trace
+from sim.wire import topics
+from sim.wire.trace import TraceMessage, decode_roster, decode_trace
 from tests.conftest import REPO, MosquittoProcess
 
 pytestmark = pytest.mark.mosquitto

@@ -20,15 +20,15 @@ import aiomqtt
 import pytest
 from rich.console import Console
 
-from sim import topics
 from sim.cli import main
 from sim.cli.run import summary_table
-from sim.events import EventBatch, Notice, Speech, encode_batch
 from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
 from sim.mqtt import BrokerAddress
+from sim.protocol.seal import load_run_key
 from sim.runner import RunConfig, RunStats, run
-from sim.signing import load_run_key
 from sim.store import open_reader
+from sim.wire import topics
+from sim.wire.events import EventBatch, Notice, Speech, encode_batch
 from tests.conftest import REPO, MosquittoProcess, require_mosquitto
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
@@ -300,7 +300,7 @@ async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
         job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
         await ready.wait()
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as outsider:
-            # a batch of a tick the run has passed is dropped as a re-send (sim.routing), so the
+            # a batch of a tick the run has passed is dropped as a re-send (sim.protocol.router), so the
             # flood claims the last tick, to reach the mailboxes
             await outsider.publish(topics.location_events("pre", "square"),
                                    encode_batch(EventBatch(shard="0", tick=29, events=notices)), qos=1)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from sim import topics
-from sim.events import PlayerInputMessage, SayMessage, StatusMessage, WorldStateMessage, encode_json
 from sim.memory import NpcState, WorkingMemoryConfig, build_working_memory
-from sim.trace import RosterEntry, RosterMessage, TraceMessage, encode_roster, encode_trace
 from sim.view import RunModel
+from sim.wire import topics
+from sim.wire.events import PlayerInputMessage, SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.trace import RosterEntry, RosterMessage, TraceMessage, encode_roster, encode_trace
 
 RUN = "r1"
 
@@ -141,21 +141,21 @@ def test_the_page_never_renders_run_data_as_html() -> None:
 
 def test_view_trace_and_metrics_export_exactly_their_public_names() -> None:
     import sim.metrics
-    import sim.trace
     import sim.view
+    import sim.wire.trace
 
     assert set(sim.view.__all__) == {"DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource",
                                      "ViewThread", "build_app", "open_view_server", "open_view_thread"}
-    assert set(sim.trace.__all__) == {"RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage", "decode_roster",
-                                      "decode_trace", "encode_roster", "encode_trace", "trace_of"}
+    assert set(sim.wire.trace.__all__) == {"RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage",
+                                           "decode_roster", "decode_trace", "encode_roster", "encode_trace", "trace_of"}
     assert set(sim.metrics.__all__) == {"Metrics", "serve_metrics"}
-    for module in (sim.view, sim.trace, sim.metrics):
+    for module in (sim.view, sim.wire.trace, sim.metrics):
         for name in module.__all__:
             assert getattr(module, name) is not None
 
 
 def test_a_retried_inference_shows_each_attempt() -> None:
-    from sim.trace import TraceAttempt
+    from sim.wire.trace import TraceAttempt
 
     model = RunModel(RUN)
     attempts = (TraceAttempt(prompt_chars=900, raw_response="The king lives!", problem="negates canonical fact 'f1'"),

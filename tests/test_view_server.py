@@ -13,14 +13,14 @@ import aiomqtt
 import httpx
 import pytest
 
-from sim import topics
 from sim.cli import main
 from sim.errors import ConfigError
-from sim.events import PlayerInputMessage
 from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_view_server
+from sim.wire import topics
+from sim.wire.events import PlayerInputMessage
 from tests.conftest import REPO, MosquittoProcess
 
 VILLAGE = str(REPO / "scenarios" / "village.toml")

@@ -9,7 +9,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from sim import topics
+from sim.wire import topics
 
 __all__ = ["milliseconds", "run_id", "seconds", "segment", "whole"]
 

@@ -15,18 +15,18 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from sim import topics
 from sim.cli import bundled
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address, tls_files
 from sim.cli._observe import add_metrics_argument, metrics_served, port_number, run_observed
 from sim.cli._values import run_id, seconds, whole
 from sim.errors import ConfigError
-from sim.events import SayMessage, decode_say
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
 from sim.runner import RunConfig, RunStats, run
 from sim.startup import RUNNING
+from sim.wire import topics
+from sim.wire.events import SayMessage, decode_say
 
 __all__ = ["register"]
 

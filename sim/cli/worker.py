@@ -14,7 +14,7 @@ from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._values import run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
-from sim.signing import load_run_key
+from sim.protocol.seal import load_run_key
 
 __all__ = ["register", "worker_command"]
 

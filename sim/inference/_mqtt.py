@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import aiomqtt
 import msgspec
 
-from sim import topics
 from sim.errors import single_error
 from sim.inference._batch import Batcher, BatchSender, decode_batch, encode_batch
 from sim.inference._pool import Dispatch
@@ -49,6 +48,7 @@ from sim.inference._types import (
 )
 from sim.inference.backends import Backend, open_backend
 from sim.mqtt import open_client, stay_connected
+from sim.wire import topics
 
 __all__ = ["RemoteWorker", "open_mqtt_dispatch"]
 

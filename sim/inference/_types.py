@@ -15,7 +15,7 @@ from sim.audit import Attempt
 from sim.errors import ConfigError
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.mqtt import BrokerAddress, ReconnectPolicy
-from sim.signing import RunKey
+from sim.protocol.seal import RunKey
 
 __all__ = [
     "InferenceRequest",
@@ -133,7 +133,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     `timeout` bounds one request's time at the backend (seconds); a request's own deadline
     bounds it further. `reply_grace` lets a remote worker's "stale" answer arrive.
     `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
-    `run_key`, requests are signed and replies without a valid signature refused (sim.signing).
+    `run_key`, requests are signed and replies without a valid signature refused (sim.protocol.seal).
     """
 
     backend: str = "scripted"

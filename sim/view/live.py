@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import aiomqtt
 
-from sim import topics
 from sim.errors import BrokerError
-from sim.events import PlayerInputMessage, encode_json
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
 from sim.view.model import RunModel
 from sim.view.server import ViewSource
+from sim.wire import topics
+from sim.wire.events import PlayerInputMessage, encode_json
 
 __all__ = ["LiveFeed", "LiveView"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from sim.events import (
+from sim.wire.events import (
     PlayerInputMessage,
     SayMessage,
     decode_player_input,
@@ -22,7 +22,7 @@ from sim.events import (
     decode_status,
     decode_world_state,
 )
-from sim.trace import RosterEntry, TraceMessage, decode_roster, decode_trace
+from sim.wire.trace import RosterEntry, TraceMessage, decode_roster, decode_trace
 
 __all__ = ["DialogueLine", "RunModel"]
 

@@ -28,8 +28,8 @@ import msgspec
 from aiohttp import web
 
 from sim.errors import ConfigError, NpcsimError
-from sim.events import PlayerInputMessage
 from sim.view.model import RunModel
+from sim.wire.events import PlayerInputMessage
 
 __all__ = ["ViewSource", "build_app", "open_view_server"]
 

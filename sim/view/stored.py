@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.events import SayMessage
 from sim.store import open_reader
-from sim.trace import RosterEntry, TraceMessage, trace_of
 from sim.view.model import RunModel
+from sim.wire.events import SayMessage
+from sim.wire.trace import RosterEntry, TraceMessage, trace_of
 
 __all__ = ["StoredRun"]
 

@@ -11,7 +11,7 @@ import logging
 
 import msgspec
 
-from sim.events import PlayerInputMessage, WorldStateMessage
+from sim.wire.events import PlayerInputMessage, WorldStateMessage
 
 __all__ = ["InputBounds", "Refusals", "player_input_problem", "world_state_problem"]
 

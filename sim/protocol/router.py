@@ -3,11 +3,11 @@
 `Router.receive(topic, payload)` decodes one MQTT message and hands what it holds to the
 agents' mailboxes (location events, inboxes) or to the shard's handlers (player input,
 world state). Every batch that arrives, and every tick-barrier message, is also reported
-to the barrier handler (sim.barrier keeps that bookkeeping). The bus feeds it from the
+to the barrier handler (sim.protocol.barrier keeps that bookkeeping). The bus feeds it from the
 connection; tests feed it bytes directly.
 
 Malformed payloads are counted per kind and logged once per kind; outside input over its
-bounds (sim.bounds) is refused and counted by kind. Neither ever raises.
+bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from sim import topics
-from sim.barrier import BarrierMessage, decode_barrier
-from sim.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
-from sim.events import (
+from sim.protocol.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
+from sim.protocol.mailbox import Mailbox, Overflow, SeenEvents
+from sim.protocol.seal import RunKey
+from sim.wire import topics
+from sim.wire.barrier import BarrierMessage, decode_barrier
+from sim.wire.events import (
     PlayerInputMessage,
     WorldStateMessage,
     decode_batch,
     decode_player_input,
     decode_world_state,
 )
-from sim.mailbox import Mailbox, Overflow, SeenEvents
-from sim.signing import RunKey
 
 __all__ = ["BarrierHandler", "BatchHandler", "BusStats", "PlayerInputHandler", "Router", "WorldStateHandler"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 
-from sim.events import AnyEvent, Speech
+from sim.wire.events import AnyEvent, Speech
 
 __all__ = ["Mailbox", "Overflow", "SeenEvents", "event_source"]
 

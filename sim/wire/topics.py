@@ -77,7 +77,7 @@ def status(run: str, shard: str) -> str:
 
 
 def barrier(run: str, shard: str) -> str:
-    """A shard's tick barrier messages (TickDone, Join; sim.barrier)."""
+    """A shard's tick barrier messages (TickDone, Join; sim.wire.barrier)."""
     return f"{run_root(run)}/barrier/{check_segment('shard', shard)}"
 
 

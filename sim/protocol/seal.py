@@ -1,4 +1,4 @@
-"""The run key: an HMAC over internal messages, for brokers that enforce no ACL.
+"""The run-key seal: an HMAC over internal messages, for brokers that enforce no ACL.
 
 Internal topics (location events, inboxes, inference requests and replies) carry msgpack
 that only the run's own processes should write. A broker's ACL is the first guard; where
@@ -11,6 +11,9 @@ The topic is inside the MAC, so a signed message cannot be replayed on another t
 replay on the same topic is a duplicate the bus already drops. Sans-I/O: bytes in, bytes
 out. Unsigned or badly signed messages are refused by `RunKey.open` (the caller counts
 them), never parsed.
+
+`seal` and `unseal` are the one way every component signs and opens a message: with no key
+(a broker whose ACL is trusted) the body travels as it is.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 
-__all__ = ["MIN_KEY_BYTES", "RunKey", "load_run_key"]
+__all__ = ["MIN_KEY_BYTES", "RunKey", "load_run_key", "seal", "unseal"]
 
 _MAGIC = b"NPK1"
 _MAC = 32
@@ -74,3 +77,13 @@ def load_run_key(path: str) -> RunKey:
     if len(key) < MIN_KEY_BYTES:
         raise ConfigError(f"--run-key-file {path!r}: {len(key)} bytes, need at least {MIN_KEY_BYTES}")
     return RunKey(key)
+
+
+def seal(key: RunKey | None, topic: str, body: bytes) -> bytes:
+    """The payload to publish on `topic`: the body, signed when the run has a key."""
+    return body if key is None else key.sign(topic, body)
+
+
+def unseal(key: RunKey | None, topic: str, payload: bytes) -> bytes | None:
+    """The body of a payload received on `topic`; None when the run has a key and the signature fails."""
+    return payload if key is None else key.open(topic, payload)

@@ -1,0 +1,10 @@
+"""Wire types: what crosses MQTT, each with its module-level codec, and the topic scheme.
+
+- `sim.wire.events`: events (Speech, Notice) and their tick batches, and the public JSON
+  messages (say, player input, world state, status);
+- `sim.wire.barrier`: the tick barrier's TickDone and Join;
+- `sim.wire.trace`: the per-inference trace and a shard's roster, for viewers;
+- `sim.wire.topics`: one function per topic.
+
+Pure: no I/O. Internal topics carry msgpack, public ones JSON.
+"""
