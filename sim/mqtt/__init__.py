@@ -10,8 +10,9 @@ Every component (bus, inference pool, worker, `subscribe`, load test) connects t
 here, so login, TLS, reconnection and the redaction of passwords are the same everywhere.
 """
 
+from sim.backoff import Backoff
 from sim.mqtt._address import ENV_PASSWORD, ENV_USERNAME, BrokerAddress, TlsFiles, redact
-from sim.mqtt._connection import Backoff, ReconnectPolicy, mqtt_error, open_client, stay_connected
+from sim.mqtt._connection import ReconnectPolicy, mqtt_error, open_client, stay_connected
 
 __all__ = [
     "ENV_PASSWORD",

@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import aiomqtt
-import msgspec
 from aiomqtt.exceptions import MqttConnectError
 
+from sim.backoff import Backoff, BackoffPolicy
 from sim.errors import BrokerError
 from sim.mqtt._address import BrokerAddress, redact
 
 __all__ = [
-    "Backoff", "ReconnectPolicy", "login_refused", "mqtt_error", "open_client", "refused_error", "stay_connected",
+    "ReconnectPolicy", "login_refused", "mqtt_error", "open_client", "refused_error", "stay_connected",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,34 +49,13 @@ _LOGIN_REFUSED = frozenset({4, 5, 134, 135})
 _CERTIFICATE_REFUSED = "certificate verify failed"
 
 
-class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
+class ReconnectPolicy(BackoffPolicy, frozen=True, kw_only=True):
     """Backoff between attempts (seconds) and how long to go on without a connection.
 
     `patience=None` means forever (a worker waits for its broker however long it takes).
     """
 
-    initial: float = 0.1
-    maximum: float = 5.0
     patience: float | None = 30.0
-
-
-class Backoff:
-    """Jittered exponential backoff: the n-th wait is uniform in [cap/2, cap], cap doubling."""
-
-    def __init__(self, policy: ReconnectPolicy, rng: random.Random | None = None) -> None:
-        self._policy = policy
-        self._rng = rng or random.Random()
-        self.attempts = 0
-
-    def next(self) -> float:
-        """The wait before the next attempt; each call counts one attempt."""
-        cap = min(self._policy.maximum, self._policy.initial * 2**self.attempts)
-        self.attempts += 1
-        return self._rng.uniform(cap / 2, cap)
-
-    def reset(self) -> None:
-        """After a success the next failure starts from the shortest wait again."""
-        self.attempts = 0
 
 
 def open_client(
