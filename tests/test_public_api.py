@@ -7,6 +7,7 @@ def test_memory_exports_exactly_the_public_names() -> None:
     assert set(sim.memory.__all__) == {
         "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",
         "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "build_working_memory", "inert",
+        "belief_order", "episode_order", "fact_order", "line_order", "world_order",
     }
     for name in sim.memory.__all__:
         assert getattr(sim.memory, name) is not None

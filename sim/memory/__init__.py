@@ -7,7 +7,19 @@ from sim.errors import OverBudgetError
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._config import WorkingMemoryConfig
 from sim.memory._render import RENDERER_VERSION, inert
-from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory._state import (
+    Belief,
+    Episode,
+    Fact,
+    Line,
+    NpcState,
+    WorldFact,
+    belief_order,
+    episode_order,
+    fact_order,
+    line_order,
+    world_order,
+)
 
 __all__ = [
     "Belief",
@@ -22,6 +34,11 @@ __all__ = [
     "WorkingMemory",
     "WorkingMemoryConfig",
     "WorldFact",
+    "belief_order",
     "build_working_memory",
+    "episode_order",
+    "fact_order",
     "inert",
+    "line_order",
+    "world_order",
 ]

@@ -49,8 +49,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import AuthorityError, SchemaError, StoreError
-from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory._state import belief_order, episode_order, line_order
+from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, belief_order, episode_order, line_order
 from sim.store._records import COLUMNS, Item, RecordPacker, item, pack_keys, unpack_keys
 from sim.store._retention import PRUNE_SQL
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
