@@ -1,4 +1,4 @@
-"""sim.store on real SQLite files: authority, events, bounded hot state, schema refusal."""
+"""sim.store on real SQLite files: authority, bounded hot state, schema refusal."""
 
 from __future__ import annotations
 
@@ -137,21 +137,6 @@ async def test_unknown_agent_and_tick_order_are_refused(tmp_path: Path) -> None:
         await store.end_tick(5)
         with pytest.raises(StoreError, match=r"end_tick\(4\) after tick 5"):
             await store.end_tick(4)
-
-
-async def test_events_are_applied_once(tmp_path: Path) -> None:
-    db = tmp_path / "shard.db"
-    async with open_store(db) as store:
-        assert await store.mark_event("ev-1")
-        assert not await store.mark_event("ev-1")
-        results = await asyncio.gather(*(store.mark_event("ev-2") for _ in range(50)))
-        assert results.count(True) == 1
-        await store.end_tick(1)
-        assert not await store.mark_event("ev-2")  # after the commit: found on disk
-        assert store.statistics().duplicate_events == 51
-    async with open_store(db) as store:
-        assert not await store.mark_event("ev-1")
-        assert await store.mark_event("ev-3")
 
 
 async def test_hot_state_is_bounded_with_a_long_history(tmp_path: Path) -> None:
