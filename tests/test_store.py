@@ -244,10 +244,16 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
             await store.record_input(0, 0, "visitor", "smith", "A sword, please.")
             await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02")])
             await store.end_tick(0)
+            batches = store.statistics().batches
             await store.add_episode("smith", Episode(id="e1", tick=1, text="half a tick"), writer=Writer.NPC)
             await store.record_input(1, 0, "visitor", "smith", "Hello again")
             await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02"), (1, "npcsim/r/loc/x", b"\x03")])
-            await asyncio.sleep(0.05)  # let the writer run the rows inside the open transaction
+            for _ in range(5_000):  # until the writer ran them inside the open transaction
+                if store.statistics().batches > batches:
+                    break
+                await asyncio.sleep(0.001)
+            else:
+                pytest.fail("the writer never ran the queued rows")
             1 / 0  # noqa: B018
     async with open_store(db, keep_tail=False) as store:
         assert store.last_tick == 0
