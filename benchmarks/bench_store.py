@@ -34,7 +34,7 @@ import msgspec
 from sim.memory import Episode, Line, NpcState
 from sim.store import HOT_LIMIT, Writer, open_store
 from sim.store._records import item, pack_keys, unpack_keys
-from sim.store._store import _HEARD_RECENT, _IDS, _ITEM_BODIES, _RECENT, _SQL
+from sim.store._sql import HEARD_RECENT, INSERT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT
 
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -82,7 +82,7 @@ def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.executemany(_SQL["agent_key"], [(n + 1, a) for n, a in enumerate(ids)])
+        conn.executemany(INSERT["agent_key"], [(n + 1, a) for n, a in enumerate(ids)])
         batches = []
         for tick in range(1, ticks + 1):
             items, heard = [], []
@@ -98,9 +98,9 @@ def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
         start = time.perf_counter()
         for tick, (items, heard, lines) in enumerate(batches, start=1):
             conn.execute("BEGIN")
-            conn.executemany(_SQL["item"], items)
-            conn.executemany(_SQL["heard"], heard)
-            conn.executemany(_SQL["line"], lines)
+            conn.executemany(INSERT["item"], items)
+            conn.executemany(INSERT["heard"], heard)
+            conn.executemany(INSERT["line"], lines)
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)", (tick,))
             conn.execute("COMMIT")
         return time.perf_counter() - start
@@ -125,24 +125,24 @@ def fill_history(path: Path, agents: int, history: int) -> int:
         conn.execute("BEGIN")
         for i in range(agents):
             a = f"npc{i}"
-            conn.execute(_SQL["agent"], (a, f"You are {a}."))
-            conn.executemany(_SQL["fact"], [(a, f"f{k}", f"fact {k} of {a}", "scenario") for k in range(3)])
-            conn.executemany(_SQL["world"], [(a, f"w{k}", f"value {k}", "game") for k in range(2)])
-            conn.execute(_SQL["agent_key"], (i + 1, a))
+            conn.execute(INSERT["agent"], (a, f"You are {a}."))
+            conn.executemany(INSERT["fact"], [(a, f"f{k}", f"fact {k} of {a}", "scenario") for k in range(3)])
+            conn.executemany(INSERT["world"], [(a, f"w{k}", f"value {k}", "game") for k in range(2)])
+            conn.execute(INSERT["agent_key"], (i + 1, a))
             episodes = [
                 item(_ENCODER.encode(Episode(id=f"e{k}", tick=k // 10, text=f"memory {k} of {a}")))
                 for k in range(history)
             ]
-            conn.executemany(_SQL["item"], [(it.key, it.body) for it in episodes])
+            conn.executemany(INSERT["item"], [(it.key, it.body) for it in episodes])
             conn.executemany(
-                _SQL["heard"],
+                INSERT["heard"],
                 [
                     (i + 1, t, pack_keys([it.key for it in episodes[t * 10 : t * 10 + 10]]))
                     for t in range((history + 9) // 10)
                 ],
             )
-            conn.executemany(_SQL["belief"], [(a, f"b{k}", k, f"belief {k}", 0.5) for k in range(history)])
-            conn.executemany(_SQL["line"], [(a, k, 0, "player", f"line {k}") for k in range(history)])
+            conn.executemany(INSERT["belief"], [(a, f"b{k}", k, f"belief {k}", 0.5) for k in range(history)])
+            conn.executemany(INSERT["line"], [(a, k, 0, "player", f"line {k}") for k in range(history)])
             total += 5 + 3 * history
         conn.execute("COMMIT")
     finally:
@@ -165,15 +165,14 @@ def raw_load(path: Path, agents: int) -> float:
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
         start = time.perf_counter()
-        for sql in ("SELECT agent, system_prompt FROM agents WHERE ", "SELECT agent, id, text FROM facts WHERE "):
-            conn.execute(sql + _IDS, (ids,)).fetchall()
-        conn.execute("SELECT agent, key, value FROM world WHERE " + _IDS, (ids,)).fetchall()
-        for sql in _RECENT.values():
+        for sql in (LOAD_PROMPTS, LOAD_FACTS, LOAD_WORLD):
+            conn.execute(sql, (ids,)).fetchall()
+        for sql in RECENT.values():
             conn.execute(sql, (ids, HOT_LIMIT)).fetchall()
-        heard = conn.execute(_HEARD_RECENT, (ids, HOT_LIMIT - 1)).fetchall()
+        heard = conn.execute(HEARD_RECENT, (ids, HOT_LIMIT - 1)).fetchall()
         keys = sorted({k for _, blob in heard for k in unpack_keys(blob)})
         for start_at in range(0, len(keys), 100_000):
-            conn.execute(_ITEM_BODIES, (json.dumps(keys[start_at : start_at + 100_000]),)).fetchall()
+            conn.execute(ITEM_BODIES, (json.dumps(keys[start_at : start_at + 100_000]),)).fetchall()
         return time.perf_counter() - start
     finally:
         conn.close()

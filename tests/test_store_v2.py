@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.store._store
+import sim.store._items
 from sim.audit import AuditRecord, decode_record, encode_record, make_record, replay
 from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
@@ -290,7 +290,7 @@ async def test_a_digest_collision_fails_loudly(tmp_path: Path, monkeypatch: pyte
     def colliding(body: bytes) -> Item:
         return Item(7, hash(body), body)
 
-    monkeypatch.setattr(sim.store._store, "item", colliding)
+    monkeypatch.setattr(sim.store._items, "item", colliding)
     db = tmp_path / "shard.db"
     with pytest.raises(StoreError, match="two different items with the digest key 7"):
         async with open_store(db) as store:

@@ -6,10 +6,11 @@ out of a file.
 """
 
 from sim.errors import AuthorityError, SchemaError, StoreError
+from sim.store._authority import Writer
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
-from sim.store._store import HOT_LIMIT, Store, StoreStatistics, Writer, open_store
+from sim.store._store import HOT_LIMIT, Store, StoreStatistics, open_store
 
 __all__ = [
     "HOT_LIMIT",

@@ -1,0 +1,144 @@
+"""Hot state: each loaded agent's bounded state in memory, so `Store.state()` never queries.
+
+An agent's hot state holds all its facts and world state and the newest `limit` items of
+each flexible category (episodic, beliefs, dialogue) in NpcState's recency order; that is
+all a working memory is built from. `load_hot` reads it for many agents at once, in
+eight queries whatever their number.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import aiosqlite
+import msgspec
+
+from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, belief_order, episode_order, line_order
+from sim.store._records import unpack_keys
+from sim.store._sql import HEARD_RECENT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT, fetch
+
+__all__ = ["Hot", "load_hot"]
+
+T = TypeVar("T")
+
+_EPISODE_DECODER = msgspec.msgpack.Decoder(Episode)
+_BODIES_PER_QUERY = 100_000
+
+
+def _insert_bounded(items: list[T], item: T, key: Callable[[T], Any], limit: int) -> None:
+    """Insert in recency order and keep only the newest `limit` items."""
+    k = key(item)
+    if len(items) >= limit and k <= key(items[0]):
+        return
+    bisect.insort(items, item, key=key)
+    if len(items) > limit:
+        del items[0]
+
+
+class Hot:
+    """One agent's state in memory; `state()` builds its NpcState once per change."""
+
+    __slots__ = ("agent_id", "beliefs", "dialogue", "episodic", "facts", "limit", "snapshot", "system_prompt", "world")
+
+    def __init__(self, agent_id: str, system_prompt: str, limit: int) -> None:
+        self.agent_id = agent_id
+        self.system_prompt = system_prompt
+        self.limit = limit
+        self.facts: dict[str, Fact] = {}
+        self.world: dict[str, WorldFact] = {}
+        self.episodic: list[Episode] = []
+        self.beliefs: list[Belief] = []
+        self.dialogue: list[Line] = []
+        self.snapshot: NpcState | None = None
+
+    @classmethod
+    def created(cls, state: NpcState, limit: int) -> Hot:
+        """A new agent's hot state: its whole initial state, each log cut to its last `limit` items."""
+        hot = cls(state.agent_id, state.system_prompt, limit)
+        hot.facts = {f.id: f for f in state.canonical_facts}
+        hot.world = {w.key: w for w in state.world_state}
+        hot.episodic = list(state.episodic[-limit:])
+        hot.beliefs = list(state.beliefs[-limit:])
+        hot.dialogue = list(state.dialogue[-limit:])
+        return hot
+
+    def state(self) -> NpcState:
+        if self.snapshot is None:
+            self.snapshot = NpcState(
+                agent_id=self.agent_id,
+                system_prompt=self.system_prompt,
+                canonical_facts=tuple(self.facts.values()),
+                world_state=tuple(self.world.values()),
+                episodic=tuple(self.episodic),
+                beliefs=tuple(self.beliefs),
+                dialogue=tuple(self.dialogue),
+            )
+        return self.snapshot
+
+    def add_fact(self, fact: Fact) -> None:
+        self.facts[fact.id] = fact
+        self.snapshot = None
+
+    def set_world(self, entry: WorldFact) -> None:
+        self.world[entry.key] = entry
+        self.snapshot = None
+
+    def add_episode(self, episode: Episode) -> None:
+        _insert_bounded(self.episodic, episode, episode_order, self.limit)
+        self.snapshot = None
+
+    def add_belief(self, belief: Belief) -> None:
+        _insert_bounded(self.beliefs, belief, belief_order, self.limit)
+        self.snapshot = None
+
+    def add_line(self, line: Line) -> None:
+        _insert_bounded(self.dialogue, line, line_order, self.limit)
+        self.snapshot = None
+
+
+async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: int) -> dict[str, Hot]:
+    """The hot state of those of `agent_ids` that are on disk, in eight queries.
+
+    Raises sqlite3.Error; the caller names the file.
+    """
+    ids = json.dumps(agent_ids)
+    prompts = await fetch(conn, LOAD_PROMPTS, (ids,))
+    facts = await fetch(conn, LOAD_FACTS, (ids,))
+    world = await fetch(conn, LOAD_WORLD, (ids,))
+    episodic = await fetch(conn, RECENT["episodic"], (ids, limit))
+    heard = await _heard(conn, ids, limit)
+    beliefs = await fetch(conn, RECENT["beliefs"], (ids, limit))
+    dialogue = await fetch(conn, RECENT["dialogue"], (ids, limit))
+    loaded = {agent: Hot(agent, prompt, limit) for agent, prompt in prompts}
+    for agent, fid, text in facts:
+        loaded[agent].facts[fid] = Fact(id=fid, text=text)
+    for agent, key, value in world:
+        loaded[agent].world[key] = WorldFact(key=key, value=value)
+    for agent, eid, tick, text, significance in episodic:
+        loaded[agent].episodic.append(Episode(id=eid, tick=tick, text=text, significance=significance))
+    for agent, episodes in heard.items():
+        merged = loaded[agent].episodic + episodes
+        merged.sort(key=episode_order)
+        loaded[agent].episodic = merged[-limit:]
+    for agent, bid, tick, text, confidence in beliefs:
+        loaded[agent].beliefs.append(Belief(id=bid, tick=tick, text=text, confidence=confidence))
+    for agent, tick, seq, speaker, text in dialogue:
+        loaded[agent].dialogue.append(Line(tick=tick, seq=seq, speaker=speaker, text=text))
+    return loaded
+
+
+async def _heard(conn: aiosqlite.Connection, ids: str, limit: int) -> dict[str, list[Episode]]:
+    """Each agent's newest episodes from `heard` (a superset of the newest `limit`)."""
+    rows = await fetch(conn, HEARD_RECENT, (ids, limit - 1))
+    keys: dict[str, list[int]] = {}
+    for agent, blob in rows:
+        keys.setdefault(agent, []).extend(unpack_keys(blob))
+    wanted = sorted({k for ks in keys.values() for k in ks})
+    bodies: dict[int, bytes] = {}
+    for start in range(0, len(wanted), _BODIES_PER_QUERY):
+        chunk = json.dumps(wanted[start : start + _BODIES_PER_QUERY])
+        bodies.update(await fetch(conn, ITEM_BODIES, (chunk,)))
+    return {agent: [_EPISODE_DECODER.decode(bodies[k]) for k in ks] for agent, ks in keys.items()}

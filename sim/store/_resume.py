@@ -1,0 +1,60 @@
+"""Resume metadata: what an exact `--resume` needs besides the agents' state.
+
+The last tick committed with `end_tick` is `meta`'s `last_tick` (the writer records it
+with each tick's commit, `read_last_tick` reads it when the store opens). What the shard
+sent in its last two committed ticks (`keep_sent`, replacing the last) and the outside
+inputs stamped with the tick they take effect at (`record_input`) are queued rows too,
+so they are on disk exactly when their tick is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiosqlite
+import msgspec
+
+from sim.errors import StoreError
+from sim.store._sql import SELECT_INPUTS, SELECT_LAST_TICK, SELECT_SENT, fetch
+from sim.store._writer import BatchWriter
+
+__all__ = ["Resume", "read_last_tick"]
+
+_sent_encoder = msgspec.msgpack.Encoder()
+_sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
+
+
+async def read_last_tick(conn: aiosqlite.Connection) -> int | None:
+    async with conn.execute(SELECT_LAST_TICK) as cursor:
+        row = await cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+class Resume:
+    """Writes resume metadata through the writer and reads back what was committed."""
+
+    __slots__ = ("_conn", "_path", "_writer")
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path, writer: BatchWriter) -> None:
+        self._conn = conn
+        self._path = path
+        self._writer = writer
+
+    async def record_input(self, tick: int, seq: int, player: str, agent: str, text: str) -> None:
+        await self._writer.put("input", (tick, seq, player, agent, text))
+
+    async def inputs(self, tick: int) -> list[tuple[int, str, str, str]]:
+        rows = await fetch(self._conn, SELECT_INPUTS, (tick,))
+        return [(int(seq), str(p), str(a), str(t)) for seq, p, a, t in rows]
+
+    async def keep_sent(self, messages: list[tuple[int, str, bytes]]) -> None:
+        await self._writer.put("meta", ("sent", _sent_encoder.encode(messages)))
+
+    async def sent(self) -> list[tuple[int, str, bytes]]:
+        rows = list(await fetch(self._conn, SELECT_SENT, ()))
+        if not rows:
+            return []
+        try:
+            return _sent_decoder.decode(rows[0][0])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: the kept messages of the last tick are unreadable: {exc}") from exc

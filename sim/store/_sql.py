@@ -1,0 +1,99 @@
+"""The writer's statements and the queries that load hot state and resume metadata.
+
+Pure text, plus `fetch`, the one way the store reads a query's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import aiosqlite
+
+__all__ = [
+    "HEARD_RECENT",
+    "INSERT",
+    "ITEM_BODIES",
+    "LOAD_FACTS",
+    "LOAD_PROMPTS",
+    "LOAD_WORLD",
+    "RECENT",
+    "SELECT_AGENT_KEYS",
+    "SELECT_INPUTS",
+    "SELECT_LAST_TICK",
+    "SELECT_SENT",
+    "SET_LAST_TICK",
+    "RowKind",
+    "fetch",
+]
+
+RowKind = Literal[
+    "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta"
+]
+"""What a queued row is: its statement in `INSERT`, except `episode` (which the writer
+turns into `item` and `heard` rows, `sim.store._items`)."""
+
+# Statements by row kind, in the order a batch runs them.
+INSERT: dict[RowKind, str] = {
+    "agent": "INSERT OR IGNORE INTO agents (agent, system_prompt) VALUES (?, ?)",
+    "fact": "INSERT OR IGNORE INTO facts (agent, id, text, writer) VALUES (?, ?, ?, ?)",
+    "world": "INSERT INTO world (agent, key, value, writer) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, writer = excluded.writer",
+    "agent_key": "INSERT INTO agent_keys (n, agent) VALUES (?, ?)",
+    "item": "INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)",
+    "heard": "INSERT INTO heard (agent, tick, items) VALUES (?, ?, ?)",
+    "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
+    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
+    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record, format)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 2)",
+    "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
+    "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+}
+SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)"
+SELECT_LAST_TICK = "SELECT value FROM meta WHERE key = 'last_tick'"
+SELECT_AGENT_KEYS = "SELECT agent, n FROM agent_keys"
+
+# The agents in a JSON array (the one parameter).
+_IDS = "agent IN (SELECT value FROM json_each(?))"
+LOAD_PROMPTS = "SELECT agent, system_prompt FROM agents WHERE " + _IDS
+LOAD_FACTS = "SELECT agent, id, text FROM facts WHERE " + _IDS
+LOAD_WORLD = "SELECT agent, key, value FROM world WHERE " + _IDS
+
+
+# Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same
+# total order as NpcState's (tick, id, ...), so hot state is exactly the newest N. The
+# correlated LIMIT walks each agent's recency index backwards and stops after N rows, so
+# the cost follows the agents loaded, not the length of their history.
+def _recent(table: str, columns: str, order: str) -> str:
+    newest_first = ", ".join(f"{c} DESC" for c in order.split(", "))
+    return (
+        f"SELECT t.agent, {', '.join('t.' + c for c in columns.split(', '))} FROM json_each(?) AS j"
+        f" JOIN {table} AS t ON t.n IN (SELECT n FROM {table} WHERE agent = j.value"
+        f" ORDER BY {newest_first} LIMIT ?) ORDER BY t.agent, {', '.join('t.' + c for c in order.split(', '))}"
+    )
+
+
+RECENT: dict[Literal["episodic", "beliefs", "dialogue"], str] = {
+    "episodic": _recent("episodes", "id, tick, text, significance", "tick, id, text, significance"),
+    "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
+    "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
+}
+
+# Heard rows hold several items each, so the newest `limit` rows by tick hold at least
+# `limit` items; every row of the boundary tick is taken too, and Python keeps the newest
+# `limit` items by (tick, id).
+HEARD_RECENT = (
+    "SELECT a.agent, h.items FROM json_each(?) AS j JOIN agent_keys AS a ON a.agent = j.value"
+    " JOIN heard AS h ON h.agent = a.n AND h.tick >= IFNULL((SELECT tick FROM heard WHERE agent = a.n"
+    " ORDER BY tick DESC LIMIT 1 OFFSET ?), -1)"
+)
+ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each(?))"
+
+SELECT_INPUTS = "SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq"
+SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
+
+
+async def fetch(conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...]) -> Iterable[Any]:
+    """All rows of one query."""
+    async with conn.execute(sql, params) as cursor:
+        return await cursor.fetchall()
