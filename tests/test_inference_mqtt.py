@@ -24,10 +24,10 @@ from sim.inference import (
     encode_result,
     open_pool,
 )
-from sim.inference._batch import decode_batch, encode_batch
 from sim.inference.backends.scripted import scripted_reply
 from sim.protocol.seal import RunKey
 from sim.wire import topics
+from sim.wire.batch import decode_batch, encode_batch
 from tests.conftest import MosquittoProcess
 from tests.inference_helpers import make_request
 

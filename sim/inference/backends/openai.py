@@ -28,8 +28,7 @@ import httpx
 import msgspec
 
 from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError
-from sim.inference._types import Reply
-from sim.inference.backends import convert_options
+from sim.inference.backends._base import Reply, convert_options
 from sim.memory import WorkingMemory
 
 __all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai"]
