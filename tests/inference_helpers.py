@@ -1,11 +1,24 @@
-"""Shared builders for the inference tests: a small NPC state and requests from it."""
+"""Shared builders for the inference tests: a small NPC state, requests from it, a scripted
+backend, and running remote workers."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-from sim.inference import InferenceRequest, Priority
-from sim.memory import Belief, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact, build_working_memory
+from sim.inference import InferenceRequest, Priority, RemoteWorker, Reply
+from sim.memory import (
+    Belief,
+    Fact,
+    Line,
+    NpcState,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    WorldFact,
+    build_working_memory,
+)
 
 FALLBACKS = ("The forge needs me; ask again later.", "Hmm. Not now, friend.")
 
@@ -40,3 +53,38 @@ def make_request(
         id=f"req-{agent}-{n}", run_id="test", agent_id=agent, tick=n, memory=memory, priority=priority,
         deadline=time.time() + deadline_in, fallback_lines=fallback_lines, seed=7, state=state, config=config,
     )
+
+
+class ScriptBackend:
+    """A backend that answers from a list, recording the prohibitions of the memories it was given."""
+
+    name = "script"
+    model = "script-1"
+    prompt_form = "text"
+    prompt_prefix = ""
+
+    def __init__(self, texts: list[str], fail: Exception | None = None) -> None:
+        self.texts = texts
+        self.fail = fail
+        self.prohibitions: list[str | None] = []
+
+    async def generate(self, memory: WorkingMemory) -> Reply:
+        self.prohibitions.append(memory.prohibition)
+        if self.fail is not None:
+            raise self.fail
+        return Reply(text=self.texts.pop(0), model=self.model)
+
+
+@asynccontextmanager
+async def running(*workers: RemoteWorker) -> AsyncIterator[None]:
+    """Run in-process remote workers until the block ends; wait until all are subscribed."""
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(w.run()) for w in workers]
+        async with asyncio.timeout(10):
+            for w in workers:
+                await w.ready.wait()
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()

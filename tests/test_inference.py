@@ -29,7 +29,7 @@ from sim.inference import (
     open_pool,
 )
 from sim.memory import Fact, WorkingMemory, WorkingMemoryConfig, build_working_memory
-from tests.inference_helpers import FALLBACKS, make_request, smith_state
+from tests.inference_helpers import FALLBACKS, ScriptBackend, make_request, smith_state
 
 
 def test_public_surface_is_pinned() -> None:
@@ -121,26 +121,6 @@ async def test_scripted_reply_proves_the_context_reached_the_worker() -> None:
     assert result.backend == "scripted" and result.worker == "inprocess"
     assert {"queue_ms", "backend_ms", "total_ms"} <= set(result.timings)
     assert decode_result(encode_result(result)) == result
-
-
-class ScriptBackend:
-    """A backend that answers from a list, recording the prohibitions of the memories it was given."""
-
-    name = "script"
-    model = "script-1"
-    prompt_form = "text"
-    prompt_prefix = ""
-
-    def __init__(self, texts: list[str], fail: Exception | None = None) -> None:
-        self.texts = texts
-        self.fail = fail
-        self.prohibitions: list[str | None] = []
-
-    async def generate(self, memory: WorkingMemory) -> Reply:
-        self.prohibitions.append(memory.prohibition)
-        if self.fail is not None:
-            raise self.fail
-        return Reply(text=self.texts.pop(0), model=self.model)
 
 
 async def test_negating_reply_is_retried_with_a_prohibition_then_accepted() -> None:

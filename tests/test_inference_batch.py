@@ -22,12 +22,12 @@ from sim.inference import (
     encode_request,
     open_pool,
 )
-from sim.inference._batch import Batcher, BatchSender, decode_batch, encode_batch
+from sim.inference._batch import Batcher, BatchSender
 from sim.memory import WorkingMemory
 from sim.wire import topics
+from sim.wire.batch import decode_batch, encode_batch
 from tests.conftest import MosquittoProcess
-from tests.inference_helpers import make_request
-from tests.test_inference_mqtt import running
+from tests.inference_helpers import make_request, running
 
 # --- the batcher, without I/O ---------------------------------------------------------------
 

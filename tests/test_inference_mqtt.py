@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import aiomqtt
+import httpx
 import pytest
 
 from sim.inference import (
@@ -24,31 +25,28 @@ from sim.inference import (
     encode_result,
     open_pool,
 )
-from sim.inference._batch import decode_batch, encode_batch
 from sim.inference.backends.scripted import scripted_reply
 from sim.protocol.seal import RunKey
 from sim.wire import topics
-from tests.conftest import MosquittoProcess
-from tests.inference_helpers import make_request
+from sim.wire.batch import decode_batch, encode_batch
+from tests.conftest import MosquittoProcess, free_port
+from tests.inference_helpers import make_request, running
 
 pytestmark = pytest.mark.mosquitto
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@asynccontextmanager
-async def running(*workers: RemoteWorker) -> AsyncIterator[None]:
-    """Run in-process remote workers until the block ends; wait until all are subscribed."""
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(w.run()) for w in workers]
-        async with asyncio.timeout(10):
-            for w in workers:
-                await w.ready.wait()
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
+async def eventually(condition: Callable[[], object | Awaitable[object]], within: float = 10.0) -> None:
+    """Wait until `condition()` (a plain or an async one) is true, looking every 10 ms, at most `within` s."""
+    for _ in range(int(within / 0.01)):
+        holds = condition()
+        if inspect.isawaitable(holds):
+            holds = await holds
+        if holds:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not true within {within} s: {condition}")
 
 
 def pool_config(broker: MosquittoProcess, run: str, **kw: object) -> PoolConfig:
@@ -78,32 +76,45 @@ async def test_two_workers_share_the_load(mosquitto: MosquittoProcess) -> None:
 
 
 async def _start_worker_process(
-    broker: MosquittoProcess, run: str, name: str, delay_ms: int
+    broker: MosquittoProcess, run: str, name: str, delay_ms: int, *extra: str
 ) -> asyncio.subprocess.Process:
     code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, "worker", "--broker", broker.url, "--run", run, "--name", name,
-        "--delay-ms", str(delay_ms), "--concurrency", "2",
+        "--delay-ms", str(delay_ms), "--concurrency", "2", *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
         env={**os.environ, "COLUMNS": "200"},
     )
     assert proc.stdout is not None
     async with asyncio.timeout(15):
         line = await proc.stdout.readline()
+        if line.startswith(b"metrics:"):  # with --metrics-port, its address comes first
+            line = await proc.stdout.readline()
     assert b"ready" in line, line
     return proc
+
+
+async def _in_flight(metrics: httpx.AsyncClient) -> float:
+    """The worker process's `npcsim_inferences_in_flight`, read from its metrics endpoint."""
+    text = (await metrics.get("/metrics")).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith("npcsim_inferences_in_flight ")))
 
 
 async def test_worker_killed_mid_request_gives_a_timeout_fallback_and_the_pool_goes_on(
     mosquitto: MosquittoProcess,
 ) -> None:
     run = "kill"
-    doomed = await _start_worker_process(mosquitto, run, "doomed", delay_ms=10_000)
+    port = free_port()
+    doomed = await _start_worker_process(mosquitto, run, "doomed", 10_000, "--metrics-port", str(port))
     try:
-        async with open_pool(pool_config(mosquitto, run, reply_grace=0.1)) as pool:
+        async with (
+            open_pool(pool_config(mosquitto, run, reply_grace=0.1)) as pool,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as metrics,
+        ):
             async with asyncio.TaskGroup() as tg:
-                pending = tg.create_task(pool.infer(make_request(1, deadline_in=2.0)))
-                await asyncio.sleep(0.5)  # the worker has taken the request and sleeps on it
+                pending = tg.create_task(pool.infer(make_request(1, deadline_in=3.0)))
+                await eventually(lambda: _in_flight(metrics), within=2.5)  # the worker sleeps on the request
                 doomed.send_signal(signal.SIGKILL)
             lost = pending.result()
             assert lost.fallback and lost.fallback_reason == "timeout"
@@ -250,9 +261,10 @@ async def test_the_pool_and_the_worker_ride_out_a_broker_restart(
         assert not (await pool.infer(make_request(0))).fallback
         async with asyncio.TaskGroup() as tg:
             waiting = [tg.create_task(pool.infer(make_request(n, deadline_in=60))) for n in range(1, 5)]
-            await asyncio.sleep(0.1)  # the requests are out; the worker sleeps on them
+            await eventually(lambda: worker.statistics().in_flight == 4)  # the worker sleeps on the requests
             mosquitto.stop()
-            await asyncio.sleep(1.0)
+            await eventually(lambda: not worker.ready.is_set() and "inference pool of shard 0: MQTT connection"
+                             in caplog.text)  # both ends know the broker is gone, with the requests unanswered
             mosquitto.start()
         results = [t.result() for t in waiting]
         after = await pool.infer(make_request(9))

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from sim.backoff import BackoffPolicy
 from sim.errors import CircuitOpenError
 from sim.inference import PoolConfig, open_pool
-from sim.inference.backends.openai import CircuitBreaker
+from sim.inference.backends.openai import CircuitBreaker, OpenAIOptions, open_openai
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.inference_helpers import make_request
 
@@ -95,18 +96,32 @@ async def test_malformed_json_gives_the_fallback_without_retry(fake: FakeOpenAI)
 
 async def test_circuit_breaker_opens_fails_fast_and_recovers(fake: FakeOpenAI) -> None:
     fake.default = "500"
-    options = {"retries": 0, "breaker_failures": 2, "breaker_cooldown": 0.3}
-    async with open_pool(config(fake, **options)) as pool:
+    now = [0.0]  # the breaker's clock: the cooldown passes when the test says so
+    cfg = config(fake, retries=0, breaker_failures=2, breaker_cooldown=10.0)
+    async with (
+        open_openai(cfg.options, cfg.concurrency, cfg.timeout, clock=lambda: now[0]) as backend,
+        open_pool(cfg, backend=backend) as pool,
+    ):
         first = [await pool.infer(make_request(n)) for n in range(2)]
         opened = await pool.infer(make_request(2))
         assert len(fake.requests) == 2  # failing fast: the open circuit sent nothing
         fake.default = "ok"
-        await asyncio.sleep(0.35)  # past the cooldown: the next call is the probe
-        probe = await pool.infer(make_request(3))
-        after = await pool.infer(make_request(4))
+        now[0] = 9.9
+        still_open = await pool.infer(make_request(3))
+        assert len(fake.requests) == 2  # within the cooldown: still nothing sent
+        now[0] = 10.0  # the cooldown is over: the next call is the probe
+        probe = await pool.infer(make_request(4))
+        after = await pool.infer(make_request(5))
     assert [r.fallback_reason for r in first] == ["backend_error", "backend_error"]
     assert opened.fallback and opened.fallback_reason == "circuit_open"
-    assert not probe.fallback and not after.fallback
+    assert still_open.fallback_reason == "circuit_open"
+    assert not probe.fallback and not after.fallback and backend.breaker.state == "closed"
+
+
+def test_the_backoff_options_are_the_one_backoffs_policy() -> None:
+    options = OpenAIOptions(base_url="http://127.0.0.1:1", backoff_base=0.3, backoff_max=2.0)
+    assert options.backoff == BackoffPolicy(initial=0.3, maximum=2.0)
+    assert OpenAIOptions(base_url="http://127.0.0.1:1").backoff == BackoffPolicy(initial=0.2, maximum=5.0)
 
 
 def test_circuit_breaker_states_on_a_virtual_clock() -> None:

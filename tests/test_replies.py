@@ -10,8 +10,7 @@ import msgspec
 import pytest
 
 from sim.inference import InferenceResult, PoolConfig, open_pool, reply_problem
-from tests.inference_helpers import make_request
-from tests.test_inference import ScriptBackend
+from tests.inference_helpers import ScriptBackend, make_request
 
 
 async def served(*texts: str) -> InferenceResult:

@@ -3,28 +3,31 @@
     async with open_pool(PoolConfig(backend="scripted", concurrency=8)) as pool:
         result = await pool.infer(request)      # never raises for a backend failure
 
-See docs/inference.md.
+The request and result types are wire types (`sim.wire.inference`), re-exported here.
+Inside: the pool's slots (`_pool`) call one `Dispatch` (`_dispatch`): serving on a
+backend here (`_serve`, with `_output` and `_fallback`), or the MQTT link (`_link`) to
+remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
+the pool's checks (`_replies`). `_config` and `_counters` hold the configuration and the
+statistics; `backends` the backends. See docs/inference.md.
 """
 
+from sim.inference._config import PoolConfig, WorkerConfig
+from sim.inference._counters import PoolStatistics
 from sim.inference._fallback import GENERIC_LINES, fallback_line
-from sim.inference._mqtt import RemoteWorker
 from sim.inference._output import Verdict, clean_line, contradicted_fact, judge
 from sim.inference._pool import Pool, open_pool
 from sim.inference._replies import reply_problem
-from sim.inference._types import (
+from sim.inference._worker import RemoteWorker
+from sim.inference.backends import BACKENDS, Backend, Reply, open_backend
+from sim.wire.inference import (
     InferenceRequest,
     InferenceResult,
-    PoolConfig,
-    PoolStatistics,
     Priority,
-    Reply,
-    WorkerConfig,
     decode_request,
     decode_result,
     encode_request,
     encode_result,
 )
-from sim.inference.backends import BACKENDS, Backend, open_backend
 
 __all__ = [
     "BACKENDS",

@@ -13,9 +13,9 @@ batch of the moment it is ready, so one slow request never holds the others' rep
 `send` coroutine; while one batch is being sent, the next one fills up, so batches grow
 with the load on their own.
 
-Wire format: a batch is a msgpack array of the single messages' maps. A payload holding
-one map (a single message, as older peers send it) is read as a batch of one. A malformed
-element costs only itself: the others of its batch are still served.
+`read_batch` is the receiving end, the same at the pool and at a worker: a message's
+well-formed items, once its seal is checked; what is malformed is counted and logged once.
+The wire format of a batch (a msgpack array of the single messages) is `sim.wire.batch`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 import msgspec
 
-__all__ = ["LINGER", "MAX_ITEMS", "BatchSender", "Batcher", "decode_batch", "encode_batch"]
+from sim.inference._counters import Counters, LogOnce
+from sim.protocol.seal import RunKey, unseal
+from sim.wire.batch import decode_batch
+
+__all__ = ["LINGER", "MAX_ITEMS", "BatchSender", "Batcher", "read_batch"]
 
 MAX_ITEMS = 64
 """Items per message: big enough to amortise the per-message cost, small enough that one
@@ -156,31 +160,33 @@ class BatchSender(Generic[T]):
                 await self._send(batch)
 
 
-_encoder = msgspec.msgpack.Encoder()
-_raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
+def read_batch(
+    payload: object,
+    decode: Callable[[bytes], S],
+    *,
+    topic: str,
+    key: RunKey | None,
+    what: str,
+    counters: Counters,
+    warn: LogOnce,
+) -> list[S]:
+    """The well-formed items of a payload received on `topic`, sealed for it when the run has a key.
 
-
-def encode_batch(items: Sequence[msgspec.Struct]) -> bytes:
-    return _encoder.encode(items)
-
-
-def decode_batch(payload: bytes, decode: Callable[[bytes], S]) -> tuple[list[S], list[msgspec.DecodeError]]:
-    """Every well-formed element of a batch, and one error per malformed element.
-
-    Never raises: a payload that is neither an array nor a single message is one error.
+    A payload that is not bytes or not correctly sealed, and each malformed element of a
+    batch, counts in `counters.malformed` and is logged once per kind; `what` names the
+    items ("request", "reply").
     """
-    try:
-        raws = _raw_list.decode(payload)
-    except msgspec.DecodeError:
-        try:
-            return [decode(payload)], []
-        except msgspec.DecodeError as exc:
-            return [], [exc]
-    items: list[S] = []
-    errors: list[msgspec.DecodeError] = []
-    for raw in raws:
-        try:
-            items.append(decode(bytes(raw)))
-        except msgspec.DecodeError as exc:
-            errors.append(exc)
-    return items, errors
+    if not isinstance(payload, bytes):
+        counters.malformed += 1
+        warn(f"{what}-type", "malformed %s on %s: payload is %s, not bytes", what, topic, type(payload))
+        return []
+    body = unseal(key, topic, payload)
+    if body is None:
+        counters.malformed += 1
+        warn(f"{what}-unsigned", "%s on %s without a valid run-key signature dropped", what, topic)
+        return []
+    items, errors = decode_batch(body, decode)
+    for exc in errors:
+        counters.malformed += 1
+        warn(f"{what}-decode", "malformed %s on %s dropped: %s", what, topic, exc)
+    return items

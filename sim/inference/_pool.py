@@ -4,6 +4,9 @@ Backpressure: at most `config.slots` requests are in flight; an agent calling `i
 full pool waits for a slot. Waiters are served by (priority, arrival), so a player waiting
 for an answer goes before ambient chatter; the only queue is the waiting coroutines
 themselves, so nothing queues without bound behind the agents' backs.
+
+Behind the slots is one `Dispatch` (`sim.inference._dispatch`): serving on a backend in
+this process, or the MQTT link to remote workers (`sim.inference._link`).
 """
 
 from __future__ import annotations
@@ -13,18 +16,22 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from sim.inference._serve import Counters, LogOnce, serve, with_timings
-from sim.inference._types import InferenceRequest, InferenceResult, PoolConfig, PoolStatistics
+import msgspec
+
+from sim.inference._config import PoolConfig
+from sim.inference._counters import Counters, LogOnce, PoolStatistics
+from sim.inference._dispatch import Dispatch
+from sim.inference._link import open_mqtt_dispatch
+from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
+from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["Pool", "Slots", "open_pool"]
 
 log = logging.getLogger(__name__)
-
-Dispatch = Callable[[InferenceRequest], Awaitable[InferenceResult]]
 
 
 class Slots:
@@ -95,10 +102,11 @@ class Pool:
             self._slots.release()
         done = time.perf_counter()
         self._counters.count_result(result)
-        return with_timings(
-            result, queue_ms=(admitted - started) * 1000, service_ms=(done - admitted) * 1000,
-            total_ms=(done - started) * 1000,
-        )
+        timings = {
+            "queue_ms": (admitted - started) * 1000, "service_ms": (done - admitted) * 1000,
+            "total_ms": (done - started) * 1000,
+        }
+        return msgspec.structs.replace(result, timings={**result.timings, **timings})
 
     def statistics(self) -> PoolStatistics:
         return self._counters.snapshot()
@@ -113,8 +121,6 @@ async def open_pool(config: PoolConfig, *, backend: Backend | None = None) -> As
     """
     counters = Counters()
     if config.transport == "mqtt":
-        from sim.inference._mqtt import open_mqtt_dispatch
-
         async with open_mqtt_dispatch(config, counters) as dispatch:
             yield Pool(config, dispatch, counters)
         return

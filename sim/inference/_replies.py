@@ -21,17 +21,15 @@ from __future__ import annotations
 from sim.audit import Attempt
 from sim.inference._fallback import fallback_line
 from sim.inference._output import judge
-from sim.inference._types import InferenceRequest, InferenceResult
-from sim.inference.backends.llamacpp import FEW_SHOT
+from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES
 from sim.memory import OverBudgetError, WorkingMemory, build_working_memory
+from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["MAX_RAW_REPLY_CHARS", "reply_problem"]
 
 # A raw model answer is kept in the audit; more than this from a worker is not a model's.
 MAX_RAW_REPLY_CHARS = 32_768
 _MAX_PROBLEM_CHARS = 1_000
-_FORMS = ("text", "chat")
-_PREFIXES = ("", FEW_SHOT)  # the fixed prompt prefixes of the backends
 
 
 def reply_problem(request: InferenceRequest, result: InferenceResult, max_line_chars: int) -> str | None:
@@ -91,7 +89,7 @@ def _attempts_problem(request: InferenceRequest, attempts: tuple[Attempt, ...], 
     for n, (attempt, memory) in enumerate(zip(attempts, memories[: len(attempts)], strict=True), 1):
         if memory is None:
             return f"attempt {n}: a retry that serving would not have made"
-        if attempt.form not in _FORMS or attempt.prefix not in _PREFIXES:
+        if attempt.form not in PROMPT_FORMS or attempt.prefix not in PROMPT_PREFIXES:
             return f"attempt {n}: a prompt form or prefix that no backend uses"
         sent = attempt.prefix + memory.sent_text(attempt.form)
         if attempt.prompt != sent or attempt.prohibition != memory.prohibition:

@@ -9,7 +9,6 @@ fails: `serve` never raises for a backend failure. Every call is kept as an `Att
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -18,97 +17,16 @@ import msgspec
 
 from sim.audit import Attempt
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, OverBudgetError, RejectedOutputError
-from sim.inference._fallback import fallback_line
+from sim.inference._counters import Counters, LogOnce
+from sim.inference._fallback import fallback_result
 from sim.inference._output import Verdict, judge
-from sim.inference._types import InferenceRequest, InferenceResult, PoolStatistics
 from sim.inference.backends import Backend
 from sim.memory import WorkingMemory, build_working_memory
+from sim.wire.inference import InferenceRequest, InferenceResult
 
-__all__ = ["Counters", "LogOnce", "fallback_result", "retry_memory", "serve", "with_timings"]
+__all__ = ["retry_memory", "serve"]
 
 log = logging.getLogger(__name__)
-
-
-class LogOnce:
-    """Log the first occurrence of each kind as a warning, later ones at debug level."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self._logger = logger
-        self._seen: set[str] = set()
-
-    def __call__(self, kind: str, message: str, *args: object) -> None:
-        level = logging.DEBUG if kind in self._seen else logging.WARNING
-        self._seen.add(kind)
-        self._logger.log(level, message, *args)
-
-
-class Counters:
-    """The mutable counters behind `statistics()`."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.completed = 0
-        self.fallbacks: collections.Counter[str] = collections.Counter()
-        self.dropped_stale = 0
-        self.rejected_outputs = 0
-        self.in_flight = 0
-        self.in_flight_peak = 0
-        self.waiting = 0
-        self.malformed = 0
-        self.late_replies = 0
-        self.attempts = 0
-        self.retries = 0
-
-    def count_result(self, result: InferenceResult) -> None:
-        self.completed += 1
-        self.attempts += len(result.attempts)
-        self.retries += max(len(result.attempts) - 1, 0)
-        if result.fallback:
-            self.fallbacks[result.fallback_reason or "unknown"] += 1
-
-    def snapshot(self) -> PoolStatistics:
-        return PoolStatistics(
-            requests=self.requests,
-            completed=self.completed,
-            fallbacks=dict(sorted(self.fallbacks.items())),
-            dropped_stale=self.dropped_stale,
-            rejected_outputs=self.rejected_outputs,
-            in_flight=self.in_flight,
-            in_flight_peak=self.in_flight_peak,
-            waiting=self.waiting,
-            malformed=self.malformed,
-            late_replies=self.late_replies,
-            attempts=self.attempts,
-            retries=self.retries,
-        )
-
-
-def fallback_result(
-    request: InferenceRequest,
-    reason: str,
-    *,
-    backend: str,
-    model: str,
-    raw_response: str | None = None,
-    timings: dict[str, float] | None = None,
-    worker: str = "",
-    attempts: tuple[Attempt, ...] = (),
-) -> InferenceResult:
-    """The NPC's deterministic fallback line, recording why it was used."""
-    return InferenceResult(
-        id=request.id,
-        agent_id=request.agent_id,
-        tick=request.tick,
-        line=fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines),
-        raw_response=raw_response,
-        backend=backend,
-        model=model,
-        fallback=True,
-        fallback_reason=reason,
-        timings=timings or {},
-        worker=worker,
-        attempts=attempts,
-    )
 
 
 def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verdict) -> WorkingMemory | None:
@@ -229,7 +147,3 @@ async def serve(
         request, reason, backend=backend.name, model=backend.model, raw_response=raw,
         timings={"backend_ms": backend_ms}, worker=worker, attempts=tuple(attempts),
     )
-
-
-def with_timings(result: InferenceResult, **timings: float) -> InferenceResult:
-    return msgspec.structs.replace(result, timings={**result.timings, **timings})

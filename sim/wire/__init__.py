@@ -4,6 +4,8 @@
   messages (say, player input, world state, status);
 - `sim.wire.barrier`: the tick barrier's TickDone and Join;
 - `sim.wire.trace`: the per-inference trace and a shard's roster, for viewers;
+- `sim.wire.inference`: inference requests and results (with their priority);
+- `sim.wire.batch`: many messages in one payload (the inference transport's batches);
 - `sim.wire.topics`: one function per topic.
 
 Pure: no I/O. Internal topics carry msgpack, public ones JSON.

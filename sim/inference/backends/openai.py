@@ -1,8 +1,9 @@
 """The `openai` backend: any OpenAI-compatible server (vLLM, llama.cpp's server, Ollama).
 
 One `httpx.AsyncClient` per backend, N requests in flight at most. A transient failure
-(timeout, connection error, 429, 5xx) is retried with jittered exponential backoff; a 429's
-Retry-After is honoured. A circuit breaker counts consecutive failures: once open it fails
+(timeout, connection error, 429, 5xx) is retried with npcsim's one backoff (`sim.backoff`,
+its policy from the options `backoff_base` and `backoff_max`); a 429's Retry-After wins
+over it. A circuit breaker counts consecutive failures: once open it fails
 fast, and after a cooldown it lets one probe through; the probe's outcome closes or reopens
 it. The caller bounds the whole call with its own timeout scope.
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -27,9 +27,9 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
+from sim.backoff import Backoff, BackoffPolicy
 from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError
-from sim.inference._types import Reply
-from sim.inference.backends import convert_options
+from sim.inference.backends._base import Reply, convert_options
 from sim.memory import WorkingMemory
 
 __all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai"]
@@ -56,6 +56,11 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_retry_after: float = 30.0
     breaker_failures: int = 5
     breaker_cooldown: float = 10.0
+
+    @property
+    def backoff(self) -> BackoffPolicy:
+        """The waits between retries: `backoff_base` is the first one's cap, `backoff_max` the largest."""
+        return BackoffPolicy(initial=self.backoff_base, maximum=self.backoff_max)
 
 
 class _Transient(InferenceError):
@@ -130,13 +135,15 @@ def _retry_after(response: httpx.Response) -> float | None:
 class OpenAIBackend:
     name = "openai"
 
-    def __init__(self, options: OpenAIOptions, client: httpx.AsyncClient, in_flight: int) -> None:
+    def __init__(
+        self, options: OpenAIOptions, client: httpx.AsyncClient, in_flight: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._options = options
         self._client = client
         self._slots = asyncio.Semaphore(in_flight)
-        self._random = random.Random()
         self.model = options.model
-        self.breaker = CircuitBreaker(options.breaker_failures, options.breaker_cooldown)
+        self.breaker = CircuitBreaker(options.breaker_failures, options.breaker_cooldown, clock)
         self._params: dict[str, Any] = {
             "endpoint": options.endpoint,
             "max_tokens": options.max_tokens,
@@ -158,13 +165,10 @@ class OpenAIBackend:
             body["prompt"] = memory.prompt
         return body
 
-    def _backoff(self, attempt: int) -> float:
-        o = self._options
-        return min(o.backoff_max, o.backoff_base * 2.0**attempt) * self._random.uniform(0.5, 1.5)
-
     async def generate(self, memory: WorkingMemory) -> Reply:
         body = self._body(memory)
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
+        backoff = Backoff(self._options.backoff)
         async with self._slots:
             for attempt in range(self._options.retries + 1):
                 self.breaker.before(url)
@@ -182,7 +186,9 @@ class OpenAIBackend:
                         if isinstance(exc.__cause__, httpx.TimeoutException):
                             raise BackendTimeoutError(str(exc)) from exc
                         raise InferenceError(str(exc)) from exc
-                    wait = self._backoff(attempt) if exc.wait is None else min(exc.wait, self._options.max_retry_after)
+                    wait = backoff.next()  # counted on every retry, so the waits grow by attempt
+                    if exc.wait is not None:
+                        wait = min(exc.wait, self._options.max_retry_after)  # the server's Retry-After wins
                     log.debug("retrying %s in %.2fs: %s", url, wait, exc)
                     await asyncio.sleep(wait)
                     continue
@@ -251,11 +257,13 @@ def _timeouts(opts: OpenAIOptions, time_limit: float | None) -> httpx.Timeout:
 
 @asynccontextmanager
 async def open_openai(
-    options: Mapping[str, Any], concurrency: int, time_limit: float | None = None
+    options: Mapping[str, Any], concurrency: int, time_limit: float | None = None, *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[OpenAIBackend]:
     """Open the HTTP client; it is closed however the block ends.
 
-    `time_limit` is the caller's bound on one inference (seconds), when it has one.
+    `time_limit` is the caller's bound on one inference (seconds), when it has one;
+    `clock` is the circuit breaker's (a virtual one in tests).
     """
     opts = convert_options("openai", options, OpenAIOptions)
     if not opts.base_url.startswith(("http://", "https://")):
@@ -275,4 +283,4 @@ async def open_openai(
     async with httpx.AsyncClient(
         base_url=opts.base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits
     ) as client:
-        yield OpenAIBackend(opts, client, in_flight)
+        yield OpenAIBackend(opts, client, in_flight, clock)

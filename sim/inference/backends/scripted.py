@@ -18,8 +18,7 @@ from typing import Any
 
 import msgspec
 
-from sim.inference._types import Reply
-from sim.inference.backends import convert_options
+from sim.inference.backends._base import Reply, convert_options
 from sim.memory import WorkingMemory
 
 __all__ = ["ScriptedBackend", "ScriptedOptions", "scripted_reply"]

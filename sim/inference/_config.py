@@ -1,0 +1,87 @@
+"""How a pool and a remote worker run: `PoolConfig` and `WorkerConfig`, checked when built."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from sim.errors import ConfigError
+from sim.mqtt import BrokerAddress, ReconnectPolicy
+from sim.protocol.seal import RunKey
+
+__all__ = ["PoolConfig", "WorkerConfig"]
+
+Transport = Literal["inprocess", "mqtt"]
+
+
+def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
+    kinds: tuple[type, ...] = (int, float) if allow_float else (int,)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not isinstance(value, kinds) or value <= 0:
+        raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+
+
+class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a pool runs: the backend and its options, the bounds, the transport.
+
+    In-process, the pool runs one worker with `concurrency` slots and at most
+    `min(concurrency, max_in_flight)` requests are in flight. With `transport="mqtt"` the
+    remote workers bring their own slots and the pool keeps `max_in_flight` outstanding.
+    `timeout` bounds one request's time at the backend (seconds); a request's own deadline
+    bounds it further. `reply_grace` lets a remote worker's "stale" answer arrive.
+    `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
+    `run_key`, requests are signed and replies without a valid signature refused (sim.protocol.seal).
+    """
+
+    backend: str = "scripted"
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+    concurrency: int = 8
+    max_in_flight: int = 64
+    timeout: float = 30.0
+    reply_grace: float = 0.25
+    max_line_chars: int = 200
+    transport: Transport = "inprocess"
+    broker: BrokerAddress = msgspec.field(default_factory=BrokerAddress)
+    reconnect: ReconnectPolicy = msgspec.field(default_factory=ReconnectPolicy)
+    run_key: RunKey | None = None
+    run_id: str = "run"
+    shard: str = "0"
+    group: str = "workers"
+
+    def __post_init__(self) -> None:
+        _positive("concurrency", self.concurrency)
+        _positive("max_in_flight", self.max_in_flight)
+        _positive("max_line_chars", self.max_line_chars)
+        _positive("timeout", self.timeout, allow_float=True)
+        if isinstance(self.reply_grace, bool) or not isinstance(self.reply_grace, (int, float)) or self.reply_grace < 0:
+            raise ConfigError(f"reply_grace must be a number >= 0, got {self.reply_grace!r}")
+        if self.transport not in ("inprocess", "mqtt"):
+            raise ConfigError(f"transport must be 'inprocess' or 'mqtt', got {self.transport!r}")
+
+    @property
+    def slots(self) -> int:
+        """How many requests this pool lets be in flight at once."""
+        if self.transport == "inprocess":
+            return min(self.concurrency, self.max_in_flight)
+        return self.max_in_flight
+
+
+class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A remote worker: which run it serves, through which broker, with which backend."""
+
+    broker: BrokerAddress
+    run_id: str
+    backend: str = "scripted"
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+    concurrency: int = 8
+    group: str = "workers"
+    timeout: float = 30.0
+    max_line_chars: int = 200
+    name: str = ""
+    reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(patience=None))
+    run_key: RunKey | None = None
+
+    def __post_init__(self) -> None:
+        _positive("concurrency", self.concurrency)
+        _positive("max_line_chars", self.max_line_chars)
+        _positive("timeout", self.timeout, allow_float=True)

@@ -1,0 +1,221 @@
+"""The pool's end of the MQTT transport: publish requests, match the replies, ride out outages.
+
+Requests go QoS 1 to `npcsim/{run}/infer/req`, where remote workers (`sim.inference._worker`)
+share them; replies come back on `npcsim/{run}/infer/resp/{shard}` and are matched by
+correlation id (the request id). A request whose reply has not come by its deadline (plus
+a short grace, so that a worker's own "stale" answer can arrive) gets the fallback with
+reason "timeout"; a reply that comes later is counted as late and dropped. Malformed
+payloads are counted, logged once per kind, and dropped. Requests and replies travel in
+batches (`sim.inference._batch`); with a run key every payload is sealed
+(`sim.protocol.seal`).
+
+The link connects through `sim.mqtt` and rides out a broker restart: it re-sends, on the
+new connection, every request still waiting for its reply, and again with backoff
+(`sim.backoff`) until it is answered, since workers come back on their own schedule (a
+worker's second answer is counted as late). A reply is trusted no more than a model:
+`sim.inference._replies` holds it to what the pool could have produced itself, so a
+client that answers in a worker's place cannot make an NPC say what the checks would
+refuse, nor put text of its own into the audit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiomqtt
+import msgspec
+
+from sim.backoff import Backoff, BackoffPolicy
+from sim.errors import single_error
+from sim.inference._batch import Batcher, BatchSender, read_batch
+from sim.inference._config import PoolConfig
+from sim.inference._counters import Counters, LogOnce
+from sim.inference._dispatch import Dispatch
+from sim.inference._fallback import fallback_result
+from sim.inference._replies import reply_problem
+from sim.mqtt import open_client, stay_connected
+from sim.protocol.seal import seal
+from sim.wire import topics
+from sim.wire.batch import encode_batch
+from sim.wire.inference import InferenceRequest, InferenceResult, decode_result, encode_request
+
+__all__ = ["RESEND_BACKOFF", "open_mqtt_dispatch"]
+
+log = logging.getLogger(__name__)
+
+RESEND_BACKOFF = BackoffPolicy(initial=0.5, maximum=8.0)
+"""Waits between re-sends of the requests that waited through an outage (seconds)."""
+
+
+@dataclass
+class _Waiting:
+    request: InferenceRequest
+    future: asyncio.Future[InferenceResult]
+    sent_on: int = 0  # the connection it was last published on (0: none yet)
+    outage: bool = False  # it was waiting through a lost connection: re-sent until answered
+
+
+class _PoolLink:
+    """The pool's connection: requests waiting for replies survive a reconnect and are re-sent."""
+
+    def __init__(self, config: PoolConfig, counters: Counters) -> None:
+        self.config = config
+        self.counters = counters
+        self.warn = LogOnce(log)
+        self.request_topic = topics.infer_request(config.run_id)
+        self.response_topic = topics.infer_response(config.run_id, config.shard)
+        self.identifier = f"npcsim-pool-{config.shard}-{uuid.uuid4().hex[:8]}"
+        self.waiting: dict[str, _Waiting] = {}
+        self.connected = asyncio.Event()
+        self.client: aiomqtt.Client | None = None
+        self.connection = 0
+        self.outbox = BatchSender(Batcher[_Waiting](), self.send_batch, self.expire)
+
+    def new_client(self) -> aiomqtt.Client:
+        return open_client(self.config.broker, identifier=self.identifier, max_inflight=2 * self.config.max_in_flight)
+
+    def lost(self) -> None:
+        self.connected.clear()
+        self.client = None
+
+    async def session(self, client: aiomqtt.Client) -> None:
+        await client.subscribe(self.response_topic, qos=1)
+        self.connection += 1
+        self.client = client
+        self.connected.set()
+        resend = [w for w in self.waiting.values() if w.sent_on != self.connection and not w.future.done()]
+        if resend and self.connection > 1:
+            log.warning("re-sending %d inference requests after the reconnect", len(resend))
+        for entry in resend:
+            entry.outage = self.connection > 1
+            await self.send(client, entry)
+        async with asyncio.TaskGroup() as tg:
+            if self.connection > 1:
+                tg.create_task(self.resend_after_outage(client))
+            async for message in client.messages:
+                self.receive(message)
+
+    async def resend_after_outage(self, client: aiomqtt.Client) -> None:
+        """Re-send requests that waited through an outage, with backoff, until each is answered.
+
+        Workers come back on their own schedule, and a shared subscription with nobody
+        subscribed drops what it gets; a worker's second answer is counted as late.
+        """
+        backoff = Backoff(RESEND_BACKOFF)
+        while True:
+            await asyncio.sleep(backoff.next())
+            again = [w for w in self.waiting.values() if w.outage and not w.future.done()]
+            if not again:
+                return
+            for entry in again:
+                await self.send(client, entry)
+
+    async def send(self, client: aiomqtt.Client, entry: _Waiting) -> None:
+        """One request alone, at once: the re-sends after a reconnect."""
+        entry.sent_on = self.connection
+        body = encode_request(entry.request)
+        await client.publish(self.request_topic, seal(self.config.run_key, self.request_topic, body), qos=1)
+
+    async def send_batch(self, batch: list[_Waiting]) -> None:
+        """One message for a batch; on a lost connection the reconnect re-sends each request."""
+        client = self.client
+        live = [entry for entry in batch if not entry.future.done()]
+        if client is None or not live:
+            return
+        body = encode_batch([entry.request for entry in live])
+        try:
+            await client.publish(self.request_topic, seal(self.config.run_key, self.request_topic, body), qos=1)
+        except aiomqtt.MqttError as exc:
+            self.warn("publish-failed", "%d requests not sent yet (%s); they go out after the reconnect",
+                      len(live), exc)
+
+    def expire(self, entries: list[_Waiting]) -> None:
+        """Requests whose deadline passed while they waited for their batch: never sent."""
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.set_result(self.give_up(entry.request, "stale"))
+
+    def receive(self, message: aiomqtt.Message) -> None:
+        results = read_batch(
+            message.payload, decode_result, topic=message.topic.value, key=self.config.run_key, what="reply",
+            counters=self.counters, warn=self.warn,
+        )
+        for result in results:
+            self.accept(message, result)
+
+    def accept(self, message: aiomqtt.Message, result: InferenceResult) -> None:
+        counters = self.counters
+        entry = self.waiting.get(result.id)
+        if entry is None or entry.future.done():
+            counters.late_replies += 1
+            log.debug("late or unknown reply %s on %s dropped", result.id, message.topic)
+            return
+        problem = reply_problem(entry.request, result, self.config.max_line_chars)
+        if problem is not None:
+            counters.rejected_outputs += 1
+            self.warn("reply-refused", "refused a reply to %s from worker %r: %s (logged once)", result.id,
+                      result.worker, problem)
+            entry.future.set_result(fallback_result(entry.request, "rejected", backend=result.backend, model="",
+                                                    worker=result.worker))
+            return
+        entry.future.set_result(result)
+
+    async def dispatch(self, request: InferenceRequest) -> InferenceResult:
+        config, counters = self.config, self.counters
+        if request.shard != config.shard:
+            request = msgspec.structs.replace(request, shard=config.shard)
+        if request.id in self.waiting:
+            raise ValueError(f"inference request id {request.id!r} is already in flight")
+        if request.deadline <= time.time():
+            counters.dropped_stale += 1
+            return self.give_up(request, "stale")
+        future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
+        entry = self.waiting[request.id] = _Waiting(request, future)
+        wait = min(config.timeout, request.deadline - time.time()) + config.reply_grace
+        try:
+            async with asyncio.timeout(wait):
+                await self.connected.wait()
+                client = self.client
+                if client is not None and entry.sent_on != self.connection:
+                    entry.sent_on = self.connection  # in the next batch; the reconnect re-sends it if lost
+                    self.outbox.put(entry, priority=request.priority, deadline=request.deadline)
+                result = await future
+        except TimeoutError:
+            self.warn("timeout", "no reply to request %s of %s within %.2fs", request.id, request.agent_id, wait)
+            return self.give_up(request, "timeout")
+        finally:
+            self.waiting.pop(request.id, None)
+        if result.fallback_reason == "stale":
+            counters.dropped_stale += 1
+        return result
+
+    def give_up(self, request: InferenceRequest, reason: str) -> InferenceResult:
+        return fallback_result(request, reason, backend=self.config.backend, model="")
+
+
+@contextlib.asynccontextmanager
+async def open_mqtt_dispatch(config: PoolConfig, counters: Counters) -> AsyncIterator[Dispatch]:
+    """Connect (a BrokerError after the reconnect patience), subscribe to this shard's replies,
+    and hand out the dispatch function; the connection is kept up until the block ends."""
+    link = _PoolLink(config, counters)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            connection = tg.create_task(stay_connected(
+                config.broker, link.session, name=f"inference pool of shard {config.shard}",
+                policy=config.reconnect, connect=link.new_client, on_lost=link.lost,
+            ))
+            sender = tg.create_task(link.outbox.run())
+            try:
+                await link.connected.wait()
+                yield link.dispatch
+            finally:
+                connection.cancel()
+                sender.cancel()
+    except BaseExceptionGroup as group_error:
+        raise single_error(group_error) from None

@@ -1,0 +1,146 @@
+"""The remote worker: the far end of the MQTT transport, run by `npcsim worker`.
+
+It takes requests from the shared subscription `$share/{group}/npcsim/{run}/infer/req`, so
+any number of workers share one run's load, serves each on its backend as an in-process
+pool would (`sim.inference._serve`), and answers on `npcsim/{run}/infer/resp/{shard}` of
+the shard that asked. Requests arrive and replies leave in batches (`sim.inference._batch`);
+with a run key every payload is sealed (`sim.protocol.seal`). After a broker restart it
+subscribes again; the pool's link re-sends what was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import aiomqtt
+
+from sim.inference._batch import Batcher, BatchSender, read_batch
+from sim.inference._config import WorkerConfig
+from sim.inference._counters import Counters, LogOnce, PoolStatistics
+from sim.inference._serve import serve
+from sim.inference.backends import Backend, open_backend
+from sim.mqtt import open_client, stay_connected
+from sim.protocol.seal import seal
+from sim.wire import topics
+from sim.wire.batch import encode_batch
+from sim.wire.inference import InferenceRequest, InferenceResult, decode_request
+
+__all__ = ["RemoteWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class RemoteWorker:
+    """A worker that takes requests from the shared subscription until cancelled.
+
+    It reconnects per its reconnect policy (forever by default) when the broker goes away;
+    `ready` is set while it is subscribed. At most `concurrency` requests are served at
+    once; the rest wait in the client's queue, and the deadline check drops those that
+    waited too long.
+    """
+
+    def __init__(self, config: WorkerConfig, *, backend: Backend | None = None) -> None:
+        self.config = config
+        self.name = config.name or f"worker-{uuid.uuid4().hex[:8]}"
+        self.ready = asyncio.Event()
+        self._backend = backend
+        self._counters = Counters()
+        self._warn = LogOnce(log)
+        self._request_topic = topics.infer_request_shared(config.run_id, config.group)
+
+    def statistics(self) -> PoolStatistics:
+        return self._counters.snapshot()
+
+    async def run(self) -> None:
+        if self._backend is not None:
+            await self._reconnecting(self._backend)
+            return
+        async with open_backend(
+            self.config.backend, self.config.options, self.config.concurrency, self.config.timeout
+        ) as backend:
+            await self._reconnecting(backend)
+
+    async def _reconnecting(self, backend: Backend) -> None:
+        async def session(client: aiomqtt.Client) -> None:
+            await self._session(client, backend)
+
+        await stay_connected(
+            self.config.broker, session, name=f"worker {self.name}", policy=self.config.reconnect,
+            connect=lambda: open_client(self.config.broker, identifier=self.name,
+                                        max_inflight=4 * self.config.concurrency),
+            on_lost=self.ready.clear,
+        )
+
+    async def _session(self, client: aiomqtt.Client, backend: Backend) -> None:
+        slots = asyncio.Semaphore(self.config.concurrency)
+        await client.subscribe(self._request_topic, qos=1)
+
+        async def send(batch: list[tuple[str, InferenceResult]]) -> None:
+            """One message per shard; a lost connection ends the session, which reconnects."""
+            by_shard: dict[str, list[InferenceResult]] = {}
+            for shard, result in batch:
+                by_shard.setdefault(shard, []).append(result)
+            for shard, results in by_shard.items():
+                topic = topics.infer_response(self.config.run_id, shard)
+                try:
+                    await client.publish(topic, seal(self.config.run_key, topic, encode_batch(results)), qos=1)
+                except aiomqtt.MqttError as exc:
+                    self._warn("reply-lost", "%d replies lost with the connection (%s); the pool re-sends or "
+                               "times them out", len(results), exc)
+                    raise
+
+        # Replies never expire here: a late one is the pool's to count (its deadline has a grace).
+        replies = BatchSender(Batcher[tuple[str, InferenceResult]](), send, lambda _: None)
+        self.ready.set()
+        log.info("worker %s serving %s with backend %s", self.name, self._request_topic, backend.name)
+        async with asyncio.TaskGroup() as tg:
+            sender = tg.create_task(replies.run())
+            try:
+                async for message in client.messages:
+                    for request in self._requests(message):
+                        await slots.acquire()
+                        tg.create_task(self._handle(backend, request, slots, replies))
+            finally:
+                sender.cancel()
+
+    async def _handle(
+        self,
+        backend: Backend,
+        request: InferenceRequest,
+        slots: asyncio.Semaphore,
+        replies: BatchSender[tuple[str, InferenceResult]],
+    ) -> None:
+        """Serve one request; its reply joins the reply batch of the moment it is ready."""
+        c = self._counters
+        c.in_flight += 1
+        c.in_flight_peak = max(c.in_flight_peak, c.in_flight)
+        c.requests += 1
+        try:
+            result = await serve(
+                request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
+                counters=c, worker=self.name, warn=self._warn,
+            )
+        finally:
+            c.in_flight -= 1
+            slots.release()
+        c.count_result(result)
+        replies.put((request.shard, result), priority=request.priority, deadline=float("inf"))
+
+    def _requests(self, message: aiomqtt.Message) -> list[InferenceRequest]:
+        """The well-formed, sealed requests of a message whose shard can name a reply topic."""
+        decoded = read_batch(
+            message.payload, decode_request, topic=topics.infer_request(self.config.run_id),
+            key=self.config.run_key, what="request", counters=self._counters, warn=self._warn,
+        )
+        requests = []
+        for request in decoded:
+            try:
+                topics.check_segment("shard", request.shard)
+            except ValueError as exc:
+                self._counters.malformed += 1
+                self._warn("request-shard", "request on %s dropped: %s", message.topic, exc)
+                continue
+            requests.append(request)
+        return requests

@@ -1,0 +1,108 @@
+"""The inference transport's wire types (`infer/req`, `infer/resp/{shard}`, msgpack).
+
+A request carries one NPC's working memory to a worker; a result carries what the NPC
+says back, with every call made to the backend (the audit's attempts). One Encoder and
+one typed Decoder per message type, module-level and reused; both types come from
+outside the process, so they forbid unknown fields. Many of them travel in one message
+(`sim.wire.batch`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+from sim.audit import Attempt
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
+
+__all__ = [
+    "InferenceRequest",
+    "InferenceResult",
+    "Priority",
+    "decode_request",
+    "decode_result",
+    "encode_request",
+    "encode_result",
+]
+
+
+class Priority(enum.IntEnum):
+    """Lower is served first: a player waiting for an answer beats ambient chatter."""
+
+    PLAYER = 0
+    NPC = 1
+    AMBIENT = 2
+
+
+class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One NPC's turn to speak: the working memory itself travels with the request.
+
+    `deadline` is in unix seconds; a worker that picks the request up later drops it and
+    answers with a fallback. `fallback_lines` are the NPC's persona lines for that case.
+    `state` and `config` are what `memory` was built from: a worker rebuilds the memory
+    with a prohibition from them when it retries a rejected reply, so the retry is a
+    working memory inside the same budget. Without them a rejected reply is not retried.
+    """
+
+    id: str
+    run_id: str
+    agent_id: str
+    tick: int
+    memory: WorkingMemory
+    deadline: float
+    priority: Priority = Priority.NPC
+    fallback_lines: tuple[str, ...] = ()
+    seed: int = 0
+    shard: str = "0"
+    state: NpcState | None = None
+    config: WorkingMemoryConfig | None = None
+
+
+class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the NPC says and how it came about; `timings` in milliseconds.
+
+    `fallback_reason` is one of "stale", "timeout", "circuit_open", "backend_error",
+    "rejected", "transport_error" when `fallback` is true. `attempts` holds every call
+    made to the backend, in order (none for a stale request).
+    """
+
+    id: str
+    agent_id: str
+    tick: int
+    line: str
+    raw_response: str | None
+    backend: str
+    model: str
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    fallback: bool = False
+    fallback_reason: str | None = None
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
+    tokens: int | None = None
+    worker: str = ""
+    attempts: tuple[Attempt, ...] = ()
+    prompt_tokens: int | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(InferenceRequest)
+_result_decoder = msgspec.msgpack.Decoder(InferenceResult)
+
+
+def encode_request(request: InferenceRequest) -> bytes:
+    return _encoder.encode(request)
+
+
+def decode_request(payload: bytes) -> InferenceRequest:
+    """Raises msgspec.DecodeError; the transport translates it where the bytes arrive."""
+    return _request_decoder.decode(payload)
+
+
+def encode_result(result: InferenceResult) -> bytes:
+    return _encoder.encode(result)
+
+
+def decode_result(payload: bytes) -> InferenceResult:
+    """Raises msgspec.DecodeError, as `decode_request` does."""
+    return _result_decoder.decode(payload)
