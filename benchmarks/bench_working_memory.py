@@ -24,7 +24,7 @@ from sim.memory import (
     WorkingMemoryConfig,
     build_working_memory,
 )
-from sim.memory._render import RENDER_ORDER
+from sim.memory.render import RENDER_ORDER, rendered
 from sim.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ def langchain_peer(state: NpcState, config: WorkingMemoryConfig) -> Callable[[],
     """The same fixed-split truncation done with langchain-core's trim_messages."""
     from langchain_core.messages import HumanMessage, trim_messages
 
-    rendered = state.rendered
+    rendering = rendered(state)
     reference = build_working_memory(state, SAID, config)
     flexible = config.max_context_chars - reference.report.mandatory_chars
     plan = []
@@ -90,10 +90,10 @@ def langchain_peer(state: NpcState, config: WorkingMemoryConfig) -> Callable[[],
         ("episodic", 3, config.max_episodic_memories, config.episodic_share),
         ("beliefs", 2, config.max_beliefs, config.belief_share),
     ):
-        section = rendered.sections[index]
+        section = rendering.sections[index]
         messages = [HumanMessage(content=line) for line in section.lines]
         plan.append((name, messages, cap, int(flexible * share), len(section.header)))
-    head = rendered.head + rendered.sections[0].text + rendered.sections[1].text
+    head = rendering.head + rendering.sections[0].text + rendering.sections[1].text
 
     def count(messages: list[HumanMessage]) -> int:
         return sum(len(m.content) for m in messages)

@@ -1,9 +1,10 @@
 """An independent checker of the working-memory invariants (DESIGN.md, I1-I7).
 
 It trusts nothing the builder says about itself: it sorts the state's items on its own,
-re-renders the prompt from the kept items with the format functions of `sim.memory`, and
-measures sizes on the rendered text. The builder's report is only checked against what the
-checker measured (an `over_budget` flag is legitimate only when the mandatory content
+re-renders the prompt from the kept items with the format functions of the public
+`sim.memory.render` (it checks the builder's choices, not the format of each piece), and
+measures sizes on the rendered text. The builder's report is only checked against what
+the checker measured (an `over_budget` flag is legitimate only when the mandatory content
 really exceeds the limit). Tests use it as the oracle; `npcsim loadtest` runs it on every
 snapshot.
 """
@@ -15,19 +16,16 @@ from typing import Any
 
 import msgspec
 
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
-from sim.memory._render import (
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, token_counter
+from sim.memory.render import (
     CATEGORY_HEADERS,
-    render_belief,
-    render_episode,
-    render_fact,
+    RENDER,
+    RENDER_ORDER,
     render_head,
-    render_line,
     render_rule,
     render_tail,
     render_world,
 )
-from sim.memory._tokens import token_counter
 
 __all__ = ["Violation", "check_working_memory"]
 
@@ -37,14 +35,6 @@ class Violation(msgspec.Struct, frozen=True):
     detail: str
 
 
-_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
-_RENDER: dict[str, Callable[[Any], str]] = {
-    "canonical_facts": render_fact,
-    "world_state": render_world,
-    "beliefs": render_belief,
-    "episodic": render_episode,
-    "dialogue": render_line,
-}
 _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
     "canonical_facts": lambda f: (f.id, f.text),
     "world_state": lambda w: (w.key, w.value),
@@ -56,11 +46,11 @@ _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
 
 def _render(state: NpcState, player_input: str, kept: Mapping[str, Sequence[Any]], rule: str) -> str:
     parts = [render_head(state.system_prompt)]
-    for name in _ORDER:
+    for name in RENDER_ORDER:
         items = kept[name]
         if items:
             parts.append(CATEGORY_HEADERS[name])
-            parts.extend(_RENDER[name](item) for item in items)
+            parts.extend(RENDER[name](item) for item in items)
     parts.append(rule)
     parts.append(render_tail(state.agent_id, player_input))
     return "".join(parts)
@@ -70,7 +60,7 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
     """The state's items in the checker's own recency order, sorted once per state."""
     cached: dict[str, list[Any]] | None = state.__dict__.get("_checker_history")
     if cached is None:
-        cached = {name: sorted(getattr(state, name), key=_RECENCY[name]) for name in _ORDER}
+        cached = {name: sorted(getattr(state, name), key=_RECENCY[name]) for name in RENDER_ORDER}
         state.__dict__["_checker_history"] = cached
     return cached
 
@@ -81,7 +71,7 @@ def check_working_memory(
     """Every invariant the snapshot breaks; empty when it is sound."""
     out: list[Violation] = []
     history = _history(state)
-    kept = {name: list(getattr(wm, name)) for name in _ORDER}
+    kept = {name: list(getattr(wm, name)) for name in RENDER_ORDER}
     always = {
         "canonical_facts": config.always_include_canonical_facts,
         "world_state": config.always_include_world_state,
@@ -99,7 +89,7 @@ def check_working_memory(
         return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
 
     # I3: each category is the newest contiguous run of its items, within its cap.
-    for name in _ORDER:
+    for name in RENDER_ORDER:
         items, k = history[name], len(kept[name])
         if k > len(items) or kept[name] != items[len(items) - k :]:
             out.append(Violation("I3", f"{name}: kept items are not the newest contiguous run of the state's"))
@@ -122,7 +112,7 @@ def check_working_memory(
                 out.append(Violation("I1", f"world state {entry.key!r} is missing from the prompt"))
 
     # I2: within the limit unless over budget, and over budget only when it must be.
-    mandatory = {name: (history[name] if always.get(name) else []) for name in _ORDER}
+    mandatory = {name: (history[name] if always.get(name) else []) for name in RENDER_ORDER}
     must_overflow = not fits(_render(state, player_input, mandatory, rule))
     if wm.report.over_budget != must_overflow:
         out.append(
@@ -130,7 +120,7 @@ def check_working_memory(
                       f"{'does not fit' if must_overflow else 'fits'} the limit")
         )
     if must_overflow:
-        extra = [n for n in _ORDER if len(kept[n]) > len(mandatory[n])]
+        extra = [n for n in RENDER_ORDER if len(kept[n]) > len(mandatory[n])]
         if extra:
             out.append(Violation("I2", f"over budget, yet truncatable items were kept: {extra}"))
     elif not fits(prompt):
@@ -139,14 +129,14 @@ def check_working_memory(
 
     # I6: with redistribution, no next item could have been added.
     if config.redistribute_unused and not must_overflow:
-        for name in _ORDER:
+        for name in RENDER_ORDER:
             items, k = history[name], len(kept[name])
             if always.get(name) or k >= len(items) or k >= caps.get(name, len(items)):
                 continue
             nxt = items[len(items) - k - 1]
             if count is None:
                 # Adding an item inserts its line (and, into an empty section, the header).
-                grown = len(prompt) + len(_RENDER[name](nxt)) + (len(CATEGORY_HEADERS[name]) if k == 0 else 0)
+                grown = len(prompt) + len(RENDER[name](nxt)) + (len(CATEGORY_HEADERS[name]) if k == 0 else 0)
                 could = grown <= config.max_context_chars
             else:
                 candidate = dict(kept)

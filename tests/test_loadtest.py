@@ -13,6 +13,7 @@ import sim.loadtest
 from sim.checker import check_working_memory
 from sim.cli import build_parser, main
 from sim.cli.loadtest import loadtest_command
+from sim.errors import NpcsimError
 from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
 
@@ -37,6 +38,11 @@ def ignore_budget(state: NpcState, player_input: str, config: WorkingMemoryConfi
     """A broken builder: fills to ten times the limit (I2 must catch it)."""
     loose = msgspec.structs.replace(config, max_context_chars=config.max_context_chars * 10)
     return build_working_memory(state, player_input, loose)
+
+
+def refuse_to_build(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
+    """A builder that raises: the sweep process must report it, not vanish."""
+    raise RuntimeError(f"no working memory for {state.agent_id}")
 
 
 def test_public_surface() -> None:
@@ -115,6 +121,12 @@ async def test_broken_builder_result_names_agent_and_invariant() -> None:
     assert 0 < len(result.first_violations) <= 10
     first = result.first_violations[0]
     assert first.invariant == "I1" and first.agent_id.startswith("agent-") and first.source == "sweep"
+
+
+async def test_a_failing_sweep_process_is_named_with_its_error() -> None:
+    config = LoadTestConfig(agents=10, requests=10, duration_s=None, concurrency=0, processes=1)
+    with pytest.raises(NpcsimError, match=r"sweep process 0 failed: RuntimeError: no working memory for agent-"):
+        await run_loadtest(config, builder=refuse_to_build)
 
 
 def test_json_has_the_documented_keys(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ from sim.memory import (
     WorkingMemoryConfig,
     WorldFact,
     build_working_memory,
+    token_counter,
 )
-from sim.memory._render import CATEGORY_HEADERS
+from sim.memory.render import CATEGORY_HEADERS, rendered, token_sizes
 
 
 def big_state(n: int = 30) -> NpcState:
@@ -123,12 +124,22 @@ def test_working_memory_round_trips_through_msgpack_and_json() -> None:
 
 
 def test_token_budget_is_met_by_the_whole_prompt() -> None:
-    from sim.memory._tokens import token_counter
-
     config = WorkingMemoryConfig(max_context_tokens=120)
     wm = build_working_memory(big_state(), "hello", config)
     assert wm.report.prompt_tokens == token_counter("cl100k")(wm.prompt) <= 120
     assert len(wm.dialogue) > 0
+
+
+def test_a_state_is_rendered_once_per_renderer_and_stays_plain_data() -> None:
+    state = big_state()
+    fresh = big_state()
+    build_working_memory(state, "hello", WorkingMemoryConfig(max_context_tokens=120))
+    assert rendered(state) is rendered(state) and rendered(state, 1) is rendered(state, 1)
+    assert rendered(state, 1) is not rendered(state)
+    count = token_counter("cl100k")
+    assert token_sizes(state, count) is token_sizes(state, count)
+    assert rendered(state) == rendered(fresh)  # the cache is what a fresh rendering gives
+    assert state == fresh and msgspec.msgpack.encode(state) == msgspec.msgpack.encode(fresh)
 
 
 def test_section_headers_only_for_kept_categories() -> None:

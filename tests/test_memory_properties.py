@@ -123,7 +123,7 @@ def test_i5_redistribution_contains_fixed_split_at_any_lower_limit(
 
 def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> dict[str, int]:
     """The seed article's fixed split, written out plainly: counts kept per category."""
-    from sim.memory._render import CATEGORY_HEADERS, render_belief, render_episode, render_line
+    from sim.memory.render import CATEGORY_HEADERS, render_belief, render_episode, render_line
 
     mandatory_only = build_working_memory(
         NpcState(state.agent_id, state.system_prompt, state.canonical_facts, state.world_state), said, config

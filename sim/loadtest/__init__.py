@@ -1,20 +1,26 @@
 """`npcsim loadtest`: prove priority truncation holds under concurrency, at scale.
 
-Seeded random agents (`_states`), a build-and-check sweep over the cores plus a round trip
-through the inference pool (`_run`), run once per (budget, concurrency) phase; figures
-(`_stats`), truncation statistics (`_truncation`), a live display (`_display`) and an
-optional plot (`_plot`). See docs/loadtest.md.
+Seeded random agents (`_states`); a build-and-check sweep over the cores in worker processes
+(`_sweep`, speaking the typed messages of `_messages`) plus a round trip through the
+inference pool (`_round_trip`, `_inference`), side by side in each (budget, concurrency)
+phase (`_phase`), the phases in order (`_run`); the configuration (`_config`), one snapshot
+built and checked (`_snapshot`), what a phase counted (`_totals`), figures (`_stats`),
+truncation statistics (`_truncation`), a live display (`_display`) and an optional plot
+(`_plot`). See docs/loadtest.md.
 """
 
+from sim.loadtest._config import LoadTestConfig, default_processes
 from sim.loadtest._display import print_result, progress_view
 from sim.loadtest._plot import require_matplotlib, write_plot
-from sim.loadtest._run import Builder, Checker, LoadTestConfig, Progress, default_processes, run_loadtest
+from sim.loadtest._run import run_loadtest
+from sim.loadtest._snapshot import Builder, Checker
 from sim.loadtest._states import PATHOLOGICAL_SHARE, PROFILES, agent_id, generate_state, profile_of
 from sim.loadtest._stats import (
     KNEE_GAIN,
     BudgetResult,
     LatencyFigures,
     LoadTestResult,
+    Progress,
     SweepPoint,
     TimelinePoint,
     ViolationRecord,

@@ -6,8 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from sim.loadtest._run import Progress
-from sim.loadtest._stats import KNEE_GAIN, LatencyFigures, LoadTestResult
+from sim.loadtest._stats import KNEE_GAIN, LatencyFigures, LoadTestResult, Progress
 from sim.loadtest._truncation import CATEGORIES, CategoryTruncation, TruncationFigures
 
 __all__ = ["final_table", "print_result", "progress_view", "sweep_table", "truncation_table", "violations_table"]

@@ -1,4 +1,4 @@
-"""Figures of a load test: mergeable latency histograms, counters, RSS, the result.
+"""Figures of a load test: mergeable latency histograms, counters, RSS, the live progress, the result.
 
 Latencies go into log-scale buckets (3 % wide) rather than lists, so that a sweep process
 can ship a compact delta to the parent every fraction of a second and millions of samples
@@ -19,9 +19,11 @@ __all__ = [
     "KNEE_GAIN",
     "BudgetResult",
     "Histogram",
+    "HistogramWire",
     "LatencyFigures",
     "LoadTestResult",
     "PeakRss",
+    "Progress",
     "SweepPoint",
     "TimelinePoint",
     "ViolationRecord",
@@ -30,6 +32,14 @@ __all__ = [
 
 _BASE = 1.03
 _LOG_BASE = math.log(_BASE)
+
+
+class HistogramWire(msgspec.Struct, frozen=True, kw_only=True):
+    """A histogram as it crosses from a sweep process to the parent."""
+
+    buckets: dict[int, int]
+    count: int
+    max_ns: int
 
 
 class Histogram:
@@ -74,14 +84,14 @@ class Histogram:
             max_ms=round(self.max_ns / 1e6, 4),
         )
 
-    def to_wire(self) -> tuple[dict[int, int], int, int]:
-        return dict(self.buckets), self.count, self.max_ns
+    def to_wire(self) -> HistogramWire:
+        return HistogramWire(buckets=dict(self.buckets), count=self.count, max_ns=self.max_ns)
 
     @classmethod
-    def from_wire(cls, wire: tuple[dict[int, int], int, int]) -> Histogram:
+    def from_wire(cls, wire: HistogramWire) -> Histogram:
         h = cls()
-        h.buckets.update(wire[0])
-        h.count, h.max_ns = wire[1], wire[2]
+        h.buckets.update(wire.buckets)
+        h.count, h.max_ns = wire.count, wire.max_ns
         return h
 
 
@@ -101,6 +111,23 @@ class PeakRss:
                 continue
         self.peak_bytes = max(self.peak_bytes, total)
         return total
+
+
+class Progress(msgspec.Struct, frozen=True, kw_only=True):
+    """What the live display shows, taken every interval; `phase` names the budget and concurrency."""
+
+    elapsed_s: float
+    planned_s: float | None
+    requests: int | None
+    snapshots: int
+    snapshots_per_s: float
+    inferences: int
+    inferences_per_s: float
+    violations: int
+    over_budget: int
+    fallbacks: int
+    rss_mb: float
+    phase: str = ""
 
 
 class LatencyFigures(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,7 +23,7 @@ import msgspec
 
 from sim.memory import CategoryReport, TruncationReport
 
-__all__ = ["CATEGORIES", "CategoryTruncation", "TruncationFigures", "TruncationTally"]
+__all__ = ["CATEGORIES", "CategoryTruncation", "TallyWire", "TruncationFigures", "TruncationTally"]
 
 CATEGORIES = ("mandatory", "dialogue", "episodic", "beliefs")
 # Per category: snapshots cut, items kept, items dropped, sum of used fractions, snapshots with a budget.
@@ -46,6 +46,14 @@ class TruncationFigures(msgspec.Struct, frozen=True, kw_only=True):
     dialogue: CategoryTruncation
     episodic: CategoryTruncation
     beliefs: CategoryTruncation
+
+
+class TallyWire(msgspec.Struct, frozen=True, kw_only=True):
+    """A tally as it crosses from a sweep process to the parent."""
+
+    snapshots: int
+    over_budget: int
+    sums: list[float]
 
 
 class TruncationTally:
@@ -86,14 +94,14 @@ class TruncationTally:
         self.over_budget += other.over_budget
         self.sums = [a + b for a, b in zip(self.sums, other.sums, strict=True)]
 
-    def to_wire(self) -> tuple[int, int, list[float]]:
-        return self.snapshots, self.over_budget, list(self.sums)
+    def to_wire(self) -> TallyWire:
+        return TallyWire(snapshots=self.snapshots, over_budget=self.over_budget, sums=list(self.sums))
 
     @classmethod
-    def from_wire(cls, wire: tuple[int, int, list[float]]) -> TruncationTally:
+    def from_wire(cls, wire: TallyWire) -> TruncationTally:
         tally = cls()
-        tally.snapshots, tally.over_budget = wire[0], wire[1]
-        tally.sums = [float(x) for x in wire[2]]
+        tally.snapshots, tally.over_budget = wire.snapshots, wire.over_budget
+        tally.sums = [float(x) for x in wire.sums]
         return tally
 
     def figures(self) -> TruncationFigures:

@@ -1,12 +1,15 @@
 """The pure core: NPC state, ephemeral working memory with priority truncation.
 
-No I/O happens here, and nothing here imports the I/O layers.
+No I/O happens here, and nothing here imports the I/O layers. The prompt's format, piece
+by piece (for whoever re-renders or measures a prompt on its own: the checker, tests,
+benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
+module of its own.
 """
 
 from sim.errors import OverBudgetError
+from sim.memory import render
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._config import WorkingMemoryConfig
-from sim.memory._render import RENDERER_VERSION, inert
 from sim.memory._state import (
     Belief,
     Episode,
@@ -20,6 +23,8 @@ from sim.memory._state import (
     line_order,
     world_order,
 )
+from sim.memory._tokens import TOKENIZERS, token_counter
+from sim.memory.render import RENDERER_VERSION, inert
 
 __all__ = [
     "Belief",
@@ -30,6 +35,7 @@ __all__ = [
     "NpcState",
     "OverBudgetError",
     "RENDERER_VERSION",
+    "TOKENIZERS",
     "TruncationReport",
     "WorkingMemory",
     "WorkingMemoryConfig",
@@ -40,5 +46,7 @@ __all__ = [
     "fact_order",
     "inert",
     "line_order",
+    "render",
+    "token_counter",
     "world_order",
 ]

@@ -2,7 +2,7 @@
 
 `build_working_memory` is a pure function: same state, input and config give the same
 bytes. Sizes are exact because the prompt is a concatenation of pieces whose sizes the
-state computed once (see `_render`).
+rendering computed once per state (see `sim.memory.render.rendered`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
 from sim.memory._config import WorkingMemoryConfig
-from sim.memory._render import (
+from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory._tokens import token_counter
+from sim.memory.render import (
     RENDERER_VERSION,
     RenderedState,
     Section,
@@ -23,9 +25,9 @@ from sim.memory._render import (
     escape_for,
     render_rule,
     render_tail,
+    rendered,
+    token_sizes,
 )
-from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory._tokens import token_counter
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]
 
@@ -149,10 +151,10 @@ def _grow(
     return k, room, token_room
 
 
-def _render_prompt(rendered: RenderedState, kept: list[int], tail: tuple[str, str]) -> tuple[str, int]:
+def _render_prompt(rendering: RenderedState, kept: list[int], tail: tuple[str, str]) -> tuple[str, int]:
     """The prompt and the length of its context; `tail` is (rule section, closing piece)."""
-    pieces = [rendered.head]
-    for section, k in zip(rendered.sections, kept, strict=True):
+    pieces = [rendering.head]
+    for section, k in zip(rendering.sections, kept, strict=True):
         n = len(section.lines)
         if k == n:
             pieces.append(section.text)
@@ -179,15 +181,15 @@ def build_working_memory(
     """
     cfg = _DEFAULT_CONFIG if config is None else config
     escape = escape_for(renderer)
-    rendered = state.rendered_as(renderer)
-    sections = rendered.sections
+    rendering = rendered(state, renderer)
+    sections = rendering.sections
     tail = (render_rule(prohibition, escape), render_tail(state.agent_id, player_input, escape))
     always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
     caps = (_NO_CAP, _NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
     shares = (0.0, 0.0, cfg.belief_share, cfg.episodic_share, cfg.dialogue_share)
     kept = [len(sections[i].lines) if always[i] else 0 for i in range(5)]
 
-    mandatory_chars = len(rendered.head) + len(tail[0]) + len(tail[1])
+    mandatory_chars = len(rendering.head) + len(tail[0]) + len(tail[1])
     for i in ALWAYS:
         if always[i]:
             mandatory_chars += len(sections[i].text)
@@ -199,9 +201,9 @@ def build_working_memory(
     flex_tokens = 0
     if cfg.max_context_tokens is not None:
         count = token_counter(cfg.tokenizer)
-        mandatory_tokens = count(_render_prompt(rendered, kept, tail)[0])
+        mandatory_tokens = count(_render_prompt(rendering, kept, tail)[0])
         flex_tokens = cfg.max_context_tokens - mandatory_tokens
-        token_table = state.token_sizes(count, renderer)
+        token_table = token_sizes(state, count, renderer)
 
     budgets = [(0, 0)] * 5
     over_budget = flex_chars < 0 or flex_tokens < 0
@@ -213,11 +215,11 @@ def build_working_memory(
             budgets[i] = (int(flex_chars * shares[i]), int(flex_tokens * shares[i]))
         _select(sections, token_table, kept, caps, always, budgets, flex_chars, flex_tokens, cfg.redistribute_unused)
 
-    prompt, context_chars = _render_prompt(rendered, kept, tail)
+    prompt, context_chars = _render_prompt(rendering, kept, tail)
     prompt_tokens: int | None = None
     if count is not None and not over_budget:
         prompt, context_chars, prompt_tokens = _fit_exact_tokens(
-            rendered, kept, caps, always, tail, cfg, count, prompt, context_chars
+            rendering, kept, caps, always, tail, cfg, count, prompt, context_chars
         )
     elif count is not None:
         prompt_tokens = count(prompt)
@@ -313,7 +315,7 @@ def _select(
 
 
 def _fit_exact_tokens(
-    rendered: RenderedState,
+    rendering: RenderedState,
     kept: list[int],
     caps: tuple[int, ...],
     always: tuple[bool, ...],
@@ -338,7 +340,7 @@ def _fit_exact_tokens(
         if victim is None:
             break
         kept[victim] -= 1
-        prompt, context_chars = _render_prompt(rendered, kept, tail)
+        prompt, context_chars = _render_prompt(rendering, kept, tail)
         tokens = count(prompt)
     if cfg.redistribute_unused:
         order = [*FLEXIBLE, *(i for i in ALWAYS if not always[i])]
@@ -346,10 +348,10 @@ def _fit_exact_tokens(
         while grown:
             grown = False
             for i in order:
-                if kept[i] >= min(caps[i], len(rendered.sections[i].lines)):
+                if kept[i] >= min(caps[i], len(rendering.sections[i].lines)):
                     continue
                 kept[i] += 1
-                candidate, candidate_context = _render_prompt(rendered, kept, tail)
+                candidate, candidate_context = _render_prompt(rendering, kept, tail)
                 if len(candidate) <= cfg.max_context_chars:
                     candidate_tokens = count(candidate)
                     if candidate_tokens <= limit:

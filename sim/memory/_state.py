@@ -4,17 +4,18 @@ Constructing an `NpcState` puts every list into recency order once, so that buil
 working memory costs what it keeps, not the length of the history. Recency is a total
 order: `(tick, id)` ascending, dialogue `(tick, seq)`; ties break on the remaining fields
 so that the order never depends on the order of the input lists.
+
+The state is data and imports nothing of its rendering: `NpcState` is a `dict=True` Struct
+only so that the rendering side (`sim.memory.render.rendered`) can keep its per-state cache
+on the object, where msgspec neither encodes nor compares it.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from msgspec.structs import force_setattr
-
-from sim.memory import _render
 
 __all__ = [
     "Belief",
@@ -117,25 +118,3 @@ class NpcState(msgspec.Struct, frozen=True, dict=True, forbid_unknown_fields=Tru
         force_setattr(self, "episodic", tuple(sorted(self.episodic, key=episode_order)))
         force_setattr(self, "beliefs", tuple(sorted(self.beliefs, key=belief_order)))
         force_setattr(self, "dialogue", tuple(sorted(self.dialogue, key=line_order)))
-
-    @functools.cached_property
-    def rendered(self) -> _render.RenderedState:
-        """Every item rendered once (current renderer), with its size; built on first use."""
-        return _render.render_state(self)
-
-    def rendered_as(self, renderer: int) -> _render.RenderedState:
-        """The rendering of an earlier renderer version (replaying old audit records)."""
-        if renderer == _render.RENDERER_VERSION:
-            return self.rendered
-        cache: dict[int, _render.RenderedState] = self.__dict__.setdefault("_rendered_as", {})
-        if renderer not in cache:
-            cache[renderer] = _render.render_state(self, renderer)
-        return cache[renderer]
-
-    def token_sizes(self, count: Any, renderer: int = _render.RENDERER_VERSION) -> _render.TokenSizes:
-        """Per-item token counts for the counter `count`, computed once per state and renderer."""
-        cache: dict[Any, _render.TokenSizes] = self.__dict__.setdefault("_token_sizes", {})
-        sizes = cache.get((count, renderer))
-        if sizes is None:
-            sizes = cache[(count, renderer)] = _render.token_sizes(self.rendered_as(renderer), count)
-        return sizes

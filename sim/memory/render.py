@@ -23,6 +23,20 @@ retry's prohibition) goes through `inert`, so it can neither break a line, start
 nor carry a chat-template marker. The author's system prompt, canonical facts and agent
 id are rendered verbatim. Renderer version 1 (before `inert`) is kept so that audit
 records written by it still replay byte for byte; `RENDERER_VERSION` is what is written now.
+
+Each state is rendered once per renderer version: `rendered(state)` keeps the rendering
+(and `token_sizes` the per-item token counts) on the state object, so that building a
+working memory costs what it keeps, not the length of the history. The cache lives here,
+not in the state model: `NpcState` is data and knows nothing of its rendering; it only
+lends its instance `__dict__` (it is a `dict=True` Struct), which msgspec neither encodes
+nor compares, so a cached state equals and encodes as a fresh one.
+
+Why a public module and not more names in `sim.memory`: these are the prompt's format,
+piece by piece, needed by whoever re-renders or measures a prompt on its own (the
+independent checker, tests, benchmarks), not by users of the builder. Kept as one module
+with its own `__all__` (listed in `sim.memory.__all__` as `render`), they stay together
+and out of the builder's namespace. The token counter is two names that go with the
+config's `tokenizer` field, so `sim.memory` exports those itself.
 """
 
 from __future__ import annotations
@@ -45,8 +59,10 @@ __all__ = [
     "RENDERER_VERSION",
     "RENDER_ORDER",
     "RULE_HEADER",
-    "RenderedState",
     "TAIL_HEADER",
+    "Escape",
+    "RenderedState",
+    "Section",
     "TokenSizes",
     "escape_for",
     "inert",
@@ -56,10 +72,9 @@ __all__ = [
     "render_head",
     "render_line",
     "render_rule",
-    "render_state",
     "render_tail",
     "render_world",
-    "newest_sums",
+    "rendered",
     "token_sizes",
 ]
 
@@ -191,7 +206,7 @@ class TokenSizes(msgspec.Struct, frozen=True):
     headers: tuple[int, ...]
 
 
-def newest_sums(sizes: Sequence[int]) -> tuple[int, ...]:
+def _newest_sums(sizes: Sequence[int]) -> tuple[int, ...]:
     """Running totals of sizes taken newest first: entry k is the size of the k newest."""
     return (0, *itertools.accumulate(reversed(sizes)))
 
@@ -202,12 +217,12 @@ def _section(name: str, lines: Sequence[str]) -> Section:
     return Section(
         header=header,
         lines=tuple(lines),
-        newest_sums=newest_sums([len(line) for line in lines]),
+        newest_sums=_newest_sums([len(line) for line in lines]),
         text=header + body if lines else "",
     )
 
 
-def render_state(state: NpcState, renderer: int = RENDERER_VERSION) -> RenderedState:
+def _render_state(state: NpcState, renderer: int) -> RenderedState:
     escape = escape_for(renderer)
     return RenderedState(
         head=render_head(state.system_prompt),
@@ -217,8 +232,28 @@ def render_state(state: NpcState, renderer: int = RENDERER_VERSION) -> RenderedS
     )
 
 
-def token_sizes(rendered: RenderedState, count: Callable[[str], int]) -> TokenSizes:
-    return TokenSizes(
-        newest_sums=tuple(newest_sums([count(line) for line in s.lines]) for s in rendered.sections),
-        headers=tuple(count(s.header) for s in rendered.sections),
-    )
+# Keys of the caches in a state's instance `__dict__`; the names are this module's.
+_RENDERED = "_npcsim_rendered"
+_TOKEN_SIZES = "_npcsim_token_sizes"
+
+
+def rendered(state: NpcState, renderer: int = RENDERER_VERSION) -> RenderedState:
+    """Every item of `state` rendered by `renderer`, with its size: computed once per state and version."""
+    try:
+        found: RenderedState = state.__dict__[_RENDERED][renderer]
+    except KeyError:
+        found = state.__dict__.setdefault(_RENDERED, {})[renderer] = _render_state(state, renderer)
+    return found
+
+
+def token_sizes(state: NpcState, count: Callable[[str], int], renderer: int = RENDERER_VERSION) -> TokenSizes:
+    """Per-item token counts of `rendered(state, renderer)` for the counter `count`, computed once."""
+    cache: dict[tuple[Callable[[str], int], int], TokenSizes] = state.__dict__.setdefault(_TOKEN_SIZES, {})
+    sizes = cache.get((count, renderer))
+    if sizes is None:
+        sections = rendered(state, renderer).sections
+        sizes = cache[(count, renderer)] = TokenSizes(
+            newest_sums=tuple(_newest_sums([count(line) for line in s.lines]) for s in sections),
+            headers=tuple(count(s.header) for s in sections),
+        )
+    return sizes
