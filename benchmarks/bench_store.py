@@ -33,8 +33,8 @@ import msgspec
 
 from sim.memory import Episode, Line, NpcState
 from sim.store import HOT_LIMIT, Writer, open_store
-from sim.store._records import item, pack_keys, unpack_keys
-from sim.store._sql import HEARD_RECENT, INSERT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT
+from sim.store.records import item, pack_keys, unpack_keys
+from sim.store.sql import HEARD_RECENT, INSERT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT
 
 _ENCODER = msgspec.msgpack.Encoder()
 

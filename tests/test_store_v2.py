@@ -22,7 +22,7 @@ from sim.audit import AuditRecord, decode_record, encode_record, make_record, re
 from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.store import HOT_LIMIT, SCHEMA_VERSION, StoreError, Writer, open_reader, open_store
-from sim.store._records import Item, RecordPacker, read_packed, unpack_record
+from sim.store.records import Item, RecordPacker, read_packed, unpack_record
 from tests.strategies import beliefs, configs, episodes, facts, lines, player_inputs, texts, worlds
 from tests.test_audit import fingerprint, random_record
 

@@ -17,8 +17,8 @@ import aiosqlite
 import msgspec
 
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, belief_order, episode_order, line_order
-from sim.store._records import unpack_keys
-from sim.store._sql import HEARD_RECENT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT, fetch
+from sim.store.records import unpack_keys
+from sim.store.sql import HEARD_RECENT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT, fetch
 
 __all__ = ["Hot", "load_hot"]
 

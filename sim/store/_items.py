@@ -1,7 +1,7 @@
 """Content addressing on the writer's side: episodes and audit records become items stored once.
 
 Producers queue an episode as `(agent, tick, item)` and an audit record as its columns,
-its packed blob and the items it references (`sim.store._records`). Before a batch runs,
+its packed blob and the items it references (`sim.store.records`). Before a batch runs,
 `Addresser.address` turns these into `item` rows (each item once), `heard` rows (an
 agent's episodes of one tick in one batch are one row) and the agents' small integer keys,
 so producers only encode and queue. It remembers the items written with their check, so
@@ -17,8 +17,8 @@ import msgspec
 
 from sim.errors import StoreError
 from sim.memory import Episode
-from sim.store._records import Item, item, pack_keys
-from sim.store._sql import RowKind
+from sim.store.records import Item, item, pack_keys
+from sim.store.sql import RowKind
 
 __all__ = ["Addresser", "episode_item"]
 

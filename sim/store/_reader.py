@@ -7,7 +7,7 @@ closed cleanly, so every committed page is in the main file) it is also opened
 committed tick.
 
 Records of both schemas are read: a version-1 record is one msgpack blob, a version-2
-record is packed (`sim.store._records`) and rebuilt from the items it references, which
+record is packed (`sim.store.records`) and rebuilt from the items it references, which
 the reader caches, since neighbouring records share most of them.
 """
 
@@ -25,8 +25,8 @@ import msgspec
 
 from sim.audit import AuditRecord, decode_record
 from sim.errors import SchemaError, StoreError
-from sim.store._records import COLUMNS, read_packed, unpack_record
 from sim.store._schema import check_file, check_version
+from sim.store.records import COLUMNS, read_packed, unpack_record
 
 __all__ = ["AuditSummary", "StoreReader", "open_reader"]
 

@@ -15,8 +15,8 @@ import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
-from sim.store._sql import SELECT_INPUTS, SELECT_LAST_TICK, SELECT_SENT, fetch
 from sim.store._writer import BatchWriter
+from sim.store.sql import SELECT_INPUTS, SELECT_LAST_TICK, SELECT_SENT, fetch
 
 __all__ = ["Resume", "read_last_tick"]
 

@@ -43,7 +43,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " line TEXT NOT NULL, record BLOB NOT NULL)",
         "CREATE INDEX audit_agent ON audit (agent, tick)",
     ),
-    # 2: store each thing once (sim/store/_records.py). Version 1's rows stay where they
+    # 2: store each thing once (sim/store/records.py). Version 1's rows stay where they
     # are and are still read: `episodes` is merged with `heard` when loading, an audit row
     # with `format` 1 holds a whole msgpack record.
     (

@@ -7,7 +7,7 @@
 | `_writer` | the one writer task: queued operations, batching, commits, failure |
 | `_items` | content addressing of episodes and audit records before they are written |
 | `_resume` | resume metadata: the last tick, what was sent, outside inputs |
-| `_sql` | the statements |
+| `sql` | the statements |
 
 Every write is checked (`_authority`), updates the agent's hot state at once (so `state()`
 never queries) and queues one row for the writer task, which commits a tick's rows
@@ -34,11 +34,11 @@ from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.store._authority import Authority, Writer
 from sim.store._hot import Hot, load_hot
 from sim.store._items import Addresser, episode_item
-from sim.store._records import COLUMNS, RecordPacker
 from sim.store._resume import Resume, read_last_tick
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
-from sim.store._sql import SELECT_AGENT_KEYS
 from sim.store._writer import BatchWriter
+from sim.store.records import COLUMNS, RecordPacker
+from sim.store.sql import SELECT_AGENT_KEYS
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
 

@@ -31,7 +31,7 @@ import msgspec
 from sim.errors import StoreError
 from sim.store._items import Addresser
 from sim.store._retention import PRUNE_SQL
-from sim.store._sql import INSERT, SET_LAST_TICK, RowKind
+from sim.store.sql import INSERT, SET_LAST_TICK, RowKind
 
 __all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row"]
 

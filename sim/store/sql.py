@@ -1,6 +1,8 @@
 """The writer's statements and the queries that load hot state and resume metadata.
 
-Pure text, plus `fetch`, the one way the store reads a query's rows.
+Pure text, plus `fetch`, the one way the store reads a query's rows. Public, like
+`sim.store.records`: the store's format is documented (docs/store.md), and a benchmark or a
+tool that measures the store against plain SQLite must run exactly these statements.
 """
 
 from __future__ import annotations

@@ -1,0 +1,141 @@
+"""The layout's rules, read from the code: no import circle, no reach into another package's
+private modules, agents that reach the engine only through their context.
+
+Every `import` and `from ... import` of sim, agents and benchmarks is read with `ast`, those
+inside functions too; those under `if TYPE_CHECKING:` are left aside (they never run). An
+import of `a.b` loads the package `a` first, but that implicit edge is not counted: every
+submodule would otherwise form a circle with its package's `__init__`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import REPO
+
+ROOTS = ("sim", "agents", "benchmarks")
+# What an agent may import from the engine: its context, the wire events, the state model.
+AGENT_ALLOWED = ("sim.shard", "sim.wire", "sim.memory", "sim.scenario")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for root in ROOTS:
+        for path in sorted((REPO / root).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """Ids of the import nodes inside `if TYPE_CHECKING:` bodies."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                hidden.update(id(n) for n in ast.walk(inner))
+    return hidden
+
+
+def _package_of(module: str) -> str:
+    path = MODULES[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imports(module: str) -> Iterator[tuple[str, str, int]]:
+    """(target module, imported name or "", line) for every import `module` makes."""
+    tree = ast.parse(MODULES[module].read_text())
+    hidden = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, "", node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = _package_of(module).split(".")
+                up = package[: len(package) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            for alias in node.names:
+                yield base, alias.name, node.lineno
+
+
+def edges(module: str) -> Iterator[tuple[str, str, int]]:
+    """(target module, imported name, line) for imports of modules of this repository."""
+    for base, name, line in imports(module):
+        if name and f"{base}.{name}" in MODULES:
+            yield f"{base}.{name}", "", line
+        elif base in MODULES:
+            yield base, name, line
+
+
+def test_no_import_circle() -> None:
+    graph = {m: sorted({t for t, _, _ in edges(m) if t != m}) for m in MODULES}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in graph[module]:
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def _private_owner(target: str) -> str | None:
+    """The package a private module belongs to (`sim.memory` for `sim.memory._build`), or None."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_module_reaches_into_another_packages_private_modules() -> None:
+    reaches = []
+    for module in sorted(MODULES):
+        for target, name, line in edges(module):
+            owner = _private_owner(target)
+            if name.startswith("_") and not name.startswith("__"):
+                owner = owner or _package_of(target)
+            if owner is not None and not (module == owner or module.startswith(owner + ".")):
+                reaches.append(f"{MODULES[module].relative_to(REPO)}:{line}: {target} {name}".rstrip())
+    assert not reaches, "private imports across packages:\n" + "\n".join(reaches)
+
+
+def test_agents_reach_the_engine_only_through_their_context() -> None:
+    wrong = []
+    for module in sorted(m for m in MODULES if m.startswith("agents")):
+        for target, name, line in edges(module):
+            if target.startswith("sim") and not target.startswith(AGENT_ALLOWED):
+                wrong.append(f"{MODULES[module].relative_to(REPO)}:{line}: {target} {name}".rstrip())
+    assert not wrong, "agents importing engine internals:\n" + "\n".join(wrong)
+
+
+def test_the_rules_see_what_they_are_about() -> None:
+    """The reader finds imports inside functions and skips TYPE_CHECKING ones (else the tests above prove nothing)."""
+    assert len(MODULES) > 80
+    assert any(t == "sim.memory" for t, _, _ in edges("sim.checker"))
+    source = ast.parse("import x\nif TYPE_CHECKING:\n    import y\ndef f():\n    import z\n")
+    hidden = _type_checking_only(source)
+    names = [a.name for n in ast.walk(source) if isinstance(n, ast.Import) and id(n) not in hidden for a in n.names]
+    assert sorted(names) == ["x", "z"]
+    assert _private_owner("sim.memory._build") == "sim.memory" and _private_owner("sim.memory.render") is None
