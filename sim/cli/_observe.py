@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from sim.bus import single_error
+from sim.errors import single_error
 from sim.metrics import Metrics, serve_metrics
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 from sim.wire.events import SayMessage
 
 if TYPE_CHECKING:  # sim.view is imported when a view is asked for (see above)
