@@ -147,11 +147,6 @@ class Bus:
         """Queue every shard's barrier messages (sim.protocol.barrier); every batch is reported anyway."""
         await self._subscribe([self._router.route_barrier()])
 
-    @property
-    def filters(self) -> tuple[str, ...]:
-        """The topic filters this bus subscribes to (again after each reconnect)."""
-        return tuple(self._filters)
-
     def take_events(self) -> list[BusEvent]:
         """Everything queued for the shard since the last call, in arrival order."""
         events = list(self._events)

@@ -81,7 +81,7 @@ async def run_observed(
             if view is not None and ready_stats.broker_address is not None:
                 view.attach(ready_stats.broker_address, ready_stats.run_id)
 
-        stop = asyncio.Event()  # set by SIGINT/SIGTERM (the runner's handlers)
+        stop = asyncio.Event()  # set by SIGINT/SIGTERM too (the shard process's handlers)
         try:
             async with asyncio.TaskGroup() as group:
                 job = group.create_task(run(config, stats=stats, stop=stop, on_ready=ready, metrics=metrics))

@@ -140,10 +140,6 @@ class Router:
         """Batches of ticks before `tick` were perceived already: drop their events (still reported)."""
         self._stale_before = tick
 
-    def pending_events(self) -> int:
-        """Events waiting in mailboxes, in total."""
-        return sum(len(box) for box in self._mailboxes.values())
-
     # --- receiving ---------------------------------------------------------------------
 
     def count_malformed(self, kind: str, topic: str, exc: Exception) -> None:
