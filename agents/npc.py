@@ -1,13 +1,14 @@
 """The NPC brain: perceive, remember, decide, speak.
 
-Each tick the runner wakes the NPCs that have mail or whose seeded generator says they
-talk unprompted. Such an NPC drains its mailbox (sorted by (tick, id)), turns what it
+Each tick the shard wakes the NPCs that have mail or whose seeded generator says they
+talk unprompted. Such an NPC reads its mail (sorted by (tick, id)), turns what it
 perceived into episodic memories with a significance and, when it took part, into
 dialogue lines; updates its beliefs about who spoke to it; then answers every player
 who addressed it, the first NPC who addressed it (while the exchange is short), or,
-failing those, says something to a neighbour. Every line goes through the working
-memory, the inference pool, the NPC's public `say` topic, the location's events (so
-the others hear it) and the store (dialogue + an audit record).
+failing those, says something to a neighbour. It reaches the engine only through its
+`AgentContext`: `speak` is one call, and what a line goes through (working memory,
+inference pool, the `say` topic, the place's events, the store, the audit) is the
+engine's business.
 
 Nothing an NPC decides depends on state carried from one tick to the next outside the
 store: its dice are a function of (seed, id, tick) and its sequence numbers restart each
@@ -21,10 +22,10 @@ import hashlib
 import random
 
 from agents.personas import AMBIENT_PROMPTS
-from sim.memory import Belief, Episode, Line, build_working_memory
-from sim.runner import ShardContext
+from sim.memory import Belief, Episode, Line
 from sim.scenario import NpcSpec
-from sim.wire.events import AnyEvent, Notice, Speech, event_id
+from sim.shard import AgentContext
+from sim.wire.events import AnyEvent, Notice, Speech
 
 __all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng", "ambient_roll"]
 
@@ -45,27 +46,25 @@ def ambient_roll(seed: int, agent_id: str, tick: int) -> float:
 
 
 class NpcAgent:
-    """One NPC; `step(tick)` is called by its task when the runner wakes it."""
+    """One NPC; `step(tick)` is called by its task when the shard wakes it."""
 
-    __slots__ = ("_ctx", "_seq", "ambient", "id", "location", "name", "spec")
+    __slots__ = ("_ctx", "ambient", "id", "location", "name", "spec")
 
-    def __init__(self, spec: NpcSpec, ctx: ShardContext) -> None:
+    def __init__(self, spec: NpcSpec, ctx: AgentContext) -> None:
         self.spec = spec
         self.id = spec.id
         self.name = spec.name
         self.location = spec.location
         self._ctx = ctx
-        self._seq = 0
         self.ambient = False
 
     def wants_turn(self, tick: int) -> bool:
         """Roll the tick's ambient dice; an NPC with mail from earlier ticks always gets a turn."""
         self.ambient = ambient_roll(self._ctx.seed, self.id, tick) < self.spec.ambient_chance
-        return self.ambient or self._ctx.bus.mailbox(self.id).has_mail(tick)
+        return self.ambient or self._ctx.has_mail(tick)
 
     async def step(self, tick: int) -> None:
-        self._seq = 0
-        events = self._ctx.bus.mailbox(self.id).drain(tick)
+        events = self._ctx.mail(tick)
         replies: list[Speech] = []
         npc_reply: Speech | None = None
         for event in events:
@@ -80,30 +79,29 @@ class NpcAgent:
         if npc_reply is not None:
             replies.append(npc_reply)
         for heard in replies:
-            await self._say(tick, heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1)
+            await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1)
         if not replies and self.ambient:
-            others = [n for n in self._ctx.neighbours(self.location) if n != self.id]
+            others = self._ctx.neighbours()
             if others:
                 rng = agent_rng(self._ctx.seed, self.id, tick)
                 other = rng.choice(others)
                 prompt = rng.choice(AMBIENT_PROMPTS).format(other=other)
-                await self._say(tick, other, prompt, 0)
+                await self._ctx.speak(other, prompt, 0)
 
     async def _perceive(self, event: AnyEvent, tick: int) -> None:
         ctx = self._ctx
         if isinstance(event, Notice):
-            episode = Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
-            await ctx.add_episode(self.id, episode)
+            await ctx.remember(
+                Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
+            )
             return
         addressed = event.to == self.id
         target = "me" if addressed else (event.to or "everyone")
         significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
         text = f'{event.speaker} said to {target}: "{event.text}"'
-        await ctx.add_episode(
-            self.id, Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance)
-        )
+        await ctx.remember(Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance))
         if addressed:
-            await ctx.add_line(self.id, Line(tick=tick, speaker=event.speaker, text=event.text, seq=self._next_seq()))
+            await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
             kind = "a player" if event.from_player else "a neighbour"
             belief = Belief(
                 id=f"wants-to-talk:{event.speaker}:{event.tick}",
@@ -111,40 +109,4 @@ class NpcAgent:
                 text=f"{event.speaker} ({kind}) wants to talk to me.",
                 confidence=0.8 if event.from_player else 0.6,
             )
-            await ctx.add_belief(self.id, belief)
-
-    async def _say(self, tick: int, to: str, said: str, turn: int) -> None:
-        ctx = self._ctx
-        state = ctx.state(self.id)
-        memory = build_working_memory(state, said, ctx.memory_config)
-        seq = self._next_seq()
-        inference_id = event_id(ctx.run_id, self.id, tick, seq)
-        result = await ctx.infer(
-            inference_id=inference_id,
-            agent=self.id,
-            tick=tick,
-            memory=memory,
-            player=turn == 1 and to not in ctx.npc_ids,
-            ambient=turn == 0,
-            fallback_lines=tuple(self.spec.fallback_lines),
-            state=state,
-        )
-        await ctx.say(self.id, tick, to, result.line, inference_id)
-        ctx.bus.emit(
-            ctx.location_topic(self.location),
-            Speech(
-                id=inference_id,
-                tick=tick,
-                location=self.location,
-                speaker=self.id,
-                to=to,
-                text=result.line,
-                turn=turn,
-            ),
-        )
-        await ctx.add_line(self.id, Line(tick=tick, speaker=self.id, text=result.line, seq=seq))
-        await ctx.record(inference_id, self.id, tick, state, said, memory, result)
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+            await ctx.remember(belief)

@@ -1,8 +1,8 @@
 """Players that live inside a shard: scripted ones from the scenario, bots for load.
 
-A player's input becomes a `Speech` event with `from_player=True`; the runner publishes
+A player's input becomes a `Speech` event with `from_player=True`; the shard publishes
 it on the addressed NPC's location (when the player stands there, so others overhear)
-or inbox. Players from outside send JSON on `player/{id}/input` instead; see sim.runner.
+or inbox. Players from outside send JSON on `player/{id}/input` instead; see sim.shard.
 """
 
 from __future__ import annotations

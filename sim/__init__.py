@@ -1,4 +1,4 @@
-"""npcsim's engine: state model, working memory, codecs, bus, store, inference, runner."""
+"""npcsim's engine: state model, working memory, codecs, protocol, bus, store, inference, shard."""
 
 from importlib.metadata import PackageNotFoundError, version
 

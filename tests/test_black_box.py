@@ -14,7 +14,7 @@ from sim.audit import attempt_prompt, make_record
 from sim.cli import main
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from sim.memory import WorkingMemoryConfig, build_working_memory
-from sim.runner import RunConfig, hot_limit, run
+from sim.shard import RunConfig, hot_limit, run
 from sim.store import Writer, open_reader, open_store
 from tests.conftest import REPO, MosquittoProcess
 from tests.fake_openai import FakeOpenAI, open_fake_openai
@@ -196,7 +196,7 @@ async def test_over_budget_prompts_are_counted_logged_once_per_npc_and_listed(
     scenario = tmp_path / "tight.toml"
     scenario.write_text(VILLAGE.read_text() + "\n[memory]\nmax_context_chars = 100\n")
     db = tmp_path / "tight.db"
-    with caplog.at_level(logging.WARNING, logger="sim.runner"):
+    with caplog.at_level(logging.WARNING, logger="sim.shard"):
         stats = await run(RunConfig(scenario=str(scenario), broker=mosquitto.url, run_id="tight", ticks=6,
                                     db=str(db)))
     assert stats.over_budget == stats.inferences > 0

@@ -1,4 +1,4 @@
-"""The bus against a real Mosquitto: batching, de-duplication, malformed payloads, outages."""
+"""The bus against a real Mosquitto: batches, de-duplication, malformed payloads, events, outages."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from collections.abc import Callable
 import aiomqtt
 import pytest
 
-from sim.bus import BusConfig, open_bus
+from sim.bus import Bus, BusConfig, Connected, open_bus
 from sim.errors import BrokerError, OutboxFullError
 from sim.mqtt import BrokerAddress, ReconnectPolicy
+from sim.protocol.outbox import Outbox
+from sim.protocol.received import BatchArrived, PlayerInputReceived
 from sim.wire import topics
-from sim.wire.events import EventBatch, Speech, encode_batch
+from sim.wire.events import EventBatch, PlayerInputMessage, Speech, encode_batch
 from tests.conftest import MosquittoProcess, free_port
 
 pytestmark = pytest.mark.mosquitto
@@ -32,18 +34,29 @@ async def wait_for(condition: Callable[[], object], steps: int = 500) -> None:
     raise AssertionError("condition not reached in time")
 
 
+async def send(bus: Bus, outbox: Outbox, tick: int) -> list[tuple[str, int]]:
+    """What the shard's publish phase does with the tick's outbox."""
+    batches = outbox.flush(tick)
+    for batch in batches:
+        await bus.publish(batch.topic, batch.payload)
+    return [(b.topic, b.events) for b in batches]
+
+
 async def test_batch_round_trip(mosquitto: MosquittoProcess) -> None:
     async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
         await bus.listen_location("sq", ["b", "c"])
         topic = topics.location_events("r", "sq")
+        outbox = Outbox("0")
         for n in (2, 1, 3):
-            bus.emit(topic, speech(n))
-        assert [(t, n) for t, _, n in await bus.flush(0)] == [(topic, 3)]
-        async with asyncio.timeout(5):
-            await bus.wait_for(lambda: len(bus.mailbox("c")) == 3)
+            outbox.emit(topic, speech(n))
+        assert await send(bus, outbox, 0) == [(topic, 3)]
+        await wait_for(lambda: len(bus.mailbox("c")) == 3)
         assert [e.text for e in bus.mailbox("b").drain()] == ["line 1", "line 2", "line 3"]
         assert len(bus.mailbox("c")) == 3
         assert bus.stats.messages_in == 1
+        assert bus.arrived.is_set()
+        assert bus.take_events() == [Connected(again=False), BatchArrived("0", 0, topic, 3)]
+        assert not bus.arrived.is_set() and bus.take_events() == []
 
 
 async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) -> None:
@@ -59,11 +72,10 @@ async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) 
 
 
 async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoProcess) -> None:
-    inputs = []
     async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
         await bus.listen_location("sq", ["b"])
         await bus.listen_inboxes(["b"])
-        await bus.listen_player_input(lambda player, msg: inputs.append((player, msg.to)))
+        await bus.listen_player_input()
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             for topic in (
                 topics.location_events("r", "sq"),
@@ -73,8 +85,9 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
                 for junk in (b"", b"\xc1\xff", b'{"to": 3}', b"[1,2,3]"):
                     await client.publish(topic, junk, qos=1)
             await client.publish(topics.player_input("r", "p"), b'{"to": "b", "text": "hi"}', qos=1)
-        await wait_for(lambda: inputs)
-        assert inputs == [("p", "b")]
+        await wait_for(lambda: bus.stats.messages_in == 13)
+        inputs = [e for e in bus.take_events() if not isinstance(e, Connected)]
+        assert inputs == [PlayerInputReceived("p", PlayerInputMessage(to="b", text="hi"))]
         assert bus.stats.malformed == {"location events": 4, "inbox": 4, "player input": 4}
         assert len(bus.mailbox("b")) == 0
 
@@ -83,7 +96,7 @@ async def test_outbox_full_during_outage_raises(mosquitto: MosquittoProcess) -> 
     config = BusConfig(broker=mosquitto.address, run="r", outbox_size=3, reconnect=FAST)
     async with open_bus(config) as bus:
         mosquitto.stop()
-        await wait_for(lambda: not bus._connected.is_set())
+        await wait_for(lambda: not bus.connected)
         for n in range(3):
             await bus.publish("npcsim/r/x", b"%d" % n)
         with pytest.raises(OutboxFullError, match="outbox full"):
@@ -99,13 +112,16 @@ async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
     async with open_bus(config) as bus:
         await bus.listen_location("sq", ["b"])
         mosquitto.stop()
-        await wait_for(lambda: not bus._connected.is_set())
-        bus.emit(topics.location_events("r", "sq"), speech(1))
-        await bus.flush(0)
+        await wait_for(lambda: not bus.connected)
+        outbox = Outbox("0")
+        outbox.emit(topics.location_events("r", "sq"), speech(1))
+        await send(bus, outbox, 0)
         mosquitto.start()
-        async with asyncio.timeout(10):
-            await bus.wait_for(lambda: len(bus.mailbox("b")) == 1)
+        await wait_for(lambda: len(bus.mailbox("b")) == 1, steps=1000)
         assert bus.stats.reconnects >= 1
+        assert [e for e in bus.take_events() if isinstance(e, Connected)][:2] == [
+            Connected(again=False), Connected(again=True)
+        ]
 
 
 async def test_unreachable_broker_is_a_clear_error() -> None:

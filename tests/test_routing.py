@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox, Overflow, event_source
+from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey
 from sim.wire import topics
-from sim.wire.barrier import BarrierMessage, TickDone, encode_barrier
+from sim.wire.barrier import Join, TickDone, encode_barrier
 from sim.wire.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
 
 LOC = "npcsim/r/loc/square/events"
@@ -25,6 +26,9 @@ def router(**kw: object) -> Router:
                bounds=InputBounds(), **kw)  # type: ignore[arg-type]
     r.route_location(LOC, ["snack", "guard"])
     r.route_inbox(INBOX, "snack")
+    r.route_player_input()
+    r.route_world_state()
+    r.route_barrier()
     return r
 
 
@@ -62,25 +66,27 @@ def test_a_flooding_source_loses_its_own_excess_not_the_others_events() -> None:
 
 def test_outside_input_over_its_bounds_is_refused_and_counted() -> None:
     r = router()
-    got_inputs: list[tuple[str, PlayerInputMessage]] = []
-    got_world: list[WorldStateMessage] = []
-    r.player_handler = lambda p, m: got_inputs.append((p, m))
-    r.world_handler = got_world.append
-    r.receive("npcsim/r/player/alice/input", json.dumps({"to": "snack", "text": "x" * 501}).encode())
-    r.receive("npcsim/r/player/alice/input", json.dumps({"to": "snack", "text": "hello"}).encode())
-    r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "v" * 1_000_000}}).encode())
-    r.receive("npcsim/r/world/state", json.dumps({"state": {f"k{i}": "v" for i in range(20_000)}}).encode())
-    r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "dead"}}).encode())
-    assert [m.text for _, m in got_inputs] == ["hello"]
-    assert [w.state for w in got_world] == [{"king": "dead"}]
+    got = [
+        r.receive("npcsim/r/player/alice/input", json.dumps({"to": "snack", "text": "x" * 501}).encode()),
+        r.receive("npcsim/r/player/alice/input", json.dumps({"to": "snack", "text": "hello"}).encode()),
+        r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "v" * 1_000_000}}).encode()),
+        r.receive("npcsim/r/world/state", json.dumps({"state": {f"k{i}": "v" for i in range(20_000)}}).encode()),
+        r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "dead"}}).encode()),
+    ]
+    assert got == [
+        None,
+        PlayerInputReceived("alice", PlayerInputMessage(to="snack", text="hello")),
+        None,
+        None,
+        WorldStateReceived(WorldStateMessage(state={"king": "dead"})),
+    ]
     assert r.stats.refused == {"player input too long": 1, "world state over its bounds": 2}
 
 
 @pytest.mark.parametrize("player", ["bad name", "x" * 200, "é"])
 def test_a_player_id_that_is_not_a_name_is_malformed(player: str) -> None:
     r = router()
-    r.player_handler = lambda p, m: pytest.fail("handler called")
-    r.receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}')
+    assert r.receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}') is None
     assert r.stats.malformed == {"player input": 1}
 
 
@@ -97,19 +103,16 @@ def test_with_a_run_key_unsigned_and_badly_signed_batches_are_dropped_and_counte
     assert "k" * 32 not in repr(key)
 
 
-def test_batches_and_barrier_messages_reach_their_handlers() -> None:
+def test_batches_and_barrier_messages_come_back_as_events() -> None:
     r = router()
-    batches: list[tuple[str, int, str, int]] = []
-    said: list[BarrierMessage] = []
-    r.batch_handler = lambda *args: batches.append(args)
-    r.barrier_handler = said.append
-    r.receive(LOC, batch(line(1), line(2), tick=2))
     done = TickDone(shard="1", shards=2, tick=2, batches={LOC: 2})
-    r.receive(topics.barrier("r", "1"), encode_barrier(done))
-    r.receive(topics.barrier("r", "0"), encode_barrier(done))  # on another shard's topic
-    r.receive(topics.barrier("r", "1"), b"\xc1")
-    assert batches == [("0", 2, LOC, 2)]
-    assert said == [done]
+    got = [
+        r.receive(LOC, batch(line(1), line(2), tick=2)),
+        r.receive(topics.barrier("r", "1"), encode_barrier(done)),
+        r.receive(topics.barrier("r", "0"), encode_barrier(done)),  # on another shard's topic
+        r.receive(topics.barrier("r", "1"), b"\xc1"),
+    ]
+    assert got == [BatchArrived("0", 2, LOC, 2), BarrierReceived(done), None, None]
     assert r.stats.malformed == {"barrier": 2}
 
 
@@ -150,26 +153,58 @@ def test_a_full_mailbox_drops_only_the_flooders_excess(size: int, order: list[st
 def test_with_a_run_key_barrier_messages_must_be_signed_for_their_topic() -> None:
     key = RunKey(b"k" * 32)
     r = router(run_key=key)
-    said: list[BarrierMessage] = []
-    r.barrier_handler = said.append
     done = encode_barrier(TickDone(shard="1", shards=2, tick=0, batches={}))
     topic = topics.barrier("r", "1")
-    r.receive(topic, done)  # unsigned: a forged "tick done" could release the barrier early
-    r.receive(topic, key.sign(topics.barrier("r", "0"), done))  # signed for another topic
-    r.receive(topic, key.sign(topic, done))
-    assert len(said) == 1
+    got = [
+        r.receive(topic, done),  # unsigned: a forged "tick done" could release the barrier early
+        r.receive(topic, key.sign(topics.barrier("r", "0"), done)),  # signed for another topic
+        r.receive(topic, key.sign(topic, done)),
+    ]
+    assert [type(g).__name__ for g in got] == ["NoneType", "NoneType", "BarrierReceived"]
     assert r.stats.refused == {"unsigned internal message": 2}
 
 
 def test_a_re_sent_batch_of_a_tick_already_perceived_is_counted_not_delivered() -> None:
     r = router()
-    batches: list[tuple[str, int, str, int]] = []
-    r.batch_handler = lambda *args: batches.append(args)
-    r.stale_before = 5
+    r.drop_batches_before(5)
     old = Speech(id="r:x:4:1", tick=4, speaker="x", text="old news", location="square")
     new = Speech(id="r:x:5:1", tick=5, speaker="x", text="news", location="square")
-    r.receive(LOC, batch(old, tick=4))
-    r.receive(LOC, batch(new, tick=5))
+    got = [r.receive(LOC, batch(old, tick=4)), r.receive(LOC, batch(new, tick=5))]
     assert [e.text for e in r.mailbox("guard").drain()] == ["news"]
     assert r.stats.stale_batches == 1
-    assert [b[1] for b in batches] == [4, 5]  # the barrier still hears of both
+    assert got == [BatchArrived("0", 4, LOC, 1), BatchArrived("0", 5, LOC, 1)]  # the barrier still hears of both
+
+
+def test_each_kind_of_message_gives_its_event_and_junk_gives_none() -> None:
+    r = router()
+    join = Join(shard="2", shards=3, tick=7)
+    cases = [
+        (LOC, batch(line(1), tick=1, shard="2"), BatchArrived("2", 1, LOC, 1)),
+        (INBOX, batch(line(2), line(3), tick=1), BatchArrived("0", 1, INBOX, 2)),
+        (topics.barrier("r", "2"), encode_barrier(join), BarrierReceived(join)),
+        ("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}',
+         PlayerInputReceived("bob", PlayerInputMessage(to="guard", text="hi"))),
+        ("npcsim/r/world/state", b'{"state": {"gate": "open"}}',
+         WorldStateReceived(WorldStateMessage(state={"gate": "open"}))),
+        ("npcsim/r/agent/someone_elses/inbox", batch(line(4)), None),  # another shard's agent: silently not ours
+    ]
+    for topic, payload, expected in cases:
+        assert r.receive(topic, payload) == expected, topic
+    assert r.stats.malformed == {}
+    for topic in (LOC, INBOX, topics.barrier("r", "2"), "npcsim/r/player/bob/input", "npcsim/r/world/state",
+                  "npcsim/r/nowhere"):
+        assert r.receive(topic, b"\xc1{") is None, topic
+    assert r.stats.malformed == {"location events": 1, "inbox": 1, "barrier": 1, "player input": 1, "world state": 1,
+                                 "unrouted": 1}
+
+
+def test_player_input_world_state_and_barrier_topics_are_routed_only_when_configured() -> None:
+    r = Router("r", "0", mailbox_size=10, seen_events=10, bounds=InputBounds())
+    assert r.receive("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}') is None
+    assert r.receive("npcsim/r/world/state", b'{"state": {}}') is None
+    assert r.receive(topics.barrier("r", "1"), encode_barrier(Join(shard="1", shards=2, tick=0))) is None
+    assert r.stats.malformed == {"unrouted": 3}
+    assert (r.route_player_input(), r.route_world_state(), r.route_barrier()) == (
+        "npcsim/r/player/+/input", "npcsim/r/world/state", topics.barrier_all("r")
+    )
+    assert isinstance(r.receive("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}'), PlayerInputReceived)

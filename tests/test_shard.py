@@ -1,89 +1,69 @@
-"""The Shard's tick logic and NpcAgent's decisions without a broker and without real time.
+"""The Shard's tick logic and NpcAgent's decisions without Mosquitto and without real time.
 
-An in-memory broker stands in for Mosquitto: it delivers what the shards publish to every
-bus whose filters match, in a seeded random order across topics (as a clustered broker
-may), and the shards run on a virtual clock. The tick barrier must make the result the
-same for one shard or three, whatever the order.
+An in-memory broker (tests/memory_broker.py) is the buses' transport: it delivers what the
+shards publish in a seeded random order across topics (as a clustered broker may), and the
+whole world runs on one virtual clock. The tick barrier must make the result the same for
+one shard or three, whatever the order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import aiomqtt
 import pytest
 
 from agents.npc import NpcAgent, ambient_roll
-from sim.bus import Bus, BusConfig
+from sim.bus import BusConfig, open_bus
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.generate import write_scenario
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
-from sim.runner import RunConfig, RunStats, Shard, ShardContext, shard_npcs
-from sim.scenario import load_scenario, parse_scenario
+from sim.scenario import Scenario, load_scenario, parse_scenario
+from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock
 from sim.store import Writer, open_reader, open_store
 from sim.wire import topics
-from sim.wire.events import Speech
+from sim.wire.barrier import TickDone, decode_barrier
+from sim.wire.events import Speech, decode_say
 from tests.conftest import REPO
+from tests.memory_broker import MemoryBroker
 
 VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
-class VirtualClock:
-    """Time passes only when the shard sleeps; every sleep is recorded."""
+class PacingClock(VirtualClock):
+    """A virtual clock that also records every pacing sleep the shard asks for."""
 
     def __init__(self) -> None:
-        self.t = 1000.0
+        super().__init__(autojump=0.005)
         self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return 1.7e9 + self.t
 
     async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
         self.sleeps.append(seconds)
-        self.t += max(0.0, seconds)
+        await super().sleep(seconds, stop)
 
 
-class MemoryBroker:
-    """Delivers each published message to every matching bus, in a seeded random order,
-    each after a random delay of up to 20 ms (so a shard that did not wait for a batch
-    would go on without it)."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.buses: list[Bus] = []
-        self.queue: list[tuple[str, bytes]] = []
-        self.ready = asyncio.Event()
-
-    def bus(self, run_id: str, shard: int) -> Bus:
-        bus = Bus(BusConfig(broker=BrokerAddress(), run=run_id, shard=str(shard)))
-
-        async def publish(topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-            self.queue.append((topic, payload))
-            self.ready.set()
-
-        bus.publish = publish  # type: ignore[method-assign]
-        self.buses.append(bus)
-        return bus
-
-    async def serve(self) -> None:
-        while True:
-            await self.ready.wait()
-            self.ready.clear()
-            while self.queue:
-                topic, payload = self.queue.pop(self.rng.randrange(len(self.queue)))
-                await asyncio.sleep(self.rng.random() * 0.02)
-                for bus in self.buses:
-                    if any(aiomqtt.Topic(topic).matches(f) for f in bus.filters):
-                        bus.deliver(topic, payload)
+@contextlib.asynccontextmanager
+async def memory_shard(
+    broker: MemoryBroker, scenario: Scenario, config: RunConfig, db: Path, stats: RunStats, stop: asyncio.Event
+) -> AsyncIterator[Shard]:
+    """A Shard on the in-memory broker, with its store and an in-process pool."""
+    index = config.shard.split("/")[0]
+    bus_config = BusConfig(broker=BrokerAddress(), run="mem", shard=index)
+    async with (
+        open_store(db, keep_tail=False) as store,
+        open_pool(PoolConfig()) as pool,
+        open_bus(bus_config, transport=broker.transport()) as bus,
+    ):
+        stats.bus = bus.stats
+        ctx = ShardContext(scenario, config, "mem", scenario.scenario.seed, bus, pool, store, stats,
+                           clock=broker.clock)
+        yield Shard(ctx, stop)
 
 
 async def run_in_memory(
@@ -99,21 +79,18 @@ async def run_in_memory(
 
     `counts` gives each shard's idea of the shard count (default: all `shards`); `during`
     acts on the live run."""
-    broker = MemoryBroker(seed)
+    clock = PacingClock()
+    broker = MemoryBroker(seed, clock)
     loaded = load_scenario(scenario)
     stats = [RunStats(shard=str(i)) for i in range(shards)]
-    clocks = [VirtualClock() for _ in range(shards)]
     dbs = [tmp_path / f"mem-{shards}-{seed}-{i}.db" for i in range(shards)]
     counts = counts or [shards] * shards
 
     async def one(i: int) -> None:
-        n = counts[i]
-        config = RunConfig(scenario=scenario, run_id="mem", ticks=ticks, shard=f"{i}/{n}", tick_ms=250)
-        async with open_store(dbs[i], keep_tail=False) as store, open_pool(PoolConfig()) as pool:
-            bus = broker.bus("mem", i)
-            ctx = ShardContext(loaded, config, "mem", loaded.scenario.seed, bus, pool, store, stats[i])
-            shard = Shard(ctx, config, shard_npcs(loaded, i, n), i, n, asyncio.Event(), clocks[i])
-            await shard.run()
+        config = RunConfig(scenario=scenario, run_id="mem", ticks=ticks, shard=f"{i}/{counts[i]}", tick_ms=250)
+        async with memory_shard(broker, loaded, config, dbs[i], stats[i], asyncio.Event()) as shard:
+            await shard.start()
+            await shard.run(until=shard.end)
 
     async with asyncio.TaskGroup() as group:
         server = group.create_task(broker.serve())
@@ -124,8 +101,9 @@ async def run_in_memory(
     for db in dbs:
         with open_reader(db) as reader:
             records |= {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
-    for clock in clocks:
-        assert len(clock.sleeps) == ticks and all(s == pytest.approx(0.25) for s in clock.sleeps)
+    # one pacing sleep per tick and shard, for what is left of tick_ms; virtual time passed them all
+    assert len(clock.sleeps) == ticks * shards and all(s <= 0.25 for s in clock.sleeps)
+    assert clock.now() >= ticks * 0.25
     return records, stats, dbs
 
 
@@ -154,8 +132,7 @@ async def test_a_world_state_change_takes_effect_at_the_same_tick_on_every_shard
             if stats[1].tick >= 6:
                 break
             await asyncio.sleep(0.005)
-        broker.queue.append((topics.world_state("mem"), b'{"state": {"king": "crowned: Queen Ysolde"}}'))
-        broker.ready.set()
+        broker.accept(topics.world_state("mem"), b'{"state": {"king": "crowned: Queen Ysolde"}}')
 
     world = str(write_scenario(tmp_path / "generated.toml", npcs=200, locations=12, seed=5))
     _, stats, dbs = await run_in_memory(tmp_path, world, 3, 14, seed=4, during=crown)
@@ -168,6 +145,124 @@ async def test_a_world_state_change_takes_effect_at_the_same_tick_on_every_shard
     before = sorted({tick for tick, king in seen if king != "crowned: Queen Ysolde"})
     assert crowned and before and max(before) < min(crowned), (before, crowned)
     assert all(s.world_changes > 0 for s in stats)
+
+
+# --- one tick, a held barrier, pacing: on virtual time ---------------------------------
+
+
+def said(broker: MemoryBroker) -> list[tuple[str, str, int, str]]:
+    return [(m.agent, m.to, m.tick, m.inference_id) for t, p in broker.published if t.endswith("/say")
+            for m in [decode_say(p)]]
+
+
+@contextlib.asynccontextmanager
+async def village_shard(
+    tmp_path: Path, clock: VirtualClock, *, shard: str = "0/1", tick_ms: int = 0, stop: asyncio.Event | None = None
+) -> AsyncIterator[tuple[Shard, MemoryBroker]]:
+    """A started village shard on the in-memory broker (broker served beside it)."""
+    broker = MemoryBroker(1, clock)
+    config = RunConfig(scenario=VILLAGE, run_id="mem", ticks=20, shard=shard, tick_ms=tick_ms)
+    stats = RunStats(shard=shard.split("/")[0])
+    async with asyncio.TaskGroup() as group:
+        server = group.create_task(broker.serve())
+        async with memory_shard(broker, load_scenario(VILLAGE), config, tmp_path / "one.db", stats,
+                                stop or asyncio.Event()) as one:
+            await one.start()
+            yield one, broker
+        server.cancel()
+
+
+async def test_step_runs_one_whole_tick(tmp_path: Path) -> None:
+    """Tick 1: the player's scripted line goes out (one event on the square) and the tick is
+    committed; tick 2: the snack machine, which perceived it, answers."""
+
+    def tick_done(broker: MemoryBroker, tick: int) -> TickDone:
+        sent = [decode_barrier(p) for t, p in broker.published if t == topics.barrier("mem", "0")]
+        [done] = [m for m in sent if isinstance(m, TickDone) and m.tick == tick]
+        return done
+
+    async with village_shard(tmp_path, VirtualClock(autojump=0.005)) as (shard, broker):
+        assert shard.next_tick == 0 and shard.store.last_tick is None
+        assert await shard.step(0) is True
+        assert (shard.next_tick, shard.stats.tick, shard.store.last_tick, shard.barrier.tick) == (1, 0, 0, 1)
+        with pytest.raises(ValueError, match="the next tick is 1, not 5"):
+            await shard.step(5)
+        assert await shard.step(1) is True
+        assert tick_done(broker, 1).batches == {topics.location_events("mem", "square"): 1}
+        assert shard.store.last_tick == 1 and shard.stats.player_inputs == 1 and said(broker) == []
+        assert await shard.step(2) is True
+        await shard.bus.wait_sent()
+        assert ("snack_machine", "player", 2) in [(agent, to, tick) for agent, to, tick, _ in said(broker)]
+        assert shard.store.last_tick == 2
+
+
+async def test_a_held_barrier_logs_its_stall_after_echo_timeout_virtual_seconds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shard 0 of two, alone: tick 0 waits for shard 1 forever. The stall is logged after 5
+    virtual seconds (echo_timeout), which takes a fraction of a real second; a stop ends the wait."""
+    clock, stop = VirtualClock(autojump=0.005), asyncio.Event()
+    async with village_shard(tmp_path, clock, shard="0/2", stop=stop) as (shard, _):
+        began, real = clock.now(), time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="sim.shard"):
+            step = asyncio.ensure_future(shard.step(0))
+            for _ in range(1000):
+                if shard.stats.stalls or step.done():
+                    break
+                await asyncio.sleep(0.005)
+            assert shard.stats.stalls == 1 and not step.done()
+            assert clock.now() - began >= 5.0
+            assert time.monotonic() - real < 5.0
+            stop.set()
+            assert await step is False
+        assert shard.store.last_tick is None  # not committed: it runs again on --resume
+        assert shard.stats.awaiting == "shard 1"
+        logged = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("tick 0: waiting for shard 1 for 5.0 s") for m in logged)
+        assert any("stopping while tick 0 waits for shard 1" in m for m in logged)
+
+
+async def test_pacing_sleeps_are_virtual(tmp_path: Path) -> None:
+    clock = PacingClock()
+    async with village_shard(tmp_path, clock, tick_ms=1000) as (shard, _):
+        began, real = clock.now(), time.monotonic()
+        await shard.run(until=10)
+        assert shard.next_tick == 10
+        assert clock.now() - began >= 10.0  # ten ticks of a virtual second each
+        assert time.monotonic() - real < 10.0
+        assert len(clock.sleeps) == 10 and all(0.9 < s <= 1.0 for s in clock.sleeps)
+
+
+def test_the_shard_reads_time_only_from_its_clock() -> None:
+    import sim.shard
+
+    forbidden = ("time.time", "time.monotonic", "time.perf_counter", "asyncio.sleep(", "asyncio.timeout(")
+    package = Path(sim.shard.__file__).parent
+    found = {
+        (path.name, word)
+        for path in package.glob("*.py")
+        for word in forbidden
+        if word in path.read_text()
+    }
+    assert found and {name for name, _ in found} == {"_clock.py"}, found
+
+
+def test_the_npc_reaches_the_engine_only_through_its_context() -> None:
+    import ast
+
+    import agents.npc
+
+    source = Path(agents.npc.__file__).read_text()
+    imported = {
+        node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) and node.module
+    }
+    engine = {m for m in imported if m.startswith("sim")}
+    assert engine == {"sim.shard", "sim.memory", "sim.scenario", "sim.wire.events"}
+    tree = ast.parse(source)
+    [shard_import] = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "sim.shard"]
+    assert [a.name for a in shard_import.names] == ["AgentContext"]
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not attributes & {"bus", "store", "pool", "outbox", "recorder", "emit", "publish"}
 
 
 # --- NpcAgent, alone ----------------------------------------------------------------------
@@ -193,64 +288,52 @@ ambient_chance = 0.5
 """
 
 
-class RecordingBus:
-    """What an agent uses of the bus: its mailbox, and what it emits and says, recorded."""
-
-    def __init__(self) -> None:
-        self.bus = Bus(BusConfig(broker=BrokerAddress(), run="two", shard="0"))
-        self.emitted: list[tuple[str, Speech]] = []
-        self.said: list[object] = []
-        self.published: list[str] = []  # the trace of each inference
-
-    def mailbox(self, agent: str):  # type: ignore[no-untyped-def]
-        return self.bus.mailbox(agent)
-
-    def emit(self, topic: str, event: Speech) -> None:
-        self.emitted.append((topic, event))
-
-    async def publish_say(self, message: object) -> None:
-        self.said.append(message)
-
-    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        self.published.append(topic)
-
-
 @contextlib.asynccontextmanager
-async def agent_world(tmp_path: Path) -> AsyncIterator[tuple[ShardContext, RecordingBus]]:
+async def agent_world(tmp_path: Path) -> AsyncIterator[tuple[ShardContext, MemoryBroker]]:
+    """The two NPCs' shard context on a bus that goes nowhere: what they publish is recorded."""
     scenario = parse_scenario(TWO)
-    bus = RecordingBus()
-    async with open_store(tmp_path / "two.db") as store, open_pool(PoolConfig()) as pool:
+    broker = MemoryBroker(0, VirtualClock())
+    bus_config = BusConfig(broker=BrokerAddress(), run="two", shard="0")
+    async with (
+        open_store(tmp_path / "two.db") as store,
+        open_pool(PoolConfig()) as pool,
+        open_bus(bus_config, transport=broker.transport()) as bus,
+    ):
         for npc in scenario.npcs:
             await store.ensure_agent(scenario.initial_state(npc.id), writer=Writer.SCENARIO)
         config = RunConfig(scenario="two.toml", run_id="two")
-        ctx = ShardContext(scenario, config, "two", 4, bus, pool, store, RunStats())  # type: ignore[arg-type]
-        yield ctx, bus
+        yield ShardContext(scenario, config, "two", 4, bus, pool, store, RunStats()), broker
 
 
 async def test_an_npc_answers_what_came_before_its_tick_and_keeps_the_rest(tmp_path: Path) -> None:
-    async with agent_world(tmp_path) as (ctx, bus):
-        a = NpcAgent(ctx.scenario.npcs[0], ctx)
-        box = bus.mailbox("a")
+    async with agent_world(tmp_path) as (ctx, broker):
+        a = NpcAgent(ctx.scenario.npcs[0], ctx.agent_context(ctx.scenario.npcs[0]))
+        box = ctx.bus.mailbox("a")
         box.put(Speech(id="p:2", tick=2, speaker="visitor", to="a", text="Hello?", from_player=True))
         box.put(Speech(id="p:3", tick=3, speaker="visitor", to="a", text="Still there?", from_player=True))
         assert not a.wants_turn(2)
         assert a.wants_turn(3)
+        ctx.tick = 3
         await a.step(3)
-        assert [(m.to, m.tick, m.inference_id) for m in bus.said] == [("visitor", 3, "two:a:3:2")]  # type: ignore[attr-defined]
-        assert [(t, e.id, e.turn) for t, e in bus.emitted] == [("npcsim/two/loc/square/events", "two:a:3:2", 1)]
+        await ctx.bus.wait_sent()
+        assert said(broker) == [("a", "visitor", 3, "two:a:3:2")]
+        [batch] = ctx.outbox.flush(3)
+        assert (batch.topic, batch.events) == ("npcsim/two/loc/square/events", 1)
         assert [e.id for e in box.drain()] == ["p:3"]
-        assert bus.published == ["npcsim/two/trace/0"]
+        assert [t for t, _ in broker.published if "/trace/" in t] == ["npcsim/two/trace/0"]
 
 
 async def test_ambient_dice_are_a_function_of_seed_id_and_tick(tmp_path: Path) -> None:
-    async with agent_world(tmp_path) as (ctx, bus):
-        b = NpcAgent(ctx.scenario.npcs[1], ctx)
+    async with agent_world(tmp_path) as (ctx, broker):
+        b = NpcAgent(ctx.scenario.npcs[1], ctx.agent_context(ctx.scenario.npcs[1]))
         turns = [t for t in range(200) if b.wants_turn(t)]
         assert turns == [t for t in range(200) if ambient_roll(4, "b", t) < 0.5]
         assert 60 < len(turns) < 140
-        assert b.wants_turn(turns[0])  # the runner asks, then steps, each tick
+        assert b.wants_turn(turns[0])  # the shard asks, then steps, each tick
+        ctx.tick = turns[0]
         await b.step(turns[0])
-        assert [m.to for m in bus.said] == ["a"]  # type: ignore[attr-defined]
+        await ctx.bus.wait_sent()
+        assert [to for _, to, _, _ in said(broker)] == ["a"]
 
 
 # --- the horizon ------------------------------------------------------------------------

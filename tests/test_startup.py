@@ -19,7 +19,7 @@ from sim.errors import AuthorityError
 from sim.generate import generate_scenario
 from sim.memory import Episode, NpcState
 from sim.scenario import parse_scenario
-from sim.startup import StartupProgress, create_agents
+from sim.shard import StartupProgress, create_agents
 from sim.store import Writer, open_store
 from tests.conftest import MosquittoProcess
 
@@ -183,8 +183,7 @@ def test_the_live_display_says_what_start_up_is_doing() -> None:
     from rich.console import Console
 
     from sim.cli.run import _progress
-    from sim.runner import RunStats
-    from sim.startup import CREATING, RUNNING
+    from sim.shard import RunStats, StartupPhase
 
     def shown(stats: RunStats) -> str:
         console = Console(width=200, record=True)
@@ -193,10 +192,10 @@ def test_the_live_display_says_what_start_up_is_doing() -> None:
 
     stats = RunStats()
     assert "start-up loading the scenario" in shown(stats)
-    stats.startup_progress.enter(CREATING, 100_000)
+    stats.startup_progress.enter(StartupPhase.CREATING, 100_000)
     stats.startup_progress.done = 12_000
     assert "creating or loading agents (12,000 of 100,000)" in shown(stats)
-    stats.startup_progress.enter(RUNNING)
+    stats.startup_progress.enter(StartupPhase.RUNNING)
     assert "start-up" not in shown(stats)
 
 
@@ -242,6 +241,7 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
     import asyncio
 
     from sim.bus import BusConfig, open_bus
+    from sim.protocol.outbox import Outbox
     from sim.wire import topics
     from sim.wire.events import Speech
 
@@ -253,13 +253,13 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
         await local.listen_inboxes([f"a{i}" for i in range(3)])
         await local.listen_inboxes(["a3"])
         await other.listen_inboxes(["b0"])
+        outbox = Outbox("0")
         for n, to in enumerate(["a0", "b0", "a3", "a0"]):
-            local.emit(topics.agent_inbox("r", to), speech(n, to))
-        await local.flush(0)
-        async with asyncio.timeout(30):
-            await local.wait_for(lambda: len(local.mailbox("a0")) == 2 and len(local.mailbox("a3")) == 1)
-        for _ in range(3000):  # the other shard's copy: poll its counter, at most 30 s
-            if len(other.mailbox("b0")):
+            outbox.emit(topics.agent_inbox("r", to), speech(n, to))
+        for batch in outbox.flush(0):
+            await local.publish(batch.topic, batch.payload)
+        for _ in range(3000):  # poll the mailboxes the buses fill, at most 30 s
+            if len(local.mailbox("a0")) == 2 and len(local.mailbox("a3")) == 1 and len(other.mailbox("b0")):
                 break
             await asyncio.sleep(0.01)
         assert [e.text for e in local.mailbox("a0").drain()] == ["line 0", "line 3"]

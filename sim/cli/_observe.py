@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from sim.bus import single_error
+from sim.errors import single_error
 from sim.metrics import Metrics, serve_metrics
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 from sim.wire.events import SayMessage
 
 if TYPE_CHECKING:  # sim.view is imported when a view is asked for (see above)
@@ -81,7 +81,7 @@ async def run_observed(
             if view is not None and ready_stats.broker_address is not None:
                 view.attach(ready_stats.broker_address, ready_stats.run_id)
 
-        stop = asyncio.Event()  # set by SIGINT/SIGTERM (the runner's handlers)
+        stop = asyncio.Event()  # set by SIGINT/SIGTERM too (the shard process's handlers)
         try:
             async with asyncio.TaskGroup() as group:
                 job = group.create_task(run(config, stats=stats, stop=stop, on_ready=ready, metrics=metrics))

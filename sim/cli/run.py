@@ -23,8 +23,7 @@ from sim.cli._values import run_id, seconds, whole
 from sim.errors import ConfigError
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
-from sim.runner import RunConfig, RunStats, run
-from sim.startup import RUNNING
+from sim.shard import RunConfig, RunStats, StartupPhase, run
 from sim.wire import topics
 from sim.wire.events import SayMessage, decode_say
 
@@ -90,7 +89,7 @@ def _progress(stats: RunStats) -> Table:
     bus = stats.bus
     table = Table(show_header=False, box=None)
     table.add_row("run", f"{stats.run_id} shard {stats.shard} on {stats.broker}")
-    if stats.startup_progress.phase != RUNNING:
+    if stats.startup_progress.phase != StartupPhase.RUNNING:
         table.add_row("start-up", stats.startup_progress.describe())
     table.add_row("tick", f"{max(stats.tick, 0)} / {stats.last_tick}")
     table.add_row("events/s", f"{(bus.events_delivered if bus else 0) / elapsed:,.0f}")

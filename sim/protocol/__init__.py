@@ -1,10 +1,17 @@
 """The shard's sans-I/O protocol: bytes and events in, events and bytes out; no client, no awaits.
 
-- `sim.protocol.router`: which received message goes where;
+- `sim.protocol.router`: which received message goes where, and the events it hands back;
+- `sim.protocol.received`: those events (a batch arrived, a barrier message, player input,
+  world state);
 - `sim.protocol.mailbox`: agents' bounded mailboxes and de-duplication;
+- `sim.protocol.outbox`: a tick's events batched per topic, encoded and sealed;
 - `sim.protocol.barrier`: the tick barrier's bookkeeping;
-- `sim.protocol.bounds`: bounds on outside input and the refusal counter;
+- `sim.protocol.bounds`: bounds on outside input (per message and per tick) and the
+  refusal counter;
 - `sim.protocol.seal`: the run key, sealing and opening internal messages.
 
-The bus (sim.bus) is the thin I/O loop that feeds them.
+The bus (sim.bus) is the thin I/O loop that feeds them; the shard (sim.shard) acts on
+what they say.
 """
+
+__all__: list[str] = []

@@ -20,7 +20,7 @@ commit), so a shard killed now resumes from t-1 at the earliest and asks for t-1
 for t-2. (Forgetting t-1 already would strand a shard killed after sending its TickDone
 for t but before committing t: it resumes from t-1, and t-1 would be gone.)
 
-The shell (sim.runner.Shard) feeds received batches and barrier messages in and asks
+The shell (sim.shard.Shard) feeds received batches and barrier messages in and asks
 `passed`; `awaited` says whom the shard is waiting for, for the status topic and the live
 display. Every message carries the run's shard count: a shard started with another count
 (`--shard 1/3` beside `--shard 0/2`) would hold the run forever, so `conflict` names it.

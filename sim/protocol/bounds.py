@@ -2,18 +2,22 @@
 
 Players and the game system reach the simulation only through public JSON topics, which
 anyone allowed on the broker can write. Over a bound a message is refused whole (never
-truncated), counted by kind for the summary, and logged once per kind.
+truncated), counted by kind for the summary, and logged once per kind. Per tick, each
+player is heard at most `player_inputs_per_tick` times (`limit_player_inputs`): the excess
+is refused too, never queued for later.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
 from sim.wire.events import PlayerInputMessage, WorldStateMessage
 
-__all__ = ["InputBounds", "Refusals", "player_input_problem", "world_state_problem"]
+__all__ = ["InputBounds", "Refusals", "limit_player_inputs", "player_input_problem", "world_state_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -57,3 +61,23 @@ class Refusals:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.counts[kind] == 1:
             log.warning("refused %s on %s: %s (logged once per kind, counted in the summary)", kind, where, why)
+
+
+class _Refuser(Protocol):
+    def refuse(self, kind: str, where: str, why: str) -> None: ...
+
+
+def limit_player_inputs(
+    inputs: Sequence[tuple[str, PlayerInputMessage]], per_tick: int, refuser: _Refuser
+) -> list[tuple[str, PlayerInputMessage]]:
+    """The first `per_tick` inputs of each player, in arrival order; the rest refused and counted."""
+    kept: list[tuple[str, PlayerInputMessage]] = []
+    seen: dict[str, int] = {}
+    for player, message in inputs:
+        seen[player] = seen.get(player, 0) + 1
+        if seen[player] <= per_tick:
+            kept.append((player, message))
+        else:
+            refuser.refuse("player inputs over the per-tick bound", f"player {player!r}",
+                           f"more than {per_tick} inputs in one tick")
+    return kept

@@ -1,48 +1,40 @@
-"""The shard's routing: which message goes where, sans-I/O (no client, no awaits).
+"""The shard's routing: which message goes where, sans-I/O (bytes in, events out; no client, no awaits).
 
-`Router.receive(topic, payload)` decodes one MQTT message and hands what it holds to the
-agents' mailboxes (location events, inboxes) or to the shard's handlers (player input,
-world state). Every batch that arrives, and every tick-barrier message, is also reported
-to the barrier handler (sim.protocol.barrier keeps that bookkeeping). The bus feeds it from the
+`Router.receive(topic, payload)` decodes one MQTT message. Location and inbox events go
+to the agents' mailboxes here; what the shard must act on comes back as one typed event
+(sim.protocol.received): every batch that arrived on a routed topic, every tick-barrier
+message, every player input and world state within bounds. Which of those the router
+takes at all is configured (`route_player_input`, `route_world_state`, `route_barrier`);
+a message on a topic it does not route is counted as unrouted. The bus feeds it from the
 connection; tests feed it bytes directly.
 
 Malformed payloads are counted per kind and logged once per kind; outside input over its
-bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises.
+bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises, and
+neither gives an event.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
 from sim.protocol.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
 from sim.protocol.mailbox import Mailbox, Overflow, SeenEvents
-from sim.protocol.seal import RunKey
+from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, Received, WorldStateReceived
+from sim.protocol.seal import RunKey, unseal
 from sim.wire import topics
-from sim.wire.barrier import BarrierMessage, decode_barrier
-from sim.wire.events import (
-    PlayerInputMessage,
-    WorldStateMessage,
-    decode_batch,
-    decode_player_input,
-    decode_world_state,
-)
+from sim.wire.barrier import decode_barrier
+from sim.wire.events import decode_batch, decode_player_input, decode_world_state
 
-__all__ = ["BarrierHandler", "BatchHandler", "BusStats", "PlayerInputHandler", "Router", "WorldStateHandler"]
+__all__ = ["BusStats", "Router"]
 
 log = logging.getLogger(__name__)
 
 # A player id becomes an event's speaker: the same rule as events.Name.
 _PLAYER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-
-PlayerInputHandler = Callable[[str, PlayerInputMessage], None]
-WorldStateHandler = Callable[[WorldStateMessage], None]
-BatchHandler = Callable[[str, int, str, int], None]  # (sending shard, tick, topic, events)
-BarrierHandler = Callable[[BarrierMessage], None]
 
 
 @dataclass
@@ -98,14 +90,11 @@ class Router:
         self.world_topic = topics.world_state(run)
         self.player_prefix = topics.run_root(run) + "/player/"
         self.agent_prefix = topics.run_root(run) + "/agent/"
-        self.player_handler: PlayerInputHandler | None = None
-        self.world_handler: WorldStateHandler | None = None
         self.barrier_prefix = topics.run_root(run) + "/barrier/"
-        self.batch_handler: BatchHandler | None = None
+        self._player_input = self._world_state = self._barrier = False
         # Batches of earlier ticks are re-sends whose events were perceived already (the
-        # shard sets this to the tick whose barrier it waits for): they are dropped.
-        self.stale_before = 0
-        self.barrier_handler: BarrierHandler | None = None
+        # shard raises this to the tick whose barrier it waits for): they are dropped.
+        self._stale_before = 0
 
     # --- routes ------------------------------------------------------------------------
 
@@ -128,12 +117,28 @@ class Router:
         self._inbox_routes[topic] = agent
         return True
 
+    def route_player_input(self) -> str:
+        """Take player input (`player/+/input`); returns the topic filter to subscribe."""
+        self._player_input = True
+        return self.player_prefix + "+/input"
+
+    def route_world_state(self) -> str:
+        """Take the game system's world state; returns the topic to subscribe."""
+        self._world_state = True
+        return self.world_topic
+
+    def route_barrier(self) -> str:
+        """Take every shard's barrier messages; returns the topic filter to subscribe."""
+        self._barrier = True
+        return self.barrier_prefix + "+"
+
     def is_routed(self, topic: str) -> bool:
+        """Whether batches on `topic` reach a mailbox here (the barrier waits only for those)."""
         return topic in self._location_routes or topic in self._inbox_routes
 
-    def pending_events(self) -> int:
-        """Events waiting in mailboxes, in total."""
-        return sum(len(box) for box in self._mailboxes.values())
+    def drop_batches_before(self, tick: int) -> None:
+        """Batches of ticks before `tick` were perceived already: drop their events (still reported)."""
+        self._stale_before = tick
 
     # --- receiving ---------------------------------------------------------------------
 
@@ -144,50 +149,47 @@ class Router:
             self._logged.add(kind)
             log.warning("dropping a malformed %s payload on %s: %s (logged once per kind)", kind, topic, exc)
 
-    def receive(self, topic: str, payload: bytes) -> None:
-        """Route one message; never raises for what the payload holds."""
+    def receive(self, topic: str, payload: bytes) -> Received | None:
+        """Route one message: its events to the mailboxes, and what the shard must know of it
+        as an event. Never raises for what the payload holds."""
         self.stats.messages_in += 1
         agent = self._inbox_routes.get(topic)
         recipients = self._location_routes.get(topic)
         if recipients is None and agent is not None:
             recipients = (agent,)
         if recipients is not None:
-            self._receive_batch(topic, payload, recipients)
-        elif topic.startswith(self.player_prefix) and topic.endswith("/input") and self.player_handler:
-            self._receive_player_input(topic, payload, self.player_handler)
-        elif topic == self.world_topic and self.world_handler:
-            self._receive_world_state(topic, payload, self.world_handler)
-        elif topic.startswith(self.barrier_prefix) and self.barrier_handler:
-            self._receive_barrier(topic, payload, self.barrier_handler)
-        elif topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
-            pass  # another shard's agent: shards share one `agent/+/inbox` subscription
-        else:
-            self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
+            return self._receive_batch(topic, payload, recipients)
+        if self._player_input and topic.startswith(self.player_prefix) and topic.endswith("/input"):
+            return self._receive_player_input(topic, payload)
+        if self._world_state and topic == self.world_topic:
+            return self._receive_world_state(topic, payload)
+        if self._barrier and topic.startswith(self.barrier_prefix):
+            return self._receive_barrier(topic, payload)
+        if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
+            return None  # another shard's agent: shards share one `agent/+/inbox` subscription
+        self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
+        return None
 
     def _open(self, topic: str, payload: bytes) -> bytes | None:
         """The message's body, or None (refused and counted) when the run key's signature fails."""
-        if self.run_key is None:
-            return payload
-        body = self.run_key.open(topic, payload)
+        body = unseal(self.run_key, topic, payload)
         if body is None:
             self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
         return body
 
-    def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> None:
-        opened = self._open(topic, payload)
-        if opened is None:
-            return
-        payload = opened
+    def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> BatchArrived | None:
+        body = self._open(topic, payload)
+        if body is None:
+            return None
         try:
-            batch = decode_batch(payload)
+            batch = decode_batch(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.count_malformed("location events" if topic in self._location_routes else "inbox", topic, exc)
-            return
-        if self.batch_handler is not None:
-            self.batch_handler(batch.shard, batch.tick, topic, len(batch.events))
-        if batch.tick < self.stale_before:
+            return None
+        arrived = BatchArrived(batch.shard, batch.tick, topic, len(batch.events))
+        if batch.tick < self._stale_before:
             self.stats.stale_batches += 1
-            return
+            return arrived
         for event in batch.events:
             self.stats.events_in += 1
             if not self._seen.first_time(event):
@@ -196,46 +198,46 @@ class Router:
             for name in recipients:
                 self.mailbox(name).put(event)
                 self.stats.events_delivered += 1
+        return arrived
 
-    def _receive_barrier(self, topic: str, payload: bytes, handler: BarrierHandler) -> None:
-        opened = self._open(topic, payload)
-        if opened is None:
-            return
-        payload = opened
+    def _receive_barrier(self, topic: str, payload: bytes) -> BarrierReceived | None:
+        body = self._open(topic, payload)
+        if body is None:
+            return None
         try:
-            message = decode_barrier(payload)
+            message = decode_barrier(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.count_malformed("barrier", topic, exc)
-            return
+            return None
         if topic != self.barrier_prefix + message.shard:
             self.count_malformed("barrier", topic, ValueError(f"shard {message.shard!r} on another shard's topic"))
-            return
-        handler(message)
+            return None
+        return BarrierReceived(message)
 
-    def _receive_player_input(self, topic: str, payload: bytes, handler: PlayerInputHandler) -> None:
+    def _receive_player_input(self, topic: str, payload: bytes) -> PlayerInputReceived | None:
         player = topic[len(self.player_prefix) : -len("/input")]
         if not _PLAYER_ID.match(player):
             self.count_malformed("player input", topic, ValueError(f"player id {player[:40]!r} is not a name"))
-            return
+            return None
         try:
             message = decode_player_input(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.count_malformed("player input", topic, exc)
-            return
+            return None
         problem = player_input_problem(message, self.bounds)
         if problem is not None:
             self.stats.refusals.refuse("player input too long", topic, problem)
-            return
-        handler(player, message)
+            return None
+        return PlayerInputReceived(player, message)
 
-    def _receive_world_state(self, topic: str, payload: bytes, handler: WorldStateHandler) -> None:
+    def _receive_world_state(self, topic: str, payload: bytes) -> WorldStateReceived | None:
         try:
             world = decode_world_state(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.count_malformed("world state", topic, exc)
-            return
+            return None
         problem = world_state_problem(world, self.bounds)
         if problem is not None:
             self.stats.refusals.refuse("world state over its bounds", topic, problem)
-            return
-        handler(world)
+            return None
+        return WorldStateReceived(world)

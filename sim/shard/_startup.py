@@ -16,16 +16,19 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.shard._clock import checkpoint
 from sim.store import Store, Writer
 
 __all__ = [
     "CHUNK",
     "PausedCollector",
+    "StartupPhase",
     "StartupProgress",
     "cancel_start_up_on",
     "create_agents",
@@ -36,10 +39,16 @@ CHUNK = 2_000
 """Agents per store transaction at start-up: large enough that round trips are few, small
 enough that a stop request waits for at most one chunk's commit."""
 
-LOADING = "loading the scenario"
-CREATING = "creating or loading agents"
-SUBSCRIBING = "subscribing"
-RUNNING = "running"
+
+
+class StartupPhase(StrEnum):
+    """What start-up is doing, in order; the value is what the display and the log say."""
+
+    LOADING = "loading the scenario"
+    CREATING = "creating or loading agents"
+    SUBSCRIBING = "subscribing"
+    RUNNING = "running"
+
 
 T = TypeVar("T")
 
@@ -50,11 +59,11 @@ log = logging.getLogger(__name__)
 class StartupProgress:
     """What start-up is doing, for the live display: a phase and, for agents, n of N."""
 
-    phase: str = LOADING
+    phase: StartupPhase = StartupPhase.LOADING
     done: int = 0
     total: int = 0
 
-    def enter(self, phase: str, total: int = 0) -> None:
+    def enter(self, phase: StartupPhase, total: int = 0) -> None:
         """Start a phase (logged at INFO, so `-v` shows where start-up is)."""
         self.phase, self.done, self.total = phase, 0, total
         log.info("start-up: %s", self.describe())
@@ -142,7 +151,7 @@ async def create_agents(
     disk, one `ensure_agents` transaction; an initial state is built only for those. Then
     `build(spec)` makes each agent object. Returns them in `specs` order.
     """
-    progress.enter(CREATING, len(specs))
+    progress.enter(StartupPhase.CREATING, len(specs))
     agents: list[T] = []
     for start in range(0, len(specs), chunk):
         part = specs[start : start + chunk]
@@ -152,7 +161,7 @@ async def create_agents(
             await store.ensure_agents(states, writer=Writer.SCENARIO)
         agents.extend(build(spec) for spec in part)
         progress.done = len(agents)
-        await asyncio.sleep(0)  # a stop request and the display get their turn between chunks
+        await checkpoint()  # a stop request and the display get their turn between chunks
     return agents
 
 
@@ -164,5 +173,5 @@ async def cancel_start_up_on(stop: asyncio.Event, progress: StartupProgress, run
     (store flushed, bus closed, broker stopped) at once.
     """
     await stop.wait()
-    if progress.phase != RUNNING:
+    if progress.phase != StartupPhase.RUNNING:
         run.cancel()

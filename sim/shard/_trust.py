@@ -1,32 +1,25 @@
-"""The run's side of the trust boundary (DESIGN.md, "Trust boundary") that is not routing.
+"""The run's side of the trust boundary (DESIGN.md, "Trust boundary") at start-up.
 
 - `run_key_for`: the run key from `--run-key-file`, or a fresh one for `--broker auto`.
 - `announce_trust`: say once, at start, when the broker enforces no ACL that npcsim knows
   of and no run key stands in for it (anyone who can connect could then forge internal
   events), and tell the operator how remote workers join a private `--broker auto`.
-- `limit_player_inputs`: at most N inputs per player per tick; the excess is refused and
-  counted, never queued for later.
+
+What a message may carry is checked where it arrives (sim.protocol: seal, bounds, router).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from sim.broker import BrokerInfo
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
 from sim.protocol.seal import RunKey, load_run_key
-from sim.wire.events import PlayerInputMessage
 
-__all__ = ["announce_trust", "limit_player_inputs", "run_key_for"]
+__all__ = ["announce_trust", "run_key_for"]
 
 log = logging.getLogger(__name__)
-
-
-class _Refuser(Protocol):
-    def refuse(self, kind: str, where: str, why: str) -> None: ...
 
 
 def run_key_for(path: str | None, broker: BrokerInfo) -> RunKey | None:
@@ -71,18 +64,3 @@ def announce_trust(
     )
     return login
 
-
-def limit_player_inputs(
-    inputs: Sequence[tuple[str, PlayerInputMessage]], per_tick: int, refuser: _Refuser
-) -> list[tuple[str, PlayerInputMessage]]:
-    """The first `per_tick` inputs of each player, in arrival order; the rest refused and counted."""
-    kept: list[tuple[str, PlayerInputMessage]] = []
-    seen: dict[str, int] = {}
-    for player, message in inputs:
-        seen[player] = seen.get(player, 0) + 1
-        if seen[player] <= per_tick:
-            kept.append((player, message))
-        else:
-            refuser.refuse("player inputs over the per-tick bound", f"player {player!r}",
-                           f"more than {per_tick} inputs in one tick")
-    return kept

@@ -1,0 +1,338 @@
+"""The shard's bus: one connection, the QoS 1 outbox, and the router it feeds.
+
+    async with open_bus(BusConfig(broker=BrokerAddress.parse(url), run="r1", shard="0")) as bus:
+        box = bus.mailbox("blacksmith")
+        await bus.listen_location("forge", ["blacksmith"])
+        await bus.listen_barrier()
+        await bus.publish(topic, payload)                 # queued, sent in order
+        await clock.wait(bus.arrived, 0.5)                # something to act on came in
+        for event in bus.take_events(): ...               # BatchArrived, BarrierReceived, ..., Connected
+
+What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, mailboxes,
+de-duplication, bounds): events for the agents land in their mailboxes, and what the shard
+must act on (sim.protocol.received) waits in the bus's event queue, with a `Connected`
+after each (re)connection, until the shard takes it at a phase boundary or in the barrier
+wait. The connection is the `Transport`'s (sim.bus._transport; MQTT by default).
+
+Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while the broker is
+away and, when it is full, the caller gets OutboxFullError: a QoS 1 event is never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import msgspec
+
+from sim.bus._transport import Link, MqttTransport, Transport
+from sim.errors import BrokerError, BusError, OutboxFullError, single_error
+from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy
+from sim.protocol.bounds import InputBounds
+from sim.protocol.mailbox import Mailbox
+from sim.protocol.received import Received
+from sim.protocol.router import Router
+from sim.protocol.seal import RunKey, seal
+from sim.wire import topics
+from sim.wire.barrier import BarrierMessage, encode_barrier
+from sim.wire.events import SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.trace import RosterMessage, TraceMessage, encode_roster, encode_trace
+
+__all__ = ["Bus", "BusConfig", "BusEvent", "Connected", "open_bus"]
+
+log = logging.getLogger(__name__)
+
+
+class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
+    broker: BrokerAddress
+    run: str
+    shard: str = "0"
+    protocol: Literal[5, 311] = 5
+    outbox_size: int = 10_000
+    mailbox_size: int = 1_000
+    seen_ids: int = 200_000
+    publish_concurrency: int = 64
+    publish_timeout: float = 10.0
+    reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
+    bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    run_key: RunKey | None = None  # seal and check internal messages (sim.protocol.seal)
+
+
+class Connected(msgspec.Struct, frozen=True):
+    """The bus is connected: at the start (`again` false) and after each reconnection, when
+    the shard re-sends what a broker restart may have lost."""
+
+    again: bool
+
+
+BusEvent = Received | Connected
+
+_Outgoing = tuple[str, bytes, int, bool]
+
+
+class Bus:
+    """Use `open_bus`; this holds the outbox, the event queue and the connection state around a Router."""
+
+    def __init__(self, config: BusConfig, transport: Transport) -> None:
+        self.config = config
+        self._transport = transport
+        self._router = Router(
+            config.run, config.shard, mailbox_size=config.mailbox_size, seen_events=config.seen_ids,
+            bounds=config.bounds, run_key=config.run_key,
+        )
+        self.stats = self._router.stats
+        self._filters: list[str] = []
+        self._events: collections.deque[BusEvent] = collections.deque()
+        self.arrived = asyncio.Event()
+        """Set while events wait for `take_events`."""
+        self._outbox: collections.deque[_Outgoing] = collections.deque()
+        self._outbox_ready = asyncio.Event()
+        self._outbox_space = asyncio.Event()
+        self._outbox_space.set()
+        self._inflight = 0
+        self._connected = asyncio.Event()
+        self._link: Link | None = None
+        self._connections = 0
+
+    # --- mailboxes, routes and what arrived -------------------------------------------
+
+    def mailbox(self, agent: str) -> Mailbox:
+        return self._router.mailbox(agent)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def is_routed(self, topic: str) -> bool:
+        """Whether batches on `topic` reach a mailbox of this shard."""
+        return self._router.is_routed(topic)
+
+    def drop_batches_before(self, tick: int) -> None:
+        """Batches of earlier ticks are re-sends of what was perceived: their events are dropped."""
+        self._router.drop_batches_before(tick)
+
+    async def listen_location(self, location: str, agents: Iterable[str]) -> None:
+        """Deliver the events at `location` to these agents' mailboxes."""
+        topic = topics.location_events(self.config.run, location)
+        if self._router.route_location(topic, list(agents)):
+            await self._subscribe([topic])
+
+    async def listen_inboxes(self, agents: Iterable[str]) -> None:
+        """Deliver each agent's directed events to its mailbox.
+
+        One wildcard subscription (`agent/+/inbox`) for all of them: one subscription per
+        agent took 12 s of start-up at 100,000 NPCs. Inbox messages to other shards' agents
+        (directed events, few) arrive too; the router drops them without a count.
+        """
+        for agent in agents:
+            self._router.route_inbox(topics.agent_inbox(self.config.run, agent), agent)
+        wildcard = self._router.agent_prefix + "+/inbox"
+        if wildcard not in self._filters:
+            await self._subscribe([wildcard])
+
+    async def listen_player_input(self) -> None:
+        """Queue a PlayerInputReceived for each JSON input on `player/+/input` within bounds."""
+        await self._subscribe([self._router.route_player_input()])
+
+    async def listen_world_state(self) -> None:
+        """Queue a WorldStateReceived for the retained world state and every change within bounds."""
+        await self._subscribe([self._router.route_world_state()])
+
+    async def listen_barrier(self) -> None:
+        """Queue every shard's barrier messages (sim.protocol.barrier); every batch is reported anyway."""
+        await self._subscribe([self._router.route_barrier()])
+
+    def take_events(self) -> list[BusEvent]:
+        """Everything queued for the shard since the last call, in arrival order."""
+        events = list(self._events)
+        self._events.clear()
+        self.arrived.clear()
+        return events
+
+    def _queue(self, event: BusEvent) -> None:
+        self._events.append(event)
+        self.arrived.set()
+
+    def _deliver(self, topic: str, payload: bytes) -> None:
+        event = self._router.receive(topic, payload)
+        if event is not None:
+            self._queue(event)
+
+    async def _subscribe(self, filters: list[str]) -> None:
+        self._filters.extend(filters)
+        link = self._link
+        if link is not None and self._connected.is_set():
+            await link.subscribe(filters)
+
+    # --- publishing ------------------------------------------------------------------
+
+    async def publish_barrier(self, message: BarrierMessage) -> tuple[str, bytes]:
+        """Send this shard's barrier message, sealed; returns (topic, payload) for re-sending."""
+        topic = topics.barrier(self.config.run, self.config.shard)
+        payload = seal(self.config.run_key, topic, encode_barrier(message))
+        await self.publish(topic, payload)
+        return topic, payload
+
+    async def publish_world_state(self, message: WorldStateMessage) -> None:
+        await self.publish(self._router.world_topic, encode_json(message), retain=True)
+
+    async def publish_say(self, message: SayMessage) -> None:
+        await self.publish(topics.agent_say(self.config.run, message.agent), encode_json(message))
+
+    async def publish_status(self, message: StatusMessage) -> None:
+        await self.publish(topics.status(self.config.run, self.config.shard), encode_json(message), retain=True)
+
+    async def publish_trace(self, message: TraceMessage) -> None:
+        await self.publish(topics.trace(self.config.run, self.config.shard), encode_trace(message))
+
+    async def publish_roster(self, message: RosterMessage) -> None:
+        """Retained, for viewers that connect later."""
+        await self.publish(topics.roster(self.config.run, self.config.shard), encode_roster(message), retain=True)
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Queue a message for the sender; raise OutboxFullError when it cannot wait.
+
+        While connected a full outbox is backpressure (the caller waits); during an outage
+        it is an error, so that nothing is dropped without the caller knowing.
+        """
+        while len(self._outbox) >= self.config.outbox_size:
+            if not self._connected.is_set():
+                raise OutboxFullError(
+                    f"outbox full ({self.config.outbox_size} messages) while the broker "
+                    f"{self.config.broker.url} is unreachable; cannot queue a message for {topic}"
+                )
+            self._outbox_space.clear()
+            await self._outbox_space.wait()
+        self._outbox.append((topic, payload, qos, retain))
+        self._outbox_ready.set()
+
+    async def wait_sent(self) -> None:
+        """Wait until the outbox is empty (callers bound it with a timeout)."""
+        while self._outbox or self._inflight:
+            self._outbox_space.clear()
+            await self._outbox_space.wait()
+
+    # --- counting --------------------------------------------------------------------
+
+    def count_malformed(self, kind: str, topic: str, exc: Exception) -> None:
+        """Count a malformed payload by kind and log the first of each kind; the caller drops it."""
+        self._router.count_malformed(kind, topic, exc)
+
+    def refuse(self, kind: str, where: str, why: str) -> None:
+        """Count outside input refused over a bound (logged once per kind)."""
+        self.stats.refusals.refuse(kind, where, why)
+
+    def report_overflow(self, tick: int) -> None:
+        """Log one line for the tick's mailbox overflow, naming each mailbox and its flooder."""
+        report = self.stats.overflow.take()
+        if report:
+            detail = ", ".join(f"{box} dropped {n} (mostly from {source})" for box, (n, source) in report.items())
+            log.warning("tick %d: full mailboxes: %s", tick, detail)
+
+    # --- the connection --------------------------------------------------------------
+
+    async def _session(self, link: Link) -> None:
+        await link.subscribe(self._filters)
+        self._link = link
+        self._connections += 1
+        self.stats.reconnects = self._connections - 1
+        self._connected.set()
+        self._outbox_ready.set()
+        self._queue(Connected(again=self._connections > 1))
+        async for topic, payload in link.messages():
+            self._deliver(topic, payload)
+
+    def _lost(self) -> None:
+        self._connected.clear()
+        self._link = None
+        self._outbox_space.set()
+
+    async def _connection_loop(self) -> None:
+        await self._transport.run(self._session, on_lost=self._lost)
+
+    async def _sender(self) -> None:
+        """Publish the outbox in order; a failed publish goes back to the head for retry.
+
+        Up to `publish_concurrency` publishes are in flight; paho hands them to the socket
+        in the order they were started, so the broker sees the outbox order.
+        """
+        backoff = Backoff(self.config.reconnect)
+        while True:
+            await self._outbox_ready.wait()
+            await self._connected.wait()
+            link = self._link
+            if not self._outbox or link is None:
+                self._outbox_ready.clear()
+                continue
+            chunk = [self._outbox.popleft() for _ in range(min(len(self._outbox), self.config.publish_concurrency))]
+            self._inflight = len(chunk)
+            self._outbox_space.set()
+            results = await asyncio.gather(
+                *(link.publish(t, p, qos=q, retain=r) for t, p, q, r in chunk), return_exceptions=True
+            )
+            failed = []
+            for item, result in zip(chunk, results, strict=True):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                if isinstance(result, BrokerError):
+                    failed.append(item)
+                elif isinstance(result, BaseException):
+                    raise BusError(f"publishing to {item[0]} failed: {result!r}") from result
+                else:
+                    self.stats.messages_out += 1
+            self._inflight = 0
+            self._outbox_space.set()
+            if failed:
+                log.warning("%d publishes failed; they are retried after a backoff", len(failed))
+                self._outbox.extendleft(reversed(failed))
+                await asyncio.sleep(backoff.next())
+            else:
+                backoff.reset()
+            if not self._outbox:
+                self._outbox_ready.clear()
+
+
+def _mqtt_transport(config: BusConfig) -> MqttTransport:
+    """The bus's MQTT connection: the shard's "offline" status is its last will."""
+    offline = encode_json(StatusMessage(run=config.run, shard=config.shard, state="offline"))
+    return MqttTransport(
+        config.broker,
+        name=f"bus of shard {config.shard}",
+        policy=config.reconnect,
+        protocol=config.protocol,
+        will=(topics.status(config.run, config.shard), offline),
+        timeout=config.publish_timeout,
+        max_inflight=config.publish_concurrency,
+    )
+
+
+@asynccontextmanager
+async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> AsyncIterator[Bus]:
+    """Connect (or raise BrokerError after the reconnect patience), run the loops, close cleanly.
+
+    `transport` defaults to MQTT to `config.broker`. On a normal exit the outbox is sent
+    first (bounded by `publish_timeout`).
+    """
+    bus = Bus(config, transport or _mqtt_transport(config))
+    try:
+        async with asyncio.TaskGroup() as group:
+            connection = group.create_task(bus._connection_loop(), name="bus-connection")
+            sender = group.create_task(bus._sender(), name="bus-sender")
+            await bus._connected.wait()
+            try:
+                yield bus
+                try:
+                    async with asyncio.timeout(config.publish_timeout):
+                        await bus.wait_sent()
+                except TimeoutError:
+                    log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))
+            finally:
+                sender.cancel()
+                connection.cancel()
+    except BaseExceptionGroup as group_error:
+        raise single_error(group_error) from None

@@ -1,0 +1,52 @@
+"""A shard of a run: its configuration, clock, agents' contexts, recorder, start-up and tick loop.
+
+    stats = await run(RunConfig(scenario="scenarios/village.toml", ticks=20))   # one shard, as a process
+
+    shard = Shard(ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, clock=clock), stop)
+    await shard.start()
+    await shard.step(shard.next_tick)        # one whole tick: inputs, agents, publish, barrier, commit
+    await shard.run(until=shard.end)         # the rest, paced by tick_ms
+
+The modules, one job each:
+- `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
+- `_stats`: `RunStats`, what the display and the summary read;
+- `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
+- `_context`: `ShardContext` (the shard's parts) and `AgentContext` (what an agent may do);
+- `_recorder`: audit records, traces, metrics and counters of every line said;
+- `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
+- `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
+- `_shard`: `Shard`, the tick loop;
+- `_trust`: the run key and the trust announcements at start;
+- `_process`: `run(config)`, the process wiring around a Shard.
+"""
+
+from sim.shard._clock import Clock, SystemClock, VirtualClock
+from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
+from sim.shard._context import AgentContext, ShardContext
+from sim.shard._process import run
+from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
+from sim.shard._shard import Shard
+from sim.shard._startup import StartupPhase, StartupProgress, create_agents
+from sim.shard._stats import RunStats
+
+__all__ = [
+    "AGENT_KINDS",
+    "PLAYER_KINDS",
+    "Agent",
+    "AgentContext",
+    "Clock",
+    "Player",
+    "RunConfig",
+    "RunStats",
+    "Shard",
+    "ShardContext",
+    "StartupPhase",
+    "StartupProgress",
+    "SystemClock",
+    "VirtualClock",
+    "create_agents",
+    "hot_limit",
+    "parse_shard",
+    "run",
+    "shard_npcs",
+]

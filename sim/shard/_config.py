@@ -1,0 +1,118 @@
+"""A run's configuration and what follows from it alone: shards, their NPCs, the hot window.
+
+`RunConfig` is the library's boundary: the values the CLI refuses are refused here too, by
+option name. The checks that need the store or the scenario (`check_resume`,
+`check_retention`) run before anything starts, so a refused run leaves no file behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sim.errors import ConfigError
+from sim.memory import WorkingMemoryConfig
+from sim.mqtt import TlsFiles
+from sim.protocol.bounds import InputBounds
+from sim.scenario import NpcSpec, Scenario
+from sim.store import HOT_LIMIT, Store
+
+__all__ = [
+    "RunConfig",
+    "check_resume",
+    "check_retention",
+    "default_run_id",
+    "hot_limit",
+    "parse_shard",
+    "shard_npcs",
+]
+
+
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
+    scenario: str
+    broker: str = "auto"
+    broker_tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
+    bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    run_key_file: str | None = None
+    ticks: int | None = None
+    until_tick: int | None = None  # run up to and including tick until_tick - 1 (not with `ticks`)
+    tick_ms: int = 0
+    seed: int | None = None
+    run_id: str | None = None
+    db: str | None = None
+    backend: str = "scripted"
+    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    remote_workers: bool = False
+    shard: str = "0/1"
+    resume: bool = False
+    concurrency: int = 64
+    bots: int = 0
+    bot_rate: float = 0.1
+    echo_timeout: float = 5.0  # a barrier held longer than this is logged as a stall
+    shutdown_timeout: float = 10.0
+    inference_timeout: float = 30.0
+    keep_dialogue: bool = False
+    trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
+    retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
+
+    def __post_init__(self) -> None:
+        """The library's boundary: the same values the CLI refuses are refused here, by option name."""
+        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
+        for name in ("inference_timeout", "echo_timeout", "shutdown_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+        if self.ticks is not None and self.until_tick is not None:
+            raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """`i/n` with 0 <= i < n."""
+    try:
+        index, count = (int(x) for x in value.split("/"))
+    except ValueError as exc:
+        raise ConfigError(f"--shard {value!r}: expected i/n, for example 0/2") from exc
+    if not 0 <= index < count:
+        raise ConfigError(f"--shard {value!r}: need 0 <= i < n")
+    return index, count
+
+
+def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
+    """Shard i of n holds every n-th NPC in id order: a function of the scenario only."""
+    return [spec for k, spec in enumerate(sorted(scenario.npcs, key=lambda s: s.id)) if k % count == index]
+
+
+def hot_limit(config: WorkingMemoryConfig) -> int:
+    """The store's hot state holds at least what the count caps can use, in every category."""
+    return max(HOT_LIMIT, config.max_dialogue_lines, config.max_episodic_memories, config.max_beliefs)
+
+
+def default_run_id(scenario: Scenario, seed: int) -> str:
+    return f"{scenario.scenario.name}-{seed}"
+
+
+def check_resume(config: RunConfig, db: Path, store: Store) -> None:
+    """A database holding ticks is continued only when asked, never silently reused."""
+    if config.resume and store.last_tick is None:
+        raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
+    if not config.resume and store.last_tick is not None:
+        raise ConfigError(
+            f"--db {db} already holds this run up to tick {store.last_tick}: "
+            "pass --resume to continue it, or give another file"
+        )
+
+
+def check_retention(config: RunConfig, limit: int) -> None:
+    """Retention never reaches into what a working memory can use (sim/store/_retention.py);
+    checked before anything starts, so a refused run leaves no file behind."""
+    if config.retain_memories is not None and config.retain_memories < limit:
+        raise ConfigError(
+            f"--retain-memories must be at least the store's hot window ({limit} items per category),"
+            f" got {config.retain_memories}"
+        )

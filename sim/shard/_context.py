@@ -1,0 +1,194 @@
+"""The contexts: what the shard's machinery shares, and the narrow handle each agent gets.
+
+`ShardContext` holds the run's identity and the shard's parts (scenario, config, bus,
+pool, store, stats, metrics, clock, the tick's outbox, the recorder); the shard, its
+recorder and its agents' contexts share it.
+
+`AgentContext` is all an agent may do, and nothing more (Mesa's agent handle): read its
+mail for the tick, remember what it perceived (with the NPC's authority in the store),
+look at who is at its place, and `speak`. It never hands out the bus or the store.
+
+`speak(to, said, turn)` is one act: build the working memory from the agent's state, ask
+the pool (a player's turn-1 answer first, ambient chatter last), publish the `say` line,
+emit the `Speech` at the agent's place (the others hear it next tick), store the line in
+its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
+"""
+
+from __future__ import annotations
+
+from sim.bus import Bus
+from sim.inference import InferenceRequest, Pool, Priority
+from sim.memory import Belief, Episode, Line, build_working_memory
+from sim.metrics import Metrics
+from sim.protocol.outbox import Outbox
+from sim.scenario import NpcSpec, Scenario
+from sim.shard._clock import Clock, SystemClock
+from sim.shard._config import RunConfig, parse_shard
+from sim.shard._recorder import Recorder, Spoken
+from sim.shard._stats import RunStats
+from sim.store import Store, Writer
+from sim.wire import topics
+from sim.wire.events import AnyEvent, SayMessage, Speech, event_id
+
+__all__ = ["AgentContext", "ShardContext"]
+
+
+class ShardContext:
+    """The run's identity and one shard's parts; `agent_context(spec)` makes an agent's handle.
+
+    `tick` is the tick being stepped (the shard sets it as each tick begins).
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        config: RunConfig,
+        run_id: str,
+        seed: int,
+        bus: Bus,
+        pool: Pool,
+        store: Store,
+        stats: RunStats,
+        metrics: Metrics | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.config = config
+        self.run_id = run_id
+        self.seed = seed
+        self.bus = bus
+        self.pool = pool
+        self.store = store
+        self.stats = stats
+        self.metrics = metrics
+        self.clock: Clock = clock or SystemClock()
+        self.shard = str(parse_shard(config.shard)[0])
+        self.memory_config = scenario.memory
+        self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
+        self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
+        neighbours: dict[str, list[str]] = {}
+        for spec in sorted(scenario.npcs, key=lambda s: s.id):
+            neighbours.setdefault(spec.location, []).append(spec.id)
+        self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
+        self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        self.outbox = Outbox(self.shard, bus.config.run_key)
+        self.recorder = Recorder(
+            run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
+            memory_config=self.memory_config, npc_location=self.npc_location,
+            keep_dialogue=config.keep_dialogue, trace_prompts=config.trace_prompts,
+        )
+        self.tick = 0
+
+    def neighbours(self, location: str) -> tuple[str, ...]:
+        """Every NPC at `location`, in any shard, in id order."""
+        return self._neighbours.get(location, ())
+
+    def location_topic(self, location: str) -> str:
+        return self._location_topics[location]
+
+    def agent_context(self, spec: NpcSpec) -> AgentContext:
+        return AgentContext(self, spec)
+
+
+class AgentContext:
+    """One agent's handle on the engine: its mail, its memory, its place, its voice."""
+
+    __slots__ = ("_mailbox", "_seq", "_seq_tick", "_shard", "spec")
+
+    def __init__(self, shard: ShardContext, spec: NpcSpec) -> None:
+        self._shard = shard
+        self.spec = spec
+        self._mailbox = shard.bus.mailbox(spec.id)
+        self._seq_tick = -1
+        self._seq = 0
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: an agent's dice are a function of (seed, id, tick)."""
+        return self._shard.seed
+
+    # --- perceiving ----------------------------------------------------------------------
+
+    def has_mail(self, tick: int) -> bool:
+        """Events from ticks before `tick` wait in the mailbox."""
+        return self._mailbox.has_mail(tick)
+
+    def mail(self, tick: int) -> list[AnyEvent]:
+        """The events from ticks before `tick`, sorted by (tick, id); later ones stay for later."""
+        return self._mailbox.drain(tick)
+
+    def neighbours(self) -> tuple[str, ...]:
+        """The other NPCs at this agent's place, in any shard, in id order."""
+        return tuple(n for n in self._shard.neighbours(self.spec.location) if n != self.spec.id)
+
+    def is_npc(self, agent_id: str) -> bool:
+        return agent_id in self._shard.npc_ids
+
+    # --- remembering ---------------------------------------------------------------------
+
+    def next_seq(self) -> int:
+        """The next number of this agent's sequence in the tick (1, 2, ...; it restarts each tick):
+        it orders the dialogue lines of the tick and names the inferences."""
+        tick = self._shard.tick
+        if tick != self._seq_tick:
+            self._seq_tick, self._seq = tick, 0
+        self._seq += 1
+        return self._seq
+
+    async def remember(self, memory: Episode | Belief | Line) -> None:
+        """Keep an episode, a belief or a dialogue line, with the NPC's authority."""
+        store = self._shard.store
+        if isinstance(memory, Episode):
+            await store.add_episode(self.spec.id, memory, writer=Writer.NPC)
+        elif isinstance(memory, Belief):
+            await store.add_belief(self.spec.id, memory, writer=Writer.NPC)
+        else:
+            await store.add_line(self.spec.id, memory, writer=Writer.NPC)
+
+    # --- speaking ------------------------------------------------------------------------
+
+    async def speak(self, to: str, said: str, turn: int) -> str:
+        """Answer `said` (what `to` said, or an ambient prompt) to `to`; returns the line said.
+
+        `turn` counts the replies of an exchange: 0 is ambient chatter, 1 an answer.
+        Never raises for a model failure: the pool's fallback line is said then.
+        """
+        shard, spec = self._shard, self.spec
+        tick = shard.tick
+        state = shard.store.state(spec.id)
+        memory = build_working_memory(state, said, shard.memory_config)
+        seq = self.next_seq()
+        inference_id = event_id(shard.run_id, spec.id, tick, seq)
+        player = turn == 1 and to not in shard.npc_ids
+        priority = Priority.PLAYER if player else Priority.AMBIENT if turn == 0 else Priority.NPC
+        request = InferenceRequest(
+            id=inference_id,
+            run_id=shard.run_id,
+            agent_id=spec.id,
+            tick=tick,
+            memory=memory,
+            deadline=shard.clock.wall() + shard.config.inference_timeout,
+            priority=priority,
+            fallback_lines=tuple(spec.fallback_lines),
+            seed=shard.seed,
+            shard=shard.shard,
+            state=state,
+            config=shard.memory_config,
+        )
+        result = await shard.pool.infer(request)
+        say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id)
+        await shard.bus.publish_say(say)
+        shard.outbox.emit(
+            shard.location_topic(spec.location),
+            Speech(id=inference_id, tick=tick, location=spec.location, speaker=spec.id, to=to, text=result.line,
+                   turn=turn),
+        )
+        await shard.store.add_line(spec.id, Line(tick=tick, speaker=spec.id, text=result.line, seq=seq),
+                                   writer=Writer.NPC)
+        await shard.recorder.record(Spoken(say=say, heard=said, state=state, memory=memory, result=result))
+        return result.line

@@ -1,0 +1,175 @@
+"""One shard as a process: `run(config)` wires the broker, store, bus, pool and signals around a Shard.
+
+In order: the scenario is parsed off the loop, the broker opened (or started), the run key
+and the trust announcements made, then the store, the bus and the pool; the Shard starts
+up, runs its ticks and says "offline" at the end.
+
+Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one finishes,
+the retained status says "offline", and the run returns normally. A stop during start-up
+cancels the start-up at once (sim.shard._startup). After a crash the store rolls back the
+unfinished tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+from sim.broker import open_broker
+from sim.bus import BusConfig, open_bus
+from sim.errors import ConfigError, single_error
+from sim.inference import PoolConfig, open_pool
+from sim.metrics import Metrics
+from sim.shard._clock import Clock, SystemClock
+from sim.shard._config import RunConfig, check_resume, check_retention, default_run_id, hot_limit, parse_shard
+from sim.shard._context import ShardContext
+from sim.shard._shard import Shard
+from sim.shard._startup import (
+    PausedCollector,
+    StartupPhase,
+    cancel_start_up_on,
+    load_scenario_in_thread,
+)
+from sim.shard._stats import RunStats
+from sim.shard._trust import announce_trust, run_key_for
+from sim.store import open_store
+from sim.wire import topics
+
+__all__ = ["run"]
+
+log = logging.getLogger(__name__)
+
+
+async def run(
+    config: RunConfig,
+    *,
+    stats: RunStats | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[RunStats], None] | None = None,
+    metrics: Metrics | None = None,
+    clock: Clock | None = None,
+) -> RunStats:
+    """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too).
+
+    A stop during start-up cancels the start-up at once (see sim.shard._startup); after it,
+    the current tick ends first.
+    """
+    stats = stats or RunStats()
+    stop = stop or asyncio.Event()
+    clock = clock or SystemClock()
+    stats.started = clock.now()
+    index, _ = parse_shard(config.shard)
+    stats.shard = str(index)
+    with _signals(stop, stats):
+        try:
+            async with asyncio.TaskGroup() as group:
+                main = group.create_task(_run(config, stats, stop, on_ready, metrics, clock), name="run")
+                watch = cancel_start_up_on(stop, stats.startup_progress, main)
+                watcher = group.create_task(watch, name="start-up-watch")
+                main.add_done_callback(lambda _: watcher.cancel())
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+    return stats
+
+
+async def _run(
+    config: RunConfig,
+    stats: RunStats,
+    stop: asyncio.Event,
+    on_ready: Callable[[RunStats], None] | None,
+    metrics: Metrics | None,
+    clock: Clock,
+) -> None:
+    with PausedCollector() as collector:
+        stats.startup_progress.enter(StartupPhase.LOADING)
+        scenario = await load_scenario_in_thread(config.scenario)
+        check_retention(config, hot_limit(scenario.memory))
+        seed = scenario.scenario.seed if config.seed is None else config.seed
+        run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
+        try:
+            topics.run_root(run_id)
+        except ValueError as exc:
+            raise ConfigError(f"--run-id: {exc}") from exc
+        shard = str(parse_shard(config.shard)[0])
+        stats.run_id = run_id
+        async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
+            stats.broker = f"{broker.kind} {broker.url}"
+            stats.broker_address = broker.address
+            run_key = run_key_for(config.run_key_file, broker)
+            announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+            bus_config = BusConfig(
+                broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
+                run_key=run_key,
+            )
+            pool_config = PoolConfig(
+                backend=config.backend,
+                options=dict(config.backend_options),
+                concurrency=config.concurrency,
+                max_in_flight=config.concurrency,
+                timeout=config.inference_timeout,
+                transport="mqtt" if config.remote_workers else "inprocess",
+                broker=broker.address,
+                run_key=run_key,
+                run_id=run_id,
+                shard=shard,
+            )
+            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
+            async with (
+                open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
+                open_bus(bus_config) as bus,
+                open_pool(pool_config) as pool,
+            ):
+                check_resume(config, db, store)
+                stats.bus = bus.stats
+                if metrics is not None:
+                    metrics.watch_pool(pool.statistics)
+                    metrics.watch_bus(bus.stats)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock)
+                one = Shard(ctx, stop)
+                await one.start()
+                collector.start_up_done()
+                stats.startup_progress.enter(StartupPhase.RUNNING)
+                if on_ready is not None:
+                    on_ready(stats)
+                if one.end <= one.first:
+                    log.warning("nothing to run: the store is at tick %d and the run ends before tick %d",
+                                one.first, one.end)
+                try:
+                    await one.run(until=one.end)
+                finally:
+                    await one.go_offline()
+
+
+@contextlib.contextmanager
+def _signals(stop: asyncio.Event, stats: RunStats) -> Iterator[None]:
+    """SIGINT/SIGTERM ask for an orderly stop; the handlers are removed on exit."""
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int) -> None:
+        log.warning("%s: stopping after the current tick", signal.Signals(signum).name)
+        stats.stopped_by_signal = True
+        stop.set()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, handler, signum)
+        except (NotImplementedError, RuntimeError):
+            continue
+        installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+@contextlib.asynccontextmanager
+async def _workdir() -> AsyncIterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="npcsim-") as path:
+        yield Path(path)

@@ -1,0 +1,119 @@
+"""The recorder: what the engine keeps of every line an NPC says.
+
+An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder does the
+rest, in this order: the over-budget count (DESIGN.md, working memory step 5: counted, and
+logged once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
+kept), the audit record in the store (enough to rebuild the exact context the model saw),
+the metrics, and the trace for viewers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import msgspec
+
+from sim.audit import make_record
+from sim.bus import Bus
+from sim.inference import InferenceResult
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.metrics import Metrics
+from sim.shard._stats import RunStats
+from sim.store import Store
+from sim.wire.events import SayMessage
+from sim.wire.trace import trace_of
+
+__all__ = ["Recorder", "Spoken"]
+
+log = logging.getLogger(__name__)
+
+
+class Spoken(msgspec.Struct, frozen=True, kw_only=True):
+    """One line said: the `say` message published, and how it came about.
+
+    `heard` is the input the working memory was built for (the audit's player input),
+    `state` the state it was built from.
+    """
+
+    say: SayMessage
+    heard: str
+    state: NpcState
+    memory: WorkingMemory
+    result: InferenceResult
+
+
+class Recorder:
+    """Audit, trace, metrics and counters of one shard's inferences."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        shard: str,
+        store: Store,
+        bus: Bus,
+        stats: RunStats,
+        metrics: Metrics | None,
+        memory_config: WorkingMemoryConfig,
+        npc_location: Mapping[str, str],
+        keep_dialogue: bool,
+        trace_prompts: bool,
+    ) -> None:
+        self._run_id = run_id
+        self._shard = shard
+        self._store = store
+        self._bus = bus
+        self._stats = stats
+        self._metrics = metrics
+        self._memory_config = memory_config
+        self._npc_location = npc_location
+        self._keep_dialogue = keep_dialogue
+        self._trace_prompts = trace_prompts
+        self._over_budget_logged: set[str] = set()
+
+    async def record(self, spoken: Spoken) -> None:
+        say, result = spoken.say, spoken.result
+        self._count_over_budget(say.agent, spoken.memory)
+        self._stats.inferences += 1
+        self._stats.fallbacks += result.fallback
+        self._stats.lines += 1
+        if self._keep_dialogue:
+            self._stats.dialogue.append(say)
+        record = make_record(
+            id=say.inference_id,
+            run_id=self._run_id,
+            state=spoken.state,
+            player_input=spoken.heard,
+            config=self._memory_config,
+            memory=spoken.memory,
+            tick=say.tick,
+            backend=result.backend,
+            model=result.model,
+            params=result.params,
+            raw_response=result.raw_response,
+            line=result.line,
+            fallback=result.fallback,
+            fallback_reason=result.fallback_reason,
+            timings=result.timings,
+            attempts=result.attempts,
+        )
+        await self._store.record(record)
+        if self._metrics is not None:
+            self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
+        trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
+                         prompts=self._trace_prompts)
+        await self._bus.publish_trace(trace)
+
+    def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
+        if not memory.report.over_budget:
+            return
+        self._stats.over_budget += 1
+        if agent not in self._over_budget_logged:
+            self._over_budget_logged.add(agent)
+            report = memory.report
+            log.warning(
+                "%s: the mandatory content alone (%d chars) exceeds max_context_chars=%d; the prompt is over "
+                "budget (counted in the summary; not logged again for this NPC)",
+                agent, report.mandatory_chars, report.limit_chars,
+            )

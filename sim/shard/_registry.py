@@ -1,0 +1,72 @@
+"""Agent kinds and player kinds, by import string: `sim` never imports `agents` by name.
+
+A scenario names an NPC's kind (`kind = "npc"` by default); `AGENT_KINDS` maps it to the
+class that runs it, built as `kind(spec, context)` with the agent's `AgentContext`.
+Scripted players (from the scenario) and load-test bots live in shard 0 and say their
+lines through the same outbox as everything else.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from sim.errors import ConfigError
+from sim.scenario import NpcSpec, Scenario
+from sim.shard._context import AgentContext
+from sim.wire.events import Speech
+
+__all__ = ["AGENT_KINDS", "PLAYER_KINDS", "Agent", "AgentFactory", "Player", "agent_factories", "players"]
+
+AGENT_KINDS: dict[str, str] = {"npc": "agents.npc:NpcAgent"}
+PLAYER_KINDS = {"scripted": "agents.player:ScriptedPlayer", "bot": "agents.player:BotPlayer"}
+
+
+class Agent(Protocol):
+    """What the shard asks of an agent each tick: whether it takes a turn, and the turn."""
+
+    id: str
+
+    def wants_turn(self, tick: int) -> bool: ...
+
+    async def step(self, tick: int) -> None: ...
+
+
+class Player(Protocol):
+    """A player inside the shard: its inputs are a function of the tick."""
+
+    id: str
+    location: str | None
+
+    def inputs(self, tick: int) -> list[Speech]: ...
+
+
+AgentFactory = Callable[[NpcSpec, AgentContext], Agent]
+
+
+def _resolve(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def agent_factories(specs: Iterable[NpcSpec]) -> dict[str, AgentFactory]:
+    """The class of every kind these NPCs name; ConfigError names an NPC of an unknown kind."""
+    kinds: dict[str, AgentFactory] = {}
+    for spec in specs:
+        if spec.kind not in kinds:
+            kind = AGENT_KINDS.get(spec.kind)
+            if kind is None:
+                raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+            kinds[spec.kind] = _resolve(kind)
+    return kinds
+
+
+def players(scenario: Scenario, run_id: str, seed: int, *, bots: int, bot_rate: float) -> list[Player]:
+    """The scenario's scripted players, then `bots` load-test bots (`bot0`, `bot1`, ...)."""
+    scripted = _resolve(PLAYER_KINDS["scripted"])
+    found: list[Player] = [scripted(p, run_id) for p in scenario.players]
+    bot = _resolve(PLAYER_KINDS["bot"])
+    npc_ids = sorted(spec.id for spec in scenario.npcs)
+    found += [bot(f"bot{i}", npc_ids, run_id, seed, bot_rate) for i in range(bots)]
+    return found

@@ -1,0 +1,47 @@
+"""What a run tells its watchers: `RunStats`, updated by the shard as it goes.
+
+The progress display and the summary read it (sim.cli.run); its times come from the
+shard's clock (`started`, `awaiting_since` are the clock's monotonic seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.mqtt import BrokerAddress
+from sim.protocol.router import BusStats
+from sim.shard._startup import StartupProgress
+from sim.wire.events import SayMessage
+
+__all__ = ["RunStats"]
+
+
+@dataclass
+class RunStats:
+    """What the progress display and the summary read; updated by the shard."""
+
+    run_id: str = ""
+    shard: str = "0"
+    broker: str = ""
+    broker_address: BrokerAddress | None = None  # with the shard's login: `run --view` follows the run with it
+    agents: int = 0
+    first_tick: int = 0
+    tick: int = -1
+    last_tick: int = 0
+    inferences: int = 0
+    fallbacks: int = 0
+    over_budget: int = 0  # working memories whose mandatory content alone exceeded the limit
+    lines: int = 0
+    player_inputs: int = 0
+    stalls: int = 0
+    barrier_seconds: float = 0.0  # time spent waiting at the barrier, after the first tick run
+    barrier_ticks: int = 0
+    awaiting: str = ""
+    awaiting_since: float | None = None
+    world_changes: int = 0
+    memories_pruned: int = 0  # rows deleted by --retain-memories
+    started: float = 0.0  # the clock's now() when the run started (`run` sets it)
+    bus: BusStats | None = None
+    stopped_by_signal: bool = False
+    startup_progress: StartupProgress = field(default_factory=StartupProgress)
+    dialogue: list[SayMessage] = field(default_factory=list)
