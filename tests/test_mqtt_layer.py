@@ -184,7 +184,7 @@ def test_bad_broker_options_are_one_line_and_exit_2(
     argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sim.cli import main
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     monkeypatch.chdir(REPO)
     with pytest.raises(SystemExit) if argv[0] == "loadtest" else contextlib.nullcontext():

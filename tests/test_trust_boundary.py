@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-import sys
 from pathlib import Path
 
 import aiomqtt
@@ -29,11 +27,10 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import EventBatch, Notice, Speech, encode_batch
-from tests.conftest import REPO, MosquittoProcess, require_mosquitto
+from tests.helpers import VILLAGE, MosquittoProcess, read_until, require_mosquitto, start_npcsim
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 FORGED = "FORGED-KING-ALIVE"
 
 
@@ -56,24 +53,6 @@ def assert_no_password(*texts: str) -> None:
             assert password(user) not in text, f"the password of {user} leaked"
 
 
-async def cli(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
-    )
-
-
-async def read_until(stream: asyncio.StreamReader, needle: bytes, seconds: float = 30) -> bytes:
-    seen = b""
-    async with asyncio.timeout(seconds):
-        while needle not in seen:
-            line = await stream.readline()
-            assert line, f"stream ended before {needle!r}: {seen!r}"
-            seen += line
-    return seen
-
-
 async def stop(proc: asyncio.subprocess.Process) -> tuple[str, str]:
     if proc.returncode is None:
         proc.terminate()
@@ -94,8 +73,9 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
     db = tmp_path / "sec.db"
     with secured_broker() as broker:
         plain = f"mqtt://127.0.0.1:{broker.port}"
-        worker = await cli("worker", "--broker", plain, "--run", "sec", "--name", "w1", env=broker.env_for("worker"))
-        viewer = await cli("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
+        worker = await start_npcsim("worker", "--broker", plain, "--run", "sec", "--name", "w1",
+                                    env=broker.env_for("worker"))
+        viewer = await start_npcsim("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
         try:
             assert worker.stdout is not None and viewer.stdout is not None
             await read_until(worker.stdout, b"ready")
@@ -222,7 +202,7 @@ async def test_the_broker_restarted_mid_run_under_remote_workers(
                 async for _ in watcher.messages:
                     break  # the run is under way
         mosquitto.stop()
-        await asyncio.sleep(3)  # the outage
+        await asyncio.sleep(3)  # the subject: the broker is down for 3 s under a running shard and worker
         mosquitto.start()
         async with asyncio.timeout(90):
             code = await job
