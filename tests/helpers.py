@@ -9,8 +9,10 @@ worlds, and running `npcsim`.
 - Brokers: `MosquittoProcess` (the `mosquitto` fixture in conftest.py starts one per test).
 - Worlds: the village, `small_world(...)` for the few-NPC worlds tests write by hand, and
   `generated_world(...)`, the 200-NPC world the determinism tests run.
-- Commands: `start_npcsim`/`popen_npcsim`/`run_npcsim` run `npcsim ...` as a child process
-  (this interpreter, this worktree's code); `npcsim_in_process` calls `sim.cli.main`.
+- Commands: `start_npcsim` (asyncio) and `popen_npcsim` run `npcsim ...` as a child process
+  (this interpreter, this worktree's code), `ended` waits for one with a timeout and kills
+  it if need be, `read_until` reads its output up to a line; `npcsim_in_process` calls
+  `sim.cli.main` in the test's process.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import IO, TypeVar
 
 import pytest
 
+from sim.cli import main
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress
 
@@ -43,18 +46,16 @@ __all__ = [
     "MosquittoProcess",
     "Ran",
     "SmallNpc",
+    "ended",
     "eventually",
     "eventually_sync",
     "fingerprint",
     "free_port",
     "generated_world",
-    "npcsim_argv",
-    "npcsim_env",
     "npcsim_in_process",
     "popen_npcsim",
     "read_until",
     "require_mosquitto",
-    "run_npcsim",
     "small_world",
     "start_npcsim",
 ]
@@ -98,7 +99,7 @@ async def eventually(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if loop.time() >= deadline:
             raise _failure(what, within, value)
         await asyncio.sleep(every)  # the poll's interval, not a wait for anything
@@ -247,6 +248,7 @@ def generated_world(directory: Path) -> str:
 
 # --- running npcsim -----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Ran:
     """How a command ended: its exit code and what it wrote."""
@@ -259,12 +261,12 @@ class Ran:
 _MAIN = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def npcsim_argv(*args: str) -> list[str]:
+def _npcsim_argv(*args: str) -> list[str]:
     """`npcsim ARGS` as a child process: this interpreter on `sim.cli.main` (this worktree's code)."""
     return [sys.executable, "-c", _MAIN, *args]
 
 
-def npcsim_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+def _npcsim_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ours, a wide terminal (lines are not wrapped), and `env`."""
     return {**os.environ, "COLUMNS": "200", **(env or {})}
 
@@ -277,8 +279,30 @@ async def start_npcsim(
 ) -> asyncio.subprocess.Process:
     """`npcsim ARGS` started as an asyncio child process, in the repository; the caller ends it."""
     return await asyncio.create_subprocess_exec(
-        *npcsim_argv(*args), stdout=stdout, stderr=stderr, cwd=REPO, env=npcsim_env(env)
+        *_npcsim_argv(*args), stdout=stdout, stderr=stderr, cwd=REPO, env=_npcsim_env(env)
     )
+
+
+async def ended(proc: asyncio.subprocess.Process, *, within: float = 60.0, terminate: bool = False) -> Ran:
+    """How a child ended (SIGTERM first when `terminate`), waited for at most `within` seconds.
+
+    A child still running then, or when the test fails meanwhile, is killed: none outlives its test.
+    """
+    try:
+        if terminate and proc.returncode is None:
+            proc.terminate()
+        try:
+            async with asyncio.timeout(within):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            raise AssertionError(f"the child process {proc.pid} did not end within {within:g} s") from None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    text = [(b or b"").decode(errors="replace") for b in (out, err)]
+    return Ran(proc.returncode, text[0], text[1])
 
 
 async def read_until(stream: asyncio.StreamReader, needle: bytes, *, within: float = 30.0) -> bytes:
@@ -292,25 +316,15 @@ async def read_until(stream: asyncio.StreamReader, needle: bytes, *, within: flo
     return seen
 
 
-def popen_npcsim(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+def popen_npcsim(*args: str) -> subprocess.Popen[str]:
     """`npcsim ARGS` started as a blocking child process (text pipes), in the repository."""
     return subprocess.Popen(
-        npcsim_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=npcsim_env(env)
+        _npcsim_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_npcsim_env()
     )
-
-
-def run_npcsim(*args: str, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> Ran:
-    """`npcsim ARGS` run to its end as a child process, at most `timeout` seconds."""
-    done = subprocess.run(
-        npcsim_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=npcsim_env(env)
-    )
-    return Ran(done.returncode, done.stdout, done.stderr)
 
 
 def npcsim_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
     """`npcsim ARGS` through `sim.cli.main` in this process; argparse's exits become the code."""
-    from sim.cli import main
-
     capsys.readouterr()  # what the test printed before is not the command's
     try:
         code = main(list(args))

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 from pathlib import Path
 
 import aiomqtt
@@ -16,7 +15,7 @@ import pytest
 from sim.broker import open_broker
 from sim.errors import ConfigError
 from sim.mqtt import open_client
-from tests.helpers import VILLAGE, read_until, require_mosquitto, start_npcsim
+from tests.helpers import VILLAGE, ended, read_until, require_mosquitto, start_npcsim
 
 pytestmark = pytest.mark.mosquitto
 
@@ -46,9 +45,8 @@ async def start_run(*extra: str, tmpdir: Path | None = None) -> tuple[asyncio.su
 async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_normal_exit(tmp_path: Path) -> None:
     require_mosquitto()
     proc, pid = await start_run("--ticks", "5", tmpdir=tmp_path)
-    async with asyncio.timeout(60):
-        await proc.communicate()
-    assert proc.returncode == 0
+    end = await ended(proc, within=60)
+    assert end.code == 0, end.err
     assert gone(pid)
     assert not os.listdir(tmp_path), "temp files left behind"
 
@@ -59,11 +57,9 @@ async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_sigterm(tmp_path
     assert psutil.pid_exists(pid)
     assert proc.stderr is not None
     await read_until(proc.stderr, b"start-up: running")  # the run is under way: SIGTERM stops its ticks
-    proc.send_signal(signal.SIGTERM)
-    async with asyncio.timeout(15):
-        _, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    assert "SIGTERM" in err.decode()
+    end = await ended(proc, within=15, terminate=True)
+    assert end.code == 0, end.err
+    assert "SIGTERM" in end.err
     assert gone(pid)
     assert not os.listdir(tmp_path), "temp files left behind"
 

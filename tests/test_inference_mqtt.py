@@ -25,7 +25,7 @@ from sim.inference.backends.scripted import scripted_reply
 from sim.protocol.seal import RunKey
 from sim.wire import topics
 from sim.wire.batch import decode_batch, encode_batch
-from tests.helpers import MosquittoProcess, eventually, free_port, start_npcsim
+from tests.helpers import MosquittoProcess, ended, eventually, free_port, start_npcsim
 from tests.inference_helpers import make_request, running
 
 pytestmark = pytest.mark.mosquitto
@@ -115,15 +115,10 @@ async def test_worker_process_exits_0_on_sigterm(mosquitto: MosquittoProcess) ->
         async with open_pool(pool_config(mosquitto, "term")) as pool:
             result = await pool.infer(make_request())
         assert not result.fallback and result.worker == "polite"
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(10):
-            out, _ = await proc.communicate()
-        assert proc.returncode == 0
-        assert b"stopped: 1 served" in out
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        end = await ended(proc, within=10, terminate=True)
+    assert end.code == 0
+    assert "stopped: 1 served" in end.out
 
 
 async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoProcess) -> None:

@@ -17,6 +17,7 @@ from sim.errors import NpcsimError
 from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
 from sim.memory import WorkingMemoryConfig, build_working_memory
 from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build
+from tests.helpers import npcsim_in_process
 
 RESULT_KEYS = {
     "agents", "seed", "duration_s", "processes", "concurrency", "backend", "latency_ms", "broker",
@@ -136,10 +137,9 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
     ],
 )
 def test_bad_option_is_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["loadtest", *argv])
-    assert exc.value.code == 2
-    assert named in capsys.readouterr().err
+    ran = npcsim_in_process(capsys, "loadtest", *argv)
+    assert ran.code == 2
+    assert named in ran.err
 
 
 def test_nothing_to_run_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
 from sim.wire import topics
 from sim.wire.events import decode_say
-from tests.helpers import VILLAGE, MosquittoProcess, SmallNpc, eventually, small_world, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, SmallNpc, ended, eventually, small_world, start_npcsim
 
 pytestmark = pytest.mark.mosquitto
 
@@ -132,21 +132,22 @@ async def test_two_shard_processes_share_a_run(mosquitto: MosquittoProcess, tmp_
         # Shard 1 (b) first, until it listens; it waits at tick 0 for shard 0 (the tick barrier),
         # whose player speaks to b at tick 2. Both run the same 40 ticks, in step.
         procs = [await shard(1, 40)]
-        async with asyncio.timeout(30):
-            async for message in client.messages:
-                if message.topic.value.endswith("/status/1") and b'"online"' in bytes(message.payload):  # type: ignore[arg-type]
-                    break
-        procs.insert(0, await shard(0, 40))
-        async with asyncio.timeout(30):
-            async for message in client.messages:
-                if "/status/" in message.topic.value:
-                    continue
-                said.append(decode_say(bytes(message.payload)))  # type: ignore[arg-type]
-                heard = {(s.agent, s.to) for s in said}
-                if ("b", "a") in heard and ("b", "p") in heard:
-                    break
-        for proc in procs:
-            async with asyncio.timeout(15):
-                _, err = await proc.communicate()
-            assert proc.returncode == 0, err.decode()
+        try:
+            async with asyncio.timeout(30):
+                async for message in client.messages:
+                    if message.topic.value.endswith("/status/1") and b'"online"' in bytes(message.payload):  # type: ignore[arg-type]
+                        break
+            procs.insert(0, await shard(0, 40))
+            async with asyncio.timeout(30):
+                async for message in client.messages:
+                    if "/status/" in message.topic.value:
+                        continue
+                    said.append(decode_say(bytes(message.payload)))  # type: ignore[arg-type]
+                    heard = {(s.agent, s.to) for s in said}
+                    if ("b", "a") in heard and ("b", "p") in heard:
+                        break
+        finally:
+            ends = [await ended(proc, within=15) for proc in procs]
+    for end in ends:
+        assert end.code == 0, end.err
     assert any(s.agent == "a" and s.to == "b" for s in said)

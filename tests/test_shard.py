@@ -19,7 +19,6 @@ import pytest
 
 from agents.npc import NpcAgent, ambient_roll
 from sim.bus import BusConfig, open_bus
-from sim.cli import main
 from sim.errors import ConfigError
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
@@ -29,7 +28,7 @@ from sim.store import Writer, open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import TickDone, decode_barrier
 from sim.wire.events import Speech, decode_say
-from tests.helpers import VILLAGE, SmallNpc, eventually, generated_world, small_world
+from tests.helpers import VILLAGE, SmallNpc, eventually, generated_world, npcsim_in_process, small_world
 from tests.memory_broker import MemoryBroker
 
 
@@ -314,10 +313,9 @@ async def test_ambient_dice_are_a_function_of_seed_id_and_tick(tmp_path: Path) -
 
 
 def test_ticks_and_until_tick_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", VILLAGE, "--ticks", "3", "--until-tick", "5", "--quiet"])
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
+    ran = npcsim_in_process(capsys, "run", VILLAGE, "--ticks", "3", "--until-tick", "5", "--quiet")
+    assert ran.code == 2
+    assert ran.err.splitlines() == [
         "npcsim run: error: argument --until-tick: not allowed with argument --ticks"
     ]
     with pytest.raises(ConfigError, match="--ticks 3 and --until-tick 5: give one of them, not both"):
@@ -326,10 +324,9 @@ def test_ticks_and_until_tick_exclude_each_other(capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("value", ["0", "-3", "x"])
 def test_a_bad_until_tick_is_one_line(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", VILLAGE, "--until-tick", value, "--quiet"])
-    assert exit_info.value.code == 2
-    [line] = capsys.readouterr().err.splitlines()
+    ran = npcsim_in_process(capsys, "run", VILLAGE, "--until-tick", value, "--quiet")
+    assert ran.code == 2
+    [line] = ran.err.splitlines()
     assert line.startswith("npcsim run: error: argument --until-tick: must be") and value in line
     with pytest.raises(ConfigError, match="--until-tick must be a whole number >= 1"):
         RunConfig(scenario=VILLAGE, until_tick=0)

@@ -19,7 +19,7 @@ from sim.memory import Episode, NpcState
 from sim.scenario import parse_scenario
 from sim.shard import StartupProgress, create_agents
 from sim.store import Writer, open_store
-from tests.helpers import MosquittoProcess, eventually, popen_npcsim
+from tests.helpers import MosquittoProcess, eventually, npcsim_in_process, popen_npcsim
 
 
 def states(start: int, count: int) -> list[NpcState]:
@@ -200,13 +200,12 @@ def test_a_bad_scenario_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
 ) -> None:
     """The scenario is parsed in a thread now: its errors still reach the user as one line."""
-    from sim.cli import main
-
     path = tmp_path / "bad.toml"
     if content is not None:
         path.write_text(content)
-    assert main(["run", str(path), "--broker", "mqtt://127.0.0.1:9", "--quiet"]) == 2
-    err = capsys.readouterr().err
+    ran = npcsim_in_process(capsys, "run", str(path), "--broker", "mqtt://127.0.0.1:9", "--quiet")
+    assert ran.code == 2
+    err = ran.err
     assert err.startswith("npcsim: error: ") and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 

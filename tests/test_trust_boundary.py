@@ -27,7 +27,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import EventBatch, Notice, Speech, encode_batch
-from tests.helpers import VILLAGE, MosquittoProcess, read_until, require_mosquitto, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, ended, read_until, require_mosquitto, start_npcsim
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
@@ -51,19 +51,6 @@ def assert_no_password(*texts: str) -> None:
     for text in texts:
         for user in ROLES:
             assert password(user) not in text, f"the password of {user} leaked"
-
-
-async def stop(proc: asyncio.subprocess.Process) -> tuple[str, str]:
-    if proc.returncode is None:
-        proc.terminate()
-    try:
-        async with asyncio.timeout(15):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themselves(
@@ -94,8 +81,8 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
                 said = await read_until(viewer.stdout, b"sec t")  # the viewer sees lines as they are said
                 await job
         finally:
-            worker_out, worker_err = await stop(worker)
-            viewer_out, viewer_err = await stop(viewer)
+            worker_end = await ended(worker, within=15, terminate=True)
+            viewer_end = await ended(viewer, within=15, terminate=True)
     assert stats.tick == 39 and stats.inferences > 0
     with open_reader(db) as reader:
         records = list(reader.audit_records())
@@ -104,8 +91,9 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
     inputs = [r.player_input for r in records if r.agent_id == "innkeeper"]
     assert "alice: alice-asks-for-ale" in inputs
     assert not any("impostor" in text for text in inputs)
-    assert "served" in worker_out
-    assert_no_password(caplog.text, worker_out, worker_err, viewer_out, viewer_err, said.decode(), stats.broker)
+    assert "served" in worker_end.out
+    assert_no_password(caplog.text, worker_end.out, worker_end.err, viewer_end.out, viewer_end.err, said.decode(),
+                       stats.broker)
 
 
 async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from sim.store import open_reader
 from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire import topics
 from sim.wire.events import PlayerInputMessage
-from tests.helpers import VILLAGE, MosquittoProcess, eventually, eventually_sync
+from tests.helpers import VILLAGE, MosquittoProcess, eventually, eventually_sync, npcsim_in_process
 
 VIEW_S = 60.0  # how long the view may take to show something (generous: the machine is shared)
 
@@ -176,20 +176,18 @@ async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoPr
     ],
 )
 def test_view_command_refuses_bad_options(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert needle in err and len(err.splitlines()) == 1
+    ran = npcsim_in_process(capsys, *argv)
+    assert ran.code == 2
+    assert needle in ran.err and len(ran.err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv", [["view", "--db", "x", "--port", "99999"], ["run", "s.toml", "--view", "port"],
                                   ["view", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"],
                                   ["worker", "--broker", "mqtt://h:1", "--run", "r", "--metrics-port", "0"]])
 def test_bad_ports_exit_2_naming_the_option(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and argv[-2] in err and argv[-1] in err
+    ran = npcsim_in_process(capsys, *argv)
+    assert ran.code == 2
+    assert "Traceback" not in ran.err and argv[-2] in ran.err and argv[-1] in ran.err
 
 
 @pytest.mark.mosquitto
