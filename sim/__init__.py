@@ -2,6 +2,8 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = ["__version__"]
+
 try:
     # One source of truth: the version in pyproject.toml, as the installed metadata has it.
     __version__ = version("npcsim")

@@ -68,13 +68,13 @@ class FakeOpenAI:
         request = json.loads(body) if body else {}
         self.requests.append({"method": method, "path": path, "headers": headers, "body": request})
         if mode == "hang":
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the subject: a server that never answers (the client's timeout ends it)
         if self.capacity is not None:
             self._busy = self._busy or asyncio.Semaphore(self.capacity)
             async with self._busy:
-                await asyncio.sleep(self.delay_s)
+                await asyncio.sleep(self.delay_s)  # the subject: a slow server with `capacity` slots
         elif self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            await asyncio.sleep(self.delay_s)  # the subject: a slow server
         status, extra, payload = 200, {}, b""
         if mode in ("ok", "empty"):
             reply = self.reply if mode == "ok" else ""

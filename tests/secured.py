@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BROKER_CONFIG, IN_CI, MosquittoProcess, require_mosquitto
+from tests.helpers import BROKER_CONFIG, IN_CI, MosquittoProcess, require_mosquitto
 
 ROLES = ("shard", "worker", "game", "viewer", "alice", "bob")
 

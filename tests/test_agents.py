@@ -6,7 +6,7 @@ from agents.npc import agent_rng, ambient_roll
 from agents.player import BotPlayer, ScriptedPlayer
 from sim.generate import generate_scenario
 from sim.scenario import load_scenario, parse_scenario
-from tests.conftest import REPO
+from tests.helpers import VILLAGE
 
 
 def test_agent_dice_depend_on_seed_id_and_tick_only() -> None:
@@ -21,7 +21,7 @@ def test_agent_dice_depend_on_seed_id_and_tick_only() -> None:
 
 
 def test_scripted_player_says_its_lines_at_their_ticks() -> None:
-    spec = load_scenario(REPO / "scenarios" / "village.toml").players[0]
+    spec = load_scenario(VILLAGE).players[0]
     player = ScriptedPlayer(spec, "r")
     said = [e for tick in range(20) for e in player.inputs(tick)]
     assert [(e.tick, e.to) for e in said] == [(line.tick, line.to) for line in spec.script]

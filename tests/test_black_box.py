@@ -16,11 +16,9 @@ from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_po
 from sim.memory import WorkingMemoryConfig, build_working_memory
 from sim.shard import RunConfig, hot_limit, run
 from sim.store import Writer, open_reader, open_store
-from tests.conftest import REPO, MosquittoProcess
 from tests.fake_openai import FakeOpenAI, open_fake_openai
+from tests.helpers import VILLAGE, MosquittoProcess
 from tests.inference_helpers import make_request, smith_state
-
-VILLAGE = REPO / "scenarios" / "village.toml"
 
 
 async def _record(db: Path, request: InferenceRequest, result: InferenceResult) -> None:
@@ -148,7 +146,7 @@ async def test_village_against_a_server_answering_empty_every_other_call(
     db = tmp_path / "village.db"
     async with open_fake_openai(reply="Four copper, friend.") as server:
         server.script = ["empty", "ok"] * 1000
-        config = RunConfig(scenario=str(VILLAGE), broker=mosquitto.url, run_id="empties", ticks=8, db=str(db),
+        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="empties", ticks=8, db=str(db),
                            backend="openai", backend_options={"base_url": server.base_url}, concurrency=1)
         stats = await run(config)
         sent = ["\n\n".join(m["content"] for m in r["body"]["messages"]) for r in server.requests]
@@ -177,7 +175,7 @@ async def test_a_hanging_server_is_a_counted_failure_that_opens_the_circuit(
     db = tmp_path / "hang.db"
     async with open_fake_openai() as server:
         server.default = "hang"
-        config = RunConfig(scenario=str(VILLAGE), broker=mosquitto.url, run_id="hang", ticks=6, db=str(db),
+        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="hang", ticks=6, db=str(db),
                            backend="openai", backend_options={"base_url": server.base_url, "breaker_failures": 2},
                            inference_timeout=2.0)
         stats = await run(config)
@@ -194,7 +192,7 @@ async def test_over_budget_prompts_are_counted_logged_once_per_npc_and_listed(
     mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scenario = tmp_path / "tight.toml"
-    scenario.write_text(VILLAGE.read_text() + "\n[memory]\nmax_context_chars = 100\n")
+    scenario.write_text(Path(VILLAGE).read_text() + "\n[memory]\nmax_context_chars = 100\n")  # noqa: ASYNC240 - setup
     db = tmp_path / "tight.db"
     with caplog.at_level(logging.WARNING, logger="sim.shard"):
         stats = await run(RunConfig(scenario=str(scenario), broker=mosquitto.url, run_id="tight", ticks=6,
@@ -222,21 +220,21 @@ async def test_hot_state_holds_what_the_caps_can_use(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "option"),
     [
-        (["run", str(VILLAGE), "--run-id", "a/b"], "--run-id"),
-        (["run", str(VILLAGE), "--run-id", "a+b"], "--run-id"),
-        (["run", str(VILLAGE), "--run-id", "#"], "--run-id"),
-        (["run", str(VILLAGE), "--run-id", ""], "--run-id"),
-        (["run", str(VILLAGE), "--ticks", "-5"], "--ticks"),
-        (["run", str(VILLAGE), "--tick-ms", "-100"], "--tick-ms"),
-        (["run", str(VILLAGE), "--inference-timeout", "0"], "--inference-timeout"),
-        (["run", str(VILLAGE), "--read-timeout", "inf"], "--read-timeout"),
-        (["run", str(VILLAGE), "--connect-timeout", "x"], "--connect-timeout"),
-        (["run", str(VILLAGE), "--concurrency", "0"], "--concurrency"),
+        (["run", VILLAGE, "--run-id", "a/b"], "--run-id"),
+        (["run", VILLAGE, "--run-id", "a+b"], "--run-id"),
+        (["run", VILLAGE, "--run-id", "#"], "--run-id"),
+        (["run", VILLAGE, "--run-id", ""], "--run-id"),
+        (["run", VILLAGE, "--ticks", "-5"], "--ticks"),
+        (["run", VILLAGE, "--tick-ms", "-100"], "--tick-ms"),
+        (["run", VILLAGE, "--inference-timeout", "0"], "--inference-timeout"),
+        (["run", VILLAGE, "--read-timeout", "inf"], "--read-timeout"),
+        (["run", VILLAGE, "--connect-timeout", "x"], "--connect-timeout"),
+        (["run", VILLAGE, "--concurrency", "0"], "--concurrency"),
         (["scenario", "generate", "--npcs", "0", "--locations", "1", "--out", "x.toml"], "--npcs"),
         (["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"], "--run"),
         (["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "a", "--group", "x#"], "--group"),
-        (["memory", "show", str(VILLAGE), "--tight", "-5"], "--tight"),
-        (["run", str(VILLAGE), "--seed", "x"], "--seed"),
+        (["memory", "show", VILLAGE, "--tight", "-5"], "--tight"),
+        (["run", VILLAGE, "--seed", "x"], "--seed"),
         (["scenario", "generate", "--npcs", "2", "--locations", "1", "--out", "/no/such/dir/x.toml"], "--out"),
     ],
 )
@@ -258,7 +256,7 @@ def test_run_config_refuses_what_the_cli_refuses(field: str, value: float) -> No
     from sim.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be"):
-        RunConfig(scenario=str(VILLAGE), **{field: value})
+        RunConfig(scenario=VILLAGE, **{field: value})
 
 
 async def test_read_timeout_must_stay_below_the_inference_timeout() -> None:

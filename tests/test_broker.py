@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
-import sys
 from pathlib import Path
 
 import aiomqtt
@@ -17,11 +15,9 @@ import pytest
 from sim.broker import open_broker
 from sim.errors import ConfigError
 from sim.mqtt import open_client
-from tests.conftest import REPO, require_mosquitto
+from tests.helpers import VILLAGE, ended, read_until, require_mosquitto, start_npcsim
 
 pytestmark = pytest.mark.mosquitto
-NPCSIM = str(Path(sys.executable).parent / "npcsim")
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
 def gone(pid: int) -> bool:
@@ -33,20 +29,9 @@ def gone(pid: int) -> bool:
 
 async def start_run(*extra: str, tmpdir: Path | None = None) -> tuple[asyncio.subprocess.Process, int]:
     """`npcsim run --broker auto`, with its temp files under `tmpdir` when given."""
-    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
-    proc = await asyncio.create_subprocess_exec(
-        NPCSIM,
-        "-v",
-        "run",
-        VILLAGE,
-        "--broker",
-        "auto",
-        "--quiet",
-        *extra,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
+    env = {"TMPDIR": str(tmpdir)} if tmpdir is not None else None
+    proc = await start_npcsim("-v", "run", VILLAGE, "--broker", "auto", "--quiet", *extra,
+                              stdout=asyncio.subprocess.DEVNULL, env=env)
     assert proc.stderr is not None
     async with asyncio.timeout(15):
         while True:
@@ -60,9 +45,8 @@ async def start_run(*extra: str, tmpdir: Path | None = None) -> tuple[asyncio.su
 async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_normal_exit(tmp_path: Path) -> None:
     require_mosquitto()
     proc, pid = await start_run("--ticks", "5", tmpdir=tmp_path)
-    async with asyncio.timeout(60):
-        await proc.communicate()
-    assert proc.returncode == 0
+    end = await ended(proc, within=60)
+    assert end.code == 0, end.err
     assert gone(pid)
     assert not os.listdir(tmp_path), "temp files left behind"
 
@@ -71,12 +55,11 @@ async def test_auto_leaves_no_mosquitto_and_no_temp_files_after_sigterm(tmp_path
     require_mosquitto()
     proc, pid = await start_run("--ticks", "100000", "--tick-ms", "50", tmpdir=tmp_path)
     assert psutil.pid_exists(pid)
-    await asyncio.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    async with asyncio.timeout(15):
-        _, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    assert "SIGTERM" in err.decode()
+    assert proc.stderr is not None
+    await read_until(proc.stderr, b"start-up: running")  # the run is under way: SIGTERM stops its ticks
+    end = await ended(proc, within=15, terminate=True)
+    assert end.code == 0, end.err
+    assert "SIGTERM" in end.err
     assert gone(pid)
     assert not os.listdir(tmp_path), "temp files left behind"
 
@@ -90,7 +73,7 @@ async def test_auto_in_process_stops_on_cancellation() -> None:
         async with open_broker("auto") as info:
             pids.append(info.pid)
             started.set()
-            await asyncio.sleep(60)
+            await asyncio.Event().wait()  # held until the test cancels it
 
     async with asyncio.TaskGroup() as group:
         task = group.create_task(hold())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import aiomqtt
 import pytest
@@ -15,7 +14,7 @@ from sim.protocol.outbox import Outbox
 from sim.protocol.received import BatchArrived, PlayerInputReceived
 from sim.wire import topics
 from sim.wire.events import EventBatch, PlayerInputMessage, Speech, encode_batch
-from tests.conftest import MosquittoProcess, free_port
+from tests.helpers import MosquittoProcess, eventually, free_port
 
 pytestmark = pytest.mark.mosquitto
 FAST = ReconnectPolicy(initial=0.05, maximum=0.2)
@@ -23,15 +22,6 @@ FAST = ReconnectPolicy(initial=0.05, maximum=0.2)
 
 def speech(n: int, tick: int = 0) -> Speech:
     return Speech(id=f"r:a:{tick}:{n}", tick=tick, location="sq", speaker="a", text=f"line {n}")
-
-
-async def wait_for(condition: Callable[[], object], steps: int = 500) -> None:
-    """Poll a counter the bus updates, for at most `steps` x 10 ms."""
-    for _ in range(steps):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
 
 
 async def send(bus: Bus, outbox: Outbox, tick: int) -> list[tuple[str, int]]:
@@ -50,7 +40,7 @@ async def test_batch_round_trip(mosquitto: MosquittoProcess) -> None:
         for n in (2, 1, 3):
             outbox.emit(topic, speech(n))
         assert await send(bus, outbox, 0) == [(topic, 3)]
-        await wait_for(lambda: len(bus.mailbox("c")) == 3)
+        await eventually(lambda: len(bus.mailbox("c")) == 3, what="the batch in c's mailbox")
         assert [e.text for e in bus.mailbox("b").drain()] == ["line 1", "line 2", "line 3"]
         assert len(bus.mailbox("c")) == 3
         assert bus.stats.messages_in == 1
@@ -66,7 +56,7 @@ async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) 
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             for _ in range(3):
                 await client.publish(topics.location_events("r", "sq"), payload, qos=1)
-        await wait_for(lambda: bus.stats.messages_in == 3)
+        await eventually(lambda: bus.stats.messages_in == 3, what="the three deliveries")
         assert len(bus.mailbox("b")) == 2
         assert bus.stats.duplicates == 4
 
@@ -85,7 +75,7 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
                 for junk in (b"", b"\xc1\xff", b'{"to": 3}', b"[1,2,3]"):
                     await client.publish(topic, junk, qos=1)
             await client.publish(topics.player_input("r", "p"), b'{"to": "b", "text": "hi"}', qos=1)
-        await wait_for(lambda: bus.stats.messages_in == 13)
+        await eventually(lambda: bus.stats.messages_in == 13, what="the 13 messages")
         inputs = [e for e in bus.take_events() if not isinstance(e, Connected)]
         assert inputs == [PlayerInputReceived("p", PlayerInputMessage(to="b", text="hi"))]
         assert bus.stats.malformed == {"location events": 4, "inbox": 4, "player input": 4}
@@ -96,7 +86,7 @@ async def test_outbox_full_during_outage_raises(mosquitto: MosquittoProcess) -> 
     config = BusConfig(broker=mosquitto.address, run="r", outbox_size=3, reconnect=FAST)
     async with open_bus(config) as bus:
         mosquitto.stop()
-        await wait_for(lambda: not bus.connected)
+        await eventually(lambda: not bus.connected, what="the bus seeing the broker gone")
         for n in range(3):
             await bus.publish("npcsim/r/x", b"%d" % n)
         with pytest.raises(OutboxFullError, match="outbox full"):
@@ -112,12 +102,12 @@ async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
     async with open_bus(config) as bus:
         await bus.listen_location("sq", ["b"])
         mosquitto.stop()
-        await wait_for(lambda: not bus.connected)
+        await eventually(lambda: not bus.connected, what="the bus seeing the broker gone")
         outbox = Outbox("0")
         outbox.emit(topics.location_events("r", "sq"), speech(1))
         await send(bus, outbox, 0)
         mosquitto.start()
-        await wait_for(lambda: len(bus.mailbox("b")) == 1, steps=1000)
+        await eventually(lambda: len(bus.mailbox("b")) == 1, what="the batch sent during the outage")
         assert bus.stats.reconnects >= 1
         assert [e for e in bus.take_events() if isinstance(e, Connected)][:2] == [
             Connected(again=False), Connected(again=True)

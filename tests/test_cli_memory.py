@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-
-VILLAGE = str(Path(__file__).resolve().parent.parent / "scenarios" / "village.toml")
+from tests.helpers import VILLAGE
 
 
 def test_memory_show_prints_every_npc_at_two_budgets(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ async def test_a_virtual_wait_ends_as_soon_as_its_event_is_set_and_time_stands_s
     clock = VirtualClock(autojump=60)  # never jumps on its own within this test
     event = asyncio.Event()
     waiter = asyncio.ensure_future(clock.wait(event, 30))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the waiter starts waiting (no time passes, nothing is awaited)
     event.set()
     assert await waiter is True
     assert clock.now() == 0.0
@@ -47,7 +47,7 @@ async def test_a_virtual_sleep_ends_early_on_stop_and_jump_moves_time_by_hand() 
     clock = VirtualClock(autojump=60)
     stop = asyncio.Event()
     sleeper = asyncio.ensure_future(clock.sleep(10, stop))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the sleeper starts waiting (no time passes, nothing is awaited)
     clock.jump(4)
     stop.set()
     await sleeper

@@ -25,7 +25,7 @@ import pytest
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import REPO, MosquittoProcess
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 

@@ -6,12 +6,10 @@ import asyncio
 import os
 import subprocess
 import sys
-from typing import Any
 
 import msgspec
 import pytest
 
-import sim.inference
 from sim.errors import ConfigError
 from sim.inference import (
     GENERIC_LINES,
@@ -29,18 +27,11 @@ from sim.inference import (
     open_pool,
 )
 from sim.memory import Fact, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from tests.helpers import eventually
 from tests.inference_helpers import FALLBACKS, ScriptBackend, make_request, smith_state
 
 
-def test_public_surface_is_pinned() -> None:
-    assert sorted(sim.inference.__all__) == sorted(
-        [
-            "BACKENDS", "GENERIC_LINES", "Backend", "InferenceRequest", "InferenceResult", "Pool", "PoolConfig",
-            "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
-            "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result",
-            "fallback_line", "judge", "open_backend", "open_pool", "reply_problem",
-        ]
-    )
+def test_players_come_before_npcs_and_npcs_before_ambient_talk() -> None:
     assert Priority.PLAYER < Priority.NPC < Priority.AMBIENT
 
 
@@ -239,14 +230,6 @@ class GatedBackend:
         return Reply(text=f"{memory.agent_id} speaks.", model=self.model)
 
 
-async def _until(predicate: Any, what: str) -> None:
-    for _ in range(500):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
 async def test_full_pool_applies_backpressure_and_serves_players_first() -> None:
     backend = GatedBackend()
     config = PoolConfig(concurrency=2, max_in_flight=2)
@@ -254,12 +237,12 @@ async def test_full_pool_applies_backpressure_and_serves_players_first() -> None
         async with asyncio.TaskGroup() as tg:
             for n in range(2):
                 tg.create_task(pool.infer(make_request(n, agent=f"busy{n}", priority=Priority.AMBIENT)))
-            await _until(lambda: pool.statistics().in_flight == 2, "two in flight")
+            await eventually(lambda: pool.statistics().in_flight == 2, what="two in flight")
             for n in range(3):
                 tg.create_task(pool.infer(make_request(n, agent=f"ambient{n}", priority=Priority.AMBIENT)))
             tg.create_task(pool.infer(make_request(0, agent="npc0", priority=Priority.NPC)))
             tg.create_task(pool.infer(make_request(0, agent="player0", priority=Priority.PLAYER)))
-            await _until(lambda: pool.statistics().waiting == 5, "five waiting")
+            await eventually(lambda: pool.statistics().waiting == 5, what="five waiting")
             assert pool.statistics().in_flight == 2  # backpressure: nobody got past the bound
             backend.gate.set()
         stats = pool.statistics()
@@ -272,12 +255,12 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
     async with open_pool(PoolConfig(concurrency=1), backend=backend) as pool:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(pool.infer(make_request(0, agent="first")))
-            await _until(lambda: pool.statistics().in_flight == 1, "one in flight")
+            await eventually(lambda: pool.statistics().in_flight == 1, what="one in flight")
             doomed = tg.create_task(pool.infer(make_request(0, agent="doomed", priority=Priority.PLAYER)))
             tg.create_task(pool.infer(make_request(0, agent="later")))
-            await _until(lambda: pool.statistics().waiting == 2, "two waiting")
+            await eventually(lambda: pool.statistics().waiting == 2, what="two waiting")
             doomed.cancel()
-            await _until(lambda: pool.statistics().waiting == 1, "one waiting")
+            await eventually(lambda: pool.statistics().waiting == 1, what="one waiting")
             backend.gate.set()
         assert pool.statistics().in_flight == 0
     assert backend.served == ["first", "later"]

@@ -26,7 +26,7 @@ from sim.inference._batch import Batcher, BatchSender
 from sim.memory import WorkingMemory
 from sim.wire import topics
 from sim.wire.batch import decode_batch, encode_batch
-from tests.conftest import MosquittoProcess
+from tests.helpers import MosquittoProcess
 from tests.inference_helpers import make_request, running
 
 # --- the batcher, without I/O ---------------------------------------------------------------

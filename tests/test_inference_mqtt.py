@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
-import os
 import signal
-import sys
-from collections.abc import Awaitable, Callable
 
 import aiomqtt
 import httpx
@@ -29,25 +25,10 @@ from sim.inference.backends.scripted import scripted_reply
 from sim.protocol.seal import RunKey
 from sim.wire import topics
 from sim.wire.batch import decode_batch, encode_batch
-from tests.conftest import MosquittoProcess, free_port
+from tests.helpers import MosquittoProcess, ended, eventually, free_port, start_npcsim
 from tests.inference_helpers import make_request, running
 
 pytestmark = pytest.mark.mosquitto
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-async def eventually(condition: Callable[[], object | Awaitable[object]], within: float = 10.0) -> None:
-    """Wait until `condition()` (a plain or an async one) is true, looking every 10 ms, at most `within` s."""
-    for _ in range(int(within / 0.01)):
-        holds = condition()
-        if inspect.isawaitable(holds):
-            holds = await holds
-        if holds:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not true within {within} s: {condition}")
-
 
 def pool_config(broker: MosquittoProcess, run: str, **kw: object) -> PoolConfig:
     return PoolConfig(transport="mqtt", broker=broker.address, run_id=run, **kw)  # type: ignore[arg-type]
@@ -78,12 +59,9 @@ async def test_two_workers_share_the_load(mosquitto: MosquittoProcess) -> None:
 async def _start_worker_process(
     broker: MosquittoProcess, run: str, name: str, delay_ms: int, *extra: str
 ) -> asyncio.subprocess.Process:
-    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, "worker", "--broker", broker.url, "--run", run, "--name", name,
-        "--delay-ms", str(delay_ms), "--concurrency", "2", *extra,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
+    proc = await start_npcsim(
+        "worker", "--broker", broker.url, "--run", run, "--name", name, "--delay-ms", str(delay_ms),
+        "--concurrency", "2", *extra,
     )
     assert proc.stdout is not None
     async with asyncio.timeout(15):
@@ -114,7 +92,8 @@ async def test_worker_killed_mid_request_gives_a_timeout_fallback_and_the_pool_g
         ):
             async with asyncio.TaskGroup() as tg:
                 pending = tg.create_task(pool.infer(make_request(1, deadline_in=3.0)))
-                await eventually(lambda: _in_flight(metrics), within=2.5)  # the worker sleeps on the request
+                await eventually(lambda: _in_flight(metrics), what="the worker holding the request",
+                                 within=2.5)  # it sleeps on it
                 doomed.send_signal(signal.SIGKILL)
             lost = pending.result()
             assert lost.fallback and lost.fallback_reason == "timeout"
@@ -136,15 +115,10 @@ async def test_worker_process_exits_0_on_sigterm(mosquitto: MosquittoProcess) ->
         async with open_pool(pool_config(mosquitto, "term")) as pool:
             result = await pool.infer(make_request())
         assert not result.fallback and result.worker == "polite"
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(10):
-            out, _ = await proc.communicate()
-        assert proc.returncode == 0
-        assert b"stopped: 1 served" in out
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        end = await ended(proc, within=10, terminate=True)
+    assert end.code == 0
+    assert "stopped: 1 served" in end.out
 
 
 async def test_worker_drops_stale_and_malformed_requests(mosquitto: MosquittoProcess) -> None:
@@ -187,7 +161,6 @@ async def test_no_worker_means_a_timeout_fallback(mosquitto: MosquittoProcess) -
 async def test_an_unreachable_broker_is_a_broker_error() -> None:
     from sim.errors import BrokerError
     from sim.mqtt import BrokerAddress, ReconnectPolicy
-    from tests.conftest import free_port
 
     config = PoolConfig(transport="mqtt", broker=BrokerAddress(port=free_port()),
                         reconnect=ReconnectPolicy(initial=0.01, patience=0.2))
@@ -261,10 +234,12 @@ async def test_the_pool_and_the_worker_ride_out_a_broker_restart(
         assert not (await pool.infer(make_request(0))).fallback
         async with asyncio.TaskGroup() as tg:
             waiting = [tg.create_task(pool.infer(make_request(n, deadline_in=60))) for n in range(1, 5)]
-            await eventually(lambda: worker.statistics().in_flight == 4)  # the worker sleeps on the requests
+            await eventually(lambda: worker.statistics().in_flight == 4,
+                             what="the worker holding the four requests", within=10)  # it sleeps on them
             mosquitto.stop()
             await eventually(lambda: not worker.ready.is_set() and "inference pool of shard 0: MQTT connection"
-                             in caplog.text)  # both ends know the broker is gone, with the requests unanswered
+                             in caplog.text, what="both ends knowing the broker is gone, the requests unanswered",
+                             within=10)
             mosquitto.start()
         results = [t.result() for t in waiting]
         after = await pool.infer(make_request(9))

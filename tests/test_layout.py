@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 ROOTS = ("sim", "agents", "benchmarks")
 # What an agent may import from the engine: its context, the wire events, the state model.

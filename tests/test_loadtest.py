@@ -15,7 +15,9 @@ from sim.cli import build_parser, main
 from sim.cli.loadtest import loadtest_command
 from sim.errors import NpcsimError
 from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.memory import WorkingMemoryConfig, build_working_memory
+from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build
+from tests.helpers import npcsim_in_process
 
 RESULT_KEYS = {
     "agents", "seed", "duration_s", "processes", "concurrency", "backend", "latency_ms", "broker",
@@ -25,34 +27,6 @@ RESULT_KEYS = {
     "truncation", "budgets", "sweep",
 }
 LATENCY_KEYS = {"count", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
-
-
-def drop_first_fact(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
-    """A broken builder: builds without the first canonical fact (I1 must catch it)."""
-    if state.canonical_facts:
-        state = msgspec.structs.replace(state, canonical_facts=state.canonical_facts[1:])
-    return build_working_memory(state, player_input, config)
-
-
-def ignore_budget(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
-    """A broken builder: fills to ten times the limit (I2 must catch it)."""
-    loose = msgspec.structs.replace(config, max_context_chars=config.max_context_chars * 10)
-    return build_working_memory(state, player_input, loose)
-
-
-def refuse_to_build(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
-    """A builder that raises: the sweep process must report it, not vanish."""
-    raise RuntimeError(f"no working memory for {state.agent_id}")
-
-
-def test_public_surface() -> None:
-    assert set(sim.loadtest.__all__) == {
-        "Builder", "Checker", "LatencyFigures", "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES",
-        "Progress", "TimelinePoint", "ViolationRecord", "agent_id", "default_processes", "generate_state",
-        "profile_of", "run_loadtest", "CATEGORIES", "KNEE_GAIN", "BudgetResult", "CategoryTruncation",
-        "SweepPoint", "TruncationFigures", "TruncationTally", "knee_concurrency", "print_result", "progress_view",
-        "require_matplotlib", "write_plot",
-    }
 
 
 def test_same_seed_same_states() -> None:
@@ -163,10 +137,9 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
     ],
 )
 def test_bad_option_is_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["loadtest", *argv])
-    assert exc.value.code == 2
-    assert named in capsys.readouterr().err
+    ran = npcsim_in_process(capsys, "loadtest", *argv)
+    assert ran.code == 2
+    assert named in ran.err
 
 
 def test_nothing_to_run_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

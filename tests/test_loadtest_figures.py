@@ -20,6 +20,7 @@ from sim.loadtest import (
     run_loadtest,
 )
 from sim.memory import WorkingMemoryConfig, build_working_memory
+from tests.helpers import npcsim_in_process
 
 TRUNCATION_KEYS = {"cut_fraction", "kept_mean", "dropped_mean", "used_fraction_mean"}
 DURATION_S = 5
@@ -149,11 +150,9 @@ def test_token_budgets_pair_with_char_budgets(tmp_path: Path) -> None:
     ],
 )
 def test_bad_list_is_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["loadtest", *argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert named in err and "Traceback" not in err
+    ran = npcsim_in_process(capsys, "loadtest", *argv)
+    assert ran.code == 2
+    assert named in ran.err and "Traceback" not in ran.err
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from sim.cli import main
 from sim.loadtest import LoadTestConfig, run_loadtest
-from tests.test_loadtest import drop_first_fact
+from tests.broken_builders import drop_first_fact
 
 
 async def test_round_trip_in_process_alongside_the_sweep() -> None:

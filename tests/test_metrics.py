@@ -14,7 +14,7 @@ from sim.inference import PoolStatistics
 from sim.loadtest import Progress
 from sim.metrics import Metrics, serve_metrics
 from sim.runner import RunConfig, run
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
 
 EXPECTED = {
     "npcsim_ticks": "counter",
@@ -35,9 +35,13 @@ EXPECTED = {
 }
 
 
-def scrape(text: str) -> dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+# family name -> {(sample name, labels): value}
+Families = dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]
+
+
+def scrape(text: str) -> Families:
     """family name -> {(sample name, labels): value}, by prometheus-client's own parser."""
-    families: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    families: Families = {}
     for family in text_string_to_metric_families(text):
         assert family.name not in families, f"family {family.name} appears twice"
         families[family.name] = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}
@@ -46,25 +50,31 @@ def scrape(text: str) -> dict[str, dict[tuple[str, tuple[tuple[str, str], ...]],
     return families
 
 
+def ticks(families: Families) -> float:
+    return families.get("npcsim_ticks", {}).get(("npcsim_ticks_total", ()), 0)
+
+
+def ok(families: Families) -> float:
+    return families.get("npcsim_inferences", {}).get(("npcsim_inferences_total", (("outcome", "ok"),)), 0)
+
+
 @pytest.mark.mosquitto
 async def test_metrics_are_scraped_during_a_run(mosquitto: MosquittoProcess) -> None:
     metrics = Metrics()
     stop = asyncio.Event()
-    config = RunConfig(scenario=str(REPO / "scenarios" / "village.toml"), broker=mosquitto.url, run_id="m1",
-                       ticks=100_000, tick_ms=50)
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="m1", ticks=100_000, tick_ms=50)
     with serve_metrics(metrics, 0) as port:
         async with asyncio.TaskGroup() as group:
             job = group.create_task(run(config, stop=stop, metrics=metrics))
             try:
-                async with httpx.AsyncClient(timeout=30) as client, asyncio.timeout(90):
-                    while True:
+                async with httpx.AsyncClient(timeout=30) as client:
+
+                    async def under_way() -> Families | None:
                         families = scrape((await client.get(f"http://127.0.0.1:{port}/metrics")).text)
-                        ticks = families.get("npcsim_ticks", {}).get(("npcsim_ticks_total", ()), 0)
-                        ok = families.get("npcsim_inferences", {}).get(("npcsim_inferences_total",
-                                                                          (("outcome", "ok"),)), 0)
-                        if ticks >= 3 and ok >= 2:
-                            break
-                        await asyncio.sleep(0.2)
+                        return families if ticks(families) >= 3 and ok(families) >= 2 else None
+
+                    families = await eventually(under_way, what="3 ticks and 2 answered inferences scraped",
+                                                within=90, every=0.2)
             finally:
                 stop.set()
             await job
@@ -72,7 +82,7 @@ async def test_metrics_are_scraped_during_a_run(mosquitto: MosquittoProcess) -> 
     assert families["npcsim_agents"][("npcsim_agents", ())] == 4
     assert families["npcsim_tick"][("npcsim_tick", ())] >= 2
     latency = families["npcsim_inference_latency_seconds"]
-    assert latency[("npcsim_inference_latency_seconds_count", ())] >= ok
+    assert latency[("npcsim_inference_latency_seconds_count", ())] >= ok(families)
     prompt = families["npcsim_prompt_chars"]
     for category in ("mandatory", "dialogue", "episodic", "beliefs"):
         assert prompt[("npcsim_prompt_chars_count", (("category", category),))] >= 1, category

@@ -2,7 +2,7 @@
 
 import socket
 
-from tests.conftest import MosquittoProcess
+from tests.helpers import MosquittoProcess
 
 
 def test_fixture_listens_and_restarts(mosquitto: MosquittoProcess) -> None:

@@ -85,15 +85,6 @@ def test_backoff_is_jittered_capped_and_starts_over_after_a_success() -> None:
     assert 0.05 <= backoff.next() <= 0.1
 
 
-def test_the_layer_exports_exactly_its_public_names() -> None:
-    import sim.mqtt
-
-    assert set(sim.mqtt.__all__) == {
-        "ENV_PASSWORD", "ENV_USERNAME", "Backoff", "BrokerAddress", "ReconnectPolicy", "TlsFiles", "mqtt_error",
-        "open_client", "redact", "stay_connected",
-    }
-
-
 def test_the_sans_io_modules_do_no_io() -> None:
     import ast
 
@@ -184,7 +175,7 @@ def test_bad_broker_options_are_one_line_and_exit_2(
     argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sim.cli import main
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     monkeypatch.chdir(REPO)
     with pytest.raises(SystemExit) if argv[0] == "loadtest" else contextlib.nullcontext():

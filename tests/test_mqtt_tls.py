@@ -14,7 +14,7 @@ import pytest
 
 from sim.errors import BrokerError
 from sim.mqtt import BrokerAddress, ReconnectPolicy, TlsFiles, open_client, stay_connected
-from tests.conftest import MosquittoProcess, require_mosquitto
+from tests.helpers import MosquittoProcess, require_mosquitto
 
 pytestmark = pytest.mark.mosquitto
 

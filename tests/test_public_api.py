@@ -1,36 +1,179 @@
-"""The public surface of the pure core, pinned: `sim.memory` and its rendering module."""
+"""The public surface, pinned in one place: every package's `__all__`, and the modules whose
+names are a format or a contract (the prompt's rendering, the audit record, the trace).
+
+A package's public names are its `__all__`, written out below: adding, removing or renaming
+one is a change of the surface, made here on purpose. Every public module (no leading
+underscore anywhere in its dotted name) has an `__all__`, and no `__all__` lists a private
+name. The pure core's import rules close the file.
+"""
+
+from __future__ import annotations
 
 import ast
+import importlib
+import types
 from pathlib import Path
 
 from sim import memory
-from sim.memory import render
+from tests.helpers import REPO
 
-ROOT = Path(memory.__file__).parent.parent.parent
+TOPS = ("sim", "agents")
 
-
-def test_memory_exports_exactly_the_public_names() -> None:
-    assert set(memory.__all__) == {
+PACKAGES: dict[str, set[str]] = {
+    "agents": set(),
+    "sim": {"__version__"},
+    "sim.bus": {
+        "Bus", "BusConfig", "BusEvent", "BusStats", "Connected", "Link", "Mailbox", "MqttTransport", "Transport",
+        "open_bus",
+    },
+    "sim.cli": {"build_parser", "main"},
+    "sim.inference": {
+        "BACKENDS", "Backend", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool", "PoolConfig",
+        "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
+        "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result", "fallback_line",
+        "judge", "open_backend", "open_pool", "reply_problem",
+    },
+    "sim.inference.backends": {
+        "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "convert_options", "open_backend",
+    },
+    "sim.loadtest": {
+        "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
+        "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
+        "TimelinePoint", "TruncationFigures", "TruncationTally", "ViolationRecord", "agent_id", "default_processes",
+        "generate_state", "knee_concurrency", "print_result", "profile_of", "progress_view", "require_matplotlib",
+        "run_loadtest", "write_plot",
+    },
+    "sim.memory": {
         "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",
-        "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "build_working_memory",
-        "inert", "belief_order", "episode_order", "fact_order", "line_order", "world_order", "render",
-        "token_counter",
-    }
-    for name in memory.__all__:
-        assert getattr(memory, name) is not None
+        "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "belief_order",
+        "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
+        "world_order",
+    },
+    "sim.mqtt": {
+        "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "ReconnectPolicy", "TlsFiles", "mqtt_error",
+        "open_client", "redact", "stay_connected",
+    },
+    "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
+    "sim.shard": {
+        "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "Player", "RunConfig", "RunStats", "Shard",
+        "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "create_agents",
+        "hot_limit", "parse_shard", "run", "shard_npcs",
+    },
+    "sim.store": {
+        "AuditSummary", "AuthorityError", "HOT_LIMIT", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError",
+        "StoreReader", "StoreStatistics", "Writer", "delete_audit_records", "open_reader", "open_store",
+    },
+    "sim.view": {
+        "DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource", "ViewThread", "build_app",
+        "open_view_server", "open_view_thread",
+    },
+    "sim.wire": set(),  # its public modules are the surface (sim.wire.events, ...)
+}
 
-
-def test_render_exports_exactly_the_prompt_format() -> None:
-    assert set(render.__all__) == {
-        "CATEGORY_HEADERS", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "TAIL_HEADER", "Escape",
-        "RenderedState", "Section", "TokenSizes", "escape_for", "inert", "render_belief", "render_episode",
+# Public modules whose names are a format or a contract others build on.
+MODULES: dict[str, set[str]] = {
+    "sim.audit": {
+        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "attempt_prompt", "decode_record",
+        "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+    },
+    "sim.memory.render": {
+        "CATEGORY_HEADERS", "Escape", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
+        "Section", "TAIL_HEADER", "TokenSizes", "escape_for", "inert", "render_belief", "render_episode",
         "render_fact", "render_head", "render_line", "render_rule", "render_tail", "render_world", "rendered",
         "token_sizes",
-    }
-    for name in render.__all__:
-        assert getattr(render, name) is not None
-    assert memory.render is render and memory.inert is render.inert
-    assert memory.RENDERER_VERSION == render.RENDERER_VERSION
+    },
+    "sim.metrics": {"Metrics", "serve_metrics"},
+    # what sim.runner exported before the shard package: each name is sim.shard's
+    "sim.runner": {
+        "AGENT_KINDS", "Agent", "Clock", "RunConfig", "RunStats", "Shard", "ShardContext", "SystemClock",
+        "hot_limit", "parse_shard", "run", "shard_npcs",
+    },
+    "sim.wire.trace": {
+        "RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage", "decode_roster", "decode_trace",
+        "encode_roster", "encode_trace", "trace_of",
+    },
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_names() -> dict[str, Path]:
+    """Every module of sim and agents by dotted name (a package by its `__init__`)."""
+    found = {}
+    for top in TOPS:
+        for path in sorted((REPO / top).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _declared_all(path: Path) -> list[str] | None:
+    """The module's top-level `__all__` as written (a literal list), or None without one."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            names = ast.literal_eval(value)
+            assert isinstance(names, list), f"{path.relative_to(REPO)}: __all__ is not a list"
+            return names
+    return None
+
+
+def _exports_exactly(name: str, pinned: set[str]) -> None:
+    module = importlib.import_module(name)
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{name} has no __all__"
+    assert len(exported) == len(set(exported)), f"{name}.__all__ names something twice"
+    assert set(exported) == pinned, (
+        f"{name}.__all__ changed: added {sorted(set(exported) - pinned)}, removed {sorted(pinned - set(exported))}"
+    )
+    for export in exported:
+        assert not _private(export), f"{name}.__all__ exports the private name {export}"
+        value = getattr(module, export)  # AttributeError: a name that does not resolve
+        if isinstance(value, types.ModuleType):
+            assert not any(_private(part) for part in value.__name__.split(".")), (
+                f"{name}.__all__ exports the private module {value.__name__}"
+            )
+
+
+def test_every_package_exports_exactly_its_pinned_names() -> None:
+    packages = sorted(n for n, path in _module_names().items() if path.name == "__init__.py")
+    assert packages == sorted(PACKAGES), "a package was added or removed: pin its __all__ in PACKAGES"
+    for name in packages:
+        _exports_exactly(name, PACKAGES[name])
+
+
+def test_the_modules_that_are_a_contract_export_exactly_their_pinned_names() -> None:
+    for name, pinned in MODULES.items():
+        _exports_exactly(name, pinned)
+    import sim.runner
+    import sim.shard
+
+    for name in sim.runner.__all__:
+        assert getattr(sim.runner, name) is getattr(sim.shard, name), name
+    assert memory.render is importlib.import_module("sim.memory.render")
+    assert memory.inert is memory.render.inert and memory.RENDERER_VERSION == memory.render.RENDERER_VERSION
+
+
+def test_every_public_module_has_an_all_and_no_all_names_a_private_name() -> None:
+    modules = _module_names()
+    assert len(modules) > 80  # the walk found the code base
+    missing, leaks = [], []
+    for name, path in modules.items():
+        declared = _declared_all(path)
+        if declared is None:
+            if not any(_private(part) for part in name.split(".")):
+                missing.append(name)
+            continue
+        leaks += [f"{name}: {export}" for export in declared if _private(export)]
+    assert not missing, f"public modules without __all__: {missing}"
+    assert not leaks, f"private names in __all__: {leaks}"
 
 
 def _imported_modules(tree: ast.AST) -> list[str]:
@@ -63,9 +206,9 @@ def test_state_types_import_nothing_of_the_rendering() -> None:
 def test_no_module_outside_the_core_imports_its_private_modules() -> None:
     core = Path(memory.__file__).parent
     private = f"{memory.__name__}._"
-    outside = [p for top in ("sim", "agents", "benchmarks", "tests") for p in (ROOT / top).rglob("*.py")
+    outside = [p for top in ("sim", "agents", "benchmarks", "tests") for p in (REPO / top).rglob("*.py")
                if core not in p.parents]
     assert len(outside) > 50  # the walk found the code base
     for path in outside:
         for module in _imported_modules(ast.parse(path.read_text())):
-            assert not module.startswith(private), (path.relative_to(ROOT), module)
+            assert not module.startswith(private), (path.relative_to(REPO), module)

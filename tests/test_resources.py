@@ -16,9 +16,7 @@ from sim.errors import ScenarioError
 from sim.memory import WorkingMemoryConfig
 from sim.resources import broker_config_dir, bundled_scenario, scenario_names
 from sim.scenario import load_scenario
-from tests.conftest import REPO
-
-VILLAGE = REPO / "scenarios" / "village.toml"
+from tests.helpers import REPO, VILLAGE
 
 
 def test_package_data_is_the_top_level_files() -> None:
@@ -27,7 +25,7 @@ def test_package_data_is_the_top_level_files() -> None:
         link = REPO / "sim" / "data" / name
         assert link.is_symlink() and link.resolve() == (REPO / name).resolve()
     assert scenario_names() == sorted(p.stem for p in (REPO / "scenarios").glob("*.toml"))
-    assert bundled_scenario("village") == VILLAGE.read_text(encoding="utf-8")
+    assert bundled_scenario("village") == Path(VILLAGE).read_text(encoding="utf-8")
     assert broker_config_dir().joinpath("dev.conf").read_text() == (REPO / "broker-config" / "dev.conf").read_text()
     assert (BROKER_CONFIG / "auth.conf").read_text() == (REPO / "broker-config" / "auth.conf").read_text()
 
@@ -63,7 +61,7 @@ def test_an_unknown_scenario_names_the_bundled_ones(tmp_path: Path, monkeypatch:
 def test_the_commented_memory_defaults_are_the_real_ones() -> None:
     """The village's commented-out [memory] block documents the defaults: uncommented, it
     must parse to exactly WorkingMemoryConfig() (but for the example token limit)."""
-    text = VILLAGE.read_text()
+    text = Path(VILLAGE).read_text()
     block = text[text.index("# [memory]"):]
     lines = [line.removeprefix("# ") for line in block.splitlines() if "max_context_tokens" not in line]
     raw = tomllib.loads("\n".join(lines))
@@ -74,7 +72,7 @@ def test_the_commented_memory_defaults_are_the_real_ones() -> None:
 def test_scenario_show_writes_the_file_out_runnable(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["scenario", "show", "village"]) == 0
     out = capsys.readouterr().out
-    assert out == VILLAGE.read_text(encoding="utf-8")
+    assert out == Path(VILLAGE).read_text(encoding="utf-8")
     (tmp_path / "my.toml").write_text(out)
     assert load_scenario(tmp_path / "my.toml") == load_scenario(VILLAGE)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from pathlib import Path
 
 import aiomqtt
@@ -15,10 +14,9 @@ from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
 from sim.wire import topics
 from sim.wire.events import decode_say
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess, SmallNpc, ended, eventually, small_world, start_npcsim
 
 pytestmark = pytest.mark.mosquitto
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
 def assert_every_input_answered(stats: RunStats) -> None:
@@ -43,10 +41,7 @@ async def test_village_answers_every_scripted_input(mosquitto: MosquittoProcess)
         listener = group.create_task(listen(ready))
         await ready.wait()
         stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="v1", ticks=16, keep_dialogue=True))
-        for _ in range(250):
-            if len(said) >= stats.lines:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: len(said) >= stats.lines, what=f"the {stats.lines} lines said, heard")
         listener.cancel()
     assert_every_input_answered(stats)
     for topic, payload in said:
@@ -116,38 +111,19 @@ async def test_embedded_broker_runs_the_village(monkeypatch: pytest.MonkeyPatch)
     assert_every_input_answered(stats)
 
 
-TWO = """
-[scenario]
-name = "two"
-[[locations]]
-id = "square"
-[[npcs]]
-id = "a"
-name = "A"
-location = "square"
-system_prompt = "You are A."
-ambient_chance = 1.0
-[[npcs]]
-id = "b"
-name = "B"
-location = "square"
-system_prompt = "You are B."
-ambient_chance = 0.0
-[[players]]
-id = "p"
-script = [ { tick = 2, to = "b", text = "Hello from another shard." } ]
-"""
+TWO = small_world("two", [SmallNpc("a", ambient_chance=1.0), SmallNpc("b")],
+                  scripts={"p": [(2, "b", "Hello from another shard.")]})
 
 
 async def test_two_shard_processes_share_a_run(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     scenario = tmp_path / "two.toml"
     scenario.write_text(TWO)
     said = []
+
     async def shard(i: int, ticks: int) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "npcsim"), "run", str(scenario), "--broker", mosquitto.url,
-            "--run-id", "two", "--shard", f"{i}/2", "--ticks", str(ticks), "--tick-ms", "50", "--quiet",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        return await start_npcsim(
+            "run", str(scenario), "--broker", mosquitto.url, "--run-id", "two", "--shard", f"{i}/2",
+            "--ticks", str(ticks), "--tick-ms", "50", "--quiet", stdout=asyncio.subprocess.DEVNULL,
         )
 
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
@@ -156,21 +132,22 @@ async def test_two_shard_processes_share_a_run(mosquitto: MosquittoProcess, tmp_
         # Shard 1 (b) first, until it listens; it waits at tick 0 for shard 0 (the tick barrier),
         # whose player speaks to b at tick 2. Both run the same 40 ticks, in step.
         procs = [await shard(1, 40)]
-        async with asyncio.timeout(30):
-            async for message in client.messages:
-                if message.topic.value.endswith("/status/1") and b'"online"' in bytes(message.payload):  # type: ignore[arg-type]
-                    break
-        procs.insert(0, await shard(0, 40))
-        async with asyncio.timeout(30):
-            async for message in client.messages:
-                if "/status/" in message.topic.value:
-                    continue
-                said.append(decode_say(bytes(message.payload)))  # type: ignore[arg-type]
-                heard = {(s.agent, s.to) for s in said}
-                if ("b", "a") in heard and ("b", "p") in heard:
-                    break
-        for proc in procs:
-            async with asyncio.timeout(15):
-                _, err = await proc.communicate()
-            assert proc.returncode == 0, err.decode()
+        try:
+            async with asyncio.timeout(30):
+                async for message in client.messages:
+                    if message.topic.value.endswith("/status/1") and b'"online"' in bytes(message.payload):  # type: ignore[arg-type]
+                        break
+            procs.insert(0, await shard(0, 40))
+            async with asyncio.timeout(30):
+                async for message in client.messages:
+                    if "/status/" in message.topic.value:
+                        continue
+                    said.append(decode_say(bytes(message.payload)))  # type: ignore[arg-type]
+                    heard = {(s.agent, s.to) for s in said}
+                    if ("b", "a") in heard and ("b", "p") in heard:
+                        break
+        finally:
+            ends = [await ended(proc, within=15) for proc in procs]
+    for end in ends:
+        assert end.code == 0, end.err
     assert any(s.agent == "a" and s.to == "b" for s in said)

@@ -15,10 +15,9 @@ from sim.runner import RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.events import decode_say
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess
 
 pytestmark = pytest.mark.mosquitto
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
 async def test_run_records_every_inference_and_resumes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:

@@ -14,23 +14,20 @@ import asyncio
 import os
 import random
 import sqlite3
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiomqtt
 import pytest
 
-from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_status
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess, eventually, generated_world, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 RUN = "same"
 HORIZON = {"village": 60, "generated": 16}
 AuditSet = set[tuple[str, str, str]]
@@ -40,7 +37,7 @@ _REFERENCE: dict[str, AuditSet] = {}
 def scenario_path(world: str, tmp_path: Path) -> str:
     if world == "village":
         return VILLAGE
-    return str(write_scenario(tmp_path / "generated.toml", npcs=200, locations=12, seed=5))
+    return generated_world(tmp_path)
 
 
 def audit_set(dbs: list[Path]) -> AuditSet:
@@ -104,13 +101,7 @@ def assert_same(world: str, expected: AuditSet, got: AuditSet, case: str) -> Non
     print(f"\n{world}, {case}: {len(got)} audit records compared, identical")
 
 
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Poll a condition on the live run (generous: the machine is shared)."""
-    for _ in range(6000):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(what)
+LIVE_S = 120.0  # how long a condition on a live run may take (generous: the machine is shared)
 
 
 WORLDS = pytest.mark.parametrize("world", ["village", "generated"])
@@ -137,8 +128,9 @@ async def test_a_shard_started_seconds_later(world: str, mosquitto: MosquittoPro
     configs = [config(world, tmp_path, mosquitto.url, f"{i}/2") for i in range(2)]
     async with asyncio.TaskGroup() as group:
         first = group.create_task(run(configs[0], stats=stats[0]))
-        await wait_until(lambda: stats[0].awaiting == "shard 1", "shard 0 never said it awaits shard 1")
-        await asyncio.sleep(1.5)
+        await eventually(lambda: stats[0].awaiting == "shard 1", what="shard 0 saying it awaits shard 1",
+                         within=LIVE_S)
+        await asyncio.sleep(1.5)  # the subject: shard 1 starts seconds after shard 0, which must hold meanwhile
         assert stats[0].tick == 0, "shard 0 ran ahead without shard 1"
         second = group.create_task(run(configs[1], stats=stats[1]))
         await asyncio.gather(first, second)
@@ -152,9 +144,9 @@ async def test_broker_down_longer_than_the_echo_timeout(
     expected = await reference(world, tmp_path, mosquitto)
 
     async def outage(stats: list[RunStats]) -> None:
-        await wait_until(lambda: min(s.tick for s in stats) >= 4, "the run did not get going")
+        await eventually(lambda: min(s.tick for s in stats) >= 4, what="the run getting going", within=LIVE_S)
         await asyncio.to_thread(mosquitto.stop)
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(2.5)  # the subject: the broker stays down longer than the echo timeout (1 s)
         await asyncio.to_thread(mosquitto.start)
 
     dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)
@@ -178,14 +170,13 @@ async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_pa
     expected = await reference(world, tmp_path, mosquitto)
     horizon = HORIZON[world]
     kill_at = random.Random(os.urandom(8)).randrange(2, horizon - 6)
-    npcsim = str(Path(sys.executable).parent / "npcsim")
     dbs = [tmp_path / f"kill-{i}.db" for i in range(2)]
     logs = [tmp_path / f"kill-{i}.log" for i in range(3)]
 
     async def start(i: int, log: Path, *extra: str) -> asyncio.subprocess.Process:
         with log.open("wb") as err:
-            return await asyncio.create_subprocess_exec(
-                npcsim, "run", scenario_path(world, tmp_path), "--broker", mosquitto.url, "--run-id", RUN,
+            return await start_npcsim(
+                "run", scenario_path(world, tmp_path), "--broker", mosquitto.url, "--run-id", RUN,
                 "--shard", f"{i}/2", "--until-tick", str(horizon), "--tick-ms", "200", "--db", str(dbs[i]),
                 "--quiet", *extra, stdout=asyncio.subprocess.DEVNULL, stderr=err,
             )
@@ -194,7 +185,8 @@ async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_pa
     try:
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             await client.subscribe(topics.status(RUN, "0"), qos=1)
-            await wait_until(lambda: committed_tick(dbs[1]) >= kill_at, f"shard 1 never reached tick {kill_at}")
+            await eventually(lambda: committed_tick(dbs[1]) >= kill_at, what=f"shard 1 committing tick {kill_at}",
+                             within=LIVE_S)
             assert procs[1].returncode is None, "shard 1 ended before the kill (a slow machine: raise --tick-ms)"
             procs[1].kill()
             await procs[1].wait()

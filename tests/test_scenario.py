@@ -8,13 +8,13 @@ import pytest
 
 from sim.errors import ScenarioError
 from sim.scenario import load_scenario, parse_scenario
+from tests.helpers import VILLAGE
 
-REPO = Path(__file__).resolve().parent.parent
-VILLAGE = (REPO / "scenarios" / "village.toml").read_text()
+VILLAGE_TOML = Path(VILLAGE).read_text()
 
 
 def test_village_has_the_world_of_the_article() -> None:
-    scenario = load_scenario(REPO / "scenarios" / "village.toml")
+    scenario = load_scenario(VILLAGE)
     assert {n.id for n in scenario.npcs} == {"blacksmith", "innkeeper", "guard_captain", "snack_machine"}
     snack = scenario.initial_state("snack_machine")
     assert "You are a capitalist snack machine trying to make money" in [f.text for f in snack.canonical_facts]
@@ -29,29 +29,29 @@ def test_village_has_the_world_of_the_article() -> None:
 
 
 def test_unknown_key_names_file_npc_and_field() -> None:
-    broken = VILLAGE.replace('id = "innkeeper"', 'id = "innkeeper"\ncolour = "red"', 1)
+    broken = VILLAGE_TOML.replace('id = "innkeeper"', 'id = "innkeeper"\ncolour = "red"', 1)
     with pytest.raises(ScenarioError, match=r"broken.toml: npc 'innkeeper' \(npcs\[1\]\).*unknown field `colour`"):
         parse_scenario(broken, source="village-broken.toml")
 
 
 def test_wrong_type_names_the_field() -> None:
-    broken = VILLAGE.replace('{ id = "e1", tick = 0, text = "Hid', '{ id = "e1", tick = "dawn", text = "Hid', 1)
+    broken = VILLAGE_TOML.replace('{ id = "e1", tick = 0, text = "Hid', '{ id = "e1", tick = "dawn", text = "Hid', 1)
     with pytest.raises(ScenarioError, match=r"npc 'innkeeper'.*field episodic\[0\]\.tick.*Expected `int`, got `str`"):
         parse_scenario(broken, source="v.toml")
 
 
 def test_out_of_range_value_is_refused() -> None:
-    broken = VILLAGE.replace("significance = 0.9 },", "significance = 1.5 },", 1)
+    broken = VILLAGE_TOML.replace("significance = 0.9 },", "significance = 1.5 },", 1)
     with pytest.raises(ScenarioError, match=r"npc 'blacksmith'.*significance.*<= 1.0"):
         parse_scenario(broken, source="v.toml")
 
 
 def test_unknown_location_and_unknown_target() -> None:
     with pytest.raises(ScenarioError, match=r"npc 'blacksmith' \(npcs\[0\]\), field location: unknown location 'moon'"):
-        parse_scenario(VILLAGE.replace('location = "forge"', 'location = "moon"', 1), source="v.toml")
+        parse_scenario(VILLAGE_TOML.replace('location = "forge"', 'location = "moon"', 1), source="v.toml")
     with pytest.raises(ScenarioError, match=r"player 'player'.*script\[0\]\.to: unknown NPC 'vending'"):
-        parse_scenario(VILLAGE.replace('to = "snack_machine", text = "Comrade', 'to = "vending", text = "Comrade', 1),
-                       source="v.toml")
+        unknown = VILLAGE_TOML.replace('to = "snack_machine", text = "Comrade', 'to = "vending", text = "Comrade', 1)
+        parse_scenario(unknown, source="v.toml")
 
 
 def test_syntax_error_and_missing_file() -> None:
@@ -63,4 +63,4 @@ def test_syntax_error_and_missing_file() -> None:
 
 def test_bad_memory_config_in_scenario_names_the_field() -> None:
     with pytest.raises(ScenarioError, match=r"max_beliefs must be a whole number >= 0, got -2.*memory"):
-        parse_scenario(VILLAGE + "\n[memory]\nmax_beliefs = -2\n", source="v.toml")
+        parse_scenario(VILLAGE_TOML + "\n[memory]\nmax_beliefs = -2\n", source="v.toml")

@@ -19,9 +19,7 @@ import pytest
 
 from agents.npc import NpcAgent, ambient_roll
 from sim.bus import BusConfig, open_bus
-from sim.cli import main
 from sim.errors import ConfigError
-from sim.generate import write_scenario
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
 from sim.scenario import Scenario, load_scenario, parse_scenario
@@ -30,10 +28,8 @@ from sim.store import Writer, open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import TickDone, decode_barrier
 from sim.wire.events import Speech, decode_say
-from tests.conftest import REPO
+from tests.helpers import VILLAGE, SmallNpc, eventually, generated_world, npcsim_in_process, small_world
 from tests.memory_broker import MemoryBroker
-
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
 class PacingClock(VirtualClock):
@@ -128,13 +124,10 @@ async def test_shards_started_with_different_counts_stop_with_one_clear_error(tm
 
 async def test_a_world_state_change_takes_effect_at_the_same_tick_on_every_shard(tmp_path: Path) -> None:
     async def crown(broker: MemoryBroker, stats: list[RunStats]) -> None:
-        for _ in range(5000):
-            if stats[1].tick >= 6:
-                break
-            await asyncio.sleep(0.005)
+        await eventually(lambda: stats[1].tick >= 6, what="shard 1 at tick 6", every=0.005)
         broker.accept(topics.world_state("mem"), b'{"state": {"king": "crowned: Queen Ysolde"}}')
 
-    world = str(write_scenario(tmp_path / "generated.toml", npcs=200, locations=12, seed=5))
+    world = generated_world(tmp_path)
     _, stats, dbs = await run_in_memory(tmp_path, world, 3, 14, seed=4, during=crown)
     seen = []  # (tick, the king as that record's NPC knew him) for every inference on every shard
     for db in dbs:
@@ -206,10 +199,8 @@ async def test_a_held_barrier_logs_its_stall_after_echo_timeout_virtual_seconds(
         began, real = clock.now(), time.monotonic()
         with caplog.at_level(logging.WARNING, logger="sim.shard"):
             step = asyncio.ensure_future(shard.step(0))
-            for _ in range(1000):
-                if shard.stats.stalls or step.done():
-                    break
-                await asyncio.sleep(0.005)
+            await eventually(lambda: shard.stats.stalls or step.done(), what="the stall or the end of the step",
+                             within=5, every=0.005)
             assert shard.stats.stalls == 1 and not step.done()
             assert clock.now() - began >= 5.0
             assert time.monotonic() - real < 5.0
@@ -267,25 +258,7 @@ def test_the_npc_reaches_the_engine_only_through_its_context() -> None:
 
 # --- NpcAgent, alone ----------------------------------------------------------------------
 
-TWO = """
-[scenario]
-name = "two"
-seed = 4
-[[locations]]
-id = "square"
-[[npcs]]
-id = "a"
-name = "A"
-location = "square"
-system_prompt = "You are A."
-ambient_chance = 0.0
-[[npcs]]
-id = "b"
-name = "B"
-location = "square"
-system_prompt = "You are B."
-ambient_chance = 0.5
-"""
+TWO = small_world("two", [SmallNpc("a"), SmallNpc("b", ambient_chance=0.5)], seed=4)
 
 
 @contextlib.asynccontextmanager
@@ -340,10 +313,9 @@ async def test_ambient_dice_are_a_function_of_seed_id_and_tick(tmp_path: Path) -
 
 
 def test_ticks_and_until_tick_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", VILLAGE, "--ticks", "3", "--until-tick", "5", "--quiet"])
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
+    ran = npcsim_in_process(capsys, "run", VILLAGE, "--ticks", "3", "--until-tick", "5", "--quiet")
+    assert ran.code == 2
+    assert ran.err.splitlines() == [
         "npcsim run: error: argument --until-tick: not allowed with argument --ticks"
     ]
     with pytest.raises(ConfigError, match="--ticks 3 and --until-tick 5: give one of them, not both"):
@@ -352,10 +324,9 @@ def test_ticks_and_until_tick_exclude_each_other(capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("value", ["0", "-3", "x"])
 def test_a_bad_until_tick_is_one_line(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", VILLAGE, "--until-tick", value, "--quiet"])
-    assert exit_info.value.code == 2
-    [line] = capsys.readouterr().err.splitlines()
+    ran = npcsim_in_process(capsys, "run", VILLAGE, "--until-tick", value, "--quiet")
+    assert ran.code == 2
+    [line] = ran.err.splitlines()
     assert line.startswith("npcsim run: error: argument --until-tick: must be") and value in line
     with pytest.raises(ConfigError, match="--until-tick must be a whole number >= 1"):
         RunConfig(scenario=VILLAGE, until_tick=0)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from sim.memory import Episode, NpcState
 from sim.scenario import parse_scenario
 from sim.shard import StartupProgress, create_agents
 from sim.store import Writer, open_store
-from tests.conftest import MosquittoProcess
+from tests.helpers import MosquittoProcess, eventually, npcsim_in_process, popen_npcsim
 
 
 def states(start: int, count: int) -> list[NpcState]:
@@ -110,12 +108,7 @@ def _start_run(tmp_path: Path, broker: str, npcs: int) -> tuple[subprocess.Popen
     world = tmp_path / "world.toml"
     world.write_text(generate_scenario(npcs=npcs, locations=50, seed=2))
     db = tmp_path / "run.db"
-    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, "-v", "run", str(world), "--broker", broker, "--db", str(db), "--ticks", "5",
-         "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = popen_npcsim("-v", "run", str(world), "--broker", broker, "--db", str(db), "--ticks", "5", "--quiet")
     return proc, db
 
 
@@ -207,13 +200,12 @@ def test_a_bad_scenario_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
 ) -> None:
     """The scenario is parsed in a thread now: its errors still reach the user as one line."""
-    from sim.cli import main
-
     path = tmp_path / "bad.toml"
     if content is not None:
         path.write_text(content)
-    assert main(["run", str(path), "--broker", "mqtt://127.0.0.1:9", "--quiet"]) == 2
-    err = capsys.readouterr().err
+    ran = npcsim_in_process(capsys, "run", str(path), "--broker", "mqtt://127.0.0.1:9", "--quiet")
+    assert ran.code == 2
+    err = ran.err
     assert err.startswith("npcsim: error: ") and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
@@ -238,8 +230,6 @@ def test_hostile_scenario_bytes_give_a_scenario_error(data: bytes, message: str)
 async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: MosquittoProcess) -> None:
     """Inboxes use one wildcard subscription; another shard's inbox traffic is ignored, not
     counted as malformed, and each local agent still gets exactly its own events."""
-    import asyncio
-
     from sim.bus import BusConfig, open_bus
     from sim.protocol.outbox import Outbox
     from sim.wire import topics
@@ -258,10 +248,10 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
             outbox.emit(topics.agent_inbox("r", to), speech(n, to))
         for batch in outbox.flush(0):
             await local.publish(batch.topic, batch.payload)
-        for _ in range(3000):  # poll the mailboxes the buses fill, at most 30 s
-            if len(local.mailbox("a0")) == 2 and len(local.mailbox("a3")) == 1 and len(other.mailbox("b0")):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: len(local.mailbox("a0")) == 2 and len(local.mailbox("a3")) == 1 and len(other.mailbox("b0")),
+            what="the mailboxes the buses fill",
+        )
         assert [e.text for e in local.mailbox("a0").drain()] == ["line 0", "line 3"]
         assert [e.text for e in local.mailbox("a3").drain()] == ["line 2"]
         assert len(local.mailbox("b0")) == 0 and len(other.mailbox("a0")) == 0

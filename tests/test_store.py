@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import random
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-import sim.store
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, build_working_memory
 from sim.store import HOT_LIMIT, SCHEMA_VERSION, Writer, open_reader, open_store
+from tests.helpers import eventually, fingerprint
 
 
 def village_state(agent_id: str = "smith") -> NpcState:
@@ -25,30 +23,6 @@ def village_state(agent_id: str = "smith") -> NpcState:
         episodic=(Episode(id="e0", tick=0, text="Forged a sword."),),
         beliefs=(Belief(id="b0", tick=0, text="The mayor lies.", confidence=0.7),),
         dialogue=(Line(tick=0, speaker="player", text="Hello"),),
-    )
-
-
-def fingerprint(path: Path) -> tuple[bytes, list[str]]:
-    return hashlib.sha256(path.read_bytes()).digest(), sorted(p.name for p in path.parent.iterdir())
-
-
-def test_public_surface() -> None:
-    assert sorted(sim.store.__all__) == sorted(
-        [
-            "HOT_LIMIT",
-            "SCHEMA_VERSION",
-            "AuditSummary",
-            "AuthorityError",
-            "SchemaError",
-            "Store",
-            "StoreError",
-            "StoreReader",
-            "StoreStatistics",
-            "Writer",
-            "delete_audit_records",
-            "open_reader",
-            "open_store",
-        ]
     )
 
 
@@ -248,12 +222,8 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
             await store.add_episode("smith", Episode(id="e1", tick=1, text="half a tick"), writer=Writer.NPC)
             await store.record_input(1, 0, "visitor", "smith", "Hello again")
             await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02"), (1, "npcsim/r/loc/x", b"\x03")])
-            for _ in range(5_000):  # until the writer ran them inside the open transaction
-                if store.statistics().batches > batches:
-                    break
-                await asyncio.sleep(0.001)
-            else:
-                pytest.fail("the writer never ran the queued rows")
+            await eventually(lambda: store.statistics().batches > batches,
+                             what="the writer running the queued rows inside the open transaction")
             1 / 0  # noqa: B018
     async with open_store(db, keep_tail=False) as store:
         assert store.last_tick == 0

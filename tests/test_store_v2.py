@@ -23,8 +23,9 @@ from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.store import HOT_LIMIT, SCHEMA_VERSION, StoreError, Writer, open_reader, open_store
 from sim.store.records import Item, RecordPacker, read_packed, unpack_record
+from tests.audit_records import AGENTS, random_record
+from tests.helpers import fingerprint
 from tests.strategies import beliefs, configs, episodes, facts, lines, player_inputs, texts, worlds
-from tests.test_audit import fingerprint, random_record
 
 V1_SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
@@ -54,7 +55,6 @@ V1_AUDIT = (
 )
 V1_RECORDS = 200
 CONFIG = WorkingMemoryConfig()
-AGENTS = 25  # random_record's agents: npc0 .. npc24
 
 
 def write_v1(db: Path, records: list[AuditRecord], history: dict[str, list[Episode]]) -> None:

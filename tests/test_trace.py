@@ -12,7 +12,7 @@ from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.trace import TraceMessage, decode_roster, decode_trace
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess, eventually
 
 pytestmark = pytest.mark.mosquitto
 
@@ -35,13 +35,10 @@ async def test_every_inference_is_traced_like_its_audit_record(
     async with asyncio.TaskGroup() as group:
         listener = group.create_task(listen())
         await ready.wait()
-        config = RunConfig(scenario=str(REPO / "scenarios" / "village.toml"), broker=mosquitto.url, run_id="tr",
+        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="tr",
                            ticks=10, db=str(db), trace_prompts=prompts)
         stats = await run(config)
-        for _ in range(600):
-            if len(traces) >= stats.inferences:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(traces) >= stats.inferences, what=f"the {stats.inferences} traces, heard")
         listener.cancel()
     with open_reader(db) as reader:
         records = {r.id: r for r in reader.audit_records()}

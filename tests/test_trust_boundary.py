@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-import sys
 from pathlib import Path
 
 import aiomqtt
@@ -29,11 +27,10 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import EventBatch, Notice, Speech, encode_batch
-from tests.conftest import REPO, MosquittoProcess, require_mosquitto
+from tests.helpers import VILLAGE, MosquittoProcess, ended, read_until, require_mosquitto, start_npcsim
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 FORGED = "FORGED-KING-ALIVE"
 
 
@@ -56,37 +53,6 @@ def assert_no_password(*texts: str) -> None:
             assert password(user) not in text, f"the password of {user} leaked"
 
 
-async def cli(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
-    )
-
-
-async def read_until(stream: asyncio.StreamReader, needle: bytes, seconds: float = 30) -> bytes:
-    seen = b""
-    async with asyncio.timeout(seconds):
-        while needle not in seen:
-            line = await stream.readline()
-            assert line, f"stream ended before {needle!r}: {seen!r}"
-            seen += line
-    return seen
-
-
-async def stop(proc: asyncio.subprocess.Process) -> tuple[str, str]:
-    if proc.returncode is None:
-        proc.terminate()
-    try:
-        async with asyncio.timeout(15):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return out.decode(errors="replace"), err.decode(errors="replace")
-
-
 async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themselves(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -94,8 +60,9 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
     db = tmp_path / "sec.db"
     with secured_broker() as broker:
         plain = f"mqtt://127.0.0.1:{broker.port}"
-        worker = await cli("worker", "--broker", plain, "--run", "sec", "--name", "w1", env=broker.env_for("worker"))
-        viewer = await cli("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
+        worker = await start_npcsim("worker", "--broker", plain, "--run", "sec", "--name", "w1",
+                                    env=broker.env_for("worker"))
+        viewer = await start_npcsim("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
         try:
             assert worker.stdout is not None and viewer.stdout is not None
             await read_until(worker.stdout, b"ready")
@@ -114,8 +81,8 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
                 said = await read_until(viewer.stdout, b"sec t")  # the viewer sees lines as they are said
                 await job
         finally:
-            worker_out, worker_err = await stop(worker)
-            viewer_out, viewer_err = await stop(viewer)
+            worker_end = await ended(worker, within=15, terminate=True)
+            viewer_end = await ended(viewer, within=15, terminate=True)
     assert stats.tick == 39 and stats.inferences > 0
     with open_reader(db) as reader:
         records = list(reader.audit_records())
@@ -124,8 +91,9 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
     inputs = [r.player_input for r in records if r.agent_id == "innkeeper"]
     assert "alice: alice-asks-for-ale" in inputs
     assert not any("impostor" in text for text in inputs)
-    assert "served" in worker_out
-    assert_no_password(caplog.text, worker_out, worker_err, viewer_out, viewer_err, said.decode(), stats.broker)
+    assert "served" in worker_end.out
+    assert_no_password(caplog.text, worker_end.out, worker_end.err, viewer_end.out, viewer_end.err, said.decode(),
+                       stats.broker)
 
 
 async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path: Path) -> None:
@@ -222,7 +190,7 @@ async def test_the_broker_restarted_mid_run_under_remote_workers(
                 async for _ in watcher.messages:
                     break  # the run is under way
         mosquitto.stop()
-        await asyncio.sleep(3)  # the outage
+        await asyncio.sleep(3)  # the subject: the broker is down for 3 s under a running shard and worker
         mosquitto.start()
         async with asyncio.timeout(90):
             code = await job

@@ -21,7 +21,7 @@ from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
-from tests.conftest import IN_CI, REPO, MosquittoProcess
+from tests.helpers import IN_CI, VILLAGE, MosquittoProcess, eventually
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
@@ -53,16 +53,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
-async def eventually(what: str, probe: Callable[[], Any]) -> Any:
-    """Poll `probe` (in a thread: selenium blocks) until it returns something truthy."""
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while True:
-        value = await asyncio.to_thread(probe)
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
+async def on_page(what: str, probe: Callable[[], Any]) -> Any:
+    """`eventually` for the page: `probe` runs in a thread (selenium blocks)."""
+    return await eventually(lambda: asyncio.to_thread(probe), what=what, within=WAIT_S, every=0.2)
 
 
 def css(driver: Any, selector: str) -> list[Any]:
@@ -73,7 +66,7 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
     browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
     db = tmp_path / "run.db"
-    config = RunConfig(scenario=str(REPO / "scenarios" / "village.toml"), broker=mosquitto.url, run_id="web",
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="web",
                        ticks=100_000, tick_ms=150, db=str(db))
     view = LiveView()
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -83,8 +76,8 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
         feed = group.create_task(view.follow(BrokerAddress.parse(mosquitto.url), "web"))
         try:
             await asyncio.to_thread(browser.get, url)
-            await eventually("the NPCs", lambda: len(css(browser, ".npc-chip")) == 4)
-            await eventually("a line of dialogue", lambda: css(browser, "#dialogue li.npc"))
+            await on_page("the NPCs", lambda: len(css(browser, ".npc-chip")) == 4)
+            await on_page("a line of dialogue", lambda: css(browser, "#dialogue li.npc"))
             assert "innkeeper" in {c.get_attribute("data-npc") for c in css(browser, ".npc-chip")}
 
             await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
@@ -92,8 +85,8 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-player").send_keys("tester"))
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-text").send_keys("A room, please."))
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-send").click())
-            await eventually("the player's line", lambda: css(browser, '#dialogue li.player[data-speaker="tester"]'))
-            answer = await eventually(
+            await on_page("the player's line", lambda: css(browser, '#dialogue li.player[data-speaker="tester"]'))
+            answer = await on_page(
                 "the innkeeper's answer",
                 lambda: [li.text for li in css(browser, '#dialogue li[data-speaker="innkeeper"]')
                          if "→ tester" in li.text],
@@ -103,10 +96,10 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
             stop.set()
         await job
         last_tick = latest_tick(db, "innkeeper")
-        await eventually("the view to have the last trace", lambda: newest_trace(view)["tick"] == last_tick)
+        await on_page("the view to have the last trace", lambda: newest_trace(view)["tick"] == last_tick)
         shown = newest_trace(view)["inference_id"]
         await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
-        await eventually("the latest snapshot on the page",
+        await on_page("the latest snapshot on the page",
                          lambda: browser.find_element("id", "npc-detail").get_attribute("data-inference") == shown)
         with open_reader(db) as reader:
             record = reader.audit_record(shown)
@@ -152,7 +145,7 @@ async def test_stored_run_page_moves_with_the_tick_slider(
     browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
     db = tmp_path / "done.db"
-    await run(RunConfig(scenario=str(REPO / "scenarios" / "village.toml"), broker=mosquitto.url, run_id="old",
+    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="old",
                         ticks=12, db=str(db)))
     stored = StoredRun(db)
     with open_reader(db) as reader:  # a tick at which someone spoke, after the first one
@@ -160,14 +153,14 @@ async def test_stored_run_page_moves_with_the_tick_slider(
     source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
     async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
         await asyncio.to_thread(browser.get, url)
-        await eventually("the stored run", lambda: css(browser, "#dialogue li"))
+        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
         assert await asyncio.to_thread(lambda: browser.find_element("id", "speak").is_displayed()) is False
         last = await asyncio.to_thread(lambda: browser.find_element("id", "health-tick").text)
         assert last == str(stored.last_tick)
         await asyncio.to_thread(browser.execute_script, """
             const slider = document.getElementById('tick-slider');
             slider.value = arguments[0]; slider.dispatchEvent(new Event('change'));""", target)
-        await eventually(f"tick {target}", lambda: browser.find_element("id", "health-tick").text == str(target))
+        await on_page(f"tick {target}", lambda: browser.find_element("id", "health-tick").text == str(target))
         ticks = await asyncio.to_thread(lambda: [li.find_element("css selector", ".tick").text
                                                  for li in css(browser, "#dialogue li")])
         assert ticks and all(int(t[1:]) <= target for t in ticks)

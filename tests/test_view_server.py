@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +21,9 @@ from sim.store import open_reader
 from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire import topics
 from sim.wire.events import PlayerInputMessage
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess, eventually, eventually_sync, npcsim_in_process
 
-VILLAGE = str(REPO / "scenarios" / "village.toml")
-
-
-async def wait_for(what: str, probe: Any) -> Any:
-    """Poll `probe` for up to a minute (generous: the machine is shared) until it gives something."""
-    for _ in range(600):
-        if value := await probe():
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+VIEW_S = 60.0  # how long the view may take to show something (generous: the machine is shared)
 
 
 @pytest.fixture
@@ -120,7 +111,7 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
                     state = (await client.get("/api/state")).json()
                     return state if len(state["world"]["names"]) == 4 and state["lines"] else None
 
-                state = await wait_for("the world and a line", world)
+                state = await eventually(world, what="the world and a line", within=VIEW_S, every=0.1)
                 assert state["run"] == "lv" and state["world"]["state"]["king"]
                 async with client.stream("GET", "/api/events") as stream:
                     first = await anext(aiter(stream.aiter_lines()))
@@ -128,7 +119,8 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
                 # a hostile client publishes junk on the trace topic: counted, nothing else changes
                 async with aiomqtt.Client("127.0.0.1", mosquitto.port) as hostile:
                     await hostile.publish(topics.trace("lv", "9"), b"\x00junk", qos=1)
-                refused = await wait_for("the junk counted", lambda: _refused(client))
+                refused = await eventually(lambda: _refused(client), what="the junk counted", within=VIEW_S,
+                                           every=0.1)
                 assert refused == 1
                 said = await client.post("/api/say", json={"player": "web", "to": "innkeeper", "text": "Ale?"})
                 assert said.status_code == 200
@@ -137,7 +129,7 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
                     lines = (await client.get("/api/lines", params={"npc": "innkeeper"})).json()
                     return [x for x in lines if x["speaker"] == "innkeeper" and x["to"] == "web"]
 
-                assert await wait_for("the innkeeper's answer", answer)
+                assert await eventually(answer, what="the innkeeper's answer", within=VIEW_S, every=0.1)
                 unknown = await client.post("/api/say", json={"player": "web", "to": "dragon", "text": "Hi"})
                 assert unknown.status_code == 400 and "dragon" in unknown.json()["error"]
         finally:
@@ -184,20 +176,18 @@ async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoPr
     ],
 )
 def test_view_command_refuses_bad_options(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert needle in err and len(err.splitlines()) == 1
+    ran = npcsim_in_process(capsys, *argv)
+    assert ran.code == 2
+    assert needle in ran.err and len(ran.err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv", [["view", "--db", "x", "--port", "99999"], ["run", "s.toml", "--view", "port"],
                                   ["view", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"],
                                   ["worker", "--broker", "mqtt://h:1", "--run", "r", "--metrics-port", "0"]])
 def test_bad_ports_exit_2_naming_the_option(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and argv[-2] in err and argv[-1] in err
+    ran = npcsim_in_process(capsys, *argv)
+    assert ran.code == 2
+    assert "Traceback" not in ran.err and argv[-2] in ran.err and argv[-1] in ran.err
 
 
 @pytest.mark.mosquitto
@@ -208,31 +198,25 @@ def test_run_with_view_prints_the_address_first_then_the_dialogue(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    seen: list[dict[str, Any]] = []
 
-    def watch() -> None:
-        for _ in range(600):
-            try:
-                state = httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=10).json()
-            except httpx.HTTPError:
-                state = {}
-            if state.get("lines"):
-                seen.append(state)
-                return
-            threading.Event().wait(0.1)
+    def state_with_lines() -> dict[str, Any] | None:
+        try:
+            state: dict[str, Any] = httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=10).json()
+        except httpx.HTTPError:
+            return None
+        return state if state.get("lines") else None
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with ThreadPoolExecutor(max_workers=1) as watcher:  # the run blocks this thread: the page is watched beside it
+        seen = watcher.submit(eventually_sync, state_with_lines, what="the view showing lines", within=VIEW_S,
+                              every=0.1)
         code = main(["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "cli", "--ticks", "40", "--tick-ms", "100",
                      "--view", str(port), "--follow"])
-    finally:
-        watcher.join(timeout=90)
+        state = seen.result(timeout=90)
     out = capsys.readouterr().out
     assert code == 0
     assert out.splitlines()[0].startswith(f"view: http://127.0.0.1:{port}/")
     assert "cli t" in out  # lines printed as they are said
-    assert seen and seen[0]["run"] == "cli" and len(seen[0]["world"]["names"]) == 4
+    assert state["run"] == "cli" and len(state["world"]["names"]) == 4
     with pytest.raises(httpx.HTTPError):  # the view stopped with the run
         httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=5)
 
@@ -256,7 +240,7 @@ async def test_live_view_logs_in_as_viewer_on_the_shipped_acl(tmp_path: Path) ->
                 async def both_see_lines() -> bool:
                     return viewer.model.health.inferences >= 3 and player.model.health.lines >= 3
 
-                await wait_for("traces for the viewer, lines for the player", both_see_lines)
+                await eventually(both_see_lines, what="traces for the viewer, lines for the player", within=VIEW_S)
                 assert len(viewer.model.npcs) == 4 and len(player.model.npcs) == 4  # the roster is public
                 assert player.model.health.inferences == 0  # the trace is not
                 speak = viewer.source().speak
@@ -266,7 +250,7 @@ async def test_live_view_logs_in_as_viewer_on_the_shipped_acl(tmp_path: Path) ->
                 async def answered() -> bool:
                     return any(x.speaker == "innkeeper" and x.to == "viewer" for x in viewer.model.lines())
 
-                await wait_for("the innkeeper's answer to the viewer", answered)
+                await eventually(answered, what="the innkeeper's answer to the viewer", within=VIEW_S)
             finally:
                 stop.set()
             await job

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, require_mosquitto
+from tests.helpers import REPO, require_mosquitto
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(1200)]
 

@@ -10,3 +10,5 @@
 
 Pure: no I/O. Internal topics carry msgpack, public ones JSON.
 """
+
+__all__: list[str] = []
