@@ -39,6 +39,7 @@ def test_public_surface() -> None:
             "SCHEMA_VERSION",
             "AuditSummary",
             "AuthorityError",
+            "RunIdentity",
             "SchemaError",
             "Store",
             "StoreError",
