@@ -10,9 +10,10 @@ connection; tests feed it bytes directly.
 
 Malformed payloads are counted per kind and logged once per kind; outside input over its
 bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises, and
-neither gives an event. So is a retained `player/+/input` or `world/state` (the MQTT
-retain flag of the delivery, `retained`): what a broker kept from an earlier run, or from
-a `mosquitto_pub -r`, is not taken again at every start; a live change is.
+neither gives an event. So is a retained `player/+/input` (the MQTT retain flag of the
+delivery, `retained`): what a broker kept from an earlier run, or from a `mosquitto_pub
+-r`, is not taken again at every start. A retained `world/state` comes back marked as
+such: the shard does not apply it, and says so when it differs from its world.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sim.wire import topics
 from sim.wire.barrier import Hello, decode_barrier
 from sim.wire.events import decode_batch, decode_player_input, decode_world_state
 
-__all__ = ["BusStats", "Router"]
+__all__ = ["BusStats", "Router", "retained_why"]
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +169,7 @@ class Router:
             self._refuse_retained("retained player input", topic)
             return None
         if self._world_state and topic == self.world_topic:
-            if not retained:
-                return self._receive_world_state(topic, payload)
-            self._refuse_retained("retained world state", topic)
-            return None
+            return self._receive_world_state(topic, payload, retained)
         if self._barrier and topic.startswith(self.barrier_prefix):
             return self._receive_barrier(topic, payload)
         if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
@@ -190,10 +188,7 @@ class Router:
         return body
 
     def _refuse_retained(self, kind: str, topic: str) -> None:
-        self.stats.refusals.refuse(
-            kind, topic, "the broker kept it from before this run subscribed (an earlier run, or a publish with "
-            f"retain); only live messages are taken. Clear it with `mosquitto_pub -r -n -t {topic}`",
-        )
+        self.stats.refusals.refuse(kind, topic, retained_why(topic))
 
     def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> BatchArrived | None:
         body = self._open(topic, payload)
@@ -253,7 +248,7 @@ class Router:
             return None
         return PlayerInputReceived(player, message)
 
-    def _receive_world_state(self, topic: str, payload: bytes) -> WorldStateReceived | None:
+    def _receive_world_state(self, topic: str, payload: bytes, retained: bool) -> WorldStateReceived | None:
         try:
             world = decode_world_state(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -263,4 +258,12 @@ class Router:
         if problem is not None:
             self.stats.refusals.refuse("world state over its bounds", topic, problem)
             return None
-        return WorldStateReceived(world)
+        return WorldStateReceived(world, retained)
+
+
+def retained_why(topic: str) -> str:
+    """Why a retained message on `topic` is not taken, and how to clear it (one line)."""
+    return (
+        "the broker kept it from before this run subscribed (an earlier run, or a publish with retain); only live "
+        f"messages are taken. Clear it with `mosquitto_pub -r -n -t {topic}`"
+    )

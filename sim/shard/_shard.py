@@ -43,6 +43,7 @@ from sim.protocol.admission import Admission
 from sim.protocol.barrier import Barrier, summarise
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.protocol.router import retained_why
 from sim.shard._config import parse_shard, shard_npcs
 from sim.shard._context import ShardContext
 from sim.shard._instance import kept_messages
@@ -303,8 +304,10 @@ class Shard:
                     self._on_barrier(message)
                 case PlayerInputReceived(player=player, message=message):
                     self._on_player_input(player, message)
-                case WorldStateReceived(message=message):
+                case WorldStateReceived(message=message, retained=False):
                     self.world_updates.append(message)
+                case WorldStateReceived(message=message, retained=True):
+                    self._on_retained_world_state(message)
                 case Connected(again=again):
                     rejoin = rejoin or again
         if rejoin:
@@ -321,6 +324,20 @@ class Shard:
                 )
             return
         self.outside.append((player, message))
+
+    def _on_retained_world_state(self, message: WorldStateMessage) -> None:
+        """Not applied: a fresh run is not changed by what an earlier one left on the broker,
+        and a resumed one holds what it applied. Counted and said once when it differs from
+        the world of this shard's NPCs."""
+        unheld = dict(message.state)
+        for agent in self.local:
+            for entry in self.store.state(agent).world_state:
+                if unheld.get(entry.key) == entry.value:
+                    del unheld[entry.key]
+            if not unheld:
+                return
+        topic = topics.world_state(self.ctx.run_id)
+        self.bus.refuse("retained world state", topic, retained_why(topic))
 
     def _on_barrier(self, message: BarrierMessage) -> None:
         match message:

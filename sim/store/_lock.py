@@ -36,6 +36,7 @@ from sim.mqtt import redact
 __all__ = ["hold_writer_lock", "lock_path"]
 
 _ATTEMPTS = 16
+_SHOWN = 160  # characters of the holder's command line shown from each end
 
 
 def lock_path(database: Path) -> Path:
@@ -95,7 +96,9 @@ def _holder(path: Path) -> str:
     pid, command = pid.strip(), " ".join(command.split())
     if not pid.isdigit():
         return "pid unknown"
-    return f"pid {pid}: {command[:200]}" if command else f"pid {pid}"
+    if len(command) > 2 * _SHOWN:
+        command = f"{command[:_SHOWN]} ... {command[-_SHOWN:]}"
+    return f"pid {pid}: {command}" if command else f"pid {pid}"
 
 
 def _command_line() -> str:
