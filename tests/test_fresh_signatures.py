@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiomqtt
+import pytest
 
 from sim.bus import BusConfig, open_bus
+from sim.errors import ConfigError
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
 from sim.protocol.admission import Admission
@@ -26,6 +29,7 @@ from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, new_nonce, refusal
 from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
 from sim.shard import Shard, ShardContext, VirtualClock
+from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, TickDone, decode_barrier, encode_barrier
@@ -261,3 +265,21 @@ async def test_shards_of_a_keyed_run_share_its_nonce_after_a_late_start_and_a_re
         assert identity is not None
         nonces.add(identity.nonce)
     assert len(nonces) == 1
+
+
+def test_kept_messages_this_start_cannot_send_again_stop_a_resume_naming_the_key() -> None:
+    config = RunConfig(scenario=VILLAGE, db="tw.db", run_key_file="second.key", resume=True)
+    mine = KEY.for_run(new_nonce())
+    sealed = [(4, "t", mine.sign("t", b"\x91\x00"))]
+    assert kept_messages(sealed, mine, config) == sealed
+    other = RunKey(b"z" * 32).for_run(new_nonce())
+    refusals = [
+        (other, sealed, "is sealed with another run key than --run-key-file second.key"),
+        (None, sealed, "is sealed with a run key, and this start has none"),
+        (mine, [(4, "t", b"\x91\x00")], "is not sealed (the run's first start had no run key)"),
+    ]
+    for key, sent, expected in refusals:
+        with pytest.raises(ConfigError, match=re.escape(f"--resume: what tw.db kept of tick 4 {expected}")):
+            kept_messages(sent, key, config)
+    legacy = [(4, "t", b"NPK1" + bytes(32) + b"\x91\x00")]  # sealed by an npcsim from before run nonces
+    assert kept_messages(legacy, mine, config) == []

@@ -82,14 +82,16 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 def parse_shard(value: str) -> tuple[int, int]:
     """`i/n` with 0 <= i < n <= MAX_SHARDS."""
+    shown = repr(value if len(value) <= 40 else value[:40] + "...")
     try:
         index, count = (int(x) for x in value.split("/"))
     except ValueError as exc:
-        raise ConfigError(f"--shard {value[:40]!r}: expected i/n, for example 0/2") from exc
+        raise ConfigError(f"--shard {shown}: expected i/n, for example 0/2") from exc
     if not 0 <= index < count:
-        raise ConfigError(f"--shard {value!r}: need 0 <= i < n")
+        raise ConfigError(f"--shard {shown}: need 0 <= i < n")
     if count > MAX_SHARDS:
-        raise ConfigError(f"--shard {value!r}: {count} shards, at most {MAX_SHARDS} in one run")
+        many = f"{count} shards; " if len(value) <= 40 else ""
+        raise ConfigError(f"--shard {shown}: {many}a run has at most {MAX_SHARDS}")
     return index, count
 
 

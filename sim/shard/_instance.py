@@ -115,6 +115,11 @@ def kept_messages(
                 f"--resume: what {db} kept of tick {tick} is sealed with a run key, and this start has none: "
                 "give --run-key-file the key of the run's first start"
             )
+        if not sealed:
+            raise ConfigError(
+                f"--resume: what {db} kept of tick {tick} is not sealed (the run's first start had no run key), "
+                f"and this start has {run_key_source(config)}: resume it as it started"
+            )
         raise ConfigError(
             f"--resume: what {db} kept of tick {tick} is sealed with another run key than {run_key_source(config)}, "
             "so this shard would refuse its own messages and wait for itself: resume with the key of the run's "
