@@ -132,10 +132,10 @@ class RunKey:
 
         An unbound key opens such a message with `open` like any other.
         """
-        if self._nonce is None:
+        if self._nonce is None or sealed_nonce(payload) != UNBOUND:
             return None
         opened = self.open_any(topic, payload)
-        return opened[1] if opened is not None and opened[0] == UNBOUND else None
+        return None if opened is None else opened[1]
 
     def __repr__(self) -> str:
         return "RunKey(***)"
