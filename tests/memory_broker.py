@@ -29,7 +29,7 @@ class _MemoryLink:
     def __init__(self, broker: MemoryBroker) -> None:
         self._broker = broker
         self.filters: list[str] = []
-        self.inbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        self.inbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
 
     def matches(self, topic: str) -> bool:
         return any(aiomqtt.Topic(topic).matches(f) for f in self.filters)
@@ -41,9 +41,9 @@ class _MemoryLink:
         self.filters.extend(filters)
         for topic, payload in sorted(self._broker.retained.items()):
             if any(aiomqtt.Topic(topic).matches(f) for f in filters):
-                self.inbox.put_nowait((topic, payload))
+                self.inbox.put_nowait((topic, payload, True))
 
-    async def messages(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def messages(self) -> AsyncIterator[tuple[str, bytes, bool]]:
         while True:
             yield await self.inbox.get()
 
@@ -93,4 +93,4 @@ class MemoryBroker:
                 await self.clock.wait(self._never, self.rng.random() * self.max_delay)
                 for link in self.links:
                     if link.matches(topic):
-                        link.inbox.put_nowait((topic, payload))
+                        link.inbox.put_nowait((topic, payload, False))

@@ -177,7 +177,7 @@ async def _forge_replies(port: int, run: str, line: str, answered: asyncio.Event
         async for message in forger.messages:
             assert isinstance(message.payload, bytes)
             body = message.payload
-            requests, _ = decode_batch(body[36:] if body.startswith(b"NPK1") else body, decode_request)  # signed
+            requests, _ = decode_batch(body[52:] if body.startswith(b"NPK2") else body, decode_request)  # signed
             short = line.split(".")[0] + "."  # a clean line, unless the raw text is held to it
             for request in requests:  # is not secret
                 forged = InferenceResult(id=request.id, agent_id=request.agent_id, tick=request.tick,

@@ -60,8 +60,8 @@ PACKAGES: dict[str, set[str]] = {
         "hot_limit", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
-        "AuditSummary", "AuthorityError", "HOT_LIMIT", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError",
-        "StoreReader", "StoreStatistics", "Writer", "delete_audit_records", "open_reader", "open_store",
+        "AuditSummary", "AuthorityError", "HOT_LIMIT", "RunIdentity", "SCHEMA_VERSION", "SchemaError", "Store",
+        "StoreError", "StoreReader", "StoreStatistics", "Writer", "delete_audit_records", "open_reader", "open_store",
     },
     "sim.view": {
         "DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource", "ViewThread", "build_app",

@@ -158,8 +158,8 @@ class Bus:
         self._events.append(event)
         self.arrived.set()
 
-    def _deliver(self, topic: str, payload: bytes) -> None:
-        event = self._router.receive(topic, payload)
+    def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
+        event = self._router.receive(topic, payload, retained=retained)
         if event is not None:
             self._queue(event)
 
@@ -244,8 +244,8 @@ class Bus:
         self._connected.set()
         self._outbox_ready.set()
         self._queue(Connected(again=self._connections > 1))
-        async for topic, payload in link.messages():
-            self._deliver(topic, payload)
+        async for topic, payload, retained in link.messages():
+            self._deliver(topic, payload, retained)
 
     def _lost(self) -> None:
         self._connected.clear()

@@ -5,7 +5,7 @@ connection that lasts, and that much is a `Transport`:
 
     async def session(link: Link) -> None:            # called on every (re)connection
         await link.subscribe(filters)
-        async for topic, payload in link.messages(): ...
+        async for topic, payload, retained in link.messages(): ...
 
     await transport.run(session, on_lost=mark_disconnected)
 
@@ -40,8 +40,9 @@ class Link(Protocol):
         """Subscribe to `filters` (QoS 1) on this connection."""
         ...
 
-    def messages(self) -> AsyncIterator[tuple[str, bytes]]:
-        """Every message received, as (topic, payload), until the connection ends."""
+    def messages(self) -> AsyncIterator[tuple[str, bytes, bool]]:
+        """Every message received, as (topic, payload, retained), until the connection ends;
+        `retained`: the broker kept it from before the subscription (the MQTT retain flag)."""
         ...
 
 
@@ -72,11 +73,12 @@ class _MqttLink:
         for i in range(0, len(filters), _SUBSCRIBE_CHUNK):
             await self._client.subscribe([(f, 1) for f in filters[i : i + _SUBSCRIBE_CHUNK]])
 
-    async def messages(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def messages(self) -> AsyncIterator[tuple[str, bytes, bool]]:
         async for message in self._client.messages:
             payload = message.payload
             # paho hands every received payload over as bytes; anything else is junk the router counts
-            yield message.topic.value, bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+            data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+            yield message.topic.value, data, bool(message.retain)
 
 
 class MqttTransport:

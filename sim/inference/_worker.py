@@ -4,8 +4,10 @@ It takes requests from the shared subscription `$share/{group}/npcsim/{run}/infe
 any number of workers share one run's load, serves each on its backend as an in-process
 pool would (`sim.inference._serve`), and answers on `npcsim/{run}/infer/resp/{shard}` of
 the shard that asked. Requests arrive and replies leave in batches (`sim.inference._batch`);
-with a run key every payload is sealed (`sim.protocol.seal`). After a broker restart it
-subscribes again; the pool's link re-sends what was lost.
+with a run key every payload is sealed (`sim.protocol.seal`): the worker's key has no run
+nonce, so it serves every instance of the run and seals each reply for the instance whose
+request it answers (a shard takes only replies sealed for its own). After a broker restart
+it subscribes again; the pool's link re-sends what was lost.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
 from sim.mqtt import open_client, stay_connected
-from sim.protocol.seal import seal
+from sim.protocol.seal import RunKey, seal, sealed_nonce
 from sim.wire import topics
 from sim.wire.batch import encode_batch
 from sim.wire.inference import InferenceRequest, InferenceResult, decode_request
@@ -30,6 +32,8 @@ from sim.wire.inference import InferenceRequest, InferenceResult, decode_request
 __all__ = ["RemoteWorker"]
 
 log = logging.getLogger(__name__)
+
+_ReplyTo = tuple[str, bytes | None]  # the asking shard, and the run nonce its request was sealed with
 
 
 class RemoteWorker:
@@ -77,31 +81,32 @@ class RemoteWorker:
         slots = asyncio.Semaphore(self.config.concurrency)
         await client.subscribe(self._request_topic, qos=1)
 
-        async def send(batch: list[tuple[str, InferenceResult]]) -> None:
-            """One message per shard; a lost connection ends the session, which reconnects."""
-            by_shard: dict[str, list[InferenceResult]] = {}
-            for shard, result in batch:
-                by_shard.setdefault(shard, []).append(result)
-            for shard, results in by_shard.items():
+        async def send(batch: list[tuple[_ReplyTo, InferenceResult]]) -> None:
+            """One message per shard (and run instance); a lost connection ends the session, which reconnects."""
+            by_shard: dict[_ReplyTo, list[InferenceResult]] = {}
+            for reply_to, result in batch:
+                by_shard.setdefault(reply_to, []).append(result)
+            for (shard, nonce), results in by_shard.items():
                 topic = topics.infer_response(self.config.run_id, shard)
                 try:
-                    await client.publish(topic, seal(self.config.run_key, topic, encode_batch(results)), qos=1)
+                    await client.publish(topic, seal(self._key_for(nonce), topic, encode_batch(results)), qos=1)
                 except aiomqtt.MqttError as exc:
                     self._warn("reply-lost", "%d replies lost with the connection (%s); the pool re-sends or "
                                "times them out", len(results), exc)
                     raise
 
         # Replies never expire here: a late one is the pool's to count (its deadline has a grace).
-        replies = BatchSender(Batcher[tuple[str, InferenceResult]](), send, lambda _: None)
+        replies = BatchSender(Batcher[tuple[_ReplyTo, InferenceResult]](), send, lambda _: None)
         self.ready.set()
         log.info("worker %s serving %s with backend %s", self.name, self._request_topic, backend.name)
         async with asyncio.TaskGroup() as tg:
             sender = tg.create_task(replies.run())
             try:
                 async for message in client.messages:
+                    nonce = sealed_nonce(message.payload) if isinstance(message.payload, bytes) else None
                     for request in self._requests(message):
                         await slots.acquire()
-                        tg.create_task(self._handle(backend, request, slots, replies))
+                        tg.create_task(self._handle(backend, request, (request.shard, nonce), slots, replies))
             finally:
                 sender.cancel()
 
@@ -109,8 +114,9 @@ class RemoteWorker:
         self,
         backend: Backend,
         request: InferenceRequest,
+        reply_to: _ReplyTo,
         slots: asyncio.Semaphore,
-        replies: BatchSender[tuple[str, InferenceResult]],
+        replies: BatchSender[tuple[_ReplyTo, InferenceResult]],
     ) -> None:
         """Serve one request; its reply joins the reply batch of the moment it is ready."""
         c = self._counters
@@ -126,7 +132,12 @@ class RemoteWorker:
             c.in_flight -= 1
             slots.release()
         c.count_result(result)
-        replies.put((request.shard, result), priority=request.priority, deadline=float("inf"))
+        replies.put((reply_to, result), priority=request.priority, deadline=float("inf"))
+
+    def _key_for(self, nonce: bytes | None) -> RunKey | None:
+        """The key a reply is sealed with: the run key, for the run instance that asked."""
+        key = self.config.run_key
+        return None if key is None else key if nonce is None else key.for_run(nonce)
 
     def _requests(self, message: aiomqtt.Message) -> list[InferenceRequest]:
         """The well-formed, sealed requests of a message whose shard can name a reply topic."""

@@ -8,7 +8,8 @@
 - `sim.protocol.barrier`: the tick barrier's bookkeeping;
 - `sim.protocol.bounds`: bounds on outside input (per message and per tick) and the
   refusal counter;
-- `sim.protocol.seal`: the run key, sealing and opening internal messages.
+- `sim.protocol.admission`: which peers' requests (Join, Hello) a shard serves, and how often;
+- `sim.protocol.seal`: the run key, sealing and opening internal messages for one run instance.
 
 The bus (sim.bus) is the thin I/O loop that feeds them; the shard (sim.shard) acts on
 what they say.

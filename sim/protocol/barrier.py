@@ -23,7 +23,12 @@ for t but before committing t: it resumes from t-1, and t-1 would be gone.)
 The shell (sim.shard.Shard) feeds received batches and barrier messages in and asks
 `passed`; `awaited` says whom the shard is waiting for, for the status topic and the live
 display. Every message carries the run's shard count: a shard started with another count
-(`--shard 1/3` beside `--shard 0/2`) would hold the run forever, so `conflict` names it.
+(`--shard 1/3` beside `--shard 0/2`) would hold the run forever, so `conflict` names it,
+and the shard stops. Only a conflict the shard can believe stops it: with a run key or a
+broker login every barrier message is authenticated (`trusted`); on a broker with
+neither, anyone can forge a Join, so a Join with another count is only counted
+(`ignored_conflicts`), and a TickDone with another count (what a misconfigured shard sends
+after its first tick) is the conflict.
 """
 
 from __future__ import annotations
@@ -32,16 +37,37 @@ from collections.abc import Callable, Sequence
 
 from sim.wire.barrier import BarrierMessage, Join, TickDone
 
-__all__ = ["Barrier"]
+__all__ = ["Barrier", "summarise"]
+
+_SHOWN = 4  # names in a summarised list of what the barrier waits for
+
+
+def summarise(awaited: Sequence[str], shown: int = _SHOWN) -> str:
+    """What the barrier waits for, in one short line: the first `shown`, then "and N more"."""
+    if len(awaited) <= shown + 1:
+        return ", ".join(awaited)
+    return f"{', '.join(awaited[:shown])} and {len(awaited) - shown} more"
+
 
 class Barrier:
     """One shard's view of the barrier: what it received, what it kept for re-sending.
 
     `shards` names every shard of the run; `routes(topic)` says whether this shard
-    receives `topic` (only those batches are waited for).
+    receives `topic` (only those batches are waited for). `trusted`: barrier messages are
+    authenticated (run key or broker login), so any of them may name a conflict; `session`
+    names this shard's process in its Joins.
     """
 
-    def __init__(self, shard: str, shards: Sequence[str], routes: Callable[[str], bool], *, tick: int = 0) -> None:
+    def __init__(
+        self,
+        shard: str,
+        shards: Sequence[str],
+        routes: Callable[[str], bool],
+        *,
+        tick: int = 0,
+        trusted: bool = True,
+        session: str = "",
+    ) -> None:
         if shard not in shards:
             raise ValueError(f"shard {shard!r} is not one of {list(shards)}")
         self.shard = shard
@@ -54,6 +80,10 @@ class Barrier:
         self._kept: dict[int, list[tuple[str, bytes]]] = {}
         self.mismatched: set[tuple[str, int, str]] = set()  # (shard, tick, topic): counts differ
         self.conflict: str | None = None  # a peer that runs with another shard count
+        self.trusted = trusted
+        self.ignored_conflicts = 0  # unauthenticated Joins with another shard count, dropped
+        self.session = session
+        self._joins = 0
 
     # --- receiving -----------------------------------------------------------------------
 
@@ -67,9 +97,13 @@ class Barrier:
             self._done.setdefault(done.tick, {})[done.shard] = done
 
     def same_run(self, message: BarrierMessage) -> bool:
-        """False (and `conflict` says why) for a message from a shard of another shard count."""
+        """False (and `conflict` says why) for a message from a shard of another shard count;
+        an unauthenticated Join of another count is only counted."""
         if message.shards == len(self.shards):
             return True
+        if not self.trusted and not isinstance(message, TickDone):
+            self.ignored_conflicts += 1
+            return False
         self.conflict = (
             f"shard {message.shard} runs as {message.shard}/{message.shards}, this one as "
             f"{self.shard}/{len(self.shards)}: every shard of a run needs the same count"
@@ -149,4 +183,6 @@ class Barrier:
 
     def join(self) -> Join:
         """What this shard announces after (re)connecting: it needs ticks >= its barrier's."""
-        return Join(shard=self.shard, shards=len(self.shards), tick=self.tick)
+        join = Join(shard=self.shard, shards=len(self.shards), tick=self.tick, session=self.session, seq=self._joins)
+        self._joins += 1
+        return join

@@ -8,7 +8,8 @@ and the shard reads them at its phase boundaries (sim.shard):
   was dropped as a re-send of a tick already perceived);
 - `BarrierReceived`: another shard's TickDone or Join;
 - `PlayerInputReceived`: an outside player's input, within its bounds;
-- `WorldStateReceived`: the game system's world state, within its bounds.
+- `WorldStateReceived`: the game system's world state, within its bounds (and whether it
+  was retained).
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class PlayerInputReceived(msgspec.Struct, frozen=True):
 
 
 class WorldStateReceived(msgspec.Struct, frozen=True):
-    """The game system set the world state (retained: also the value current at subscription)."""
+    """The game system set the world state; `retained`: the broker kept it from before the
+    subscription (an earlier run's, or a `mosquitto_pub -r`), so the shard does not apply it."""
 
     message: WorldStateMessage
+    retained: bool = False
 
 
 Received = BatchArrived | BarrierReceived | PlayerInputReceived | WorldStateReceived

@@ -10,7 +10,10 @@ connection; tests feed it bytes directly.
 
 Malformed payloads are counted per kind and logged once per kind; outside input over its
 bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises, and
-neither gives an event.
+neither gives an event. So is a retained `player/+/input` (the MQTT retain flag of the
+delivery, `retained`): what a broker kept from an earlier run, or from a `mosquitto_pub
+-r`, is not taken again at every start. A retained `world/state` comes back marked as
+such: the shard does not apply it, and says so when it differs from its world.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ import msgspec
 from sim.protocol.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
 from sim.protocol.mailbox import Mailbox, Overflow, SeenEvents
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, Received, WorldStateReceived
-from sim.protocol.seal import RunKey, unseal
+from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
-from sim.wire.barrier import decode_barrier
+from sim.wire.barrier import Hello, decode_barrier
 from sim.wire.events import decode_batch, decode_player_input, decode_world_state
 
-__all__ = ["BusStats", "Router"]
+__all__ = ["BusStats", "Router", "retained_why"]
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +152,10 @@ class Router:
             self._logged.add(kind)
             log.warning("dropping a malformed %s payload on %s: %s (logged once per kind)", kind, topic, exc)
 
-    def receive(self, topic: str, payload: bytes) -> Received | None:
+    def receive(self, topic: str, payload: bytes, *, retained: bool = False) -> Received | None:
         """Route one message: its events to the mailboxes, and what the shard must know of it
-        as an event. Never raises for what the payload holds."""
+        as an event. Never raises for what the payload holds. `retained`: the broker kept
+        it from before this subscription (the MQTT retain flag)."""
         self.stats.messages_in += 1
         agent = self._inbox_routes.get(topic)
         recipients = self._location_routes.get(topic)
@@ -160,9 +164,12 @@ class Router:
         if recipients is not None:
             return self._receive_batch(topic, payload, recipients)
         if self._player_input and topic.startswith(self.player_prefix) and topic.endswith("/input"):
-            return self._receive_player_input(topic, payload)
+            if not retained:
+                return self._receive_player_input(topic, payload)
+            self._refuse_retained("retained player input", topic)
+            return None
         if self._world_state and topic == self.world_topic:
-            return self._receive_world_state(topic, payload)
+            return self._receive_world_state(topic, payload, retained)
         if self._barrier and topic.startswith(self.barrier_prefix):
             return self._receive_barrier(topic, payload)
         if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
@@ -171,11 +178,17 @@ class Router:
         return None
 
     def _open(self, topic: str, payload: bytes) -> bytes | None:
-        """The message's body, or None (refused and counted) when the run key's signature fails."""
+        """The message's body, or None (refused and counted) when the run key's seal fails:
+        unsigned, or sealed for another run instance (sim.protocol.seal)."""
         body = unseal(self.run_key, topic, payload)
-        if body is None:
-            self.stats.refusals.refuse("unsigned internal message", topic, "no valid run-key signature")
+        if body is None and self.run_key is not None:
+            kind = refusal(self.run_key, topic, payload)
+            why = "no valid run-key signature" if kind == UNSIGNED else "signed with the run key, for another run nonce"
+            self.stats.refusals.refuse(kind, topic, why)
         return body
+
+    def _refuse_retained(self, kind: str, topic: str) -> None:
+        self.stats.refusals.refuse(kind, topic, retained_why(topic))
 
     def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> BatchArrived | None:
         body = self._open(topic, payload)
@@ -201,13 +214,18 @@ class Router:
         return arrived
 
     def _receive_barrier(self, topic: str, payload: bytes) -> BarrierReceived | None:
-        body = self._open(topic, payload)
+        # A Hello is sealed before its sender knows the run nonce (sim.protocol.seal), and only a Hello may be.
+        hello = None if self.run_key is None else self.run_key.open_unbound(topic, payload)
+        body = hello if hello is not None else self._open(topic, payload)
         if body is None:
             return None
         try:
             message = decode_barrier(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.count_malformed("barrier", topic, exc)
+            return None
+        if hello is not None and not isinstance(message, Hello):
+            self.stats.refusals.refuse(UNSIGNED, topic, "sealed without the run nonce, and not a Hello")
             return None
         if topic != self.barrier_prefix + message.shard:
             self.count_malformed("barrier", topic, ValueError(f"shard {message.shard!r} on another shard's topic"))
@@ -230,7 +248,7 @@ class Router:
             return None
         return PlayerInputReceived(player, message)
 
-    def _receive_world_state(self, topic: str, payload: bytes) -> WorldStateReceived | None:
+    def _receive_world_state(self, topic: str, payload: bytes, retained: bool) -> WorldStateReceived | None:
         try:
             world = decode_world_state(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -240,4 +258,12 @@ class Router:
         if problem is not None:
             self.stats.refusals.refuse("world state over its bounds", topic, problem)
             return None
-        return WorldStateReceived(world)
+        return WorldStateReceived(world, retained)
+
+
+def retained_why(topic: str) -> str:
+    """Why a retained message on `topic` is not taken, and how to clear it (one line)."""
+    return (
+        "the broker kept it from before this run subscribed (an earlier run, or a publish with retain); only live "
+        f"messages are taken. Clear it with `mosquitto_pub -r -n -t {topic}`"
+    )

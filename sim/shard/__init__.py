@@ -17,6 +17,7 @@ The modules, one job each:
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_shard`: `Shard`, the tick loop;
 - `_trust`: the run key and the trust announcements at start;
+- `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
 - `_process`: `run(config)`, the process wiring around a Shard.
 """
 

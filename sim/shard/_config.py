@@ -20,14 +20,21 @@ from sim.scenario import NpcSpec, Scenario
 from sim.store import HOT_LIMIT, Store
 
 __all__ = [
+    "MAX_SHARDS",
     "RunConfig",
     "check_resume",
+    "check_shards",
     "check_retention",
     "default_run_id",
     "hot_limit",
     "parse_shard",
     "shard_npcs",
 ]
+
+
+MAX_SHARDS = 1024
+"""Shards of one run at most: each holds every other's barrier state, so the count is bounded
+(`--shard 0/100000000` took 15.7 GB before it could say anything)."""
 
 
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,17 +77,31 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
         if self.ticks is not None and self.until_tick is not None:
             raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
+        parse_shard(self.shard)
 
 
 def parse_shard(value: str) -> tuple[int, int]:
-    """`i/n` with 0 <= i < n."""
+    """`i/n` with 0 <= i < n <= MAX_SHARDS."""
+    shown = repr(value if len(value) <= 40 else value[:40] + "...")
     try:
         index, count = (int(x) for x in value.split("/"))
     except ValueError as exc:
-        raise ConfigError(f"--shard {value!r}: expected i/n, for example 0/2") from exc
+        raise ConfigError(f"--shard {shown}: expected i/n, for example 0/2") from exc
     if not 0 <= index < count:
-        raise ConfigError(f"--shard {value!r}: need 0 <= i < n")
+        raise ConfigError(f"--shard {shown}: need 0 <= i < n")
+    if count > MAX_SHARDS:
+        many = f"{count} shards; " if len(value) <= 40 else ""
+        raise ConfigError(f"--shard {shown}: {many}a run has at most {MAX_SHARDS}")
     return index, count
+
+
+def check_shards(config: RunConfig, scenario: Scenario) -> None:
+    """No more shards than NPCs: a shard without an NPC would only hold the barrier."""
+    _, count = parse_shard(config.shard)
+    if count > max(len(scenario.npcs), 1):
+        raise ConfigError(
+            f"--shard {config.shard}: {count} shards for {len(scenario.npcs)} NPCs; at most one shard per NPC"
+        )
 
 
 def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:

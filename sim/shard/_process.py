@@ -1,8 +1,10 @@
 """One shard as a process: `run(config)` wires the broker, store, bus, pool and signals around a Shard.
 
-In order: the scenario is parsed off the loop, the broker opened (or started), the run key
-and the trust announcements made, then the store, the bus and the pool; the Shard starts
-up, runs its ticks and says "offline" at the end.
+In order: the scenario is parsed off the loop, the broker opened (or started), then the
+store (its one writer: sim.store), which must belong to this run (sim.shard._instance);
+the run key is read or made, bound to the run's nonce, and the trust announcements made;
+then the bus and the pool. The Shard starts up, runs its ticks and says "offline" at the
+end.
 
 Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one finishes,
 the retained status says "offline", and the run returns normally. A stop during start-up
@@ -20,14 +22,24 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from sim.broker import open_broker
+from sim.broker import BrokerInfo, open_broker
 from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
 from sim.inference import PoolConfig, open_pool
 from sim.metrics import Metrics
+from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import RunConfig, check_resume, check_retention, default_run_id, hot_limit, parse_shard
+from sim.shard._config import (
+    RunConfig,
+    check_resume,
+    check_retention,
+    check_shards,
+    default_run_id,
+    hot_limit,
+    parse_shard,
+)
 from sim.shard._context import ShardContext
+from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._shard import Shard
 from sim.shard._startup import (
     PausedCollector,
@@ -37,7 +49,7 @@ from sim.shard._startup import (
 )
 from sim.shard._stats import RunStats
 from sim.shard._trust import announce_trust, run_key_for
-from sim.store import open_store
+from sim.store import RunIdentity, Store, open_store
 from sim.wire import topics
 
 __all__ = ["run"]
@@ -87,8 +99,9 @@ async def _run(
 ) -> None:
     with PausedCollector() as collector:
         stats.startup_progress.enter(StartupPhase.LOADING)
-        scenario = await load_scenario_in_thread(config.scenario)
+        scenario, scenario_sha256 = await load_scenario_in_thread(config.scenario)
         check_retention(config, hot_limit(scenario.memory))
+        check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
         run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
         try:
@@ -97,52 +110,70 @@ async def _run(
             raise ConfigError(f"--run-id: {exc}") from exc
         shard = str(parse_shard(config.shard)[0])
         stats.run_id = run_id
-        async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
-            stats.broker = f"{broker.kind} {broker.url}"
-            stats.broker_address = broker.address
-            run_key = run_key_for(config.run_key_file, broker)
-            announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
-            bus_config = BusConfig(
-                broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
-                run_key=run_key,
-            )
-            pool_config = PoolConfig(
-                backend=config.backend,
-                options=dict(config.backend_options),
-                concurrency=config.concurrency,
-                max_in_flight=config.concurrency,
-                timeout=config.inference_timeout,
-                transport="mqtt" if config.remote_workers else "inprocess",
-                broker=broker.address,
-                run_key=run_key,
-                run_id=run_id,
-                shard=shard,
-            )
+        claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario.scenario.name, sha256=scenario_sha256)
+        async with _workdir() as workdir:
             db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
             async with (
                 open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
-                open_bus(bus_config) as bus,
-                open_pool(pool_config) as pool,
+                open_broker(config.broker, tls=config.broker_tls) as broker,
             ):
                 check_resume(config, db, store)
-                stats.bus = bus.stats
-                if metrics is not None:
-                    metrics.watch_pool(pool.statistics)
-                    metrics.watch_bus(bus.stats)
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock)
-                one = Shard(ctx, stop)
-                await one.start()
-                collector.start_up_done()
-                stats.startup_progress.enter(StartupPhase.RUNNING)
-                if on_ready is not None:
-                    on_ready(stats)
-                if one.end <= one.first:
-                    log.warning("nothing to run: the store is at tick %d and the run ends before tick %d",
-                                one.first, one.end)
-                try:
-                    await one.run(until=one.end)
-                finally:
-                    await one.go_offline()
+                stats.broker = f"{broker.kind} {broker.url}"
+                stats.broker_address = broker.address
+                run_key = await _bound_run_key(config, broker, store, claim, clock)
+                announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+                bus_config = BusConfig(
+                    broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
+                    run_key=run_key,
+                )
+                pool_config = PoolConfig(
+                    backend=config.backend,
+                    options=dict(config.backend_options),
+                    concurrency=config.concurrency,
+                    max_in_flight=config.concurrency,
+                    timeout=config.inference_timeout,
+                    transport="mqtt" if config.remote_workers else "inprocess",
+                    broker=broker.address,
+                    run_key=run_key,
+                    run_id=run_id,
+                    shard=shard,
+                )
+                async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
+                    stats.bus = bus.stats
+                    if metrics is not None:
+                        metrics.watch_pool(pool.statistics)
+                        metrics.watch_bus(bus.stats)
+                    ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock)
+                    one = Shard(ctx, stop)
+                    await one.start()
+                    collector.start_up_done()
+                    stats.startup_progress.enter(StartupPhase.RUNNING)
+                    if on_ready is not None:
+                        on_ready(stats)
+                    if one.end <= one.first:
+                        log.warning("nothing to run: the store is at tick %d and the run ends before tick %d",
+                                    one.first, one.end)
+                    try:
+                        await one.run(until=one.end)
+                    finally:
+                        await one.go_offline()
+
+
+async def _bound_run_key(
+    config: RunConfig, broker: BrokerInfo, store: Store, claim: RunIdentity, clock: Clock
+) -> RunKey | None:
+    """The run key (sim.shard._trust), bound to the nonce of the run the store belongs to
+    (sim.shard._instance: chosen by shard 0, learnt from it by the others)."""
+    key = run_key_for(config.run_key_file, broker, Path(config.db) if config.db else None)
+    index, count = parse_shard(config.shard)
+
+    async def learn() -> bytes:
+        assert key is not None
+        return await learn_run_nonce(broker.address, key, run_id=claim.run_id, shard=str(index), shards=count,
+                                     clock=clock, protocol=broker.protocol)
+
+    nonce = await claim_store(store, claim, config, None if index == 0 or key is None else learn)
+    return None if key is None else key.for_run(nonce)
 
 
 @contextlib.contextmanager

@@ -22,28 +22,36 @@ takes at the phase boundaries and while it waits at the barrier; every wait is t
 Resume (`--resume`) starts by passing the barrier of the last committed tick again: the
 shard re-sends what it sent in that tick (from the store) and asks the others for theirs
 (Join), so the events not yet perceived at the crash are in the mailboxes again.
+
+Peers' requests are served within bounds (sim.protocol.admission): each Join once however
+often it is replayed, and shard 0 answers each Hello (a shard asking for the run nonce,
+sim.shard._instance) once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 
 import msgspec
 
 from sim.bus import Connected
 from sim.errors import ConfigError, single_error
 from sim.memory import WorldFact
-from sim.protocol.barrier import Barrier
+from sim.protocol.admission import Admission
+from sim.protocol.barrier import Barrier, summarise
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.protocol.router import retained_why
 from sim.shard._config import parse_shard, shard_npcs
 from sim.shard._context import ShardContext
+from sim.shard._instance import kept_messages
 from sim.shard._registry import Agent, Player, agent_factories, players
 from sim.shard._startup import StartupPhase, create_agents
 from sim.store import Store, Writer
 from sim.wire import topics
-from sim.wire.barrier import BarrierMessage, Join
+from sim.wire.barrier import BarrierMessage, Hello, Join, TickDone, Welcome
 from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.wire.trace import RosterEntry, RosterMessage
 
@@ -73,8 +81,11 @@ class Shard:
         self.next_tick = self.first
         ticks = self.config.ticks if self.config.ticks is not None else ctx.scenario.scenario.ticks
         self.end = self.config.until_tick if self.config.until_tick is not None else self.first + ticks
-        self.barrier = Barrier(ctx.shard, [str(i) for i in range(count)], self.bus.is_routed, tick=self.first)
+        self._session = secrets.token_hex(8)  # names this process's Joins (sim.wire.barrier.Join)
+        self.barrier = self._barrier(count, self.first)
         self._resend_since: int | None = None
+        self._admission = Admission()
+        self._hellos: list[Hello] = []  # shard 0: to be answered with the run nonce
 
     # --- starting and stopping ---------------------------------------------------------
 
@@ -118,17 +129,24 @@ class Shard:
         """Say "offline" on the status topic (retained): the run ended here, in order."""
         await self._status("offline")
 
+    def _barrier(self, count: int, tick: int) -> Barrier:
+        """Barrier messages are believed whole when authenticated: a run key, or a broker login."""
+        config = self.bus.config
+        trusted = config.run_key is not None or config.broker.username is not None
+        return Barrier(self.ctx.shard, [str(i) for i in range(count)], self.bus.is_routed, tick=tick,
+                       trusted=trusted, session=self._session)
+
     async def _restore_sent(self) -> None:
         """On resume: keep again what the last two committed ticks sent, and pass the last
         one's barrier again (the others re-send theirs: docs/topics.md, "The tick barrier")."""
         last = self.first - 1
         if last < 0:
             return
-        sent = await self.store.sent()
+        sent = kept_messages(await self.store.sent(), self.bus.config.run_key, self.config)
         if not any(tick == last for tick, _, _ in sent):
             log.warning("%s: no record of what tick %d sent; its events are not perceived again", self.store.path, last)
             return
-        self.barrier = Barrier(self.barrier.shard, self.barrier.shards, self.bus.is_routed, tick=last)
+        self.barrier = self._barrier(len(self.barrier.shards), last)
         for tick, topic, payload in sent:
             self.barrier.keep(tick, topic, payload)
 
@@ -233,12 +251,12 @@ class Shard:
             now = self.clock.now()
             if now >= look:
                 if self.stop.is_set():
-                    held = ", ".join(self.barrier.awaited(tick))
+                    held = summarise(self.barrier.awaited(tick))
                     log.warning("stopping while tick %d waits for %s: it runs again on --resume", tick, held)
                     return False
                 look = now + _BARRIER_POLL
                 awaited = self.barrier.awaited(tick)
-                awaiting = ", ".join(awaited)
+                awaiting = summarise(awaited)
                 if self.ctx.metrics is not None:
                     self.ctx.metrics.awaited_shards.set(len(awaited))
                 if awaiting != announced:
@@ -286,12 +304,15 @@ class Shard:
                     self._on_barrier(message)
                 case PlayerInputReceived(player=player, message=message):
                     self._on_player_input(player, message)
-                case WorldStateReceived(message=message):
+                case WorldStateReceived(message=message, retained=False):
                     self.world_updates.append(message)
+                case WorldStateReceived(message=message, retained=True):
+                    self._on_retained_world_state(message)
                 case Connected(again=again):
                     rejoin = rejoin or again
         if rejoin:
             await self._rejoin()
+        await self._welcome()
 
     def _on_player_input(self, player: str, message: PlayerInputMessage) -> None:
         if message.to not in self.local:
@@ -304,13 +325,66 @@ class Shard:
             return
         self.outside.append((player, message))
 
+    def _on_retained_world_state(self, message: WorldStateMessage) -> None:
+        """Not applied: a fresh run is not changed by what an earlier one left on the broker,
+        and a resumed one holds what it applied. Counted and said once when it differs from
+        the world of this shard's NPCs."""
+        unheld = dict(message.state)
+        for agent in self.local:
+            for entry in self.store.state(agent).world_state:
+                if unheld.get(entry.key) == entry.value:
+                    del unheld[entry.key]
+            if not unheld:
+                return
+        topic = topics.world_state(self.ctx.run_id)
+        self.bus.refuse("retained world state", topic, retained_why(topic))
+
     def _on_barrier(self, message: BarrierMessage) -> None:
-        if isinstance(message, Join):
-            if message.shard != self.barrier.shard and self.barrier.same_run(message):
-                since = message.tick if self._resend_since is None else min(self._resend_since, message.tick)
-                self._resend_since = since
+        match message:
+            case TickDone():
+                self.barrier.done_received(message)
+            case Join() if self._from_peer(message):
+                if self._admitted(message.shard, ("join", message.session, message.seq)):
+                    since = message.tick if self._resend_since is None else min(self._resend_since, message.tick)
+                    self._resend_since = since
+            case Hello() if self.index == 0 and self._from_peer(message):
+                if self._admitted(message.shard, ("hello", message.challenge)):
+                    self._hellos.append(message)
+            case Join() | Hello() | Welcome():
+                pass  # our own, a Hello for shard 0, a Welcome for a shard learning the nonce
+
+    def _from_peer(self, message: Join | Hello) -> bool:
+        """Another shard of this run, of the same shard count (else counted, or the conflict)."""
+        if message.shard == self.barrier.shard:
+            return False
+        ignored = self.barrier.ignored_conflicts
+        if self.barrier.same_run(message):
+            return message.shard in self.barrier.shards
+        if self.barrier.ignored_conflicts > ignored:
+            self.bus.refuse("unauthenticated shard count conflict", topics.barrier(self.ctx.run_id, message.shard),
+                            f"a Join of shard {message.shard} as {message.shard}/{message.shards} on a broker with "
+                            "neither login nor run key; only a TickDone with another count stops the run")
+        return False
+
+    def _admitted(self, peer: str, name: tuple[str | int, ...]) -> bool:
+        if self._admission.admit(peer, name, self.barrier.tick):
+            return True
+        self.bus.refuse("repeated barrier request", topics.barrier(self.ctx.run_id, peer),
+                        "served once already, or the peer's requests for this tick are used up")
+        return False
+
+    async def _welcome(self) -> None:
+        """Shard 0: tell each shard that said Hello the run nonce, sealed with it."""
+        hellos, self._hellos = self._hellos, []
+        key = self.bus.config.run_key
+        nonce = None if key is None else key.nonce
+        if nonce is None:
             return
-        self.barrier.done_received(message)
+        for hello in hellos:
+            await self.bus.publish_barrier(
+                Welcome(shard=self.ctx.shard, shards=len(self.barrier.shards), challenge=hello.challenge,
+                        nonce=nonce.hex())
+            )
 
     async def _rejoin(self) -> None:
         """After (re)connecting: re-send everything kept, then ask the others for theirs."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from sim.scenario import NpcSpec, Scenario, load_scenario
+from sim.scenario import NpcSpec, Scenario, parse_scenario, read_scenario
 from sim.shard._clock import checkpoint
 from sim.store import Store, Writer
 
@@ -113,20 +113,22 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
         future.set_result(result)  # type: ignore[arg-type]
 
 
-async def load_scenario_in_thread(path: str | Path) -> Scenario:
-    """Parse the scenario in a daemon thread, so a stop request need not wait for it.
+async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, str]:
+    """Read and parse the scenario in a daemon thread, so a stop request need not wait for it;
+    the scenario and the SHA-256 of its bytes (what the store records of it).
 
     Not `asyncio.to_thread`: `asyncio.run` joins the default executor on exit, which would
     hold a stopped run until a multi-second parse had finished for nothing.
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Scenario] = loop.create_future()
+    future: asyncio.Future[tuple[Scenario, str]] = loop.create_future()
 
     def work() -> None:
-        result: Scenario | None = None
+        result: tuple[Scenario, str] | None = None
         error: BaseException | None = None
         try:
-            result = load_scenario(path)
+            text = read_scenario(path)
+            result = parse_scenario(text.data, source=text.source), text.sha256
         except BaseException as exc:  # noqa: BLE001 - handed over to the waiting coroutine
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody waits

@@ -1,6 +1,11 @@
 """The run's side of the trust boundary (DESIGN.md, "Trust boundary") at start-up.
 
-- `run_key_for`: the run key from `--run-key-file`, or a fresh one for `--broker auto`.
+- `run_key_for`: the run key from `--run-key-file`, or, for `--broker auto`, the one kept
+  next to the store (`tw.db.key`, mode 0600: made at the first start, read at every
+  resume, so a resumed shard still opens its own messages), or a fresh one without `--db`.
+  A file beside the store, not a row in it: the store is read by `audit`, `view` and
+  whoever it is handed to, and its files (`-wal`, `-shm` too) take the umask's mode; the
+  key file alone is readable by its owner only.
 - `announce_trust`: say once, at start, when the broker enforces no ACL that npcsim knows
   of and no run key stands in for it (anyone who can connect could then forge internal
   events), and tell the operator how remote workers join a private `--broker auto`.
@@ -11,22 +16,53 @@ What a message may carry is checked where it arrives (sim.protocol: seal, bounds
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from pathlib import Path
 
 from sim.broker import BrokerInfo
+from sim.errors import ConfigError
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
 from sim.protocol.seal import RunKey, load_run_key
 
-__all__ = ["announce_trust", "run_key_for"]
+__all__ = ["announce_trust", "kept_key_path", "run_key_for"]
 
 log = logging.getLogger(__name__)
 
 
-def run_key_for(path: str | None, broker: BrokerInfo) -> RunKey | None:
-    """The key of `--run-key-file`; without one, a fresh key when npcsim started the broker."""
+def run_key_for(path: str | None, broker: BrokerInfo, db: Path | None) -> RunKey | None:
+    """The key of `--run-key-file`; without one, when npcsim started the broker, the key kept
+    with the store `db` (made at its first start), or a fresh one for a run without `--db`."""
     if path is not None:
         return load_run_key(path)
-    return RunKey.generate() if broker.kind != "external" else None
+    if broker.kind == "external":
+        return None
+    return RunKey.generate() if db is None else _kept_key(kept_key_path(db))
+
+
+def kept_key_path(db: Path) -> Path:
+    return db.with_name(db.name + ".key")
+
+
+def _kept_key(path: Path) -> RunKey:
+    """The key in `path`, made (mode 0600) when there is none; refused when others may read it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"{path}: the run key kept with the store is readable by others (mode {mode:04o}); "
+                f"`chmod 600 {path}` and start again"
+            ) from None
+        return load_run_key(str(path))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot keep the run key beside the store: {exc.strerror or exc}") from exc
+    key = RunKey.generate()
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.secret)
+    log.info("the run key is kept in %s (mode 0600), for --resume", path)
+    return key
 
 
 def announce_trust(

@@ -1,12 +1,14 @@
 """Persistent NPC state in SQLite (aiosqlite), with authority enforced, and the audit log.
 
-`open_store` is the writer side (one per shard process); `open_reader` is a read-only view
-for the CLI that never modifies the file; `delete_audit_records` rotates exported records
-out of a file.
+`open_store` is the writer side (one process at a time: a second writer is refused);
+`open_reader` is a read-only view for the CLI that never modifies the file;
+`delete_audit_records` rotates exported records out of a file. `RunIdentity` is the run a
+store belongs to (`Store.identity`, `StoreReader.run_identity`).
 """
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.store._authority import Writer
+from sim.store._identity import RunIdentity
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
@@ -17,6 +19,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuditSummary",
     "AuthorityError",
+    "RunIdentity",
     "SchemaError",
     "Store",
     "StoreError",

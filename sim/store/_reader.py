@@ -25,6 +25,7 @@ import msgspec
 
 from sim.audit import AuditRecord, decode_record
 from sim.errors import SchemaError, StoreError
+from sim.store._identity import RunIdentity, decode_identity
 from sim.store._schema import check_file, check_version
 from sim.store.records import COLUMNS, read_packed, unpack_record
 
@@ -71,6 +72,18 @@ class StoreReader:
     def last_tick(self) -> int | None:
         rows = self._query("SELECT value FROM meta WHERE key = 'last_tick'")
         return None if not rows else int(rows[0][0])  # type: ignore[call-overload]
+
+    def run_identity(self) -> RunIdentity | None:
+        """The run the store belongs to; None for a store written before stores kept it."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run'"):
+            return None
+        rows = self._query("SELECT identity FROM run WHERE id = 0")
+        if not rows:
+            return None
+        try:
+            return decode_identity(str(rows[0][0]))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: the run identity it holds is unreadable: {exc}") from exc
 
     def integrity_check(self) -> str:
         """SQLite's verdict on the file: "ok" when it is sound."""

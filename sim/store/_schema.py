@@ -62,6 +62,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
         " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
     ),
+    # 4: the run the store belongs to (sim/store/_identity.py): one row, the identity as JSON.
+    # Written whole and on its own, so it may take any version number after the others.
+    (
+        "CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

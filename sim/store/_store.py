@@ -7,12 +7,15 @@
 | `_writer` | the one writer task: queued operations, batching, commits, failure |
 | `_items` | content addressing of episodes and audit records before they are written |
 | `_resume` | resume metadata: the last tick, what was sent, outside inputs |
+| `_identity` | the run the store belongs to (`RunIdentity`) |
+| `_lock` | one writer per store: the lock file held while it is open |
 | `sql` | the statements |
 
 Every write is checked (`_authority`), updates the agent's hot state at once (so `state()`
 never queries) and queues one row for the writer task, which commits a tick's rows
-together. `open_store` opens the file, runs the writer in a TaskGroup and, on exit,
-flushes (or, with `keep_tail=False`, rolls back) what was queued after the last commit.
+together. `open_store` takes the writer lock, opens the file, runs the writer in a
+TaskGroup and, on exit, flushes (or, with `keep_tail=False`, rolls back) what was queued
+after the last commit.
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ from sim.errors import SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.store._authority import Authority, Writer
 from sim.store._hot import Hot, load_hot
+from sim.store._identity import RunIdentity, decode_identity, encode_identity
 from sim.store._items import Addresser, episode_item
+from sim.store._lock import hold_writer_lock
 from sim.store._resume import Resume, read_last_tick
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
 from sim.store.records import COLUMNS, RecordPacker
-from sim.store.sql import SELECT_AGENT_KEYS
+from sim.store.sql import SELECT_AGENT_KEYS, SELECT_RUN
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
 
@@ -69,11 +74,19 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
 class Store:
     """An open store; use `open_store`. Methods are safe to call from many tasks."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, writer: BatchWriter, hot_limit: int) -> None:
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        path: Path,
+        writer: BatchWriter,
+        hot_limit: int,
+        identity: RunIdentity | None = None,
+    ) -> None:
         self._conn = conn
         self._path = path
         self._writer = writer
         self._limit = hot_limit
+        self._identity = identity
         self._authority = Authority()
         self._hot: dict[str, Hot] = {}
         self._packer = RecordPacker()
@@ -89,6 +102,11 @@ class Store:
     def last_tick(self) -> int | None:
         """The last tick committed with `end_tick` (also across restarts), for --resume."""
         return self._writer.last_tick
+
+    @property
+    def identity(self) -> RunIdentity | None:
+        """The run this store belongs to; None until a first start writes it (`keep_identity`)."""
+        return self._identity
 
     def statistics(self) -> StoreStatistics:
         w = self._writer
@@ -248,6 +266,12 @@ class Store:
         """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
         return await self._resume.sent()
 
+    async def keep_identity(self, identity: RunIdentity) -> None:
+        """Record the run this store belongs to, committed at once (with what was queued before)."""
+        await self._writer.put("run", (encode_identity(identity),))
+        await self._writer.commit(None)
+        self._identity = identity
+
     # -- commits ---------------------------------------------------------------------------
 
     async def end_tick(self, tick: int) -> None:
@@ -283,25 +307,33 @@ class Store:
 async def open_store(
     path: str | os.PathLike[str], *, hot_limit: int = HOT_LIMIT, create: bool = True, keep_tail: bool = True
 ) -> AsyncIterator[Store]:
-    """Open (or create) a store file; on exit, flush and commit everything queued.
+    """Open (or create) a store file as its one writer; on exit, flush and commit everything queued.
 
-    The exit flushes whatever ended the block (normal end, an error, a cancellation from
-    SIGTERM or Ctrl-C); only SIGKILL loses the uncommitted tail, never a committed tick.
-    With `keep_tail=False` the exit rolls the uncommitted tail back instead: only whole
-    ticks are ever on disk.
+    Another process writing the file is refused with StoreError naming it (sim.store._lock);
+    readers (`open_reader`) are not affected. The exit flushes whatever ended the block
+    (normal end, an error, a cancellation from SIGTERM or Ctrl-C); only SIGKILL loses the
+    uncommitted tail, never a committed tick. With `keep_tail=False` the exit rolls the
+    uncommitted tail back instead: only whole ticks are ever on disk.
     """
     if hot_limit < 1:
         raise StoreError(f"hot_limit must be >= 1, got {hot_limit}")
     p = Path(path)
     check_file(p, must_exist=not create)
+    with hold_writer_lock(p):
+        async with _open_locked(p, hot_limit, keep_tail) as store:
+            yield store
+
+
+@asynccontextmanager
+async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterator[Store]:
     try:
         conn = await aiosqlite.connect(p, isolation_level=None)
     except sqlite3.Error as exc:
         raise StoreError(f"{p}: cannot open the database: {exc}") from exc
     try:
-        last_tick, agent_keys = await _prepare(conn, p)
+        last_tick, agent_keys, identity = await _prepare(conn, p)
         writer = BatchWriter(conn, p, Addresser(agent_keys), last_tick=last_tick, keep_tail=keep_tail)
-        store = Store(conn, p, writer, hot_limit)
+        store = Store(conn, p, writer, hot_limit, identity)
         error: BaseException | None = None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(writer.run())
@@ -319,9 +351,11 @@ async def open_store(
         await conn.close()
 
 
-async def _prepare(conn: aiosqlite.Connection, path: Path) -> tuple[int | None, dict[str, int]]:
-    """Refuse foreign or newer databases, switch to WAL, migrate; the last committed tick
-    and the agents' integer keys."""
+async def _prepare(
+    conn: aiosqlite.Connection, path: Path
+) -> tuple[int | None, dict[str, int], RunIdentity | None]:
+    """Refuse foreign or newer databases, switch to WAL, migrate; the last committed tick,
+    the agents' integer keys and the run the store belongs to."""
     try:
         version = await _scalar(conn, "PRAGMA user_version")
         check_version(path, version)
@@ -342,9 +376,18 @@ async def _prepare(conn: aiosqlite.Connection, path: Path) -> tuple[int | None, 
         last_tick = await read_last_tick(conn)
         async with conn.execute(SELECT_AGENT_KEYS) as cursor:
             agent_keys = {str(agent): int(n) for agent, n in await cursor.fetchall()}
+        async with conn.execute(SELECT_RUN) as cursor:
+            row = await cursor.fetchone()
     except sqlite3.DatabaseError as exc:
         raise SchemaError(f"{path}: cannot use the database: {exc}") from exc
-    return last_tick, agent_keys
+    return last_tick, agent_keys, None if row is None else _identity(path, row[0])
+
+
+def _identity(path: Path, text: str) -> RunIdentity:
+    try:
+        return decode_identity(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SchemaError(f"{path}: the run identity it holds is unreadable: {exc}") from exc
 
 
 async def _scalar(conn: aiosqlite.Connection, sql: str) -> int:

@@ -23,6 +23,7 @@ __all__ = [
     "SELECT_AGENT_KEYS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
+    "SELECT_RUN",
     "SELECT_SENT",
     "SET_LAST_TICK",
     "RowKind",
@@ -30,7 +31,8 @@ __all__ = [
 ]
 
 RowKind = Literal[
-    "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta"
+    "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta",
+    "run",
 ]
 """What a queued row is: its statement in `INSERT`, except `episode` (which the writer
 turns into `item` and `heard` rows, `sim.store._items`)."""
@@ -50,6 +52,7 @@ INSERT: dict[RowKind, str] = {
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 2)",
     "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+    "run": "INSERT OR REPLACE INTO run (id, identity) VALUES (0, ?)",
 }
 SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)"
 SELECT_LAST_TICK = "SELECT value FROM meta WHERE key = 'last_tick'"
@@ -93,6 +96,7 @@ ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each
 
 SELECT_INPUTS = "SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq"
 SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
+SELECT_RUN = "SELECT identity FROM run WHERE id = 0"
 
 
 async def fetch(conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...]) -> Iterable[Any]:

@@ -1,6 +1,8 @@
-"""The tick barrier's wire messages (`barrier/{shard}`, msgpack): TickDone and Join.
+"""The tick barrier's wire messages (`barrier/{shard}`, msgpack): TickDone, Join, Hello and Welcome.
 
-The bookkeeping that reads them is `sim.protocol.barrier`.
+The bookkeeping that reads TickDone and Join is `sim.protocol.barrier`; Hello and Welcome
+are how a shard that starts without the run's nonce learns it from shard 0
+(sim.protocol.seal, sim.shard._instance).
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["BarrierMessage", "Join", "TickDone", "decode_barrier", "encode_barrier"]
+__all__ = ["BarrierMessage", "Hello", "Join", "TickDone", "Welcome", "decode_barrier", "encode_barrier"]
 
 _Tick = Annotated[int, msgspec.Meta(ge=0)]
 _Shard = Annotated[str, msgspec.Meta(min_length=1, max_length=16, pattern=r"^[0-9]+$")]
+_Hex = Annotated[str, msgspec.Meta(min_length=32, max_length=32, pattern=r"^[0-9a-f]+$")]
 
 
 class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="done", tag_field="type"):
@@ -31,14 +34,40 @@ class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="join", tag_field="type"):
-    """Shard `shard` is (again) listening and needs what was sent for ticks >= `tick`."""
+    """Shard `shard` is (again) listening and needs what was sent for ticks >= `tick`.
+
+    (`session`, `seq`) names this Join: the shard's process (random at its start) and its
+    count of Joins, so a peer serves each Join once however often it is replayed.
+    """
 
     shard: _Shard
     shards: Annotated[int, msgspec.Meta(ge=1)]
     tick: _Tick
+    session: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    seq: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-BarrierMessage = TickDone | Join
+class Hello(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="hello", tag_field="type"):
+    """Shard `shard` starts without the run's nonce and asks shard 0 for it; `challenge` is
+    fresh and random, and only a Welcome that echoes it is believed. Sealed with the
+    unbound nonce (sim.protocol.seal.UNBOUND), the one message that may be."""
+
+    shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
+    challenge: _Hex
+
+
+class Welcome(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="welcome",
+              tag_field="type"):
+    """Shard 0's answer to the Hello with `challenge`: the run's `nonce` (hex), sealed with it."""
+
+    shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
+    challenge: _Hex
+    nonce: _Hex
+
+
+BarrierMessage = TickDone | Join | Hello | Welcome
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(BarrierMessage)

@@ -1,0 +1,217 @@
+"""Which run instance a shard belongs to: its store's identity, checked at start, and the run nonce.
+
+A store belongs to one run (sim.store.RunIdentity: run id, seed, scenario digest, shard
+layout, run nonce). `claim_store` refuses a start that is another run, in one line naming
+both, and otherwise returns the run's nonce, which binds every signed internal message to
+this run instance (sim.protocol.seal):
+
+- a store that has an identity gives its nonce: every resume of any shard keeps it;
+- shard 0, on its first start, chooses it (at random);
+- any other shard, on its first start with a run key, learns it from shard 0
+  (`learn_run_nonce`): it sends a `Hello` with a fresh random challenge and believes only
+  a `Welcome` that echoes that challenge, sealed with the key and the nonce it announces.
+  A Welcome recorded in another run echoes another challenge, so a replay teaches
+  nothing; a shard that starts before shard 0 says Hello again every second until shard 0
+  answers. Without a run key nothing is sealed, and the nonce is the shard's own.
+
+A store from before identities is claimed for the run that starts it, with a log line.
+`kept_messages` checks, on --resume, that what the store kept for re-sending opens with
+this start's key: a resumed shard that cannot open its own messages would wait for itself
+for ever, so that is one error naming the run key instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+import aiomqtt
+import msgspec
+
+from sim.errors import ConfigError, single_error
+from sim.mqtt import BrokerAddress, ReconnectPolicy, open_client, stay_connected
+from sim.protocol.seal import RunKey, new_nonce, sealed_nonce
+from sim.shard._clock import Clock
+from sim.shard._config import RunConfig, parse_shard
+from sim.store import RunIdentity, Store
+from sim.wire import topics
+from sim.wire.barrier import Hello, Welcome, decode_barrier, encode_barrier
+
+__all__ = ["claim_store", "kept_messages", "learn_run_nonce", "run_claim", "run_key_source"]
+
+log = logging.getLogger(__name__)
+
+_HELLO_EVERY = 1.0  # seconds between Hellos while shard 0 does not answer
+_SAY_WAITING_EVERY = 10  # Hellos between two "still waiting" log lines
+_LEGACY_SEAL = b"NPK1"  # what npcsim sealed before run nonces
+
+LearnNonce = Callable[[], Awaitable[bytes]] | None
+"""How a shard that is not shard 0 learns the nonce at its first start (None: it chooses it)."""
+
+
+def run_claim(config: RunConfig, *, run_id: str, seed: int, scenario: str, sha256: str) -> RunIdentity:
+    """The identity this start claims (its nonce still empty): from the config and the scenario read."""
+    index, count = parse_shard(config.shard)
+    return RunIdentity(
+        run_id=run_id, seed=seed, scenario=scenario, scenario_sha256=sha256, shard=f"{index}/{count}", nonce="",
+    )
+
+
+async def claim_store(store: Store, claim: RunIdentity, config: RunConfig, learn: LearnNonce) -> bytes:
+    """The run nonce of the store `claim` may use; ConfigError when the store is another run's."""
+    stored = store.identity
+    if stored is not None:
+        if not stored.same_run(claim):
+            option = "--resume" if config.resume else "--db"
+            scenario = stored.scenario_sha256 != claim.scenario_sha256
+            raise ConfigError(
+                f"{option}: {store.path} belongs to {stored.describe(scenario=scenario)}, "
+                f"not {claim.describe(scenario=scenario)}"
+            )
+        return bytes.fromhex(stored.nonce)
+    nonce = new_nonce() if learn is None else await learn()
+    identity = msgspec.structs.replace(claim, nonce=nonce.hex())
+    if store.last_tick is not None:
+        log.warning("%s holds no run identity (an older npcsim wrote it): it now belongs to %s",
+                    store.path, identity.describe(scenario=True))
+    await store.keep_identity(identity)
+    return nonce
+
+
+def run_key_source(config: RunConfig) -> str:
+    """The run key of this start, in words, for errors (never the key itself)."""
+    if config.run_key_file is not None:
+        return f"--run-key-file {config.run_key_file}"
+    if config.db is not None:
+        return f"the run key kept in {config.db}.key"
+    return "the run key made for this start"
+
+
+def kept_messages(
+    sent: list[tuple[int, str, bytes]], key: RunKey | None, config: RunConfig
+) -> list[tuple[int, str, bytes]]:
+    """What the store kept for re-sending that this start can send again.
+
+    Messages sealed by an npcsim from before run nonces are left out (with a warning: their
+    events are not perceived again); any other message this start's key does not open
+    stops the start, naming the key.
+    """
+    usable = []
+    legacy = 0
+    for tick, topic, payload in sent:
+        if key is not None and payload.startswith(_LEGACY_SEAL):
+            legacy += 1
+            continue
+        sealed = sealed_nonce(payload) is not None
+        if (key is None and not sealed) or (key is not None and key.open(topic, payload) is not None):
+            usable.append((tick, topic, payload))
+            continue
+        db = config.db or "the store"
+        if key is None:
+            raise ConfigError(
+                f"--resume: what {db} kept of tick {tick} is sealed with a run key, and this start has none: "
+                "give --run-key-file the key of the run's first start"
+            )
+        if not sealed:
+            raise ConfigError(
+                f"--resume: what {db} kept of tick {tick} is not sealed (the run's first start had no run key), "
+                f"and this start has {run_key_source(config)}: resume it as it started"
+            )
+        raise ConfigError(
+            f"--resume: what {db} kept of tick {tick} is sealed with another run key than {run_key_source(config)}, "
+            "so this shard would refuse its own messages and wait for itself: resume with the key of the run's "
+            "first start"
+        )
+    if legacy:
+        log.warning("%d messages kept by an older npcsim are not sent again (sealed without a run nonce); "
+                    "their events are not perceived again", legacy)
+    return usable
+
+
+async def learn_run_nonce(
+    address: BrokerAddress,
+    key: RunKey,
+    *,
+    run_id: str,
+    shard: str,
+    shards: int,
+    clock: Clock,
+    protocol: Literal[5, 311] = 5,
+) -> bytes:
+    """Ask shard 0 for the run nonce until it answers (sim.protocol.seal); the nonce."""
+    learned: list[bytes] = []
+
+    async def session(client: aiomqtt.Client) -> None:
+        try:
+            await _ask(client, key, run_id, shard, shards, clock, learned)
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
+
+    log.info("shard %s: asking shard 0 for the run nonce", shard)
+    await stay_connected(
+        address, session, name=f"shard {shard} (run nonce)", policy=ReconnectPolicy(initial=0.05),
+        connect=lambda: open_client(address, protocol=protocol),
+    )
+    log.info("shard %s: shard 0 told the run nonce", shard)
+    return learned[0]
+
+
+async def _ask(
+    client: aiomqtt.Client, key: RunKey, run_id: str, shard: str, shards: int, clock: Clock, learned: list[bytes]
+) -> None:
+    answered = asyncio.Event()
+    challenges: set[str] = set()
+
+    async def listen() -> None:
+        async for message in client.messages:
+            nonce = _welcome_nonce(message, key, run_id, shards, challenges)
+            if nonce is not None:
+                learned.append(nonce)
+                answered.set()
+                return
+
+    hello_topic = topics.barrier(run_id, shard)
+    unbound = RunKey(key.secret)  # a Hello is sealed with the unbound nonce
+    await client.subscribe(topics.barrier(run_id, "0"), qos=1)
+    async with asyncio.TaskGroup() as group:
+        listener = group.create_task(listen())
+        hellos = 0
+        while not answered.is_set():
+            challenge = secrets.token_hex(16)
+            challenges.add(challenge)
+            hello = Hello(shard=shard, shards=shards, challenge=challenge)
+            await client.publish(hello_topic, unbound.sign(hello_topic, encode_barrier(hello)), qos=1)
+            hellos += 1
+            if hellos % _SAY_WAITING_EVERY == 0:
+                log.warning("shard %s: waiting for shard 0 to tell the run nonce (asked %d times); "
+                            "start shard 0 of the run with the same run key", shard, hellos)
+            await clock.wait(answered, _HELLO_EVERY)
+        await listener
+
+
+def _welcome_nonce(
+    message: aiomqtt.Message, key: RunKey, run_id: str, shards: int, challenges: set[str]
+) -> bytes | None:
+    """The nonce of a Welcome from shard 0 answering one of our challenges, sealed with it; else None."""
+    payload = message.payload
+    if not isinstance(payload, bytes):
+        return None
+    opened = key.open_any(message.topic.value, payload)
+    if opened is None:
+        return None
+    nonce, body = opened
+    try:
+        welcome = decode_barrier(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if not isinstance(welcome, Welcome) or welcome.challenge not in challenges or welcome.nonce != nonce.hex():
+        return None
+    if welcome.shards != shards:
+        raise ConfigError(
+            f"--shard: shard 0 of run {run_id} runs as 0/{welcome.shards}, this one with {shards} shards: "
+            "every shard of a run needs the same count"
+        )
+    return nonce

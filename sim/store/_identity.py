@@ -1,0 +1,60 @@
+"""A store belongs to one run: `RunIdentity`, written at the run's first start, kept in the `run` table.
+
+A store resumed by another run (another run id, seed, scenario or shard layout) mixed two
+runs' histories and then hung. So the store keeps who it belongs to, and a start that is
+not that run is refused (sim.shard checks it, naming both sides). The identity also holds
+the run's nonce (sim.protocol.seal): chosen at the first start, kept across every resume,
+different for another run of the same id and key.
+
+One row, the identity as JSON (`run.identity`), so a later version extends it by adding
+fields with defaults (the scenario's text, the configuration, the backend and model a
+re-execution needs) without another table; `sqlite3 tw.db "SELECT identity FROM run"`
+reads it. A store without the row (written before it existed) gets one at its next start.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["RunIdentity", "decode_identity", "encode_identity"]
+
+
+class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """Which run a store belongs to.
+
+    `scenario_sha256` is the SHA-256 of the scenario file's bytes as the run read them;
+    `shard` the layout "i/n"; `nonce` the run instance's (hex, sim.protocol.seal).
+    """
+
+    run_id: str
+    seed: int
+    scenario: str  # the scenario's name ([scenario] name)
+    scenario_sha256: str
+    shard: str
+    nonce: str
+
+    def describe(self, *, scenario: bool = False) -> str:
+        """"run village-7 seed 7 (shard 0/1)", with the scenario when asked."""
+        text = f"run {self.run_id} seed {self.seed} (shard {self.shard})"
+        if scenario:
+            text += f" of scenario {self.scenario} (sha256 {self.scenario_sha256[:12]})"
+        return text
+
+    def same_run(self, other: RunIdentity) -> bool:
+        """The same run id, seed, scenario text and shard layout (the nonce is not compared)."""
+        return (self.run_id, self.seed, self.scenario_sha256, self.shard) == (
+            other.run_id, other.seed, other.scenario_sha256, other.shard,
+        )
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(RunIdentity)
+
+
+def encode_identity(identity: RunIdentity) -> str:
+    return _encoder.encode(identity).decode()
+
+
+def decode_identity(text: str | bytes) -> RunIdentity:
+    """Raises msgspec.DecodeError (or ValidationError) when the row is not an identity."""
+    return _decoder.decode(text)
