@@ -34,9 +34,8 @@ from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, TickDone, decode_barrier, encode_barrier
 from sim.wire.events import EventBatch, Speech, decode_say, encode_batch
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import REPO, MosquittoProcess, eventually
 from tests.memory_broker import MemoryBroker
-from tests.test_same_run import wait_until
 
 VILLAGE = str(REPO / "scenarios" / "village.toml")
 KEY = RunKey(b"0123456789abcdef0123456789abcdef")
@@ -124,14 +123,14 @@ async def test_a_join_replayed_3000_times_is_served_once(tmp_path: Path) -> None
             def own_messages(since: int = 0) -> list[bytes]:
                 return [p for topic, p in broker.published[since:] if topic == own]
 
-            await wait_until(lambda: len(own_messages()) >= 2, "shard 0 never sent its Join and TickDone")
+            await eventually(lambda: len(own_messages()) >= 2, what="shard 0 never sent its Join and TickDone")
             join = key.sign(peer, encode_barrier(Join(shard="1", shards=2, tick=0, session="peer", seq=0)))
             sent_before = len(broker.published)
             for _ in range(3000):
                 broker.accept(peer, join)
             refused = shard.bus.stats.refused
-            await wait_until(lambda: refused.get("repeated barrier request", 0) == 2999, "the Joins never arrived")
-            await wait_until(lambda: bool(own_messages(sent_before)), "the first Join was not served")
+            await eventually(lambda: refused.get("repeated barrier request", 0) == 2999, what="the Joins never arrived")
+            await eventually(lambda: bool(own_messages(sent_before)), what="the first Join was not served")
             await shard.bus.wait_sent()
             resent = [decode_barrier(key.open(own, p) or b"") for p in own_messages(sent_before)]
             stop.set()
@@ -198,8 +197,8 @@ async def ghost_run(
                         break
             if replay is not None:
                 await client.publish(inbox, replay, qos=1)  # and once more, later in the run
-                await wait_until(lambda: stats.bus is not None and stats.bus.refused.get(OTHER_RUN, 0) >= 2,
-                                 "the replayed message was not refused twice")
+                await eventually(lambda: stats.bus is not None and stats.bus.refused.get(OTHER_RUN, 0) >= 2,
+                                 what="the replayed message was not refused twice")
         stop.set()
         await job
     return stats, captured

@@ -11,7 +11,7 @@ import pytest
 from sim.runner import RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
-from tests.conftest import REPO, MosquittoProcess
+from tests.helpers import REPO, MosquittoProcess
 
 pytestmark = pytest.mark.mosquitto
 VILLAGE = str(REPO / "scenarios" / "village.toml")

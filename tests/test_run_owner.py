@@ -21,8 +21,7 @@ from sim.cli import main
 from sim.errors import ConfigError
 from sim.runner import RunConfig, run
 from sim.store import open_reader
-from tests.conftest import REPO, MosquittoProcess, require_mosquitto
-from tests.test_same_run import wait_until
+from tests.helpers import REPO, MosquittoProcess, eventually, require_mosquitto
 
 pytestmark = pytest.mark.mosquitto
 VILLAGE = str(REPO / "scenarios" / "village.toml")
@@ -89,7 +88,7 @@ async def test_a_second_writer_is_refused_at_once_and_the_first_run_is_whole(
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await wait_until(lambda: last_tick(db) >= 8, "the first run never reached tick 8")
+        await eventually(lambda: last_tick(db) >= 8, what="the first run never reached tick 8")
         assert first.returncode is None
         started = time.monotonic()
         second = await asyncio.to_thread(npcsim, *base, "--db", str(db), "--resume", "--until-tick", "40")
