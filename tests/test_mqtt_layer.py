@@ -89,8 +89,8 @@ def test_the_layer_exports_exactly_its_public_names() -> None:
     import sim.mqtt
 
     assert set(sim.mqtt.__all__) == {
-        "ENV_PASSWORD", "ENV_USERNAME", "Backoff", "BrokerAddress", "ReconnectPolicy", "TlsFiles", "mqtt_error",
-        "open_client", "redact", "stay_connected",
+        "ENV_PASSWORD", "ENV_USERNAME", "Backoff", "BrokerAddress", "CheckedPublisher", "ReconnectPolicy", "TlsFiles",
+        "mqtt_error", "open_client", "redact", "stay_connected",
     }
 
 
