@@ -144,8 +144,9 @@ def test_view_trace_and_metrics_export_exactly_their_public_names() -> None:
     import sim.view
     import sim.wire.trace
 
-    assert set(sim.view.__all__) == {"DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource",
-                                     "ViewThread", "build_app", "open_view_server", "open_view_thread"}
+    assert set(sim.view.__all__) == {"DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed",
+                                     "LiveView", "RunModel", "StoredRun", "ViewSource", "ViewThread", "build_app",
+                                     "open_view_server", "open_view_thread"}
     assert set(sim.wire.trace.__all__) == {"RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage",
                                            "decode_roster", "decode_trace", "encode_roster", "encode_trace", "trace_of"}
     assert set(sim.metrics.__all__) == {"Metrics", "serve_metrics"}
