@@ -4,6 +4,10 @@ Every error names the file, the NPC (or player) and the field at fault. What is 
 bounded: a path that is not a regular file (`/dev/zero`, a FIFO) or a file over
 `MAX_SCENARIO_BYTES` is refused before a byte is read, and every check over a list runs
 in one pass (a 200,000-memory NPC loads in linear time).
+
+The shared `[[world]]` is published on the world-state topic when a run starts, so it must
+be what that topic accepts from the game system (key names, `InputBounds`' defaults): the
+loader refuses the rest, naming the key, instead of the run dropping its own world state.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import rtoml
 
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
+from sim.protocol.bounds import InputBounds, world_state_problem
 from sim.resources import bundled_scenario, scenario_names
+from sim.wire.events import WorldStateMessage
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
@@ -192,7 +198,26 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
     except msgspec.ValidationError as exc:
         raise ScenarioError(f"{source}: {_locate(raw, str(exc))}") from exc
     _check_references(scenario, source)
+    _check_world(scenario.world, source)
     return scenario
+
+
+def _check_world(world: list[WorldFact], source: str) -> None:
+    """The shared world state as the world-state topic would take it (see the module's docstring)."""
+    bounds = InputBounds()
+    for i, fact in enumerate(world):
+        where = f"{source}: world[{i}], key {fact.key[:80]!r}"
+        try:
+            entry = msgspec.convert({"state": {fact.key: fact.value}}, WorldStateMessage)
+        except msgspec.ValidationError:
+            raise ScenarioError(
+                f"{where}: the world-state topic carries only keys of 1-128 characters A-Z a-z 0-9 _ . -"
+            ) from None
+        if (problem := world_state_problem(entry, bounds)) is not None:
+            raise ScenarioError(f"{where}: {problem}, over what the world-state topic accepts")
+    if len(world) > bounds.world_keys:
+        raise ScenarioError(f"{source}: world: {len(world)} keys, over the {bounds.world_keys} the world-state "
+                            "topic accepts")
 
 
 _PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")

@@ -3,7 +3,9 @@
 Real HTTP/1.1 over asyncio streams (keep-alive, Content-Length bodies), a listen backlog of
 256. Each request takes the next mode from `script`, then `default`: "ok", "429" (with
 Retry-After), "500", "hang" (never answers until the server closes), "malformed" (a 200
-whose body is not JSON), "empty" (a 200 whose reply text is empty). An "ok" answer
+whose body is not JSON), "empty" (a 200 whose reply text is empty), "huge" (a 200 whose
+reply text is `huge_chars` long, sent in chunks without a Content-Length and never held in
+memory whole, so that only the client's side of it costs memory). An "ok" answer
 reports `usage` (prompt tokens: the words of the prompt or messages; completion tokens: the
 words of the reply); `delay_s` holds every answer back, and `capacity` serves at most that
 many requests at a time (the rest wait), like a model server whose batch is full.
@@ -32,6 +34,7 @@ class FakeOpenAI:
         self.usage: dict[str, Any] | None = None  # replaces the computed `usage` when set
         self.delay_s = 0.0
         self.capacity: int | None = None
+        self.huge_chars = 50 * 1024 * 1024
         self._busy: asyncio.Semaphore | None = None
         self._handlers: set[asyncio.Task[None]] = set()
 
@@ -76,6 +79,9 @@ class FakeOpenAI:
         elif self.delay_s:
             await asyncio.sleep(self.delay_s)  # the subject: a slow server
         status, extra, payload = 200, {}, b""
+        if mode == "huge":
+            await self._send_huge(writer, path)
+            return
         if mode in ("ok", "empty"):
             reply = self.reply if mode == "ok" else ""
             if path.endswith("/chat/completions"):
@@ -100,6 +106,26 @@ class FakeOpenAI:
         head = [f"HTTP/1.1 {status} X", "Content-Type: application/json", f"Content-Length: {len(payload)}"]
         head += [f"{k}: {v}" for k, v in extra.items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        await writer.drain()
+
+    async def _send_huge(self, writer: asyncio.StreamWriter, path: str) -> None:
+        """A chunked 200 whose reply text is "Aye. " and `huge_chars` of "x", 1 MiB at a time."""
+        if path.endswith("/chat/completions"):
+            head, tail = '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "Aye. ', '"}}]}'
+        else:
+            head, tail = '{"choices": [{"index": 0, "text": "Aye. ', '"}]}'
+        writer.write(b"HTTP/1.1 200 X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        block = b"x" * (1024 * 1024)
+        writer.write(b"%x\r\n%s\r\n" % (len(head), head.encode()))
+        left = self.huge_chars
+        while left > 0:
+            part = block if left >= len(block) else block[:left]
+            left -= len(part)
+            writer.write(b"%x\r\n" % len(part))
+            writer.write(part)
+            writer.write(b"\r\n")
+            await writer.drain()
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail.encode()))
         await writer.drain()
 
     async def close_handlers(self) -> None:

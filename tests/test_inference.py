@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.errors import ConfigError
 from sim.inference import (
@@ -69,6 +72,28 @@ def test_fallback_line_is_deterministic_across_processes() -> None:
 )
 def test_clean_line(raw: str, expected: str) -> None:
     assert clean_line(raw, "mara", 200, ["traveller"]) == expected
+
+
+# What the issue saw kept after output handling, on the public `say` topic too.
+_RAW_ESCAPES = [
+    ("Hello\x1b[31m RED \x1b[0m\x07\x00 bell\u202e tfel", "Hello RED bell tfel"),
+    ("Hi \x1b[2J\x1b[1;31mSECURITY ALERT\x1b[0m", "Hi SECURITY ALERT"),
+    ("\x1b]0;owned\x07Fine\u200b day\u2066, \u2069friend\ufeff.\x9b2J", "Fine day, friend."),
+    ("Tab\there\x7f\x85second line", "Tab here"),
+]
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+@pytest.mark.parametrize(("raw", "expected"), _RAW_ESCAPES)
+def test_clean_line_removes_escapes_controls_bidi_and_zero_width(raw: str, expected: str) -> None:
+    assert clean_line(raw, "mara", 200) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from([*"ab .[]*()", "\x1b", "\x07", "\x00", "\x9b", "\x9d", "\\", "\n", "\u202e",
+                                 "\u200b", "\u2066", "\t", "m", "2", ";"]), max_size=40))
+def test_no_line_said_carries_an_unprintable_character(raw: str) -> None:
+    assert not _UNPRINTABLE.search(clean_line(raw, "mara", 200))
 
 
 def test_clean_line_bounds_length() -> None:

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import tracemalloc
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sim.backoff import BackoffPolicy
 from sim.errors import CircuitOpenError
-from sim.inference import PoolConfig, open_pool
-from sim.inference.backends.openai import CircuitBreaker, OpenAIOptions, open_openai
+from sim.inference import PoolConfig, open_pool, reply_problem
+from sim.inference._raw import RAW_EXCERPT_CHARS
+from sim.inference.backends.openai import CircuitBreaker, OpenAIOptions, open_openai, reply_bound
+from sim.store import open_reader
 from tests.fake_openai import FakeOpenAI, open_fake_openai
+from tests.helpers import REPO, MosquittoProcess
 from tests.inference_helpers import make_request
 
 
@@ -36,7 +42,7 @@ async def test_chat_success_sends_the_working_memory(fake: FakeOpenAI) -> None:
     assert fake.requests[0]["path"] == "/v1/chat/completions"
     assert body["temperature"] == 0.3 and body["max_tokens"] == 20 and body["stop"] == ["\n", "###"]
     assert "The old bridge is broken." in body["messages"][0]["content"]
-    assert body["messages"][1]["content"] == "traveller: Is the bridge safe to cross?"
+    assert body["messages"][1]["content"].endswith("## Now\ntraveller: Is the bridge safe to cross?")
 
 
 async def test_completions_endpoint_sends_the_prompt(fake: FakeOpenAI) -> None:
@@ -167,3 +173,79 @@ async def test_api_key_comes_from_the_named_environment_variable(
         result = await pool.infer(make_request())
     assert not result.fallback
     assert fake.requests[0]["headers"]["authorization"] == "Bearer sekrit"
+
+
+async def test_a_50_mb_reply_is_read_no_further_than_the_bound(fake: FakeOpenAI) -> None:
+    """A server that ignores max_tokens: the backend stops at the bound, a counted backend error."""
+    fake.default = "huge"
+    tracemalloc.start()
+    try:
+        async with open_pool(config(fake, max_tokens=64)) as pool:
+            result = await pool.infer(make_request())
+            statistics = pool.statistics()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.fallback and result.fallback_reason == "backend_error"
+    assert statistics.fallbacks == {"backend_error": 1} and fake.modes == ["huge"]  # counted, not retried
+    (attempt,) = result.attempts
+    assert attempt.raw_response is None and f"over {reply_bound(64)} bytes" in (attempt.problem or "")
+    assert peak < 8 * 1024 * 1024, peak  # the reply is 50 MB; the fake server's own chunk is 1 MiB of it
+    assert reply_bound(64) < 100_000 and reply_bound(4096) < 2_000_000
+
+
+async def test_a_long_reply_within_the_bound_is_kept_as_an_excerpt_with_its_size(fake: FakeOpenAI) -> None:
+    fake.reply = "Aye, the forge is hot today.\n" + "x" * 60_000
+    async with open_pool(config(fake, max_tokens=64)) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback and result.line == "Aye, the forge is hot today."
+    raw = result.raw_response or ""
+    assert len(raw) < RAW_EXCERPT_CHARS + 100 and raw.startswith(fake.reply[:RAW_EXCERPT_CHARS])
+    assert raw.endswith(f"[reply cut: {RAW_EXCERPT_CHARS} of {len(fake.reply)} characters kept]")
+    assert result.attempts[0].raw_response == raw
+    assert reply_problem(make_request(), result, 200) is None  # a remote worker's excerpt passes the pool
+
+
+_PEAK_RSS = """import resource, sys
+from sim.cli import main
+code = main(sys.argv[1:])
+print("peak-rss-kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+async def _run_against(fake: FakeOpenAI, broker: str, db: Path) -> int:
+    """`npcsim run` of the village on the fake server, in a child process; its peak RSS in KiB."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PEAK_RSS, "run", str(REPO / "scenarios" / "village.toml"), "--broker", broker,
+        "--run-id", db.stem, "--ticks", "12", "--db", str(db), "--backend", "openai", "--base-url", fake.base_url,
+        "--quiet", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await child.communicate()
+    assert child.returncode == 0, err.decode()
+    return int(out.decode().split("peak-rss-kb")[-1])
+
+
+@pytest.mark.mosquitto
+@pytest.mark.slow
+async def test_a_run_answered_50_mb_costs_bounded_memory_and_store(
+    fake: FakeOpenAI, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """The issue's run: 50 MB per inference; the run's peak RSS and its store stay near a normal run's."""
+    normal = await _run_against(fake, mosquitto.url, tmp_path / "normal.db")
+    answered = len(fake.requests)
+    fake.default = "huge"
+    huge = await _run_against(fake, mosquitto.url, tmp_path / "huge.db")
+    assert answered > 0 and len(fake.requests) >= 2 * answered  # the huge run asked as often
+    growth_kb = huge - normal
+    assert growth_kb < 20 * 1024, f"peak RSS {huge} KiB against {normal} KiB (the replies are 50 MB each)"
+    with open_reader(tmp_path / "huge.db") as reader:
+        records = list(reader.audit_records())
+    assert records and all(r.fallback_reason == "backend_error" and r.raw_response is None for r in records)
+    sizes = {name: _store_size(tmp_path, name) for name in ("normal", "huge")}
+    assert sizes["huge"] < sizes["normal"] + 256 * 1024, sizes
+
+
+def _store_size(directory: Path, name: str) -> int:
+    """Bytes of a store with its WAL and shared-memory files."""
+    return sum(p.stat().st_size for p in directory.glob(f"{name}.db*"))

@@ -111,8 +111,14 @@ def test_prompt_static_part_first_and_messages_carry_the_same_content() -> None:
     wm = build_working_memory(big_state(), "player: hi")
     assert wm.prompt.startswith("You are the smith.\n\n## Canonical facts\n")
     system, user = wm.messages()
-    assert system["role"] == "system" and user == {"role": "user", "content": "player: hi"}
-    assert wm.prompt.startswith(system["content"]) and "player: hi" in wm.prompt[len(system["content"]):]
+    assert system["role"] == "system" and user["role"] == "user"
+    # the system message is the author's part; the user message the rest, up to the cue
+    assert wm.prompt.startswith(system["content"]) and "## World state" not in system["content"]
+    assert user["content"].startswith("## World state\n") and user["content"].endswith("\n## Now\nplayer: hi")
+    assert wm.sent_text("chat") == wm.prompt.removesuffix(f"\n{wm.agent_id}:")
+    old = build_working_memory(big_state(), "player: hi", renderer=2)  # as renderer 2 wrote it
+    system, user = old.messages()
+    assert user == {"role": "user", "content": "player: hi"} and system["content"] == old.prompt[: old.context_chars]
 
 
 def test_working_memory_round_trips_through_msgpack_and_json() -> None:

@@ -50,8 +50,8 @@ PACKAGES: dict[str, set[str]] = {
         "world_order",
     },
     "sim.mqtt": {
-        "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "ReconnectPolicy", "TlsFiles", "mqtt_error",
-        "open_client", "redact", "stay_connected",
+        "Backoff", "BrokerAddress", "CheckedPublisher", "ENV_PASSWORD", "ENV_USERNAME", "ReconnectPolicy", "TlsFiles",
+        "mqtt_error", "open_client", "redact", "stay_connected",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.shard": {
@@ -64,8 +64,8 @@ PACKAGES: dict[str, set[str]] = {
         "StoreError", "StoreReader", "StoreStatistics", "Writer", "delete_audit_records", "open_reader", "open_store",
     },
     "sim.view": {
-        "DialogueLine", "LiveFeed", "LiveView", "RunModel", "StoredRun", "ViewSource", "ViewThread", "build_app",
-        "open_view_server", "open_view_thread",
+        "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",
+        "StoredRun", "ViewSource", "ViewThread", "build_app", "open_view_server", "open_view_thread",
     },
     "sim.wire": set(),  # its public modules are the surface (sim.wire.events, ...)
 }

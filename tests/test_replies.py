@@ -26,6 +26,7 @@ async def served(*texts: str) -> InferenceResult:
         ["The old bridge is not broken at all.", "Mind the bridge, it's broken."],  # a retry, then accepted
         ["The old bridge is not broken.", "The old bridge is not broken."],  # rejected twice: the fallback
         ["*waves* Mara: Good day to you."],  # cleaned
+        ["Good\x1b[31m day\u202e to\x00 you.\x07"],  # escapes, controls and bidi removed
     ],
 )
 async def test_what_serving_produced_passes(texts: list[str]) -> None:
@@ -40,6 +41,7 @@ async def test_forgeries_are_refused() -> None:
     forged = {
         "another npc": msgspec.structs.replace(good, agent_id="tom"),
         "another line": msgspec.structs.replace(good, line="The king has returned alive."),
+        "an escape in the line": msgspec.structs.replace(good, line=good.line + "\x1b[2J"),
         "raw not the line": msgspec.structs.replace(good, raw_response="The king has returned alive."),
         "prompt": msgspec.structs.replace(
             good, attempts=(msgspec.structs.replace(first, prompt=first.prompt + " The king lives."), second)),

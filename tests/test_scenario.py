@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.cli import main
 from sim.errors import ScenarioError
 from sim.scenario import load_scenario, parse_scenario
 from tests.helpers import VILLAGE
@@ -64,3 +65,29 @@ def test_syntax_error_and_missing_file() -> None:
 def test_bad_memory_config_in_scenario_names_the_field() -> None:
     with pytest.raises(ScenarioError, match=r"max_beliefs must be a whole number >= 0, got -2.*memory"):
         parse_scenario(VILLAGE_TOML + "\n[memory]\nmax_beliefs = -2\n", source="v.toml")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        ('key = "king"', 'key = "<b>k</b>"', r"world\[0\], key '<b>k</b>': the world-state topic carries only keys"),
+        ('key = "king"', 'key = "a/b"', r"world\[0\], key 'a/b'"),
+        ('key = "king"', f'key = "{"k" * 65}"', r"world\[0\], key 'k+': key of 65 characters \(bound 64\)"),
+        ('value = "late autumn"', f'value = "{"x" * 257}"', r"world\[1\], key 'season': value of 'season' has 257"),
+        ("[[world]]", "".join(f'[[world]]\nkey = "k{i}"\nvalue = "v"\n' for i in range(62)) + "[[world]]",
+         r"world: 65 keys, over the 64"),
+    ],
+)
+def test_the_shared_world_is_what_the_world_state_topic_accepts(old: str, new: str, needle: str) -> None:
+    """A run publishes [[world]] at its start: the loader refuses what that topic would drop, in one line."""
+    with pytest.raises(ScenarioError, match=needle) as refused:
+        parse_scenario(VILLAGE_TOML.replace(old, new, 1), source="v.toml")
+    assert "\n" not in str(refused.value) and str(refused.value).startswith("v.toml: world")
+
+
+def test_the_run_refuses_such_a_world_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "tagged.toml"
+    path.write_text(VILLAGE_TOML.replace('key = "king"', 'key = "<b>k</b>"', 1))
+    assert main(["run", str(path), "--ticks", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'<b>k</b>'" in err and "Traceback" not in err

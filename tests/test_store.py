@@ -12,18 +12,7 @@ from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, build_working_memory
 from sim.store import HOT_LIMIT, SCHEMA_VERSION, Writer, open_reader, open_store
 from tests.helpers import eventually, fingerprint
-
-
-def village_state(agent_id: str = "smith") -> NpcState:
-    return NpcState(
-        agent_id=agent_id,
-        system_prompt=f"You are {agent_id}, the village smith.",
-        canonical_facts=(Fact(id="king", text="The king is dead."),),
-        world_state=(WorldFact(key="weather", value="rain"),),
-        episodic=(Episode(id="e0", tick=0, text="Forged a sword."),),
-        beliefs=(Belief(id="b0", tick=0, text="The mayor lies.", confidence=0.7),),
-        dialogue=(Line(tick=0, speaker="player", text="Hello"),),
-    )
+from tests.store_states import village_state
 
 
 async def test_state_survives_reopen(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from sim.errors import StoreError
 from sim.store import RunIdentity, Writer, open_reader, open_store
-from tests.test_store import village_state as state
+from tests.store_states import village_state as state
 
 IDENTITY = RunIdentity(run_id="village-7", seed=7, scenario="village", scenario_sha256="ab" * 32, shard="0/1",
                        nonce="cd" * 16)

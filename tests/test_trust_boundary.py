@@ -278,3 +278,46 @@ async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
     with open_reader(db) as reader:
         heard = {line.speaker for r in reader.audit_records("snack_machine") for line in r.state.dialogue}
     assert "guard_captain" in heard  # ...and the guard captain was still heard
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+_ESCAPE = "Hi \x1b[2J\x1b[1;31mSECURITY ALERT\x1b[0m \u202eevil\u200b \x07"
+
+
+@pytest.mark.parametrize("reply", [_ESCAPE, "Hello\x1b[31m RED \x1b[0m\x07\x00 bell\u202e tfel"])
+async def test_no_escape_sequence_reaches_the_say_topic_or_the_audit(
+    mosquitto: MosquittoProcess, tmp_path: Path, reply: str
+) -> None:
+    """A model that echoes the player's escape sequences, or answers with its own (the issue's): cleaned."""
+    db = tmp_path / "esc.db"
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="esc", ticks=100_000, tick_ms=50, db=str(db),
+                       backend_options={"script": [reply]})
+    said: list[dict[str, object]] = []
+    stop, ready = asyncio.Event(), asyncio.Event()
+    escape = _ESCAPE
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as listener, asyncio.TaskGroup() as group:
+        await listener.subscribe("npcsim/esc/agent/+/say", qos=1)
+        job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
+        await ready.wait()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as player:
+            for npc in ("innkeeper", "blacksmith"):
+                await player.publish(topics.player_input("esc", "mallory"),
+                                     json.dumps({"to": npc, "text": escape}), qos=1)
+        try:
+            async with asyncio.timeout(60):
+                async for message in listener.messages:
+                    payload = message.payload
+                    said.append(json.loads(bytes(payload) if isinstance(payload, bytes | bytearray) else b"{}"))
+                    if sum(1 for s in said if s["to"] == "mallory") >= 2 and len(said) >= 8:
+                        break
+        finally:
+            stop.set()
+        await job
+    assert all(not _UNPRINTABLE.search(str(s["text"])) for s in said), said
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert any(escape in r.player_input for r in records)  # the NPC heard it whole ...
+    assert records and all(not _UNPRINTABLE.search(r.line) for r in records)  # ... and said nothing raw
+    assert any(r.raw_response == reply and r.line for r in records)  # the reply came raw, and was said cleaned

@@ -9,12 +9,14 @@ saves the README's screenshot.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import pytest
 
 from sim.mqtt import BrokerAddress
@@ -68,7 +70,7 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
     db = tmp_path / "run.db"
     config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="web",
                        ticks=100_000, tick_ms=150, db=str(db))
-    view = LiveView()
+    view = LiveView(player="tester")  # the operator's choice (--as-player): the page cannot change it
     stop, ready = asyncio.Event(), asyncio.Event()
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
@@ -81,8 +83,7 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
             assert "innkeeper" in {c.get_attribute("data-npc") for c in css(browser, ".npc-chip")}
 
             await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
-            await asyncio.to_thread(lambda: browser.find_element("id", "speak-player").clear())
-            await asyncio.to_thread(lambda: browser.find_element("id", "speak-player").send_keys("tester"))
+            assert await asyncio.to_thread(lambda: browser.find_element("id", "speak-player").text) == "tester"
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-text").send_keys("A room, please."))
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-send").click())
             await on_page("the player's line", lambda: css(browser, '#dialogue li.player[data-speaker="tester"]'))
@@ -164,3 +165,93 @@ async def test_stored_run_page_moves_with_the_tick_slider(
         ticks = await asyncio.to_thread(lambda: [li.find_element("css selector", ".tick").text
                                                  for li in css(browser, "#dialogue li")])
         assert ticks and all(int(t[1:]) <= target for t in ticks)
+
+
+# A page on another origin (another port of 127.0.0.1) that tries every way a browser lets
+# it speak through the view: two forms (text/plain shaped like JSON, and url-encoded) into
+# iframes, two no-cors fetches (text/plain, and "application/json", which no-cors drops),
+# and a cors fetch with a forged token (its preflight is never granted).
+ATTACK = """<!doctype html><html><head><title>attacking</title></head><body>
+<form id="plain" action="{say}" method="POST" enctype="text/plain" target="sink1">
+<input name='{{"to": "innkeeper", "text": "CSRF-FORM-PLAIN", "x": "' value='"}}'></form>
+<form id="encoded" action="{say}" method="POST" target="sink2">
+<input name="to" value="innkeeper"><input name="text" value="CSRF-FORM-ENCODED"></form>
+<iframe name="sink1"></iframe><iframe name="sink2"></iframe>
+<script>
+const body = (text) => JSON.stringify({{to: "innkeeper", text: text}});
+document.getElementById("plain").submit();
+document.getElementById("encoded").submit();
+Promise.allSettled([
+  fetch("{say}", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}},
+                   body: body("CSRF-NOCORS-PLAIN")}}),
+  fetch("{say}", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "application/json"}},
+                   body: body("CSRF-NOCORS-JSON")}}),
+  fetch("{say}", {{method: "POST", mode: "cors", headers: {{"Content-Type": "application/json",
+                   "X-Npcsim-Token": "forged.0123"}}, body: body("CSRF-CORS")}}),
+]).then((results) => {{ document.title = "done " + results.map((r) => r.status).join(","); }});
+</script></body></html>"""
+
+
+async def test_a_page_on_another_origin_cannot_speak_through_the_view(
+    browser: Any, mosquitto: MosquittoProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cross-origin forms and no-cors fetches in headless Chromium: refused, nothing published."""
+    from aiohttp import web
+
+    view = LiveView("csrf")
+    heard: list[str] = []
+    subscribed = asyncio.Event()
+
+    async def listen() -> None:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.subscribe("npcsim/csrf/player/+/input", qos=1)
+            subscribed.set()
+            async for message in client.messages:
+                heard.append(bytes(message.payload).decode() if isinstance(message.payload, bytes) else "")
+
+    async def attacker(url: str) -> Any:
+        app = web.Application()
+
+        async def page(_: web.Request) -> web.Response:
+            return web.Response(text=ATTACK.format(say=url + "api/say"), content_type="text/html")
+
+        app.router.add_get("/", page)
+        return app
+
+    with caplog.at_level(logging.INFO, logger="sim.view.access"):
+        async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
+            feed = group.create_task(view.follow(BrokerAddress.parse(mosquitto.url), "csrf"))
+            listener = group.create_task(listen())
+            await subscribed.wait()
+            other = web.AppRunner(await attacker(url))
+            await other.setup()
+            try:
+                site = web.TCPSite(other, "127.0.0.1", 0)
+                await site.start()
+                attack_url = f"http://127.0.0.1:{other.addresses[0][1]}/"
+                assert attack_url != url
+                await asyncio.to_thread(browser.get, attack_url)
+                # every fetch fails in the page: the no-cors answers by Cross-Origin-Resource-Policy, the cors
+                # one at its preflight; the four POSTs that reached the view were refused there
+                title = await eventually("the attack to finish", lambda: browser.title.startswith("done") and
+                                         browser.title)
+                assert title == "done rejected,rejected,rejected"
+                await eventually("the four POSTs refused", lambda: len(_refused_posts(caplog)) >= 4)
+            finally:
+                await other.cleanup()
+            # the control: the view's own page speaks, and its line is the first the broker carries
+            await asyncio.to_thread(browser.get, url)
+            await eventually("the page", lambda: browser.find_element("id", "speak-player").text == "viewer")
+            await asyncio.to_thread(lambda: browser.find_element("id", "speak-to").send_keys("innkeeper"))
+            await asyncio.to_thread(lambda: browser.find_element("id", "speak-text").send_keys("CONTROL"))
+            await asyncio.to_thread(lambda: browser.find_element("id", "speak-send").click())
+            await eventually("the control line", lambda: any("CONTROL" in h for h in heard))
+            feed.cancel()
+            listener.cancel()
+    assert [h for h in heard if "CSRF" in h] == [] and len(heard) == 1, heard
+    reasons = " ".join(_refused_posts(caplog))
+    assert "application/json" in reasons  # the forms and no-cors fetches: not JSON
+
+
+def _refused_posts(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("view: refused POST")]

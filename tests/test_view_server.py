@@ -22,15 +22,16 @@ from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_
 from sim.wire import topics
 from sim.wire.events import PlayerInputMessage
 from tests.helpers import VILLAGE, MosquittoProcess, eventually, eventually_sync, npcsim_in_process
+from tests.view_client import Spoken, say
 
 VIEW_S = 60.0  # how long the view may take to show something (generous: the machine is shared)
 
 
 @pytest.fixture
-async def offline_view() -> AsyncIterator[tuple[str, list[tuple[str, PlayerInputMessage]]]]:
+async def offline_view() -> AsyncIterator[tuple[str, Spoken]]:
     """A live-mode view on a model fed by hand; `speak` records instead of publishing."""
     model = RunModel("r1")
-    spoken: list[tuple[str, PlayerInputMessage]] = []
+    spoken: Spoken = []
 
     async def speak(player: str, message: PlayerInputMessage) -> None:
         spoken.append((player, message))
@@ -44,35 +45,30 @@ async def offline_view() -> AsyncIterator[tuple[str, list[tuple[str, PlayerInput
     ("body", "error"),
     [
         (b"not json", "say:"),
-        (b'{"player": "ann", "to": "smith"}', "text"),
-        (b'{"player": "", "to": "smith", "text": "hi"}', "player"),
-        (b'{"player": "a/b", "to": "smith", "text": "hi"}', "player"),
-        (b'{"player": "ann", "to": "smith", "text": ""}', "text"),
-        (b'{"player": "ann", "to": "smith", "text": "hi", "as": "shard"}', "as"),
-        (b'{"player": "ann", "to": "../x", "text": "hi"}', "to"),
-        (b'{"player": "ann", "to": "smith", "text": "' + b"x" * 5000 + b'"}', "text"),
+        (b'{"to": "smith"}', "text"),
+        (b'{"to": "smith", "text": ""}', "text"),
+        (b'{"player": "ann", "to": "smith", "text": "hi"}', "player"),  # the player is the view's, never the page's
+        (b'{"to": "smith", "text": "hi", "as": "shard"}', "as"),
+        (b'{"to": "../x", "text": "hi"}', "to"),
+        (b'{"to": "smith", "text": "' + b"x" * 5000 + b'"}', "text"),
     ],
 )
-async def test_say_refuses_bad_input_with_one_line(
-    offline_view: tuple[str, list[tuple[str, PlayerInputMessage]]], body: bytes, error: str
-) -> None:
+async def test_say_refuses_bad_input_with_one_line(offline_view: tuple[str, Spoken], body: bytes, error: str) -> None:
     url, spoken = offline_view
     async with httpx.AsyncClient(base_url=url) as client:
-        response = await client.post("/api/say", content=body)
+        response = await say(client, None, content=body)
     assert response.status_code == 400
     message = response.json()["error"]
     assert error in message and "\n" not in message
     assert spoken == []
 
 
-async def test_say_publishes_a_good_input_and_bad_queries_are_refused(
-    offline_view: tuple[str, list[tuple[str, PlayerInputMessage]]],
-) -> None:
+async def test_say_publishes_a_good_input_and_bad_queries_are_refused(offline_view: tuple[str, Spoken]) -> None:
     url, spoken = offline_view
     async with httpx.AsyncClient(base_url=url) as client:
-        ok = await client.post("/api/say", json={"player": "ann", "to": "smith", "text": "Hello"})
-        assert ok.status_code == 200
-        assert spoken == [("ann", PlayerInputMessage(to="smith", text="Hello"))]
+        ok = await say(client, {"to": "smith", "text": "Hello"})
+        assert ok.status_code == 200 and ok.json() == {"ok": True, "player": "viewer"}
+        assert spoken == [("viewer", PlayerInputMessage(to="smith", text="Hello"))]
         bad = await client.get("/api/lines", params={"before": "yesterday"})
         assert bad.status_code == 400 and "before" in bad.json()["error"]
         missing = await client.get("/api/npc/nobody")
@@ -99,7 +95,7 @@ async def test_the_view_port_in_use_is_one_config_error() -> None:
 async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     db = tmp_path / "run.db"
     config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="lv", ticks=100_000, tick_ms=100, db=str(db))
-    view = LiveView()
+    view = LiveView(player="web")
     stop, ready = asyncio.Event(), asyncio.Event()
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
@@ -122,7 +118,7 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
                 refused = await eventually(lambda: _refused(client), what="the junk counted", within=VIEW_S,
                                            every=0.1)
                 assert refused == 1
-                said = await client.post("/api/say", json={"player": "web", "to": "innkeeper", "text": "Ale?"})
+                said = await say(client, {"to": "innkeeper", "text": "Ale?"})
                 assert said.status_code == 200
 
                 async def answer() -> Any:
@@ -130,7 +126,7 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
                     return [x for x in lines if x["speaker"] == "innkeeper" and x["to"] == "web"]
 
                 assert await eventually(answer, what="the innkeeper's answer", within=VIEW_S, every=0.1)
-                unknown = await client.post("/api/say", json={"player": "web", "to": "dragon", "text": "Hi"})
+                unknown = await say(client, {"to": "dragon", "text": "Hi"})
                 assert unknown.status_code == 400 and "dragon" in unknown.json()["error"]
         finally:
             stop.set()
@@ -161,7 +157,7 @@ async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoPr
         last = summaries[-1]
         npc = (await client.get(f"/api/npc/{last.agent_id}")).json()
         assert npc["traces"][0]["inference_id"] == last.id or npc["traces"][0]["tick"] == last.tick
-        refused = await client.post("/api/say", json={"player": "a", "to": last.agent_id, "text": "hi"})
+        refused = await say(client, {"to": last.agent_id, "text": "hi"})
         assert refused.status_code == 405
         assert (await client.get("/api/events")).status_code == 404
 

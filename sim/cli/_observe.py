@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import msgspec
 from rich.console import Console
 
 from sim.errors import single_error
@@ -23,7 +24,16 @@ from sim.wire.events import SayMessage
 if TYPE_CHECKING:  # sim.view is imported when a view is asked for (see above)
     from sim.view import ViewThread
 
-__all__ = ["add_metrics_argument", "metrics_served", "port_number", "run_observed"]
+__all__ = ["ViewOptions", "add_metrics_argument", "metrics_served", "port_number", "run_observed"]
+
+
+class ViewOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The view beside a run: its port (on loopback), the player it speaks as, its login."""
+
+    port: int
+    player: str
+    password: str | None = None
+    host: str = "127.0.0.1"
 
 
 def port_number(text: str) -> int:
@@ -60,8 +70,7 @@ async def run_observed(
     console: Console,
     *,
     metrics: Metrics | None,
-    view_port: int | None,
-    view_host: str = "127.0.0.1",
+    view: ViewOptions | None,
     follow: Callable[[SayMessage], str] | None,
 ) -> None:
     """Run the shard with the view beside it (its address printed first) and/or the dialogue printed live.
@@ -69,25 +78,25 @@ async def run_observed(
     `follow` formats a line for the terminal; None prints nothing.
     """
     with contextlib.ExitStack() as stack:
-        view = None
-        if view_port is not None:
+        thread = None
+        if view is not None:
             from sim.view import open_view_thread
 
-            view = stack.enter_context(open_view_thread(view_host, view_port))
-        if view is not None:
-            console.print(f"view: [bold]{view.url}[/]  (Ctrl-C stops the run)")
+            thread = stack.enter_context(
+                open_view_thread(view.host, view.port, player=view.player, password=view.password))
+            console.print(f"view: [bold]{thread.url}[/]  (Ctrl-C stops the run)")
 
         def ready(ready_stats: RunStats) -> None:
-            if view is not None and ready_stats.broker_address is not None:
-                view.attach(ready_stats.broker_address, ready_stats.run_id)
+            if thread is not None and ready_stats.broker_address is not None:
+                thread.attach(ready_stats.broker_address, ready_stats.run_id)
 
         stop = asyncio.Event()  # set by SIGINT/SIGTERM too (the shard process's handlers)
         try:
             async with asyncio.TaskGroup() as group:
                 job = group.create_task(run(config, stats=stats, stop=stop, on_ready=ready, metrics=metrics))
                 helpers = []
-                if view is not None:
-                    helpers.append(group.create_task(_detach_on_stop(view, stop)))
+                if thread is not None:
+                    helpers.append(group.create_task(_detach_on_stop(thread, stop)))
                 if follow is not None:
                     helpers.append(group.create_task(_print_dialogue(stats, console, follow)))
                 try:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from sim.wire import topics
 
-__all__ = ["milliseconds", "run_id", "seconds", "segment", "whole"]
+__all__ = ["milliseconds", "player_name", "run_id", "seconds", "segment", "whole"]
 
 
 def whole(minimum: int) -> Callable[[str], int]:
@@ -68,3 +68,11 @@ def segment(kind: str) -> Callable[[str], str]:
 
 
 run_id = segment("run id")
+
+
+def player_name(text: str) -> str:
+    """The player a view speaks as (`topics.check_player`): a name, never an internal role's."""
+    try:
+        return topics.check_player(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -18,8 +18,9 @@ from rich.table import Table
 from sim.cli import bundled
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address, tls_files
-from sim.cli._observe import add_metrics_argument, metrics_served, port_number, run_observed
+from sim.cli._observe import ViewOptions, add_metrics_argument, metrics_served, port_number, run_observed
 from sim.cli._values import run_id, seconds, whole
+from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
@@ -58,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
     cmd.add_argument("--follow", action="store_true", help="print each line as it is said (no live display)")
     cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
-                     help="serve the web view of the run on http://127.0.0.1:PORT/")
+                     help="serve the web view of the run on http://127.0.0.1:PORT/ (loopback only)")
+    add_view_arguments(cmd)
     cmd.add_argument("--no-trace-prompt", action="store_true",
                      help="the per-inference trace topic carries the report and digest, not the prompt")
     add_metrics_argument(cmd)
@@ -170,7 +172,9 @@ def run_command(args: argparse.Namespace) -> int:
             asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
         else:
             follow = _say_line if args.follow else None
-            asyncio.run(run_observed(config, stats, console, metrics=metrics, view_port=args.view, follow=follow))
+            view = None if args.view is None else ViewOptions(port=args.view, player=args.as_player,
+                                                              password=view_password())
+            asyncio.run(run_observed(config, stats, console, metrics=metrics, view=view, follow=follow))
     for say in stats.dialogue:
         console.print(_say_line(say))
     console.print(summary_table(stats))

@@ -1,10 +1,16 @@
-"""`npcsim view`: the web page of a live run (`--broker --run`) or of a finished one (`--db`)."""
+"""`npcsim view`: the web page of a live run (`--broker --run`) or of a finished one (`--db`).
+
+It listens on loopback unless `--allow-remote` (with NPCSIM_VIEW_PASSWORD, the login) says
+otherwise, speaks as `--as-player` (default `viewer`) and nobody else; docs/operations.md,
+Security, shows it behind a reverse proxy.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,13 +18,13 @@ from rich.console import Console
 
 from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import port_number
-from sim.cli._values import run_id
+from sim.cli._values import player_name, run_id
 from sim.errors import ConfigError
 
 if TYPE_CHECKING:  # imported when the command runs: aiohttp would slow every start of the CLI
     from sim.view import LiveView, ViewSource
 
-__all__ = ["register", "view_command"]
+__all__ = ["add_view_arguments", "register", "view_command", "view_password"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,8 +37,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--run", type=run_id, default=None, metavar="ID", help="the live run's id")
     cmd.add_argument("--db", default=None, metavar="FILE", help="a finished run's shard store (read-only)")
     cmd.add_argument("--port", type=port_number, default=8080, help="HTTP port (default 8080)")
-    cmd.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    cmd.add_argument("--host", default="127.0.0.1",
+                     help="HTTP address (default 127.0.0.1); beyond loopback only with --allow-remote")
+    add_view_arguments(cmd)
+    cmd.add_argument("--allow-remote", action="store_true",
+                     help="listen beyond loopback; needs a login: the password in NPCSIM_VIEW_PASSWORD")
+    cmd.add_argument("--public-url", metavar="URL",
+                     help="the address browsers use when it is not http://HOST:PORT/ (a reverse proxy, "
+                     "--host 0.0.0.0); the Host and Origin of every request are checked against it")
     cmd.set_defaults(func=view_command)
+
+
+def add_view_arguments(parser: argparse.ArgumentParser) -> None:
+    """--as-player, for `npcsim view` and `npcsim run --view`."""
+    parser.add_argument("--as-player", type=player_name, default="viewer", metavar="NAME",
+                        help="the player the page speaks as (default viewer); never shard, worker or game")
+
+
+def view_password() -> str | None:
+    """The view's login password from the environment (NPCSIM_VIEW_PASSWORD), when one is set."""
+    from sim.view import ENV_PASSWORD
+
+    return os.environ.get(ENV_PASSWORD) or None
 
 
 def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
@@ -50,7 +76,7 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     if not args.broker or args.run is None:
         raise ConfigError("view: give --broker URL and --run ID for a live run, or --db FILE for a stored one")
     args.address = broker_address(args)
-    live = LiveView(args.run)
+    live = LiveView(args.run, player=args.as_player)
     return live.source(), live
 
 
@@ -64,7 +90,8 @@ def view_command(args: argparse.Namespace) -> int:
 async def _serve(source: ViewSource, live: LiveView | None, args: argparse.Namespace, console: Console) -> None:
     from sim.view import build_app, open_view_server
 
-    async with open_view_server(build_app(source), args.host, args.port) as url:
+    async with open_view_server(build_app(source), args.host, args.port, allow_remote=args.allow_remote,
+                                password=view_password(), public_url=args.public_url) as url:
         console.print(f"view: [bold]{url}[/]  (Ctrl-C stops)")
         if live is not None:
             await live.follow(args.address, args.run)

@@ -6,6 +6,9 @@ removed. A line is rejected when nothing is left, or when it negates a canonical
 in the working memory. The negation check is deliberately simple: a fact's clause found in
 the line with a negation inserted ("the bridge is not broken" against "The bridge is
 broken"), or a negated fact's clause found without its negation.
+
+Before anything else, escape sequences, control characters, bidi and zero-width marks are
+removed (`sim.text`): the line goes to the public `say` topic, the audit and terminals.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterable
 import msgspec
 
 from sim.memory import Fact, WorkingMemory
+from sim.text import without_controls
 
 __all__ = ["Verdict", "clean_line", "contradicted_fact", "judge"]
 
@@ -80,7 +84,7 @@ def _bound(line: str, max_chars: int) -> str:
 
 def clean_line(raw: str, agent_id: str, max_chars: int, speakers: Iterable[str] = ()) -> str:
     """One bounded spoken line from raw model text; empty when nothing usable is left."""
-    text = _STAGE.sub(" ", raw)
+    text = _STAGE.sub(" ", without_controls(raw))
     text = text.replace("*", " ")
     all_speakers = [agent_id, *speakers]
     for candidate in text.splitlines():

@@ -27,7 +27,8 @@ from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["MAX_RAW_REPLY_CHARS", "reply_problem"]
 
-# A raw model answer is kept in the audit; more than this from a worker is not a model's.
+# A raw model answer is kept in the audit; more than this from a worker is not serving's
+# (which keeps at most an excerpt of RAW_EXCERPT_CHARS and its marker).
 MAX_RAW_REPLY_CHARS = 32_768
 _MAX_PROBLEM_CHARS = 1_000
 

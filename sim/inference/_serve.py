@@ -1,9 +1,10 @@
 """Serving one request: what a worker does, in-process or remote.
 
-Drop it when stale, call the backend within the time left, clean and judge the output,
-retry once with a prohibition when the output is rejected (a working memory rebuilt with
-the prohibition inside the budget), and answer with the fallback line whenever anything
-fails: `serve` never raises for a backend failure. Every call is kept as an `Attempt`.
+Drop it when stale, call the backend within the time left, keep a bounded excerpt of the
+raw output (`raw_excerpt`), clean and judge it, retry once with a prohibition when the
+output is rejected (a working memory rebuilt with the prohibition inside the budget), and
+answer with the fallback line whenever anything fails: `serve` never raises for a backend
+failure. Every call is kept as an `Attempt`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, Ov
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._fallback import fallback_result
 from sim.inference._output import Verdict, judge
+from sim.inference._raw import raw_excerpt
 from sim.inference.backends import Backend
 from sim.memory import WorkingMemory, build_working_memory
 from sim.wire.inference import InferenceRequest, InferenceResult
@@ -100,8 +102,8 @@ async def serve(
             while memory is not None:
                 in_flight = _attempt(backend, memory)
                 reply = await backend.generate(memory)
-                raw = reply.text
-                verdict = judge(reply.text, memory, max_line_chars)
+                raw = raw_excerpt(reply.text)
+                verdict = judge(raw, memory, max_line_chars)
                 attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem))
                 in_flight = None
                 if verdict.problem is None:

@@ -79,7 +79,8 @@ class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     `prohibition` is a retry's rule (mandatory content, rendered in the prompt). Fields
     added later have defaults that are omitted from the encoding, so a memory rebuilt
     with renderer 1 encodes exactly as it did when renderer 1 was current: `renderer`
-    defaults to 1 for that reason, though every memory built now says 2.
+    defaults to 1 for that reason, though every memory built now says 3, and
+    `system_chars` is 0 for renderers 1 and 2.
     """
 
     agent_id: str
@@ -94,16 +95,27 @@ class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     report: TruncationReport
     prohibition: str | None = None
     renderer: int = 1
+    system_chars: int = 0  # renderer 3: prompt[:system_chars] is the system prompt and the canonical facts
 
     def messages(self) -> list[dict[str, str]]:
-        """The same content in chat form: the context as system message, the input as user.
+        """The same content in chat form: a system message and a user message.
 
-        The user message is the input as the prompt renders it (inert), so the roles and
-        their content are the same whatever the input says.
+        Renderer 3: the system message is the author's text only (the system prompt and
+        the canonical facts); everything that carries outside words (world state, which
+        the game system changes over MQTT, beliefs, memories, dialogue, a retry's rule and
+        the input) is the user message, the prompt's text up to its closing cue. Renderers
+        1 and 2 (their records replay as written): the context as system message, the
+        input as user message, rendered by the record's escape.
         """
+        if self.renderer < 3:
+            return [
+                {"role": "system", "content": self.prompt[: self.context_chars]},
+                {"role": "user", "content": escape_for(self.renderer)(self.player_input)},
+            ]
+        cue = len(self.prompt) - len(self.agent_id) - 1  # the prompt ends with "{agent_id}:"
         return [
-            {"role": "system", "content": self.prompt[: self.context_chars]},
-            {"role": "user", "content": escape_for(self.renderer)(self.player_input)},
+            {"role": "system", "content": self.prompt[: self.system_chars].removesuffix("\n")},
+            {"role": "user", "content": self.prompt[self.system_chars : cue].removeprefix("\n").removesuffix("\n")},
         ]
 
     def sent_text(self, form: str) -> str:
@@ -252,6 +264,7 @@ def build_working_memory(
         report=report,
         prohibition=prohibition,
         renderer=renderer,
+        system_chars=len(rendering.head) + categories[FACTS].used if renderer >= 3 else 0,
     )
 
 

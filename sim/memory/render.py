@@ -21,8 +21,13 @@ Untrusted text (DESIGN.md, "Rendering untrusted text"): everything that did not 
 the scenario's author (world state, beliefs, memories, dialogue, the player input, the
 retry's prohibition) goes through `inert`, so it can neither break a line, start a section
 nor carry a chat-template marker. The author's system prompt, canonical facts and agent
-id are rendered verbatim. Renderer version 1 (before `inert`) is kept so that audit
-records written by it still replay byte for byte; `RENDERER_VERSION` is what is written now.
+id are rendered verbatim. Every renderer version ever written is kept, so that audit
+records written by it still replay byte for byte; `RENDERER_VERSION` is what is written now:
+
+    1  untrusted text verbatim
+    2  `inert`: line breaks and controls escaped, a list of marker families neutralised
+    3  markers neutralised by their shape, zero-width and bidi controls removed; in the chat
+       form, the system message holds only the author's text (`WorkingMemory.messages`)
 
 Each state is rendered once per renderer version: `rendered(state)` keeps the rendering
 (and `token_sizes` the per-item token counts) on the state object, so that building a
@@ -49,6 +54,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from sim.errors import ConfigError
+from sim.text import remove_invisible
 
 if TYPE_CHECKING:
     from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
@@ -90,8 +96,8 @@ TAIL_HEADER = "\n## Now\n"
 # The order of the sections in the prompt: static first, the most changing last.
 RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
 
-RENDERER_VERSION = 2
-"""The rendering written now; audit records name theirs (1: before untrusted text was inert)."""
+RENDERER_VERSION = 3
+"""The rendering written now; audit records name theirs (see the versions above)."""
 
 Escape = Callable[[str], str]
 
@@ -99,34 +105,59 @@ Escape = Callable[[str], str]
 # characters a space.
 _BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _CONTROLS = re.compile("[\x00-\x08\t\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
-# Chat-template control sequences and their kin: every "<|" and "|>" (ChatML, Llama 3,
-# Phi), [INST] and <<SYS>> (Llama 2, Mistral), <s> </s> <bos> <eos>, Gemma's turn markers.
-_MARKERS = re.compile(
+# Renderer 2's markers, a list of families: every "<|" and "|>" (ChatML, Llama 3, Phi),
+# [INST] and <<SYS>> (Llama 2, Mistral), <s> </s> <bos> <eos>, Gemma's turn markers.
+_MARKERS_2 = re.compile(
     r"<\||\|>|\[/?INST\]|\[/?SYS\]|<</?SYS>>|</?(?:s|bos|eos|start_of_turn|end_of_turn)>", re.IGNORECASE
 )
-_NEUTRAL = str.maketrans({"<": "\u2039", ">": "\u203a", "[": "\u27e6", "]": "\u27e7"})
+# Renderer 3's markers, by shape, whatever the family: the ends of any <|...|> and of its
+# forms with the full-width bar U+FF5C (DeepSeek's User and end-of-sentence markers) or
+# full-width angle brackets; <<SYS>>-style words; bracketed upper-case control words
+# ([INST], [TOOL_CALLS], [SYSTEM_PROMPT], GLM's [gMASK]; and [inst], [sys], which renderer
+# 2 caught in any case); tags with or without attributes (<think>, </think>, <tool_call>,
+# <s>, <sop>, <start_of_turn>). Everything renderer 2 neutralised, renderer 3 does too.
+_MARKERS_3 = re.compile(
+    r"[<\uff1c][|\uff5c]|[|\uff5c][>\uff1e]"
+    r"|<</?[A-Za-z_]+>>"
+    r"|\[/?[A-Za-z]?[A-Z][A-Z0-9_]*\]|\[/?(?i:inst|sys)\]"
+    r"|</?[A-Za-z_][\w.:\u2581-]*(?:\s[^<>]*)?/?>"
+)
+_NEUTRAL = str.maketrans({"<": "\u2039", ">": "\u203a", "[": "\u27e6", "]": "\u27e7", "\uff1c": "\u2039",
+                          "\uff1e": "\u203a"})
 
 
 def _neutralise(match: re.Match[str]) -> str:
     return match.group().translate(_NEUTRAL)
 
 
-def inert(text: str) -> str:
-    """Untrusted text as data: one line, no leading "#", no chat-template marker."""
+def _inert(text: str, markers: re.Pattern[str]) -> str:
     text = _CONTROLS.sub(" ", _BREAKS.sub("\\\\n", text))
     previous = None
     while previous != text:  # "<|>" hides a second marker behind the first: repeat until none is left
-        previous, text = text, _MARKERS.sub(_neutralise, text)
+        previous, text = text, markers.sub(_neutralise, text)
     if text.lstrip().startswith("#"):
         text = "\\" + text
     return text
+
+
+def inert(text: str) -> str:
+    """Untrusted text as data: one line, no leading "#", no chat-template marker (renderer 3).
+
+    Zero-width and bidi controls go first, so that none can split a marker from the filter.
+    """
+    return _inert(remove_invisible(text), _MARKERS_3)
+
+
+def _inert_2(text: str) -> str:
+    """Renderer 2's `inert`, kept as it was so that its records replay."""
+    return _inert(text, _MARKERS_2)
 
 
 def _verbatim(text: str) -> str:
     return text
 
 
-_ESCAPES: dict[int, Escape] = {1: _verbatim, 2: inert}
+_ESCAPES: dict[int, Escape] = {1: _verbatim, 2: _inert_2, 3: inert}
 
 
 def escape_for(renderer: int) -> Escape:

@@ -8,10 +8,12 @@
 
 Every component (bus, inference pool, worker, `subscribe`, load test) connects through
 here, so login, TLS, reconnection and the redaction of passwords are the same everywhere.
+`CheckedPublisher` publishes so that a broker's refusal is an error (the view's speaking).
 """
 
 from sim.backoff import Backoff
 from sim.mqtt._address import ENV_PASSWORD, ENV_USERNAME, BrokerAddress, TlsFiles, redact
+from sim.mqtt._checked import CheckedPublisher
 from sim.mqtt._connection import ReconnectPolicy, mqtt_error, open_client, stay_connected
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "ENV_USERNAME",
     "Backoff",
     "BrokerAddress",
+    "CheckedPublisher",
     "ReconnectPolicy",
     "TlsFiles",
     "mqtt_error",

@@ -5,16 +5,21 @@
         await view.follow("mqtt://127.0.0.1:1883", "village-7")   # until cancelled
 
 `RunModel` is the sans-I/O state the page reads; `LiveFeed` fills it from MQTT,
-`StoredRun` from a finished run's store.
+`StoredRun` from a finished run's store. `sim.view.access` decides who may use the view:
+Host, login, and the Origin, JSON and page token of whatever changes state.
 """
 
+from sim.view.access import ENV_PASSWORD, TOKEN_HEADER
 from sim.view.live import LiveFeed, LiveView
 from sim.view.model import DialogueLine, RunModel
-from sim.view.server import ViewSource, build_app, open_view_server
+from sim.view.server import DEFAULT_PLAYER, ViewSource, build_app, open_view_server
 from sim.view.stored import StoredRun
 from sim.view.thread import ViewThread, open_view_thread
 
 __all__ = [
+    "DEFAULT_PLAYER",
+    "ENV_PASSWORD",
+    "TOKEN_HEADER",
     "DialogueLine",
     "LiveFeed",
     "LiveView",

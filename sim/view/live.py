@@ -1,9 +1,11 @@
 """Feed a `RunModel` from a live run's MQTT topics, and speak to NPCs as a player.
 
 The viewer reads public topics, the trace and the roster only (DESIGN.md, "Trust
-boundary"), and publishes nothing but a player's input. It connects through `sim.mqtt`
-like every npcsim client: login from the URL or the environment, TLS, the one reconnect
-policy; it waits for its broker as long as it takes.
+boundary"), and publishes nothing but the input of the one player its operator named. It
+connects through `sim.mqtt` like every npcsim client: login from the URL or the
+environment, TLS, the one reconnect policy; it waits for its broker as long as it takes.
+A publish the broker refuses (an ACL that does not let this login speak as that player)
+is a BrokerError, not a success (`sim.mqtt.CheckedPublisher`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from collections.abc import Callable
 import aiomqtt
 
 from sim.errors import BrokerError
-from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.mqtt import BrokerAddress, CheckedPublisher, ReconnectPolicy, stay_connected
 from sim.view.model import RunModel
-from sim.view.server import ViewSource
+from sim.view.server import DEFAULT_PLAYER, ViewSource
 from sim.wire import topics
 from sim.wire.events import PlayerInputMessage, encode_json
 
@@ -30,7 +32,7 @@ class LiveFeed:
         self.model = model
         self.address = address
         self._clock = clock
-        self._client: aiomqtt.Client | None = None
+        self._publisher: CheckedPublisher | None = None
         root = topics.run_root(model.run)
         self._filters = [
             f"{root}/agent/+/say",
@@ -47,24 +49,21 @@ class LiveFeed:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         await client.subscribe([(f, 1) for f in self._filters])
-        self._client = client
+        self._publisher = CheckedPublisher(client, "view")
         async for message in client.messages:
             payload = message.payload
             data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
             self.model.feed(message.topic.value, data, self._clock())
 
     def _lost(self) -> None:
-        self._client = None
+        self._publisher = None
 
     async def speak(self, player: str, message: PlayerInputMessage) -> None:
-        """Publish a player's input on `player/{player}/input`; BrokerError when not connected."""
-        client = self._client
-        if client is None:
+        """Publish a player's input on `player/{player}/input`; BrokerError when not connected or refused."""
+        publisher = self._publisher
+        if publisher is None:
             raise BrokerError(f"view: not connected to the broker {self.address.url}")
-        try:
-            await client.publish(topics.player_input(self.model.run, player), encode_json(message), qos=1)
-        except aiomqtt.MqttError as exc:
-            raise BrokerError(f"view: publishing to {self.address.url} failed: {exc}") from exc
+        await publisher.publish(topics.player_input(self.model.run, player), encode_json(message))
 
 
 class LiveView:
@@ -73,12 +72,13 @@ class LiveView:
     `npcsim run --view` learns the broker's URL and the run id only once the run started.
     """
 
-    def __init__(self, run: str = "") -> None:
+    def __init__(self, run: str = "", *, player: str = DEFAULT_PLAYER) -> None:
         self.model = RunModel(run)
+        self.player = player
         self._feed: LiveFeed | None = None
 
     def source(self) -> ViewSource:
-        return ViewSource(model=lambda _tick: self.model, live=True, speak=self._speak)
+        return ViewSource(model=lambda _tick: self.model, live=True, speak=self._speak, player=self.player)
 
     async def follow(self, address: BrokerAddress, run: str) -> None:
         """Feed the model from the run's topics until cancelled."""

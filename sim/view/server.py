@@ -7,8 +7,14 @@ API (JSON; `tick` only for a stored run):
     GET  /api/state?tick=T          run, mode, health, world, newest lines, tick range
     GET  /api/lines?before=&npc=&location=&limit=&tick=   older lines (paging), filtered
     GET  /api/npc/{id}?tick=T       the NPC's newest traces, the newest with its prompt
-    GET  /api/events                live only: one `data:` message per change, at most 4/s
-    POST /api/say {player, to, text}  live only: published on `player/{player}/input`
+    GET  /api/events?after=SEQ      live only: one `data:` message per change, at most 4/s
+    POST /api/say {to, text}        live only: published on `player/{player}/input`, where
+                                    `player` is the operator's choice (`ViewSource.player`),
+                                    never the request's; a refused publish is an error
+
+Every request passes `sim.view.access` first (Host, login, and for `POST` the JSON type,
+the Origin and the page's token); the page (`GET /`) carries its token and the player's
+name in `<meta>` tags.
 
 The stream sends the health, the new lines (newest 200 at most) and whether the world or
 an NPC changed; the page fetches the rest when it needs it, so a 10,000-NPC run costs a
@@ -19,47 +25,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import importlib.resources
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from sim.errors import ConfigError, NpcsimError
+from sim.view.access import RequestLog, ViewAccess, add_security_headers, check_listening
 from sim.view.model import RunModel
+from sim.wire import topics
 from sim.wire.events import PlayerInputMessage
 
-__all__ = ["ViewSource", "build_app", "open_view_server"]
+__all__ = ["DEFAULT_PLAYER", "ViewSource", "build_app", "open_view_server"]
 
 _STREAM_INTERVAL_S = 0.25
 _MAX_LINES = 200
 _JSON = msgspec.json.Encoder()
 _STATIC = importlib.resources.files("sim.view") / "static"
 _CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+_ACCESS = web.AppKey("access", ViewAccess)
+_SAY = msgspec.json.Decoder(PlayerInputMessage)
+
+DEFAULT_PLAYER = "viewer"
+"""The player a view speaks as unless its operator names another (the ACL's viewer speaks as it)."""
 
 Speak = Callable[[str, PlayerInputMessage], Awaitable[None]]
 
 
-class _SayRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The page's POST body; `to` and `text` are checked as a `PlayerInputMessage`."""
-
-    player: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-    to: str
-    text: str
-
-
-_SAY = msgspec.json.Decoder(_SayRequest)
-
-
 class ViewSource(msgspec.Struct, frozen=True, kw_only=True):
-    """Where the page's data comes from: a live model (with `speak`) or a stored run's models."""
+    """Where the page's data comes from: a live model (with `speak`) or a stored run's models.
+
+    `player` is who the page speaks as: the operator's choice, a name that is not an
+    internal role's (`sim.wire.topics.check_player`).
+    """
 
     model: Callable[[int | None], RunModel]
     live: bool
     speak: Speak | None = None
     ticks: tuple[int, int] | None = None
+    player: str = DEFAULT_PLAYER
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -77,16 +86,25 @@ def _int_param(request: web.Request, name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        error = _JSON.encode({"error": f"{name}: expected a whole number, got {value!r}"}).decode()
+        error = _JSON.encode({"error": f"{name}: expected a whole number, got {value[:100]!r}"}).decode()
         raise web.HTTPBadRequest(text=error, content_type="application/json") from None
 
 
 def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -> web.Application:
+    """The view's application; serve it with `open_view_server` (which says where it listens)."""
+    try:
+        topics.check_player(source.player)
+    except ValueError as exc:
+        raise ConfigError(f"--as-player: {exc}") from None
+    access = ViewAccess()
     routes = web.RouteTableDef()
+    page = (_STATIC / "index.html").read_text(encoding="utf-8")
 
     @routes.get("/")
     async def index(_: web.Request) -> web.Response:
-        return web.Response(body=(_STATIC / "index.html").read_bytes(), content_type="text/html")
+        body = page.replace("__NPCSIM_TOKEN__", access.page_token()).replace(
+            "__NPCSIM_PLAYER__", html.escape(source.player))
+        return web.Response(text=body, content_type="text/html", headers={"Cache-Control": "no-store"})
 
     @routes.get("/static/{name}")
     async def static(request: web.Request) -> web.Response:
@@ -131,10 +149,11 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
     async def events(request: web.Request) -> web.StreamResponse:
         if not source.live:
             return _error(404, "a stored run has no event stream")
+        after = _int_param(request, "after")  # a bad value is a 400 before the stream starts
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         model = source.model(None)
-        seen_version, seen_seq, seen_world = -1, _int_param(request, "after") or model.last_seq, model.world_version
+        seen_version, seen_seq, seen_world = -1, model.last_seq if after is None else after, model.world_version
         with contextlib.suppress(ConnectionResetError):
             while True:
                 if model.version != seen_version:
@@ -157,29 +176,38 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
         if source.speak is None:
             return _error(405, "a stored run cannot be spoken to")
         try:
-            body = _SAY.decode(await request.read())
-            message = msgspec.convert({"to": body.to, "text": body.text}, PlayerInputMessage)
+            message = _SAY.decode(await request.read())
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return _error(400, f"say: {exc}")
-        player = body.player
+            return _error(400, f"say: {exc} (the body is {{to, text}}; the player is the view's: {source.player})")
         model = source.model(None)
         if model.npcs and message.to not in model.npcs:
             return _error(400, f"say: to {message.to!r}: no such NPC in run {model.run}")
         try:
-            await source.speak(player, message)
+            await source.speak(source.player, message)
         except NpcsimError as exc:
             return _error(503, str(exc))
-        return _json({"ok": True})
+        return _json({"ok": True, "player": source.player})
 
-    app = web.Application(client_max_size=64 * 1024)
+    app = web.Application(client_max_size=64 * 1024, middlewares=[access.middleware])
+    app[_ACCESS] = access
+    app.on_response_prepare.append(add_security_headers)
     app.add_routes(routes)
     return app
 
 
 @contextlib.asynccontextmanager
-async def open_view_server(app: web.Application, host: str, port: int) -> AsyncIterator[str]:
-    """Serve `app` on host:port (0: a free port); yields the page's URL, stops on exit."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+async def open_view_server(
+    app: web.Application, host: str, port: int, *, allow_remote: bool = False, password: str | None = None,
+    public_url: str | None = None,
+) -> AsyncIterator[str]:
+    """Serve `app` on host:port (0: a free port); yields the page's URL, stops on exit.
+
+    Beyond loopback only with `allow_remote` and a `password` (HTTP basic); `public_url` is
+    the address browsers use when it is not host:port (a reverse proxy, a wildcard address).
+    """
+    check_listening(host, allow_remote=allow_remote, password=password, public_url=public_url)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
+                           logger=RequestLog(logging.getLogger("aiohttp.server")))
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
@@ -188,6 +216,6 @@ async def open_view_server(app: web.Application, host: str, port: int) -> AsyncI
         except OSError as exc:
             raise ConfigError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         bound = runner.addresses[0][1]
-        yield f"http://{host}:{bound}/"
+        yield app[_ACCESS].bind(host, bound, public_url=public_url, password=password)
     finally:
         await runner.cleanup()

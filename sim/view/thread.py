@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from sim.errors import NpcsimError
 from sim.mqtt import BrokerAddress
 from sim.view.live import LiveView
-from sim.view.server import build_app, open_view_server
+from sim.view.server import DEFAULT_PLAYER, build_app, open_view_server
 
 __all__ = ["ViewThread", "open_view_thread"]
 
@@ -27,10 +27,10 @@ _START_TIMEOUT_S = 60.0
 class ViewThread:
     """Use `open_view_thread`; `url` is the page's address once it started."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.view = LiveView()
+    def __init__(self, host: str, port: int, *, player: str = DEFAULT_PLAYER, password: str | None = None) -> None:
+        self.view = LiveView(player=player)
         self.url = ""
-        self._host, self._port = host, port
+        self._host, self._port, self._password = host, port, password
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +68,8 @@ class ViewThread:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with open_view_server(build_app(self.view.source()), self._host, self._port) as url:
+        app = build_app(self.view.source())
+        async with open_view_server(app, self._host, self._port, password=self._password) as url:
             self.url = url
             self._started.set()
             try:
@@ -95,9 +96,14 @@ class ViewThread:
 
 
 @contextlib.contextmanager
-def open_view_thread(host: str, port: int) -> Iterator[ViewThread]:
-    """Start the view's server on its thread (a port in use is a ConfigError here); stop it on exit."""
-    thread = ViewThread(host, port)
+def open_view_thread(
+    host: str, port: int, *, player: str = DEFAULT_PLAYER, password: str | None = None
+) -> Iterator[ViewThread]:
+    """Start the view's server on its thread (a port in use is a ConfigError here); stop it on exit.
+
+    The view speaks as `player`; with a `password` it asks for a login (HTTP basic).
+    """
+    thread = ViewThread(host, port, player=player, password=password)
     thread._start()
     try:
         yield thread

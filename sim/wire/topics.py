@@ -5,12 +5,16 @@ Public topics (say, player input, world state, status) carry JSON; internal ones
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
+    "ROLE_LOGINS",
     "ROOT",
     "agent_inbox",
     "agent_say",
     "barrier",
     "barrier_all",
+    "check_player",
     "check_segment",
     "infer_request",
     "infer_request_shared",
@@ -26,6 +30,10 @@ __all__ = [
 
 ROOT = "npcsim"
 _FORBIDDEN = set("/+#\x00")
+_PLAYER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+ROLE_LOGINS = frozenset({"shard", "worker", "game"})
+"""The internal roles' logins (broker-config/acl): no player speaks as one. The viewer is a
+role too, but the ACL lets it speak as player `viewer`, its own name, and as nothing else."""
 
 
 def check_segment(kind: str, value: str) -> str:
@@ -33,6 +41,15 @@ def check_segment(kind: str, value: str) -> str:
     if not value or _FORBIDDEN & set(value):
         raise ValueError(f"{kind} {value!r} cannot be used in an MQTT topic (empty, or has / + # or NUL)")
     return value
+
+
+def check_player(player: str) -> str:
+    """A player id to speak as: 1-64 of A-Z a-z 0-9 _ . -, and not a role's login (ROLE_LOGINS)."""
+    if not _PLAYER.fullmatch(player):
+        raise ValueError(f"player {player[:80]!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    if player in ROLE_LOGINS:
+        raise ValueError(f"player {player!r} is an internal role's name ({', '.join(sorted(ROLE_LOGINS))})")
+    return player
 
 
 def run_root(run: str) -> str:

@@ -7,6 +7,12 @@ over it. A circuit breaker counts consecutive failures: once open it fails
 fast, and after a cooldown it lets one probe through; the probe's outcome closes or reopens
 it. The caller bounds the whole call with its own timeout scope.
 
+A reply is read as a stream and at most `reply_bound(max_tokens)` bytes of it: a server
+that ignores `max_tokens` (or answers 50 MB for any other reason) costs that much memory,
+not the size of its answer. A body over the bound is an `InferenceError` (counted as a
+backend error; the fallback line speaks), neither cut nor retried. The client asks for an
+uncompressed body, so the bound is on what the server sends.
+
 Timeouts: `connect_timeout` for opening a connection, `read_timeout` for waiting on the
 server. The read timeout must be shorter than the caller's time limit (the pool's
 inference timeout): a server that hangs then ends in our own counted timeout, which feeds
@@ -32,11 +38,18 @@ from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, Infer
 from sim.inference.backends._base import Reply, convert_options
 from sim.memory import WorkingMemory
 
-__all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai"]
+__all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai", "reply_bound"]
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_READ = 30.0  # seconds: the read timeout when neither the option nor a time limit says less
+_ENVELOPE_BYTES = 64 * 1024  # the JSON around the text: ids, usage, a server's extra fields
+_BYTES_PER_TOKEN = 256  # a long token, every character JSON-escaped (\uXXXX), with room to spare
+
+
+def reply_bound(max_tokens: int) -> int:
+    """The most bytes of a response body read for a request of `max_tokens` tokens."""
+    return _ENVELOPE_BYTES + _BYTES_PER_TOKEN * max(max_tokens, 0)
 
 
 class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -151,6 +164,7 @@ class OpenAIBackend:
             "stop": list(options.stop),
         }
         self._path = "/chat/completions" if options.endpoint == "chat" else "/completions"
+        self._bound = reply_bound(options.max_tokens)
         self.prompt_form = "chat" if options.endpoint == "chat" else "text"
         self.prompt_prefix = ""
 
@@ -203,19 +217,38 @@ class OpenAIBackend:
 
     async def _post(self, url: str, body: dict[str, Any]) -> tuple[str, int | None, int | None]:
         try:
-            response = await self._client.post(url, json=body)
+            async with self._client.stream("POST", url, json=body) as response:
+                status = response.status_code
+                if status == 429:
+                    raise _Transient(f"POST {url}: 429 Too Many Requests", _retry_after(response),
+                                     counts_for_breaker=False)
+                if status >= 500:
+                    raise _Transient(f"POST {url}: server error {status}")
+                content = await self._read(url, response)
         except httpx.TimeoutException as exc:
             raise _Transient(f"POST {url}: timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise _Transient(f"POST {url}: {type(exc).__name__}: {exc}") from exc
-        status = response.status_code
-        if status == 429:
-            raise _Transient(f"POST {url}: 429 Too Many Requests", _retry_after(response), counts_for_breaker=False)
-        if status >= 500:
-            raise _Transient(f"POST {url}: server error {status}")
+        except httpx.DecodingError as exc:
+            raise InferenceError(f"POST {url}: the body cannot be decoded: {exc}") from exc
         if status >= 400:
-            raise InferenceError(f"POST {url}: {status} {response.text[:200]!r}")
-        return self._parse(url, response.content)
+            raise InferenceError(f"POST {url}: {status} {content[:200]!r}")
+        return self._parse(url, content)
+
+    async def _read(self, url: str, response: httpx.Response) -> bytes:
+        """The body, or an InferenceError as soon as it is known to pass the bound."""
+        over = f"POST {url}: a reply over {self._bound} bytes (the bound for max_tokens={self._options.max_tokens})"
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._bound:
+            raise InferenceError(f"{over}: Content-Length {declared}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self._bound:
+                raise InferenceError(over)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _parse(self, url: str, content: bytes) -> tuple[str, int | None, int | None]:
         """The reply's text, and its completion and prompt tokens where the server's `usage` gives them."""
@@ -274,7 +307,7 @@ async def open_openai(
             f"backend 'openai' options: in_flight, breaker_failures must be > 0 and retries >= 0, got "
             f"in_flight={in_flight}, breaker_failures={opts.breaker_failures}, retries={opts.retries}"
         )
-    headers = {}
+    headers = {"Accept-Encoding": "identity"}  # the bound is on what the server sends (see above)
     api_key = os.environ.get(opts.api_key_env)
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"

@@ -1,5 +1,6 @@
 // npcsim view: plain JavaScript, no build step, no library. All run data is shown with
-// textContent (never as HTML): NPC lines and player input are untrusted text.
+// textContent (never as HTML): NPC lines and player input are untrusted text. Speaking is a
+// JSON POST carrying this page's token (its <meta>); the player is the view's, not ours.
 "use strict";
 
 const CHIPS_PER_PLACE = 24;    // a 10,000-NPC world shows a sample per place, the rest on demand
@@ -9,6 +10,7 @@ const CATEGORIES = ["dialogue", "episodic", "beliefs"];
 const view = { live: true, tick: null, selected: null, world: null, expanded: new Set(), oldest: null };
 
 function $(id) { return document.getElementById(id); }
+function meta(name) { const m = document.querySelector('meta[name="' + name + '"]'); return m ? m.content : ""; }
 function el(tag, attrs, text) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
@@ -203,8 +205,9 @@ function choose(id) {
 async function speak(event) {
   event.preventDefault();
   const status = $("speak-status");
-  const body = { player: $("speak-player").value.trim(), to: $("speak-to").value.trim(), text: $("speak-text").value };
-  const response = await fetch("/api/say", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const body = { to: $("speak-to").value.trim(), text: $("speak-text").value };
+  const headers = { "Content-Type": "application/json", "X-Npcsim-Token": meta("npcsim-token") };
+  const response = await fetch("/api/say", { method: "POST", headers: headers, body: JSON.stringify(body) });
   const answer = await response.json().catch(() => ({ error: "HTTP " + response.status }));
   status.classList.toggle("error", !response.ok);
   status.textContent = response.ok ? "sent" : answer.error;
@@ -244,6 +247,7 @@ function stream(after) {
   };
 }
 window.addEventListener("DOMContentLoaded", async () => {
+  $("speak-player").textContent = meta("npcsim-player");
   $("older").addEventListener("click", older);
   $("filter-npc").addEventListener("change", refilter);
   $("filter-location").addEventListener("change", refilter);
