@@ -233,19 +233,19 @@ async def test_a_page_on_another_origin_cannot_speak_through_the_view(
                 await asyncio.to_thread(browser.get, attack_url)
                 # every fetch fails in the page: the no-cors answers by Cross-Origin-Resource-Policy, the cors
                 # one at its preflight; the four POSTs that reached the view were refused there
-                title = await eventually("the attack to finish", lambda: browser.title.startswith("done") and
+                title = await on_page("the attack to finish", lambda: browser.title.startswith("done") and
                                          browser.title)
                 assert title == "done rejected,rejected,rejected"
-                await eventually("the four POSTs refused", lambda: len(_refused_posts(caplog)) >= 4)
+                await eventually(lambda: len(_refused_posts(caplog)) >= 4, what="the four POSTs refused", within=WAIT_S)
             finally:
                 await other.cleanup()
             # the control: the view's own page speaks, and its line is the first the broker carries
             await asyncio.to_thread(browser.get, url)
-            await eventually("the page", lambda: browser.find_element("id", "speak-player").text == "viewer")
+            await on_page("the page", lambda: browser.find_element("id", "speak-player").text == "viewer")
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-to").send_keys("innkeeper"))
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-text").send_keys("CONTROL"))
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-send").click())
-            await eventually("the control line", lambda: any("CONTROL" in h for h in heard))
+            await eventually(lambda: any("CONTROL" in h for h in heard), what="the control line", within=WAIT_S)
             feed.cancel()
             listener.cancel()
     assert [h for h in heard if "CSRF" in h] == [] and len(heard) == 1, heard
