@@ -9,6 +9,7 @@
 
 The modules, one job each:
 - `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
+- `_places`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display and the summary read;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
 - `_context`: `ShardContext` (the shard's parts) and `AgentContext` (what an agent may do);
@@ -23,6 +24,7 @@ The modules, one job each:
 from sim.shard._clock import Clock, SystemClock, VirtualClock
 from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
 from sim.shard._context import AgentContext, ShardContext
+from sim.shard._places import assign_places
 from sim.shard._process import run
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
@@ -44,6 +46,7 @@ __all__ = [
     "StartupProgress",
     "SystemClock",
     "VirtualClock",
+    "assign_places",
     "create_agents",
     "hot_limit",
     "parse_shard",

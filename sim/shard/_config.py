@@ -17,6 +17,7 @@ from sim.memory import WorkingMemoryConfig
 from sim.mqtt import TlsFiles
 from sim.protocol.bounds import InputBounds
 from sim.scenario import NpcSpec, Scenario
+from sim.shard._places import assign_places
 from sim.store import HOT_LIMIT, Store
 
 __all__ = [
@@ -84,8 +85,14 @@ def parse_shard(value: str) -> tuple[int, int]:
 
 
 def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
-    """Shard i of n holds every n-th NPC in id order: a function of the scenario only."""
-    return [spec for k, spec in enumerate(sorted(scenario.npcs, key=lambda s: s.id)) if k % count == index]
+    """Shard i of n's NPCs, in id order: those standing at the places it holds.
+
+    Since issue 20 a shard holds whole places (sim.shard._places: balanced by NPC count, a
+    function of the scenario and n only), no longer every n-th NPC by id, so that everyone
+    who hears a line at a place is on the same shard.
+    """
+    owner = assign_places(scenario, count)
+    return sorted((spec for spec in scenario.npcs if owner[spec.location] == index), key=lambda s: s.id)
 
 
 def hot_limit(config: WorkingMemoryConfig) -> int:
