@@ -1,7 +1,7 @@
 """The NPC brain: perceive, remember, decide, speak.
 
-Each tick the shard wakes the NPCs that have mail or whose seeded generator says they
-talk unprompted. Such an NPC reads its mail (sorted by (tick, id)), turns what it
+Each tick the shard wakes the NPCs that have mail or whose ambient dice fell (a function
+of seed, id and tick: sim.shard.ambient_roll). Such an NPC reads its mail (sorted by (tick, id)), turns what it
 perceived into episodic memories with a significance and, when it took part, into
 dialogue lines; updates its beliefs about who spoke to it; then answers every player
 who addressed it, the first NPC who addressed it (while the exchange is short), or,
@@ -27,7 +27,7 @@ from sim.scenario import NpcSpec
 from sim.shard import AgentContext
 from sim.wire.events import AnyEvent, Notice, Speech
 
-__all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng", "ambient_roll"]
+__all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng"]
 
 MAX_NPC_TURNS = 2
 """An NPC answers an NPC's line only while fewer than this many replies were exchanged."""
@@ -39,16 +39,11 @@ def agent_rng(seed: int, agent_id: str, tick: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def ambient_roll(seed: int, agent_id: str, tick: int) -> float:
-    """A uniform draw in [0, 1) for the tick's ambient dice: cheap, as every NPC rolls every tick."""
-    digest = hashlib.blake2b(f"{seed}:{agent_id}:{tick}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
 class NpcAgent:
-    """One NPC; `step(tick)` is called by its task when the shard wakes it."""
+    """One NPC taking its turn: the shard builds it for `step(tick, ambient)` when it has mail
+    or its ambient dice fell (`ambient`), and drops it afterwards."""
 
-    __slots__ = ("_ctx", "ambient", "id", "location", "name", "spec")
+    __slots__ = ("_ctx", "id", "location", "name", "spec")
 
     def __init__(self, spec: NpcSpec, ctx: AgentContext) -> None:
         self.spec = spec
@@ -56,14 +51,8 @@ class NpcAgent:
         self.name = spec.name
         self.location = spec.location
         self._ctx = ctx
-        self.ambient = False
 
-    def wants_turn(self, tick: int) -> bool:
-        """Roll the tick's ambient dice; an NPC with mail from earlier ticks always gets a turn."""
-        self.ambient = ambient_roll(self._ctx.seed, self.id, tick) < self.spec.ambient_chance
-        return self.ambient or self._ctx.has_mail(tick)
-
-    async def step(self, tick: int) -> None:
+    async def step(self, tick: int, ambient: bool) -> None:
         events = self._ctx.mail(tick)
         replies: list[Speech] = []
         npc_reply: Speech | None = None
@@ -80,7 +69,7 @@ class NpcAgent:
             replies.append(npc_reply)
         for heard in replies:
             await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1)
-        if not replies and self.ambient:
+        if not replies and ambient:
             others = self._ctx.neighbours()
             if others:
                 rng = agent_rng(self._ctx.seed, self.id, tick)

@@ -40,7 +40,7 @@ from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, encode_barrier
-from sim.wire.events import SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.events import AnyEvent, SayMessage, StatusMessage, WorldStateMessage, encode_json
 from sim.wire.trace import RosterMessage, TraceMessage, encode_roster, encode_trace
 
 __all__ = ["Bus", "BusConfig", "BusEvent", "Connected", "open_bus"]
@@ -103,6 +103,14 @@ class Bus:
 
     def mailbox(self, agent: str) -> Mailbox:
         return self._router.mailbox(agent)
+
+    def mail_holders(self, before: int) -> list[str]:
+        """The agents with mail of a tick earlier than `before`, in id order."""
+        return self._router.mail_holders(before)
+
+    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
+        """The agent's mail of ticks earlier than `before`, sorted by (tick, id)."""
+        return self._router.take_mail(agent, before)
 
     @property
     def connected(self) -> bool:

@@ -27,7 +27,7 @@ from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputRece
 from sim.protocol.seal import RunKey, unseal
 from sim.wire import topics
 from sim.wire.barrier import decode_barrier
-from sim.wire.events import decode_batch, decode_player_input, decode_world_state
+from sim.wire.events import AnyEvent, decode_batch, decode_player_input, decode_world_state
 
 __all__ = ["BusStats", "Router"]
 
@@ -99,10 +99,26 @@ class Router:
     # --- routes ------------------------------------------------------------------------
 
     def mailbox(self, agent: str) -> Mailbox:
+        """The agent's mailbox, created when its first mail arrives (idle NPCs have none)."""
         box = self._mailboxes.get(agent)
         if box is None:
             box = self._mailboxes[agent] = Mailbox(agent, self._mailbox_size, self.stats.overflow)
         return box
+
+    def mail_holders(self, before: int) -> list[str]:
+        """The agents with mail of a tick earlier than `before`, in id order."""
+        return sorted(agent for agent, box in self._mailboxes.items() if box.has_mail(before))
+
+    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
+        """The agent's mail of ticks earlier than `before`, sorted by (tick, id) (`Mailbox.drain`);
+        an emptied mailbox is dropped."""
+        box = self._mailboxes.get(agent)
+        if box is None:
+            return []
+        mail = box.drain(before)
+        if not len(box):
+            del self._mailboxes[agent]
+        return mail
 
     def route_location(self, topic: str, agents: tuple[str, ...] | list[str]) -> bool:
         """Deliver `topic`'s events to `agents` too; True when the topic is new (subscribe it)."""

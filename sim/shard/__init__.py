@@ -15,6 +15,8 @@ The modules, one job each:
 - `_context`: `ShardContext` (the shard's parts) and `AgentContext` (what an agent may do);
 - `_recorder`: audit records, traces, metrics and counters of every line said;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
+- `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
+- `_turns`: the tick's turns, taken by a bounded set of workers;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_shard`: `Shard`, the tick loop;
 - `_trust`: the run key and the trust announcements at start;
@@ -24,6 +26,7 @@ The modules, one job each:
 from sim.shard._clock import Clock, SystemClock, VirtualClock
 from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
 from sim.shard._context import AgentContext, ShardContext
+from sim.shard._dice import ambient_roll
 from sim.shard._places import assign_places
 from sim.shard._process import run
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
@@ -46,6 +49,7 @@ __all__ = [
     "StartupProgress",
     "SystemClock",
     "VirtualClock",
+    "ambient_roll",
     "assign_places",
     "create_agents",
     "hot_limit",

@@ -94,12 +94,11 @@ class ShardContext:
 class AgentContext:
     """One agent's handle on the engine: its mail, its memory, its place, its voice."""
 
-    __slots__ = ("_mailbox", "_seq", "_seq_tick", "_shard", "spec")
+    __slots__ = ("_seq", "_seq_tick", "_shard", "spec")
 
     def __init__(self, shard: ShardContext, spec: NpcSpec) -> None:
         self._shard = shard
         self.spec = spec
-        self._mailbox = shard.bus.mailbox(spec.id)
         self._seq_tick = -1
         self._seq = 0
 
@@ -114,13 +113,9 @@ class AgentContext:
 
     # --- perceiving ----------------------------------------------------------------------
 
-    def has_mail(self, tick: int) -> bool:
-        """Events from ticks before `tick` wait in the mailbox."""
-        return self._mailbox.has_mail(tick)
-
     def mail(self, tick: int) -> list[AnyEvent]:
         """The events from ticks before `tick`, sorted by (tick, id); later ones stay for later."""
-        return self._mailbox.drain(tick)
+        return self._shard.bus.take_mail(self.spec.id, tick)
 
     def neighbours(self) -> tuple[str, ...]:
         """The other NPCs at this agent's place, in any shard, in id order."""

@@ -24,13 +24,12 @@ PLAYER_KINDS = {"scripted": "agents.player:ScriptedPlayer", "bot": "agents.playe
 
 
 class Agent(Protocol):
-    """What the shard asks of an agent each tick: whether it takes a turn, and the turn."""
+    """An agent taking its turn: the shard decides who takes one (mail, or the ambient dice
+    fell: `ambient`), builds the agent for it and steps it."""
 
     id: str
 
-    def wants_turn(self, tick: int) -> bool: ...
-
-    async def step(self, tick: int) -> None: ...
+    async def step(self, tick: int, ambient: bool) -> None: ...
 
 
 class Player(Protocol):

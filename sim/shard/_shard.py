@@ -6,8 +6,9 @@ The tick is the clock, and a barrier for the whole run (sim.protocol.barrier). O
    TickDone, so every shard applies them at the same tick), scripted and bot players
    (functions of seed and tick) and outside clients' JSON that arrived before this point
    (stamped with this tick and stored) become events;
-2. agents: the local agents that have mail from earlier ticks or roll to talk take their
-   turn, concurrently, and the tick waits for all of them;
+2. turns: the local NPCs that have mail from earlier ticks or whose ambient dice fell
+   (rolled here, for every local NPC: sim.shard._dice) take their turn, stepped by a
+   bounded set of workers (sim.shard._turns); no other NPC is touched;
 3. publish: the tick's outbox goes out as one sealed batch per topic, then the shard's
    TickDone listing them (with the world-state changes shard 0 took); everything sent is
    kept for re-sending;
@@ -32,15 +33,18 @@ import logging
 import msgspec
 
 from sim.bus import Connected
-from sim.errors import ConfigError, single_error
+from sim.errors import ConfigError
 from sim.memory import WorldFact
 from sim.protocol.barrier import Barrier
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.shard._clock import checkpoint
 from sim.shard._config import parse_shard, shard_npcs
 from sim.shard._context import ShardContext
-from sim.shard._registry import Agent, Player, agent_factories, players
+from sim.shard._dice import AmbientDice
+from sim.shard._registry import AgentFactory, Player, agent_factories, players
 from sim.shard._startup import StartupPhase, create_agents
+from sim.shard._turns import take_turns
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, Join
@@ -52,6 +56,7 @@ __all__ = ["Shard"]
 log = logging.getLogger(__name__)
 
 _BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall warning)
+_DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the event loop (~20 ms)
 
 
 class Shard:
@@ -63,7 +68,8 @@ class Shard:
         self.index, count = parse_shard(ctx.config.shard)
         self.specs = shard_npcs(ctx.scenario, self.index, count)
         self.local = frozenset(spec.id for spec in self.specs)
-        self.agents: list[Agent] = []
+        self.kinds: dict[str, AgentFactory] = {}
+        self.dice = AmbientDice(ctx.seed, self.specs)
         self.players: list[Player] = []
         self.outside: list[tuple[str, PlayerInputMessage]] = []
         self.world_updates: list[WorldStateMessage] = []  # shard 0: taken into its next TickDone
@@ -74,6 +80,7 @@ class Shard:
         ticks = self.config.ticks if self.config.ticks is not None else ctx.scenario.scenario.ticks
         self.end = self.config.until_tick if self.config.until_tick is not None else self.first + ticks
         self.barrier = Barrier(ctx.shard, [str(i) for i in range(count)], self.bus.is_routed, tick=self.first)
+        self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
         self._resend_since: int | None = None
 
     # --- starting and stopping ---------------------------------------------------------
@@ -84,14 +91,11 @@ class Shard:
         await self._restore_sent()
         bus.drop_batches_before(self.barrier.tick)
         await bus.listen_barrier()  # first: every batch is counted
-        kinds = agent_factories(self.specs)
-        self.agents = await create_agents(
-            self.store, ctx.scenario, self.specs, stats.startup_progress,
-            lambda spec: kinds[spec.kind](spec, ctx.agent_context(spec)),
-        )
-        stats.agents = len(self.agents)
+        self.kinds = agent_factories(self.specs)
+        loaded = await create_agents(self.store, ctx.scenario, self.specs, stats.startup_progress, lambda _: None)
+        stats.agents = len(loaded)
         if ctx.metrics is not None:
-            ctx.metrics.agents.set(len(self.agents))
+            ctx.metrics.agents.set(len(loaded))
         stats.startup_progress.enter(StartupPhase.SUBSCRIBING)
         npcs = tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in self.specs)
         await bus.publish_roster(RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
@@ -144,7 +148,7 @@ class Shard:
                 await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
 
     async def step(self, tick: int) -> bool:
-        """One whole tick; False when asked to stop while the barrier held (the tick is not
+        """One whole tick; False when asked to stop before it was done (the tick is not
         committed: the store rolls it back, and it runs again on --resume)."""
         if tick != self.next_tick:
             raise ValueError(f"shard {self.ctx.shard}: the next tick is {self.next_tick}, not {tick}")
@@ -153,7 +157,9 @@ class Shard:
         started = self.clock.now()
         self.ctx.tick = self.stats.tick = tick
         await self._take_inputs(tick)
-        await self._step_agents(tick)
+        if not await self._take_turns(tick):
+            log.warning("stopping during tick %d: it is not committed and runs again on --resume", tick)
+            return False
         await self._publish(tick)
         if not await self._pass_barrier(tick):
             return False
@@ -190,15 +196,26 @@ class Shard:
             ctx.outbox.emit(topics.agent_inbox(ctx.run_id, message.to), event)
             stats.player_inputs += 1
 
-    async def _step_agents(self, tick: int) -> None:
-        """Every agent with mail from earlier ticks, or that rolls to talk, takes its turn."""
-        woken = [agent for agent in self.agents if agent.wants_turn(tick)]
-        try:
-            async with asyncio.TaskGroup() as group:
-                for agent in woken:
-                    group.create_task(agent.step(tick), name=f"agent-{agent.id}")
-        except BaseExceptionGroup as group_error:
-            raise single_error(group_error) from None
+    async def _take_turns(self, tick: int) -> bool:
+        """The NPCs with mail from earlier ticks, then those whose ambient dice fell, take
+        their turns; no other NPC is touched. False when asked to stop first."""
+        fallen: list[str] = []
+        for start in range(0, len(self.dice), _DICE_SLICE):
+            if self.stop.is_set():
+                return False
+            fallen += self.dice.roll(tick, start, start + _DICE_SLICE)
+            await checkpoint()
+        mailed = self.bus.mail_holders(tick)
+        ambient = set(fallen)
+        woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
+        woken.update((agent, True) for agent in fallen)
+        scenario, kinds, ctx = self.ctx.scenario, self.kinds, self.ctx
+
+        async def turn(item: tuple[str, bool]) -> None:
+            spec = scenario.npc(item[0])
+            await kinds[spec.kind](spec, ctx.agent_context(spec)).step(tick, item[1])
+
+        return await take_turns(woken.items(), turn, workers=self._workers, stop=self.stop)
 
     async def _publish(self, tick: int) -> None:
         """The tick's batches, then the TickDone that lists them; all kept for re-sending."""
