@@ -130,3 +130,50 @@ async def test_unreachable_broker_is_a_clear_error() -> None:
     with pytest.raises(BrokerError, match="no MQTT connection"):
         async with open_bus(config):
             pass
+
+
+class _HeldLink:
+    """A link whose publishes wait for the test to acknowledge them, in any order."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.acks: dict[str, asyncio.Event] = {}
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
+        self.started.append(topic)
+        self.acks[topic] = asyncio.Event()
+        await self.acks[topic].wait()
+
+    async def subscribe(self, filters: object) -> None:
+        return None
+
+    async def messages(self):  # type: ignore[no-untyped-def]
+        await asyncio.Event().wait()
+        yield ("", b"")
+
+
+class _HeldTransport:
+    def __init__(self, link: _HeldLink) -> None:
+        self.link = link
+
+    async def run(self, session, *, on_lost):  # type: ignore[no-untyped-def]
+        await session(self.link)
+
+
+async def test_publishes_wait_in_a_bounded_window_not_for_each_acknowledgement() -> None:
+    link = _HeldLink()
+    config = BusConfig(broker=BrokerAddress(), run="r", publish_window=4)
+    async with open_bus(config, transport=_HeldTransport(link)) as bus:
+        for n in range(10):
+            await bus.publish(f"t{n}", b"x")
+        await wait_for(lambda: len(link.started) == 4)
+        await asyncio.sleep(0.05)
+        assert link.started == ["t0", "t1", "t2", "t3"]  # the window is full: nothing more is sent
+        link.acks["t2"].set()  # any acknowledgement makes room for the next, not the whole window's
+        await wait_for(lambda: len(link.started) == 5)
+        assert link.started[-1] == "t4" and bus.stats.messages_out == 1
+        for n in range(10):
+            await wait_for(lambda n=n: f"t{n}" in link.acks)
+            link.acks[f"t{n}"].set()
+        await bus.wait_sent()
+        assert link.started == [f"t{n}" for n in range(10)] and bus.stats.messages_out == 10

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -56,7 +58,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     outbox_size: int = 10_000
     mailbox_size: int = 1_000
     seen_ids: int = 200_000
-    publish_concurrency: int = 64
+    publish_window: int = 1_024  # publishes sent and not yet acknowledged, at most
     publish_timeout: float = 10.0
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
@@ -95,6 +97,9 @@ class Bus:
         self._outbox_space = asyncio.Event()
         self._outbox_space.set()
         self._inflight = 0
+        self._retry: list[tuple[int, _Outgoing]] = []  # failed publishes, by the order they were sent in
+        self._failed = False
+        self._backoff = Backoff(config.reconnect)
         self._connected = asyncio.Event()
         self._link: Link | None = None
         self._connections = 0
@@ -221,7 +226,7 @@ class Bus:
 
     async def wait_sent(self) -> None:
         """Wait until the outbox is empty (callers bound it with a timeout)."""
-        while self._outbox or self._inflight:
+        while self._outbox or self._inflight or self._retry:
             self._outbox_space.clear()
             await self._outbox_space.wait()
 
@@ -264,45 +269,59 @@ class Bus:
         await self._transport.run(self._session, on_lost=self._lost)
 
     async def _sender(self) -> None:
-        """Publish the outbox in order; a failed publish goes back to the head for retry.
+        """Publish the outbox in order, with up to `publish_window` publishes unacknowledged.
 
-        Up to `publish_concurrency` publishes are in flight; paho hands them to the socket
-        in the order they were started, so the broker sees the outbox order.
+        A publish is started as soon as the window has room (not in chunks whose slowest
+        acknowledgement holds back the next): QoS 1 needs the broker's PUBACK, not a wait
+        for each one before sending the next. paho hands publishes to the socket in the
+        order they were started, so the broker sees the outbox order. A failed publish
+        (the connection went) is retried first, in its original order, after a backoff.
         """
-        backoff = Backoff(self.config.reconnect)
-        while True:
-            await self._outbox_ready.wait()
-            await self._connected.wait()
-            link = self._link
-            if not self._outbox or link is None:
-                self._outbox_ready.clear()
-                continue
-            chunk = [self._outbox.popleft() for _ in range(min(len(self._outbox), self.config.publish_concurrency))]
-            self._inflight = len(chunk)
+        window = asyncio.Semaphore(self.config.publish_window)
+        order = itertools.count()
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    await self._outbox_ready.wait()
+                    await self._connected.wait()
+                    if self._failed:
+                        self._failed = False
+                        await asyncio.sleep(self._backoff.next())
+                        continue
+                    link = self._link
+                    if link is None or not (self._retry or self._outbox):
+                        self._outbox_ready.clear()
+                        continue
+                    await window.acquire()
+                    if self._link is not link:  # the connection went while the window was full
+                        window.release()
+                        continue
+                    item = heapq.heappop(self._retry)[1] if self._retry else self._outbox.popleft()
+                    self._inflight += 1
+                    self._outbox_space.set()
+                    group.create_task(self._publish_one(link, next(order), item, window))
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+
+    async def _publish_one(self, link: Link, seq: int, item: _Outgoing, window: asyncio.Semaphore) -> None:
+        topic, payload, qos, retain = item
+        try:
+            await link.publish(topic, payload, qos=qos, retain=retain)
+        except BrokerError:
+            if not self._failed:
+                log.warning("publishing failed (the connection went); retrying after a backoff")
+            heapq.heappush(self._retry, (seq, item))
+            self._failed = True
+        except Exception as exc:
+            raise BusError(f"publishing to {topic} failed: {exc!r}") from exc
+        else:
+            self.stats.messages_out += 1
+            self._backoff.reset()
+        finally:
+            self._inflight -= 1
+            window.release()
             self._outbox_space.set()
-            results = await asyncio.gather(
-                *(link.publish(t, p, qos=q, retain=r) for t, p, q, r in chunk), return_exceptions=True
-            )
-            failed = []
-            for item, result in zip(chunk, results, strict=True):
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
-                if isinstance(result, BrokerError):
-                    failed.append(item)
-                elif isinstance(result, BaseException):
-                    raise BusError(f"publishing to {item[0]} failed: {result!r}") from result
-                else:
-                    self.stats.messages_out += 1
-            self._inflight = 0
-            self._outbox_space.set()
-            if failed:
-                log.warning("%d publishes failed; they are retried after a backoff", len(failed))
-                self._outbox.extendleft(reversed(failed))
-                await asyncio.sleep(backoff.next())
-            else:
-                backoff.reset()
-            if not self._outbox:
-                self._outbox_ready.clear()
+            self._outbox_ready.set()
 
 
 def _mqtt_transport(config: BusConfig) -> MqttTransport:
@@ -315,7 +334,7 @@ def _mqtt_transport(config: BusConfig) -> MqttTransport:
         protocol=config.protocol,
         will=(topics.status(config.run, config.shard), offline),
         timeout=config.publish_timeout,
-        max_inflight=config.publish_concurrency,
+        max_inflight=config.publish_window,
     )
 
 
