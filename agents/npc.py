@@ -1,11 +1,14 @@
 """The NPC brain: perceive, remember, decide, speak.
 
-Each tick the shard wakes the NPCs that have mail or whose ambient dice fell (a function
-of seed, id and tick: sim.shard.ambient_roll). Such an NPC reads its mail (sorted by (tick, id)), turns what it
-perceived into episodic memories with a significance and, when it took part, into
-dialogue lines; updates its beliefs about who spoke to it; then answers every player
-who addressed it, the first NPC who addressed it (while the exchange is short), or,
-failing those, says something to a neighbour. It reaches the engine only through its
+Each tick the shard wakes the NPCs that have mail (what was said to them) or whose
+ambient dice fell (a function of seed, id and tick: sim.shard.ambient_roll). What an NPC
+remembers of what it perceives is `NpcAgent.episode_of(event, addressed)`: the engine
+applies it to the events of the NPC's place (once per event for all who overheard it) and
+of its inbox, so everything said where it stands is in its episodic memory with a
+significance. When it took part (a line said to it), it takes the line into its dialogue
+and believes that the speaker wants to talk to it; then it answers every player who
+addressed it, the first NPC who addressed it (while the exchange is short), or, failing
+those, says something to a neighbour. It reaches the engine only through its
 `AgentContext`: `speak` is one call, and what a line goes through (working memory,
 inference pool, the `say` topic, the place's events, the store, the audit) is the
 engine's business.
@@ -52,19 +55,31 @@ class NpcAgent:
         self.location = spec.location
         self._ctx = ctx
 
+    @staticmethod
+    def episode_of(event: AnyEvent, addressed: bool) -> Episode:
+        """What an NPC remembers of an event it perceived (at its place or in its inbox):
+        a notice as the game system told it; a line as who said it to whom, the more
+        significant when said to it, the most when a player said it. The engine keeps one
+        such memory per event for everyone it was not addressed to."""
+        if isinstance(event, Notice):
+            return Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
+        target = "me" if addressed else (event.to or "everyone")
+        significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
+        text = f'{event.speaker} said to {target}: "{event.text}"'
+        return Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance)
+
     async def step(self, tick: int, ambient: bool) -> None:
-        events = self._ctx.mail(tick)
+        events = await self._ctx.mail(tick)
         replies: list[Speech] = []
         npc_reply: Speech | None = None
         for event in events:
-            if isinstance(event, Speech) and event.speaker == self.id:
+            if not isinstance(event, Speech) or event.speaker == self.id or event.to != self.id:
                 continue
-            await self._perceive(event, tick)
-            if isinstance(event, Speech) and event.to == self.id:
-                if event.from_player:
-                    replies.append(event)
-                elif npc_reply is None and event.turn < MAX_NPC_TURNS:
-                    npc_reply = event
+            await self._take_part(event, tick)
+            if event.from_player:
+                replies.append(event)
+            elif npc_reply is None and event.turn < MAX_NPC_TURNS:
+                npc_reply = event
         if npc_reply is not None:
             replies.append(npc_reply)
         for heard in replies:
@@ -77,25 +92,16 @@ class NpcAgent:
                 prompt = rng.choice(AMBIENT_PROMPTS).format(other=other)
                 await self._ctx.speak(other, prompt, 0)
 
-    async def _perceive(self, event: AnyEvent, tick: int) -> None:
+    async def _take_part(self, event: Speech, tick: int) -> None:
+        """Said to it: a line of its dialogue (heard in this tick, numbered in its sequence)
+        and the belief that the speaker wants to talk to it."""
         ctx = self._ctx
-        if isinstance(event, Notice):
-            await ctx.remember(
-                Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
-            )
-            return
-        addressed = event.to == self.id
-        target = "me" if addressed else (event.to or "everyone")
-        significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
-        text = f'{event.speaker} said to {target}: "{event.text}"'
-        await ctx.remember(Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance))
-        if addressed:
-            await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
-            kind = "a player" if event.from_player else "a neighbour"
-            belief = Belief(
-                id=f"wants-to-talk:{event.speaker}:{event.tick}",
-                tick=event.tick,
-                text=f"{event.speaker} ({kind}) wants to talk to me.",
-                confidence=0.8 if event.from_player else 0.6,
-            )
-            await ctx.remember(belief)
+        await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
+        kind = "a player" if event.from_player else "a neighbour"
+        belief = Belief(
+            id=f"wants-to-talk:{event.speaker}:{event.tick}",
+            tick=event.tick,
+            text=f"{event.speaker} ({kind}) wants to talk to me.",
+            confidence=0.8 if event.from_player else 0.6,
+        )
+        await ctx.remember(belief)

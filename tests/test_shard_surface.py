@@ -10,8 +10,8 @@ import sim.shard
 def test_the_shard_exports_exactly_its_public_names() -> None:
     assert set(sim.shard.__all__) == {
         "AGENT_KINDS", "PLAYER_KINDS", "Agent", "AgentContext", "Clock", "Player", "RunConfig", "RunStats", "Shard",
-        "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll", "assign_places",
-        "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
+        "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
+        "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
     }
     for name in sim.shard.__all__:
         assert getattr(sim.shard, name) is not None

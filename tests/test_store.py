@@ -39,6 +39,8 @@ def test_public_surface() -> None:
             "SCHEMA_VERSION",
             "AuditSummary",
             "AuthorityError",
+            "Pending",
+            "PlaceRows",
             "SchemaError",
             "Store",
             "StoreError",

@@ -1,22 +1,26 @@
 """The shard's bus: one connection, the QoS 1 outbox, and the router it feeds.
 
     async with open_bus(BusConfig(broker=BrokerAddress.parse(url), run="r1", shard="0")) as bus:
-        box = bus.mailbox("blacksmith")
         await bus.listen_location("forge", ["blacksmith"])
+        await bus.listen_inboxes(["blacksmith"])
         await bus.listen_barrier()
+        bus.deliver(topic, events)                        # one of its own places or NPCs: no broker
         await bus.publish(topic, payload)                 # queued, sent in order
         await clock.wait(bus.arrived, 0.5)                # something to act on came in
         for event in bus.take_events(): ...               # BatchArrived, BarrierReceived, ..., Connected
+        bus.take_place_events(tick)                       # the places' events, for their logs
+        bus.take_mail("blacksmith", tick)                 # its inbox
 
-What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, mailboxes,
-de-duplication, bounds): events for the agents land in their mailboxes, and what the shard
-must act on (sim.protocol.received) waits in the bus's event queue, with a `Connected`
-after each (re)connection, until the shard takes it at a phase boundary or in the barrier
-wait. The connection is the `Transport`'s (sim.bus._transport; MQTT by default).
+What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, intakes,
+mailboxes, de-duplication, bounds): a place's events wait in its intake until the shard
+appends them to the place's log, directed events in the addressee's mailbox, and what the
+shard must act on (sim.protocol.received) waits in the bus's event queue, with a
+`Connected` after each (re)connection, until the shard takes it at a phase boundary or in
+the barrier wait. The connection is the `Transport`'s (sim.bus._transport; MQTT by default).
 
 Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while the broker is
 away and, when it is full, the caller gets OutboxFullError: a QoS 1 event is never dropped
-silently.
+silently. The sender keeps a bounded window of publishes not yet acknowledged.
 """
 
 from __future__ import annotations
@@ -122,17 +126,33 @@ class Bus:
         return self._connected.is_set()
 
     def is_routed(self, topic: str) -> bool:
-        """Whether batches on `topic` reach a mailbox of this shard."""
+        """Whether batches on `topic` are taken by this shard (its places, its NPCs' inboxes)."""
         return self._router.is_routed(topic)
+
+    def deliver(self, topic: str, events: Iterable[AnyEvent]) -> None:
+        """Deliver events for a topic this shard routes, from the objects, without the broker."""
+        self._router.deliver(topic, events)
 
     def drop_batches_before(self, tick: int) -> None:
         """Batches of earlier ticks are re-sends of what was perceived: their events are dropped."""
         self._router.drop_batches_before(tick)
 
+    def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
+        """Each place's events of ticks up to `up_to`, sorted by (tick, id), for its log."""
+        return self._router.take_place_events(up_to)
+
+    def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
+        """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`."""
+        return self._router.waiting_mail(up_to)
+
+    def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
+        """Put (agent, event) mail back in the mailboxes (a resumed shard's)."""
+        self._router.restore_mail(mail)
+
     async def listen_location(self, location: str, agents: Iterable[str]) -> None:
-        """Deliver the events at `location` to these agents' mailboxes."""
+        """Take the events at `location` (heard there by these agents) into its intake."""
         topic = topics.location_events(self.config.run, location)
-        if self._router.route_location(topic, list(agents)):
+        if self._router.route_location(topic, location, len(list(agents))):
             await self._subscribe([topic])
 
     async def listen_inboxes(self, agents: Iterable[str]) -> None:
@@ -142,8 +162,7 @@ class Bus:
         agent took 12 s of start-up at 100,000 NPCs. Inbox messages to other shards' agents
         (directed events, few) arrive too; the router drops them without a count.
         """
-        for agent in agents:
-            self._router.route_inbox(topics.agent_inbox(self.config.run, agent), agent)
+        self._router.route_inboxes(agents)
         wildcard = self._router.agent_prefix + "+/inbox"
         if wildcard not in self._filters:
             await self._subscribe([wildcard])

@@ -79,6 +79,10 @@ class Mailbox:
     def __len__(self) -> int:
         return len(self._items)
 
+    def peek(self, before: int) -> list[AnyEvent]:
+        """The waiting events of ticks earlier than `before`, left in the box."""
+        return [e for e in self._items if e.tick < before]
+
     def has_mail(self, before: int) -> bool:
         """Whether an event of a tick earlier than `before` is waiting."""
         return any(e.tick < before for e in self._items)

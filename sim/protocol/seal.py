@@ -13,7 +13,9 @@ out. Unsigned or badly signed messages are refused by `RunKey.open` (the caller 
 them), never parsed.
 
 `seal` and `unseal` are the one way every component signs and opens a message: with no key
-(a broker whose ACL is trusted) the body travels as it is.
+(a broker whose ACL is trusted) the body travels as it is. `peel` reads back what a shard
+sealed itself, from its own store (a message body never starts with the magic: msgpack
+maps and arrays do not).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 
-__all__ = ["MIN_KEY_BYTES", "RunKey", "load_run_key", "seal", "unseal"]
+__all__ = ["MIN_KEY_BYTES", "RunKey", "load_run_key", "peel", "seal", "unseal"]
 
 _MAGIC = b"NPK1"
 _MAC = 32
@@ -87,3 +89,9 @@ def seal(key: RunKey | None, topic: str, body: bytes) -> bytes:
 def unseal(key: RunKey | None, topic: str, payload: bytes) -> bytes | None:
     """The body of a payload received on `topic`; None when the run has a key and the signature fails."""
     return payload if key is None else key.open(topic, payload)
+
+
+def peel(payload: bytes) -> bytes:
+    """The body of a payload this process sealed itself and read back from its own store,
+    whatever key sealed it (`--broker auto` makes a new key at every start): no check."""
+    return payload[len(_MAGIC) + _MAC :] if payload.startswith(_MAGIC) else payload

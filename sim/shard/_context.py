@@ -1,12 +1,15 @@
 """The contexts: what the shard's machinery shares, and the narrow handle each agent gets.
 
 `ShardContext` holds the run's identity and the shard's parts (scenario, config, bus,
-pool, store, stats, metrics, clock, the tick's outbox, the recorder); the shard, its
-recorder and its agents' contexts share it.
+pool, store, stats, metrics, clock, the tick's outbox, the recorder, its NPCs and their
+kinds, the perception of its places); the shard, its recorder and its agents' contexts
+share it. `state(spec)` is an NPC's state as a working memory is built from it: the
+store's hot state with what it heard at its place merged in (sim.shard._perception).
 
 `AgentContext` is all an agent may do, and nothing more (Mesa's agent handle): read its
 mail for the tick, remember what it perceived (with the NPC's authority in the store),
-look at who is at its place, and `speak`. It never hands out the bus or the store.
+look at who is at its place, and `speak`. It never hands out the bus or the store. It is
+made for one turn and dropped after it.
 
 `speak(to, said, turn)` is one act: build the working memory from the agent's state, ask
 the pool (a player's turn-1 answer first, ambient chatter last), publish the `say` line,
@@ -16,15 +19,19 @@ its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
 
 from __future__ import annotations
 
+import msgspec
+
 from sim.bus import Bus
 from sim.inference import InferenceRequest, Pool, Priority
-from sim.memory import Belief, Episode, Line, build_working_memory
+from sim.memory import Belief, Line, NpcState, build_working_memory
 from sim.metrics import Metrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import RunConfig, parse_shard
+from sim.shard._config import RunConfig, parse_shard, shard_npcs
+from sim.shard._perception import Perception
 from sim.shard._recorder import Recorder, Spoken
+from sim.shard._registry import agent_kinds
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
 from sim.wire import topics
@@ -63,7 +70,10 @@ class ShardContext:
         self.stats = stats
         self.metrics = metrics
         self.clock: Clock = clock or SystemClock()
-        self.shard = str(parse_shard(config.shard)[0])
+        index, count = parse_shard(config.shard)
+        self.shard = str(index)
+        self.specs = shard_npcs(scenario, index, count)
+        self.kinds = agent_kinds(self.specs)
         self.memory_config = scenario.memory
         self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
@@ -72,6 +82,11 @@ class ShardContext:
             neighbours.setdefault(spec.location, []).append(spec.id)
         self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        places: dict[str, list[str]] = {}
+        for spec in self.specs:
+            places.setdefault(spec.location, []).append(spec.id)
+        window = max(config.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
+        self.perception = Perception(places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
@@ -89,6 +104,13 @@ class ShardContext:
 
     def agent_context(self, spec: NpcSpec) -> AgentContext:
         return AgentContext(self, spec)
+
+    def state(self, spec: NpcSpec) -> NpcState:
+        """The NPC's state now: its own hot state, with the place's log it heard merged into
+        its episodic memory (what the engine before issue 20 kept as one copy per listener)."""
+        own = self.store.state(spec.id)
+        episodic = self.perception.episodic(spec.id, spec.location, own.episodic, self.kinds[spec.kind].episode_of)
+        return own if episodic is own.episodic else msgspec.structs.replace(own, episodic=episodic)
 
 
 class AgentContext:
@@ -113,9 +135,23 @@ class AgentContext:
 
     # --- perceiving ----------------------------------------------------------------------
 
-    def mail(self, tick: int) -> list[AnyEvent]:
-        """The events from ticks before `tick`, sorted by (tick, id); later ones stay for later."""
-        return self._shard.bus.take_mail(self.spec.id, tick)
+    async def mail(self, tick: int) -> list[AnyEvent]:
+        """What was said to this agent before `tick`, sorted by (tick, id); later mail stays.
+
+        Mail said at its place is in the place's log already; mail that came to its inbox
+        becomes its private memory here (what its kind remembers of it), once.
+        """
+        shard, spec = self._shard, self.spec
+        heard = shard.perception.take_mail(spec.id)
+        inbox = shard.bus.take_mail(spec.id, tick)
+        episode_of = shard.kinds[spec.kind].episode_of
+        for event in inbox:
+            if not (isinstance(event, Speech) and event.speaker == spec.id):
+                episode = episode_of(event, isinstance(event, Speech) and event.to == spec.id)
+                await shard.store.add_episode(spec.id, episode, writer=Writer.NPC)
+        if not heard:
+            return inbox
+        return sorted((*heard, *inbox), key=lambda e: (e.tick, e.id))
 
     def neighbours(self) -> tuple[str, ...]:
         """The other NPCs at this agent's place, in any shard, in id order."""
@@ -135,12 +171,11 @@ class AgentContext:
         self._seq += 1
         return self._seq
 
-    async def remember(self, memory: Episode | Belief | Line) -> None:
-        """Keep an episode, a belief or a dialogue line, with the NPC's authority."""
+    async def remember(self, memory: Belief | Line) -> None:
+        """Keep a belief or a dialogue line, with the NPC's authority (episodes of what it
+        perceived are the engine's: its place's log, or its `mail`)."""
         store = self._shard.store
-        if isinstance(memory, Episode):
-            await store.add_episode(self.spec.id, memory, writer=Writer.NPC)
-        elif isinstance(memory, Belief):
+        if isinstance(memory, Belief):
             await store.add_belief(self.spec.id, memory, writer=Writer.NPC)
         else:
             await store.add_line(self.spec.id, memory, writer=Writer.NPC)
@@ -155,7 +190,7 @@ class AgentContext:
         """
         shard, spec = self._shard, self.spec
         tick = shard.tick
-        state = shard.store.state(spec.id)
+        state = shard.state(spec)
         memory = build_working_memory(state, said, shard.memory_config)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)

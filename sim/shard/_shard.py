@@ -9,9 +9,10 @@ The tick is the clock, and a barrier for the whole run (sim.protocol.barrier). O
 2. turns: the local NPCs that have mail from earlier ticks or whose ambient dice fell
    (rolled here, for every local NPC: sim.shard._dice) take their turn, stepped by a
    bounded set of workers (sim.shard._turns); no other NPC is touched;
-3. publish: the tick's outbox goes out as one sealed batch per topic, then the shard's
-   TickDone listing them (with the world-state changes shard 0 took); everything sent is
-   kept for re-sending;
+3. publish: the tick's outbox, one batch per topic: a batch for this shard's own places
+   or NPCs is delivered here from the objects (no broker, no echo to wait for), the others
+   are sealed and published, then the shard's TickDone listing those (with the world-state
+   changes shard 0 took); everything published is kept for re-sending;
 4. barrier: until every shard finished the tick and every batch of it routed here
    arrived; a stall is logged and shown on the status topic, never skipped;
 5. commit: the store commits the tick with what was sent in it, atomically.
@@ -38,17 +39,18 @@ from sim.memory import WorldFact
 from sim.protocol.barrier import Barrier
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.protocol.seal import peel
 from sim.shard._clock import checkpoint
-from sim.shard._config import parse_shard, shard_npcs
+from sim.shard._config import parse_shard
 from sim.shard._context import ShardContext
 from sim.shard._dice import AmbientDice
-from sim.shard._registry import AgentFactory, Player, agent_factories, players
+from sim.shard._registry import Player, players
 from sim.shard._startup import StartupPhase, create_agents
 from sim.shard._turns import take_turns
-from sim.store import Store, Writer
+from sim.store import Pending, Store, Writer
 from sim.wire import topics
-from sim.wire.barrier import BarrierMessage, Join
-from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, event_id
+from sim.wire.barrier import BarrierMessage, Join, TickDone, decode_barrier
+from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, decode_batch, event_id
 from sim.wire.trace import RosterEntry, RosterMessage
 
 __all__ = ["Shard"]
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 
 _BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall warning)
 _DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the event loop (~20 ms)
+_DELIVERY_SLICE = 5_000  # events delivered locally between two yields
+_PLACE_SLICE = 500  # places' logs appended between two yields
 
 
 class Shard:
@@ -65,11 +69,11 @@ class Shard:
     def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
         self.ctx, self.stop = ctx, stop
         self.config, self.bus, self.store, self.stats, self.clock = ctx.config, ctx.bus, ctx.store, ctx.stats, ctx.clock
-        self.index, count = parse_shard(ctx.config.shard)
-        self.specs = shard_npcs(ctx.scenario, self.index, count)
+        self.index, self.count = parse_shard(ctx.config.shard)
+        self.specs = ctx.specs
         self.local = frozenset(spec.id for spec in self.specs)
-        self.kinds: dict[str, AgentFactory] = {}
         self.dice = AmbientDice(ctx.seed, self.specs)
+        self._since: dict[str, int] = {}  # each place's first tick its log needs, as last stored
         self.players: list[Player] = []
         self.outside: list[tuple[str, PlayerInputMessage]] = []
         self.world_updates: list[WorldStateMessage] = []  # shard 0: taken into its next TickDone
@@ -79,7 +83,7 @@ class Shard:
         self.next_tick = self.first
         ticks = self.config.ticks if self.config.ticks is not None else ctx.scenario.scenario.ticks
         self.end = self.config.until_tick if self.config.until_tick is not None else self.first + ticks
-        self.barrier = Barrier(ctx.shard, [str(i) for i in range(count)], self.bus.is_routed, tick=self.first)
+        self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self.bus.is_routed, tick=self.first)
         self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
         self._resend_since: int | None = None
 
@@ -88,10 +92,8 @@ class Shard:
     async def start(self) -> None:
         """Load or create the agents, listen to their topics, join the run's barrier, say "online"."""
         ctx, bus, stats = self.ctx, self.bus, self.stats
-        await self._restore_sent()
         bus.drop_batches_before(self.barrier.tick)
         await bus.listen_barrier()  # first: every batch is counted
-        self.kinds = agent_factories(self.specs)
         loaded = await create_agents(self.store, ctx.scenario, self.specs, stats.startup_progress, lambda _: None)
         stats.agents = len(loaded)
         if ctx.metrics is not None:
@@ -105,6 +107,7 @@ class Shard:
         for location, ids in sorted(by_location.items()):
             await bus.listen_location(location, ids)
         await bus.listen_inboxes(sorted(self.local))
+        await self._restore()
         if self.index == 0:
             self.players = players(ctx.scenario, ctx.run_id, ctx.seed, bots=self.config.bots,
                                    bot_rate=self.config.bot_rate)
@@ -122,19 +125,51 @@ class Shard:
         """Say "offline" on the status topic (retained): the run ended here, in order."""
         await self._status("offline")
 
-    async def _restore_sent(self) -> None:
-        """On resume: keep again what the last two committed ticks sent, and pass the last
-        one's barrier again (the others re-send theirs: docs/topics.md, "The tick barrier")."""
+    async def _restore(self) -> None:
+        """On resume: what the last committed tick left for the next one, from the store: the
+        places' logs (and what was said there to this shard's NPCs), the inboxes' mail, the
+        world-state changes due, and what the shard sent (to re-send; the others re-send
+        theirs when it joins: docs/topics.md, "The tick barrier")."""
         last = self.first - 1
         if last < 0:
             return
         sent = await self.store.sent()
-        if not any(tick == last for tick, _, _ in sent):
-            log.warning("%s: no record of what tick %d sent; its events are not perceived again", self.store.path, last)
-            return
-        self.barrier = Barrier(self.barrier.shard, self.barrier.shards, self.bus.is_routed, tick=last)
         for tick, topic, payload in sent:
             self.barrier.keep(tick, topic, payload)
+        if self.store.migrated_at == last:
+            await self._restore_schema_3(last, sent)
+        else:
+            perception = self.ctx.perception
+            for place, rows in (await self.store.place_log()).items():
+                for tick, events in rows:
+                    perception.append(place, events, mail=tick == last)
+                await checkpoint()
+            pending = await self.store.pending()
+            self.bus.restore_mail(pending.mail)
+            self.world_due = pending.world
+        self._since = self.ctx.perception.fronts()
+
+    async def _restore_schema_3(self, last: int, sent: list[tuple[int, str, bytes]]) -> None:
+        """A store last written by npcsim before schema 4: its NPCs' memories of what they
+        heard are their own rows, and what the last tick said is only in what it sent
+        (its own batches came back through the broker then). So those batches are
+        delivered here and appended to the places' logs, as the barrier of that tick would."""
+        if self.count > 1:
+            raise ConfigError(
+                f"--resume with --shard {self.config.shard}: {self.store.path} was written before schema 4, when "
+                "shards held NPCs by id; this npcsim gives shards whole places, so such a store resumes on one shard"
+            )
+        for tick, topic, payload in sent:
+            if tick != last:
+                continue
+            body = peel(payload)
+            if topic == topics.barrier(self.ctx.run_id, self.ctx.shard):
+                done = decode_barrier(body)
+                if isinstance(done, TickDone) and done.tick == last:
+                    self.world_due = done.world
+            elif self.bus.is_routed(topic):
+                self.bus.deliver(topic, decode_batch(body).events)
+        await self._perceive(last)
 
     # --- the ticks -----------------------------------------------------------------------
 
@@ -152,8 +187,6 @@ class Shard:
         committed: the store rolls it back, and it runs again on --resume)."""
         if tick != self.next_tick:
             raise ValueError(f"shard {self.ctx.shard}: the next tick is {self.next_tick}, not {tick}")
-        if self.barrier.tick < tick and not await self._pass_barrier(self.barrier.tick):
-            return False  # a resumed shard passes its last committed tick's barrier again first
         started = self.clock.now()
         self.ctx.tick = self.stats.tick = tick
         await self._take_inputs(tick)
@@ -163,6 +196,7 @@ class Shard:
         await self._publish(tick)
         if not await self._pass_barrier(tick):
             return False
+        await self._perceive(tick)
         await self._commit(tick)
         self.next_tick = tick + 1
         if self.ctx.metrics is not None:
@@ -205,23 +239,33 @@ class Shard:
                 return False
             fallen += self.dice.roll(tick, start, start + _DICE_SLICE)
             await checkpoint()
-        mailed = self.bus.mail_holders(tick)
+        mailed = sorted({*self.bus.mail_holders(tick), *self.ctx.perception.mail_holders()})
         ambient = set(fallen)
         woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
         woken.update((agent, True) for agent in fallen)
-        scenario, kinds, ctx = self.ctx.scenario, self.kinds, self.ctx
+        ctx = self.ctx
 
         async def turn(item: tuple[str, bool]) -> None:
-            spec = scenario.npc(item[0])
-            await kinds[spec.kind](spec, ctx.agent_context(spec)).step(tick, item[1])
+            spec = ctx.scenario.npc(item[0])
+            await ctx.kinds[spec.kind].build(spec, ctx.agent_context(spec)).step(tick, item[1])
 
         return await take_turns(woken.items(), turn, workers=self._workers, stop=self.stop)
 
     async def _publish(self, tick: int) -> None:
-        """The tick's batches, then the TickDone that lists them; all kept for re-sending."""
-        for batch in self.ctx.outbox.flush(tick):
-            await self.bus.publish(batch.topic, batch.payload)
-            self.barrier.keep(tick, batch.topic, batch.payload, events=batch.events)
+        """The tick's batches for this shard's own places and NPCs delivered here, the others
+        published; then the TickDone that lists those, all of it kept for re-sending."""
+        outbox, delivered = self.ctx.outbox, 0
+        for batch in outbox.take():
+            if self.bus.is_routed(batch.topic):
+                self.bus.deliver(batch.topic, batch.events)
+                delivered += len(batch.events)
+                if delivered >= _DELIVERY_SLICE:
+                    delivered = 0
+                    await checkpoint()
+                continue
+            sealed = outbox.seal(tick, batch)
+            await self.bus.publish(sealed.topic, sealed.payload)
+            self.barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
         await self._take_bus_events()  # shard 0: the world-state changes that arrived until now
         world: dict[str, str] = {}
         for message in self.world_updates:  # in the order they arrived
@@ -280,10 +324,27 @@ class Shard:
             await self._status()
         return True
 
+    async def _perceive(self, tick: int) -> None:
+        """The tick's events at each of this shard's places into the place's log, once, and into
+        the store as one row per place (with the tick from which the place's log is needed,
+        when its window moved); what was said to an NPC there is its mail for the next tick."""
+        perception, since = self.ctx.perception, self._since
+        for n, (place, events) in enumerate(self.bus.take_place_events(tick), start=1):
+            perception.append(place, events)
+            front = perception.front_tick(place)
+            moved = front if front is not None and front != since.get(place) else None
+            if moved is not None:
+                since[place] = moved
+            await self.store.add_place_events(place, tick, events, since=moved)
+            if n % _PLACE_SLICE == 0:
+                await checkpoint()
+
     async def _commit(self, tick: int) -> None:
-        """The tick and what it sent, in one transaction; status every 10 ticks."""
+        """The tick, what it sent and what waits for the next one, in one transaction; status
+        every 10 ticks."""
         self.bus.report_overflow(tick)
         await self.store.keep_sent(self.barrier.kept_by_tick())
+        await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
         await self.store.end_tick(tick)
         if self.config.retain_memories is not None:
             self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)

@@ -5,8 +5,9 @@
 | `_authority` | who may write what, the violation count |
 | `_hot` | each loaded agent's bounded state in memory, loading it from disk |
 | `_writer` | the one writer task: queued operations, batching, commits, failure |
-| `_items` | content addressing of episodes and audit records before they are written |
-| `_resume` | resume metadata: the last tick, what was sent, outside inputs |
+| `_items` | content addressing of episodes, events and audit records before they are written |
+| `_places` | the places' logs: a place's events of a tick as one row, loaded in one query |
+| `_resume` | resume metadata: the last tick, what was sent, what waits for the next tick, outside inputs |
 | `sql` | the statements |
 
 Every write is checked (`_authority`), updates the agent's hot state at once (so `state()`
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,12 +34,14 @@ from sim.errors import SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.store._authority import Authority, Writer
 from sim.store._hot import Hot, load_hot
-from sim.store._items import Addresser, episode_item
-from sim.store._resume import Resume, read_last_tick
+from sim.store._items import Addresser, episode_item, event_item
+from sim.store._places import PlaceRows, load_place_log
+from sim.store._resume import Pending, Resume, read_last_tick, read_migrated_at
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
 from sim.store.records import COLUMNS, RecordPacker
 from sim.store.sql import SELECT_AGENT_KEYS
+from sim.wire.events import AnyEvent
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
 
@@ -69,8 +72,12 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
 class Store:
     """An open store; use `open_store`. Methods are safe to call from many tasks."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, writer: BatchWriter, hot_limit: int) -> None:
+    def __init__(
+        self, conn: aiosqlite.Connection, path: Path, writer: BatchWriter, hot_limit: int,
+        migrated_at: int | None = None,
+    ) -> None:
         self._conn = conn
+        self._migrated_at = migrated_at
         self._path = path
         self._writer = writer
         self._limit = hot_limit
@@ -110,8 +117,23 @@ class Store:
         """The agents whose state is in memory, sorted."""
         return tuple(sorted(self._hot))
 
+    @property
+    def hot_limit(self) -> int:
+        """Newest items kept in memory per agent and category: what a working memory can use."""
+        return self._limit
+
+    @property
+    def migrated_at(self) -> int | None:
+        """The last tick a schema-3 npcsim committed before this file was migrated, if any."""
+        return self._migrated_at
+
     def state(self, agent_id: str) -> NpcState:
-        """The agent's bounded hot state, from memory; built once per change."""
+        """The agent's own bounded hot state, from memory; built once per change.
+
+        Its episodic memory here is what is the agent's alone (what it was given, what
+        reached its inbox); what it heard at its place is the place's log, which the shard
+        merges in (sim.shard, shared perception).
+        """
         return self._hot_for(agent_id).state()
 
     # -- loading and creating --------------------------------------------------------------
@@ -225,6 +247,22 @@ class Store:
         self._hot_for(agent_id).add_line(line)
         await self._writer.put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
 
+    async def add_place_events(
+        self, place: str, tick: int, events: Sequence[AnyEvent], *, since: int | None = None
+    ) -> None:
+        """Queue a place's events appended to its log at `tick` as one row (each event an item,
+        stored once); `since`, when given, is the tick from which the place's log is needed now."""
+        await self._writer.put("place", (place, tick, [event_item(event) for event in events]))
+        if since is not None:
+            await self._writer.put("place_window", (place, since))
+
+    async def place_log(self) -> PlaceRows:
+        """Every place's committed log from the tick its window needs, in one query."""
+        try:
+            return await load_place_log(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: loading the places' logs failed: {exc}") from exc
+
     async def record(self, record: AuditRecord) -> None:
         """Queue one audit record; the first record of an inference id wins."""
         blob, items = self._packer.pack(record)
@@ -247,6 +285,14 @@ class Store:
     async def sent(self) -> list[tuple[int, str, bytes]]:
         """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
         return await self._resume.sent()
+
+    async def keep_pending(self, pending: Pending) -> None:
+        """Queue what waits for the next tick (inbox mail, world-state changes), replacing the last."""
+        await self._resume.keep_pending(pending)
+
+    async def pending(self) -> Pending:
+        """What waited for the tick after the last commit."""
+        return await self._resume.pending()
 
     # -- commits ---------------------------------------------------------------------------
 
@@ -301,7 +347,7 @@ async def open_store(
     try:
         last_tick, agent_keys = await _prepare(conn, p)
         writer = BatchWriter(conn, p, Addresser(agent_keys), last_tick=last_tick, keep_tail=keep_tail)
-        store = Store(conn, p, writer, hot_limit)
+        store = Store(conn, p, writer, hot_limit, await read_migrated_at(conn))
         error: BaseException | None = None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(writer.run())

@@ -235,8 +235,8 @@ class BatchWriter:
         if self.failure is None:
             try:
                 await self._begin()
-                for _, sql in PRUNE_SQL:
-                    async with self._conn.execute(sql, (op.keep,)) as cursor:
+                for _, sql, takes_keep in PRUNE_SQL:
+                    async with self._conn.execute(sql, (op.keep,) if takes_keep else ()) as cursor:
                         deleted += max(cursor.rowcount, 0)
             except sqlite3.Error as exc:
                 self._fail(exc)

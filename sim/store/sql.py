@@ -19,10 +19,13 @@ __all__ = [
     "LOAD_FACTS",
     "LOAD_PROMPTS",
     "LOAD_WORLD",
+    "PLACE_LOG",
     "RECENT",
     "SELECT_AGENT_KEYS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
+    "SELECT_MIGRATED_AT",
+    "SELECT_PENDING",
     "SELECT_SENT",
     "SET_LAST_TICK",
     "RowKind",
@@ -30,10 +33,11 @@ __all__ = [
 ]
 
 RowKind = Literal[
-    "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta"
+    "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta",
+    "place", "place_events", "place_window",
 ]
-"""What a queued row is: its statement in `INSERT`, except `episode` (which the writer
-turns into `item` and `heard` rows, `sim.store._items`)."""
+"""What a queued row is: its statement in `INSERT`, except `episode` and `place` (which the
+writer turns into `item` rows and `heard` or `place_events` rows, `sim.store._items`)."""
 
 # Statements by row kind, in the order a batch runs them.
 INSERT: dict[RowKind, str] = {
@@ -44,6 +48,9 @@ INSERT: dict[RowKind, str] = {
     "agent_key": "INSERT INTO agent_keys (n, agent) VALUES (?, ?)",
     "item": "INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)",
     "heard": "INSERT INTO heard (agent, tick, items) VALUES (?, ?, ?)",
+    "place_events": "INSERT INTO place_events (place, tick, items) VALUES (?, ?, ?)",
+    "place_window": "INSERT INTO place_windows (place, since) VALUES (?, ?)"
+    " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
     "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
     "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record, format)"
@@ -93,6 +100,15 @@ ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each
 
 SELECT_INPUTS = "SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq"
 SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
+SELECT_PENDING = "SELECT value FROM meta WHERE key = 'pending'"
+SELECT_MIGRATED_AT = "SELECT value FROM meta WHERE key = 'migrated_at'"
+
+# Every place's log from the tick its window still needs, in one query: rows in (place,
+# tick) order, each row's items in the order they were appended.
+PLACE_LOG = (
+    "SELECT p.place, p.tick, p.items FROM place_windows AS w JOIN place_events AS p"
+    " ON p.place = w.place AND p.tick >= w.since ORDER BY p.place, p.tick, p.rowid"
+)
 
 
 async def fetch(conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...]) -> Iterable[Any]:
