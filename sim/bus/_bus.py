@@ -62,7 +62,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     outbox_size: int = 10_000
     mailbox_size: int = 1_000
     seen_ids: int = 200_000
-    publish_window: int = 64  # publishes sent and not yet acknowledged, at most (paho and aiomqtt scan them per publish)
+    publish_window: int = 64  # publishes unacknowledged at most (paho and aiomqtt scan them at each publish)
     publish_timeout: float = 10.0
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)

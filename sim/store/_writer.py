@@ -1,7 +1,8 @@
 """The store's one writer task and the bounded queue of operations its producers fill.
 
 Every write is one `Row` on the queue. The task drains the queue, groups rows by
-statement and runs each group with `executemany` inside one open transaction; a `Commit`
+statement and runs each group as one bulk statement (`sim.store.sql.BULK`) inside one
+open transaction; a `Commit`
 commits it (recording the tick in `meta` when it ends one), so a tick is either wholly on
 disk or not at all. Thousands of agents writing at once never wait on one another's
 commits, only (when the queue is full) on the writer: that is the backpressure.
@@ -31,7 +32,7 @@ import msgspec
 from sim.errors import StoreError
 from sim.store._items import Addresser
 from sim.store._retention import PRUNE_SQL
-from sim.store.sql import INSERT, SET_LAST_TICK, RowKind
+from sim.store.sql import BULK, LAYOUT, SET_LAST_TICK, RowKind, bulk_parameters
 
 __all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row"]
 
@@ -212,10 +213,10 @@ class BatchWriter:
             return
         self._addresser.address(rows)
         await self._begin()
-        for kind, sql in INSERT.items():
+        for kind, sql in BULK.items():
             group = rows.pop(kind, None)
             if group:
-                await self._conn.executemany(sql, group)
+                await self._conn.execute(sql, bulk_parameters(LAYOUT[kind], group))
                 self.rows_written += len(group)
         self.batches += 1
 

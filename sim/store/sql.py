@@ -11,11 +11,14 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import aiosqlite
+import msgspec
 
 __all__ = [
+    "BULK",
     "HEARD_RECENT",
     "INSERT",
     "ITEM_BODIES",
+    "LAYOUT",
     "LOAD_FACTS",
     "LOAD_PROMPTS",
     "LOAD_WORLD",
@@ -29,6 +32,7 @@ __all__ = [
     "SELECT_SENT",
     "SET_LAST_TICK",
     "RowKind",
+    "bulk_parameters",
     "fetch",
 ]
 
@@ -58,6 +62,63 @@ INSERT: dict[RowKind, str] = {
     "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
 }
+# How each statement's parameters travel in bulk: `v` a JSON value (numbers, booleans,
+# names), `t` text and `b` a blob, both as (offset, length) into one blob of their bytes.
+LAYOUT: dict[RowKind, str] = {
+    "agent": "vt", "fact": "vttv", "world": "vttv", "agent_key": "vv", "item": "vb", "heard": "vvb",
+    "place_events": "vvb", "place_window": "vv", "belief": "vtvtv", "line": "vvvtt", "audit": "vvvvttvtb",
+    "input": "vvvvt", "meta": "vb",
+}
+
+
+def _bulk(statement: str, layout: str) -> str:
+    """`statement` (one row's `INSERT ... VALUES (...)`) for many rows at once: its values taken
+    from a JSON array of rows (`?1`) and one blob holding every text and blob (`?2`)."""
+    head, _, rest = statement.partition(" VALUES (")
+    values, _, tail = rest.partition(")")
+    expressions, at, slots = [], 0, iter(layout)
+    for value in values.split(", "):
+        if value != "?":
+            expressions.append(value)
+            continue
+        kind = next(slots)
+        if kind == "v":
+            expressions.append(f"j.value ->> {at}")
+            at += 1
+        else:
+            part = f"substr(?2, j.value ->> {at}, j.value ->> {at + 1})"
+            expressions.append(part if kind == "b" else f"CAST({part} AS TEXT)")
+            at += 2
+    return f"{head} SELECT {', '.join(expressions)} FROM json_each(?1) AS j WHERE true{tail}"
+
+
+BULK: dict[RowKind, str] = {kind: _bulk(sql, LAYOUT[kind]) for kind, sql in INSERT.items()}
+"""The writer's statements: each `INSERT` for a whole batch of rows in one call, so SQLite
+runs the rows without taking the GIL back for each one (`executemany` does, and waits for
+the event loop's thread to let go of it every time). `bulk_parameters` makes the two
+parameters; the rows are stored exactly as `INSERT` stores them."""
+
+_JSON = msgspec.json.Encoder()
+
+
+def bulk_parameters(layout: str, rows: Iterable[tuple[Any, ...]]) -> tuple[bytes] | tuple[bytes, bytearray]:
+    """The parameters of a `BULK` statement for `rows`: the JSON rows, and the bytes blob when
+    the layout has texts or blobs."""
+    data = bytearray()
+    flat: list[list[Any]] = []
+    for row in rows:
+        out: list[Any] = []
+        for kind, value in zip(layout, row, strict=True):
+            if kind == "v":
+                out.append(value)
+                continue
+            raw = value.encode() if kind == "t" else value
+            out += (len(data) + 1, len(raw))
+            data += raw
+        flat.append(out)
+    return (_JSON.encode(flat), data) if layout.strip("v") else (_JSON.encode(flat),)
+
+
 SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)"
 SELECT_LAST_TICK = "SELECT value FROM meta WHERE key = 'last_tick'"
 SELECT_AGENT_KEYS = "SELECT agent, n FROM agent_keys"
