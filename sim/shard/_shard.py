@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 import msgspec
 
@@ -61,6 +62,7 @@ _BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall wa
 _DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the event loop (~20 ms)
 _DELIVERY_SLICE = 5_000  # events delivered locally between two yields
 _PLACE_SLICE = 500  # places' logs appended between two yields
+_WORLD_SLICE = 20_000  # NPCs whose world state is set between two yields
 
 
 class Shard:
@@ -208,7 +210,7 @@ class Shard:
         ctx, stats = self.ctx, self.stats
         if self.world_due:
             world = WorldStateMessage(state=self.world_due, tick=tick)
-            stats.world_changes += await _apply_world_state(self.store, sorted(self.local), world)
+            stats.world_changes += await _apply_world_state(self.store, (s.id for s in self.specs), world)
         self.world_due = None
         for player in self.players:
             for event in player.inputs(tick):
@@ -422,13 +424,17 @@ class Shard:
         await self.bus.publish_status(message)
 
 
-async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
-    """Set what the game system changed, with its authority; returns how many entries changed."""
+async def _apply_world_state(store: Store, agents: Iterable[str], message: WorldStateMessage) -> int:
+    """Set what the game system changed, with its authority; returns how many entries changed.
+
+    Every NPC is looked at (each holds its own world state), in slices between yields."""
     changed = 0
-    for agent in agents:
-        current = {entry.key: entry.value for entry in store.state(agent).world_state}
-        for key, value in sorted(message.state.items()):
-            if current.get(key) != value:
+    entries = sorted(message.state.items())
+    for n, agent in enumerate(agents, start=1):
+        for key, value in entries:
+            if store.world_value(agent, key) != value:
                 await store.set_world(agent, WorldFact(key=key, value=value), writer=Writer.GAME)
                 changed += 1
+        if n % _WORLD_SLICE == 0:
+            await checkpoint()
     return changed

@@ -127,6 +127,11 @@ class Store:
         """The last tick a schema-3 npcsim committed before this file was migrated, if any."""
         return self._migrated_at
 
+    def world_value(self, agent_id: str, key: str) -> str | None:
+        """The value of one of the agent's world-state entries, from memory (no state built)."""
+        entry = self._hot_for(agent_id).world.get(key)
+        return None if entry is None else entry.value
+
     def state(self, agent_id: str) -> NpcState:
         """The agent's own bounded hot state, from memory; built once per change.
 
