@@ -19,6 +19,10 @@ its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
+from typing import overload
+
 import msgspec
 
 from sim.bus import Bus
@@ -153,9 +157,10 @@ class AgentContext:
             return inbox
         return sorted((*heard, *inbox), key=lambda e: (e.tick, e.id))
 
-    def neighbours(self) -> tuple[str, ...]:
-        """The other NPCs at this agent's place, in any shard, in id order."""
-        return tuple(n for n in self._shard.neighbours(self.spec.location) if n != self.spec.id)
+    def neighbours(self) -> Sequence[str]:
+        """The other NPCs at this agent's place, in any shard, in id order (a view: no copy of
+        a place of thousands for each NPC that talks there)."""
+        return _Others(self._shard.neighbours(self.spec.location), self.spec.id)
 
     def is_npc(self, agent_id: str) -> bool:
         return agent_id in self._shard.npc_ids
@@ -222,3 +227,32 @@ class AgentContext:
                                    writer=Writer.NPC)
         await shard.recorder.record(Spoken(say=say, heard=said, state=state, memory=memory, result=result))
         return result.line
+
+
+class _Others(Sequence[str]):
+    """The ids of a place's NPCs in id order, but one: a sorted tuple seen with a gap."""
+
+    __slots__ = ("_all", "_gap")
+
+    def __init__(self, everyone: tuple[str, ...], but: str) -> None:
+        self._all = everyone
+        at = bisect.bisect_left(everyone, but)
+        self._gap = at if at < len(everyone) and everyone[at] == but else len(everyone)
+
+    def __len__(self) -> int:
+        return len(self._all) - (self._gap < len(self._all))
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._all[index + (index >= self._gap)]

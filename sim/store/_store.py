@@ -25,6 +25,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import msgspec
@@ -40,7 +41,7 @@ from sim.store._resume import Pending, Resume, read_last_tick, read_migrated_at
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
 from sim.store.records import COLUMNS, RecordPacker
-from sim.store.sql import SELECT_AGENT_KEYS
+from sim.store.sql import SELECT_AGENT_KEYS, RowKind
 from sim.wire.events import AnyEvent
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
@@ -173,7 +174,10 @@ class Store:
         await self.load_agents([agent_id])
         if agent_id in self._hot:
             return False
-        await self._create(state, writer)
+        rows: dict[RowKind, list[tuple[Any, ...]]] = {}
+        self._create(state, writer, rows)
+        for kind, group in rows.items():
+            await self._writer.put_rows(kind, group)
         return True
 
     async def ensure_agents(self, states: Iterable[NpcState], *, writer: Writer) -> int:
@@ -189,28 +193,27 @@ class Store:
         if not wanted:
             return 0
         missing = await self.load_agents(wanted)
+        rows: dict[RowKind, list[tuple[Any, ...]]] = {}
         for agent_id in missing:
-            await self._create(wanted[agent_id], writer)
+            self._create(wanted[agent_id], writer, rows)
+        for kind, group in rows.items():
+            await self._writer.put_rows(kind, group)
         await self._writer.commit(None)
         return len(missing)
 
-    async def _create(self, state: NpcState, writer: Writer) -> None:
-        """Put a new agent in memory and queue its rows (the caller checked it is new)."""
+    def _create(self, state: NpcState, writer: Writer, rows: dict[RowKind, list[tuple[Any, ...]]]) -> None:
+        """Put a new agent in memory and add its rows to `rows` (the caller checked it is new)."""
         agent_id = state.agent_id
         hot = self._hot[agent_id] = Hot.created(state, self._limit)
-        put = self._writer.put
         w = writer.value
-        await put("agent", (agent_id, state.system_prompt))
-        for f in hot.facts.values():
-            await put("fact", (agent_id, f.id, f.text, w))
-        for wf in hot.world.values():
-            await put("world", (agent_id, wf.key, wf.value, w))
-        for e in state.episodic:
-            await put("episode", (agent_id, e.tick, episode_item(e)))
-        for b in state.beliefs:
-            await put("belief", (agent_id, b.id, b.tick, b.text, b.confidence))
-        for line in state.dialogue:
-            await put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
+        rows.setdefault("agent", []).append((agent_id, state.system_prompt))
+        rows.setdefault("fact", []).extend((agent_id, f.id, f.text, w) for f in hot.facts.values())
+        rows.setdefault("world", []).extend((agent_id, wf.key, wf.value, w) for wf in hot.world.values())
+        rows.setdefault("episode", []).extend((agent_id, e.tick, episode_item(e)) for e in state.episodic)
+        rows.setdefault("belief", []).extend((agent_id, b.id, b.tick, b.text, b.confidence) for b in state.beliefs)
+        rows.setdefault("line", []).extend(
+            (agent_id, line.tick, line.seq, line.speaker, line.text) for line in state.dialogue
+        )
 
     # -- writes ----------------------------------------------------------------------------
 

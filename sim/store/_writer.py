@@ -32,9 +32,9 @@ import msgspec
 from sim.errors import StoreError
 from sim.store._items import Addresser
 from sim.store._retention import PRUNE_SQL
-from sim.store.sql import BULK, LAYOUT, SET_LAST_TICK, RowKind, bulk_parameters
+from sim.store.sql import BULK, INSERT, SET_LAST_TICK, RowKind, bulk_parameters
 
-__all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row"]
+__all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row", "Rows"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,13 @@ class Row(msgspec.Struct, frozen=True, tag=True):
 
     kind: RowKind
     values: tuple[Any, ...]
+
+
+class Rows(msgspec.Struct, frozen=True, tag=True):
+    """Many rows of one kind, queued as one operation (start-up creates agents by thousands)."""
+
+    kind: RowKind
+    rows: list[tuple[Any, ...]]
 
 
 class Commit(msgspec.Struct, frozen=True, tag=True):
@@ -67,7 +74,7 @@ class Close(msgspec.Struct, frozen=True, tag=True):
     """Write (or roll back) what is queued, then stop."""
 
 
-Operation = Row | Commit | Prune | Close
+Operation = Row | Rows | Commit | Prune | Close
 
 _Rows = dict[RowKind, list[tuple[Any, ...]]]
 
@@ -119,6 +126,13 @@ class BatchWriter:
         if size > self.high_water:
             self.high_water = size
 
+    async def put_rows(self, kind: RowKind, rows: list[tuple[Any, ...]]) -> None:
+        """Queue many rows of one kind as one operation; waits while the queue is full."""
+        self.check_open()
+        if rows:
+            self.rows_queued += len(rows)
+            await self._queue.put(Rows(kind, rows))
+
     async def commit(self, tick: int | None) -> None:
         """Commit everything queued so far (as `tick`, if given); returns once it is on disk."""
         self.check_open()
@@ -159,6 +173,8 @@ class BatchWriter:
                 for op in batch:  # isinstance, not match: a class pattern costs more per row
                     if isinstance(op, Row):
                         rows.setdefault(op.kind, []).append(op.values)
+                    elif isinstance(op, Rows):
+                        rows.setdefault(op.kind, []).extend(op.rows)
                     elif isinstance(op, Commit):
                         await self._write(rows, commit=True, tick=op.tick)
                         self._settle(op.done)
@@ -216,7 +232,11 @@ class BatchWriter:
         for kind, sql in BULK.items():
             group = rows.pop(kind, None)
             if group:
-                await self._conn.execute(sql, bulk_parameters(LAYOUT[kind], group))
+                parameters = bulk_parameters(kind, group)
+                if parameters is None:
+                    await self._conn.executemany(INSERT[kind], group)
+                else:
+                    await self._conn.execute(sql, parameters)
                 self.rows_written += len(group)
         self.batches += 1
 

@@ -1,13 +1,15 @@
 """The writer's statements and the queries that load hot state and resume metadata.
 
-Pure text, plus `fetch`, the one way the store reads a query's rows. Public, like
+Pure text, plus `fetch`, the one way the store reads a query's rows, and
+`bulk_parameters`, the one way the writer hands a batch of rows to a `BULK` statement. Public, like
 `sim.store.records`: the store's format is documented (docs/store.md), and a benchmark or a
 tool that measures the store against plain SQLite must run exactly these statements.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import aiosqlite
@@ -17,8 +19,8 @@ __all__ = [
     "BULK",
     "HEARD_RECENT",
     "INSERT",
+    "BLOB_LAST",
     "ITEM_BODIES",
-    "LAYOUT",
     "LOAD_FACTS",
     "LOAD_PROMPTS",
     "LOAD_WORLD",
@@ -62,61 +64,47 @@ INSERT: dict[RowKind, str] = {
     "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
 }
-# How each statement's parameters travel in bulk: `v` a JSON value (numbers, booleans,
-# names), `t` text and `b` a blob, both as (offset, length) into one blob of their bytes.
-LAYOUT: dict[RowKind, str] = {
-    "agent": "vt", "fact": "vttv", "world": "vttv", "agent_key": "vv", "item": "vb", "heard": "vvb",
-    "place_events": "vvb", "place_window": "vv", "belief": "vtvtv", "line": "vvvtt", "audit": "vvvvttvtb",
-    "input": "vvvvt", "meta": "vb",
-}
+# The row kinds whose last value is a blob: it travels apart from the JSON rows (as an
+# offset and a length into one blob of all of them); every other value is JSON.
+BLOB_LAST: frozenset[RowKind] = frozenset({"item", "heard", "place_events", "audit", "meta"})
 
 
-def _bulk(statement: str, layout: str) -> str:
+def _bulk(statement: str, blob_last: bool) -> str:
     """`statement` (one row's `INSERT ... VALUES (...)`) for many rows at once: its values taken
-    from a JSON array of rows (`?1`) and one blob holding every text and blob (`?2`)."""
+    from a JSON array of rows (`?1`) and, with `blob_last`, one blob of the rows' blobs (`?2`)."""
     head, _, rest = statement.partition(" VALUES (")
     values, _, tail = rest.partition(")")
-    expressions, at, slots = [], 0, iter(layout)
-    for value in values.split(", "):
-        if value != "?":
-            expressions.append(value)
-            continue
-        kind = next(slots)
-        if kind == "v":
-            expressions.append(f"j.value ->> {at}")
-            at += 1
-        else:
-            part = f"substr(?2, j.value ->> {at}, j.value ->> {at + 1})"
-            expressions.append(part if kind == "b" else f"CAST({part} AS TEXT)")
-            at += 2
+    placeholders = [n for n, value in enumerate(values.split(", ")) if value == "?"]
+    expressions = values.split(", ")
+    for at, n in enumerate(placeholders):
+        expressions[n] = f"j.value ->> {at}"
+    if blob_last:
+        at = len(placeholders) - 1
+        expressions[placeholders[-1]] = f"substr(?2, j.value ->> {at}, j.value ->> {at + 1})"
     return f"{head} SELECT {', '.join(expressions)} FROM json_each(?1) AS j WHERE true{tail}"
 
 
-BULK: dict[RowKind, str] = {kind: _bulk(sql, LAYOUT[kind]) for kind, sql in INSERT.items()}
+BULK: dict[RowKind, str] = {kind: _bulk(sql, kind in BLOB_LAST) for kind, sql in INSERT.items()}
 """The writer's statements: each `INSERT` for a whole batch of rows in one call, so SQLite
 runs the rows without taking the GIL back for each one (`executemany` does, and waits for
-the event loop's thread to let go of it every time). `bulk_parameters` makes the two
+the event loop's thread to let go of it every time). `bulk_parameters` makes the
 parameters; the rows are stored exactly as `INSERT` stores them."""
 
 _JSON = msgspec.json.Encoder()
+_NUL = b"\\u0000"  # how JSON writes a NUL character, which SQLite's JSON functions cut text at
 
 
-def bulk_parameters(layout: str, rows: Iterable[tuple[Any, ...]]) -> tuple[bytes] | tuple[bytes, bytearray]:
-    """The parameters of a `BULK` statement for `rows`: the JSON rows, and the bytes blob when
-    the layout has texts or blobs."""
-    data = bytearray()
-    flat: list[list[Any]] = []
-    for row in rows:
-        out: list[Any] = []
-        for kind, value in zip(layout, row, strict=True):
-            if kind == "v":
-                out.append(value)
-                continue
-            raw = value.encode() if kind == "t" else value
-            out += (len(data) + 1, len(raw))
-            data += raw
-        flat.append(out)
-    return (_JSON.encode(flat), data) if layout.strip("v") else (_JSON.encode(flat),)
+def bulk_parameters(kind: RowKind, rows: Sequence[tuple[Any, ...]]) -> tuple[bytes] | tuple[bytes, bytes] | None:
+    """The parameters of `BULK[kind]` for `rows`, or None when a text holds a NUL character
+    (those rows go one at a time, with `INSERT[kind]`)."""
+    if kind in BLOB_LAST:
+        blobs = [row[-1] for row in rows]
+        lengths = [len(blob) for blob in blobs]
+        ends = itertools.accumulate(lengths)  # the 1-based offset of a blob is its end minus its length, plus 1
+        data = _JSON.encode([(*row[:-1], end - n + 1, n) for row, end, n in zip(rows, ends, lengths, strict=True)])
+        return None if _NUL in data else (data, b"".join(blobs))
+    data = _JSON.encode(rows)
+    return None if _NUL in data else (data,)
 
 
 SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)"
