@@ -12,7 +12,11 @@ The modules, one job each:
 - `_places`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display and the summary read;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
+- `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, who stands where, the
+  dice table), built off the event loop at start-up;
 - `_context`: `ShardContext` (the shard's parts) and `AgentContext` (what an agent may do);
+- `_window`, `_perception`: shared perception: a place's log, trimmed by the window rule, and
+  the listeners' memories merged from it;
 - `_recorder`: audit records, traces, metrics and counters of every line said;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;

@@ -1,10 +1,11 @@
 """The contexts: what the shard's machinery shares, and the narrow handle each agent gets.
 
 `ShardContext` holds the run's identity and the shard's parts (scenario, config, bus,
-pool, store, stats, metrics, clock, the tick's outbox, the recorder, its NPCs and their
-kinds, the perception of its places); the shard, its recorder and its agents' contexts
-share it. `state(spec)` is an NPC's state as a working memory is built from it: the
-store's hot state with what it heard at its place merged in (sim.shard._perception).
+pool, store, stats, metrics, clock, the tick's outbox, the recorder, its layout (its NPCs
+and their kinds, who stands where: sim.shard._layout), the perception of its places);
+the shard, its recorder and its agents' contexts share it. `state(spec)` is an NPC's
+state as a working memory is built from it: the store's hot state with what it heard at
+its place merged in (sim.shard._perception).
 
 `AgentContext` is all an agent may do, and nothing more (Mesa's agent handle): read its
 mail for the tick, remember what it perceived (with the NPC's authority in the store),
@@ -32,10 +33,10 @@ from sim.metrics import Metrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import RunConfig, parse_shard, shard_npcs
+from sim.shard._config import RunConfig
+from sim.shard._layout import ShardLayout
 from sim.shard._perception import Perception
 from sim.shard._recorder import Recorder, Spoken
-from sim.shard._registry import agent_kinds
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
 from sim.wire import topics
@@ -63,6 +64,7 @@ class ShardContext:
         metrics: Metrics | None = None,
         *,
         clock: Clock | None = None,
+        layout: ShardLayout | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = config
@@ -74,23 +76,16 @@ class ShardContext:
         self.stats = stats
         self.metrics = metrics
         self.clock: Clock = clock or SystemClock()
-        index, count = parse_shard(config.shard)
-        self.shard = str(index)
-        self.specs = shard_npcs(scenario, index, count)
-        self.kinds = agent_kinds(self.specs)
+        self.layout = layout or ShardLayout(scenario, config.shard, seed)
+        self.shard = str(self.layout.index)
+        self.specs = self.layout.specs
+        self.kinds = self.layout.kinds
         self.memory_config = scenario.memory
-        self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
-        self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
-        neighbours: dict[str, list[str]] = {}
-        for spec in sorted(scenario.npcs, key=lambda s: s.id):
-            neighbours.setdefault(spec.location, []).append(spec.id)
-        self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
+        self.npc_location = self.layout.npc_location
+        self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        places: dict[str, list[str]] = {}
-        for spec in self.specs:
-            places.setdefault(spec.location, []).append(spec.id)
         window = max(config.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
-        self.perception = Perception(places, limit=store.hot_limit, window=window)
+        self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
@@ -163,7 +158,7 @@ class AgentContext:
         return _Others(self._shard.neighbours(self.spec.location), self.spec.id)
 
     def is_npc(self, agent_id: str) -> bool:
-        return agent_id in self._shard.npc_ids
+        return agent_id in self._shard.npc_location
 
     # --- remembering ---------------------------------------------------------------------
 
@@ -199,7 +194,7 @@ class AgentContext:
         memory = build_working_memory(state, said, shard.memory_config)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
-        player = turn == 1 and to not in shard.npc_ids
+        player = turn == 1 and to not in shard.npc_location
         priority = Priority.PLAYER if player else Priority.AMBIENT if turn == 0 else Priority.NPC
         request = InferenceRequest(
             id=inference_id,

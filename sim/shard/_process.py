@@ -28,11 +28,13 @@ from sim.metrics import Metrics
 from sim.shard._clock import Clock, SystemClock
 from sim.shard._config import RunConfig, check_resume, check_retention, default_run_id, hot_limit, parse_shard
 from sim.shard._context import ShardContext
+from sim.shard._layout import ShardLayout
 from sim.shard._shard import Shard
 from sim.shard._startup import (
     PausedCollector,
     StartupPhase,
     cancel_start_up_on,
+    in_thread,
     load_scenario_in_thread,
 )
 from sim.shard._stats import RunStats
@@ -90,6 +92,7 @@ async def _run(
         scenario = await load_scenario_in_thread(config.scenario)
         check_retention(config, hot_limit(scenario.memory))
         seed = scenario.scenario.seed if config.seed is None else config.seed
+        layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
         run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
         try:
             topics.run_root(run_id)
@@ -129,7 +132,8 @@ async def _run(
                 if metrics is not None:
                     metrics.watch_pool(pool.statistics)
                     metrics.watch_bus(bus.stats)
-                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock)
+                ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
+                                   layout=layout)
                 one = Shard(ctx, stop)
                 await one.start()
                 collector.start_up_done()

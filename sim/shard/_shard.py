@@ -42,9 +42,7 @@ from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
 from sim.protocol.seal import peel
 from sim.shard._clock import checkpoint
-from sim.shard._config import parse_shard
 from sim.shard._context import ShardContext
-from sim.shard._dice import AmbientDice
 from sim.shard._registry import Player, players
 from sim.shard._startup import StartupPhase, create_agents
 from sim.shard._turns import take_turns
@@ -71,10 +69,9 @@ class Shard:
     def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
         self.ctx, self.stop = ctx, stop
         self.config, self.bus, self.store, self.stats, self.clock = ctx.config, ctx.bus, ctx.store, ctx.stats, ctx.clock
-        self.index, self.count = parse_shard(ctx.config.shard)
-        self.specs = ctx.specs
-        self.local = frozenset(spec.id for spec in self.specs)
-        self.dice = AmbientDice(ctx.seed, self.specs)
+        layout = ctx.layout
+        self.index, self.count = layout.index, layout.count
+        self.specs, self.local, self.dice = layout.specs, layout.local, layout.dice
         self._since: dict[str, int] = {}  # each place's first tick its log needs, as last stored
         self.players: list[Player] = []
         self.outside: list[tuple[str, PlayerInputMessage]] = []
@@ -375,7 +372,7 @@ class Shard:
 
     def _on_player_input(self, player: str, message: PlayerInputMessage) -> None:
         if message.to not in self.local:
-            if message.to not in self.ctx.npc_ids:
+            if message.to not in self.ctx.npc_location:
                 self.bus.count_malformed(
                     "player input to an unknown NPC",
                     topics.player_input(self.ctx.run_id, player),

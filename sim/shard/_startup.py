@@ -1,4 +1,4 @@
-"""Start-up of a shard at scale: the scenario parsed off the loop, agents created in chunks.
+"""Start-up of a shard at scale: the scenario parsed and the layout built off the loop, agents created in chunks.
 
 A 100,000-NPC scenario takes seconds to parse and its agents tens of thousands of rows to
 create. Both are done so that the event loop stays responsive (SIGINT/SIGTERM are acted on
@@ -32,6 +32,7 @@ __all__ = [
     "StartupProgress",
     "cancel_start_up_on",
     "create_agents",
+    "in_thread",
     "load_scenario_in_thread",
 ]
 
@@ -114,25 +115,31 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
 
 
 async def load_scenario_in_thread(path: str | Path) -> Scenario:
-    """Parse the scenario in a daemon thread, so a stop request need not wait for it.
+    """Parse the scenario in a daemon thread, so a stop request need not wait for it."""
+    return await in_thread(lambda: load_scenario(path), "npcsim-load-scenario")
+
+
+async def in_thread(work: Callable[[], T], name: str) -> T:
+    """`work()` in a daemon thread: start-up's long computations (the parse, a shard's layout)
+    leave the event loop free, and a stop request need not wait for them.
 
     Not `asyncio.to_thread`: `asyncio.run` joins the default executor on exit, which would
     hold a stopped run until a multi-second parse had finished for nothing.
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Scenario] = loop.create_future()
+    future: asyncio.Future[T] = loop.create_future()
 
-    def work() -> None:
-        result: Scenario | None = None
+    def run() -> None:
+        result: T | None = None
         error: BaseException | None = None
         try:
-            result = load_scenario(path)
+            result = work()
         except BaseException as exc:  # noqa: BLE001 - handed over to the waiting coroutine
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody waits
             loop.call_soon_threadsafe(_settle, future, result, error)
 
-    threading.Thread(target=work, name="npcsim-load-scenario", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     return await future
 
 
