@@ -104,6 +104,7 @@ class Bus:
         self._retry: list[tuple[int, _Outgoing]] = []  # failed publishes, by the order they were sent in
         self._failed = False
         self._backoff = Backoff(config.reconnect)
+        self._closing_flush = config.publish_timeout
         self._connected = asyncio.Event()
         self._link: Link | None = None
         self._connections = 0
@@ -243,6 +244,11 @@ class Bus:
         self._outbox.append((topic, payload, qos, retain))
         self._outbox_ready.set()
 
+    def hurry(self, seconds: float) -> None:
+        """Bound the flush on closing to `seconds` (a stopping run does not wait the whole
+        `publish_timeout` for a broker that is away)."""
+        self._closing_flush = min(self._closing_flush, seconds)
+
     async def wait_sent(self) -> None:
         """Wait until the outbox is empty (callers bound it with a timeout)."""
         while self._outbox or self._inflight or self._retry:
@@ -362,7 +368,7 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
     """Connect (or raise BrokerError after the reconnect patience), run the loops, close cleanly.
 
     `transport` defaults to MQTT to `config.broker`. On a normal exit the outbox is sent
-    first (bounded by `publish_timeout`).
+    first (bounded by `publish_timeout`, or less after `hurry`).
     """
     bus = Bus(config, transport or _mqtt_transport(config))
     try:
@@ -373,7 +379,7 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
             try:
                 yield bus
                 try:
-                    async with asyncio.timeout(config.publish_timeout):
+                    async with asyncio.timeout(bus._closing_flush):
                         await bus.wait_sent()
                 except TimeoutError:
                     log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))

@@ -4,10 +4,11 @@ In order: the scenario is parsed off the loop, the broker opened (or started), t
 and the trust announcements made, then the store, the bus and the pool; the Shard starts
 up, runs its ticks and says "offline" at the end.
 
-Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one finishes,
-the retained status says "offline", and the run returns normally. A stop during start-up
-cancels the start-up at once (sim.shard._startup). After a crash the store rolls back the
-unfinished tick.
+Shutdown (SIGINT/SIGTERM): the current tick stops where it is (between slices of its work)
+and is not committed, the retained status says "offline", what is unsent gets half a
+second, and the run returns normally; after the last tick, the same in order. A stop
+during start-up cancels the start-up at once (sim.shard._startup). After a crash the
+store rolls back the unfinished tick.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from sim.wire import topics
 __all__ = ["run"]
 
 log = logging.getLogger(__name__)
+
+_STOPPING_FLUSH = 0.5  # seconds a stopped run gives its unsent messages on the way out
 
 
 async def run(
@@ -146,6 +149,8 @@ async def _run(
                 try:
                     await one.run(until=one.end)
                 finally:
+                    if stop.is_set():
+                        bus.hurry(_STOPPING_FLUSH)
                     await one.go_offline()
 
 
@@ -155,7 +160,7 @@ def _signals(stop: asyncio.Event, stats: RunStats) -> Iterator[None]:
     loop = asyncio.get_running_loop()
 
     def handler(signum: int) -> None:
-        log.warning("%s: stopping after the current tick", signal.Signals(signum).name)
+        log.warning("%s: stopping (an unfinished tick is not committed)", signal.Signals(signum).name)
         stats.stopped_by_signal = True
         stop.set()
 

@@ -8,8 +8,9 @@ disk or not at all. Thousands of agents writing at once never wait on one anothe
 commits, only (when the queue is full) on the writer: that is the backpressure.
 
 On `Close` the task writes and commits what is queued, or, with `keep_tail=False`, rolls
-back the unfinished tail (rows not yet run and the open transaction), so after a crash
-nothing of an unfinished tick is on disk. After a database error the task keeps draining
+back the unfinished tail (rows queued after the last commit are dropped unwritten, and
+the open transaction is rolled back), so after a crash nothing of an unfinished tick is
+on disk. After a database error the task keeps draining
 (dropping and counting rows, failing waiters) so producers blocked on the full queue are
 released, and every later write is refused.
 
@@ -94,6 +95,7 @@ class BatchWriter:
         self._keep_tail = keep_tail
         self._queue: asyncio.Queue[Operation] = asyncio.Queue(_QUEUE_SIZE)
         self._closing = False
+        self._tail_dropped = 0  # rows of the unfinished tick dropped unwritten at close
         self._in_transaction = False
         self._done = asyncio.Event()
         self.failure: StoreError | None = None
@@ -152,9 +154,22 @@ class BatchWriter:
         if self._closing:
             return
         self._closing = True
+        if not self._keep_tail:
+            self._drop_tail()
         if not self._done.is_set():
             await self._queue.put(Close())
             await self._done.wait()
+
+    def _drop_tail(self) -> None:
+        """Rows queued after the last commit would be written only to be rolled back: at a
+        million NPCs that is seconds of a stopping run. They are dropped unwritten."""
+        ops: list[Operation] = []
+        while not self._queue.empty():
+            ops.append(self._queue.get_nowait())
+        last = max((n for n, op in enumerate(ops) if not isinstance(op, Row | Rows)), default=-1)
+        for op in ops[: last + 1]:
+            self._queue.put_nowait(op)
+        self._tail_dropped = sum(len(op.rows) if isinstance(op, Rows) else 1 for op in ops[last + 1 :])
 
     # -- the task ------------------------------------------------------------------------
 
@@ -208,7 +223,7 @@ class BatchWriter:
 
     async def _roll_back(self, rows: _Rows) -> None:
         """Forget the unfinished tick: rows not yet run and the open transaction."""
-        discarded = bool(rows) or self._in_transaction
+        discarded = bool(rows) or self._in_transaction or self._tail_dropped > 0
         rows.clear()
         if self._in_transaction and self.failure is None:
             try:
