@@ -89,7 +89,7 @@ class Router:
         self._places: dict[str, str] = {}  # location topic -> place
         self._listeners: dict[str, int] = {}  # place -> NPCs there
         self._intakes: dict[str, Mailbox] = {}  # place -> its events not yet in its log
-        self._inboxes: set[str] = set()  # the agents whose inbox topics are routed here
+        self._inboxes: frozenset[str] = frozenset()  # the agents whose inbox topics are routed here
         self._seen = SeenEvents(seen_events)
         self._logged: set[str] = set()
         self.world_topic = topics.world_state(run)
@@ -113,7 +113,8 @@ class Router:
 
     def route_inboxes(self, agents: Iterable[str]) -> None:
         """Deliver each of these agents' directed events (`agent/{id}/inbox`) to its mailbox."""
-        self._inboxes.update(agents)
+        given = frozenset(agents)  # a frozenset is not copied: a shard's million NPCs are held once
+        self._inboxes = self._inboxes | given if self._inboxes else given
 
     def _inbox_agent(self, topic: str) -> str | None:
         """The local agent whose inbox `topic` is, or None."""

@@ -44,7 +44,7 @@ from sim.protocol.seal import peel
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._registry import Player, players
-from sim.shard._startup import StartupPhase, create_agents
+from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import take_turns
 from sim.store import Pending, Store, Writer
 from sim.wire import topics
@@ -98,14 +98,13 @@ class Shard:
         if ctx.metrics is not None:
             ctx.metrics.agents.set(len(loaded))
         stats.startup_progress.enter(StartupPhase.SUBSCRIBING)
-        npcs = tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in self.specs)
+        specs = self.specs  # the roster of a million NPCs takes a second to build: off the loop
+        npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),
+                               "npcsim-roster")
         await bus.publish_roster(RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
-        by_location: dict[str, list[str]] = {}
-        for spec in self.specs:
-            by_location.setdefault(spec.location, []).append(spec.id)
-        for location, ids in sorted(by_location.items()):
+        for location, ids in sorted(ctx.layout.places.items()):
             await bus.listen_location(location, ids)
-        await bus.listen_inboxes(sorted(self.local))
+        await bus.listen_inboxes(self.local)
         await self._restore()
         if self.index == 0:
             self.players = players(ctx.scenario, ctx.run_id, ctx.seed, bots=self.config.bots,
