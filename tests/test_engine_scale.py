@@ -174,3 +174,20 @@ async def test_one_shard_publishes_no_batch_and_waits_for_no_echo(tmp_path: Path
     assert batches == [] and len(dones) == 25 and all(d.batches == {} for d in dones)
     assert stats.bus.events_local > 0 and stats.inferences > 0
     assert stats.barrier_seconds == 0.0 and stats.stalls == 0  # nothing to wait for: no virtual time passed
+
+
+def test_an_npcs_neighbours_are_its_place_but_itself_without_a_copy() -> None:
+    import random
+
+    from sim.shard._context import _Others
+
+    for n in range(6):
+        place = tuple(sorted(f"n{i}" for i in range(n)))
+        for who in (*place, "stranger"):
+            others = _Others(place, who)
+            expected = tuple(x for x in place if x != who)
+            assert tuple(others) == expected and len(others) == len(expected) and bool(others) == bool(expected)
+            assert [others[i] for i in range(-len(expected), 0)] == list(expected)
+            for seed in range(4):  # the brain draws from it as from the tuple the engine used to copy
+                if expected:
+                    assert random.Random(seed).choice(others) == random.Random(seed).choice(expected)

@@ -220,3 +220,32 @@ def test_player_input_world_state_and_barrier_topics_are_routed_only_when_config
         "npcsim/r/player/+/input", "npcsim/r/world/state", topics.barrier_all("r")
     )
     assert isinstance(r.receive("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}'), PlayerInputReceived)
+
+
+def test_own_events_are_delivered_from_the_objects_and_counted_apart() -> None:
+    r = router()
+    said = [line(1), line(2)]
+    to_snack = Speech(id="r:p:1:0", tick=1, speaker="p", to="snack", text="for you", from_player=True)
+    r.deliver(LOC, said)
+    r.deliver(INBOX, [to_snack])
+    r.receive(LOC, batch(line(1)))  # the same event back through a broker: a duplicate
+    assert at_the_square(r) == ["real line 1", "real line 2"]
+    assert r.take_mail("snack", 2) == [to_snack]
+    assert (r.stats.events_local, r.stats.events_in, r.stats.duplicates) == (3, 1, 1)
+    assert r.stats.events_delivered == 2 * 2 + 1  # a place's event is heard by its 2 NPCs
+    with pytest.raises(ValueError, match="not routed here"):
+        r.deliver("npcsim/r/agent/someone_elses/inbox", [to_snack])
+
+
+def test_the_mail_waiting_at_a_commit_comes_back_on_resume() -> None:
+    r = router()
+    early = Speech(id="r:p:1:0", tick=1, speaker="p", to="snack", text="now", from_player=True)
+    late = Speech(id="r:p:2:0", tick=2, speaker="p", to="snack", text="next tick", from_player=True)
+    r.deliver(INBOX, [late, early])
+    waiting = r.waiting_mail(1)  # committed with tick 1: the tick-2 event is re-sent by its shard instead
+    assert waiting == [("snack", early)]
+    resumed = router()
+    resumed.restore_mail(waiting)
+    resumed.receive(INBOX, batch(early, tick=1))  # and a re-send of it is a duplicate
+    assert resumed.mail_holders(2) == ["snack"] and resumed.take_mail("snack", 2) == [early]
+    assert resumed.stats.duplicates == 1
