@@ -85,6 +85,7 @@ class Shard:
         self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self.bus.is_routed, tick=self.first)
         self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
         self._resend_since: int | None = None
+        self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
 
     # --- starting and stopping ---------------------------------------------------------
 
@@ -172,17 +173,32 @@ class Shard:
     # --- the ticks -----------------------------------------------------------------------
 
     async def run(self, until: int) -> None:
-        """Step every tick before `until`, paced by `tick_ms`, unless asked to stop."""
-        while self.next_tick < until and not self.stop.is_set():
-            started = self.clock.now()
-            if not await self.step(self.next_tick):
-                return
-            if self.config.tick_ms:
-                await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
+        """Step every tick before `until`, paced by `tick_ms`, unless asked to stop.
+
+        A tick's commit is written by SQLite (in its own thread) while the next tick's inputs
+        and turns are taken; that tick publishes its TickDone only once the commit is on
+        disk, so every shard still commits t-1 before anyone sends t's TickDone.
+        """
+        try:
+            while self.next_tick < until and not self.stop.is_set():
+                started = self.clock.now()
+                if not await self._step(self.next_tick):
+                    return
+                if self.config.tick_ms:
+                    await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
+        finally:
+            await self._committed()
 
     async def step(self, tick: int) -> bool:
-        """One whole tick; False when asked to stop before it was done (the tick is not
-        committed: the store rolls it back, and it runs again on --resume)."""
+        """One whole tick, committed when it returns True; False when asked to stop before it
+        was done (the tick is not committed: the store rolls it back, it runs again on --resume)."""
+        try:
+            return await self._step(tick)
+        finally:
+            await self._committed()
+
+    async def _step(self, tick: int) -> bool:
+        """One tick, its commit queued (`run`)."""
         if tick != self.next_tick:
             raise ValueError(f"shard {self.ctx.shard}: the next tick is {self.next_tick}, not {tick}")
         started = self.clock.now()
@@ -191,6 +207,7 @@ class Shard:
         if not await self._take_turns(tick):
             log.warning("stopping during tick %d: it is not committed and runs again on --resume", tick)
             return False
+        await self._committed()  # the last tick is on disk before this one's TickDone goes out
         await self._publish(tick)
         if not await self._pass_barrier(tick):
             return False
@@ -200,6 +217,12 @@ class Shard:
         if self.ctx.metrics is not None:
             self.ctx.metrics.tick_done(tick, self.clock.now() - started)
         return True
+
+    async def _committed(self) -> None:
+        """Until the last tick's commit is on disk (it raises what the writer met)."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            await committing
 
     async def _take_inputs(self, tick: int) -> None:
         """World-state changes, then the players' inputs of this tick, as events."""
@@ -343,8 +366,9 @@ class Shard:
         self.bus.report_overflow(tick)
         await self.store.keep_sent(self.barrier.kept_by_tick())
         await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
-        await self.store.end_tick(tick)
+        self._committing = await self.store.queue_end_tick(tick)
         if self.config.retain_memories is not None:
+            await self._committed()
             self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)
         if tick % 10 == 0:
             await self._status()

@@ -306,10 +306,16 @@ class Store:
 
     async def end_tick(self, tick: int) -> None:
         """Commit everything queued so far as tick `tick`; returns once it is on disk."""
+        await (await self.queue_end_tick(tick))
+
+    async def queue_end_tick(self, tick: int) -> asyncio.Future[None]:
+        """Queue the commit of everything queued so far as tick `tick`; the future is done once
+        it is on disk (await it), and what is queued meanwhile belongs to the next tick. So
+        the next tick's work goes on while SQLite writes this one."""
         last = self._writer.last_tick
         if last is not None and tick < last:
             raise StoreError(f"{self._path}: end_tick({tick}) after tick {last} was committed")
-        await self._writer.commit(tick)
+        return await self._writer.queue_commit(tick)
 
     async def flush(self) -> None:
         """Commit everything queued so far without ending a tick."""

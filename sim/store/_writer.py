@@ -137,10 +137,15 @@ class BatchWriter:
 
     async def commit(self, tick: int | None) -> None:
         """Commit everything queued so far (as `tick`, if given); returns once it is on disk."""
+        await (await self.queue_commit(tick))
+
+    async def queue_commit(self, tick: int | None) -> asyncio.Future[None]:
+        """Queue the commit of everything queued so far (as `tick`, if given); the future is
+        done once it is on disk. What is queued after it goes into the next transaction."""
         self.check_open()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self._queue.put(Commit(tick, done))
-        await done
+        return done
 
     async def prune(self, keep: int) -> int:
         """Run the pruning statements in the open transaction after what is queued; rows deleted."""
