@@ -102,6 +102,7 @@ class Bus:
         self._outbox_space.set()
         self._inflight = 0
         self._retry: list[tuple[int, _Outgoing]] = []  # failed publishes, by the order they were sent in
+        self._publishing: set[asyncio.Task[None]] = set()  # publishes waiting for their acknowledgement
         self._failed = False
         self._backoff = Backoff(config.reconnect)
         self._closing_flush = config.publish_timeout
@@ -289,6 +290,8 @@ class Bus:
         self._connected.clear()
         self._link = None
         self._outbox_space.set()
+        for task in self._publishing:  # their acknowledgements went with the connection: sent again
+            task.cancel()
 
     async def _connection_loop(self) -> None:
         await self._transport.run(self._session, on_lost=self._lost)
@@ -300,7 +303,10 @@ class Bus:
         acknowledgement holds back the next): QoS 1 needs the broker's PUBACK, not a wait
         for each one before sending the next. paho hands publishes to the socket in the
         order they were started, so the broker sees the outbox order. A failed publish
-        (the connection went) is retried first, in its original order, after a backoff.
+        (the connection went) is retried first, in its original order, after a backoff;
+        the publishes still waiting for an acknowledgement when a connection is lost are
+        cancelled and retried too (a publish has no timeout of its own: a dead connection
+        is found by the keepalive, and a timer per publish cost more than the publish).
         """
         window = asyncio.Semaphore(self.config.publish_window)
         order = itertools.count()
@@ -324,7 +330,9 @@ class Bus:
                     item = heapq.heappop(self._retry)[1] if self._retry else self._outbox.popleft()
                     self._inflight += 1
                     self._outbox_space.set()
-                    group.create_task(self._publish_one(link, next(order), item, window))
+                    task = group.create_task(self._publish_one(link, next(order), item, window))
+                    self._publishing.add(task)
+                    task.add_done_callback(self._publishing.discard)
         except BaseExceptionGroup as group_error:
             raise single_error(group_error) from None
 
@@ -332,6 +340,9 @@ class Bus:
         topic, payload, qos, retain = item
         try:
             await link.publish(topic, payload, qos=qos, retain=retain)
+        except asyncio.CancelledError:
+            heapq.heappush(self._retry, (seq, item))  # the connection went (`_lost`), or the bus closes
+            raise
         except BrokerError:
             if not self._failed:
                 log.warning("publishing failed (the connection went); retrying after a backoff")

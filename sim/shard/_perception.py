@@ -99,7 +99,9 @@ class Perception:
         if window is None:
             return private
         heard = []
+        ties, last = False, None
         for entry in window.newest(listener, self.limit):
+            ties, last = ties or entry.key == last, entry.key
             event = entry.event
             if isinstance(event, Speech) and event.to == listener:
                 heard.append(episode_of(event, True))
@@ -111,5 +113,8 @@ class Perception:
                 heard.append(episode)
         if not heard:
             return private
-        merged = sorted((*private, *heard), key=episode_order)
-        return tuple(merged[-self.limit :])
+        if ties or (private and episode_order(private[-1]) > episode_order(heard[0])):
+            return tuple(sorted((*private, *heard), key=episode_order)[-self.limit :])
+        # the usual case: the log's events (in recency order already) are all newer than the
+        # private episodes, so the merge is a concatenation
+        return (*private, *heard)[-self.limit :]
