@@ -13,17 +13,26 @@ The tick is the clock, and a barrier for the whole run (sim.protocol.barrier). O
    or NPCs is delivered here from the objects (no broker, no echo to wait for), the others
    are sealed and published, then the shard's TickDone listing those (with the world-state
    changes shard 0 took); everything published is kept for re-sending;
-4. barrier: until every shard finished the tick and every batch of it routed here
-   arrived; a stall is logged and shown on the status topic, never skipped;
-5. commit: the store commits the tick with what was sent in it, atomically.
+4. barrier: until every shard finished the tick and every batch of it a peer published
+   for this shard arrived (none to wait for on one shard); a stall is logged and shown on
+   the status topic, never skipped;
+5. perceive: each of this shard's places appends the tick's events to its log, once
+   (sim.shard._perception), and the store gets one row per place; what was said to an
+   NPC there is its mail for the next tick;
+6. commit: the store commits the tick with what was sent in it and what waits for the next
+   one (inbox mail, world-state changes), atomically.
 
-`run(until)` steps tick after tick, paced by `tick_ms` on the clock, until `until` or a
-stop. The bus hands the shard what it must act on as events (sim.bus), which the shard
-takes at the phase boundaries and while it waits at the barrier; every wait is the clock's.
+A stop request ends the tick between slices of its work (the dice, the turns, the barrier)
+and the tick is not committed. `run(until)` steps tick after tick, paced by `tick_ms` on
+the clock, until `until` or a stop, writing each tick's commit while the next tick's turns
+are taken. The bus hands the shard what it must act on as events (sim.bus), which the
+shard takes at the phase boundaries and while it waits at the barrier; every wait is the
+clock's.
 
-Resume (`--resume`) starts by passing the barrier of the last committed tick again: the
-shard re-sends what it sent in that tick (from the store) and asks the others for theirs
-(Join), so the events not yet perceived at the crash are in the mailboxes again.
+Resume (`--resume`) finds in the store what the last committed tick left for the next:
+the places' logs and the mail said there to this shard's NPCs, the inbox mail, the
+world-state changes due; it re-sends what it published in that tick and joins the run at
+the next one (Join), the others re-sending theirs.
 """
 
 from __future__ import annotations
@@ -94,10 +103,10 @@ class Shard:
         ctx, bus, stats = self.ctx, self.bus, self.stats
         bus.drop_batches_before(self.barrier.tick)
         await bus.listen_barrier()  # first: every batch is counted
-        loaded = await create_agents(self.store, ctx.scenario, self.specs, stats.startup_progress, lambda _: None)
-        stats.agents = len(loaded)
+        loaded = await create_agents(self.store, ctx.scenario, self.specs, stats.startup_progress)
+        stats.agents = loaded
         if ctx.metrics is not None:
-            ctx.metrics.agents.set(len(loaded))
+            ctx.metrics.agents.set(loaded)
         stats.startup_progress.enter(StartupPhase.SUBSCRIBING)
         specs = self.specs  # the roster of a million NPCs takes a second to build: off the loop
         npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),

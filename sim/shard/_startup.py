@@ -158,28 +158,26 @@ async def create_agents(
     scenario: Scenario,
     specs: Sequence[NpcSpec],
     progress: StartupProgress,
-    build: Callable[[NpcSpec], T],
     *,
     chunk: int = CHUNK,
-) -> list[T]:
+) -> int:
     """Load the agents the store has, create the others from the scenario, chunk by chunk.
 
     Per chunk: one `load_agents` (on resume, the only store work) and, for the agents not on
-    disk, one `ensure_agents` transaction; an initial state is built only for those. Then
-    `build(spec)` makes each agent object. Returns them in `specs` order.
+    disk, one `ensure_agents` transaction; an initial state is built only for those. No
+    agent object is made: the shard builds one for each turn (sim.shard._turns). Returns how
+    many agents the store holds for `specs`.
     """
     progress.enter(StartupPhase.CREATING, len(specs))
-    agents: list[T] = []
     for start in range(0, len(specs), chunk):
         part = specs[start : start + chunk]
         missing = set(await store.load_agents(spec.id for spec in part))
         if missing:
             states = [scenario.initial_state(spec) for spec in part if spec.id in missing]
             await store.ensure_agents(states, writer=Writer.SCENARIO)
-        agents.extend(build(spec) for spec in part)
-        progress.done = len(agents)
+        progress.done = start + len(part)
         await checkpoint()  # a stop request and the display get their turn between chunks
-    return agents
+    return len(specs)
 
 
 async def cancel_start_up_on(stop: asyncio.Event, progress: StartupProgress, run: asyncio.Task[object]) -> None:
