@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import msgspec
@@ -89,7 +90,7 @@ class Router:
         self._places: dict[str, str] = {}  # location topic -> place
         self._listeners: dict[str, int] = {}  # place -> NPCs there
         self._intakes: dict[str, Mailbox] = {}  # place -> its events not yet in its log
-        self._inboxes: frozenset[str] = frozenset()  # the agents whose inbox topics are routed here
+        self._inboxes: list[AbstractSet[str]] = []  # the agents whose inbox topics are routed here
         self._seen = SeenEvents(seen_events)
         self._logged: set[str] = set()
         self.world_topic = topics.world_state(run)
@@ -112,15 +113,17 @@ class Router:
         return new
 
     def route_inboxes(self, agents: Iterable[str]) -> None:
-        """Deliver each of these agents' directed events (`agent/{id}/inbox`) to its mailbox."""
-        given = frozenset(agents)  # a frozenset is not copied: a shard's million NPCs are held once
-        self._inboxes = self._inboxes | given if self._inboxes else given
+        """Deliver each of these agents' directed events (`agent/{id}/inbox`) to its mailbox.
+
+        A set (such as a shard's layout's) is kept as it is, not copied: a shard's million
+        NPCs are held once."""
+        self._inboxes.append(agents if isinstance(agents, AbstractSet) else frozenset(agents))
 
     def _inbox_agent(self, topic: str) -> str | None:
         """The local agent whose inbox `topic` is, or None."""
         if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
             agent = topic[len(self.agent_prefix) : -len("/inbox")]
-            if agent in self._inboxes:
+            if any(agent in agents for agents in self._inboxes):
                 return agent
         return None
 

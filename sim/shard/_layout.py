@@ -23,7 +23,9 @@ class ShardLayout:
         self.index, self.count = parse_shard(shard)
         self.specs: list[NpcSpec] = shard_npcs(scenario, self.index, self.count)
         """This shard's NPCs, in id order."""
-        self.local = frozenset(spec.id for spec in self.specs)
+        self.by_id = {spec.id: spec for spec in self.specs}
+        """This shard's NPCs by id (the scenario's own index of all NPCs is never built)."""
+        self.local = self.by_id.keys()
         self.kinds: dict[str, AgentKind] = agent_kinds(self.specs)
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
         """Every NPC of the run (in any shard), to where it stands."""

@@ -276,7 +276,7 @@ class Shard:
         ctx = self.ctx
 
         async def turn(item: tuple[str, bool]) -> None:
-            spec = ctx.scenario.npc(item[0])
+            spec = ctx.layout.by_id[item[0]]
             await ctx.kinds[spec.kind].build(spec, ctx.agent_context(spec)).step(tick, item[1])
 
         return await take_turns(woken.items(), turn, workers=self._workers, stop=self.stop)

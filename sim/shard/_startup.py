@@ -1,5 +1,8 @@
 """Start-up of a shard at scale: the scenario parsed and the layout built off the loop, agents created in chunks.
 
+A large scenario is parsed in a child process (the parser holds the GIL), a small one in a
+thread.
+
 A 100,000-NPC scenario takes seconds to parse and its agents tens of thousands of rows to
 create. Both are done so that the event loop stays responsive (SIGINT/SIGTERM are acted on
 at once) and the live display can say what start-up is doing (`StartupProgress`). The
@@ -13,6 +16,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import struct
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,11 +26,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
+import msgspec
+
+from sim.errors import ScenarioError
 from sim.scenario import NpcSpec, Scenario, load_scenario
 from sim.shard._clock import checkpoint
 from sim.store import Store, Writer
 
 __all__ = [
+    "CHILD_PARSE_BYTES",
     "CHUNK",
     "PausedCollector",
     "StartupPhase",
@@ -34,6 +43,7 @@ __all__ = [
     "create_agents",
     "in_thread",
     "load_scenario_in_thread",
+    "parse_for_parent",
 ]
 
 CHUNK = 2_000
@@ -125,8 +135,96 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
 
 
 async def load_scenario_in_thread(path: str | Path) -> Scenario:
-    """Parse the scenario in a daemon thread, so a stop request need not wait for it."""
+    """Parse the scenario off the event loop, so a stop request need not wait for it: in a
+    daemon thread, or, for a file of more than `CHILD_PARSE_BYTES`, in a child process.
+
+    The parser (rtoml, then msgspec) holds the GIL for the whole of each of its two calls:
+    12 s at a million NPCs, during which a thread would leave the loop no turn at all (a
+    SIGTERM would wait for it). A child process parses instead and hands the scenario back
+    in chunks of NPCs, each decoded between two turns of the loop.
+    """
+    if _file_size(path) > CHILD_PARSE_BYTES:
+        return await _load_in_child(Path(path))
     return await in_thread(lambda: load_scenario(path), "npcsim-load-scenario")
+
+
+def _file_size(path: str | Path) -> int:
+    """The size of the scenario file, 0 when it is no file (a bundled scenario's name)."""
+    try:
+        return Path(path).stat().st_size if Path(path).is_file() else 0
+    except OSError:
+        return 0  # load_scenario names the problem
+
+
+CHILD_PARSE_BYTES = 8 << 20
+"""Scenario files larger than this (a 100,000-NPC file is 21 MB) are parsed in a child process."""
+
+_NPCS_PER_FRAME = 5_000
+_FRAME = struct.Struct(">cQ")  # kind (head, npcs, error, done), payload length
+_HEAD_DECODER = msgspec.msgpack.Decoder(Scenario)
+_NPCS_DECODER = msgspec.msgpack.Decoder(list[NpcSpec])
+_CHILD = "import sys; from sim.shard._startup import parse_for_parent; parse_for_parent(sys.argv[1])"
+
+
+def parse_for_parent(path: str) -> None:
+    """The child's side: parse `path` and write it to stdout as frames (a ScenarioError as one)."""
+    out = sys.stdout.buffer
+    encode = msgspec.msgpack.Encoder().encode
+
+    def frame(kind: bytes, payload: bytes) -> None:
+        out.write(_FRAME.pack(kind, len(payload)))
+        out.write(payload)
+
+    try:
+        scenario = load_scenario(path)
+    except ScenarioError as exc:
+        frame(b"E", str(exc).encode())
+        out.flush()
+        return
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it as a ScenarioError
+        frame(b"E", f"{path}: parsing failed: {exc!r}".encode())
+        out.flush()
+        return
+    frame(b"H", encode(msgspec.structs.replace(scenario, npcs=[])))
+    for start in range(0, len(scenario.npcs), _NPCS_PER_FRAME):
+        frame(b"N", encode(scenario.npcs[start : start + _NPCS_PER_FRAME]))
+    frame(b"D", b"")
+    out.flush()
+
+
+async def _load_in_child(path: Path) -> Scenario:
+    """The parent's side: a child parses, the frames are decoded as they come."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    if proc.stdout is None:
+        raise RuntimeError("the parser's stdout is a pipe")
+    try:
+        head: Scenario | None = None
+        npcs: list[NpcSpec] = []
+        while True:
+            try:
+                kind, size = _FRAME.unpack(await proc.stdout.readexactly(_FRAME.size))
+                payload = await proc.stdout.readexactly(size)
+            except asyncio.IncompleteReadError:
+                code = await proc.wait()
+                raise ScenarioError(f"{path}: parsing failed: the parser process ended (exit code {code})") from None
+            if kind == b"E":
+                raise ScenarioError(payload.decode())
+            if kind == b"H":
+                head = _HEAD_DECODER.decode(payload)
+            elif kind == b"N":
+                npcs += _NPCS_DECODER.decode(payload)
+            else:
+                break
+        await proc.wait()
+    finally:
+        if proc.returncode is None:  # a stop request cancelled the start-up: the parse goes too
+            proc.kill()
+            await proc.wait()
+    if head is None:
+        raise ScenarioError(f"{path}: parsing failed: no scenario came back")
+    return msgspec.structs.replace(head, npcs=npcs)
 
 
 async def in_thread(work: Callable[[], T], name: str) -> T:
