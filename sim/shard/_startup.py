@@ -168,6 +168,7 @@ _CHILD = "import sys; from sim.shard._startup import parse_for_parent; parse_for
 
 def parse_for_parent(path: str) -> None:
     """The child's side: parse `path` and write it to stdout as frames (a ScenarioError as one)."""
+    gc.disable()  # millions of objects, none of them garbage: collections would scan them over and over
     out = sys.stdout.buffer
     encode = msgspec.msgpack.Encoder().encode
 
