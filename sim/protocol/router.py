@@ -1,9 +1,13 @@
 """The shard's routing: which message goes where, sans-I/O (bytes in, events out; no client, no awaits).
 
-`Router.receive(topic, payload)` decodes one MQTT message. Location and inbox events go
-to the agents' mailboxes here; what the shard must act on comes back as one typed event
-(sim.protocol.received): every batch that arrived on a routed topic, every tick-barrier
-message, every player input and world state within bounds. Which of those the router
+`Router.receive(topic, payload)` decodes one MQTT message, and `Router.deliver(topic,
+events)` takes the events a shard emitted for its own places and NPCs, from the objects.
+A place's events wait in its intake (bounded like a mailbox, the flooder losing its own
+excess) until the shard appends them to the place's log after the tick's barrier
+(`take_place_events`): one copy per place, whoever listens there. Inbox events go to the
+addressee's mailbox, made when its first mail arrives. What the shard must act on comes
+back as one typed event (sim.protocol.received): every batch that arrived on a routed
+topic, every tick-barrier message, every player input and world state within bounds. Which of those the router
 takes at all is configured (`route_player_input`, `route_world_state`, `route_barrier`);
 a message on a topic it does not route is counted as unrouted. The bus feeds it from the
 connection; tests feed it bytes directly.
