@@ -1,11 +1,14 @@
 """The NPC brain: perceive, remember, decide, speak.
 
-Each tick the shard wakes the NPCs that have mail or whose seeded generator says they
-talk unprompted. Such an NPC reads its mail (sorted by (tick, id)), turns what it
-perceived into episodic memories with a significance and, when it took part, into
-dialogue lines; updates its beliefs about who spoke to it; then answers every player
-who addressed it, the first NPC who addressed it (while the exchange is short), or,
-failing those, says something to a neighbour. It reaches the engine only through its
+Each tick the shard wakes the NPCs that have mail (what was said to them) or whose
+ambient dice fell (a function of seed, id and tick: sim.shard.ambient_roll). What an NPC
+remembers of what it perceives is `NpcAgent.episode_of(event, addressed)`: the engine
+applies it to the events of the NPC's place (once per event for all who overheard it) and
+of its inbox, so everything said where it stands is in its episodic memory with a
+significance. When it took part (a line said to it), it takes the line into its dialogue
+and believes that the speaker wants to talk to it; then it answers every player who
+addressed it, the first NPC who addressed it (while the exchange is short), or, failing
+those, says something to a neighbour. It reaches the engine only through its
 `AgentContext`: `speak` is one call, and what a line goes through (working memory,
 inference pool, the `say` topic, the place's events, the store, the audit) is the
 engine's business.
@@ -27,7 +30,7 @@ from sim.scenario import NpcSpec
 from sim.shard import AgentContext
 from sim.wire.events import AnyEvent, Notice, Speech
 
-__all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng", "ambient_roll"]
+__all__ = ["MAX_NPC_TURNS", "NpcAgent", "agent_rng"]
 
 MAX_NPC_TURNS = 2
 """An NPC answers an NPC's line only while fewer than this many replies were exchanged."""
@@ -39,16 +42,11 @@ def agent_rng(seed: int, agent_id: str, tick: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def ambient_roll(seed: int, agent_id: str, tick: int) -> float:
-    """A uniform draw in [0, 1) for the tick's ambient dice: cheap, as every NPC rolls every tick."""
-    digest = hashlib.blake2b(f"{seed}:{agent_id}:{tick}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
 class NpcAgent:
-    """One NPC; `step(tick)` is called by its task when the shard wakes it."""
+    """One NPC taking its turn: the shard builds it for `step(tick, ambient)` when it has mail
+    or its ambient dice fell (`ambient`), and drops it afterwards."""
 
-    __slots__ = ("_ctx", "ambient", "id", "location", "name", "spec")
+    __slots__ = ("_ctx", "id", "location", "name", "spec")
 
     def __init__(self, spec: NpcSpec, ctx: AgentContext) -> None:
         self.spec = spec
@@ -56,31 +54,37 @@ class NpcAgent:
         self.name = spec.name
         self.location = spec.location
         self._ctx = ctx
-        self.ambient = False
 
-    def wants_turn(self, tick: int) -> bool:
-        """Roll the tick's ambient dice; an NPC with mail from earlier ticks always gets a turn."""
-        self.ambient = ambient_roll(self._ctx.seed, self.id, tick) < self.spec.ambient_chance
-        return self.ambient or self._ctx.has_mail(tick)
+    @staticmethod
+    def episode_of(event: AnyEvent, addressed: bool) -> Episode:
+        """What an NPC remembers of an event it perceived (at its place or in its inbox):
+        a notice as the game system told it; a line as who said it to whom, the more
+        significant when said to it, the most when a player said it. The engine keeps one
+        such memory per event for everyone it was not addressed to."""
+        if isinstance(event, Notice):
+            return Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
+        target = "me" if addressed else (event.to or "everyone")
+        significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
+        text = f'{event.speaker} said to {target}: "{event.text}"'
+        return Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance)
 
-    async def step(self, tick: int) -> None:
-        events = self._ctx.mail(tick)
+    async def step(self, tick: int, ambient: bool) -> None:
+        events = await self._ctx.mail(tick)
         replies: list[Speech] = []
         npc_reply: Speech | None = None
         for event in events:
-            if isinstance(event, Speech) and event.speaker == self.id:
+            if not isinstance(event, Speech) or event.speaker == self.id or event.to != self.id:
                 continue
-            await self._perceive(event, tick)
-            if isinstance(event, Speech) and event.to == self.id:
-                if event.from_player:
-                    replies.append(event)
-                elif npc_reply is None and event.turn < MAX_NPC_TURNS:
-                    npc_reply = event
+            await self._take_part(event, tick)
+            if event.from_player:
+                replies.append(event)
+            elif npc_reply is None and event.turn < MAX_NPC_TURNS:
+                npc_reply = event
         if npc_reply is not None:
             replies.append(npc_reply)
         for heard in replies:
             await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1)
-        if not replies and self.ambient:
+        if not replies and ambient:
             others = self._ctx.neighbours()
             if others:
                 rng = agent_rng(self._ctx.seed, self.id, tick)
@@ -88,25 +92,16 @@ class NpcAgent:
                 prompt = rng.choice(AMBIENT_PROMPTS).format(other=other)
                 await self._ctx.speak(other, prompt, 0)
 
-    async def _perceive(self, event: AnyEvent, tick: int) -> None:
+    async def _take_part(self, event: Speech, tick: int) -> None:
+        """Said to it: a line of its dialogue (heard in this tick, numbered in its sequence)
+        and the belief that the speaker wants to talk to it."""
         ctx = self._ctx
-        if isinstance(event, Notice):
-            await ctx.remember(
-                Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
-            )
-            return
-        addressed = event.to == self.id
-        target = "me" if addressed else (event.to or "everyone")
-        significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
-        text = f'{event.speaker} said to {target}: "{event.text}"'
-        await ctx.remember(Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance))
-        if addressed:
-            await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
-            kind = "a player" if event.from_player else "a neighbour"
-            belief = Belief(
-                id=f"wants-to-talk:{event.speaker}:{event.tick}",
-                tick=event.tick,
-                text=f"{event.speaker} ({kind}) wants to talk to me.",
-                confidence=0.8 if event.from_player else 0.6,
-            )
-            await ctx.remember(belief)
+        await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
+        kind = "a player" if event.from_player else "a neighbour"
+        belief = Belief(
+            id=f"wants-to-talk:{event.speaker}:{event.tick}",
+            tick=event.tick,
+            text=f"{event.speaker} ({kind}) wants to talk to me.",
+            confidence=0.8 if event.from_player else 0.6,
+        )
+        await ctx.remember(belief)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from agents.npc import agent_rng, ambient_roll
+from agents.npc import agent_rng
 from agents.player import BotPlayer, ScriptedPlayer
 from sim.generate import generate_scenario
 from sim.scenario import load_scenario, parse_scenario
+from sim.shard import ambient_roll
 from tests.helpers import VILLAGE
 
 

@@ -40,13 +40,13 @@ async def test_batch_round_trip(mosquitto: MosquittoProcess) -> None:
         for n in (2, 1, 3):
             outbox.emit(topic, speech(n))
         assert await send(bus, outbox, 0) == [(topic, 3)]
-        await eventually(lambda: len(bus.mailbox("c")) == 3, what="the batch in c's mailbox")
-        assert [e.text for e in bus.mailbox("b").drain()] == ["line 1", "line 2", "line 3"]
-        assert len(bus.mailbox("c")) == 3
-        assert bus.stats.messages_in == 1
+        await eventually(lambda: bus.stats.messages_in == 1, what="the batch")
         assert bus.arrived.is_set()
         assert bus.take_events() == [Connected(again=False), BatchArrived("0", 0, topic, 3)]
         assert not bus.arrived.is_set() and bus.take_events() == []
+        [(place, events)] = bus.take_place_events(0)  # once for the place, whoever listens there
+        assert place == "sq" and [e.text for e in events] == ["line 1", "line 2", "line 3"]
+        assert bus.stats.events_delivered == 6 and bus.take_place_events(0) == []
 
 
 async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) -> None:
@@ -57,7 +57,7 @@ async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) 
             for _ in range(3):
                 await client.publish(topics.location_events("r", "sq"), payload, qos=1)
         await eventually(lambda: bus.stats.messages_in == 3, what="the three deliveries")
-        assert len(bus.mailbox("b")) == 2
+        assert [len(events) for _, events in bus.take_place_events(0)] == [2]
         assert bus.stats.duplicates == 4
 
 
@@ -107,7 +107,8 @@ async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
         outbox.emit(topics.location_events("r", "sq"), speech(1))
         await send(bus, outbox, 0)
         mosquitto.start()
-        await eventually(lambda: len(bus.mailbox("b")) == 1, what="the batch sent during the outage")
+        await eventually(lambda: bus.stats.messages_in == 1, what="the batch sent during the outage")
+        assert [len(events) for _, events in bus.take_place_events(0)] == [1]
         assert bus.stats.reconnects >= 1
         assert [e for e in bus.take_events() if isinstance(e, Connected)][:2] == [
             Connected(again=False), Connected(again=True)
@@ -120,3 +121,50 @@ async def test_unreachable_broker_is_a_clear_error() -> None:
     with pytest.raises(BrokerError, match="no MQTT connection"):
         async with open_bus(config):
             pass
+
+
+class _HeldLink:
+    """A link whose publishes wait for the test to acknowledge them, in any order."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.acks: dict[str, asyncio.Event] = {}
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
+        self.started.append(topic)
+        self.acks[topic] = asyncio.Event()
+        await self.acks[topic].wait()
+
+    async def subscribe(self, filters: object) -> None:
+        return None
+
+    async def messages(self):  # type: ignore[no-untyped-def]
+        await asyncio.Event().wait()
+        yield ("", b"", False)
+
+
+class _HeldTransport:
+    def __init__(self, link: _HeldLink) -> None:
+        self.link = link
+
+    async def run(self, session, *, on_lost):  # type: ignore[no-untyped-def]
+        await session(self.link)
+
+
+async def test_publishes_wait_in_a_bounded_window_not_for_each_acknowledgement() -> None:
+    link = _HeldLink()
+    config = BusConfig(broker=BrokerAddress(), run="r", publish_window=4)
+    async with open_bus(config, transport=_HeldTransport(link)) as bus:
+        for n in range(10):
+            await bus.publish(f"t{n}", b"x")
+        await eventually(lambda: len(link.started) == 4, what="a full window of publishes")
+        await asyncio.sleep(0.05)  # the subject: a while with the window full, in which nothing more may start
+        assert link.started == ["t0", "t1", "t2", "t3"]  # the window is full: nothing more is sent
+        link.acks["t2"].set()  # any acknowledgement makes room for the next, not the whole window's
+        await eventually(lambda: len(link.started) == 5, what="the publish the acknowledgement let in")
+        assert link.started[-1] == "t4" and bus.stats.messages_out == 1
+        for n in range(10):
+            await eventually(lambda n=n: f"t{n}" in link.acks, what=f"publish t{n}")
+            link.acks[f"t{n}"].set()
+        await bus.wait_sent()
+        assert link.started == [f"t{n}" for n in range(10)] and bus.stats.messages_out == 10

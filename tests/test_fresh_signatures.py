@@ -25,7 +25,7 @@ from sim.mqtt import BrokerAddress
 from sim.protocol.admission import Admission
 from sim.protocol.bounds import InputBounds
 from sim.protocol.router import Router
-from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, new_nonce, refusal
+from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, load_run_key, new_nonce, refusal
 from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
 from sim.shard import Shard, ShardContext, VirtualClock
@@ -33,7 +33,7 @@ from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, TickDone, decode_barrier, encode_barrier
-from sim.wire.events import EventBatch, Speech, decode_say, encode_batch
+from sim.wire.events import EventBatch, Speech, decode_say, encode_batch, event_id
 from tests.helpers import REPO, MosquittoProcess, eventually
 from tests.memory_broker import MemoryBroker
 
@@ -49,7 +49,7 @@ def inbox_batch(text: str) -> bytes:
 
 def router(key: RunKey) -> Router:
     r = Router("r", "0", mailbox_size=10, seen_events=100, bounds=InputBounds(), run_key=key)
-    r.route_inbox("npcsim/r/agent/guard/inbox", "guard")
+    r.route_inboxes(["guard"])
     r.route_barrier()
     return r
 
@@ -157,27 +157,23 @@ async def test_a_forged_join_with_another_shard_count_does_not_stop_a_run_on_an_
     assert stats.bus.malformed.get("barrier") is None
 
 
-async def ghost_run(
-    mosquitto: MosquittoProcess, db: Path, key_file: Path, *, replay: bytes | None
-) -> tuple[RunStats, bytes | None]:
+async def ghost_run(mosquitto: MosquittoProcess, db: Path, key_file: Path, *, replay: bytes | None) -> RunStats:
     """A village run `ghost` with the key file, in which a visitor speaks to the innkeeper.
 
-    Run 1 (`replay` None): the player `ghost` speaks too; its words reach the innkeeper's
-    inbox signed, and that payload is returned. Run 2: that payload is replayed into the
-    inbox, before and after the visitor is answered.
+    Run 1 (`replay` None): the player `ghost` speaks too, and its words reach the
+    innkeeper's inbox. Run 2: `replay` is published into the inbox, before and after the
+    visitor is answered.
     """
     stop, ready = asyncio.Event(), asyncio.Event()
     stats = RunStats()
     config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="ghost", ticks=400, tick_ms=25, db=str(db),
                        run_key_file=str(key_file))
     inbox = topics.agent_inbox("ghost", "innkeeper")
-    captured: bytes | None = None
     waiting_for = {"visitor"} if replay is not None else {"visitor", "ghost"}
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stats=stats, stop=stop, on_ready=lambda _: ready.set()))
         await ready.wait()
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.subscribe(inbox, qos=1)
             await client.subscribe(topics.agent_say("ghost", "innkeeper"), qos=1)
             if replay is None:
                 await client.publish(topics.player_input("ghost", "ghost"),
@@ -189,9 +185,6 @@ async def ghost_run(
             async with asyncio.timeout(30):
                 async for message in client.messages:
                     payload = bytes(message.payload)  # type: ignore[arg-type]
-                    if message.topic.value == inbox:
-                        captured = payload if GHOST.encode() in payload else captured
-                        continue
                     waiting_for.discard(decode_say(payload).to or "")
                     if not waiting_for:
                         break
@@ -201,7 +194,27 @@ async def ghost_run(
                                  what="the replayed message was not refused twice")
         stop.set()
         await job
-    return stats, captured
+    return stats
+
+
+async def as_run_1_sealed_it(db: Path, key_file: Path) -> bytes:
+    """The ghost's words as a shard of run 1 publishes them when the innkeeper is another
+    shard's: the inbox batch of the event they became, sealed with the key for run 1's nonce.
+
+    (A shard delivers its own NPCs' mail itself, so a one-shard run puts nothing of it on
+    the broker to capture: these are the bytes it would have put there.)
+    """
+    async with open_store(db) as store:
+        assert store.identity is not None and store.last_tick is not None
+        nonce = bytes.fromhex(store.identity.nonce)
+        said = [(tick, seq) for tick in range(store.last_tick + 1)
+                for seq, player, _, text in await store.inputs(tick) if player == "ghost" and text == GHOST]
+    [(tick, seq)] = said
+    speech = Speech(id=event_id("ghost", "ghost", tick, 1_000_000 + seq), tick=tick, speaker="ghost", to="innkeeper",
+                    text=GHOST, from_player=True)
+    inbox = topics.agent_inbox("ghost", "innkeeper")
+    key = load_run_key(str(key_file)).for_run(nonce)
+    return key.sign(inbox, encode_batch(EventBatch(shard="0", tick=tick, events=(speech,))))
 
 
 def prompts_with(db: Path, words: str) -> int:
@@ -214,10 +227,11 @@ async def test_a_signed_message_of_an_earlier_run_of_the_same_id_is_dropped_and_
 ) -> None:
     key_file = tmp_path / "run.key"
     key_file.write_text("a key both runs of the village share\n")
-    _, captured = await ghost_run(mosquitto, tmp_path / "run1.db", key_file, replay=None)
-    assert captured is not None and captured.startswith(b"NPK2")  # signed, in the inbox of run 1
+    await ghost_run(mosquitto, tmp_path / "run1.db", key_file, replay=None)
     assert prompts_with(tmp_path / "run1.db", GHOST) > 0  # where it reached a prompt
-    second, _ = await ghost_run(mosquitto, tmp_path / "run2.db", key_file, replay=captured)
+    captured = await as_run_1_sealed_it(tmp_path / "run1.db", key_file)
+    assert captured.startswith(b"NPK2")
+    second = await ghost_run(mosquitto, tmp_path / "run2.db", key_file, replay=captured)
     assert second.bus is not None and second.bus.refused.get(OTHER_RUN, 0) >= 2
     assert prompts_with(tmp_path / "run2.db", GHOST) == 0
     async with open_store(tmp_path / "run2.db") as store:

@@ -2,9 +2,10 @@
 
 A run of the village (120 ticks, one shard) and of a generated 200-NPC world (16 ticks,
 three shards) on a real Mosquitto with the scripted backend. Each audit record becomes one
-line: its id, the SHA-256 of its prompt, of the working memory's encoding, of the state
-snapshot and of every attempt, the fallback reason and the line said. Everything a model
-saw or said is in those digests; only the timings are left out (they are wall-clock).
+line (tests/golden.py): its id, the SHA-256 of its prompt, of the working memory's
+encoding, of the state snapshot and of every attempt, the fallback reason and the line
+said. Everything a model saw or said is in those digests; only the timings are left out
+(they are wall-clock).
 
 The files in tests/golden were written by the engine as it was before the tick path was
 rebuilt; a change that means to change what NPCs say regenerates them in its own commit:
@@ -15,42 +16,19 @@ rebuilt; a change that means to change what NPCs say regenerates them in its own
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
-from sim.store import open_reader
+from tests.golden import GOLDEN, audit_lines
 from tests.helpers import REPO, MosquittoProcess
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
-GOLDEN = Path(__file__).parent / "golden"
 REGENERATE = os.environ.get("NPCSIM_REGENERATE_GOLDEN") == "1"
-_ENCODER = msgspec.msgpack.Encoder()
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def audit_lines(dbs: list[Path]) -> list[str]:
-    """One line per record, sorted by id: what the model saw and said, as digests."""
-    lines = []
-    for db in dbs:
-        with open_reader(db) as reader:
-            for r in reader.audit_records():
-                attempts = _sha(_ENCODER.encode(r.attempts))
-                state = _sha(_ENCODER.encode(r.state))
-                lines.append("\t".join([
-                    r.id, r.prompt_sha256[:16], r.encoding_sha256[:16], state, attempts,
-                    r.fallback_reason or "-", r.line,
-                ]))
-    return sorted(lines)
 
 
 async def run_world(scenario: str, tmp_path: Path, broker: str, shards: int, until: int) -> list[Path]:

@@ -56,12 +56,13 @@ PACKAGES: dict[str, set[str]] = {
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.shard": {
         "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "Player", "RunConfig", "RunStats", "Shard",
-        "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "create_agents",
-        "hot_limit", "parse_shard", "run", "shard_npcs",
+        "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
+        "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
-        "AuditSummary", "AuthorityError", "HOT_LIMIT", "RunIdentity", "SCHEMA_VERSION", "SchemaError", "Store",
-        "StoreError", "StoreReader", "StoreStatistics", "Writer", "delete_audit_records", "open_reader", "open_store",
+        "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "RunIdentity", "SCHEMA_VERSION",
+        "SchemaError", "Store", "StoreError", "StoreReader", "StoreStatistics", "Writer", "delete_audit_records",
+        "open_reader", "open_store",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -24,8 +25,8 @@ INBOX = "npcsim/r/agent/snack/inbox"
 def router(**kw: object) -> Router:
     r = Router("r", "0", mailbox_size=kw.pop("mailbox_size", 100), seen_events=1000,  # type: ignore[arg-type]
                bounds=InputBounds(), **kw)  # type: ignore[arg-type]
-    r.route_location(LOC, ["snack", "guard"])
-    r.route_inbox(INBOX, "snack")
+    r.route_location(LOC, "square", 2)
+    r.route_inboxes(["snack"])
     r.route_player_input()
     r.route_world_state()
     r.route_barrier()
@@ -40,13 +41,18 @@ def line(n: int, speaker: str = "guard_captain", text: str | None = None) -> Spe
     return Speech(id=f"r:{speaker}:1:{n}", tick=1, speaker=speaker, text=text or f"real line {n}", location="square")
 
 
+def at_the_square(r: Router, up_to: int = 99) -> list[str]:
+    """The texts of the events the square's log takes next."""
+    return [e.text for place, events in r.take_place_events(up_to) for e in events if place == "square"]
+
+
 def test_a_forged_event_with_a_future_id_does_not_silence_the_real_one() -> None:
     r = router()
     forged = Notice(id=line(1).id, tick=1, text="The king has returned alive")
     r.receive(LOC, batch(forged, shard="evil"))
     r.receive(LOC, batch(line(1)))
     r.receive(LOC, batch(line(1)))  # a QoS 1 redelivery of the real one
-    texts = [e.text for e in r.mailbox("guard").drain()]
+    texts = at_the_square(r)
     assert "real line 1" in texts and texts.count("real line 1") == 1
     assert r.stats.duplicates == 1
 
@@ -98,7 +104,7 @@ def test_with_a_run_key_unsigned_and_badly_signed_batches_are_dropped_and_counte
     r.receive(LOC, RunKey(b"z" * 32).sign(LOC, forged))
     r.receive(LOC, key.sign(INBOX, forged))  # signed for another topic
     r.receive(LOC, key.sign(LOC, batch(line(1))))
-    assert [e.text for e in r.mailbox("guard").drain()] == ["real line 1"]
+    assert at_the_square(r) == ["real line 1"]
     assert r.stats.refused == {"unsigned internal message": 3}
     assert "k" * 32 not in repr(key)
 
@@ -116,16 +122,22 @@ def test_batches_and_barrier_messages_come_back_as_events() -> None:
     assert r.stats.malformed == {"barrier": 2}
 
 
-def test_mailboxes_hold_events_of_later_ticks_back() -> None:
+def test_mailboxes_and_places_hold_events_of_later_ticks_back() -> None:
     r = router()
     for tick in (3, 2):
-        event = Speech(id=f"r:x:{tick}:1", tick=tick, speaker="x", text="hello", location="square")
-        r.receive(LOC, batch(event, tick=tick))
-    box = r.mailbox("guard")
+        event = Speech(id=f"r:x:{tick}:1", tick=tick, speaker="x", to="snack", text="hello")
+        r.receive(INBOX, batch(event, tick=tick))
+        r.receive(LOC, batch(msgspec.structs.replace(event, id=f"r:x:{tick}:2", location="square"), tick=tick))
+    box = r.mailbox("snack")
     assert box.has_mail(3) and not box.has_mail(2)
+    assert r.mail_holders(3) == ["snack"] and r.mail_holders(2) == []
     assert [e.tick for e in box.drain(3)] == [2]
     assert not box.has_mail(3) and box.has_mail(4)
-    assert [e.tick for e in box.drain()] == [3]
+    assert [e.tick for e in r.take_mail("snack", 4)] == [3]
+    assert r.mail_holders(99) == [] and r.take_mail("snack", 99) == []  # an emptied mailbox is gone
+    assert [(place, [e.tick for e in events]) for place, events in r.take_place_events(2)] == [("square", [2])]
+    assert [(place, [e.tick for e in events]) for place, events in r.take_place_events(3)] == [("square", [3])]
+    assert r.take_place_events(99) == []
 
 
 @given(
@@ -170,7 +182,7 @@ def test_a_re_sent_batch_of_a_tick_already_perceived_is_counted_not_delivered() 
     old = Speech(id="r:x:4:1", tick=4, speaker="x", text="old news", location="square")
     new = Speech(id="r:x:5:1", tick=5, speaker="x", text="news", location="square")
     got = [r.receive(LOC, batch(old, tick=4)), r.receive(LOC, batch(new, tick=5))]
-    assert [e.text for e in r.mailbox("guard").drain()] == ["news"]
+    assert at_the_square(r) == ["news"]
     assert r.stats.stale_batches == 1
     assert got == [BatchArrived("0", 4, LOC, 1), BatchArrived("0", 5, LOC, 1)]  # the barrier still hears of both
 
@@ -208,3 +220,32 @@ def test_player_input_world_state_and_barrier_topics_are_routed_only_when_config
         "npcsim/r/player/+/input", "npcsim/r/world/state", topics.barrier_all("r")
     )
     assert isinstance(r.receive("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}'), PlayerInputReceived)
+
+
+def test_own_events_are_delivered_from_the_objects_and_counted_apart() -> None:
+    r = router()
+    said = [line(1), line(2)]
+    to_snack = Speech(id="r:p:1:0", tick=1, speaker="p", to="snack", text="for you", from_player=True)
+    r.deliver(LOC, said)
+    r.deliver(INBOX, [to_snack])
+    r.receive(LOC, batch(line(1)))  # the same event back through a broker: a duplicate
+    assert at_the_square(r) == ["real line 1", "real line 2"]
+    assert r.take_mail("snack", 2) == [to_snack]
+    assert (r.stats.events_local, r.stats.events_in, r.stats.duplicates) == (3, 1, 1)
+    assert r.stats.events_delivered == 2 * 2 + 1  # a place's event is heard by its 2 NPCs
+    with pytest.raises(ValueError, match="not routed here"):
+        r.deliver("npcsim/r/agent/someone_elses/inbox", [to_snack])
+
+
+def test_the_mail_waiting_at_a_commit_comes_back_on_resume() -> None:
+    r = router()
+    early = Speech(id="r:p:1:0", tick=1, speaker="p", to="snack", text="now", from_player=True)
+    late = Speech(id="r:p:2:0", tick=2, speaker="p", to="snack", text="next tick", from_player=True)
+    r.deliver(INBOX, [late, early])
+    waiting = r.waiting_mail(1)  # committed with tick 1: the tick-2 event is re-sent by its shard instead
+    assert waiting == [("snack", early)]
+    resumed = router()
+    resumed.restore_mail(waiting)
+    resumed.receive(INBOX, batch(early, tick=1))  # and a re-send of it is a duplicate
+    assert resumed.mail_holders(2) == ["snack"] and resumed.take_mail("snack", 2) == [early]
+    assert resumed.stats.duplicates == 1

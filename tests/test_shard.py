@@ -17,49 +17,21 @@ from pathlib import Path
 
 import pytest
 
-from agents.npc import NpcAgent, ambient_roll
+from agents.npc import NpcAgent
 from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
-from sim.scenario import Scenario, load_scenario, parse_scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock
+from sim.scenario import load_scenario, parse_scenario
+from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, ambient_roll
+from sim.shard._dice import AmbientDice
 from sim.store import Writer, open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import TickDone, decode_barrier
 from sim.wire.events import Speech, decode_say
 from tests.helpers import VILLAGE, SmallNpc, eventually, generated_world, npcsim_in_process, small_world
 from tests.memory_broker import MemoryBroker
-
-
-class PacingClock(VirtualClock):
-    """A virtual clock that also records every pacing sleep the shard asks for."""
-
-    def __init__(self) -> None:
-        super().__init__(autojump=0.005)
-        self.sleeps: list[float] = []
-
-    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
-        self.sleeps.append(seconds)
-        await super().sleep(seconds, stop)
-
-
-@contextlib.asynccontextmanager
-async def memory_shard(
-    broker: MemoryBroker, scenario: Scenario, config: RunConfig, db: Path, stats: RunStats, stop: asyncio.Event
-) -> AsyncIterator[Shard]:
-    """A Shard on the in-memory broker, with its store and an in-process pool."""
-    index = config.shard.split("/")[0]
-    bus_config = BusConfig(broker=BrokerAddress(), run="mem", shard=index)
-    async with (
-        open_store(db, keep_tail=False) as store,
-        open_pool(PoolConfig()) as pool,
-        open_bus(bus_config, transport=broker.transport()) as bus,
-    ):
-        stats.bus = bus.stats
-        ctx = ShardContext(scenario, config, "mem", scenario.scenario.seed, bus, pool, store, stats,
-                           clock=broker.clock)
-        yield Shard(ctx, stop)
+from tests.memory_shard import PacingClock, memory_shard
 
 
 async def run_in_memory(
@@ -181,7 +153,9 @@ async def test_step_runs_one_whole_tick(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="the next tick is 1, not 5"):
             await shard.step(5)
         assert await shard.step(1) is True
-        assert tick_done(broker, 1).batches == {topics.location_events("mem", "square"): 1}
+        # the player's line on the square is delivered here, not published: one shard holds every place
+        assert tick_done(broker, 1).batches == {}
+        assert not [t for t, _ in broker.published if "/loc/" in t] and shard.bus.stats.events_local == 1
         assert shard.store.last_tick == 1 and shard.stats.player_inputs == 1 and said(broker) == []
         assert await shard.step(2) is True
         await shard.bus.wait_sent()
@@ -284,10 +258,9 @@ async def test_an_npc_answers_what_came_before_its_tick_and_keeps_the_rest(tmp_p
         box = ctx.bus.mailbox("a")
         box.put(Speech(id="p:2", tick=2, speaker="visitor", to="a", text="Hello?", from_player=True))
         box.put(Speech(id="p:3", tick=3, speaker="visitor", to="a", text="Still there?", from_player=True))
-        assert not a.wants_turn(2)
-        assert a.wants_turn(3)
+        assert ctx.bus.mail_holders(2) == [] and ctx.bus.mail_holders(3) == ["a"]
         ctx.tick = 3
-        await a.step(3)
+        await a.step(3, False)
         await ctx.bus.wait_sent()
         assert said(broker) == [("a", "visitor", 3, "two:a:3:2")]
         [batch] = ctx.outbox.flush(3)
@@ -296,17 +269,21 @@ async def test_an_npc_answers_what_came_before_its_tick_and_keeps_the_rest(tmp_p
         assert [t for t, _ in broker.published if "/trace/" in t] == ["npcsim/two/trace/0"]
 
 
-async def test_ambient_dice_are_a_function_of_seed_id_and_tick(tmp_path: Path) -> None:
+async def test_an_npc_whose_dice_fell_talks_to_a_neighbour(tmp_path: Path) -> None:
     async with agent_world(tmp_path) as (ctx, broker):
-        b = NpcAgent(ctx.scenario.npcs[1], ctx.agent_context(ctx.scenario.npcs[1]))
-        turns = [t for t in range(200) if b.wants_turn(t)]
-        assert turns == [t for t in range(200) if ambient_roll(4, "b", t) < 0.5]
+        dice = AmbientDice(4, ctx.scenario.npcs)
+        turns = [t for t in range(200) if dice.roll(t)]
+        assert turns == [t for t in range(200) if ambient_roll(4, "b", t) < 0.5]  # a's chance is 0: never
         assert 60 < len(turns) < 140
-        assert b.wants_turn(turns[0])  # the shard asks, then steps, each tick
+        b = NpcAgent(ctx.scenario.npcs[1], ctx.agent_context(ctx.scenario.npcs[1]))
         ctx.tick = turns[0]
-        await b.step(turns[0])
+        await b.step(turns[0], True)
         await ctx.bus.wait_sent()
         assert [to for _, to, _, _ in said(broker)] == ["a"]
+        ctx.tick = turns[0] + 1
+        await b.step(turns[0] + 1, False)  # no mail, no dice: nothing to say
+        await ctx.bus.wait_sent()
+        assert len(said(broker)) == 1
 
 
 # --- the horizon ------------------------------------------------------------------------

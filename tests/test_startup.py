@@ -80,9 +80,9 @@ async def test_start_up_round_trips_grow_with_chunks_only(tmp_path: Path, round_
     for attempt in ("fresh", "resume"):
         async with open_store(tmp_path / "s.db") as store:
             before = round_trips[0]
-            built = await create_agents(store, scenario, scenario.npcs, progress, lambda spec: spec.id, chunk=500)
+            held = await create_agents(store, scenario, scenario.npcs, progress, chunk=500)
             used = round_trips[0] - before
-        assert built == [spec.id for spec in scenario.npcs]
+            assert held == 3_000 and store.agents() == tuple(sorted(spec.id for spec in scenario.npcs))
         assert (progress.done, progress.total) == (3_000, 3_000)
         assert used <= 6 * 50, f"{attempt}: {used} round trips for 6 chunks"
 
@@ -257,3 +257,26 @@ async def test_one_inbox_subscription_serves_every_local_agent(mosquitto: Mosqui
         assert len(local.mailbox("b0")) == 0 and len(other.mailbox("a0")) == 0
         assert [e.text for e in other.mailbox("b0").drain()] == ["line 1"]
         assert local.stats.malformed == {} and other.stats.malformed == {}
+
+
+async def test_a_large_scenario_is_parsed_in_a_child_process_and_comes_back_whole(tmp_path: Path) -> None:
+    """The parser holds the GIL for seconds on a large file: it runs in a child process, and
+    what comes back is the scenario the parser made, or its error, word for word."""
+    from sim.errors import ScenarioError
+    from sim.scenario import load_scenario, read_scenario
+    from sim.shard._startup import CHILD_PARSE_BYTES, load_scenario_in_thread
+
+    text = generate_scenario(npcs=40_000, locations=50, seed=2)
+    path = tmp_path / "large.toml"
+    path.write_text(text)
+    assert path.stat().st_size > CHILD_PARSE_BYTES
+    scenario, sha256 = await load_scenario_in_thread(path)
+    assert scenario == load_scenario(path)
+    assert sha256 == read_scenario(path).sha256
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + '\n[[npcs]]\nid = "n0"\nname = "again"\nlocation = "nowhere"\nsystem_prompt = "x"\n')
+    with pytest.raises(ScenarioError) as direct:
+        load_scenario(bad)
+    with pytest.raises(ScenarioError) as through_the_child:
+        await load_scenario_in_thread(bad)
+    assert str(through_the_child.value) == str(direct.value)

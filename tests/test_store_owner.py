@@ -105,7 +105,7 @@ async def test_a_store_from_before_identities_has_none(tmp_path: Path) -> None:
         await store.end_tick(0)
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE run")
-        conn.execute("PRAGMA user_version = 3")
+        conn.execute("PRAGMA user_version = 4")  # the version before the `run` table
     conn.close()
     with open_reader(db) as reader:
         assert reader.run_identity() is None

@@ -2,12 +2,14 @@
 
     async with open_bus(BusConfig(broker=BrokerAddress.parse(url), run="r1", shard="0")) as bus:
         await bus.listen_location("forge", ["blacksmith"])
-        await bus.publish(topic, payload)
-        events = bus.take_events()        # what the shard acts on; mail is in bus.mailbox(agent)
+        bus.deliver(topic, events)        # for its own places and NPCs: no broker, no echo
+        await bus.publish(topic, payload) # for another shard's
+        events = bus.take_events()        # what the shard acts on; its places' events and mail wait in the bus
 
-Every event, local or not, travels through the broker, and a tick's events are perceived
-at the next tick once the tick barrier (sim.protocol.barrier) says that every batch of the
-tick has arrived. The agents then drain their mailboxes sorted by (tick, id), so asyncio's
+A shard delivers what it emits for its own places and NPCs itself; only what another
+shard takes travels through the broker, and a tick's events are perceived at the next tick
+once the tick barrier (sim.protocol.barrier) says that every batch of the tick a peer sent
+has arrived. Places' events and mail are handed over sorted by (tick, id), so asyncio's
 scheduling order and the broker's interleaving of topics never reach the results.
 
 The protocol logic is sans-I/O (sim.protocol); the bus is the loop around it, and reaches

@@ -1,28 +1,34 @@
 """The shard's bus: one connection, the QoS 1 outbox, and the router it feeds.
 
     async with open_bus(BusConfig(broker=BrokerAddress.parse(url), run="r1", shard="0")) as bus:
-        box = bus.mailbox("blacksmith")
         await bus.listen_location("forge", ["blacksmith"])
+        await bus.listen_inboxes(["blacksmith"])
         await bus.listen_barrier()
+        bus.deliver(topic, events)                        # one of its own places or NPCs: no broker
         await bus.publish(topic, payload)                 # queued, sent in order
         await clock.wait(bus.arrived, 0.5)                # something to act on came in
         for event in bus.take_events(): ...               # BatchArrived, BarrierReceived, ..., Connected
+        bus.take_place_events(tick)                       # the places' events, for their logs
+        bus.take_mail("blacksmith", tick)                 # its inbox
 
-What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, mailboxes,
-de-duplication, bounds): events for the agents land in their mailboxes, and what the shard
-must act on (sim.protocol.received) waits in the bus's event queue, with a `Connected`
-after each (re)connection, until the shard takes it at a phase boundary or in the barrier
-wait. The connection is the `Transport`'s (sim.bus._transport; MQTT by default).
+What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, intakes,
+mailboxes, de-duplication, bounds): a place's events wait in its intake until the shard
+appends them to the place's log, directed events in the addressee's mailbox, and what the
+shard must act on (sim.protocol.received) waits in the bus's event queue, with a
+`Connected` after each (re)connection, until the shard takes it at a phase boundary or in
+the barrier wait. The connection is the `Transport`'s (sim.bus._transport; MQTT by default).
 
 Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while the broker is
 away and, when it is full, the caller gets OutboxFullError: a QoS 1 event is never dropped
-silently.
+silently. The sender keeps a bounded window of publishes not yet acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -40,7 +46,7 @@ from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, encode_barrier
-from sim.wire.events import SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.events import AnyEvent, SayMessage, StatusMessage, WorldStateMessage, encode_json
 from sim.wire.trace import RosterMessage, TraceMessage, encode_roster, encode_trace
 
 __all__ = ["Bus", "BusConfig", "BusEvent", "Connected", "open_bus"]
@@ -56,7 +62,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     outbox_size: int = 10_000
     mailbox_size: int = 1_000
     seen_ids: int = 200_000
-    publish_concurrency: int = 64
+    publish_window: int = 64  # publishes unacknowledged at most (paho and aiomqtt scan them at each publish)
     publish_timeout: float = 10.0
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
@@ -95,6 +101,11 @@ class Bus:
         self._outbox_space = asyncio.Event()
         self._outbox_space.set()
         self._inflight = 0
+        self._retry: list[tuple[int, _Outgoing]] = []  # failed publishes, by the order they were sent in
+        self._publishing: set[asyncio.Task[None]] = set()  # publishes waiting for their acknowledgement
+        self._failed = False
+        self._backoff = Backoff(config.reconnect)
+        self._closing_flush = config.publish_timeout
         self._connected = asyncio.Event()
         self._link: Link | None = None
         self._connections = 0
@@ -104,22 +115,46 @@ class Bus:
     def mailbox(self, agent: str) -> Mailbox:
         return self._router.mailbox(agent)
 
+    def mail_holders(self, before: int) -> list[str]:
+        """The agents with mail of a tick earlier than `before`, in id order."""
+        return self._router.mail_holders(before)
+
+    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
+        """The agent's mail of ticks earlier than `before`, sorted by (tick, id)."""
+        return self._router.take_mail(agent, before)
+
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
 
     def is_routed(self, topic: str) -> bool:
-        """Whether batches on `topic` reach a mailbox of this shard."""
+        """Whether batches on `topic` are taken by this shard (its places, its NPCs' inboxes)."""
         return self._router.is_routed(topic)
+
+    def deliver(self, topic: str, events: Iterable[AnyEvent]) -> None:
+        """Deliver events for a topic this shard routes, from the objects, without the broker."""
+        self._router.deliver(topic, events)
 
     def drop_batches_before(self, tick: int) -> None:
         """Batches of earlier ticks are re-sends of what was perceived: their events are dropped."""
         self._router.drop_batches_before(tick)
 
+    def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
+        """Each place's events of ticks up to `up_to`, sorted by (tick, id), for its log."""
+        return self._router.take_place_events(up_to)
+
+    def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
+        """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`."""
+        return self._router.waiting_mail(up_to)
+
+    def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
+        """Put (agent, event) mail back in the mailboxes (a resumed shard's)."""
+        self._router.restore_mail(mail)
+
     async def listen_location(self, location: str, agents: Iterable[str]) -> None:
-        """Deliver the events at `location` to these agents' mailboxes."""
+        """Take the events at `location` (heard there by these agents) into its intake."""
         topic = topics.location_events(self.config.run, location)
-        if self._router.route_location(topic, list(agents)):
+        if self._router.route_location(topic, location, len(list(agents))):
             await self._subscribe([topic])
 
     async def listen_inboxes(self, agents: Iterable[str]) -> None:
@@ -129,8 +164,7 @@ class Bus:
         agent took 12 s of start-up at 100,000 NPCs. Inbox messages to other shards' agents
         (directed events, few) arrive too; the router drops them without a count.
         """
-        for agent in agents:
-            self._router.route_inbox(topics.agent_inbox(self.config.run, agent), agent)
+        self._router.route_inboxes(agents)
         wildcard = self._router.agent_prefix + "+/inbox"
         if wildcard not in self._filters:
             await self._subscribe([wildcard])
@@ -211,9 +245,14 @@ class Bus:
         self._outbox.append((topic, payload, qos, retain))
         self._outbox_ready.set()
 
+    def hurry(self, seconds: float) -> None:
+        """Bound the flush on closing to `seconds` (a stopping run does not wait the whole
+        `publish_timeout` for a broker that is away)."""
+        self._closing_flush = min(self._closing_flush, seconds)
+
     async def wait_sent(self) -> None:
         """Wait until the outbox is empty (callers bound it with a timeout)."""
-        while self._outbox or self._inflight:
+        while self._outbox or self._inflight or self._retry:
             self._outbox_space.clear()
             await self._outbox_space.wait()
 
@@ -251,50 +290,74 @@ class Bus:
         self._connected.clear()
         self._link = None
         self._outbox_space.set()
+        for task in self._publishing:  # their acknowledgements went with the connection: sent again
+            task.cancel()
 
     async def _connection_loop(self) -> None:
         await self._transport.run(self._session, on_lost=self._lost)
 
     async def _sender(self) -> None:
-        """Publish the outbox in order; a failed publish goes back to the head for retry.
+        """Publish the outbox in order, with up to `publish_window` publishes unacknowledged.
 
-        Up to `publish_concurrency` publishes are in flight; paho hands them to the socket
-        in the order they were started, so the broker sees the outbox order.
+        A publish is started as soon as the window has room (not in chunks whose slowest
+        acknowledgement holds back the next): QoS 1 needs the broker's PUBACK, not a wait
+        for each one before sending the next. paho hands publishes to the socket in the
+        order they were started, so the broker sees the outbox order. A failed publish
+        (the connection went) is retried first, in its original order, after a backoff;
+        the publishes still waiting for an acknowledgement when a connection is lost are
+        cancelled and retried too (a publish has no timeout of its own: a dead connection
+        is found by the keepalive, and a timer per publish cost more than the publish).
         """
-        backoff = Backoff(self.config.reconnect)
-        while True:
-            await self._outbox_ready.wait()
-            await self._connected.wait()
-            link = self._link
-            if not self._outbox or link is None:
-                self._outbox_ready.clear()
-                continue
-            chunk = [self._outbox.popleft() for _ in range(min(len(self._outbox), self.config.publish_concurrency))]
-            self._inflight = len(chunk)
+        window = asyncio.Semaphore(self.config.publish_window)
+        order = itertools.count()
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    await self._outbox_ready.wait()
+                    await self._connected.wait()
+                    if self._failed:
+                        self._failed = False
+                        await asyncio.sleep(self._backoff.next())
+                        continue
+                    link = self._link
+                    if link is None or not (self._retry or self._outbox):
+                        self._outbox_ready.clear()
+                        continue
+                    await window.acquire()
+                    if self._link is not link:  # the connection went while the window was full
+                        window.release()
+                        continue
+                    item = heapq.heappop(self._retry)[1] if self._retry else self._outbox.popleft()
+                    self._inflight += 1
+                    self._outbox_space.set()
+                    task = group.create_task(self._publish_one(link, next(order), item, window))
+                    self._publishing.add(task)
+                    task.add_done_callback(self._publishing.discard)
+        except BaseExceptionGroup as group_error:
+            raise single_error(group_error) from None
+
+    async def _publish_one(self, link: Link, seq: int, item: _Outgoing, window: asyncio.Semaphore) -> None:
+        topic, payload, qos, retain = item
+        try:
+            await link.publish(topic, payload, qos=qos, retain=retain)
+        except asyncio.CancelledError:
+            heapq.heappush(self._retry, (seq, item))  # the connection went (`_lost`), or the bus closes
+            raise
+        except BrokerError:
+            if not self._failed:
+                log.warning("publishing failed (the connection went); retrying after a backoff")
+            heapq.heappush(self._retry, (seq, item))
+            self._failed = True
+        except Exception as exc:
+            raise BusError(f"publishing to {topic} failed: {exc!r}") from exc
+        else:
+            self.stats.messages_out += 1
+            self._backoff.reset()
+        finally:
+            self._inflight -= 1
+            window.release()
             self._outbox_space.set()
-            results = await asyncio.gather(
-                *(link.publish(t, p, qos=q, retain=r) for t, p, q, r in chunk), return_exceptions=True
-            )
-            failed = []
-            for item, result in zip(chunk, results, strict=True):
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
-                if isinstance(result, BrokerError):
-                    failed.append(item)
-                elif isinstance(result, BaseException):
-                    raise BusError(f"publishing to {item[0]} failed: {result!r}") from result
-                else:
-                    self.stats.messages_out += 1
-            self._inflight = 0
-            self._outbox_space.set()
-            if failed:
-                log.warning("%d publishes failed; they are retried after a backoff", len(failed))
-                self._outbox.extendleft(reversed(failed))
-                await asyncio.sleep(backoff.next())
-            else:
-                backoff.reset()
-            if not self._outbox:
-                self._outbox_ready.clear()
+            self._outbox_ready.set()
 
 
 def _mqtt_transport(config: BusConfig) -> MqttTransport:
@@ -307,7 +370,7 @@ def _mqtt_transport(config: BusConfig) -> MqttTransport:
         protocol=config.protocol,
         will=(topics.status(config.run, config.shard), offline),
         timeout=config.publish_timeout,
-        max_inflight=config.publish_concurrency,
+        max_inflight=config.publish_window,
     )
 
 
@@ -316,7 +379,7 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
     """Connect (or raise BrokerError after the reconnect patience), run the loops, close cleanly.
 
     `transport` defaults to MQTT to `config.broker`. On a normal exit the outbox is sent
-    first (bounded by `publish_timeout`).
+    first (bounded by `publish_timeout`, or less after `hurry`).
     """
     bus = Bus(config, transport or _mqtt_transport(config))
     try:
@@ -327,7 +390,7 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
             try:
                 yield bus
                 try:
-                    async with asyncio.timeout(config.publish_timeout):
+                    async with asyncio.timeout(bus._closing_flush):
                         await bus.wait_sent()
                 except TimeoutError:
                     log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))

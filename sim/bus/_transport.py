@@ -16,6 +16,7 @@ the in-memory broker the tests run shards on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Literal, Protocol
 
@@ -33,7 +34,8 @@ class Link(Protocol):
     """One live connection to the broker."""
 
     async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
-        """Send one message; BrokerError when the connection failed (the bus retries it)."""
+        """Send one message and wait for its acknowledgement; BrokerError when the connection
+        failed (the bus retries it). It may wait until cancelled when the connection is lost."""
         ...
 
     async def subscribe(self, filters: Sequence[str]) -> None:
@@ -62,7 +64,8 @@ class _MqttLink:
 
     async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
         try:
-            await self._client.publish(topic, payload, qos=qos, retain=retain)
+            # no timeout of its own (a timer per message): the bus cancels what a lost connection holds
+            await self._client.publish(topic, payload, qos=qos, retain=retain, timeout=math.inf)
         except (aiomqtt.MqttError, BaseExceptionGroup) as exc:
             error = mqtt_error(exc)
             if error is None:

@@ -3,8 +3,10 @@
 - `sim.protocol.router`: which received message goes where, and the events it hands back;
 - `sim.protocol.received`: those events (a batch arrived, a barrier message, player input,
   world state);
-- `sim.protocol.mailbox`: agents' bounded mailboxes and de-duplication;
-- `sim.protocol.outbox`: a tick's events batched per topic, encoded and sealed;
+- `sim.protocol.mailbox`: bounded mailboxes (an agent's inbox mail, a place's intake) and
+  de-duplication;
+- `sim.protocol.outbox`: a tick's events batched per topic, sealed for the broker when
+  another shard takes them;
 - `sim.protocol.barrier`: the tick barrier's bookkeeping;
 - `sim.protocol.bounds`: bounds on outside input (per message and per tick) and the
   refusal counter;

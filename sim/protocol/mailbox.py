@@ -1,4 +1,7 @@
-"""Agents' mailboxes and the bus's memory of seen events: sans-I/O, no broker needed.
+"""Mailboxes and the bus's memory of seen events: sans-I/O, no broker needed.
+
+A `Mailbox` holds an agent's inbox mail, or a place's events until they go into its log
+(the router's intakes): either way, bounded.
 
 A full mailbox drops the excess of whoever floods it: the event dropped is the newest one
 from the source holding the most events in the box (the arriving event itself when its
@@ -78,6 +81,10 @@ class Mailbox:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def peek(self, before: int) -> list[AnyEvent]:
+        """The waiting events of ticks earlier than `before`, left in the box."""
+        return [e for e in self._items if e.tick < before]
 
     def has_mail(self, before: int) -> bool:
         """Whether an event of a tick earlier than `before` is waiting."""

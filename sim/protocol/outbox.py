@@ -1,15 +1,22 @@
-"""The tick outbox: a tick's events in, one sealed msgpack batch per topic out. Sans-I/O.
+"""The tick outbox: a tick's events in, one batch per topic out, sealed for the broker. Sans-I/O.
 
-Agents and players emit events during a tick; `flush(tick)` makes one `EventBatch` per
-topic of them, topics in name order and events in (tick, id) order, so that asyncio's
-scheduling never reaches the bytes, and seals each payload with the run key
-(sim.protocol.seal). The shell publishes the batches and keeps them for the barrier,
-whose TickDone lists each topic with its event count.
+Agents and players emit events during a tick; `take()` hands them back as one `Batch` per
+topic, topics in name order and events in (tick, id) order, so that asyncio's scheduling
+never reaches what follows. The shell delivers the batches of topics it routes itself
+(its own places and NPCs) straight from these objects, and `seal`s the others: one
+msgpack `EventBatch`, signed with the run key (sim.protocol.seal), to publish and keep for
+the barrier, whose TickDone lists each topic with its event count.
 
     outbox = Outbox(shard="0", run_key=key)
     outbox.emit(topics.location_events(run, "forge"), speech)
-    for batch in outbox.flush(tick):          # SealedBatch(topic, payload, events)
-        await bus.publish(batch.topic, batch.payload)
+    for batch in outbox.take():               # Batch(topic, events)
+        if routed_here(batch.topic):
+            deliver(batch.topic, batch.events)
+        else:
+            sealed = outbox.seal(tick, batch)  # SealedBatch(topic, payload, events)
+            await bus.publish(sealed.topic, sealed.payload)
+
+`flush(tick)` seals every batch: what a shell that routes nothing itself publishes.
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ from typing import NamedTuple
 from sim.protocol.seal import RunKey, seal
 from sim.wire.events import AnyEvent, EventBatch, encode_batch
 
-__all__ = ["Outbox", "SealedBatch"]
+__all__ = ["Batch", "Outbox", "SealedBatch"]
+
+
+class Batch(NamedTuple):
+    """One topic's events of a tick, sorted by (tick, id)."""
+
+    topic: str
+    events: tuple[AnyEvent, ...]
 
 
 class SealedBatch(NamedTuple):
@@ -31,7 +45,7 @@ class SealedBatch(NamedTuple):
 
 
 class Outbox:
-    """The events emitted since the last `flush`, per topic."""
+    """The events emitted since the last `take`, per topic."""
 
     def __init__(self, shard: str, run_key: RunKey | None = None) -> None:
         self.shard = shard
@@ -43,15 +57,19 @@ class Outbox:
         self._pending.setdefault(topic, []).append(event)
 
     def __len__(self) -> int:
-        """Events waiting for the next `flush`."""
+        """Events waiting for the next `take`."""
         return sum(len(events) for events in self._pending.values())
 
-    def flush(self, tick: int) -> list[SealedBatch]:
-        """Every waiting event as one sealed batch per topic for `tick`, in sending order; then empty."""
+    def take(self) -> list[Batch]:
+        """Every waiting event as one batch per topic, in sending order; then empty."""
         pending, self._pending = self._pending, {}
-        batches = []
-        for topic in sorted(pending):
-            events = tuple(sorted(pending[topic], key=lambda e: (e.tick, e.id)))
-            body = encode_batch(EventBatch(shard=self.shard, tick=tick, events=events))
-            batches.append(SealedBatch(topic, seal(self._run_key, topic, body), len(events)))
-        return batches
+        return [Batch(topic, tuple(sorted(pending[topic], key=lambda e: (e.tick, e.id)))) for topic in sorted(pending)]
+
+    def seal(self, tick: int, batch: Batch) -> SealedBatch:
+        """The batch as this shard's `EventBatch` for `tick`, encoded and sealed for its topic."""
+        body = encode_batch(EventBatch(shard=self.shard, tick=tick, events=batch.events))
+        return SealedBatch(batch.topic, seal(self._run_key, batch.topic, body), len(batch.events))
+
+    def flush(self, tick: int) -> list[SealedBatch]:
+        """`take` and `seal` every batch for `tick`."""
+        return [self.seal(tick, batch) for batch in self.take()]

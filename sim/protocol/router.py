@@ -1,9 +1,13 @@
 """The shard's routing: which message goes where, sans-I/O (bytes in, events out; no client, no awaits).
 
-`Router.receive(topic, payload)` decodes one MQTT message. Location and inbox events go
-to the agents' mailboxes here; what the shard must act on comes back as one typed event
-(sim.protocol.received): every batch that arrived on a routed topic, every tick-barrier
-message, every player input and world state within bounds. Which of those the router
+`Router.receive(topic, payload)` decodes one MQTT message, and `Router.deliver(topic,
+events)` takes the events a shard emitted for its own places and NPCs, from the objects.
+A place's events wait in its intake (bounded like a mailbox, the flooder losing its own
+excess) until the shard appends them to the place's log after the tick's barrier
+(`take_place_events`): one copy per place, whoever listens there. Inbox events go to the
+addressee's mailbox, made when its first mail arrives. What the shard must act on comes
+back as one typed event (sim.protocol.received): every batch that arrived on a routed
+topic, every tick-barrier message, every player input and world state within bounds. Which of those the router
 takes at all is configured (`route_player_input`, `route_world_state`, `route_barrier`);
 a message on a topic it does not route is counted as unrouted. The bus feeds it from the
 connection; tests feed it bytes directly.
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import msgspec
@@ -30,7 +36,7 @@ from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputRece
 from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
 from sim.wire.barrier import Hello, decode_barrier
-from sim.wire.events import decode_batch, decode_player_input, decode_world_state
+from sim.wire.events import AnyEvent, decode_batch, decode_player_input, decode_world_state
 
 __all__ = ["BusStats", "Router", "retained_why"]
 
@@ -46,7 +52,9 @@ class BusStats:
 
     messages_in: int = 0
     messages_out: int = 0
-    events_in: int = 0
+    bytes_in: int = 0  # payload bytes of every message received from the broker
+    events_in: int = 0  # events in batches received from the broker
+    events_local: int = 0  # events this shard delivered to itself, without the broker
     events_delivered: int = 0
     duplicates: int = 0
     stale_batches: int = 0  # re-sent batches of ticks already perceived, dropped
@@ -86,8 +94,10 @@ class Router:
         self.bounds = bounds
         self._mailbox_size = mailbox_size
         self._mailboxes: dict[str, Mailbox] = {}
-        self._location_routes: dict[str, tuple[str, ...]] = {}
-        self._inbox_routes: dict[str, str] = {}
+        self._places: dict[str, str] = {}  # location topic -> place
+        self._listeners: dict[str, int] = {}  # place -> NPCs there
+        self._intakes: dict[str, Mailbox] = {}  # place -> its events not yet in its log
+        self._inboxes: list[AbstractSet[str]] = []  # the agents whose inbox topics are routed here
         self._seen = SeenEvents(seen_events)
         self._logged: set[str] = set()
         self.world_topic = topics.world_state(run)
@@ -101,24 +111,28 @@ class Router:
 
     # --- routes ------------------------------------------------------------------------
 
-    def mailbox(self, agent: str) -> Mailbox:
-        box = self._mailboxes.get(agent)
-        if box is None:
-            box = self._mailboxes[agent] = Mailbox(agent, self._mailbox_size, self.stats.overflow)
-        return box
+    def route_location(self, topic: str, place: str, listeners: int) -> bool:
+        """Take `topic`'s events into `place`'s intake (`listeners` NPCs hear them there);
+        True when the topic is new (subscribe it)."""
+        new = topic not in self._places
+        self._places[topic] = place
+        self._listeners[place] = listeners
+        return new
 
-    def route_location(self, topic: str, agents: tuple[str, ...] | list[str]) -> bool:
-        """Deliver `topic`'s events to `agents` too; True when the topic is new (subscribe it)."""
-        known = self._location_routes.get(topic, ())
-        self._location_routes[topic] = tuple(sorted({*known, *agents}))
-        return not known
+    def route_inboxes(self, agents: Iterable[str]) -> None:
+        """Deliver each of these agents' directed events (`agent/{id}/inbox`) to its mailbox.
 
-    def route_inbox(self, topic: str, agent: str) -> bool:
-        """Deliver `topic`'s events to `agent`; True when the topic is new."""
-        if topic in self._inbox_routes:
-            return False
-        self._inbox_routes[topic] = agent
-        return True
+        A set (such as a shard's layout's) is kept as it is, not copied: a shard's million
+        NPCs are held once."""
+        self._inboxes.append(agents if isinstance(agents, AbstractSet) else frozenset(agents))
+
+    def _inbox_agent(self, topic: str) -> str | None:
+        """The local agent whose inbox `topic` is, or None."""
+        if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
+            agent = topic[len(self.agent_prefix) : -len("/inbox")]
+            if any(agent in agents for agents in self._inboxes):
+                return agent
+        return None
 
     def route_player_input(self) -> str:
         """Take player input (`player/+/input`); returns the topic filter to subscribe."""
@@ -136,8 +150,57 @@ class Router:
         return self.barrier_prefix + "+"
 
     def is_routed(self, topic: str) -> bool:
-        """Whether batches on `topic` reach a mailbox here (the barrier waits only for those)."""
-        return topic in self._location_routes or topic in self._inbox_routes
+        """Whether batches on `topic` are taken here (the barrier waits only for those)."""
+        return topic in self._places or self._inbox_agent(topic) is not None
+
+    # --- mail and the places' intakes ----------------------------------------------------
+
+    def mailbox(self, agent: str) -> Mailbox:
+        """The agent's mailbox, created when its first mail arrives (idle NPCs have none)."""
+        box = self._mailboxes.get(agent)
+        if box is None:
+            box = self._mailboxes[agent] = Mailbox(agent, self._mailbox_size, self.stats.overflow)
+        return box
+
+    def mail_holders(self, before: int) -> list[str]:
+        """The agents with mail of a tick earlier than `before`, in id order."""
+        return sorted(agent for agent, box in self._mailboxes.items() if box.has_mail(before))
+
+    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
+        """The agent's mail of ticks earlier than `before`, sorted by (tick, id) (`Mailbox.drain`);
+        an emptied mailbox is dropped."""
+        box = self._mailboxes.get(agent)
+        if box is None:
+            return []
+        mail = box.drain(before)
+        if not len(box):
+            del self._mailboxes[agent]
+        return mail
+
+    def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
+        """Put (agent, event) mail back in the mailboxes: what a resumed shard's last commit left."""
+        for agent, event in mail:
+            self._seen.first_time(event)
+            self.mailbox(agent).put(event)
+
+    def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
+        """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`, by agent then
+        (tick, id): what a resumed shard must find in its mailboxes again."""
+        return [(agent, event) for agent in sorted(self._mailboxes)
+                for event in sorted(self._mailboxes[agent].peek(up_to + 1), key=lambda e: (e.tick, e.id))]
+
+    def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
+        """Each place's events of ticks up to `up_to` (sorted by (tick, id)), places sorted;
+        later ones stay (a shard already working on the next tick sent them)."""
+        taken = []
+        for place in sorted(self._intakes):
+            intake = self._intakes[place]
+            events = intake.drain(up_to + 1)
+            if not len(intake):
+                del self._intakes[place]
+            if events:
+                taken.append((place, events))
+        return taken
 
     def drop_batches_before(self, tick: int) -> None:
         """Batches of ticks before `tick` were perceived already: drop their events (still reported)."""
@@ -153,16 +216,13 @@ class Router:
             log.warning("dropping a malformed %s payload on %s: %s (logged once per kind)", kind, topic, exc)
 
     def receive(self, topic: str, payload: bytes, *, retained: bool = False) -> Received | None:
-        """Route one message: its events to the mailboxes, and what the shard must know of it
-        as an event. Never raises for what the payload holds. `retained`: the broker kept
-        it from before this subscription (the MQTT retain flag)."""
+        """Route one message: its events to the places' intakes and the mailboxes, and what the
+        shard must know of it as an event. Never raises for what the payload holds.
+        `retained`: the broker kept it from before this subscription (the MQTT retain flag)."""
         self.stats.messages_in += 1
-        agent = self._inbox_routes.get(topic)
-        recipients = self._location_routes.get(topic)
-        if recipients is None and agent is not None:
-            recipients = (agent,)
-        if recipients is not None:
-            return self._receive_batch(topic, payload, recipients)
+        self.stats.bytes_in += len(payload)
+        if topic in self._places or self._inbox_agent(topic) is not None:
+            return self._receive_batch(topic, payload)
         if self._player_input and topic.startswith(self.player_prefix) and topic.endswith("/input"):
             if not retained:
                 return self._receive_player_input(topic, payload)
@@ -190,28 +250,50 @@ class Router:
     def _refuse_retained(self, kind: str, topic: str) -> None:
         self.stats.refusals.refuse(kind, topic, retained_why(topic))
 
-    def _receive_batch(self, topic: str, payload: bytes, recipients: tuple[str, ...]) -> BatchArrived | None:
+    def _receive_batch(self, topic: str, payload: bytes) -> BatchArrived | None:
         body = self._open(topic, payload)
         if body is None:
             return None
         try:
             batch = decode_batch(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self.count_malformed("location events" if topic in self._location_routes else "inbox", topic, exc)
+            self.count_malformed("location events" if topic in self._places else "inbox", topic, exc)
             return None
         arrived = BatchArrived(batch.shard, batch.tick, topic, len(batch.events))
         if batch.tick < self._stale_before:
             self.stats.stale_batches += 1
             return arrived
-        for event in batch.events:
-            self.stats.events_in += 1
+        self.stats.events_in += len(batch.events)
+        self._put(topic, batch.events)
+        return arrived
+
+    def deliver(self, topic: str, events: Iterable[AnyEvent]) -> None:
+        """Deliver events this shard emitted on a topic it routes itself, from the objects:
+        no encoding, no broker, no echo to wait for (the barrier waits for none of them)."""
+        events = tuple(events)
+        self._put(topic, events)
+        self.stats.events_local += len(events)
+
+    def _put(self, topic: str, events: Iterable[AnyEvent]) -> None:
+        """Each event seen for the first time: a place's into its intake (its listeners hear it
+        from the place's log), an inbox's into the agent's mailbox."""
+        place = self._places.get(topic)
+        if place is not None:
+            box = self._intakes.get(place)
+            if box is None:
+                box = self._intakes[place] = Mailbox(place, self._mailbox_size, self.stats.overflow)
+            heard_by = self._listeners[place]
+        else:
+            agent = self._inbox_agent(topic)
+            if agent is None:
+                raise ValueError(f"{topic}: not routed here")
+            box, heard_by = self.mailbox(agent), 1
+        for event in events:
             if not self._seen.first_time(event):
                 self.stats.duplicates += 1
                 continue
-            for name in recipients:
-                self.mailbox(name).put(event)
-                self.stats.events_delivered += 1
-        return arrived
+            box.put(event)
+            self.stats.events_delivered += heard_by
 
     def _receive_barrier(self, topic: str, payload: bytes) -> BarrierReceived | None:
         # A Hello is sealed before its sender knows the run nonce (sim.protocol.seal), and only a Hello may be.

@@ -4,16 +4,23 @@
 
     shard = Shard(ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, clock=clock), stop)
     await shard.start()
-    await shard.step(shard.next_tick)        # one whole tick: inputs, agents, publish, barrier, commit
+    await shard.step(shard.next_tick)        # one whole tick: inputs, turns, publish, barrier, perceive, commit
     await shard.run(until=shard.end)         # the rest, paced by tick_ms
 
 The modules, one job each:
 - `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
+- `_places`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display and the summary read;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
+- `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, who stands where, the
+  dice table), built off the event loop at start-up;
 - `_context`: `ShardContext` (the shard's parts) and `AgentContext` (what an agent may do);
+- `_window`, `_perception`: shared perception: a place's log, trimmed by the window rule, and
+  the listeners' memories merged from it;
 - `_recorder`: audit records, traces, metrics and counters of every line said;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
+- `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
+- `_turns`: the tick's turns, taken by a bounded set of workers;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_shard`: `Shard`, the tick loop;
 - `_trust`: the run key and the trust announcements at start;
@@ -24,6 +31,8 @@ The modules, one job each:
 from sim.shard._clock import Clock, SystemClock, VirtualClock
 from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
 from sim.shard._context import AgentContext, ShardContext
+from sim.shard._dice import ambient_roll
+from sim.shard._places import assign_places
 from sim.shard._process import run
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
@@ -45,6 +54,8 @@ __all__ = [
     "StartupProgress",
     "SystemClock",
     "VirtualClock",
+    "ambient_roll",
+    "assign_places",
     "create_agents",
     "hot_limit",
     "parse_shard",

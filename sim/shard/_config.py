@@ -17,6 +17,7 @@ from sim.memory import WorkingMemoryConfig
 from sim.mqtt import TlsFiles
 from sim.protocol.bounds import InputBounds
 from sim.scenario import NpcSpec, Scenario
+from sim.shard._places import assign_places
 from sim.store import HOT_LIMIT, Store
 
 __all__ = [
@@ -105,8 +106,14 @@ def check_shards(config: RunConfig, scenario: Scenario) -> None:
 
 
 def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
-    """Shard i of n holds every n-th NPC in id order: a function of the scenario only."""
-    return [spec for k, spec in enumerate(sorted(scenario.npcs, key=lambda s: s.id)) if k % count == index]
+    """Shard i of n's NPCs, in id order: those standing at the places it holds.
+
+    Since issue 20 a shard holds whole places (sim.shard._places: balanced by NPC count, a
+    function of the scenario and n only), no longer every n-th NPC by id, so that everyone
+    who hears a line at a place is on the same shard.
+    """
+    owner = assign_places(scenario, count)
+    return sorted((spec for spec in scenario.npcs if owner[spec.location] == index), key=lambda s: s.id)
 
 
 def hot_limit(config: WorkingMemoryConfig) -> int:
@@ -119,13 +126,21 @@ def default_run_id(scenario: Scenario, seed: int) -> str:
 
 
 def check_resume(config: RunConfig, db: Path, store: Store) -> None:
-    """A database holding ticks is continued only when asked, never silently reused."""
+    """A database holding ticks is continued only when asked, never silently reused; one last
+    written before schema 4 (sim.store, `migrated_at`) only on one shard (sim.shard.Shard)."""
     if config.resume and store.last_tick is None:
         raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
     if not config.resume and store.last_tick is not None:
         raise ConfigError(
             f"--db {db} already holds this run up to tick {store.last_tick}: "
             "pass --resume to continue it, or give another file"
+        )
+    # checked before the store is claimed for this layout (sim.shard._instance)
+    migrated = store.migrated_at is not None and store.migrated_at == store.last_tick
+    if config.resume and migrated and parse_shard(config.shard)[1] > 1:
+        raise ConfigError(
+            f"--resume with --shard {config.shard}: {db} was written before schema 4, when shards held NPCs by "
+            "id; this npcsim gives shards whole places, so such a store resumes on one shard"
         )
 
 

@@ -1,12 +1,16 @@
 """The contexts: what the shard's machinery shares, and the narrow handle each agent gets.
 
 `ShardContext` holds the run's identity and the shard's parts (scenario, config, bus,
-pool, store, stats, metrics, clock, the tick's outbox, the recorder); the shard, its
-recorder and its agents' contexts share it.
+pool, store, stats, metrics, clock, the tick's outbox, the recorder, its layout (its NPCs
+and their kinds, who stands where: sim.shard._layout), the perception of its places);
+the shard, its recorder and its agents' contexts share it. `state(spec)` is an NPC's
+state as a working memory is built from it: the store's hot state with what it heard at
+its place merged in (sim.shard._perception).
 
 `AgentContext` is all an agent may do, and nothing more (Mesa's agent handle): read its
 mail for the tick, remember what it perceived (with the NPC's authority in the store),
-look at who is at its place, and `speak`. It never hands out the bus or the store.
+look at who is at its place, and `speak`. It never hands out the bus or the store. It is
+made for one turn and dropped after it.
 
 `speak(to, said, turn)` is one act: build the working memory from the agent's state, ask
 the pool (a player's turn-1 answer first, ambient chatter last), publish the `say` line,
@@ -16,14 +20,22 @@ its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
+from typing import overload
+
+import msgspec
+
 from sim.bus import Bus
 from sim.inference import InferenceRequest, Pool, Priority
-from sim.memory import Belief, Episode, Line, build_working_memory
+from sim.memory import Belief, Line, NpcState, build_working_memory
 from sim.metrics import Metrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import RunConfig, parse_shard
+from sim.shard._config import RunConfig
+from sim.shard._layout import ShardLayout
+from sim.shard._perception import Perception
 from sim.shard._recorder import Recorder, Spoken
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
@@ -52,6 +64,7 @@ class ShardContext:
         metrics: Metrics | None = None,
         *,
         clock: Clock | None = None,
+        layout: ShardLayout | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = config
@@ -63,15 +76,16 @@ class ShardContext:
         self.stats = stats
         self.metrics = metrics
         self.clock: Clock = clock or SystemClock()
-        self.shard = str(parse_shard(config.shard)[0])
+        self.layout = layout or ShardLayout(scenario, config.shard, seed)
+        self.shard = str(self.layout.index)
+        self.specs = self.layout.specs
+        self.kinds = self.layout.kinds
         self.memory_config = scenario.memory
-        self.npc_ids = frozenset(spec.id for spec in scenario.npcs)
-        self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
-        neighbours: dict[str, list[str]] = {}
-        for spec in sorted(scenario.npcs, key=lambda s: s.id):
-            neighbours.setdefault(spec.location, []).append(spec.id)
-        self._neighbours = {location: tuple(ids) for location, ids in neighbours.items()}
+        self.npc_location = self.layout.npc_location
+        self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        window = max(config.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
+        self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
@@ -90,16 +104,22 @@ class ShardContext:
     def agent_context(self, spec: NpcSpec) -> AgentContext:
         return AgentContext(self, spec)
 
+    def state(self, spec: NpcSpec) -> NpcState:
+        """The NPC's state now: its own hot state, with the place's log it heard merged into
+        its episodic memory (what the engine before issue 20 kept as one copy per listener)."""
+        own = self.store.state(spec.id)
+        episodic = self.perception.episodic(spec.id, spec.location, own.episodic, self.kinds[spec.kind].episode_of)
+        return own if episodic is own.episodic else msgspec.structs.replace(own, episodic=episodic)
+
 
 class AgentContext:
     """One agent's handle on the engine: its mail, its memory, its place, its voice."""
 
-    __slots__ = ("_mailbox", "_seq", "_seq_tick", "_shard", "spec")
+    __slots__ = ("_seq", "_seq_tick", "_shard", "spec")
 
     def __init__(self, shard: ShardContext, spec: NpcSpec) -> None:
         self._shard = shard
         self.spec = spec
-        self._mailbox = shard.bus.mailbox(spec.id)
         self._seq_tick = -1
         self._seq = 0
 
@@ -114,20 +134,31 @@ class AgentContext:
 
     # --- perceiving ----------------------------------------------------------------------
 
-    def has_mail(self, tick: int) -> bool:
-        """Events from ticks before `tick` wait in the mailbox."""
-        return self._mailbox.has_mail(tick)
+    async def mail(self, tick: int) -> list[AnyEvent]:
+        """What was said to this agent before `tick`, sorted by (tick, id); later mail stays.
 
-    def mail(self, tick: int) -> list[AnyEvent]:
-        """The events from ticks before `tick`, sorted by (tick, id); later ones stay for later."""
-        return self._mailbox.drain(tick)
+        Mail said at its place is in the place's log already; mail that came to its inbox
+        becomes its private memory here (what its kind remembers of it), once.
+        """
+        shard, spec = self._shard, self.spec
+        heard = shard.perception.take_mail(spec.id)
+        inbox = shard.bus.take_mail(spec.id, tick)
+        episode_of = shard.kinds[spec.kind].episode_of
+        for event in inbox:
+            if not (isinstance(event, Speech) and event.speaker == spec.id):
+                episode = episode_of(event, isinstance(event, Speech) and event.to == spec.id)
+                await shard.store.add_episode(spec.id, episode, writer=Writer.NPC)
+        if not heard:
+            return inbox
+        return sorted((*heard, *inbox), key=lambda e: (e.tick, e.id))
 
-    def neighbours(self) -> tuple[str, ...]:
-        """The other NPCs at this agent's place, in any shard, in id order."""
-        return tuple(n for n in self._shard.neighbours(self.spec.location) if n != self.spec.id)
+    def neighbours(self) -> Sequence[str]:
+        """The other NPCs at this agent's place, in any shard, in id order (a view: no copy of
+        a place of thousands for each NPC that talks there)."""
+        return _Others(self._shard.neighbours(self.spec.location), self.spec.id)
 
     def is_npc(self, agent_id: str) -> bool:
-        return agent_id in self._shard.npc_ids
+        return agent_id in self._shard.npc_location
 
     # --- remembering ---------------------------------------------------------------------
 
@@ -140,12 +171,11 @@ class AgentContext:
         self._seq += 1
         return self._seq
 
-    async def remember(self, memory: Episode | Belief | Line) -> None:
-        """Keep an episode, a belief or a dialogue line, with the NPC's authority."""
+    async def remember(self, memory: Belief | Line) -> None:
+        """Keep a belief or a dialogue line, with the NPC's authority (episodes of what it
+        perceived are the engine's: its place's log, or its `mail`)."""
         store = self._shard.store
-        if isinstance(memory, Episode):
-            await store.add_episode(self.spec.id, memory, writer=Writer.NPC)
-        elif isinstance(memory, Belief):
+        if isinstance(memory, Belief):
             await store.add_belief(self.spec.id, memory, writer=Writer.NPC)
         else:
             await store.add_line(self.spec.id, memory, writer=Writer.NPC)
@@ -160,11 +190,11 @@ class AgentContext:
         """
         shard, spec = self._shard, self.spec
         tick = shard.tick
-        state = shard.store.state(spec.id)
+        state = shard.state(spec)
         memory = build_working_memory(state, said, shard.memory_config)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
-        player = turn == 1 and to not in shard.npc_ids
+        player = turn == 1 and to not in shard.npc_location
         priority = Priority.PLAYER if player else Priority.AMBIENT if turn == 0 else Priority.NPC
         request = InferenceRequest(
             id=inference_id,
@@ -192,3 +222,32 @@ class AgentContext:
                                    writer=Writer.NPC)
         await shard.recorder.record(Spoken(say=say, heard=said, state=state, memory=memory, result=result))
         return result.line
+
+
+class _Others(Sequence[str]):
+    """The ids of a place's NPCs in id order, but one: a sorted tuple seen with a gap."""
+
+    __slots__ = ("_all", "_gap")
+
+    def __init__(self, everyone: tuple[str, ...], but: str) -> None:
+        self._all = everyone
+        at = bisect.bisect_left(everyone, but)
+        self._gap = at if at < len(everyone) and everyone[at] == but else len(everyone)
+
+    def __len__(self) -> int:
+        return len(self._all) - (self._gap < len(self._all))
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._all[index + (index >= self._gap)]

@@ -33,7 +33,7 @@ import msgspec
 
 from sim.errors import ConfigError, single_error
 from sim.mqtt import BrokerAddress, ReconnectPolicy, open_client, stay_connected
-from sim.protocol.seal import RunKey, new_nonce, sealed_nonce
+from sim.protocol.seal import RunKey, new_nonce, sealed_before_nonces, sealed_nonce
 from sim.shard._clock import Clock
 from sim.shard._config import RunConfig, parse_shard
 from sim.store import RunIdentity, Store
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 _HELLO_EVERY = 1.0  # seconds between Hellos while shard 0 does not answer
 _SAY_WAITING_EVERY = 10  # Hellos between two "still waiting" log lines
-_LEGACY_SEAL = b"NPK1"  # what npcsim sealed before run nonces
 
 LearnNonce = Callable[[], Awaitable[bytes]] | None
 """How a shard that is not shard 0 learns the nonce at its first start (None: it chooses it)."""
@@ -95,14 +94,14 @@ def kept_messages(
 ) -> list[tuple[int, str, bytes]]:
     """What the store kept for re-sending that this start can send again.
 
-    Messages sealed by an npcsim from before run nonces are left out (with a warning: their
-    events are not perceived again); any other message this start's key does not open
-    stops the start, naming the key.
+    Messages sealed by an npcsim from before run nonces are left out (with a warning; a
+    store that old resumes its last tick's events from them itself: sim.shard.Shard); any
+    other message this start's key does not open stops the start, naming the key.
     """
     usable = []
     legacy = 0
     for tick, topic, payload in sent:
-        if key is not None and payload.startswith(_LEGACY_SEAL):
+        if sealed_before_nonces(payload):
             legacy += 1
             continue
         sealed = sealed_nonce(payload) is not None
@@ -126,8 +125,7 @@ def kept_messages(
             "first start"
         )
     if legacy:
-        log.warning("%d messages kept by an older npcsim are not sent again (sealed without a run nonce); "
-                    "their events are not perceived again", legacy)
+        log.warning("%d messages kept by an older npcsim are not sent again (sealed without a run nonce)", legacy)
     return usable
 
 

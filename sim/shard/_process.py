@@ -6,10 +6,11 @@ the run key is read or made, bound to the run's nonce, and the trust announcemen
 then the bus and the pool. The Shard starts up, runs its ticks and says "offline" at the
 end.
 
-Shutdown (SIGINT/SIGTERM, or the last tick): no new tick starts, the current one finishes,
-the retained status says "offline", and the run returns normally. A stop during start-up
-cancels the start-up at once (sim.shard._startup). After a crash the store rolls back the
-unfinished tick.
+Shutdown (SIGINT/SIGTERM): the current tick stops where it is (between slices of its work)
+and is not committed, the retained status says "offline", what is unsent gets half a
+second, and the run returns normally; after the last tick, the same in order. A stop
+during start-up cancels the start-up at once (sim.shard._startup). After a crash the
+store rolls back the unfinished tick.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ from sim.shard._config import (
 )
 from sim.shard._context import ShardContext
 from sim.shard._instance import claim_store, learn_run_nonce, run_claim
+from sim.shard._layout import ShardLayout
 from sim.shard._shard import Shard
 from sim.shard._startup import (
     PausedCollector,
     StartupPhase,
     cancel_start_up_on,
+    in_thread,
     load_scenario_in_thread,
 )
 from sim.shard._stats import RunStats
@@ -55,6 +58,8 @@ from sim.wire import topics
 __all__ = ["run"]
 
 log = logging.getLogger(__name__)
+
+_STOPPING_FLUSH = 0.5  # seconds a stopped run gives its unsent messages on the way out
 
 
 async def run(
@@ -103,6 +108,7 @@ async def _run(
         check_retention(config, hot_limit(scenario.memory))
         check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
+        layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
         run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
         try:
             topics.run_root(run_id)
@@ -143,7 +149,8 @@ async def _run(
                     if metrics is not None:
                         metrics.watch_pool(pool.statistics)
                         metrics.watch_bus(bus.stats)
-                    ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock)
+                    ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
+                                       layout=layout)
                     one = Shard(ctx, stop)
                     await one.start()
                     collector.start_up_done()
@@ -156,6 +163,8 @@ async def _run(
                     try:
                         await one.run(until=one.end)
                     finally:
+                        if stop.is_set():
+                            bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()
 
 
@@ -182,7 +191,7 @@ def _signals(stop: asyncio.Event, stats: RunStats) -> Iterator[None]:
     loop = asyncio.get_running_loop()
 
     def handler(signum: int) -> None:
-        log.warning("%s: stopping after the current tick", signal.Signals(signum).name)
+        log.warning("%s: stopping (an unfinished tick is not committed)", signal.Signals(signum).name)
         stats.stopped_by_signal = True
         stop.set()
 

@@ -1,7 +1,9 @@
 """Agent kinds and player kinds, by import string: `sim` never imports `agents` by name.
 
 A scenario names an NPC's kind (`kind = "npc"` by default); `AGENT_KINDS` maps it to the
-class that runs it, built as `kind(spec, context)` with the agent's `AgentContext`.
+class that runs it, built as `kind(spec, context)` with the agent's `AgentContext` for a
+turn, and whose `episode_of(event, addressed)` says what an NPC of that kind remembers of
+an event at its place or in its inbox (shared perception: the engine words no memory).
 Scripted players (from the scenario) and load-test bots live in shard 0 and say their
 lines through the same outbox as everything else.
 """
@@ -10,27 +12,29 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sim.errors import ConfigError
 from sim.scenario import NpcSpec, Scenario
-from sim.shard._context import AgentContext
+from sim.shard._perception import EpisodeOf
 from sim.wire.events import Speech
 
-__all__ = ["AGENT_KINDS", "PLAYER_KINDS", "Agent", "AgentFactory", "Player", "agent_factories", "players"]
+if TYPE_CHECKING:  # the contexts build agents through this registry: no import circle at run time
+    from sim.shard._context import AgentContext
+
+__all__ = ["AGENT_KINDS", "PLAYER_KINDS", "Agent", "AgentFactory", "AgentKind", "Player", "agent_kinds", "players"]
 
 AGENT_KINDS: dict[str, str] = {"npc": "agents.npc:NpcAgent"}
 PLAYER_KINDS = {"scripted": "agents.player:ScriptedPlayer", "bot": "agents.player:BotPlayer"}
 
 
 class Agent(Protocol):
-    """What the shard asks of an agent each tick: whether it takes a turn, and the turn."""
+    """An agent taking its turn: the shard decides who takes one (mail, or the ambient dice
+    fell: `ambient`), builds the agent for it and steps it."""
 
     id: str
 
-    def wants_turn(self, tick: int) -> bool: ...
-
-    async def step(self, tick: int) -> None: ...
+    async def step(self, tick: int, ambient: bool) -> None: ...
 
 
 class Player(Protocol):
@@ -42,7 +46,14 @@ class Player(Protocol):
     def inputs(self, tick: int) -> list[Speech]: ...
 
 
-AgentFactory = Callable[[NpcSpec, AgentContext], Agent]
+AgentFactory = Callable[[NpcSpec, "AgentContext"], Agent]
+
+
+class AgentKind(NamedTuple):
+    """A kind of agent: how to build one for a turn, and what one remembers of an event."""
+
+    build: AgentFactory
+    episode_of: EpisodeOf
 
 
 def _resolve(spec: str) -> Any:
@@ -50,15 +61,20 @@ def _resolve(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def agent_factories(specs: Iterable[NpcSpec]) -> dict[str, AgentFactory]:
-    """The class of every kind these NPCs name; ConfigError names an NPC of an unknown kind."""
-    kinds: dict[str, AgentFactory] = {}
+def agent_kinds(specs: Iterable[NpcSpec]) -> dict[str, AgentKind]:
+    """Every kind these NPCs name; ConfigError names an NPC of an unknown or incomplete kind."""
+    kinds: dict[str, AgentKind] = {}
     for spec in specs:
-        if spec.kind not in kinds:
-            kind = AGENT_KINDS.get(spec.kind)
-            if kind is None:
-                raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
-            kinds[spec.kind] = _resolve(kind)
+        if spec.kind in kinds:
+            continue
+        path = AGENT_KINDS.get(spec.kind)
+        if path is None:
+            raise ConfigError(f"npc {spec.id!r}: unknown kind {spec.kind!r}; known: {sorted(AGENT_KINDS)}")
+        build = _resolve(path)
+        episode_of = getattr(build, "episode_of", None)  # resolved once: the same function for every NPC
+        if not callable(episode_of):
+            raise ConfigError(f"npc {spec.id!r}: kind {spec.kind!r} ({path}) has no episode_of(event, addressed)")
+        kinds[spec.kind] = AgentKind(build, episode_of)
     return kinds
 
 

@@ -6,22 +6,34 @@ The tick is the clock, and a barrier for the whole run (sim.protocol.barrier). O
    TickDone, so every shard applies them at the same tick), scripted and bot players
    (functions of seed and tick) and outside clients' JSON that arrived before this point
    (stamped with this tick and stored) become events;
-2. agents: the local agents that have mail from earlier ticks or roll to talk take their
-   turn, concurrently, and the tick waits for all of them;
-3. publish: the tick's outbox goes out as one sealed batch per topic, then the shard's
-   TickDone listing them (with the world-state changes shard 0 took); everything sent is
-   kept for re-sending;
-4. barrier: until every shard finished the tick and every batch of it routed here
-   arrived; a stall is logged and shown on the status topic, never skipped;
-5. commit: the store commits the tick with what was sent in it, atomically.
+2. turns: the local NPCs that have mail from earlier ticks or whose ambient dice fell
+   (rolled here, for every local NPC: sim.shard._dice) take their turn, stepped by a
+   bounded set of workers (sim.shard._turns); no other NPC is touched;
+3. publish: the tick's outbox, one batch per topic: a batch for this shard's own places
+   or NPCs is delivered here from the objects (no broker, no echo to wait for), the others
+   are sealed and published, then the shard's TickDone listing those (with the world-state
+   changes shard 0 took); everything published is kept for re-sending;
+4. barrier: until every shard finished the tick and every batch of it a peer published
+   for this shard arrived (none to wait for on one shard); a stall is logged and shown on
+   the status topic, never skipped;
+5. perceive: each of this shard's places appends the tick's events to its log, once
+   (sim.shard._perception), and the store gets one row per place; what was said to an
+   NPC there is its mail for the next tick;
+6. commit: the store commits the tick with what was sent in it and what waits for the next
+   one (inbox mail, world-state changes), atomically.
 
-`run(until)` steps tick after tick, paced by `tick_ms` on the clock, until `until` or a
-stop. The bus hands the shard what it must act on as events (sim.bus), which the shard
-takes at the phase boundaries and while it waits at the barrier; every wait is the clock's.
+A stop request ends the tick between slices of its work (the dice, the turns, the barrier)
+and the tick is not committed. `run(until)` steps tick after tick, paced by `tick_ms` on
+the clock, until `until` or a stop, writing each tick's commit while the next tick's turns
+are taken. The bus hands the shard what it must act on as events (sim.bus), which the
+shard takes at the phase boundaries and while it waits at the barrier; every wait is the
+clock's.
 
-Resume (`--resume`) starts by passing the barrier of the last committed tick again: the
-shard re-sends what it sent in that tick (from the store) and asks the others for theirs
-(Join), so the events not yet perceived at the crash are in the mailboxes again.
+Resume (`--resume`) finds in the store what the last committed tick left for the next:
+the places' logs and the mail said there to this shard's NPCs, the inbox mail, the
+world-state changes due; it re-sends what it published in that tick (what this start's
+run key opens: sim.shard._instance) and joins the run at the next one (Join), the others
+re-sending theirs.
 
 Peers' requests are served within bounds (sim.protocol.admission): each Join once however
 often it is replayed, and shard 0 answers each Hello (a shard asking for the run nonce,
@@ -33,26 +45,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Iterable
 
 import msgspec
 
 from sim.bus import Connected
-from sim.errors import ConfigError, single_error
+from sim.errors import ConfigError
 from sim.memory import WorldFact
 from sim.protocol.admission import Admission
 from sim.protocol.barrier import Barrier, summarise
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
 from sim.protocol.router import retained_why
-from sim.shard._config import parse_shard, shard_npcs
+from sim.protocol.seal import peel
+from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._instance import kept_messages
-from sim.shard._registry import Agent, Player, agent_factories, players
-from sim.shard._startup import StartupPhase, create_agents
-from sim.store import Store, Writer
+from sim.shard._registry import Player, players
+from sim.shard._startup import StartupPhase, create_agents, in_thread
+from sim.shard._turns import take_turns
+from sim.store import Pending, Store, Writer
 from sim.wire import topics
-from sim.wire.barrier import BarrierMessage, Hello, Join, TickDone, Welcome
-from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, event_id
+from sim.wire.barrier import BarrierMessage, Hello, Join, TickDone, Welcome, decode_barrier
+from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, decode_batch, event_id
 from sim.wire.trace import RosterEntry, RosterMessage
 
 __all__ = ["Shard"]
@@ -60,6 +75,10 @@ __all__ = ["Shard"]
 log = logging.getLogger(__name__)
 
 _BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall warning)
+_DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the event loop (~20 ms)
+_DELIVERY_SLICE = 5_000  # events delivered locally between two yields
+_PLACE_SLICE = 500  # places' logs appended between two yields
+_WORLD_SLICE = 20_000  # NPCs whose world state is set between two yields
 
 
 class Shard:
@@ -68,10 +87,10 @@ class Shard:
     def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
         self.ctx, self.stop = ctx, stop
         self.config, self.bus, self.store, self.stats, self.clock = ctx.config, ctx.bus, ctx.store, ctx.stats, ctx.clock
-        self.index, count = parse_shard(ctx.config.shard)
-        self.specs = shard_npcs(ctx.scenario, self.index, count)
-        self.local = frozenset(spec.id for spec in self.specs)
-        self.agents: list[Agent] = []
+        layout = ctx.layout
+        self.index, self.count = layout.index, layout.count
+        self.specs, self.local, self.dice = layout.specs, layout.local, layout.dice
+        self._since: dict[str, int] = {}  # each place's first tick its log needs, as last stored
         self.players: list[Player] = []
         self.outside: list[tuple[str, PlayerInputMessage]] = []
         self.world_updates: list[WorldStateMessage] = []  # shard 0: taken into its next TickDone
@@ -82,8 +101,10 @@ class Shard:
         ticks = self.config.ticks if self.config.ticks is not None else ctx.scenario.scenario.ticks
         self.end = self.config.until_tick if self.config.until_tick is not None else self.first + ticks
         self._session = secrets.token_hex(8)  # names this process's Joins (sim.wire.barrier.Join)
-        self.barrier = self._barrier(count, self.first)
+        self.barrier = self._barrier(self.count, self.first)
+        self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
         self._resend_since: int | None = None
+        self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
         self._admission = Admission()
         self._hellos: list[Hello] = []  # shard 0: to be answered with the run nonce
 
@@ -92,26 +113,21 @@ class Shard:
     async def start(self) -> None:
         """Load or create the agents, listen to their topics, join the run's barrier, say "online"."""
         ctx, bus, stats = self.ctx, self.bus, self.stats
-        await self._restore_sent()
         bus.drop_batches_before(self.barrier.tick)
         await bus.listen_barrier()  # first: every batch is counted
-        kinds = agent_factories(self.specs)
-        self.agents = await create_agents(
-            self.store, ctx.scenario, self.specs, stats.startup_progress,
-            lambda spec: kinds[spec.kind](spec, ctx.agent_context(spec)),
-        )
-        stats.agents = len(self.agents)
+        loaded = await create_agents(self.store, ctx.scenario, self.specs, stats.startup_progress)
+        stats.agents = loaded
         if ctx.metrics is not None:
-            ctx.metrics.agents.set(len(self.agents))
+            ctx.metrics.agents.set(loaded)
         stats.startup_progress.enter(StartupPhase.SUBSCRIBING)
-        npcs = tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in self.specs)
+        specs = self.specs  # the roster of a million NPCs takes a second to build: off the loop
+        npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),
+                               "npcsim-roster")
         await bus.publish_roster(RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
-        by_location: dict[str, list[str]] = {}
-        for spec in self.specs:
-            by_location.setdefault(spec.location, []).append(spec.id)
-        for location, ids in sorted(by_location.items()):
+        for location, ids in sorted(ctx.layout.places.items()):
             await bus.listen_location(location, ids)
-        await bus.listen_inboxes(sorted(self.local))
+        await bus.listen_inboxes(self.local)
+        await self._restore()
         if self.index == 0:
             self.players = players(ctx.scenario, ctx.run_id, ctx.seed, bots=self.config.bots,
                                    bot_rate=self.config.bot_rate)
@@ -136,57 +152,109 @@ class Shard:
         return Barrier(self.ctx.shard, [str(i) for i in range(count)], self.bus.is_routed, tick=tick,
                        trusted=trusted, session=self._session)
 
-    async def _restore_sent(self) -> None:
-        """On resume: keep again what the last two committed ticks sent, and pass the last
-        one's barrier again (the others re-send theirs: docs/topics.md, "The tick barrier")."""
+    async def _restore(self) -> None:
+        """On resume: what the last committed tick left for the next one, from the store: the
+        places' logs (and what was said there to this shard's NPCs), the inboxes' mail, the
+        world-state changes due, and what the shard sent (to re-send, what this start's key
+        opens; the others re-send theirs when it joins: docs/topics.md, "The tick barrier")."""
         last = self.first - 1
         if last < 0:
             return
-        sent = kept_messages(await self.store.sent(), self.bus.config.run_key, self.config)
-        if not any(tick == last for tick, _, _ in sent):
-            log.warning("%s: no record of what tick %d sent; its events are not perceived again", self.store.path, last)
-            return
-        self.barrier = self._barrier(len(self.barrier.shards), last)
-        for tick, topic, payload in sent:
+        sent = await self.store.sent()
+        for tick, topic, payload in kept_messages(sent, self.bus.config.run_key, self.config):
             self.barrier.keep(tick, topic, payload)
+        if self.store.migrated_at == last:
+            await self._restore_schema_3(last, sent)
+        else:
+            perception = self.ctx.perception
+            for place, rows in (await self.store.place_log()).items():
+                for tick, events in rows:
+                    perception.append(place, events, mail=tick == last)
+                await checkpoint()
+            pending = await self.store.pending()
+            self.bus.restore_mail(pending.mail)
+            self.world_due = pending.world
+        self._since = self.ctx.perception.fronts()
+
+    async def _restore_schema_3(self, last: int, sent: list[tuple[int, str, bytes]]) -> None:
+        """A store last written by npcsim before schema 4: its NPCs' memories of what they
+        heard are their own rows, and what the last tick said is only in what it sent
+        (its own batches came back through the broker then). So those batches are
+        delivered here and appended to the places' logs, as the barrier of that tick would
+        (read back whatever sealed them: the key of that start, before run nonces, is gone).
+        Such a store resumes on one shard only (sim.shard._config.check_resume)."""
+        for tick, topic, payload in sent:
+            if tick != last:
+                continue
+            body = peel(payload)
+            if topic == topics.barrier(self.ctx.run_id, self.ctx.shard):
+                done = decode_barrier(body)
+                if isinstance(done, TickDone) and done.tick == last:
+                    self.world_due = done.world
+            elif self.bus.is_routed(topic):
+                self.bus.deliver(topic, decode_batch(body).events)
+        await self._perceive(last)
 
     # --- the ticks -----------------------------------------------------------------------
 
     async def run(self, until: int) -> None:
-        """Step every tick before `until`, paced by `tick_ms`, unless asked to stop."""
-        while self.next_tick < until and not self.stop.is_set():
-            started = self.clock.now()
-            if not await self.step(self.next_tick):
-                return
-            if self.config.tick_ms:
-                await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
+        """Step every tick before `until`, paced by `tick_ms`, unless asked to stop.
+
+        A tick's commit is written by SQLite (in its own thread) while the next tick's inputs
+        and turns are taken; that tick publishes its TickDone only once the commit is on
+        disk, so every shard still commits t-1 before anyone sends t's TickDone.
+        """
+        try:
+            while self.next_tick < until and not self.stop.is_set():
+                started = self.clock.now()
+                if not await self._step(self.next_tick):
+                    return
+                if self.config.tick_ms:
+                    await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
+        finally:
+            await self._committed()
 
     async def step(self, tick: int) -> bool:
-        """One whole tick; False when asked to stop while the barrier held (the tick is not
-        committed: the store rolls it back, and it runs again on --resume)."""
+        """One whole tick, committed when it returns True; False when asked to stop before it
+        was done (the tick is not committed: the store rolls it back, it runs again on --resume)."""
+        try:
+            return await self._step(tick)
+        finally:
+            await self._committed()
+
+    async def _step(self, tick: int) -> bool:
+        """One tick, its commit queued (`run`)."""
         if tick != self.next_tick:
             raise ValueError(f"shard {self.ctx.shard}: the next tick is {self.next_tick}, not {tick}")
-        if self.barrier.tick < tick and not await self._pass_barrier(self.barrier.tick):
-            return False  # a resumed shard passes its last committed tick's barrier again first
         started = self.clock.now()
         self.ctx.tick = self.stats.tick = tick
         await self._take_inputs(tick)
-        await self._step_agents(tick)
+        if not await self._take_turns(tick):
+            log.warning("stopping during tick %d: it is not committed and runs again on --resume", tick)
+            return False
+        await self._committed()  # the last tick is on disk before this one's TickDone goes out
         await self._publish(tick)
         if not await self._pass_barrier(tick):
             return False
+        await self._perceive(tick)
         await self._commit(tick)
         self.next_tick = tick + 1
         if self.ctx.metrics is not None:
             self.ctx.metrics.tick_done(tick, self.clock.now() - started)
         return True
 
+    async def _committed(self) -> None:
+        """Until the last tick's commit is on disk (it raises what the writer met)."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            await committing
+
     async def _take_inputs(self, tick: int) -> None:
         """World-state changes, then the players' inputs of this tick, as events."""
         ctx, stats = self.ctx, self.stats
         if self.world_due:
             world = WorldStateMessage(state=self.world_due, tick=tick)
-            stats.world_changes += await _apply_world_state(self.store, sorted(self.local), world)
+            stats.world_changes += await _apply_world_state(self.store, (s.id for s in self.specs), world)
         self.world_due = None
         for player in self.players:
             for event in player.inputs(tick):
@@ -208,21 +276,42 @@ class Shard:
             ctx.outbox.emit(topics.agent_inbox(ctx.run_id, message.to), event)
             stats.player_inputs += 1
 
-    async def _step_agents(self, tick: int) -> None:
-        """Every agent with mail from earlier ticks, or that rolls to talk, takes its turn."""
-        woken = [agent for agent in self.agents if agent.wants_turn(tick)]
-        try:
-            async with asyncio.TaskGroup() as group:
-                for agent in woken:
-                    group.create_task(agent.step(tick), name=f"agent-{agent.id}")
-        except BaseExceptionGroup as group_error:
-            raise single_error(group_error) from None
+    async def _take_turns(self, tick: int) -> bool:
+        """The NPCs with mail from earlier ticks, then those whose ambient dice fell, take
+        their turns; no other NPC is touched. False when asked to stop first."""
+        fallen: list[str] = []
+        for start in range(0, len(self.dice), _DICE_SLICE):
+            if self.stop.is_set():
+                return False
+            fallen += self.dice.roll(tick, start, start + _DICE_SLICE)
+            await checkpoint()
+        mailed = sorted({*self.bus.mail_holders(tick), *self.ctx.perception.mail_holders()})
+        ambient = set(fallen)
+        woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
+        woken.update((agent, True) for agent in fallen)
+        ctx = self.ctx
+
+        async def turn(item: tuple[str, bool]) -> None:
+            spec = ctx.layout.by_id[item[0]]
+            await ctx.kinds[spec.kind].build(spec, ctx.agent_context(spec)).step(tick, item[1])
+
+        return await take_turns(woken.items(), turn, workers=self._workers, stop=self.stop)
 
     async def _publish(self, tick: int) -> None:
-        """The tick's batches, then the TickDone that lists them; all kept for re-sending."""
-        for batch in self.ctx.outbox.flush(tick):
-            await self.bus.publish(batch.topic, batch.payload)
-            self.barrier.keep(tick, batch.topic, batch.payload, events=batch.events)
+        """The tick's batches for this shard's own places and NPCs delivered here, the others
+        published; then the TickDone that lists those, all of it kept for re-sending."""
+        outbox, delivered = self.ctx.outbox, 0
+        for batch in outbox.take():
+            if self.bus.is_routed(batch.topic):
+                self.bus.deliver(batch.topic, batch.events)
+                delivered += len(batch.events)
+                if delivered >= _DELIVERY_SLICE:
+                    delivered = 0
+                    await checkpoint()
+                continue
+            sealed = outbox.seal(tick, batch)
+            await self.bus.publish(sealed.topic, sealed.payload)
+            self.barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
         await self._take_bus_events()  # shard 0: the world-state changes that arrived until now
         world: dict[str, str] = {}
         for message in self.world_updates:  # in the order they arrived
@@ -281,12 +370,30 @@ class Shard:
             await self._status()
         return True
 
+    async def _perceive(self, tick: int) -> None:
+        """The tick's events at each of this shard's places into the place's log, once, and into
+        the store as one row per place (with the tick from which the place's log is needed,
+        when its window moved); what was said to an NPC there is its mail for the next tick."""
+        perception, since = self.ctx.perception, self._since
+        for n, (place, events) in enumerate(self.bus.take_place_events(tick), start=1):
+            perception.append(place, events)
+            front = perception.front_tick(place)
+            moved = front if front is not None and front != since.get(place) else None
+            if moved is not None:
+                since[place] = moved
+            await self.store.add_place_events(place, tick, events, since=moved)
+            if n % _PLACE_SLICE == 0:
+                await checkpoint()
+
     async def _commit(self, tick: int) -> None:
-        """The tick and what it sent, in one transaction; status every 10 ticks."""
+        """The tick, what it sent and what waits for the next one, in one transaction; status
+        every 10 ticks."""
         self.bus.report_overflow(tick)
         await self.store.keep_sent(self.barrier.kept_by_tick())
-        await self.store.end_tick(tick)
+        await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
+        self._committing = await self.store.queue_end_tick(tick)
         if self.config.retain_memories is not None:
+            await self._committed()
             self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)
         if tick % 10 == 0:
             await self._status()
@@ -316,7 +423,7 @@ class Shard:
 
     def _on_player_input(self, player: str, message: PlayerInputMessage) -> None:
         if message.to not in self.local:
-            if message.to not in self.ctx.npc_ids:
+            if message.to not in self.ctx.npc_location:
                 self.bus.count_malformed(
                     "player input to an unknown NPC",
                     topics.player_input(self.ctx.run_id, player),
@@ -330,10 +437,10 @@ class Shard:
         and a resumed one holds what it applied. Counted and said once when it differs from
         the world of this shard's NPCs."""
         unheld = dict(message.state)
+        world_value = self.store.world_value  # no state built for each of a shard's NPCs
         for agent in self.local:
-            for entry in self.store.state(agent).world_state:
-                if unheld.get(entry.key) == entry.value:
-                    del unheld[entry.key]
+            for key in [key for key, value in unheld.items() if world_value(agent, key) == value]:
+                del unheld[key]
             if not unheld:
                 return
         topic = topics.world_state(self.ctx.run_id)
@@ -418,13 +525,17 @@ class Shard:
         await self.bus.publish_status(message)
 
 
-async def _apply_world_state(store: Store, agents: list[str], message: WorldStateMessage) -> int:
-    """Set what the game system changed, with its authority; returns how many entries changed."""
+async def _apply_world_state(store: Store, agents: Iterable[str], message: WorldStateMessage) -> int:
+    """Set what the game system changed, with its authority; returns how many entries changed.
+
+    Every NPC is looked at (each holds its own world state), in slices between yields."""
     changed = 0
-    for agent in agents:
-        current = {entry.key: entry.value for entry in store.state(agent).world_state}
-        for key, value in sorted(message.state.items()):
-            if current.get(key) != value:
+    entries = sorted(message.state.items())
+    for n, agent in enumerate(agents, start=1):
+        for key, value in entries:
+            if store.world_value(agent, key) != value:
                 await store.set_world(agent, WorldFact(key=key, value=value), writer=Writer.GAME)
                 changed += 1
+        if n % _WORLD_SLICE == 0:
+            await checkpoint()
     return changed

@@ -1,4 +1,7 @@
-"""Start-up of a shard at scale: the scenario parsed off the loop, agents created in chunks.
+"""Start-up of a shard at scale: the scenario parsed and the layout built off the loop, agents created in chunks.
+
+A large scenario is parsed in a child process (the parser holds the GIL), a small one in a
+thread.
 
 A 100,000-NPC scenario takes seconds to parse and its agents tens of thousands of rows to
 create. Both are done so that the event loop stays responsive (SIGINT/SIGTERM are acted on
@@ -13,6 +16,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import struct
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,18 +26,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from sim.scenario import NpcSpec, Scenario, parse_scenario, read_scenario
+import msgspec
+
+from sim.errors import ScenarioError
+from sim.scenario import NpcSpec, Scenario, ScenarioText, parse_scenario, read_scenario
 from sim.shard._clock import checkpoint
 from sim.store import Store, Writer
 
 __all__ = [
+    "CHILD_PARSE_BYTES",
     "CHUNK",
     "PausedCollector",
     "StartupPhase",
     "StartupProgress",
     "cancel_start_up_on",
     "create_agents",
+    "in_thread",
     "load_scenario_in_thread",
+    "parse_for_parent",
 ]
 
 CHUNK = 2_000
@@ -81,18 +92,27 @@ class PausedCollector:
     agents, their tasks); each allocation burst triggers full collections that scan all of
     them again, which made start-up at 100,000 NPCs spend more time in the collector than
     in its own work. `start_up_done` moves everything alive into the permanent generation
-    (`gc.freeze`), so tick-time collections never scan it, and collects as before from
-    then on. On exit the frozen objects are handed back (`gc.unfreeze`), so a process that
-    runs many shards one after another (the tests) loses nothing.
+    (`gc.freeze`), so tick-time collections never scan it, and collects from then on with
+    a first generation of `TICK_THRESHOLD` allocations instead of 700: a tick allocates
+    hundreds of thousands of objects that refcounting frees (states, memories, requests,
+    records) and that the default made the collector scan thousands of times a tick, for
+    a tenth of a 100,000-NPC tick and pauses of a tenth of a second, finding nothing.
+    Cyclic garbage is still collected, a little later. On exit the frozen objects are
+    handed back (`gc.unfreeze`) and the thresholds restored, so a process that runs many
+    shards one after another (the tests) loses nothing.
     """
+
+    TICK_THRESHOLD = 50_000
 
     def __enter__(self) -> PausedCollector:
         self._was_enabled = gc.isenabled()
+        self._thresholds = gc.get_threshold()
         gc.disable()
         return self
 
     def start_up_done(self) -> None:
         gc.freeze()
+        gc.set_threshold(self.TICK_THRESHOLD, *self._thresholds[1:])
         if self._was_enabled:
             gc.enable()
 
@@ -100,6 +120,7 @@ class PausedCollector:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         gc.unfreeze()
+        gc.set_threshold(*self._thresholds)
         if self._was_enabled:
             gc.enable()
 
@@ -114,27 +135,135 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
 
 
 async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, str]:
-    """Read and parse the scenario in a daemon thread, so a stop request need not wait for it;
-    the scenario and the SHA-256 of its bytes (what the store records of it).
+    """Read the scenario and parse it off the event loop, so a stop request need not wait
+    for it; the scenario and the SHA-256 of its bytes (what the store records of it).
+
+    The file is read first, in a daemon thread, within its bounds (`read_scenario`: a
+    regular file of at most MAX_SCENARIO_BYTES, or a bundled scenario): nothing is parsed
+    before. Those bytes are parsed in the thread too or, past `CHILD_PARSE_BYTES`, in a
+    child process: the parser (rtoml, then msgspec) holds the GIL for the whole of each of
+    its two calls, 12 s at a million NPCs, during which a thread would leave the loop no
+    turn at all (a SIGTERM would wait for it). The child is handed the bytes read (so what
+    is parsed is what was hashed) and hands the scenario back in chunks of NPCs, each
+    decoded between two turns of the loop.
+    """
+
+    def read() -> tuple[ScenarioText, str]:
+        text = read_scenario(path)
+        return text, text.sha256
+
+    text, sha256 = await in_thread(read, "npcsim-read-scenario")
+    if len(text.data) > CHILD_PARSE_BYTES:
+        return await _parse_in_child(text), sha256
+    return await in_thread(lambda: parse_scenario(text.data, source=text.source), "npcsim-load-scenario"), sha256
+
+
+CHILD_PARSE_BYTES = 8 << 20
+"""Scenario files larger than this (a 100,000-NPC file is 21 MB) are parsed in a child process."""
+
+_NPCS_PER_FRAME = 5_000
+_STDIN_CHUNK = 1 << 20  # bytes of the scenario written to the child between two turns of the loop
+_FRAME = struct.Struct(">cQ")  # kind (head, npcs, error, done), payload length
+_HEAD_DECODER = msgspec.msgpack.Decoder(Scenario)
+_NPCS_DECODER = msgspec.msgpack.Decoder(list[NpcSpec])
+_CHILD = "import sys; from sim.shard._startup import parse_for_parent; parse_for_parent(sys.argv[1])"
+
+
+def parse_for_parent(source: str) -> None:
+    """The child's side: parse the scenario bytes on stdin (read from `source`) and write it
+    to stdout as frames (a ScenarioError as one)."""
+    gc.disable()  # millions of objects, none of them garbage: collections would scan them over and over
+    out = sys.stdout.buffer
+    encode = msgspec.msgpack.Encoder().encode
+
+    def frame(kind: bytes, payload: bytes) -> None:
+        out.write(_FRAME.pack(kind, len(payload)))
+        out.write(payload)
+
+    try:
+        scenario = parse_scenario(sys.stdin.buffer.read(), source=source)
+    except ScenarioError as exc:
+        frame(b"E", str(exc).encode())
+        out.flush()
+        return
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it as a ScenarioError
+        frame(b"E", f"{source}: parsing failed: {exc!r}".encode())
+        out.flush()
+        return
+    frame(b"H", encode(msgspec.structs.replace(scenario, npcs=[])))
+    for start in range(0, len(scenario.npcs), _NPCS_PER_FRAME):
+        frame(b"N", encode(scenario.npcs[start : start + _NPCS_PER_FRAME]))
+    frame(b"D", b"")
+    out.flush()
+
+
+async def _parse_in_child(text: ScenarioText) -> Scenario:
+    """The parent's side: a child parses the bytes it is given, the frames are decoded as they come."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, text.source,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    if proc.stdin is None or proc.stdout is None:
+        raise RuntimeError("the parser's stdin and stdout are pipes")
+    try:
+        data = memoryview(text.data)
+        try:
+            for start in range(0, len(data), _STDIN_CHUNK):
+                proc.stdin.write(data[start : start + _STDIN_CHUNK])
+                await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the child ended early: its exit code is said below
+        head: Scenario | None = None
+        npcs: list[NpcSpec] = []
+        while True:
+            try:
+                kind, size = _FRAME.unpack(await proc.stdout.readexactly(_FRAME.size))
+                payload = await proc.stdout.readexactly(size)
+            except asyncio.IncompleteReadError:
+                code = await proc.wait()
+                raise ScenarioError(
+                    f"{text.source}: parsing failed: the parser process ended (exit code {code})"
+                ) from None
+            if kind == b"E":
+                raise ScenarioError(payload.decode())
+            if kind == b"H":
+                head = _HEAD_DECODER.decode(payload)
+            elif kind == b"N":
+                npcs += _NPCS_DECODER.decode(payload)
+            else:
+                break
+        await proc.wait()
+    finally:
+        if proc.returncode is None:  # a stop request cancelled the start-up: the parse goes too
+            proc.kill()
+            await proc.wait()
+    if head is None:
+        raise ScenarioError(f"{text.source}: parsing failed: no scenario came back")
+    return msgspec.structs.replace(head, npcs=npcs)
+
+
+async def in_thread(work: Callable[[], T], name: str) -> T:
+    """`work()` in a daemon thread: start-up's long computations (the parse, a shard's layout)
+    leave the event loop free, and a stop request need not wait for them.
 
     Not `asyncio.to_thread`: `asyncio.run` joins the default executor on exit, which would
     hold a stopped run until a multi-second parse had finished for nothing.
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[tuple[Scenario, str]] = loop.create_future()
+    future: asyncio.Future[T] = loop.create_future()
 
-    def work() -> None:
-        result: tuple[Scenario, str] | None = None
+    def run() -> None:
+        result: T | None = None
         error: BaseException | None = None
         try:
-            text = read_scenario(path)
-            result = parse_scenario(text.data, source=text.source), text.sha256
+            result = work()
         except BaseException as exc:  # noqa: BLE001 - handed over to the waiting coroutine
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody waits
             loop.call_soon_threadsafe(_settle, future, result, error)
 
-    threading.Thread(target=work, name="npcsim-load-scenario", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     return await future
 
 
@@ -143,28 +272,26 @@ async def create_agents(
     scenario: Scenario,
     specs: Sequence[NpcSpec],
     progress: StartupProgress,
-    build: Callable[[NpcSpec], T],
     *,
     chunk: int = CHUNK,
-) -> list[T]:
+) -> int:
     """Load the agents the store has, create the others from the scenario, chunk by chunk.
 
     Per chunk: one `load_agents` (on resume, the only store work) and, for the agents not on
-    disk, one `ensure_agents` transaction; an initial state is built only for those. Then
-    `build(spec)` makes each agent object. Returns them in `specs` order.
+    disk, one `ensure_agents` transaction; an initial state is built only for those. No
+    agent object is made: the shard builds one for each turn (sim.shard._turns). Returns how
+    many agents the store holds for `specs`.
     """
     progress.enter(StartupPhase.CREATING, len(specs))
-    agents: list[T] = []
     for start in range(0, len(specs), chunk):
         part = specs[start : start + chunk]
         missing = set(await store.load_agents(spec.id for spec in part))
         if missing:
             states = [scenario.initial_state(spec) for spec in part if spec.id in missing]
             await store.ensure_agents(states, writer=Writer.SCENARIO)
-        agents.extend(build(spec) for spec in part)
-        progress.done = len(agents)
+        progress.done = start + len(part)
         await checkpoint()  # a stop request and the display get their turn between chunks
-    return agents
+    return len(specs)
 
 
 async def cancel_start_up_on(stop: asyncio.Event, progress: StartupProgress, run: asyncio.Task[object]) -> None:

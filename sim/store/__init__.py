@@ -9,7 +9,9 @@ store belongs to (`Store.identity`, `StoreReader.run_identity`).
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.store._authority import Writer
 from sim.store._identity import RunIdentity
+from sim.store._places import PlaceRows
 from sim.store._reader import AuditSummary, StoreReader, open_reader
+from sim.store._resume import Pending
 from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
 from sim.store._store import HOT_LIMIT, Store, StoreStatistics, open_store
@@ -19,6 +21,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuditSummary",
     "AuthorityError",
+    "Pending",
+    "PlaceRows",
     "RunIdentity",
     "SchemaError",
     "Store",

@@ -1,10 +1,11 @@
-"""Content addressing on the writer's side: episodes and audit records become items stored once.
+"""Content addressing on the writer's side: episodes, events and audit records become items stored once.
 
-Producers queue an episode as `(agent, tick, item)` and an audit record as its columns,
-its packed blob and the items it references (`sim.store.records`). Before a batch runs,
-`Addresser.address` turns these into `item` rows (each item once), `heard` rows (an
-agent's episodes of one tick in one batch are one row) and the agents' small integer keys,
-so producers only encode and queue. It remembers the items written with their check, so
+Producers queue an episode as `(agent, tick, item)`, a place's events of a tick as
+`(place, tick, items)` and an audit record as its columns, its packed blob and the items it
+references (`sim.store.records`). Before a batch runs, `Addresser.address` turns these into
+`item` rows (each item once), `heard` rows (an agent's episodes of one tick in one batch
+are one row), `place_events` rows and the agents' small integer keys, so producers only
+encode and queue. It remembers the items written with their check, so
 a different body under a known key fails the batch loudly; past `_ITEM_CACHE` keys it
 forgets them all and lets the database's collision trigger check the next ones.
 """
@@ -19,8 +20,9 @@ from sim.errors import StoreError
 from sim.memory import Episode
 from sim.store.records import Item, item, pack_keys
 from sim.store.sql import RowKind
+from sim.wire.events import AnyEvent
 
-__all__ = ["Addresser", "episode_item"]
+__all__ = ["Addresser", "episode_item", "event_item"]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _ITEM_CACHE = 1 << 18
@@ -29,6 +31,11 @@ _ITEM_CACHE = 1 << 18
 def episode_item(episode: Episode) -> Item:
     """The episode as an item: its msgpack body, addressed by its digest."""
     return item(_ENCODER.encode(episode))
+
+
+def event_item(event: AnyEvent) -> Item:
+    """An event of a place's log as an item: its msgpack body (with its type tag)."""
+    return item(_ENCODER.encode(event))
 
 
 class Addresser:
@@ -66,6 +73,13 @@ class Addresser:
                 add(it)
                 heard.setdefault((self._agent_key(agent, rows), tick), []).append(it.key)
             rows["heard"] = [(agent_key, tick, pack_keys(keys)) for (agent_key, tick), keys in heard.items()]
+        places = rows.pop("place", None)
+        if places:
+            place_events = rows.setdefault("place_events", [])
+            for place, tick, its in places:
+                for it in its:
+                    add(it)
+                place_events.append((place, tick, pack_keys([it.key for it in its])))
         audits = rows.get("audit")
         if audits:
             for row in audits:

@@ -2,9 +2,11 @@
 
 The last tick committed with `end_tick` is `meta`'s `last_tick` (the writer records it
 with each tick's commit, `read_last_tick` reads it when the store opens). What the shard
-sent in its last two committed ticks (`keep_sent`, replacing the last) and the outside
-inputs stamped with the tick they take effect at (`record_input`) are queued rows too,
-so they are on disk exactly when their tick is.
+sent in its last two committed ticks (`keep_sent`, replacing the last), what waits for the
+next tick (`keep_pending`: the mail in its NPCs' inboxes and the world-state changes due,
+replacing the last) and the outside inputs stamped with the tick they take effect at
+(`record_input`) are queued rows too, so they are on disk exactly when their tick is.
+`migrated_at` is the last tick a schema-3 npcsim committed before the file was migrated.
 """
 
 from __future__ import annotations
@@ -16,16 +18,33 @@ import msgspec
 
 from sim.errors import StoreError
 from sim.store._writer import BatchWriter
-from sim.store.sql import SELECT_INPUTS, SELECT_LAST_TICK, SELECT_SENT, fetch
+from sim.store.sql import SELECT_INPUTS, SELECT_LAST_TICK, SELECT_MIGRATED_AT, SELECT_PENDING, SELECT_SENT, fetch
+from sim.wire.events import AnyEvent
 
-__all__ = ["Resume", "read_last_tick"]
+__all__ = ["Pending", "Resume", "read_last_tick", "read_migrated_at"]
 
-_sent_encoder = msgspec.msgpack.Encoder()
+class Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """What waits for the tick after the last committed one, besides the places' logs."""
+
+    mail: list[tuple[str, AnyEvent]] = []  # (agent, event) waiting in inboxes
+    world: dict[str, str] | None = None  # world-state changes that take effect then
+
+
+_encoder = msgspec.msgpack.Encoder()
 _sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
+_pending_decoder = msgspec.msgpack.Decoder(Pending)
 
 
 async def read_last_tick(conn: aiosqlite.Connection) -> int | None:
-    async with conn.execute(SELECT_LAST_TICK) as cursor:
+    return await _read_tick(conn, SELECT_LAST_TICK)
+
+
+async def read_migrated_at(conn: aiosqlite.Connection) -> int | None:
+    return await _read_tick(conn, SELECT_MIGRATED_AT)
+
+
+async def _read_tick(conn: aiosqlite.Connection, sql: str) -> int | None:
+    async with conn.execute(sql) as cursor:
         row = await cursor.fetchone()
     return None if row is None else int(row[0])
 
@@ -48,7 +67,7 @@ class Resume:
         return [(int(seq), str(p), str(a), str(t)) for seq, p, a, t in rows]
 
     async def keep_sent(self, messages: list[tuple[int, str, bytes]]) -> None:
-        await self._writer.put("meta", ("sent", _sent_encoder.encode(messages)))
+        await self._writer.put("meta", ("sent", _encoder.encode(messages)))
 
     async def sent(self) -> list[tuple[int, str, bytes]]:
         rows = list(await fetch(self._conn, SELECT_SENT, ()))
@@ -58,3 +77,15 @@ class Resume:
             return _sent_decoder.decode(rows[0][0])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: the kept messages of the last tick are unreadable: {exc}") from exc
+
+    async def keep_pending(self, pending: Pending) -> None:
+        await self._writer.put("meta", ("pending", _encoder.encode(pending)))
+
+    async def pending(self) -> Pending:
+        rows = list(await fetch(self._conn, SELECT_PENDING, ()))
+        if not rows:
+            return Pending()
+        try:
+            return _pending_decoder.decode(rows[0][0])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: what waits for the next tick is unreadable: {exc}") from exc

@@ -7,6 +7,10 @@ can never reach a prompt again, and `Store.prune_memories(keep)` deletes them. T
 needs none of these rows: a record references its state's items in the `items` table,
 which pruning never touches, so every record still replays.
 
+The places' logs (`place_events`, one row per place and tick) are pruned by the windows
+the shard keeps: with `--retain-memories N` they hold at least `max(N, hot limit)` events
+not said by each listener, and rows older than a window's first tick go.
+
 `heard` rows hold several episodes each: a row is deleted once the agent heard at least
 `keep` episodes in newer ticks, so at least `keep` episodes stay (at most a tick more).
 Version-1 `episodes` rows, beliefs and dialogue lines are kept by the order
@@ -36,10 +40,19 @@ _HEARD = (
     " FROM heard) WHERE newer >= ?)"
 )
 
-# (table, statement); each statement takes one parameter, `keep`.
-PRUNE_SQL: tuple[tuple[str, str], ...] = (
-    ("heard", _HEARD),
-    ("episodes", _older_rows("episodes", "tick, id, text, significance")),
-    ("beliefs", _older_rows("beliefs", "tick, id, text, confidence")),
-    ("dialogue", _older_rows("dialogue", "tick, seq, speaker, text")),
+# A place row goes when it is older than the tick from which the place's window still
+# needs its log: the shard's windows keep `max(keep, hot limit)` events not said by each
+# listener there (sim.shard._window), so nothing a listener could still need goes.
+_PLACE_EVENTS = (
+    "DELETE FROM place_events WHERE rowid IN (SELECT p.rowid FROM place_events AS p"
+    " JOIN place_windows AS w ON w.place = p.place WHERE p.tick < w.since)"
+)
+
+# (table, statement, whether it takes the one parameter `keep`).
+PRUNE_SQL: tuple[tuple[str, str, bool], ...] = (
+    ("heard", _HEARD, True),
+    ("episodes", _older_rows("episodes", "tick, id, text, significance"), True),
+    ("beliefs", _older_rows("beliefs", "tick, id, text, confidence"), True),
+    ("dialogue", _older_rows("dialogue", "tick, seq, speaker, text"), True),
+    ("place_events", _PLACE_EVENTS, False),
 )

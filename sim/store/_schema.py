@@ -62,7 +62,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
         " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
     ),
-    # 4: the run the store belongs to (sim/store/_identity.py): one row, the identity as JSON.
+    # 4: shared perception (issue 20). A place's events of a tick are one row (their items,
+    # content-addressed like episodes), whoever heard them; `place_windows` holds the tick
+    # from which each place's log is still needed. Earlier `heard` rows stay: they are the
+    # listeners' private episodes now. `migrated_at` marks the last tick a schema-3 npcsim
+    # committed, whose unperceived events a resume finds in `sent` (sim.shard).
+    (
+        "CREATE TABLE place_events (place TEXT NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
+        "CREATE INDEX place_events_recent ON place_events (place, tick)",
+        "CREATE TABLE place_windows (place TEXT PRIMARY KEY, since INTEGER NOT NULL) WITHOUT ROWID",
+        "INSERT INTO meta (key, value) SELECT 'migrated_at', value FROM meta WHERE key = 'last_tick'",
+    ),
+    # 5: the run the store belongs to (sim/store/_identity.py): one row, the identity as JSON.
     # Written whole and on its own, so it may take any version number after the others.
     (
         "CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",

@@ -5,8 +5,9 @@
 | `_authority` | who may write what, the violation count |
 | `_hot` | each loaded agent's bounded state in memory, loading it from disk |
 | `_writer` | the one writer task: queued operations, batching, commits, failure |
-| `_items` | content addressing of episodes and audit records before they are written |
-| `_resume` | resume metadata: the last tick, what was sent, outside inputs |
+| `_items` | content addressing of episodes, events and audit records before they are written |
+| `_places` | the places' logs: a place's events of a tick as one row, loaded in one query |
+| `_resume` | resume metadata: the last tick, what was sent, what waits for the next tick, outside inputs |
 | `_identity` | the run the store belongs to (`RunIdentity`) |
 | `_lock` | one writer per store: the lock file held while it is open |
 | `sql` | the statements |
@@ -24,9 +25,10 @@ import asyncio
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import msgspec
@@ -37,13 +39,15 @@ from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.store._authority import Authority, Writer
 from sim.store._hot import Hot, load_hot
 from sim.store._identity import RunIdentity, decode_identity, encode_identity
-from sim.store._items import Addresser, episode_item
+from sim.store._items import Addresser, episode_item, event_item
 from sim.store._lock import hold_writer_lock
-from sim.store._resume import Resume, read_last_tick
+from sim.store._places import PlaceRows, load_place_log
+from sim.store._resume import Pending, Resume, read_last_tick, read_migrated_at
 from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
 from sim.store.records import COLUMNS, RecordPacker
-from sim.store.sql import SELECT_AGENT_KEYS, SELECT_RUN
+from sim.store.sql import SELECT_AGENT_KEYS, SELECT_RUN, RowKind
+from sim.wire.events import AnyEvent
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
 
@@ -81,8 +85,10 @@ class Store:
         writer: BatchWriter,
         hot_limit: int,
         identity: RunIdentity | None = None,
+        migrated_at: int | None = None,
     ) -> None:
         self._conn = conn
+        self._migrated_at = migrated_at
         self._path = path
         self._writer = writer
         self._limit = hot_limit
@@ -128,8 +134,28 @@ class Store:
         """The agents whose state is in memory, sorted."""
         return tuple(sorted(self._hot))
 
+    @property
+    def hot_limit(self) -> int:
+        """Newest items kept in memory per agent and category: what a working memory can use."""
+        return self._limit
+
+    @property
+    def migrated_at(self) -> int | None:
+        """The last tick a schema-3 npcsim committed before this file was migrated, if any."""
+        return self._migrated_at
+
+    def world_value(self, agent_id: str, key: str) -> str | None:
+        """The value of one of the agent's world-state entries, from memory (no state built)."""
+        entry = self._hot_for(agent_id).world.get(key)
+        return None if entry is None else entry.value
+
     def state(self, agent_id: str) -> NpcState:
-        """The agent's bounded hot state, from memory; built once per change."""
+        """The agent's own bounded hot state, from memory; built once per change.
+
+        Its episodic memory here is what is the agent's alone (what it was given, what
+        reached its inbox); what it heard at its place is the place's log, which the shard
+        merges in (sim.shard, shared perception).
+        """
         return self._hot_for(agent_id).state()
 
     # -- loading and creating --------------------------------------------------------------
@@ -164,7 +190,10 @@ class Store:
         await self.load_agents([agent_id])
         if agent_id in self._hot:
             return False
-        await self._create(state, writer)
+        rows: dict[RowKind, list[tuple[Any, ...]]] = {}
+        self._create(state, writer, rows)
+        for kind, group in rows.items():
+            await self._writer.put_rows(kind, group)
         return True
 
     async def ensure_agents(self, states: Iterable[NpcState], *, writer: Writer) -> int:
@@ -180,28 +209,27 @@ class Store:
         if not wanted:
             return 0
         missing = await self.load_agents(wanted)
+        rows: dict[RowKind, list[tuple[Any, ...]]] = {}
         for agent_id in missing:
-            await self._create(wanted[agent_id], writer)
+            self._create(wanted[agent_id], writer, rows)
+        for kind, group in rows.items():
+            await self._writer.put_rows(kind, group)
         await self._writer.commit(None)
         return len(missing)
 
-    async def _create(self, state: NpcState, writer: Writer) -> None:
-        """Put a new agent in memory and queue its rows (the caller checked it is new)."""
+    def _create(self, state: NpcState, writer: Writer, rows: dict[RowKind, list[tuple[Any, ...]]]) -> None:
+        """Put a new agent in memory and add its rows to `rows` (the caller checked it is new)."""
         agent_id = state.agent_id
         hot = self._hot[agent_id] = Hot.created(state, self._limit)
-        put = self._writer.put
         w = writer.value
-        await put("agent", (agent_id, state.system_prompt))
-        for f in hot.facts.values():
-            await put("fact", (agent_id, f.id, f.text, w))
-        for wf in hot.world.values():
-            await put("world", (agent_id, wf.key, wf.value, w))
-        for e in state.episodic:
-            await put("episode", (agent_id, e.tick, episode_item(e)))
-        for b in state.beliefs:
-            await put("belief", (agent_id, b.id, b.tick, b.text, b.confidence))
-        for line in state.dialogue:
-            await put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
+        rows.setdefault("agent", []).append((agent_id, state.system_prompt))
+        rows.setdefault("fact", []).extend((agent_id, f.id, f.text, w) for f in hot.facts.values())
+        rows.setdefault("world", []).extend((agent_id, wf.key, wf.value, w) for wf in hot.world.values())
+        rows.setdefault("episode", []).extend((agent_id, e.tick, episode_item(e)) for e in state.episodic)
+        rows.setdefault("belief", []).extend((agent_id, b.id, b.tick, b.text, b.confidence) for b in state.beliefs)
+        rows.setdefault("line", []).extend(
+            (agent_id, line.tick, line.seq, line.speaker, line.text) for line in state.dialogue
+        )
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -243,6 +271,22 @@ class Store:
         self._hot_for(agent_id).add_line(line)
         await self._writer.put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
 
+    async def add_place_events(
+        self, place: str, tick: int, events: Sequence[AnyEvent], *, since: int | None = None
+    ) -> None:
+        """Queue a place's events appended to its log at `tick` as one row (each event an item,
+        stored once); `since`, when given, is the tick from which the place's log is needed now."""
+        await self._writer.put("place", (place, tick, [event_item(event) for event in events]))
+        if since is not None:
+            await self._writer.put("place_window", (place, since))
+
+    async def place_log(self) -> PlaceRows:
+        """Every place's committed log from the tick its window needs, in one query."""
+        try:
+            return await load_place_log(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: loading the places' logs failed: {exc}") from exc
+
     async def record(self, record: AuditRecord) -> None:
         """Queue one audit record; the first record of an inference id wins."""
         blob, items = self._packer.pack(record)
@@ -272,14 +316,28 @@ class Store:
         await self._writer.commit(None)
         self._identity = identity
 
+    async def keep_pending(self, pending: Pending) -> None:
+        """Queue what waits for the next tick (inbox mail, world-state changes), replacing the last."""
+        await self._resume.keep_pending(pending)
+
+    async def pending(self) -> Pending:
+        """What waited for the tick after the last commit."""
+        return await self._resume.pending()
+
     # -- commits ---------------------------------------------------------------------------
 
     async def end_tick(self, tick: int) -> None:
         """Commit everything queued so far as tick `tick`; returns once it is on disk."""
+        await (await self.queue_end_tick(tick))
+
+    async def queue_end_tick(self, tick: int) -> asyncio.Future[None]:
+        """Queue the commit of everything queued so far as tick `tick`; the future is done once
+        it is on disk (await it), and what is queued meanwhile belongs to the next tick. So
+        the next tick's work goes on while SQLite writes this one."""
         last = self._writer.last_tick
         if last is not None and tick < last:
             raise StoreError(f"{self._path}: end_tick({tick}) after tick {last} was committed")
-        await self._writer.commit(tick)
+        return await self._writer.queue_commit(tick)
 
     async def flush(self) -> None:
         """Commit everything queued so far without ending a tick."""
@@ -333,7 +391,7 @@ async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterato
     try:
         last_tick, agent_keys, identity = await _prepare(conn, p)
         writer = BatchWriter(conn, p, Addresser(agent_keys), last_tick=last_tick, keep_tail=keep_tail)
-        store = Store(conn, p, writer, hot_limit, identity)
+        store = Store(conn, p, writer, hot_limit, identity, await read_migrated_at(conn))
         error: BaseException | None = None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(writer.run())

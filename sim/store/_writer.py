@@ -1,14 +1,16 @@
 """The store's one writer task and the bounded queue of operations its producers fill.
 
 Every write is one `Row` on the queue. The task drains the queue, groups rows by
-statement and runs each group with `executemany` inside one open transaction; a `Commit`
+statement and runs each group as one bulk statement (`sim.store.sql.BULK`) inside one
+open transaction; a `Commit`
 commits it (recording the tick in `meta` when it ends one), so a tick is either wholly on
 disk or not at all. Thousands of agents writing at once never wait on one another's
 commits, only (when the queue is full) on the writer: that is the backpressure.
 
 On `Close` the task writes and commits what is queued, or, with `keep_tail=False`, rolls
-back the unfinished tail (rows not yet run and the open transaction), so after a crash
-nothing of an unfinished tick is on disk. After a database error the task keeps draining
+back the unfinished tail (rows queued after the last commit are dropped unwritten, and
+the open transaction is rolled back), so after a crash nothing of an unfinished tick is
+on disk. After a database error the task keeps draining
 (dropping and counting rows, failing waiters) so producers blocked on the full queue are
 released, and every later write is refused.
 
@@ -31,9 +33,9 @@ import msgspec
 from sim.errors import StoreError
 from sim.store._items import Addresser
 from sim.store._retention import PRUNE_SQL
-from sim.store.sql import INSERT, SET_LAST_TICK, RowKind
+from sim.store.sql import BULK, INSERT, SET_LAST_TICK, RowKind, bulk_parameters
 
-__all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row"]
+__all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row", "Rows"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ class Row(msgspec.Struct, frozen=True, tag=True):
 
     kind: RowKind
     values: tuple[Any, ...]
+
+
+class Rows(msgspec.Struct, frozen=True, tag=True):
+    """Many rows of one kind, queued as one operation (start-up creates agents by thousands)."""
+
+    kind: RowKind
+    rows: list[tuple[Any, ...]]
 
 
 class Commit(msgspec.Struct, frozen=True, tag=True):
@@ -66,7 +75,7 @@ class Close(msgspec.Struct, frozen=True, tag=True):
     """Write (or roll back) what is queued, then stop."""
 
 
-Operation = Row | Commit | Prune | Close
+Operation = Row | Rows | Commit | Prune | Close
 
 _Rows = dict[RowKind, list[tuple[Any, ...]]]
 
@@ -86,6 +95,7 @@ class BatchWriter:
         self._keep_tail = keep_tail
         self._queue: asyncio.Queue[Operation] = asyncio.Queue(_QUEUE_SIZE)
         self._closing = False
+        self._tail_dropped = 0  # rows of the unfinished tick dropped unwritten at close
         self._in_transaction = False
         self._done = asyncio.Event()
         self.failure: StoreError | None = None
@@ -118,12 +128,24 @@ class BatchWriter:
         if size > self.high_water:
             self.high_water = size
 
+    async def put_rows(self, kind: RowKind, rows: list[tuple[Any, ...]]) -> None:
+        """Queue many rows of one kind as one operation; waits while the queue is full."""
+        self.check_open()
+        if rows:
+            self.rows_queued += len(rows)
+            await self._queue.put(Rows(kind, rows))
+
     async def commit(self, tick: int | None) -> None:
         """Commit everything queued so far (as `tick`, if given); returns once it is on disk."""
+        await (await self.queue_commit(tick))
+
+    async def queue_commit(self, tick: int | None) -> asyncio.Future[None]:
+        """Queue the commit of everything queued so far (as `tick`, if given); the future is
+        done once it is on disk. What is queued after it goes into the next transaction."""
         self.check_open()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self._queue.put(Commit(tick, done))
-        await done
+        return done
 
     async def prune(self, keep: int) -> int:
         """Run the pruning statements in the open transaction after what is queued; rows deleted."""
@@ -137,9 +159,22 @@ class BatchWriter:
         if self._closing:
             return
         self._closing = True
+        if not self._keep_tail:
+            self._drop_tail()
         if not self._done.is_set():
             await self._queue.put(Close())
             await self._done.wait()
+
+    def _drop_tail(self) -> None:
+        """Rows queued after the last commit would be written only to be rolled back: at a
+        million NPCs that is seconds of a stopping run. They are dropped unwritten."""
+        ops: list[Operation] = []
+        while not self._queue.empty():
+            ops.append(self._queue.get_nowait())
+        last = max((n for n, op in enumerate(ops) if not isinstance(op, Row | Rows)), default=-1)
+        for op in ops[: last + 1]:
+            self._queue.put_nowait(op)
+        self._tail_dropped = sum(len(op.rows) if isinstance(op, Rows) else 1 for op in ops[last + 1 :])
 
     # -- the task ------------------------------------------------------------------------
 
@@ -158,6 +193,8 @@ class BatchWriter:
                 for op in batch:  # isinstance, not match: a class pattern costs more per row
                     if isinstance(op, Row):
                         rows.setdefault(op.kind, []).append(op.values)
+                    elif isinstance(op, Rows):
+                        rows.setdefault(op.kind, []).extend(op.rows)
                     elif isinstance(op, Commit):
                         await self._write(rows, commit=True, tick=op.tick)
                         self._settle(op.done)
@@ -191,7 +228,7 @@ class BatchWriter:
 
     async def _roll_back(self, rows: _Rows) -> None:
         """Forget the unfinished tick: rows not yet run and the open transaction."""
-        discarded = bool(rows) or self._in_transaction
+        discarded = bool(rows) or self._in_transaction or self._tail_dropped > 0
         rows.clear()
         if self._in_transaction and self.failure is None:
             try:
@@ -212,10 +249,14 @@ class BatchWriter:
             return
         self._addresser.address(rows)
         await self._begin()
-        for kind, sql in INSERT.items():
+        for kind, sql in BULK.items():
             group = rows.pop(kind, None)
             if group:
-                await self._conn.executemany(sql, group)
+                parameters = bulk_parameters(kind, group)
+                if parameters is None:
+                    await self._conn.executemany(INSERT[kind], group)
+                else:
+                    await self._conn.execute(sql, parameters)
                 self.rows_written += len(group)
         self.batches += 1
 
@@ -235,8 +276,8 @@ class BatchWriter:
         if self.failure is None:
             try:
                 await self._begin()
-                for _, sql in PRUNE_SQL:
-                    async with self._conn.execute(sql, (op.keep,)) as cursor:
+                for _, sql, takes_keep in PRUNE_SQL:
+                    async with self._conn.execute(sql, (op.keep,) if takes_keep else ()) as cursor:
                         deleted += max(cursor.rowcount, 0)
             except sqlite3.Error as exc:
                 self._fail(exc)

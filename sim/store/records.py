@@ -50,6 +50,7 @@ __all__ = [
 
 _ENCODER = msgspec.msgpack.Encoder()
 _ZDICT_SIZE = 32_768  # deflate's window: only the last 32 KiB of a preset dictionary count
+_KNOWN = 1 << 16  # state parts whose items a packer remembers
 _LEVEL = 6
 
 COLUMNS = ("id", "run_id", "agent_id", "tick", "backend", "model", "fallback", "line")
@@ -102,16 +103,32 @@ class RecordPacker:
 
     def __init__(self) -> None:
         self._template: Item | None = None
+        self._known: dict[Any, Item] = {}
+
+    def _item(self, value: Any, fresh: list[Item]) -> Item:
+        """The item of a state's part, remembered: neighbouring records share most of theirs
+        (the same facts, the episodes a whole place heard), and state parts are frozen, so an
+        equal value has an equal body. One made here is added to `fresh`. Past `_KNOWN`
+        values it forgets them all."""
+        found = self._known.get(value)
+        if found is None:
+            if len(self._known) >= _KNOWN:
+                self._known.clear()
+            found = self._known[value] = _encode_item(value)
+            fresh.append(found)
+        return found
 
     def pack(self, record: AuditRecord) -> tuple[bytes, list[Item]]:
-        """The packed blob and every item it references (template first)."""
+        """The packed blob and the items it references that this packer has not handed out
+        before (every item a record references was handed out with it or an earlier one)."""
         state = record.state
-        lists = [[_encode_item(x) for x in getattr(state, name)] for name in _LISTS]
-        referenced = [
-            _encode_item(state.system_prompt),
-            *(i for group in lists for i in group),
-            _encode_item(record.config),
-        ]
+        fresh: list[Item] = []
+
+        def known(value: Any) -> Item:
+            return self._item(value, fresh)
+
+        lists = [[known(x) for x in getattr(state, name)] for name in _LISTS]
+        referenced = [known(state.system_prompt), *(i for group in lists for i in group), known(record.config)]
         fields = msgspec.structs.asdict(record)
         for name in (*COLUMNS, "config", "state"):
             del fields[name]
@@ -122,11 +139,12 @@ class RecordPacker:
         payload = top + _ENCODER.encode(rest_of_state)
         if self._template is None:
             self._template = item(payload)
+            fresh.insert(0, self._template)
         items = [self._template, *referenced]
         compressor = zlib.compressobj(_LEVEL, zdict=_zdict([i.body for i in items]))
         compressed = compressor.compress(payload) + compressor.flush()
         keys = pack_keys([i.key for i in items])
-        return _ENCODER.encode(([len(group) for group in lists], keys, len(top), compressed)), items
+        return _ENCODER.encode(([len(group) for group in lists], keys, len(top), compressed)), fresh
 
 
 # A packed record: the length of each of `_LISTS`; the item keys (template, system prompt,

@@ -1,41 +1,50 @@
 """The writer's statements and the queries that load hot state and resume metadata.
 
-Pure text, plus `fetch`, the one way the store reads a query's rows. Public, like
+Pure text, plus `fetch`, the one way the store reads a query's rows, and
+`bulk_parameters`, the one way the writer hands a batch of rows to a `BULK` statement. Public, like
 `sim.store.records`: the store's format is documented (docs/store.md), and a benchmark or a
 tool that measures the store against plain SQLite must run exactly these statements.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import aiosqlite
+import msgspec
 
 __all__ = [
+    "BULK",
     "HEARD_RECENT",
     "INSERT",
+    "BLOB_LAST",
     "ITEM_BODIES",
     "LOAD_FACTS",
     "LOAD_PROMPTS",
     "LOAD_WORLD",
+    "PLACE_LOG",
     "RECENT",
     "SELECT_AGENT_KEYS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
+    "SELECT_MIGRATED_AT",
+    "SELECT_PENDING",
     "SELECT_RUN",
     "SELECT_SENT",
     "SET_LAST_TICK",
     "RowKind",
+    "bulk_parameters",
     "fetch",
 ]
 
 RowKind = Literal[
     "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta",
-    "run",
+    "place", "place_events", "place_window", "run",
 ]
-"""What a queued row is: its statement in `INSERT`, except `episode` (which the writer
-turns into `item` and `heard` rows, `sim.store._items`)."""
+"""What a queued row is: its statement in `INSERT`, except `episode` and `place` (which the
+writer turns into `item` rows and `heard` or `place_events` rows, `sim.store._items`)."""
 
 # Statements by row kind, in the order a batch runs them.
 INSERT: dict[RowKind, str] = {
@@ -46,6 +55,9 @@ INSERT: dict[RowKind, str] = {
     "agent_key": "INSERT INTO agent_keys (n, agent) VALUES (?, ?)",
     "item": "INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)",
     "heard": "INSERT INTO heard (agent, tick, items) VALUES (?, ?, ?)",
+    "place_events": "INSERT INTO place_events (place, tick, items) VALUES (?, ?, ?)",
+    "place_window": "INSERT INTO place_windows (place, since) VALUES (?, ?)"
+    " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
     "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
     "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record, format)"
@@ -54,6 +66,49 @@ INSERT: dict[RowKind, str] = {
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
     "run": "INSERT OR REPLACE INTO run (id, identity) VALUES (0, ?)",
 }
+# The row kinds whose last value is a blob: it travels apart from the JSON rows (as an
+# offset and a length into one blob of all of them); every other value is JSON.
+BLOB_LAST: frozenset[RowKind] = frozenset({"item", "heard", "place_events", "audit", "meta"})
+
+
+def _bulk(statement: str, blob_last: bool) -> str:
+    """`statement` (one row's `INSERT ... VALUES (...)`) for many rows at once: its values taken
+    from a JSON array of rows (`?1`) and, with `blob_last`, one blob of the rows' blobs (`?2`)."""
+    head, _, rest = statement.partition(" VALUES (")
+    values, _, tail = rest.partition(")")
+    placeholders = [n for n, value in enumerate(values.split(", ")) if value == "?"]
+    expressions = values.split(", ")
+    for at, n in enumerate(placeholders):
+        expressions[n] = f"j.value ->> {at}"
+    if blob_last:
+        at = len(placeholders) - 1
+        expressions[placeholders[-1]] = f"substr(?2, j.value ->> {at}, j.value ->> {at + 1})"
+    return f"{head} SELECT {', '.join(expressions)} FROM json_each(?1) AS j WHERE true{tail}"
+
+
+BULK: dict[RowKind, str] = {kind: _bulk(sql, kind in BLOB_LAST) for kind, sql in INSERT.items()}
+"""The writer's statements: each `INSERT` for a whole batch of rows in one call, so SQLite
+runs the rows without taking the GIL back for each one (`executemany` does, and waits for
+the event loop's thread to let go of it every time). `bulk_parameters` makes the
+parameters; the rows are stored exactly as `INSERT` stores them."""
+
+_JSON = msgspec.json.Encoder()
+_NUL = b"\\u0000"  # how JSON writes a NUL character, which SQLite's JSON functions cut text at
+
+
+def bulk_parameters(kind: RowKind, rows: Sequence[tuple[Any, ...]]) -> tuple[bytes] | tuple[bytes, bytes] | None:
+    """The parameters of `BULK[kind]` for `rows`, or None when a text holds a NUL character
+    (those rows go one at a time, with `INSERT[kind]`)."""
+    if kind in BLOB_LAST:
+        blobs = [row[-1] for row in rows]
+        lengths = [len(blob) for blob in blobs]
+        ends = itertools.accumulate(lengths)  # the 1-based offset of a blob is its end minus its length, plus 1
+        data = _JSON.encode([(*row[:-1], end - n + 1, n) for row, end, n in zip(rows, ends, lengths, strict=True)])
+        return None if _NUL in data else (data, b"".join(blobs))
+    data = _JSON.encode(rows)
+    return None if _NUL in data else (data,)
+
+
 SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)"
 SELECT_LAST_TICK = "SELECT value FROM meta WHERE key = 'last_tick'"
 SELECT_AGENT_KEYS = "SELECT agent, n FROM agent_keys"
@@ -97,6 +152,15 @@ ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each
 SELECT_INPUTS = "SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq"
 SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
 SELECT_RUN = "SELECT identity FROM run WHERE id = 0"
+SELECT_PENDING = "SELECT value FROM meta WHERE key = 'pending'"
+SELECT_MIGRATED_AT = "SELECT value FROM meta WHERE key = 'migrated_at'"
+
+# Every place's log from the tick its window still needs, in one query: rows in (place,
+# tick) order, each row's items in the order they were appended.
+PLACE_LOG = (
+    "SELECT p.place, p.tick, p.items FROM place_windows AS w JOIN place_events AS p"
+    " ON p.place = w.place AND p.tick >= w.since ORDER BY p.place, p.tick, p.rowid"
+)
 
 
 async def fetch(conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...]) -> Iterable[Any]:

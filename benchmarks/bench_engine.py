@@ -1,0 +1,280 @@
+"""The engine at scale (issue 20): a generated world on one shard, against a floor measured in the same run.
+
+For each world (10k: `--npcs 10000 --locations 100`, 100k: `--npcs 100000 --locations 1000`)
+the engine runs N ticks on one shard (scripted backend, `--broker auto`, a real store
+file) and the report gives ticks/s, the barrier wait per tick, RSS per NPC, and the
+engine's time per inference and per perceived event (one event at a place times the NPCs
+there: the work the engine before issue 20 did, one episode per listener). The **floor**
+is measured in the same run, on the same ticks: the essential work of each tick in a tight
+loop with no broker, from the audit records the run wrote: build each speaker's working
+memory from its state, encode its inference request and its audit record, and write the
+tick's rows with one `executemany` (one transaction). The engine's time per tick is then
+given against the floor's.
+
+Then the bytes each shard takes in, from the broker and delivered locally, with 1, 2 and 4
+shards of the 100k world (all shards in one process, on one private Mosquitto, a few
+ticks): a shard holds whole places, so what it takes in shrinks with the shard count.
+Locally delivered events are never encoded; their bytes are given as the events' msgpack
+size as the shard stored them in its places' logs.
+
+    .venv/bin/python benchmarks/bench_engine.py                          # both worlds, the bytes
+    .venv/bin/python benchmarks/bench_engine.py --worlds 10k --no-bytes  # quick, to steer
+    .venv/bin/python benchmarks/bench_engine.py --write docs/benchmarks.md
+
+Each measurement runs in a child process of its own, so RSS and peak RSS are its alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+if __package__ in (None, ""):  # run as a script: the repository is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._report import machine_line, write_section
+from sim.audit import AuditRecord, encode_record
+from sim.broker import open_broker
+from sim.generate import write_scenario
+from sim.inference import InferenceRequest
+from sim.memory import build_working_memory
+from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
+from sim.shard import RunConfig, RunStats, run
+from sim.store import open_reader
+from sim.store.records import unpack_keys
+from sim.wire.inference import encode_request
+
+HEADING = "The engine at scale (issue 20)"
+WORLDS = {"10k": (10_000, 100, 20), "100k": (100_000, 1_000, 5)}  # NPCs, locations, ticks
+TARGETS = {
+    "ticks/s 10k": 4.0, "ticks/s 100k": 0.5, "barrier ms": 50.0, "KB per NPC 100k": 5.0, "floor ratio": 4.0,
+    "bytes ratio": 0.35,
+}
+_AUDIT_ROW = "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+# --- one world on one shard, and its floor ---------------------------------------------------
+
+
+async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path) -> dict[str, Any]:
+    scenario = write_scenario(tmp / "world.toml", npcs=npcs, locations=locations, seed=1)
+    db = tmp / "engine.db"
+    process = psutil.Process()
+    gc.collect()
+    rss_before = process.memory_info().rss
+    marks: dict[str, float] = {"started": time.perf_counter()}
+
+    def ready(_: RunStats) -> None:
+        marks["ready"] = time.perf_counter()
+        marks["rss_ready"] = process.memory_info().rss
+
+    config = RunConfig(scenario=str(scenario), broker="auto", ticks=ticks, run_id="bench", db=str(db))
+    stats = await run(config, on_ready=ready)
+    run_s = time.perf_counter() - marks["ready"]
+    floor_s = floor(db)
+    assert stats.bus is not None
+    ticks_run = stats.tick - stats.first_tick + 1
+    return {
+        "npcs": npcs, "locations": locations, "ticks": ticks_run, "startup_s": marks["ready"] - marks["started"],
+        "run_s": run_s, "floor_s": floor_s, "inferences": stats.inferences,
+        "perceived": stats.bus.events_delivered,
+        "barrier_ms": 1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1),
+        "rss_per_npc": (marks["rss_ready"] - rss_before) / npcs,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load": os.getloadavg()[0],
+    }
+
+
+def floor(db: Path) -> float:
+    """The essential work of the run's ticks, from its audit records, in a tight loop: seconds."""
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    by_tick: dict[int, list[AuditRecord]] = defaultdict(list)
+    for record in records:
+        by_tick[record.tick].append(record)
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT, agent TEXT, tick INTEGER,"
+                     " backend TEXT, model TEXT, fallback INTEGER, line TEXT, record BLOB)")
+        started = time.perf_counter()
+        for tick in sorted(by_tick):
+            rows = []
+            for r in by_tick[tick]:
+                memory = build_working_memory(r.state, r.player_input, r.config)
+                request = InferenceRequest(id=r.id, run_id=r.run_id, agent_id=r.agent_id, tick=r.tick, memory=memory,
+                                           deadline=0.0, state=r.state, config=r.config)
+                encode_request(request)
+                rows.append((r.id, r.run_id, r.agent_id, r.tick, r.backend, r.model, r.fallback, r.line,
+                             encode_record(r)))
+            conn.execute("BEGIN")
+            conn.executemany(_AUDIT_ROW, rows)
+            conn.execute("COMMIT")
+        elapsed = time.perf_counter() - started
+        conn.close()
+    return elapsed
+
+
+# --- bytes taken in per shard, with n shards ---------------------------------------------------
+
+
+async def bytes_run(npcs: int, locations: int, ticks: int, shards: int, tmp: Path) -> dict[str, Any]:
+    scenario = write_scenario(tmp / "world.toml", npcs=npcs, locations=locations, seed=1)
+    async with open_broker("auto") as broker:
+        os.environ[ENV_USERNAME] = broker.address.username or ""
+        os.environ[ENV_PASSWORD] = broker.address.password or ""
+        configs = [RunConfig(scenario=str(scenario), broker=broker.url, ticks=ticks, run_id="bytes",
+                             shard=f"{i}/{shards}", db=str(tmp / f"bytes-{i}.db")) for i in range(shards)]
+        stats = [RunStats() for _ in configs]
+        await asyncio.gather(*(run(c, stats=s) for c, s in zip(configs, stats, strict=True)))
+    per_shard = []
+    for config, s in zip(configs, stats, strict=True):
+        assert s.bus is not None and config.db is not None
+        local_bytes = s.bus.events_local * mean_event_bytes(Path(config.db))
+        per_shard.append({"broker": s.bus.bytes_in, "local_events": s.bus.events_local, "local": local_bytes})
+    return {"npcs": npcs, "shards": shards, "ticks": ticks, "per_shard": per_shard}
+
+
+def mean_event_bytes(db: Path) -> float:
+    """The mean msgpack size of the events in the shard's places' logs."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        keys = [k for (blob,) in conn.execute("SELECT items FROM place_events") for k in unpack_keys(blob)]
+        sizes = dict(conn.execute("SELECT k, length(body) FROM items"))
+    return sum(sizes[k] for k in keys) / max(len(keys), 1)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def child(argv: list[str]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"child {argv} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def ratio(value: float, target: float, *, at_most: bool = False) -> str:
+    r = value / target
+    return f"{r:.2f}, {'met' if (r <= 1 if at_most else r >= 1) else 'NOT met'}"
+
+
+def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command: str) -> str:
+    rows = []
+    for w in worlds:
+        name = f"{w['npcs'] // 1000}k"
+        tick_ms, floor_ms = 1000 * w["run_s"] / w["ticks"], 1000 * w["floor_s"] / w["ticks"]
+        ticks_s = w["ticks"] / w["run_s"]
+        target = TARGETS.get(f"ticks/s {name}")
+        kb = w["rss_per_npc"] / 1024
+        kb_target = TARGETS.get(f"KB per NPC {name}")
+        rows += [
+            (name, "ticks/s", f"{ticks_s:.2f} ({w['ticks']} ticks in {w['run_s']:.1f} s)",
+             f">= {target} (ratio {ratio(ticks_s, target)})" if target else "-"),
+            (name, "barrier wait per tick", f"{w['barrier_ms']:.1f} ms", f"<= {TARGETS['barrier ms']:.0f} ms"
+             f" (ratio {ratio(w['barrier_ms'], TARGETS['barrier ms'], at_most=True)})"),
+            (name, "RSS per NPC (ready) / peak RSS", f"{kb:.1f} KB / {w['peak_mb']:,.0f} MB",
+             f"<= {kb_target} KB (ratio {ratio(kb, kb_target, at_most=True)})" if kb_target else "-"),
+            (name, "engine per inference", f"{1000 * w['run_s'] / max(w['inferences'], 1):.2f} ms"
+             f" ({w['inferences']:,} inferences)", "-"),
+            (name, "engine per perceived event", f"{1e6 * w['run_s'] / max(w['perceived'], 1):.1f} µs"
+             f" ({w['perceived']:,} perceived)", "-"),
+            (name, "engine per tick / floor per tick", f"{tick_ms:,.0f} ms / {floor_ms:,.0f} ms",
+             f"<= {TARGETS['floor ratio']:.0f}x (ratio {tick_ms / floor_ms:.2f}x: "
+             f"{'met' if tick_ms / floor_ms <= TARGETS['floor ratio'] else 'NOT met'})"),
+            (name, "start-up (call to first tick)", f"{w['startup_s']:.1f} s", "-"),
+        ]
+    table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
+    loads = ", ".join(f"{w['load']:.1f}" for w in worlds)
+    text = f"""Command: `{command}`
+(generated worlds, one shard, the real pipeline: SQLite store file, in-process pool with the
+scripted backend, a private Mosquitto from `--broker auto`). Machine: {machine_line(("msgspec", "aiomqtt"))}.
+Load average (1 min) when each world began: {loads}.
+
+The floor is the same ticks' essential work from the run's own audit records, in a tight
+loop with no broker: each speaker's working memory built from its state, its inference
+request and audit record encoded, the tick's rows written with one `executemany`.
+
+| world | measure | figure | target |
+|---|---|---|---|
+{table}
+"""
+    if sharded:
+        one = sum(p["broker"] + p["local"] for p in sharded[0]["per_shard"]) / len(sharded[0]["per_shard"])
+        lines = []
+        for s in sharded:
+            per = s["per_shard"]
+            broker = sum(p["broker"] for p in per) / len(per)
+            local = sum(p["local"] for p in per) / len(per)
+            events = sum(p["local_events"] for p in per) / len(per)
+            total = broker + local
+            met = "met" if total / one <= TARGETS["bytes ratio"] else "NOT met"
+            target = f" (target <= {TARGETS['bytes ratio']}x: {met})" if s["shards"] == 4 else ""
+            lines.append(f"| {s['shards']} | {broker / 1e3:,.1f} KB | {events:,.0f} events, {local / 1e3:,.1f} KB |"
+                         f" {total / 1e3:,.1f} KB | {total / one:.2f}x{target} |")
+        text += f"""
+Bytes each shard takes in, {sharded[0]['ticks']} ticks of the {sharded[0]['npcs']:,}-NPC world with 1, 2 and 4
+shards in one process on one private Mosquitto (mean per shard; local bytes are the
+events' msgpack size as stored in the shard's places' logs: they are never encoded):
+
+| shards | from the broker | delivered locally | total per shard | vs 1 shard |
+|---|---|---|---|---|
+{chr(10).join(lines)}
+"""
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worlds", default="10k,100k", help="comma-separated: 10k, 100k (default both)")
+    parser.add_argument("--ticks", type=int, default=None, help="ticks per world (default 20 for 10k, 5 for 100k)")
+    parser.add_argument("--bytes-world", default="100k", help="the world of the bytes-per-shard runs")
+    parser.add_argument("--bytes-ticks", type=int, default=3)
+    parser.add_argument("--no-bytes", action="store_true", help="leave out the bytes-per-shard runs")
+    parser.add_argument("--write", type=Path, help="put the section into this markdown file")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, npcs, locations, ticks, *rest = args.child
+        with tempfile.TemporaryDirectory() as tmp:
+            if kind == "engine":
+                result = asyncio.run(engine_run(int(npcs), int(locations), int(ticks), Path(tmp)))
+            else:
+                result = asyncio.run(bytes_run(int(npcs), int(locations), int(ticks), int(rest[0]), Path(tmp)))
+        print(json.dumps(result))
+        return
+    worlds = []
+    for name in args.worlds.split(","):
+        npcs, locations, ticks = WORLDS[name]
+        worlds.append(child(["engine", str(npcs), str(locations), str(args.ticks or ticks)]))
+        print(f"{name}: {worlds[-1]}", file=sys.stderr)
+    sharded = []
+    if not args.no_bytes:
+        npcs, locations, _ = WORLDS[args.bytes_world]
+        for shards in (1, 2, 4):
+            sharded.append(child(["bytes", str(npcs), str(locations), str(args.bytes_ticks), str(shards)]))
+            print(f"bytes, {shards} shards: {sharded[-1]}", file=sys.stderr)
+    command = "python benchmarks/bench_engine.py " + " ".join(sys.argv[1:])
+    section = report(worlds, sharded, command.strip())
+    print(section)
+    if args.write:
+        write_section(args.write, HEADING, section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""A shard's layout: its NPCs, their places and kinds, who stands where, and the dice table.
+
+All of it follows from the scenario, `--shard i/n` and the seed alone, and at 1,000,000
+NPCs it takes seconds to build, so a shard process builds it once, off the event loop (in
+the start-up thread, sim.shard._startup), and hands it to its `ShardContext`; the context
+builds it itself when given none (tests, embedders).
+"""
+
+from __future__ import annotations
+
+from sim.scenario import NpcSpec, Scenario
+from sim.shard._config import parse_shard, shard_npcs
+from sim.shard._dice import AmbientDice
+from sim.shard._registry import AgentKind, agent_kinds
+
+__all__ = ["ShardLayout"]
+
+
+class ShardLayout:
+    """What shard `shard` ("i/n") holds of `scenario`, and what its NPCs need to know of the others."""
+
+    def __init__(self, scenario: Scenario, shard: str, seed: int) -> None:
+        self.index, self.count = parse_shard(shard)
+        self.specs: list[NpcSpec] = shard_npcs(scenario, self.index, self.count)
+        """This shard's NPCs, in id order."""
+        self.by_id = {spec.id: spec for spec in self.specs}
+        """This shard's NPCs by id (the scenario's own index of all NPCs is never built)."""
+        self.local = self.by_id.keys()
+        self.kinds: dict[str, AgentKind] = agent_kinds(self.specs)
+        self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
+        """Every NPC of the run (in any shard), to where it stands."""
+        everyone: dict[str, list[str]] = {}
+        for spec in sorted(scenario.npcs, key=lambda s: s.id):
+            everyone.setdefault(spec.location, []).append(spec.id)
+        self.neighbours = {place: tuple(ids) for place, ids in everyone.items()}
+        """Every place, to the NPCs there (in any shard), in id order."""
+        places: dict[str, list[str]] = {}
+        for spec in self.specs:
+            places.setdefault(spec.location, []).append(spec.id)
+        self.places = {place: tuple(ids) for place, ids in places.items()}
+        """This shard's places, to the NPCs there (all of them this shard's)."""
+        self.dice = AmbientDice(seed, self.specs)

@@ -1,0 +1,120 @@
+"""Shared perception: what is said at a place is one entry of its log, and its listeners refer to it.
+
+When the barrier for a tick passes, the shard appends the tick's events at each of its
+places to that place's window (sim.shard._window), once, whoever listens there; nothing
+is copied per listener. What a listener remembers of an event is a pure function of the
+event and whether it was addressed to it, and that function belongs to the listener's
+kind (the brain: `NpcAgent.episode_of`); the engine never words a memory itself. An
+event's memory for everyone it was not addressed to is made once and shared by all of
+them.
+
+A listener's episodic memory, when it is needed (it speaks), is the newest `limit` of its
+private episodes (what it was given, what reached its inbox, older stores' per-listener
+rows) merged with the newest `limit` events of its place's window that it did not say
+itself: exactly the newest `limit` of everything the engine before issue 20 had it
+remember one episode at a time, so the working memory and the audit's state snapshot
+are the same, byte for byte.
+
+Mail is what is addressed: an event of the log said to a listener there becomes that
+listener's mail for the next tick (it answers, takes it into its dialogue, believes that
+someone wants to talk to it); nobody else is woken by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+
+from sim.memory import Episode, episode_order
+from sim.shard._window import PlaceWindow
+from sim.wire.events import AnyEvent, Speech
+
+__all__ = ["EpisodeOf", "Perception"]
+
+EpisodeOf = Callable[[AnyEvent, bool], Episode]
+"""What a listener of some kind remembers of an event, given whether it was addressed to it."""
+
+
+class Perception:
+    """The windows of a shard's places, and the mail their events make.
+
+    `places` maps each place to its listeners; `limit` is the store's hot limit (what a
+    working memory can use), `window` the limit the windows keep (at least `limit`; more
+    under `--retain-memories`, whose pruning of stored place rows follows the windows).
+    """
+
+    def __init__(self, places: Mapping[str, Collection[str]], *, limit: int, window: int) -> None:
+        if window < limit:
+            raise ValueError(f"a window of {window} cannot serve a hot limit of {limit}")
+        self.limit = limit
+        self._listeners = {place: frozenset(listeners) for place, listeners in places.items() if listeners}
+        self._windows = {place: PlaceWindow(listeners, window) for place, listeners in self._listeners.items()}
+        self._mail: dict[str, list[AnyEvent]] = {}
+
+    def fronts(self) -> dict[str, int]:
+        """Each place's `front_tick`, for the places whose window holds something."""
+        fronts = {}
+        for place, window in self._windows.items():
+            front = window.front_tick
+            if front is not None:
+                fronts[place] = front
+        return fronts
+
+    def front_tick(self, place: str) -> int | None:
+        """The tick of the oldest event the place's window keeps."""
+        window = self._windows.get(place)
+        return None if window is None else window.front_tick
+
+    # --- the log -------------------------------------------------------------------------
+
+    def append(self, place: str, events: Sequence[AnyEvent], *, mail: bool = True) -> None:
+        """The place's events of a tick, sorted by (tick, id), into its window; the ones said
+        to a listener there become its mail (unless `mail` is false: older ticks on resume)."""
+        window = self._windows.get(place)
+        if window is None:
+            return  # nobody listens there
+        window.append(events)
+        if mail:
+            listeners = self._listeners[place]
+            for event in events:
+                if isinstance(event, Speech) and event.to in listeners and event.to != event.speaker:
+                    self._mail.setdefault(event.to, []).append(event)
+
+    # --- mail ----------------------------------------------------------------------------
+
+    def mail_holders(self) -> Iterable[str]:
+        """The listeners something was said to since their last turn."""
+        return self._mail.keys()
+
+    def take_mail(self, listener: str) -> list[AnyEvent]:
+        """What was said to `listener` at its place since its last turn, in (tick, id) order."""
+        return self._mail.pop(listener, [])
+
+    # --- memory --------------------------------------------------------------------------
+
+    def episodic(self, listener: str, place: str, private: tuple[Episode, ...],
+                 episode_of: EpisodeOf) -> tuple[Episode, ...]:
+        """The listener's episodic memory: the newest `limit` of its private episodes and of
+        what it heard at `place`, in recency order."""
+        window = self._windows.get(place)
+        if window is None:
+            return private
+        heard = []
+        ties, last = False, None
+        for entry in window.newest(listener, self.limit):
+            ties, last = ties or entry.key == last, entry.key
+            event = entry.event
+            if isinstance(event, Speech) and event.to == listener:
+                heard.append(episode_of(event, True))
+            elif entry.overheard is not None and entry.overheard[0] is episode_of:
+                heard.append(entry.overheard[1])
+            else:  # the first listener of this kind to need it makes it for all the others
+                episode = episode_of(event, False)
+                entry.overheard = (episode_of, episode)
+                heard.append(episode)
+        if not heard:
+            return private
+        if ties or (private and episode_order(private[-1]) > episode_order(heard[0])):
+            return tuple(sorted((*private, *heard), key=episode_order)[-self.limit :])
+        # the usual case: the log's events (in recency order already) are all newer than the
+        # private episodes, so the merge is a concatenation
+        return (*private, *heard)[-self.limit :]

@@ -1,0 +1,43 @@
+"""The golden files (tests/golden) and the digest lines of an audit that the golden audits pin.
+
+Each audit record becomes one line: its id, the SHA-256 of its prompt, of the working
+memory's encoding, of the state snapshot and of every attempt, the fallback reason and the
+line said. Everything a model saw or said is in those digests; only the timings are left
+out (they are wall-clock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import msgspec
+
+from sim.store import open_reader
+
+__all__ = ["AUDIT_COLUMNS", "GOLDEN", "audit_lines"]
+
+GOLDEN = Path(__file__).parent / "golden"
+AUDIT_COLUMNS = ("id", "prompt", "encoding", "state", "attempts", "fallback", "line")
+"""What each tab-separated field of an audit line is."""
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def audit_lines(dbs: list[Path]) -> list[str]:
+    """One line per record, sorted by id: what the model saw and said, as digests."""
+    lines = []
+    for db in dbs:
+        with open_reader(db) as reader:
+            for r in reader.audit_records():
+                attempts = _sha(_ENCODER.encode(r.attempts))
+                state = _sha(_ENCODER.encode(r.state))
+                lines.append("\t".join([
+                    r.id, r.prompt_sha256[:16], r.encoding_sha256[:16], state, attempts,
+                    r.fallback_reason or "-", r.line,
+                ]))
+    return sorted(lines)
