@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 
-__all__ = ["MIN_KEY_BYTES", "RunKey", "load_run_key", "seal", "unseal"]
+__all__ = ["MIN_KEY_BYTES", "RunKey", "load_run_key", "seal", "unchecked_body", "unseal"]
 
 _MAGIC = b"NPK1"
 _MAC = 32
@@ -87,3 +87,13 @@ def seal(key: RunKey | None, topic: str, body: bytes) -> bytes:
 def unseal(key: RunKey | None, topic: str, payload: bytes) -> bytes | None:
     """The body of a payload received on `topic`; None when the run has a key and the signature fails."""
     return payload if key is None else key.open(topic, payload)
+
+
+def unchecked_body(payload: bytes) -> bytes | None:
+    """The body of a signed payload, its signature taken off and not checked; None when unsigned.
+
+    For tools that read a run without its key (`npcsim subscribe --all`), never for trust.
+    """
+    if len(payload) < len(_MAGIC) + _MAC or not payload.startswith(_MAGIC):
+        return None
+    return payload[len(_MAGIC) + _MAC :]

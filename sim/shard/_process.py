@@ -100,6 +100,7 @@ async def _run(
         async with _workdir() as workdir, open_broker(config.broker, tls=config.broker_tls) as broker:
             stats.broker = f"{broker.kind} {broker.url}"
             stats.broker_address = broker.address
+            stats.viewer = broker.viewer
             run_key = run_key_for(config.run_key_file, broker)
             announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
             bus_config = BusConfig(

@@ -3,7 +3,7 @@
 Why aiohttp: one well-kept library (aio-libs) gives the server, server-sent events and a
 test client on the asyncio loop npcsim already runs, with no ASGI server in between.
 
-API (JSON; `tick` only for a stored run):
+Besides the page (`/`, `/static/*`, `/favicon.ico`), the API (JSON; `tick` only for a stored run):
     GET  /api/state?tick=T          run, mode, health, world, newest lines, tick range
     GET  /api/lines?before=&npc=&location=&limit=&tick=   older lines (paging), filtered
     GET  /api/npc/{id}?tick=T       the NPC's newest traces, the newest with its prompt
@@ -37,7 +37,9 @@ _STREAM_INTERVAL_S = 0.25
 _MAX_LINES = 200
 _JSON = msgspec.json.Encoder()
 _STATIC = importlib.resources.files("sim.view") / "static"
-_CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+_CONTENT_TYPES = {
+    ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".ico": "image/x-icon",
+}
 
 Speak = Callable[[str, PlayerInputMessage], Awaitable[None]]
 
@@ -87,6 +89,11 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
     @routes.get("/")
     async def index(_: web.Request) -> web.Response:
         return web.Response(body=(_STATIC / "index.html").read_bytes(), content_type="text/html")
+
+    @routes.get("/favicon.ico")  # browsers ask for it on their own
+    async def favicon(_: web.Request) -> web.Response:
+        return web.Response(body=(_STATIC / "favicon.ico").read_bytes(), content_type="image/x-icon",
+                            headers={"Cache-Control": "max-age=86400"})
 
     @routes.get("/static/{name}")
     async def static(request: web.Request) -> web.Response:
@@ -177,8 +184,13 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
 
 
 @contextlib.asynccontextmanager
-async def open_view_server(app: web.Application, host: str, port: int) -> AsyncIterator[str]:
-    """Serve `app` on host:port (0: a free port); yields the page's URL, stops on exit."""
+async def open_view_server(
+    app: web.Application, host: str, port: int, *, option: str = "--port"
+) -> AsyncIterator[str]:
+    """Serve `app` on host:port (0: a free port); yields the page's URL, stops on exit.
+
+    A port that cannot be had is a ConfigError naming `option`, the flag that gave it.
+    """
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
@@ -186,7 +198,7 @@ async def open_view_server(app: web.Application, host: str, port: int) -> AsyncI
         try:
             await site.start()
         except OSError as exc:
-            raise ConfigError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+            raise ConfigError(f"{option} {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         bound = runner.addresses[0][1]
         yield f"http://{host}:{bound}/"
     finally:

@@ -27,10 +27,10 @@ _START_TIMEOUT_S = 60.0
 class ViewThread:
     """Use `open_view_thread`; `url` is the page's address once it started."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, option: str) -> None:
         self.view = LiveView()
         self.url = ""
-        self._host, self._port = host, port
+        self._host, self._port, self._option = host, port, option
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +68,8 @@ class ViewThread:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with open_view_server(build_app(self.view.source()), self._host, self._port) as url:
+        async with open_view_server(build_app(self.view.source()), self._host, self._port,
+                                    option=self._option) as url:
             self.url = url
             self._started.set()
             try:
@@ -95,9 +96,9 @@ class ViewThread:
 
 
 @contextlib.contextmanager
-def open_view_thread(host: str, port: int) -> Iterator[ViewThread]:
-    """Start the view's server on its thread (a port in use is a ConfigError here); stop it on exit."""
-    thread = ViewThread(host, port)
+def open_view_thread(host: str, port: int, *, option: str = "--port") -> Iterator[ViewThread]:
+    """Start the view's server on its thread (a port in use is a ConfigError naming `option`); stop it on exit."""
+    thread = ViewThread(host, port, option)
     thread._start()
     try:
         yield thread
