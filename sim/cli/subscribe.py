@@ -28,7 +28,7 @@ from sim.protocol.seal import unchecked_body
 from sim.wire import topics
 from sim.wire.events import SayMessage, decode_say
 
-__all__ = ["register", "say_record", "subscribe_command"]
+__all__ = ["DEFAULT_BROKER", "broker_for", "register", "say_record", "subscribe_command"]
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub.set_defaults(func=subscribe_command)
 
 
-def _address(args: argparse.Namespace, note: Out) -> BrokerAddress:
+def broker_for(args: argparse.Namespace, note: Out) -> BrokerAddress:
+    """--broker; else the private broker of --run on this machine; else the default (said on `note`)."""
     if args.broker:
         return broker_address(args)
     if args.run != "+":
@@ -62,7 +63,7 @@ def _address(args: argparse.Namespace, note: Out) -> BrokerAddress:
 
 def subscribe_command(args: argparse.Namespace) -> int:
     note = Out(sys.stderr, flush=True)
-    address = _address(args, note)
+    address = broker_for(args, note)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_subscribe(address, args, Out(flush=True), note))
     return 0
