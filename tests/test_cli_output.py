@@ -20,7 +20,7 @@ from sim.cli.subscribe import say_record
 from sim.memory import Fact, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.store import Writer, open_store
 from sim.wire.events import SayMessage
-from tests.conftest import REPO, MosquittoProcess
+from tests.conftest import REPO
 
 NPCSIM = str(Path(sys.executable).parent / "npcsim")
 VILLAGE = str(REPO / "scenarios" / "village.toml")
