@@ -10,7 +10,8 @@ from tests.conftest import REPO
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
-_PATH = re.compile(r"(?<![\w./-])((?:docs|sim|agents|tests|benchmarks|broker-config|scenarios)/[\w./-]*\w|[\w-]+\.md)\b")
+_FOLDERS = "docs|sim|agents|tests|benchmarks|broker-config|scenarios"
+_PATH = re.compile(rf"(?<![\w./-])((?:{_FOLDERS})/[\w./-]*\w|[\w-]+\.md)\b")
 _ISSUE = re.compile(r"\bissues? \d+|\bissue-\d+|(?<![\w&])#\d+\b", re.IGNORECASE)
 
 
@@ -35,3 +36,11 @@ def test_every_file_named_is_in_the_repository(document: object) -> None:
         if not ((REPO / path).exists() or (here / path).exists() or (REPO / "docs" / path).exists()):
             missing.append(path)
     assert not missing, sorted(set(missing))
+
+
+def test_the_checks_see_what_they_are_about() -> None:
+    assert _PATH.findall("see DESIGN.md and docs/store.md, sim/cli/run.py.") == ["DESIGN.md", "docs/store.md",
+                                                                               "sim/cli/run.py"]
+    assert _ISSUE.findall("(issue 4), issues 9 and 16, the issue-6 section, #12") == ["issue 4", "issues 9",
+                                                                                    "issue-6", "#12"]
+    assert _LINK.findall("[a](docs/x.md#part) and [b](https://example.org)") == ["docs/x.md", "https://example.org"]
