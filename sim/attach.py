@@ -5,8 +5,9 @@ generated logins, so nobody could find it from outside. While it runs it keeps a
 file in the user's run directory (`$XDG_RUNTIME_DIR/npcsim/`, or else `npcsim-{uid}/` in
 the temp directory: a directory of mode 0700 owned by the user) with the run id, the
 broker's URL and the read-only viewer login, mode 0600. `npcsim subscribe --run ID` and
-`npcsim view --run ID` without `--broker` read it. The file goes when the run ends; one
-left by a killed run names a process that no longer exists and is ignored (and removed).
+`npcsim view --run ID` without `--broker` read it. The file goes when the run ends (the
+directory too, when it is empty); one left by a killed run names a process that no longer
+exists and is ignored (and removed).
 
     with published(RunFile(run="village-7", shard="0", url=..., username="viewer", password=...)):
         ...                                  # the run
@@ -98,7 +99,13 @@ def published(entry: RunFile, directory: Path | None = None) -> Iterator[Path | 
     entry = msgspec.structs.replace(entry, pid=pid, started=_start_time(pid) or 0.0)
     path = directory / f"{pid}-{secrets.token_hex(4)}.json"
     partial = path.with_suffix(".part")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:  # another run's end removed the empty directory just now
+        if not _private(directory, create=True):
+            yield None
+            return
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(msgspec.json.encode(entry))
     os.replace(partial, path)  # readers never see half a file
@@ -106,6 +113,8 @@ def published(entry: RunFile, directory: Path | None = None) -> Iterator[Path | 
         yield path
     finally:
         path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the last run leaves nothing behind; another's files keep it
+            directory.rmdir()
 
 
 def _read(path: Path) -> RunFile | None:

@@ -112,8 +112,7 @@ def _start_run(tmp_path: Path, broker: str, npcs: int) -> tuple[subprocess.Popen
     db = tmp_path / "run.db"
     code = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "-v", "run", str(world), "--broker", broker, "--db", str(db), "--ticks", "5",
-         "--quiet"],
+        [sys.executable, "-c", code, "-v", "run", str(world), "--broker", broker, "--db", str(db), "--ticks", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
     )
     return proc, db

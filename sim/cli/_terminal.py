@@ -164,13 +164,15 @@ class Out:
         whole: Iterable[str] = (),
         fold: bool = False,
         header: bool = False,
+        stretch: str | None = None,
     ) -> None:
         """Rows under named columns: a rich table on a terminal, tab-separated lines in a pipe.
 
         In a pipe there is no title or caption, and a header line only with `header=True` (a
         report read by people, not a list of records: `--json` names the fields for programs).
         On a terminal, `right` names the columns aligned right, `whole` those never cut (ids),
-        and `fold` wraps long cells inside their column.
+        `stretch` the one that takes the width left (a text), and `fold` wraps long cells
+        inside their column.
         """
         if not self.terminal:
             if header:
@@ -184,7 +186,8 @@ class Out:
         for i, name in enumerate(columns):
             widest = max((len(line[i]) for line in cells), default=0) if name in kept else None
             table.add_column(name, justify="right" if name in aligned else "left", no_wrap=name in kept,
-                             min_width=widest, overflow="fold" if fold else "ellipsis")
+                             min_width=widest, overflow="fold" if fold else "ellipsis",
+                             ratio=1 if name == stretch else None)
         for line in cells:
             table.add_row(*line)
         self.console.print(table)

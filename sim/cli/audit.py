@@ -98,7 +98,8 @@ def list_command(args: argparse.Namespace) -> int:
     caption = f"{count} records, {over} over budget"
     if not args.json:
         out.table(("id", "agent", "tick", "backend", "tries", "over budget", "fallback", "line"), rows,
-                  caption=caption, right=("tick", "tries"), whole=("id", "agent", "tick"))
+                  caption=caption, right=("tick", "tries"),
+                  whole=("id", "agent", "tick", "backend", "tries", "over budget", "fallback"), stretch="line")
     if not out.terminal:  # the count for the person at the pipe; standard output holds only records
         Out(sys.stderr).record(caption)
     return 0

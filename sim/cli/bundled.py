@@ -33,7 +33,8 @@ def list_command(args: argparse.Namespace) -> int:
         else:
             rows.append((name, str(len(scenario.npcs)), scenario.scenario.description))
     if not args.json:
-        out.table(("name", "npcs", "description"), rows, right=("npcs",), whole=("name",))
+        out.table(("name", "npcs", "description"), rows, right=("npcs",), whole=("name", "npcs"),
+                  stretch="description")
     return 0
 
 

@@ -30,7 +30,7 @@ from sim.errors import ConfigError
 from sim.generate import write_scenario
 from sim.shard import RunConfig, RunStats, StartupPhase, parse_shard, run
 
-__all__ = ["register"]
+__all__ = ["register", "summary_rows"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
