@@ -88,8 +88,10 @@ async def test_a_changed_config_makes_replay_exit_1(audit_db: Path, capsys: pyte
 async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = fingerprint(audit_db)
     assert main(["audit", "list", "--db", str(audit_db), "--agent", "npc7"]) == 0
-    out = capsys.readouterr().out
-    assert "inf-00007" in out and "inf-00008" not in out and f"{RECORDS // AGENTS} records" in out
+    listed = capsys.readouterr()
+    out = listed.out
+    assert "inf-00007" in out and "inf-00008" not in out and f"{RECORDS // AGENTS} records" in listed.err
+    assert len(out.splitlines()) == RECORDS // AGENTS  # in a pipe: one record per line, nothing else
 
     assert main(["audit", "show", "--db", str(audit_db), "inf-00042"]) == 0
     out = capsys.readouterr().out

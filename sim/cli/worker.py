@@ -6,11 +6,10 @@ import argparse
 import asyncio
 import signal
 
-from rich.console import Console
-
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import add_metrics_argument, metrics_served
+from sim.cli._terminal import Out
 from sim.cli._values import run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
@@ -34,13 +33,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker.set_defaults(func=worker_command)
 
 
-async def _announce(worker: RemoteWorker, console: Console) -> None:
+async def _announce(worker: RemoteWorker, out: Out) -> None:
     await worker.ready.wait()
-    console.print(f"worker {worker.name} ready: run {worker.config.run_id}, backend {worker.config.backend}, "
-                  f"concurrency {worker.config.concurrency}", highlight=False)
+    out.record(f"worker {worker.name} ready: run {worker.config.run_id}, backend {worker.config.backend}, "
+               f"concurrency {worker.config.concurrency}")
 
 
-async def _run(worker: RemoteWorker, console: Console) -> None:
+async def _run(worker: RemoteWorker, out: Out) -> None:
     """Serve until SIGINT or SIGTERM; then stop serving and return normally."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -49,7 +48,7 @@ async def _run(worker: RemoteWorker, console: Console) -> None:
     try:
         async with asyncio.TaskGroup() as tg:
             serving = tg.create_task(worker.run())
-            announcing = tg.create_task(_announce(worker, console))
+            announcing = tg.create_task(_announce(worker, out))
             await stop.wait()
             serving.cancel()
             announcing.cancel()
@@ -66,12 +65,12 @@ def worker_command(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
     )
     worker = RemoteWorker(config)
-    console = Console()
+    out = Out(flush=True)
     try:
-        with metrics_served(args.metrics_port, console) as metrics:
+        with metrics_served(args.metrics_port, out) as metrics:
             if metrics is not None:
                 metrics.watch_pool(worker.statistics)
-            asyncio.run(_run(worker, console))
+            asyncio.run(_run(worker, out))
     except ExceptionGroup as group:
         # A worker that cannot start (bad option, unknown backend) fails inside the task group.
         first = next((e for e in group.exceptions if isinstance(e, NpcsimError)), None)
@@ -79,6 +78,6 @@ def worker_command(args: argparse.Namespace) -> int:
             raise
         raise first from group
     stats = worker.statistics()
-    console.print(f"worker {worker.name} stopped: {stats.completed} served, fallbacks {stats.fallbacks}, "
-                  f"malformed {stats.malformed}", highlight=False)
+    out.record(f"worker {worker.name} stopped: {stats.completed} served, fallbacks {stats.fallbacks}, "
+               f"malformed {stats.malformed}")
     return 0

@@ -187,7 +187,12 @@ class _PoolLink:
                     self.outbox.put(entry, priority=request.priority, deadline=request.deadline)
                 result = await future
         except TimeoutError:
-            self.warn("timeout", "no reply to request %s of %s within %.2fs", request.id, request.agent_id, wait)
+            self.warn(
+                "timeout", "no reply to request %s of %s within %.2fs: is a worker serving run %s? Start one with "
+                "`npcsim worker --broker %s --run %s` (for --broker auto, the run's start-up log gives the whole "
+                "command, with its login)", request.id, request.agent_id, wait, config.run_id,
+                config.broker.with_login(None, None).url, config.run_id,
+            )
             return self.give_up(request, "timeout")
         finally:
             self.waiting.pop(request.id, None)

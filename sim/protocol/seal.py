@@ -50,6 +50,7 @@ __all__ = [
     "refusal",
     "seal",
     "sealed_nonce",
+    "unchecked_body",
     "unseal",
 ]
 
@@ -172,3 +173,13 @@ def sealed_nonce(payload: bytes) -> bytes | None:
     if len(payload) < _HEADER or not payload.startswith(_MAGIC):
         return None
     return payload[len(_MAGIC) : len(_MAGIC) + NONCE_BYTES]
+
+
+def unchecked_body(payload: bytes) -> bytes | None:
+    """The body of a sealed payload, its nonce and MAC taken off and not checked; None when unsealed.
+
+    For tools that read a run without its key (`npcsim subscribe --all`), never for trust.
+    """
+    if len(payload) < _HEADER or not payload.startswith(_MAGIC):
+        return None
+    return payload[_HEADER:]

@@ -120,6 +120,7 @@ async def _run(
                 check_resume(config, db, store)
                 stats.broker = f"{broker.kind} {broker.url}"
                 stats.broker_address = broker.address
+                stats.viewer = broker.viewer
                 run_key = await _bound_run_key(config, broker, store, claim, clock)
                 announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
                 bus_config = BusConfig(
