@@ -14,7 +14,8 @@ def test_memory_exports_exactly_the_public_names() -> None:
         "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",
         "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "build_working_memory",
         "inert", "belief_order", "episode_order", "fact_order", "line_order", "world_order", "render",
-        "token_counter",
+        "token_counter", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
+        "explain_truncation",
     }
     for name in memory.__all__:
         assert getattr(memory, name) is not None
