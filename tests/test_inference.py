@@ -35,10 +35,11 @@ from tests.inference_helpers import FALLBACKS, ScriptBackend, make_request, smit
 def test_public_surface_is_pinned() -> None:
     assert sorted(sim.inference.__all__) == sorted(
         [
-            "BACKENDS", "GENERIC_LINES", "Backend", "InferenceRequest", "InferenceResult", "Pool", "PoolConfig",
+            "BACKENDS", "GENERIC_LINES", "Backend", "FactGuard", "InferenceRequest", "InferenceResult", "Pool",
+            "PoolConfig",
             "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
             "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result",
-            "fallback_line", "judge", "open_backend", "open_pool", "reply_problem",
+            "fallback_line", "judge", "load_fact_guard", "open_backend", "open_pool", "reply_problem",
         ]
     )
     assert Priority.PLAYER < Priority.NPC < Priority.AMBIENT

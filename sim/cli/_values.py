@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from sim.wire import topics
 
-__all__ = ["milliseconds", "run_id", "seconds", "segment", "whole"]
+__all__ = ["add_fact_guard_argument", "milliseconds", "run_id", "seconds", "segment", "whole"]
 
 
 def whole(minimum: int) -> Callable[[str], int]:
@@ -68,3 +68,10 @@ def segment(kind: str) -> Callable[[str], str]:
 
 
 run_id = segment("run id")
+
+
+def add_fact_guard_argument(parser: argparse.ArgumentParser) -> None:
+    """`--fact-guard MODULE:NAME`, the same for a run and its remote workers (docs/inference.md)."""
+    parser.add_argument("--fact-guard", default="", metavar="MODULE:NAME",
+                        help="the output check's fact guard, a callable (line, facts) -> fact or None "
+                        "(default: the built-in one); a run's remote workers need the same")

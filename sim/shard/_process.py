@@ -20,13 +20,23 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import msgspec
+
 from sim.broker import open_broker
 from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
 from sim.inference import PoolConfig, open_pool
 from sim.metrics import Metrics
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import RunConfig, check_resume, check_retention, default_run_id, hot_limit, parse_shard
+from sim.shard._config import (
+    RunConfig,
+    check_resume,
+    check_retention,
+    default_run_id,
+    hot_limit,
+    memory_config,
+    parse_shard,
+)
 from sim.shard._context import ShardContext
 from sim.shard._shard import Shard
 from sim.shard._startup import (
@@ -88,6 +98,7 @@ async def _run(
     with PausedCollector() as collector:
         stats.startup_progress.enter(StartupPhase.LOADING)
         scenario = await load_scenario_in_thread(config.scenario)
+        scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
         check_retention(config, hot_limit(scenario.memory))
         seed = scenario.scenario.seed if config.seed is None else config.seed
         run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
@@ -117,6 +128,7 @@ async def _run(
                 run_key=run_key,
                 run_id=run_id,
                 shard=shard,
+                fact_guard=config.fact_guard,
             )
             db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
             async with (
