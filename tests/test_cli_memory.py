@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from sim.cli import main
 
 VILLAGE = str(Path(__file__).resolve().parent.parent / "scenarios" / "village.toml")
+CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
 
 
 def test_memory_show_prints_every_npc_at_two_budgets(capsys: pytest.CaptureFixture[str]) -> None:
@@ -18,6 +21,35 @@ def test_memory_show_prints_every_npc_at_two_budgets(capsys: pytest.CaptureFixtu
         assert f"{npc}: default budget" in out and f"{npc}: tight budget" in out
     assert "capitalist snack machine" in out and "[tick 0]" in out
     assert "mandatory" in out and "dropped" in out
+
+
+def test_memory_show_tells_the_budget_as_split_and_redistributed_and_lists_the_dropped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["memory", "show", VILLAGE, "--npc", "innkeeper", "--tight", "700"]) == 0
+    out = capsys.readouterr().out
+    assert "after redistribution" in out and "reason" in out and "limit 700 chars" in out
+    assert re.search(r"episodic\s*│\s*48\s*│\s*66 \(\+18\)\s*│\s*66\s*│\s*1\s*│\s*2\s*│\s*budget", out), out
+    assert "dropped (5)" in out and "│ The guard captain drank alone and said nothing." in out
+    assert "budget: did not fit what was left" in out
+    assert "dropped: nothing" in out  # the default budget keeps everything of the innkeeper
+
+
+def test_memory_show_json_is_one_object_per_npc_and_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "show", VILLAGE, "--json", "--tight", "700"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["npc"], r["budget"]) for r in rows] == [
+        (npc, budget) for npc in ("blacksmith", "innkeeper", "guard_captain", "snack_machine")
+        for budget in ("default", "tight")
+    ]
+    for row in rows:
+        assert row["prompt"].endswith(f"{row['npc']}:") and row["report"]["limit_chars"] == row["max_context_chars"]
+        for name in CATEGORIES:
+            assert sum(d["category"] == name for d in row["dropped"]) == row["report"][name]["dropped"]
+    tight = next(r for r in rows if (r["npc"], r["budget"]) == ("innkeeper", "tight"))
+    assert tight["dropped"][0] == {"category": "episodic", "tick": 2, "reason": "budget",
+                                   "text": "The guard captain drank alone and said nothing."}
 
 
 def test_memory_show_unknown_npc_and_broken_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

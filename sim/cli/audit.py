@@ -2,8 +2,9 @@
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
-its raw reply, why it was rejected); `replay` rebuilds and checks every attempt; `export`
-writes each record with its `attempts` list. The one write is `export --rotate`, which
+its raw reply, why it was rejected) and every item truncation dropped; `replay` rebuilds and
+checks every attempt; `export` writes each record with its `attempts` list and its `dropped`
+list (derived from the record's snapshot: what truncation left out, and why). The one write is `export --rotate`, which
 deletes the records it has exported, once the export is on disk.
 """
 
@@ -25,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sim.audit import AuditRecord, replay
-from sim.cli.memory import report_table
+from sim.cli._truncation import dropped_json, dropped_table, report_table
 from sim.errors import ConfigError, StoreError
 from sim.store import delete_audit_records, open_reader
 
@@ -129,7 +130,9 @@ def show_command(args: argparse.Namespace) -> int:
             expand=False,
         )
     )
-    console.print(report_table(wm))
+    explanation = record.explanation()
+    console.print(report_table(wm.report, explanation))
+    console.print(dropped_table(explanation))
     verdict = "[green]replay identical[/]" if result.ok else "[bold red]replay DIFFERS[/] (see `npcsim audit replay`)"
     console.print(f"prompt sha256 {record.prompt_sha256}  {verdict}")
     response = Table(show_header=False, show_edge=False)
@@ -209,7 +212,9 @@ def export_command(args: argparse.Namespace) -> int:
         count = 0
         try:
             for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
-                out.write(encoder.encode(record) + b"\n")
+                row = msgspec.to_builtins(record)
+                row["dropped"] = dropped_json(record.explanation())
+                out.write(encoder.encode(row) + b"\n")
                 count += 1
                 if args.rotate:
                     exported.append(record.id)
