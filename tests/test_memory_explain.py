@@ -137,3 +137,13 @@ def test_the_village_snack_machine_at_the_issue_budgets() -> None:
     world = explain_truncation(state, "", WorkingMemoryConfig(max_context_chars=10,
                                                               always_include_world_state=False))
     assert world.world_state.dropped[0].text == "season: late autumn"  # newest by key, as data
+
+
+@given(states(), player_inputs, configs())
+def test_the_kept_items_are_the_working_memorys(state: NpcState, said: str, config) -> None:
+    memory = build_working_memory(state, said, config)
+    explained = explain_truncation(state, said, config, memory)
+    assert explained.dialogue.kept_items == tuple(f"{x.speaker}: {x.text}" for x in reversed(memory.dialogue))
+    assert explained.world_state.kept_items == tuple(f"{w.key}: {w.value}" for w in reversed(memory.world_state))
+    for name in ("canonical_facts", "episodic", "beliefs"):
+        assert getattr(explained, name).kept_items == tuple(x.text for x in reversed(getattr(memory, name)))

@@ -17,8 +17,10 @@ With `redistribute_unused` a category ends with what it used: more than its spli
 received what the others left unused, less when it left part of its split to them; without
 it, a category has its split, used or not. An always-include category turned truncatable
 has no share: it is filled from what the others left, so its split is 0 and its final what
-it used. A mandatory category (always included) has what it takes. `unused_chars` is the
-part of the flexible budget that no category used: no further whole item fitted.
+it used. A mandatory category (always included) has what it takes. `unused_chars` is what
+the prompt leaves of the limit, no further whole item having fitted (`unused_tokens` the
+same in tokens, counted on the whole prompt: a category's `used_tokens` is the sum of its
+items' counts, and tokens can merge across items).
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ class DroppedItem(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
-    """One category: its budget as split and after redistribution, its cap, what it dropped.
+    """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
 
     `dropped` is newest first: the first one is the item that did not fit or passed the cap.
-    `reason` is None when nothing was dropped.
+    `reason` is None when nothing was dropped. `kept_items` are the kept items' texts (as a
+    dropped item's), newest first.
     """
 
     split: int
@@ -75,6 +78,7 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     cap: int | None
     reason: DropReason | None
     dropped: tuple[DroppedItem, ...]
+    kept_items: tuple[str, ...] = ()
     split_tokens: int | None = None
     final_tokens: int | None = None
     used_tokens: int | None = None
@@ -140,11 +144,10 @@ def explain_truncation(
     categories: dict[str, CategoryExplanation] = {}
     for name in _CATEGORIES:
         categories[name] = _explain_category(name, getattr(report, name), getattr(state, name), cfg, over)
-    truncatable = [n for n in _CATEGORIES if n in _FLEXIBLE or not getattr(cfg, _ALWAYS_FLAGS[n])]
-    unused_chars = 0 if over else flexible_chars - sum(categories[n].used for n in truncatable)
+    unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
-    if flexible_tokens is not None:
-        unused_tokens = 0 if over else flexible_tokens - sum(categories[n].used_tokens or 0 for n in truncatable)
+    if report.limit_tokens is not None and report.prompt_tokens is not None:
+        unused_tokens = 0 if over else report.limit_tokens - report.prompt_tokens
     return TruncationExplanation(
         limit_chars=report.limit_chars,
         limit_tokens=report.limit_tokens,
@@ -171,6 +174,7 @@ def _explain_category(
         DroppedItem(category=name, tick=_tick(item), text=_text(item), reason=reason or "budget")
         for item in reversed(items[: row.dropped])
     )
+    kept_items = tuple(_text(item) for item in reversed(items[row.dropped :]))
     if name in _FLEXIBLE:
         split, split_tokens = row.budget, row.budget_tokens
         fixed = not cfg.redistribute_unused
@@ -184,7 +188,7 @@ def _explain_category(
         final_tokens = row.used_tokens
     return CategoryExplanation(
         split=split, final=final, used=row.used, kept=row.kept, cap=cap, reason=reason, dropped=dropped,
-        split_tokens=split_tokens, final_tokens=final_tokens, used_tokens=row.used_tokens,
+        kept_items=kept_items, split_tokens=split_tokens, final_tokens=final_tokens, used_tokens=row.used_tokens,
     )
 
 
