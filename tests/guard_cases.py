@@ -1,7 +1,8 @@
 """Hand-written cases for the built-in fact guard: (fact, line, whether the line denies the fact).
 
 Every case found in issue 22 is here (marked), with restatements that must pass and denials
-in every common form that must not, facts that begin with a negation both ways.
+in every common form that must not, facts that begin with a negation both ways, and a long
+fact restated in part (a line bounded to max_line_chars ends in "…").
 """
 
 from __future__ import annotations
@@ -120,6 +121,11 @@ CASES: list[tuple[str, str, bool]] = [
     (WELL, "The well isn't poisoned.", False),
     (WELL, "Beware, the well is poisoned!", True),
     (WELL, "It is false that the well is not poisoned.", True),
+    # --- a negation after the part of a long fact that the line restates counts on neither side
+    ("The player killed the mayor not the king.", "The player killed the mayor.", False),
+    ("The player killed the mayor not the king.", "The player did not kill the mayor.", True),
+    ("The miller owes the tavern gold for ale and bread, no less than ten coins.",
+     "As everyone here knows, the miller owes the tavern gold for ale…", False),
     # --- lines that neither restate nor deny -------------------------------------------------
     (KING, "The queen is not dead.", False),
     (KING, "Long live the queen!", False),

@@ -26,7 +26,8 @@ words the line may stop after three (a long fact's trailing detail, "three sessi
 a verb of being, having or doing, on either side. Two words of the opposites lexicon
 (dead/alive, open/closed, ...) or a word and its un- form count as a negation. The line
 denies the fact when a match's negations (before it in its clause, between its words, and
-opposites) differ in parity from the fact clause's own: "The king is not dead", "It is
+opposites) differ in parity from the fact clause's own up to the last word matched (a
+negation after it counts on neither side): "The king is not dead", "It is
 false that the king is dead" and "The king is alive" deny "The king is dead"; "As everyone
 knows, the king is dead" and "The king isn't alive" do not.
 """
@@ -259,8 +260,13 @@ def _flip(word: str, core: str) -> int | None:
     return 1 if _opposite(word, core) else None
 
 
-def _denies(line: tuple[str, ...], core: tuple[str, ...], polarity: int) -> bool:
-    """Some match of `core` in the line clause has negations of the other parity."""
+def _denies(line: tuple[str, ...], core: tuple[str, ...], negated: tuple[int, ...]) -> bool:
+    """Some match of `core` in the line clause has negations of the other parity.
+
+    `negated[j]` counts the fact clause's negations before its core word j: a match of the
+    first m words is compared with the fact up to its m-th word, as negations after the
+    last word matched count on neither side.
+    """
     need = min(len(core), 3)
     for start, word in enumerate(line):
         flipped = _flip(word, core[0]) if word != _NEG else None
@@ -279,7 +285,7 @@ def _denies(line: tuple[str, ...], core: tuple[str, ...], polarity: int) -> bool
                 break
             negations += pending + flipped
             pending, matched = 0, matched + 1
-        if matched >= need and negations % 2 != polarity:
+        if matched >= need and negations % 2 != negated[matched - 1] % 2:
             return True
     return False
 
@@ -294,8 +300,8 @@ def contradicted_fact(line: str, facts: Sequence[Fact]) -> Fact | None:
             core = tuple(t for t in clause if t != _NEG)
             if len(core) < 2:
                 continue
-            polarity = (len(clause) - len(core)) % 2
-            if any(_denies(said, core, polarity) for said in clauses):
+            negated = tuple(clause[:i].count(_NEG) for i, t in enumerate(clause) if t != _NEG)
+            if any(_denies(said, core, negated) for said in clauses):
                 return fact
     return None
 
