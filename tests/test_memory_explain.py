@@ -103,6 +103,7 @@ def test_the_cap_is_named_when_the_count_cap_dropped_them() -> None:
     assert beliefs.final == beliefs.used < beliefs.split  # it left most of its share to the others
     assert explained.dialogue.dropped[0].text.startswith("player: line 1 ")
     assert explained.canonical_facts.dropped == () and explained.canonical_facts.reason is None
+    assert explained.canonical_facts.mandatory and not explained.dialogue.mandatory
 
 
 def test_budget_and_over_budget_and_the_fixed_split() -> None:
@@ -121,6 +122,7 @@ def test_budget_and_over_budget_and_the_fixed_split() -> None:
     facts_truncatable = explain_truncation(
         _state(), "hello", WorkingMemoryConfig(max_context_chars=20, always_include_canonical_facts=False))
     assert facts_truncatable.canonical_facts.dropped[0].tick is None
+    assert not facts_truncatable.canonical_facts.mandatory
     assert facts_truncatable.canonical_facts.dropped[0].text == "The king is dead."
 
 

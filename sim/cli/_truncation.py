@@ -34,10 +34,9 @@ def report_table(report: TruncationReport, explanation: TruncationExplanation) -
         table.add_column(column, justify="left" if column in ("category", "reason") else "right")
     for name in ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs"):
         row = getattr(explanation, name)
-        mandatory = name in ("canonical_facts", "world_state") and row.split == row.used and not row.dropped
         delta = row.final - row.split
-        after = "" if mandatory else f"{row.final} ({delta:+d})" if delta else str(row.final)
-        table.add_row(name, "mandatory" if mandatory else str(row.split), after, str(row.used), str(row.kept),
+        after = "" if row.mandatory else f"{row.final} ({delta:+d})" if delta else str(row.final)
+        table.add_row(name, "mandatory" if row.mandatory else str(row.split), after, str(row.used), str(row.kept),
                       str(len(row.dropped)), row.reason or "")
     tokens = f", {report.prompt_tokens}/{report.limit_tokens} tokens" if report.limit_tokens else ""
     flag = " [bold red]OVER BUDGET[/]" if report.over_budget else ""

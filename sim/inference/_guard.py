@@ -23,7 +23,7 @@ A fact clause's content words (its core, two at least) are looked for in each cl
 the line, in order, with nothing but negations between them; for a core longer than three
 words the line may stop after three (a long fact's trailing detail, "three sessions ago").
 "thing" and "one" (from everything, nothing, someone, nobody, ...) stand for any word but
-a verb of being, having or doing, on either side. Two words of the opposites lexicon
+"be", on either side. Two words of the opposites lexicon
 (dead/alive, open/closed, ...) or a word and its un- form count as a negation. The line
 denies the fact when a match's negations (before it in its clause, between its words, and
 opposites) differ in parity from the fact clause's own up to the last word matched (a
@@ -248,13 +248,10 @@ def _opposite(a: str, b: str) -> bool:
         b.startswith("un") and len(b) > 4 and _same(b[2:], a))
 
 
-_VERBS_OF_BEING = frozenset({"be", "have", "do"})
-
-
 def _flip(word: str, core: str) -> int | None:
-    """0 when `word` says `core`, 1 when it says the opposite, None when neither."""
-    if (word in _WILDCARDS or core in _WILDCARDS) and _NEG not in (word, core):
-        return None if word in _VERBS_OF_BEING or core in _VERBS_OF_BEING else 0
+    """0 when `word` says `core`, 1 when it says the opposite, None when neither (neither is a negation)."""
+    if word in _WILDCARDS or core in _WILDCARDS:
+        return None if "be" in (word, core) else 0  # "have" and "do" are skipped words: only "be" is left
     if _same(word, core):
         return 0
     return 1 if _opposite(word, core) else None

@@ -68,7 +68,8 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
 
     `dropped` is newest first: the first one is the item that did not fit or passed the cap.
     `reason` is None when nothing was dropped. `kept_items` are the kept items' texts (as a
-    dropped item's), newest first.
+    dropped item's), newest first. `mandatory`: always included (canonical facts and world
+    state with their `always_include_*` flag), it takes what it needs before the split.
     """
 
     split: int
@@ -79,6 +80,7 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     reason: DropReason | None
     dropped: tuple[DroppedItem, ...]
     kept_items: tuple[str, ...] = ()
+    mandatory: bool = False
     split_tokens: int | None = None
     final_tokens: int | None = None
     used_tokens: int | None = None
@@ -175,11 +177,12 @@ def _explain_category(
         for item in reversed(items[: row.dropped])
     )
     kept_items = tuple(_text(item) for item in reversed(items[row.dropped :]))
+    mandatory = name not in _FLEXIBLE and getattr(cfg, _ALWAYS_FLAGS[name])
     if name in _FLEXIBLE:
         split, split_tokens = row.budget, row.budget_tokens
         fixed = not cfg.redistribute_unused
         final, final_tokens = (split, split_tokens) if fixed else (row.used, row.used_tokens)
-    elif getattr(cfg, _ALWAYS_FLAGS[name]):  # mandatory: it has what it takes
+    elif mandatory:  # it has what it takes
         split = final = row.used
         split_tokens = final_tokens = row.used_tokens
     else:  # truncatable always-include: filled from what the others left
@@ -188,7 +191,8 @@ def _explain_category(
         final_tokens = row.used_tokens
     return CategoryExplanation(
         split=split, final=final, used=row.used, kept=row.kept, cap=cap, reason=reason, dropped=dropped,
-        kept_items=kept_items, split_tokens=split_tokens, final_tokens=final_tokens, used_tokens=row.used_tokens,
+        kept_items=kept_items, mandatory=mandatory, split_tokens=split_tokens, final_tokens=final_tokens,
+        used_tokens=row.used_tokens,
     )
 
 

@@ -182,8 +182,7 @@ function budgetCells(name, trace) {
   const base = { used: row.used, kept: row.kept, dropped: row.dropped };
   if (!e) return { ...base, split: row.budget, final: "", reason: "" };
   const x = e[name];
-  const mandatory = !CATEGORIES.includes(name) && x.split === x.used && row.dropped === 0;
-  if (mandatory) return { ...base, split: "mandatory", final: "", reason: "" };
+  if (x.mandatory) return { ...base, split: "mandatory", final: "", reason: "" };
   const delta = x.final - x.split;
   const final = delta ? x.final + " (" + (delta > 0 ? "+" : "") + delta + ")" : String(x.final);
   return { ...base, split: x.split, final: final, reason: x.reason || "" };
