@@ -2,9 +2,10 @@
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
-its raw reply, why it was rejected); `replay` rebuilds and checks every attempt; `export`
-writes each record with its `attempts` list. The one write is `export --rotate`, which
-deletes the records it has exported, once the export is on disk.
+its raw reply, why it was rejected) and every item truncation dropped; `replay` rebuilds and
+checks every attempt; `export` writes each record with its `attempts` list and its `dropped`
+list (derived from the record's snapshot: what truncation left out, and why). The one write
+is `export --rotate`, which deletes the records it has exported, once the export is on disk.
 
 What a record holds came from the run (players' words, models' replies): it is printed
 through `sim.cli._terminal`, escaped, and in a pipe one record per line with full ids.
@@ -25,7 +26,7 @@ from rich.syntax import Syntax
 
 from sim.audit import AuditRecord, replay
 from sim.cli._terminal import Out, json_line, printable
-from sim.cli.memory import print_report
+from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
 from sim.store import delete_audit_records, open_reader
 
@@ -139,7 +140,7 @@ def show_command(args: argparse.Namespace) -> int:
     prompt = record.prompt if record.prompt is not None else wm.prompt
     source = "recorded" if record.prompt is not None else "rebuilt from the recorded state"
     out.block(f"{record.id}: {record.agent_id} at tick {record.tick} (prompt {source})", prompt)
-    print_report(out, wm)
+    print_truncation(out, wm.report, record.explanation())
     verdict = ("replay identical", "green") if result.ok else (
         "replay DIFFERS (see `npcsim audit replay`)", "bold red")
     out.record(f"prompt sha256 {record.prompt_sha256}  ", verdict)
@@ -221,8 +222,10 @@ def export_command(args: argparse.Namespace) -> int:
         count = 0
         # A closed pipe (`| head`) raises BrokenPipeError here: sim.cli.main ends quietly.
         for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
+            row = msgspec.to_builtins(record)
+            row["dropped"] = dropped_json(record.explanation())
             # on standard output (maybe a terminal) the run's text is escaped, as JSON escapes: same data
-            out.write((json_line(record).encode() if args.out is None else encoder.encode(record)) + b"\n")
+            out.write((json_line(row).encode() if args.out is None else encoder.encode(row)) + b"\n")
             count += 1
             if args.rotate:
                 exported.append(record.id)

@@ -1,4 +1,8 @@
-"""`npcsim memory show`: every NPC's working memory at the default and a tight budget."""
+"""`npcsim memory show`: every NPC's working memory at the default and a tight budget.
+
+Each is printed as its prompt, its truncation report and what it dropped (and why); with
+`--json`, one JSON object per NPC and budget instead.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,20 @@ from typing import Any
 import msgspec
 
 from sim.cli._terminal import Out
+from sim.cli._truncation import dropped_json, print_truncation
 from sim.cli._values import whole
 from sim.errors import ConfigError
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.memory import (
+    NpcState,
+    TruncationExplanation,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    build_working_memory,
+    explain_truncation,
+)
 from sim.scenario import Scenario, load_scenario
 
-__all__ = ["print_report", "register"]
-
-_CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
+__all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,35 +38,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("--tokens", type=whole(1), default=None, metavar="T", help="also limit to T tokens (cl100k)")
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
     show.add_argument("--json", action="store_true",
-                      help="JSON Lines: one object per NPC and budget (npc, budget, limit, prompt, report)")
+                      help="JSON Lines: one object per NPC and budget (npc, budget, limits, prompt, report, dropped)")
     show.set_defaults(func=show_command)
-
-
-def _report_rows(wm: WorkingMemory) -> list[tuple[str, str, str, str, str]]:
-    report = wm.report
-    rows = []
-    for name in _CATEGORIES:
-        row = getattr(report, name)
-        budget = "mandatory" if name in ("canonical_facts", "world_state") and row.dropped == 0 else str(row.budget)
-        rows.append((name, budget, str(row.used), str(row.kept), str(row.dropped)))
-    return rows
-
-
-def _report_caption(wm: WorkingMemory) -> str:
-    report = wm.report
-    tokens = f", {report.prompt_tokens}/{report.limit_tokens} tokens" if report.limit_tokens else ""
-    flag = " OVER BUDGET" if report.over_budget else ""
-    return (f"prompt {report.prompt_chars}/{report.limit_chars} chars{tokens}; "
-            f"mandatory {report.mandatory_chars} chars{flag}")
-
-
-def print_report(out: Out, wm: WorkingMemory) -> None:
-    """The truncation report: one row per category, then the prompt's size (its own line in a pipe too)."""
-    caption = _report_caption(wm)
-    out.table(("category", "budget", "used", "kept", "dropped"), _report_rows(wm),
-              caption=caption, right=("budget", "used", "kept", "dropped"), header=True)
-    if not out.terminal:
-        out.record(caption)
 
 
 def _first_input(scenario: Scenario, npc_id: str) -> str:
@@ -87,19 +70,27 @@ def show_command(args: argparse.Namespace) -> int:
         said = args.input if args.input is not None else _first_input(scenario, spec.id)
         for label, config in (("default", default), ("tight", tight)):
             wm = build_working_memory(state, said, config)
+            explanation = explain_truncation(state, said, config, wm)
             if args.json:
-                out.json(_as_json(spec.id, label, config, wm))
+                out.json(_as_json(spec.id, label, config, wm, explanation))
             else:
-                _show_one(out, spec.id, f"{label} budget", config, wm)
+                _show_one(out, spec.id, f"{label} budget", config, wm, explanation)
     return 0
 
 
-def _as_json(npc: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory) -> dict[str, Any]:
+def _as_json(
+    npc: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory, explanation: TruncationExplanation
+) -> dict[str, Any]:
+    """One JSON line: the NPC, the budget, the prompt, the report and the dropped list."""
     return {"npc": npc, "budget": label, "max_context_chars": config.max_context_chars,
-            "max_context_tokens": config.max_context_tokens, "prompt": wm.prompt, "report": wm.report}
+            "max_context_tokens": config.max_context_tokens, "prompt": wm.prompt, "report": wm.report,
+            "dropped": dropped_json(explanation)}
 
 
-def _show_one(out: Out, npc_id: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory) -> None:
+def _show_one(
+    out: Out, npc_id: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory,
+    explanation: TruncationExplanation,
+) -> None:
     out.block(f"{npc_id}: {label} ({config.max_context_chars} chars)", wm.prompt)
-    print_report(out, wm)
+    print_truncation(out, wm.report, explanation)
     out.blank()

@@ -24,7 +24,7 @@ from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, tls_files
 from sim.cli._observe import ViewOptions, add_metrics_argument, metrics_served, port_number, run_observed
 from sim.cli._terminal import Out
-from sim.cli._values import run_id, seconds, whole
+from sim.cli._values import add_fact_guard_argument, run_id, seconds, whole
 from sim.cli.subscribe import say_record
 from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError
@@ -68,6 +68,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--no-trace-prompt", action="store_true",
                      help="the per-inference trace topic carries the report and digest, not the prompt")
     add_metrics_argument(cmd)
+    cmd.add_argument("--max-context-chars", type=whole(1), default=None, metavar="N",
+                     help="each prompt's hard limit in characters, for this run (default: the scenario's [memory])")
+    cmd.add_argument("--max-context-tokens", type=whole(1), default=None, metavar="N",
+                     help="also limit each prompt to N tokens (cl100k; needs the 'tokens' extra)")
+    add_fact_guard_argument(cmd)
     cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
                      help="prune NPC memories past each agent's newest N per category after every tick"
                      " (N >= the store's hot window; default: keep everything)")
@@ -179,6 +184,9 @@ def run_command(args: argparse.Namespace) -> int:
         keep_dialogue=(args.dialogue or args.follow) and not args.quiet,
         trace_prompts=not args.no_trace_prompt,
         retain_memories=args.retain_memories,
+        max_context_chars=args.max_context_chars,
+        max_context_tokens=args.max_context_tokens,
+        fact_guard=args.fact_guard,
     )
     out = Out(flush=True)
     banner = Out(sys.stderr)

@@ -29,6 +29,7 @@ from sim.cli._terminal import Out
 from sim.cli._values import player_name, run_id
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.scenario import load_scenario
 from sim.wire import topics
 
 if TYPE_CHECKING:  # imported when the command runs: aiohttp would slow every start of the CLI
@@ -48,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_broker_arguments(cmd, default="", found="the private broker of --run on this machine")  # "": not given
     cmd.add_argument("--run", type=run_id, default=None, metavar="ID", help="the live run's id")
     cmd.add_argument("--db", default=None, metavar="FILE", help="a finished run's shard store (read-only)")
+    cmd.add_argument("--scenario", default=None, metavar="FILE",
+                     help="with --db: the scenario the run was made from, for the NPCs' names and places "
+                     "(a store does not keep them); a file or a bundled scenario's name")
     cmd.add_argument("--port", type=port_number, default=8080, help="HTTP port (default 8080)")
     cmd.add_argument("--host", default="127.0.0.1",
                      help="HTTP address (default 127.0.0.1); beyond loopback only with --allow-remote")
@@ -77,13 +81,15 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     """Check the options and make the page's source; a bad value is one ConfigError."""
     from sim.view import LiveView, StoredRun, ViewSource
 
+    if args.scenario is not None and args.db is None:
+        raise ConfigError("--scenario: only with --db (a live run's roster comes from the run)")
     if args.db is not None:
         if args.broker or args.run is not None:
             raise ConfigError("--db: a stored run is viewed without --broker and --run")
         path = Path(args.db)
         if not path.is_file():
             raise ConfigError(f"--db {args.db!r}: no such file")
-        stored = StoredRun(path)
+        stored = StoredRun(path, load_scenario(args.scenario) if args.scenario is not None else None)
         return ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick)), None
     if args.run is None:
         raise ConfigError("view: give --run ID (and --broker URL for a run elsewhere) for a live run, "

@@ -10,7 +10,7 @@ from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._terminal import Out
-from sim.cli._values import run_id, seconds, segment, whole
+from sim.cli._values import add_fact_guard_argument, run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 from sim.protocol.seal import load_run_key
@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="shared-subscription group (default 'workers')")
     worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
+    add_fact_guard_argument(worker)
     add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
@@ -63,6 +64,7 @@ def worker_command(args: argparse.Namespace) -> int:
         run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
         backend=args.backend, options=backend_options(args),
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
+        fact_guard=args.fact_guard,
     )
     worker = RemoteWorker(config)
     out = Out(flush=True)

@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import msgspec
+
 from sim.broker import BrokerInfo, open_broker
 from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
@@ -36,6 +38,7 @@ from sim.shard._config import (
     check_shards,
     default_run_id,
     hot_limit,
+    memory_config,
     parse_shard,
 )
 from sim.shard._context import ShardContext
@@ -100,6 +103,7 @@ async def _run(
     with PausedCollector() as collector:
         stats.startup_progress.enter(StartupPhase.LOADING)
         scenario, scenario_sha256 = await load_scenario_in_thread(config.scenario)
+        scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
         check_retention(config, hot_limit(scenario.memory))
         check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
@@ -138,6 +142,7 @@ async def _run(
                     run_key=run_key,
                     run_id=run_id,
                     shard=shard,
+                    fact_guard=config.fact_guard,
                 )
                 async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                     stats.bus = bus.stats
