@@ -126,6 +126,10 @@ async def _check_run(address: BrokerAddress, run: str) -> None:
 
 
 def view_command(args: argparse.Namespace) -> int:
+    from sim.view.access import check_listening
+
+    # where the page may listen is refused first, in one line, before a broker is asked about the run
+    check_listening(args.host, allow_remote=args.allow_remote, password=view_password(), public_url=args.public_url)
     source, live = _source(args)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(source, live, args, Out(sys.stderr, flush=True)))
