@@ -14,8 +14,9 @@ import pytest
 from sim.audit import make_record
 from sim.cli import main
 from sim.cli._terminal import Out, json_line, printable
+from sim.cli._truncation import print_truncation
 from sim.cli.subscribe import say_record
-from sim.memory import Fact, NpcState, WorkingMemoryConfig, build_working_memory
+from sim.memory import Episode, Fact, NpcState, WorkingMemoryConfig, build_working_memory, explain_truncation
 from sim.store import Writer, open_store
 from sim.wire.events import SayMessage
 from tests.helpers import NPCSIM, VILLAGE, env_for
@@ -90,6 +91,25 @@ def test_a_line_said_on_a_terminal_and_in_a_pipe() -> None:
     shown = io.StringIO()
     Out(shown, terminal=True).record(*say_record(say))
     # rich styles it (its own escape sequences start with ESC [ and a digit); the run's ESC is shown as text
+    assert "\\x1b[2J" in shown.getvalue() and "\x1b[2J" not in shown.getvalue()
+    assert not any(c in shown.getvalue() for c in RAW[1:])
+
+
+def test_a_dropped_item_is_printed_escaped_on_a_terminal_and_in_a_pipe() -> None:
+    memories = tuple(Episode(id=f"e{i}", tick=i, text=f"{HOSTILE} {i} " + "filler " * 20) for i in range(6))
+    state = NpcState(agent_id="echo", system_prompt="You repeat.", episodic=memories)
+    config = WorkingMemoryConfig(max_context_chars=400)
+    memory = build_working_memory(state, "p: hello", config)
+    explanation = explain_truncation(state, "p: hello", config, memory)
+    assert explanation.episodic.dropped  # the test's subject: dropped items carrying control characters
+    piped = io.StringIO()
+    print_truncation(Out(piped, terminal=False), memory.report, explanation)
+    lines = piped.getvalue().splitlines()
+    item = explanation.episodic.dropped[0]
+    assert f"episodic\t{item.tick}\t{item.reason}\t{printable(item.text)}" in lines
+    assert no_raw_controls(piped.getvalue())
+    shown = io.StringIO()
+    print_truncation(Out(shown, terminal=True), memory.report, explanation)
     assert "\\x1b[2J" in shown.getvalue() and "\x1b[2J" not in shown.getvalue()
     assert not any(c in shown.getvalue() for c in RAW[1:])
 
