@@ -29,7 +29,15 @@ from typing import Any
 import msgspec
 
 from sim.errors import NpcsimError, StoreError
-from sim.memory import NpcState, TruncationReport, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.memory import (
+    NpcState,
+    TruncationExplanation,
+    TruncationReport,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    build_working_memory,
+    explain_truncation,
+)
 
 __all__ = [
     "RECORD_VERSION",
@@ -103,6 +111,10 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
         return build_working_memory(
             self.state, self.player_input, self.config, prohibition=prohibition, renderer=self.renderer
         )
+
+    def explanation(self) -> TruncationExplanation:
+        """Every item the record's working memory dropped and why: derived from the snapshot, not stored."""
+        return explain_truncation(self.state, self.player_input, self.config, self.memory())
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):

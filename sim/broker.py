@@ -3,13 +3,16 @@
     async with open_broker("auto") as broker:
         broker.address          # the shard's login (sim.mqtt.BrokerAddress)
         broker.worker           # the remote workers' login
+        broker.viewer           # a read-only login for watchers, when npcsim started the broker
         broker.url              # printable: never holds a password
 
 `auto` starts a private Mosquitto child on a free loopback port when `mosquitto` is on
 PATH. It is private by default: it installs the shipped ACL (broker-config/acl) with a
-password file holding fresh random passwords for the roles `shard` and `worker`, so that an
-anonymous local client can at most read the public topics and publish player input. Its
-files live in a directory of their own that is removed as soon as Mosquitto has read them
+password file holding fresh random passwords for the roles `shard`, `worker` and `viewer`,
+so that an anonymous local client can at most read the public topics and publish player
+input. The viewer's login is the one a run hands out to watchers (`npcsim subscribe` and
+`npcsim view` find it, sim.attach): it reads, and publishes only as player `viewer`. The
+broker's files live in a directory of their own that is removed as soon as Mosquitto has read them
 (it reads them once at start), so nothing is left behind even after `kill -9` of the run.
 
 The child is stopped on every exit path of the context manager (normal exit, exception,
@@ -64,6 +67,8 @@ class BrokerInfo:
 
     `acl` is True when npcsim knows the broker enforces the shipped ACL (its own private
     Mosquitto); for an external broker it cannot know, and for the embedded one it is False.
+    `viewer` is the login watchers of a broker npcsim started attach with (read-only on the
+    private Mosquitto; no login on the embedded broker); None for an external broker.
     """
 
     address: BrokerAddress
@@ -72,6 +77,7 @@ class BrokerInfo:
     kind: Literal["mosquitto", "embedded", "external"]
     pid: int | None = None
     acl: bool = False
+    viewer: BrokerAddress | None = None
 
     @property
     def url(self) -> str:
@@ -146,7 +152,7 @@ def _private_files(directory: Path, port: int, logins: dict[str, str]) -> Path:
     body = (BROKER_CONFIG / "dev.conf").read_text()
     config.write_text(
         f"listener {port} 127.0.0.1\n{body}\n"
-        f"# private: generated logins for the shard and worker roles, the shipped ACL\n"
+        f"# private: generated logins for the shard, worker and viewer roles, the shipped ACL\n"
         f"password_file {passwords}\nacl_file {acl}\nuser {pwd.getpwuid(os.geteuid()).pw_name}\n"
     )
     for path in (passwords, acl, config):
@@ -157,7 +163,7 @@ def _private_files(directory: Path, port: int, logins: dict[str, str]) -> Path:
 @asynccontextmanager
 async def _mosquitto(binary: str) -> AsyncIterator[BrokerInfo]:
     port = free_port()
-    logins = {"shard": secrets.token_urlsafe(24), "worker": secrets.token_urlsafe(24)}
+    logins = {role: secrets.token_urlsafe(24) for role in ("shard", "worker", "viewer")}
     with tempfile.TemporaryDirectory(prefix="npcsim-broker-") as directory:
         config = _private_files(Path(directory), port, logins)
         proc = await asyncio.create_subprocess_exec(
@@ -181,6 +187,7 @@ async def _mosquitto(binary: str) -> AsyncIterator[BrokerInfo]:
             address=local.with_login("shard", logins["shard"]),
             worker=local.with_login("worker", logins["worker"]),
             protocol=5, kind="mosquitto", pid=proc.pid, acl=True,
+            viewer=local.with_login("viewer", logins["viewer"]),
         )
     finally:
         await asyncio.shield(_stop(proc))
@@ -249,6 +256,6 @@ async def _embedded() -> AsyncIterator[BrokerInfo]:
         raise BrokerError(f"the embedded amqtt broker did not start on 127.0.0.1:{port}: {exc}") from exc
     try:
         address = BrokerAddress(host="127.0.0.1", port=port)
-        yield BrokerInfo(address=address, worker=address, protocol=311, kind="embedded")
+        yield BrokerInfo(address=address, worker=address, protocol=311, kind="embedded", viewer=address)
     finally:
         await asyncio.shield(broker.shutdown())

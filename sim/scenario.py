@@ -1,9 +1,11 @@
 """Scenario files: a world as TOML, validated with msgspec.
 
-Every error names the file, the NPC (or player) and the field at fault. What is read is
-bounded: a path that is not a regular file (`/dev/zero`, a FIFO) or a file over
-`MAX_SCENARIO_BYTES` is refused before a byte is read, and every check over a list runs
-in one pass (a 200,000-memory NPC loads in linear time).
+Every error names the file, the NPC (or player) and the field at fault; a schema error
+also gives the line (`village.toml:90: ...`) and, for a mistyped field name, the field
+meant ("did you mean `ambient_chance`?"). What is read is bounded: a path that is not a
+regular file (`/dev/zero`, a FIFO) or a file over `MAX_SCENARIO_BYTES` is refused before a
+byte is read, and every check over a list runs in one pass (a 200,000-memory NPC loads in
+linear time).
 
 The shared `[[world]]` is published on the world-state topic when a run starts, so it must
 be what that topic accepts from the game system (key names, `InputBounds`' defaults): the
@@ -12,12 +14,14 @@ loader refuses the rest, naming the key, instead of the run dropping its own wor
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import re
 import stat
+import typing
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
@@ -196,7 +200,11 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
     try:
         scenario = msgspec.convert(raw, Scenario)
     except msgspec.ValidationError as exc:
-        raise ScenarioError(f"{source}: {_locate(raw, str(exc))}") from exc
+        message = str(exc)
+        path = _path(message)
+        line = _line_of(text, path, _unknown_field(message))
+        where = f"{source}:{line}" if line is not None else source
+        raise ScenarioError(f"{where}: {_locate(raw, message)}{_did_you_mean(path, message)}") from exc
     _check_references(scenario, source)
     _check_world(scenario.world, source)
     return scenario
@@ -221,6 +229,10 @@ def _check_world(world: list[WorldFact], source: str) -> None:
 
 
 _PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")
+_AT = re.compile(r"- at `\$([^`]*)`")
+_SEGMENT = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?")
 
 
 def _locate(raw: dict[str, Any], message: str) -> str:
@@ -234,6 +246,76 @@ def _locate(raw: dict[str, Any], message: str) -> str:
     noun = "npc" if group == "npcs" else "player"
     field = match.group(3).lstrip(".") or "(the entry itself)"
     return f"{noun} {who!r} ({group}[{index}]), field {field}: {message}"
+
+
+def _path(message: str) -> list[str | int]:
+    """The segments of the path a msgspec error names: `$.npcs[1].tick` -> ["npcs", 1, "tick"]."""
+    match = _AT.search(message)
+    if match is None:
+        return []
+    return [name if name else int(index) for name, index in _SEGMENT.findall(match.group(1))]
+
+
+def _unknown_field(message: str) -> str | None:
+    match = _UNKNOWN.search(message)
+    return match.group(1) if match else None
+
+
+def _struct_at(path: Sequence[str | int]) -> type[msgspec.Struct] | None:
+    """The Struct type the scenario schema has at `path` (list items included), or None."""
+    kind: Any = Scenario
+    for segment in path:
+        if isinstance(segment, str):
+            if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
+                return None
+            fields = {f.encode_name: f.type for f in msgspec.structs.fields(kind)}
+            if segment not in fields:
+                return None
+            kind = fields[segment]
+        while typing.get_origin(kind) is Annotated:
+            kind = typing.get_args(kind)[0]
+        if isinstance(segment, int) or typing.get_origin(kind) in (list, tuple):
+            args = typing.get_args(kind)
+            kind = args[0] if args and isinstance(segment, int) else kind
+    return kind if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else None
+
+
+def _did_you_mean(path: Sequence[str | int], message: str) -> str:
+    """"; did you mean `x`?" for an unknown field close to a known one of its table."""
+    field = _unknown_field(message)
+    kind = _struct_at(path)
+    if field is None or kind is None:
+        return ""
+    names = [f.encode_name for f in msgspec.structs.fields(kind)]
+    close = difflib.get_close_matches(field, names, n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else f"; the fields here: {', '.join(names)}"
+
+
+def _line_of(text: str, path: Sequence[str | int], field: str | None) -> int | None:
+    """The line (1-based) of the TOML table or key a schema error's path points to, when it can be found.
+
+    Tables and arrays of tables are followed by their headers (`[[npcs]]` n times); inside
+    the table the key is the path's next name, or the unknown field itself.
+    """
+    lines = text.splitlines()
+    start, end = 0, len(lines)  # the part of the file searched: the whole file, then one table
+    rest = list(path)
+    found: int | None = None
+    if rest and isinstance(rest[0], str):
+        name = rest.pop(0)
+        index = rest.pop(0) if rest and isinstance(rest[0], int) else 0
+        headers = [i for i, line in enumerate(lines) if (m := _HEADER.match(line)) and m.group(2) == name]
+        if index < len(headers):
+            start = found = headers[index]
+            end = next((i for i in range(start + 1, len(lines)) if _HEADER.match(lines[i])), len(lines))
+        else:  # a key of the top level, before the first table
+            end = next((i for i, line in enumerate(lines) if _HEADER.match(line)), len(lines))
+            rest.insert(0, name)
+    key = next((s for s in rest if isinstance(s, str)), field)
+    if key is not None:
+        pattern = re.compile(rf"^\s*{re.escape(key)}\s*=|^\s*\[\[?\s*{re.escape(key)}\s*\]")
+        found = next((i for i in range(start, end) if pattern.match(lines[i])), found)
+    return None if found is None else found + 1
 
 
 def _check_references(scenario: Scenario, source: str) -> None:

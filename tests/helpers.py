@@ -12,7 +12,9 @@ worlds, and running `npcsim`.
 - Commands: `start_npcsim` (asyncio) and `popen_npcsim` run `npcsim ...` as a child process
   (this interpreter, this worktree's code), `ended` waits for one with a timeout and kills
   it if need be, `read_until` reads its output up to a line; `npcsim_in_process` calls
-  `sim.cli.main` in the test's process.
+  `sim.cli.main` in the test's process. `NPCSIM` is the package's own console script, for
+  the tests of what a user's shell sees (pipes, the README), with `env_for` giving such a
+  child a run directory of the test's own.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from sim.mqtt import BrokerAddress
 __all__ = [
     "BROKER_CONFIG",
     "IN_CI",
+    "NPCSIM",
     "REPO",
     "VILLAGE",
     "MosquittoProcess",
     "Ran",
     "SmallNpc",
     "ended",
+    "env_for",
     "eventually",
     "eventually_sync",
     "fingerprint",
@@ -247,6 +251,18 @@ def generated_world(directory: Path) -> str:
 
 
 # --- running npcsim -----------------------------------------------------------------------
+
+
+NPCSIM = str(Path(sys.executable).parent / "npcsim")
+"""The package's console script in this interpreter's environment: what a user's shell runs."""
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    """A child's environment with the test's own run directory (sim.attach), so that no other
+    run on the machine is found, and an 80-column terminal width that a pipe must not wrap at."""
+    runs = tmp_path / "xdg"
+    runs.mkdir(mode=0o700, exist_ok=True)
+    return {**os.environ, "XDG_RUNTIME_DIR": str(runs), "COLUMNS": "80"}
 
 
 @dataclass(frozen=True)

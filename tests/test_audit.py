@@ -88,8 +88,10 @@ async def test_a_changed_config_makes_replay_exit_1(audit_db: Path, capsys: pyte
 async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = fingerprint(audit_db)
     assert main(["audit", "list", "--db", str(audit_db), "--agent", "npc7"]) == 0
-    out = capsys.readouterr().out
-    assert "inf-00007" in out and "inf-00008" not in out and f"{RECORDS // AGENTS} records" in out
+    listed = capsys.readouterr()
+    out = listed.out
+    assert "inf-00007" in out and "inf-00008" not in out and f"{RECORDS // AGENTS} records" in listed.err
+    assert len(out.splitlines()) == RECORDS // AGENTS  # in a pipe: one record per line, nothing else
 
     assert main(["audit", "show", "--db", str(audit_db), "inf-00042"]) == 0
     out = capsys.readouterr().out
@@ -99,6 +101,8 @@ async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pyte
     assert record.raw_response in out and "replay identical" in out and "episodic" in out
     for line in record.prompt.splitlines():
         assert line.strip() in out
+    shown = record.explanation().dropped()
+    assert f"dropped ({len(shown)})" in out and shown and shown[0].text.split()[0] in out
 
     target = tmp_path / "export.jsonl"
     assert main(["audit", "export", "--db", str(audit_db), "--out", str(target)]) == 0
@@ -106,6 +110,13 @@ async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pyte
     exported = [decoder.decode(line) for line in target.read_bytes().splitlines()]
     assert len(exported) == RECORDS
     assert all(replay(r).ok for r in exported[:50])
+    rows = [msgspec.json.decode(line) for line in target.read_bytes().splitlines()]
+    for row, r in zip(rows, exported, strict=True):
+        assert all(set(d) == {"category", "tick", "text", "reason"} for d in row["dropped"])
+        assert {d["reason"] for d in row["dropped"]} <= {"cap", "budget", "over_budget"}
+        for name in ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs"):
+            assert sum(d["category"] == name for d in row["dropped"]) == getattr(r.report, name).dropped
+    assert sum(len(row["dropped"]) for row in rows) > RECORDS  # truncation dropped things: the test sees them
     assert fingerprint(audit_db)[0] == before[0]
 
 

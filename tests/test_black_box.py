@@ -202,7 +202,9 @@ async def test_over_budget_prompts_are_counted_logged_once_per_npc_and_listed(
     assert logged and len(logged) == len(set(logged))  # once per NPC
     capsys.readouterr()
     assert main(["audit", "list", "--db", str(db)]) == 0
-    assert f"{stats.inferences} over budget" in capsys.readouterr().out
+    listed = capsys.readouterr()
+    assert f"{stats.inferences} over budget" in listed.err  # the count beside the records (in a pipe: stderr)
+    assert [row.split("\t")[5] for row in listed.out.splitlines()] == ["yes"] * stats.inferences
 
 
 async def test_hot_state_holds_what_the_caps_can_use(tmp_path: Path) -> None:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import io
+import json
+import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sim.cli import main
+from sim.cli._terminal import Out
+from sim.cli._truncation import print_truncation
+from sim.memory import build_working_memory, explain_truncation
+from sim.scenario import load_scenario
 from tests.helpers import VILLAGE
+
+CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
 
 
 def test_memory_show_prints_every_npc_at_two_budgets(capsys: pytest.CaptureFixture[str]) -> None:
@@ -17,6 +27,54 @@ def test_memory_show_prints_every_npc_at_two_budgets(capsys: pytest.CaptureFixtu
         assert f"{npc}: default budget" in out and f"{npc}: tight budget" in out
     assert "capitalist snack machine" in out and "[tick 0]" in out
     assert "mandatory" in out and "dropped" in out
+
+
+def test_memory_show_tells_the_budget_as_split_and_redistributed_and_lists_the_dropped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In a pipe (capsys): the report and the dropped items as tab-separated lines under their header."""
+    assert main(["memory", "show", VILLAGE, "--npc", "innkeeper", "--tight", "700"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "category\tsplit\tafter redistribution\tused\tkept\tdropped\treason" in lines
+    assert "episodic\t48\t66 (+18)\t66\t1\t2\tbudget" in lines and "limit 700 chars" in out
+    assert "dropped (5)" in lines and "category\ttick\treason\ttext" in lines
+    assert "episodic\t2\tbudget\tThe guard captain drank alone and said nothing." in lines
+    assert "budget: did not fit what was left" in lines
+    assert "dropped: nothing" in lines  # the default budget keeps everything of the innkeeper
+    assert not any(c in out for c in "│━─"), out  # nothing drawn
+
+
+def test_the_truncation_on_a_terminal_is_two_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    scenario = load_scenario(VILLAGE)
+    state = scenario.initial_state("innkeeper")
+    config = msgspec.structs.replace(scenario.memory, max_context_chars=700)
+    said = "player: What news of the king?"
+    wm = build_working_memory(state, said, config)
+    shown = io.StringIO()
+    print_truncation(Out(shown, terminal=True), wm.report, explain_truncation(state, said, config, wm))
+    out = re.sub(r"\x1b\[[0-9;]*m", "", shown.getvalue())  # rich's own styles
+    assert "after redistribution" in out and "reason" in out and "limit 700 chars" in out
+    assert re.search(r"episodic\s*│\s*48\s*│\s*66 \(\+18\)\s*│\s*66\s*│\s*1\s*│\s*2\s*│\s*budget", out), out
+    assert "dropped (5)" in out and "│ The guard captain drank alone and said nothing." in out
+    assert "budget: did not fit what was left" in out
+
+
+def test_memory_show_json_is_one_object_per_npc_and_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "show", VILLAGE, "--json", "--tight", "700"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["npc"], r["budget"]) for r in rows] == [
+        (npc, budget) for npc in ("blacksmith", "innkeeper", "guard_captain", "snack_machine")
+        for budget in ("default", "tight")
+    ]
+    for row in rows:
+        assert row["prompt"].endswith(f"{row['npc']}:") and row["report"]["limit_chars"] == row["max_context_chars"]
+        for name in CATEGORIES:
+            assert sum(d["category"] == name for d in row["dropped"]) == row["report"][name]["dropped"]
+    tight = next(r for r in rows if (r["npc"], r["budget"]) == ("innkeeper", "tight"))
+    assert tight["dropped"][0] == {"category": "episodic", "tick": 2, "reason": "budget",
+                                   "text": "The guard captain drank alone and said nothing."}
 
 
 def test_memory_show_unknown_npc_and_broken_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -28,10 +28,10 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.cli": {"build_parser", "main"},
     "sim.inference": {
-        "BACKENDS", "Backend", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool", "PoolConfig",
-        "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
+        "BACKENDS", "Backend", "FactGuard", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
+        "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
         "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result", "fallback_line",
-        "judge", "open_backend", "open_pool", "reply_problem",
+        "judge", "load_fact_guard", "open_backend", "open_pool", "reply_problem",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "convert_options", "open_backend",
@@ -47,7 +47,8 @@ PACKAGES: dict[str, set[str]] = {
         "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",
         "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "belief_order",
         "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
-        "world_order",
+        "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
+        "explain_truncation",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "CheckedPublisher", "ENV_PASSWORD", "ENV_USERNAME", "ReconnectPolicy", "TlsFiles",
@@ -90,8 +91,8 @@ MODULES: dict[str, set[str]] = {
         "hot_limit", "parse_shard", "run", "shard_npcs",
     },
     "sim.wire.trace": {
-        "RosterEntry", "RosterMessage", "TraceAttempt", "TraceMessage", "decode_roster", "decode_trace",
-        "encode_roster", "encode_trace", "trace_of",
+        "RosterEntry", "RosterMessage", "TRACE_DROPPED", "TraceAttempt", "TraceMessage", "decode_roster",
+        "decode_trace", "encode_roster", "encode_trace", "trace_of",
     },
 }
 

@@ -170,3 +170,26 @@ def test_retention_below_the_hot_window_is_refused(
         "npcsim: error: --retain-memories must be at least the store's hot window (32 items per category), got 5"
     )
     assert not (tmp_path / "v.db").exists()
+
+
+def test_the_run_overrides_the_scenarios_budget(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--max-context-chars` and `--max-context-tokens` are the run's, over the scenario's [memory]."""
+    db = tmp_path / "tight.db"
+    argv = ["run", VILLAGE, "--broker", mosquitto.url, "--ticks", "3", "--quiet"]
+    assert main([*argv, "--db", str(db), "--max-context-chars", "700", "--max-context-tokens", "400"]) == 0
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert records and {(r.config.max_context_chars, r.config.max_context_tokens) for r in records} == {(700, 400)}
+    assert all(r.report.prompt_chars <= 700 and (r.report.prompt_tokens or 0) <= 400 for r in records)
+    assert main(["audit", "replay", "--db", str(db)]) == 0
+    capsys.readouterr()
+    for flag, value in (("--max-context-chars", "0"), ("--max-context-tokens", "many")):
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, "--db", str(tmp_path / "no.db"), flag, value])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"npcsim run: error: argument {flag}: must be"), err
+    with pytest.raises(ConfigError, match="--max-context-chars must be a whole number >= 1, got 0"):
+        RunConfig(scenario=VILLAGE, max_context_chars=0)

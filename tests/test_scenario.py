@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,39 @@ def test_village_has_the_world_of_the_article() -> None:
 
 def test_unknown_key_names_file_npc_and_field() -> None:
     broken = VILLAGE_TOML.replace('id = "innkeeper"', 'id = "innkeeper"\ncolour = "red"', 1)
-    with pytest.raises(ScenarioError, match=r"broken.toml: npc 'innkeeper' \(npcs\[1\]\).*unknown field `colour`"):
+    line = broken.splitlines().index('colour = "red"') + 1
+    with pytest.raises(
+        ScenarioError, match=rf"broken.toml:{line}: npc 'innkeeper' \(npcs\[1\]\).*unknown field `colour`"
+    ):
         parse_scenario(broken, source="village-broken.toml")
+
+
+def test_a_near_miss_of_a_field_name_gives_its_line_and_the_field_meant() -> None:
+    broken = VILLAGE_TOML.replace("ambient_chance = 0.1\n", "ambient_chanse = 0.1\n", 1)
+    line = broken.splitlines().index("ambient_chanse = 0.1") + 1
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(broken, source="v.toml")
+    message = str(caught.value)
+    assert message.startswith(f"v.toml:{line}: npc 'innkeeper' (npcs[1])"), message
+    assert message.endswith("did you mean `ambient_chance`?"), message
+
+
+def test_schema_errors_give_the_line_of_the_table_or_key() -> None:
+    cases = [
+        (VILLAGE_TOML.replace("seed = 7", 'seed = "x"', 1), 'seed = "x"', "Expected `int`, got `str`"),
+        ("scenaro = 1\n" + VILLAGE_TOML, "scenaro = 1", "did you mean `scenario`?"),
+        (VILLAGE_TOML + "\n[memory]\nmax_belief = 2\n", "max_belief = 2", "did you mean `max_beliefs`?"),
+    ]
+    for text, wanted, needle in cases:
+        line = next(i for i, text_line in enumerate(text.splitlines(), 1) if text_line.startswith(wanted))
+        with pytest.raises(ScenarioError, match=rf"^v\.toml:{line}: .*{re.escape(needle)}"):
+            parse_scenario(text, source="v.toml")
+
+
+def test_a_bad_share_sum_is_rounded() -> None:
+    shares = "\n[memory]\ndialogue_share = 0.7\nepisodic_share = 0.45\nbelief_share = 0.15\n"
+    with pytest.raises(ScenarioError, match=r"must be <= 1, got 1\.3 \(dialogue_share=0\.7"):
+        parse_scenario(VILLAGE_TOML + shares, source="v.toml")
 
 
 def test_wrong_type_names_the_field() -> None:

@@ -108,7 +108,8 @@ def _start_run(tmp_path: Path, broker: str, npcs: int) -> tuple[subprocess.Popen
     world = tmp_path / "world.toml"
     world.write_text(generate_scenario(npcs=npcs, locations=50, seed=2))
     db = tmp_path / "run.db"
-    proc = popen_npcsim("-v", "run", str(world), "--broker", broker, "--db", str(db), "--ticks", "5", "--quiet")
+    # not --quiet: the test reads the summary (stopped by signal), which --quiet leaves out
+    proc = popen_npcsim("-v", "run", str(world), "--broker", broker, "--db", str(db), "--ticks", "5")
     return proc, db
 
 

@@ -11,7 +11,7 @@ import pytest
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.wire import topics
-from sim.wire.trace import TraceMessage, decode_roster, decode_trace
+from sim.wire.trace import TRACE_DROPPED, TraceMessage, decode_roster, decode_trace
 from tests.helpers import VILLAGE, MosquittoProcess, eventually
 
 pytestmark = pytest.mark.mosquitto
@@ -52,6 +52,13 @@ async def test_every_inference_is_traced_like_its_audit_record(
         assert [(a.prompt_chars, a.problem, a.raw_response) for a in trace.attempts] == [
             (len(a.prompt), a.problem, a.raw_response) for a in record.attempts]
         assert trace.attempts  # every answered inference made at least one call
+        explained, expected = trace.explanation, record.explanation()
+        assert explained is not None
+        for name in ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs"):
+            got, want = getattr(explained, name), getattr(expected, name)
+            assert (got.split, got.final, got.reason) == (want.split, want.final, want.reason)
+            assert got.dropped == (want.dropped[:TRACE_DROPPED] if prompts else ())
+            assert got.kept_items == (want.kept_items if prompts else ())
 
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:  # the roster is retained
         await client.subscribe(topics.roster("tr", "0"), qos=1)

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from rich.console import Console
 
 from sim.cli import main
-from sim.cli.run import summary_table
+from sim.cli.run import summary_rows
 from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
 from sim.mqtt import BrokerAddress
 from sim.protocol.seal import load_run_key
@@ -133,9 +132,7 @@ async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path:
     assert bus.refused["world state over its bounds"] == 2
     assert bus.refused["player inputs over the per-tick bound"] >= 47 - 3 * 29
     assert stats.player_inputs <= 3 * 30 + 30  # the scripted player's lines plus at most 3 of alice's per tick
-    console = Console(record=True, width=200)
-    console.print(summary_table(stats))
-    summary = console.export_text()
+    summary = "\n".join(f"{name}\t{value}" for name, value in summary_rows(stats))
     assert "refused: world state over its bounds" in summary and "refused: player inputs over the" in summary
     with open_reader(db) as reader:
         records = list(reader.audit_records())

@@ -2,8 +2,12 @@
 
 A run and its view start; the page shows the NPCs and the dialogue, a person speaks to
 an NPC from the page and sees the answer, and the budget bars of the chosen NPC match
-its latest audit record in the shard's store. `NPCSIM_SCREENSHOT=docs/view.png` also
-saves the README's screenshot.
+its latest audit record in the shard's store. The NPC panel tells the truncation story
+(the limit, split and redistributed budgets, reasons, the dropped items, a bar's items on
+hover), live and stored; the stored view shows places, names, recipients and player lines.
+`NPCSIM_SCREENSHOT=docs/view.png` also saves the README's screenshot, and
+`NPCSIM_REGENERATE_SCREENSHOT=1` docs/view-truncation.png (the innkeeper's panel at
+--max-context-chars 700).
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from typing import Any
 import aiomqtt
 import pytest
 
+from sim.memory import TruncationExplanation
 from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, run
+from sim.scenario import load_scenario
 from sim.store import open_reader
 from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
-from tests.helpers import IN_CI, VILLAGE, MosquittoProcess, eventually
+from sim.wire.trace import TRACE_DROPPED
+from tests.helpers import IN_CI, REPO, VILLAGE, MosquittoProcess, eventually
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
@@ -33,6 +40,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--window-size=1500,950")
 WAIT_S = 60.0
+CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
 
 
 @pytest.fixture
@@ -107,10 +115,14 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
         table = await asyncio.to_thread(read_budget_table, browser)
         report = record.report
         assert table["mandatory"]["used"] == str(report.mandatory_chars)
+        assert table["mandatory"]["split"] == "—"  # the mandatory content has no budget: it takes what it needs
         for name in ("dialogue", "episodic", "beliefs", "canonical_facts", "world_state"):
             category = getattr(report, name)
-            assert table[name] == {"budget": str(category.budget), "used": str(category.used),
-                                   "kept": str(category.kept), "dropped": str(category.dropped)}, name
+            shown = {k: table[name][k] for k in ("used", "kept", "dropped")}
+            assert shown == {"used": str(category.used), "kept": str(category.kept),
+                             "dropped": str(category.dropped)}, name
+        for name in ("dialogue", "episodic", "beliefs"):
+            assert table[name]["split"] == str(getattr(report, name).budget), name
         bar = await asyncio.to_thread(
             lambda: {s.get_attribute("data-cat"): int(s.get_attribute("data-chars"))
                      for s in css(browser, "#bars .snapshot:first-child .seg")})
@@ -255,3 +267,146 @@ async def test_a_page_on_another_origin_cannot_speak_through_the_view(
 
 def _refused_posts(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("view: refused POST")]
+
+
+def text_of(driver: Any, element_id: str) -> str:
+    return str(driver.find_element("id", element_id).text)
+
+
+def dropped_on_page(driver: Any) -> list[tuple[str, str, str, str]]:
+    """(category, tick, text, reason) of each dropped item listed under the bars."""
+    return [(li.get_attribute("data-cat"), li.get_attribute("data-tick"),
+             li.find_element("css selector", ".text").text, li.get_attribute("data-reason"))
+            for li in css(driver, "#dropped li.dropped")]
+
+
+def expected_dropped(explanation: TruncationExplanation) -> list[tuple[str, str, str, str]]:
+    return [(d.category, "" if d.tick is None else str(d.tick), d.text, d.reason)
+            for name in CATEGORIES for d in getattr(explanation, name).dropped[:TRACE_DROPPED]]
+
+
+async def speak_from_the_page(browser: Any, to: str, text: str, answers: int) -> None:
+    """Say `text` to `to` from the form (as the view's player, tester), and wait until `to` has
+    answered the tester `answers` times."""
+    await asyncio.to_thread(lambda: browser.find_element("id", "speak-text").send_keys(text))
+    await asyncio.to_thread(lambda: browser.find_element("id", "speak-send").click())
+    await on_page(f"{to}'s answer", lambda: len([li for li in css(browser, f'#dialogue li[data-speaker="{to}"]')
+                                                     if "→ tester" in li.text]) >= answers)
+
+
+async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: MosquittoProcess,
+                                                       tmp_path: Path) -> None:
+    """The innkeeper at --max-context-chars 700: the limit, split and after, reasons, the dropped, the hover."""
+    db = tmp_path / "tight.db"
+    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="tight",
+                       ticks=100_000, tick_ms=100, db=str(db), max_context_chars=700)
+    view = LiveView(player="tester")  # the operator's choice (--as-player)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
+        job = group.create_task(run(config, stop=stop, on_ready=lambda _s: ready.set()))
+        await ready.wait()
+        feed = group.create_task(view.follow(BrokerAddress.parse(mosquitto.url), "tight"))
+        try:
+            await asyncio.to_thread(browser.get, url)
+            await on_page("the NPCs", lambda: len(css(browser, ".npc-chip")) == 4)
+            await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+            await speak_from_the_page(browser, "innkeeper", "A room, please.", 1)
+            await speak_from_the_page(browser, "innkeeper", "And a hot meal?", 2)
+        finally:
+            stop.set()
+        await job
+        await on_page("the view to have the last trace",
+                         lambda: newest_trace(view)["tick"] == latest_tick(db, "innkeeper"))
+        newest = newest_trace(view)["inference_id"]
+        await on_page("the latest snapshot on the page",
+                         lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == newest)
+        with open_reader(db) as reader:
+            record = reader.audit_record(newest)
+            older = [s.id for s in reader.audit_summaries("innkeeper") if s.id != newest][-1]
+            older_record = reader.audit_record(older)
+        explanation = record.explanation()
+        assert explanation.dropped(), "at 700 characters the innkeeper drops something"
+
+        heads = await asyncio.to_thread(lambda: [th.text for th in css(browser, "#budget thead th")])
+        assert heads == ["category", "split", "after redistribution", "used", "kept", "dropped", "reason"]
+        limit = await asyncio.to_thread(text_of, browser, "budget-limit")
+        assert limit.startswith(f"limit 700 chars (the whole prompt): {record.report.prompt_chars} used; "
+                                f"mandatory {record.report.mandatory_chars}")
+        table = await asyncio.to_thread(read_budget_table, browser)
+        assert table["mandatory"]["split"] == "—" and table["canonical_facts"]["split"] == "mandatory"
+        for name in ("dialogue", "episodic", "beliefs"):
+            why = getattr(explanation, name)
+            delta = why.final - why.split
+            assert table[name]["split"] == str(why.split), name
+            assert table[name]["final"] == (f"{why.final} ({delta:+d})" if delta else str(why.final)), name
+            assert table[name]["reason"] == (why.reason or ""), name
+        assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(explanation)
+
+        from selenium.webdriver import ActionChains
+
+        def hover(category: str) -> str:
+            segment = css(browser, f'#bars .snapshot:first-child .seg[data-cat="{category}"]')[0]
+            ActionChains(browser).move_to_element(segment).perform()
+            return text_of(browser, "seg-info")
+
+        kept = explanation.dialogue.kept_items
+        assert kept
+        shown = await on_page("the dialogue segment's items", lambda: hover("dialogue"))
+        assert shown.startswith(f"dialogue: {record.report.dialogue.used} chars, {len(kept)} kept")
+        assert all(f"- {item}" in shown for item in kept)
+        shown = await on_page("the mandatory segment's items", lambda: hover("mandatory"))
+        assert "- The king is dead." in shown and "- season: late autumn" in shown
+
+        await asyncio.to_thread(lambda: css(browser, f'#bars .snapshot[data-inference="{older}"]')[0].click())
+        await on_page("the older snapshot explained",
+                         lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == older)
+        assert await asyncio.to_thread(text_of, browser, "snapshot-tick") == f"tick {older_record.tick}"
+        assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(older_record.explanation())
+        await asyncio.to_thread(lambda: css(browser, "#bars .snapshot:first-child")[0].click())
+        await on_page("the newest again",
+                         lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == newest)
+        await asyncio.to_thread(browser.set_window_size, 1500, 1700)  # the whole panel in the picture
+        await on_page("the dialogue items", lambda: hover("dialogue"))
+        panel = browser.find_element("id", "npc-panel")
+        await asyncio.to_thread(panel.screenshot, str(tmp_path / "view-truncation.png"))
+        if os.environ.get("NPCSIM_REGENERATE_SCREENSHOT") == "1":
+            shutil.copyfile(tmp_path / "view-truncation.png", REPO / "docs" / "view-truncation.png")
+        feed.cancel()
+
+
+async def test_the_stored_view_shows_places_names_recipients_and_player_lines(
+    browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    db = tmp_path / "done.db"
+    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="old", ticks=14, db=str(db)))
+    stored = StoredRun(db, load_scenario(VILLAGE))
+    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
+    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
+        await asyncio.to_thread(browser.get, url)
+        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
+        places = await asyncio.to_thread(
+            lambda: {div.get_attribute("data-location"): sorted(c.get_attribute("data-npc")
+                                                                for c in div.find_elements("css selector", ".npc-chip"))
+                     for div in css(browser, "#locations .location")})
+        assert places == {"forge": ["blacksmith"], "inn": ["innkeeper"], "square": ["guard_captain", "snack_machine"]}
+        names = await asyncio.to_thread(lambda: {c.get_attribute("data-npc"): c.get_attribute("title")
+                                                 for c in css(browser, ".npc-chip")})
+        assert names["snack_machine"] == "SNAK-O-MATIC 3000" and names["innkeeper"] == "Tobin"
+        world = await asyncio.to_thread(lambda: [row.find_element("css selector", "td").text
+                                                 for row in css(browser, "#world-state tbody tr")])
+        assert world == ["king", "mayor", "season"]  # no NPC's own entry (forge, inn, curfew, stock)
+        lines = await asyncio.to_thread(lambda: [
+            (li.get_attribute("class"), li.find_element("css selector", ".who").text,
+             li.find_element("css selector", ".text").text) for li in css(browser, "#dialogue li")])
+        assert ("player", "player → snack_machine", "Comrade machine, the snacks belong to the people.") in lines
+        assert lines.index(("player", "player → innkeeper", "What news of the king?")) + 1 == next(
+            i for i, (_, who, _) in enumerate(lines) if who == "innkeeper → player")
+        assert any(kind == "npc" and who == "snack_machine → guard_captain" for kind, who, _ in lines)  # unprompted
+        await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+        await on_page("the innkeeper's panel", lambda: text_of(browser, "npc-name") == "Tobin (innkeeper, inn)")
+        with open_reader(db) as reader:
+            (record,) = list(reader.audit_records("innkeeper"))
+        await on_page("its budget", lambda: text_of(browser, "budget-limit").startswith("limit 2000 chars"))
+        table = await asyncio.to_thread(read_budget_table, browser)
+        assert table["beliefs"]["split"] == str(record.explanation().beliefs.split)
+        assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(record.explanation())

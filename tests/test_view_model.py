@@ -150,3 +150,31 @@ def test_a_retried_inference_shows_each_attempt() -> None:
     view = model.npc_view("smith")
     assert view is not None
     assert [a["problem"] for a in view["traces"][0]["attempts"]] == ["negates canonical fact 'f1'", None]
+
+
+def test_a_trace_with_an_explanation_reaches_the_page_and_an_old_one_still_reads() -> None:
+    """The explanation is a field with a default: old shards' traces decode, old viewers skip it."""
+    from sim.memory import Episode, explain_truncation
+
+    state = NpcState(agent_id="smith", system_prompt="You are a test.",
+                     episodic=tuple(Episode(id=f"e{t}", tick=t, text=f"memory {t}") for t in range(9)))
+    config = WorkingMemoryConfig()
+    memory = build_working_memory(state, "hi", config)
+    explained = explain_truncation(state, "hi", config, memory)
+    new = msgspec.structs.replace(trace("smith", 3, 1), report=memory.report, explanation=explained)
+    model = RunModel(RUN)
+    model.feed(topics.trace(RUN, "0"), encode_trace(new), 0.0)
+    view = model.npc_view("smith")
+    assert view is not None
+    shown = view["traces"][0]["explanation"]["episodic"]
+    assert shown["reason"] == "cap" and [d["text"] for d in shown["dropped"]] == ["memory 3", "memory 2",
+                                                                                  "memory 1", "memory 0"]
+    old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(new).items() if k != "explanation"})
+    model.feed(topics.trace(RUN, "0"), old, 0.0)
+    assert model.health.refused == 0 and model.npc_view("smith")["traces"][0]["explanation"] is None  # type: ignore[index]
+
+    class OldTrace(msgspec.Struct):  # a viewer from before the field: it decodes the new trace
+        agent: str
+        report: dict[str, object]
+
+    assert msgspec.json.decode(encode_trace(new), type=OldTrace).agent == "smith"

@@ -78,6 +78,9 @@ async def test_say_publishes_a_good_input_and_bad_queries_are_refused(offline_vi
         page = await client.get("/")
         assert page.status_code == 200 and "npcsim" in page.text
         assert (await client.get("/static/view.js")).status_code == 200
+        icon = await client.get("/favicon.ico")
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/x-icon"
+        assert icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO file
 
 
 async def test_the_view_port_in_use_is_one_config_error() -> None:
@@ -165,7 +168,7 @@ async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoPr
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["view"], "--broker URL and --run ID"),
+        (["view"], "give --run ID"),
         (["view", "--broker", "http://x", "--run", "r"], "--broker 'http://x'"),
         (["view", "--db", "/nonexistent/file.db"], "--db '/nonexistent/file.db'"),
         (["view", "--db", "x.db", "--run", "r"], "--db"),
@@ -208,10 +211,10 @@ def test_run_with_view_prints_the_address_first_then_the_dialogue(
         code = main(["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "cli", "--ticks", "40", "--tick-ms", "100",
                      "--view", str(port), "--follow"])
         state = seen.result(timeout=90)
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
     assert code == 0
-    assert out.splitlines()[0].startswith(f"view: http://127.0.0.1:{port}/")
-    assert "cli t" in out  # lines printed as they are said
+    assert captured.err.splitlines()[0].startswith(f"view: http://127.0.0.1:{port}/")  # where to look: stderr
+    assert "cli t" in captured.out  # lines printed as they are said
     assert state["run"] == "cli" and len(state["world"]["names"]) == 4
     with pytest.raises(httpx.HTTPError):  # the view stopped with the run
         httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=5)

@@ -79,8 +79,9 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) -> None:
     assert Path(where.strip()).is_relative_to(venv), where
     assert _run([npcsim, "--version"], work, env).stdout.strip() == f"npcsim {version('npcsim')}"
 
-    run = _run([npcsim, "run", "village", "--ticks", "3", "--broker", "auto", "--db", "run.db", "--quiet"], work, env)
-    assert "inferences" in run.stdout
+    run = _run([npcsim, "run", "village", "--ticks", "3", "--broker", "auto", "--db", "run.db"], work, env)
+    assert "inferences\t" in run.stdout and "attach: npcsim subscribe --run village-7" in run.stderr
+    assert _run([npcsim, "run", "village", "--ticks", "1", "--quiet"], work, env).stdout == ""
     assert "byte-identical" in _run([npcsim, "audit", "replay", "--db", "run.db"], work, env).stdout
     assert "snack_machine" in _run([npcsim, "memory", "show", "village"], work, env).stdout
     _run([npcsim, "loadtest", "--requests", "100", "--json", "load.json"], work, env)

@@ -1,6 +1,10 @@
 """The `npcsim` command line: one parser, one small module per command group.
 
 Every command is a function `(args) -> exit code`, so tests call `main([...])` in-process.
+Output follows `sim.cli._terminal`: decorated on a terminal, one plain record per line in
+a pipe, run data always escaped; a closed pipe (`| head -1`) ends any command quietly with
+exit status 0. `--quiet` (of `run`) leaves only errors, in the log too, unless `-v` asks
+for more.
 """
 
 from __future__ import annotations
@@ -12,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sim import __version__
-from sim.cli import audit, loadtest, memory, run, view, worker
+from sim.cli import audit, loadtest, memory, run, subscribe, view, worker
+from sim.cli._terminal import closed_pipe, silence_stdout
 from sim.errors import NpcsimError
 
 __all__ = ["build_parser", "main"]
 
 # Each module adds its sub-commands with `register(subparsers)`.
-COMMAND_GROUPS = [memory, run, worker, audit, loadtest, view]
+COMMAND_GROUPS = [memory, run, subscribe, worker, audit, loadtest, view]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,14 +77,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
+    if getattr(args, "quiet", False) and not args.verbose:
+        level = logging.ERROR
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not in Python's flush at exit
     except NpcsimError as exc:
         print(f"npcsim: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except (BrokenPipeError, BaseExceptionGroup) as exc:
+        if not closed_pipe(exc):
+            raise
+        silence_stdout()
+        return 0
     return code
 
 

@@ -16,11 +16,14 @@ __all__ = ["add_broker_arguments", "broker_address", "tls_files"]
 _LOGIN = "login: the URL's user part, or NPCSIM_MQTT_USERNAME / NPCSIM_MQTT_PASSWORD"
 
 
-def add_broker_arguments(parser: argparse.ArgumentParser, *, default: str | None, auto: bool = False) -> None:
-    """--broker and the TLS files; `auto` documents `--broker auto` (npcsim run)."""
+def add_broker_arguments(
+    parser: argparse.ArgumentParser, *, default: str | None, auto: bool = False, found: str | None = None
+) -> None:
+    """--broker and the TLS files; `auto` documents `--broker auto` (npcsim run); `found` says
+    where the broker comes from when --broker is not given (`subscribe`, `view`)."""
     kinds = "auto (a private Mosquitto), or mqtt[s]://[user@]host:port" if auto else "mqtt[s]://[user@]host:port"
-    shown = f" (default {default})" if default else ""
-    parser.add_argument("--broker", default=default, required=default is None, metavar="URL",
+    shown = f" (default {found or default})" if found or default else ""
+    parser.add_argument("--broker", default=default, required=default is None and found is None, metavar="URL",
                         help=f"{kinds}{shown}; {_LOGIN}")
     parser.add_argument("--ca-file", metavar="FILE", help="mqtts: CA bundle to verify the broker (default: system CAs)")
     parser.add_argument("--cert-file", metavar="FILE", help="mqtts: client certificate (with --key-file)")

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import msgspec
-from rich.console import Console
 
+from sim.cli._terminal import Out, silence_stdout
 from sim.errors import single_error
 from sim.metrics import Metrics, serve_metrics
 from sim.shard import RunConfig, RunStats, run
@@ -53,42 +53,47 @@ def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def metrics_served(port: int | None, console: Console) -> Iterator[Metrics | None]:
+def metrics_served(port: int | None, out: Out) -> Iterator[Metrics | None]:
     """A `Metrics` served on `port` for the block, or None when no port was asked for."""
     if port is None:
         yield None
         return
     metrics = Metrics()
     with serve_metrics(metrics, port) as bound:
-        console.print(f"metrics: http://127.0.0.1:{bound}/metrics", highlight=False)
+        out.record(f"metrics: http://127.0.0.1:{bound}/metrics")
         yield metrics
 
 
 async def run_observed(
     config: RunConfig,
     stats: RunStats,
-    console: Console,
+    banner: Out,
     *,
     metrics: Metrics | None,
     view: ViewOptions | None,
-    follow: Callable[[SayMessage], str] | None,
+    follow: Callable[[SayMessage], None] | None,
+    on_ready: Callable[[RunStats], None] | None = None,
 ) -> None:
-    """Run the shard with the view beside it (its address printed first) and/or the dialogue printed live.
+    """Run the shard with the view beside it (its address printed first, on `banner`) and/or
+    the dialogue printed live by `follow`; `on_ready` is called once the run has started.
 
-    `follow` formats a line for the terminal; None prints nothing.
+    When the reader of the dialogue goes away (`| head -1`), the run stops after the current
+    tick and the rest of the output is dropped.
     """
     with contextlib.ExitStack() as stack:
         thread = None
         if view is not None:
             from sim.view import open_view_thread
 
-            thread = stack.enter_context(
-                open_view_thread(view.host, view.port, player=view.player, password=view.password))
-            console.print(f"view: [bold]{thread.url}[/]  (Ctrl-C stops the run)")
+            thread = stack.enter_context(open_view_thread(
+                view.host, view.port, player=view.player, password=view.password, option="--view"))
+            banner.record("view: ", (thread.url, "bold"), "  (Ctrl-C stops the run)")
 
         def ready(ready_stats: RunStats) -> None:
             if thread is not None and ready_stats.broker_address is not None:
                 thread.attach(ready_stats.broker_address, ready_stats.run_id)
+            if on_ready is not None:
+                on_ready(ready_stats)
 
         stop = asyncio.Event()  # set by SIGINT/SIGTERM too (the shard process's handlers)
         try:
@@ -98,7 +103,7 @@ async def run_observed(
                 if thread is not None:
                     helpers.append(group.create_task(_detach_on_stop(thread, stop)))
                 if follow is not None:
-                    helpers.append(group.create_task(_print_dialogue(stats, console, follow)))
+                    helpers.append(group.create_task(_print_dialogue(stats, follow, stop)))
                 try:
                     await asyncio.shield(job)
                 finally:
@@ -107,7 +112,7 @@ async def run_observed(
         except BaseExceptionGroup as group_error:
             raise single_error(group_error) from None
         if follow is not None:
-            _print_new(stats, console, follow)
+            _print_new(stats, follow)
 
 
 async def _detach_on_stop(view: ViewThread, stop: asyncio.Event) -> None:
@@ -116,15 +121,19 @@ async def _detach_on_stop(view: ViewThread, stop: asyncio.Event) -> None:
     view.detach()
 
 
-async def _print_dialogue(stats: RunStats, console: Console, form: Callable[[SayMessage], str]) -> None:
-    while True:
-        _print_new(stats, console, form)
-        await asyncio.sleep(0.2)
+async def _print_dialogue(stats: RunStats, show: Callable[[SayMessage], None], stop: asyncio.Event) -> None:
+    try:
+        while True:
+            _print_new(stats, show)
+            await asyncio.sleep(0.2)
+    except BrokenPipeError:
+        silence_stdout()  # the reader went away: the rest goes nowhere, and the run stops in order
+        stop.set()
 
 
-def _print_new(stats: RunStats, console: Console, form: Callable[[SayMessage], str]) -> None:
+def _print_new(stats: RunStats, show: Callable[[SayMessage], None]) -> None:
     """Print the lines said since the last call and forget them (a long run keeps no history)."""
     taken = list(stats.dialogue)
     del stats.dialogue[: len(taken)]
     for say in taken:
-        console.print(form(say), highlight=False)
+        show(say)

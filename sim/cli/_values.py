@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from sim.wire import topics
 
-__all__ = ["milliseconds", "player_name", "run_id", "seconds", "segment", "whole"]
+__all__ = ["add_fact_guard_argument", "milliseconds", "player_name", "run_id", "seconds", "segment", "whole"]
 
 
 def whole(minimum: int) -> Callable[[str], int]:
@@ -76,3 +76,10 @@ def player_name(text: str) -> str:
         return topics.check_player(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_fact_guard_argument(parser: argparse.ArgumentParser) -> None:
+    """`--fact-guard MODULE:NAME`, the same for a run and its remote workers (docs/inference.md)."""
+    parser.add_argument("--fact-guard", default="", metavar="MODULE:NAME",
+                        help="the output check's fact guard, a callable (line, facts) -> fact or None "
+                        "(default: the built-in one); a run's remote workers need the same")

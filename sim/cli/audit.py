@@ -2,9 +2,13 @@
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
-its raw reply, why it was rejected); `replay` rebuilds and checks every attempt; `export`
-writes each record with its `attempts` list. The one write is `export --rotate`, which
-deletes the records it has exported, once the export is on disk.
+its raw reply, why it was rejected) and every item truncation dropped; `replay` rebuilds and
+checks every attempt; `export` writes each record with its `attempts` list and its `dropped`
+list (derived from the record's snapshot: what truncation left out, and why). The one write
+is `export --rotate`, which deletes the records it has exported, once the export is on disk.
+
+What a record holds came from the run (players' words, models' replies): it is printed
+through `sim.cli._terminal`, escaped, and in a pipe one record per line with full ids.
 """
 
 from __future__ import annotations
@@ -18,14 +22,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
-from rich.console import Console
-from rich.panel import Panel
 from rich.syntax import Syntax
-from rich.table import Table
-from rich.text import Text
 
 from sim.audit import AuditRecord, replay
-from sim.cli.memory import report_table
+from sim.cli._terminal import Out, json_line, printable
+from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
 from sim.store import delete_audit_records, open_reader
 
@@ -38,9 +39,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = subparsers.add_parser("audit", help="inspect and verify the inference audit of a store")
     commands = group.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
 
-    list_ = commands.add_parser("list", help="one line per recorded inference (attempts, over budget, fallback)")
+    list_ = commands.add_parser(
+        "list", help="one line per recorded inference (attempts, over budget, fallback)",
+        description="One line per recorded inference. In a pipe: tab-separated id, agent, tick, backend/model, "
+        "tries, over budget, fallback, line, with full ids and lines; --json names the fields.",
+    )
     list_.add_argument("--db", required=True, help="store file (opened read-only)")
     list_.add_argument("--agent", default=None, help="only this agent")
+    list_.add_argument("--json", action="store_true", help="JSON Lines: one object per record")
     list_.set_defaults(func=list_command)
 
     show = commands.add_parser("show", help="the exact prompt, the truncation report and the response")
@@ -54,40 +60,49 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.set_defaults(func=replay_command)
 
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
-    export.add_argument("--db", required=True, help="store file (opened read-only)")
+    export.add_argument("--db", required=True, help="store file (read-only, unless --rotate)")
     export.add_argument("--agent", default=None, help="only this agent")
     export.add_argument("--from-tick", type=int, default=None, help="only records of this tick or later")
     export.add_argument("--to-tick", type=int, default=None, help="only records of this tick or earlier")
     export.add_argument("--out", default=None, help="output file (default: standard output); *.gz is gzip")
     export.add_argument("--rotate", action="store_true",
-                        help="then delete the exported records from the store (needs --out)")
+                        help="then delete the exported records from the store, once the file is on disk (needs --out)")
     export.set_defaults(func=export_command)
 
 
+def _fallback_column(record: AuditRecord) -> str:
+    return (record.fallback_reason or "?") if record.fallback else ""
+
+
 def list_command(args: argparse.Namespace) -> int:
-    console = Console()
-    table = Table(show_edge=False)
+    out = Out()
     rows = []
     count = over = 0
     with open_reader(args.db) as reader:
         for r in reader.audit_records(args.agent):
             count += 1
             over += r.report.over_budget
-            line = r.line if len(r.line) <= _LINE_PREVIEW else r.line[: _LINE_PREVIEW - 1] + "…"
+            if args.json:
+                out.json({
+                    "id": r.id, "agent": r.agent_id, "tick": r.tick, "backend": r.backend, "model": r.model,
+                    "tries": len(r.attempts), "over_budget": r.report.over_budget, "fallback": r.fallback,
+                    "fallback_reason": r.fallback_reason, "line": r.line,
+                })
+                continue
+            line = r.line
+            if out.terminal and len(line) > _LINE_PREVIEW:
+                line = line[: _LINE_PREVIEW - 1] + "…"
             rows.append((
                 r.id, r.agent_id, str(r.tick), f"{r.backend}/{r.model}", str(len(r.attempts)),
-                "yes" if r.report.over_budget else "", r.fallback_reason or "?" if r.fallback else "", Text(line),
+                "yes" if r.report.over_budget else "", _fallback_column(r), line,
             ))
-    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
-    for column, width in zip(("id", "agent", "tick"), widths, strict=True):
-        table.add_column(column, no_wrap=True, min_width=width, justify="right" if column == "tick" else "left")
-    for column in ("backend", "tries", "over budget", "fallback"):
-        table.add_column(column, justify="right" if column == "tries" else "left")
-    table.add_column("line", ratio=1)
-    for row in rows:
-        table.add_row(*row)
-    table.caption = f"{count} records, {over} over budget"
-    console.print(table)
+    caption = f"{count} records, {over} over budget"
+    if not args.json:
+        out.table(("id", "agent", "tick", "backend", "tries", "over budget", "fallback", "line"), rows,
+                  caption=caption, right=("tick", "tries"),
+                  whole=("id", "agent", "tick", "backend", "tries", "over budget", "fallback"), stretch="line")
+    if not out.terminal:  # the count for the person at the pipe; standard output holds only records
+        Out(sys.stderr).record(caption)
     return 0
 
 
@@ -100,58 +115,53 @@ def _raw(text: str | None) -> str:
     return "(none)" if text is None else text or "(empty)"
 
 
-def _attempts_table(record: AuditRecord) -> Table:
+def _print_attempts(out: Out, record: AuditRecord) -> None:
     """Every attempt: the exact text given, the raw reply, and why it was rejected."""
-    table = Table(title="attempts", title_justify="left", show_lines=True)
-    for column in ("#", "given to the model", "raw response", "problem"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for n, a in enumerate(record.attempts, 1):
         given = a.prompt if a.prohibition is None else f"[rule: {a.prohibition}]\n{a.prompt}"
-        table.add_row(
-            str(n), Text(given), Text(_raw(a.raw_response)),
-            Text(a.problem or "accepted"),
-        )
-    return table
+        rows.append((str(n), given, _raw(a.raw_response), a.problem or "accepted"))
+    if out.terminal:
+        out.table(("#", "given to the model", "raw response", "problem"), rows, title="attempts", fold=True)
+        return
+    out.record(f"attempts: {len(rows)}")
+    for number, given, raw, problem in rows:  # in a pipe: the prompt as its lines, the rest one line each
+        out.block(f"attempt {number}: given to the model", given)
+        out.record(f"attempt {number}: raw response: ", raw)
+        out.record(f"attempt {number}: problem: ", problem)
 
 
 def show_command(args: argparse.Namespace) -> int:
-    console = Console()
+    out = Out()
     with open_reader(args.db) as reader:
         record = reader.audit_record(args.id)
     wm = record.memory()
     result = replay(record)
     prompt = record.prompt if record.prompt is not None else wm.prompt
     source = "recorded" if record.prompt is not None else "rebuilt from the recorded state"
-    console.print(
-        Panel(
-            Text(prompt),
-            title=f"{record.id}: {record.agent_id} at tick {record.tick} (prompt {source})",
-            expand=False,
-        )
-    )
-    console.print(report_table(wm))
-    verdict = "[green]replay identical[/]" if result.ok else "[bold red]replay DIFFERS[/] (see `npcsim audit replay`)"
-    console.print(f"prompt sha256 {record.prompt_sha256}  {verdict}")
-    response = Table(show_header=False, show_edge=False)
-    response.add_column("field")
-    response.add_column("value")
-    response.add_row("backend", f"{record.backend} / {record.model}")
-    response.add_row("params", Text(msgspec.json.encode(record.params).decode()))
-    response.add_row("raw response", Text(_raw(record.raw_response)))
-    response.add_row("line", Text(record.line))
-    response.add_row("fallback", Text(_fallback(record) if record.fallback else "no"))
-    response.add_row("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items())))
-    response.add_row("renderer", str(record.renderer))
-    console.print(response)
+    out.block(f"{record.id}: {record.agent_id} at tick {record.tick} (prompt {source})", prompt)
+    print_truncation(out, wm.report, record.explanation())
+    verdict = ("replay identical", "green") if result.ok else (
+        "replay DIFFERS (see `npcsim audit replay`)", "bold red")
+    out.record(f"prompt sha256 {record.prompt_sha256}  ", verdict)
+    out.table(("field", "value"), [
+        ("backend", f"{record.backend} / {record.model}"),
+        ("params", json_line(record.params)),
+        ("raw response", _raw(record.raw_response)),
+        ("line", record.line),
+        ("fallback", _fallback(record) if record.fallback else "no"),
+        ("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items()))),
+        ("renderer", str(record.renderer)),
+    ], whole=("field",))
     if record.attempts:
-        console.print(_attempts_table(record))
+        _print_attempts(out, record)
     else:
-        console.print("no attempts recorded (a stale request, or a record written before attempts were kept)")
+        out.record("no attempts recorded (a stale request, or a record written before attempts were kept)")
     return 0
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    console = Console()
+    out = Out()
     total = 0
     attempts = 0
     differing = 0
@@ -166,17 +176,20 @@ def replay_command(args: argparse.Namespace) -> int:
                 if first is None:
                     first = (record, result)
     if first is None:
-        console.print(f"replayed {total} records: all byte-identical ({attempts} attempts checked)")
+        out.record(f"replayed {total} records: all byte-identical ({attempts} attempts checked)")
         return 0
     record, result = first
-    console.print(f"[bold red]replayed {total} records: {differing} differ[/]")
-    console.print(f"first difference: record {record.id} (agent {record.agent_id}, tick {record.tick})")
+    out.record((f"replayed {total} records: {differing} differ", "bold red"))
+    out.record(f"first difference: record {record.id} (agent {record.agent_id}, tick {record.tick})")
     if result.difference.startswith("prompt_sha256") and "\n---" in result.difference:
         head, _, diff = result.difference.partition("\n")
-        console.print(head)
-        console.print(Syntax(diff, "diff", theme="ansi_dark", word_wrap=True))
+        out.record(head)
+        if out.terminal:
+            out.console.print(Syntax(printable(diff, lines=True), "diff", theme="ansi_dark", word_wrap=True))
+        else:
+            out.block("diff", diff)
     else:
-        console.print(Text(result.difference))
+        out.block("difference", result.difference)
     return 1
 
 
@@ -207,24 +220,23 @@ def export_command(args: argparse.Namespace) -> int:
             if args.out.endswith(".gz"):
                 out = stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb"))
         count = 0
-        try:
-            for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
-                out.write(encoder.encode(record) + b"\n")
-                count += 1
-                if args.rotate:
-                    exported.append(record.id)
-            out.flush()
-        except BrokenPipeError:
-            # the reader went away (`| head`): stop quietly, and keep Python's exit flush quiet too
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            return 1
+        # A closed pipe (`| head`) raises BrokenPipeError here: sim.cli.main ends quietly.
+        for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
+            row = msgspec.to_builtins(record)
+            row["dropped"] = dropped_json(record.explanation())
+            # on standard output (maybe a terminal) the run's text is escaped, as JSON escapes: same data
+            out.write((json_line(row).encode() if args.out is None else encoder.encode(row)) + b"\n")
+            count += 1
+            if args.rotate:
+                exported.append(record.id)
+        out.flush()
+    note = Out(sys.stderr)
     if args.out is not None:
-        Console(stderr=True).print(f"exported {count} records to {args.out}")
+        note.record(f"exported {count} records to {args.out}")
     if args.rotate:
         _sync(Path(args.out))
         deleted = delete_audit_records(args.db, exported)
-        Console(stderr=True).print(f"rotated: deleted {deleted} exported records from {args.db}")
+        note.record(f"rotated: deleted {deleted} exported records from {args.db}")
     return 0
 
 

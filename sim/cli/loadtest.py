@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from rich.console import Console
 from rich.live import Live
 
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._observe import add_metrics_argument, metrics_served
+from sim.cli._terminal import Out
 from sim.cli._values import milliseconds, seconds, whole
 from sim.errors import ConfigError
 from sim.loadtest import (
@@ -147,10 +147,11 @@ def loadtest_command(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.plot is not None:
         require_matplotlib()
-    console = Console()
+    out = Out()
+    console = out.console if out.terminal else out.wide_console()
     builder: Builder = args.builder
     latest: list[Progress] = []
-    with metrics_served(args.metrics_port, console) as metrics, \
+    with metrics_served(args.metrics_port, out) as metrics, \
             Live(console=console, refresh_per_second=4, transient=True) as live:
         if metrics is not None:
             metrics.watch_loadtest(lambda: latest[-1] if latest else None)
@@ -166,11 +167,11 @@ def loadtest_command(args: argparse.Namespace) -> int:
     print_result(console, result)
     if args.json is not None:
         args.json.write_bytes(_json.encode(result) + b"\n")
-        console.print(f"figures written to {args.json}")
+        out.record(f"figures written to {args.json}")
     if args.plot is not None:
         write_plot(result, args.plot)
-        console.print(f"plot written to {args.plot}")
+        out.record(f"plot written to {args.plot}")
     if result.violations:
-        console.print(f"[bold red]{result.violations} invariant violation(s): priority truncation is broken[/]")
+        out.record((f"{result.violations} invariant violation(s): priority truncation is broken", "bold red"))
         return 1
     return 0

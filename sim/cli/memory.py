@@ -1,20 +1,31 @@
-"""`npcsim memory show`: every NPC's working memory at the default and a tight budget."""
+"""`npcsim memory show`: every NPC's working memory at the default and a tight budget.
+
+Each is printed as its prompt, its truncation report and what it dropped (and why); with
+`--json`, one JSON object per NPC and budget instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import msgspec
-from rich.console import Console
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
+from sim.cli._terminal import Out
+from sim.cli._truncation import dropped_json, print_truncation
 from sim.cli._values import whole
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.errors import ConfigError
+from sim.memory import (
+    NpcState,
+    TruncationExplanation,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    build_working_memory,
+    explain_truncation,
+)
 from sim.scenario import Scenario, load_scenario
 
-__all__ = ["register", "report_table"]
+__all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,26 +37,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("--tight", type=whole(1), default=600, metavar="CHARS", help="the tight budget (default 600)")
     show.add_argument("--tokens", type=whole(1), default=None, metavar="T", help="also limit to T tokens (cl100k)")
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
+    show.add_argument("--json", action="store_true",
+                      help="JSON Lines: one object per NPC and budget (npc, budget, limits, prompt, report, dropped)")
     show.set_defaults(func=show_command)
-
-
-def report_table(wm: WorkingMemory) -> Table:
-    """The truncation report as a table: one row per category."""
-    report = wm.report
-    table = Table(title_justify="left", show_edge=False)
-    for column in ("category", "budget", "used", "kept", "dropped"):
-        table.add_column(column, justify="left" if column == "category" else "right")
-    for name in ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs"):
-        row = getattr(report, name)
-        budget = "mandatory" if name in ("canonical_facts", "world_state") and row.dropped == 0 else str(row.budget)
-        table.add_row(name, budget, str(row.used), str(row.kept), str(row.dropped))
-    tokens = f", {report.prompt_tokens}/{report.limit_tokens} tokens" if report.limit_tokens else ""
-    flag = " [bold red]OVER BUDGET[/]" if report.over_budget else ""
-    table.caption = (
-        f"prompt {report.prompt_chars}/{report.limit_chars} chars{tokens}; "
-        f"mandatory {report.mandatory_chars} chars{flag}"
-    )
-    return table
 
 
 def _first_input(scenario: Scenario, npc_id: str) -> str:
@@ -58,30 +52,45 @@ def _first_input(scenario: Scenario, npc_id: str) -> str:
 
 def show_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    console = Console()
+    out = Out()
     default = scenario.memory
     if args.tokens is not None:
         default = msgspec.structs.replace(default, max_context_tokens=args.tokens)
     tight = msgspec.structs.replace(default, max_context_chars=args.tight)
-    wanted = set(args.npc or [spec.id for spec in scenario.npcs])
-    unknown = wanted - {spec.id for spec in scenario.npcs}
+    known = [spec.id for spec in scenario.npcs]
+    wanted = set(args.npc or known)
+    unknown = wanted - set(known)
     if unknown:
-        console.print(f"[red]unknown NPC(s): {', '.join(sorted(unknown))}[/]")
-        return 2
+        raise ConfigError(f"--npc: no NPC {', '.join(sorted(unknown))} in {args.scenario}; "
+                          f"its NPCs: {', '.join(sorted(known))}")
     for spec in scenario.npcs:
         if spec.id not in wanted:
             continue
         state: NpcState = scenario.initial_state(spec.id)
         said = args.input if args.input is not None else _first_input(scenario, spec.id)
-        for label, config in (("default budget", default), ("tight budget", tight)):
-            _show_one(console, spec.id, label, state, said, config)
+        for label, config in (("default", default), ("tight", tight)):
+            wm = build_working_memory(state, said, config)
+            explanation = explain_truncation(state, said, config, wm)
+            if args.json:
+                out.json(_as_json(spec.id, label, config, wm, explanation))
+            else:
+                _show_one(out, spec.id, f"{label} budget", config, wm, explanation)
     return 0
 
 
+def _as_json(
+    npc: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory, explanation: TruncationExplanation
+) -> dict[str, Any]:
+    """One JSON line: the NPC, the budget, the prompt, the report and the dropped list."""
+    return {"npc": npc, "budget": label, "max_context_chars": config.max_context_chars,
+            "max_context_tokens": config.max_context_tokens, "prompt": wm.prompt, "report": wm.report,
+            "dropped": dropped_json(explanation)}
+
+
 def _show_one(
-    console: Console, npc_id: str, label: str, state: NpcState, said: str, config: WorkingMemoryConfig
+    out: Out, npc_id: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory,
+    explanation: TruncationExplanation,
 ) -> None:
-    wm = build_working_memory(state, said, config)
-    console.print(Panel(Text(wm.prompt), title=f"{npc_id}: {label} ({config.max_context_chars} chars)", expand=False))
-    console.print(report_table(wm))
-    console.print()
+    out.block(f"{npc_id}: {label} ({config.max_context_chars} chars)", wm.prompt)
+    print_truncation(out, wm.report, explanation)
+    out.blank()

@@ -1,34 +1,37 @@
-"""`npcsim run`, `npcsim subscribe` and `npcsim scenario generate`."""
+"""`npcsim run` and `npcsim scenario generate`.
+
+A run prints, on standard error, where to watch it: the view's address and how to attach
+(sim.cli._attach); on standard output the dialogue (`--follow`, `--dialogue`) and the
+summary, one record per line in a pipe. `--quiet` prints nothing but errors.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import aiomqtt
-import msgspec
-from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 
 from sim.cli import bundled
+from sim.cli._attach import attach_lines, published_run
 from sim.cli._backend import add_backend_arguments, backend_options
-from sim.cli._broker import add_broker_arguments, broker_address, tls_files
+from sim.cli._broker import add_broker_arguments, tls_files
 from sim.cli._observe import ViewOptions, add_metrics_argument, metrics_served, port_number, run_observed
-from sim.cli._values import run_id, seconds, whole
+from sim.cli._terminal import Out
+from sim.cli._values import add_fact_guard_argument, run_id, seconds, whole
+from sim.cli.subscribe import say_record
 from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError
 from sim.generate import write_scenario
-from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
-from sim.shard import RunConfig, RunStats, StartupPhase, run
-from sim.wire import topics
-from sim.wire.events import SayMessage, decode_say
+from sim.shard import RunConfig, RunStats, StartupPhase, parse_shard, run
 
-__all__ = ["register"]
+__all__ = ["register", "summary_rows"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,10 +55,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--concurrency", type=whole(1), default=64, help="inferences in flight at once (default 64)")
     cmd.add_argument("--inference-timeout", type=seconds, default=30.0, metavar="S",
                      help="seconds one inference may take before the fallback line speaks (default 30)")
-    cmd.add_argument("--shard", default="0/1", help="i/n: run shard i of n")
+    cmd.add_argument("--shard", default="0/1",
+                     help="i/n: run shard i of n (every shard of a run on the same --broker mqtt://...)")
     cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
     cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
-    cmd.add_argument("--quiet", action="store_true", help="no live display")
+    cmd.add_argument("--quiet", action="store_true", help="print nothing but errors (no display, no summary)")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
     cmd.add_argument("--follow", action="store_true", help="print each line as it is said (no live display)")
     cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
@@ -64,24 +68,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--no-trace-prompt", action="store_true",
                      help="the per-inference trace topic carries the report and digest, not the prompt")
     add_metrics_argument(cmd)
+    cmd.add_argument("--max-context-chars", type=whole(1), default=None, metavar="N",
+                     help="each prompt's hard limit in characters, for this run (default: the scenario's [memory])")
+    cmd.add_argument("--max-context-tokens", type=whole(1), default=None, metavar="N",
+                     help="also limit each prompt to N tokens (cl100k; needs the 'tokens' extra)")
+    add_fact_guard_argument(cmd)
     cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
                      help="prune NPC memories past each agent's newest N per category after every tick"
                      " (N >= the store's hot window; default: keep everything)")
     cmd.set_defaults(func=run_command)
 
-    sub = subparsers.add_parser("subscribe", help="print what NPCs say, as it happens")
-    add_broker_arguments(sub, default="mqtt://127.0.0.1:1883")
-    sub.add_argument("--run", default="+", help="run id (default: every run)")
-    sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
-    sub.set_defaults(func=subscribe_command)
-
     scenario = subparsers.add_parser("scenario", help="scenario tools")
     scmds = scenario.add_subparsers(dest="scenario_command", required=True, metavar="COMMAND")
-    gen = scmds.add_parser("generate", help="write a large generated world")
-    gen.add_argument("--npcs", type=whole(1), required=True)
-    gen.add_argument("--locations", type=whole(1), required=True)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--out", required=True)
+    gen = scmds.add_parser(
+        "generate", help="write a large generated world",
+        description="Write a scenario of N NPCs spread evenly over L locations (NPC n{i} stands at l{i %% L}), "
+        "each with a trade drawn from the seed: a world for scale runs and load tests.",
+    )
+    gen.add_argument("--npcs", type=whole(1), required=True, metavar="N", help="number of NPCs (>= 1)")
+    gen.add_argument("--locations", type=whole(1), required=True, metavar="L", help="number of locations (>= 1)")
+    gen.add_argument("--seed", type=int, default=0,
+                     help="seed of the NPCs' trades and of the scenario's run (default 0)")
+    gen.add_argument("--out", required=True, metavar="FILE", help="the TOML file to write (replaced if it exists)")
     gen.set_defaults(func=generate_command)
     bundled.register(scmds)
 
@@ -103,14 +111,12 @@ def _progress(stats: RunStats) -> Table:
     return table
 
 
-def summary_table(stats: RunStats) -> Table:
+def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
+    """The figures of a finished run, one (measure, value) each."""
     elapsed = max(time.monotonic() - stats.started, 1e-9)
     bus = stats.bus
-    table = Table(title=f"run {stats.run_id}, shard {stats.shard}", title_justify="left")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
     ticks = stats.tick - stats.first_tick + 1
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("agents", stats.agents),
         ("ticks", ticks),
         ("ticks/s", f"{ticks / elapsed:,.1f}"),
@@ -136,12 +142,26 @@ def summary_table(stats: RunStats) -> Table:
         ]
         rows += [(f"refused: {kind}", n) for kind, n in sorted(bus.refused.items())]
     rows.append(("stopped by signal", "yes" if stats.stopped_by_signal else "no"))
-    for name, value in rows:
-        table.add_row(name, str(value))
-    return table
+    return [(name, str(value)) for name, value in rows]
+
+
+def _print_summary(out: Out, stats: RunStats) -> None:
+    out.table(("measure", "value"), summary_rows(stats), title=f"run {stats.run_id}, shard {stats.shard}",
+              right=("value",))
+
+
+def _check_shards(args: argparse.Namespace) -> None:
+    """Shards of one run meet on one broker: each would start its own private one."""
+    _, count = parse_shard(args.shard)
+    if count > 1 and args.broker == "auto":
+        raise ConfigError(
+            f"--shard {args.shard}: each shard would start its own private broker: "
+            "give every shard the same --broker mqtt://..."
+        )
 
 
 def run_command(args: argparse.Namespace) -> int:
+    _check_shards(args)
     config = RunConfig(
         scenario=args.scenario,
         broker=args.broker,
@@ -161,38 +181,52 @@ def run_command(args: argparse.Namespace) -> int:
         resume=args.resume,
         bots=args.bots,
         inference_timeout=args.inference_timeout,
-        keep_dialogue=args.dialogue or args.follow,
+        keep_dialogue=(args.dialogue or args.follow) and not args.quiet,
         trace_prompts=not args.no_trace_prompt,
         retain_memories=args.retain_memories,
+        max_context_chars=args.max_context_chars,
+        max_context_tokens=args.max_context_tokens,
+        fact_guard=args.fact_guard,
     )
-    console = Console()
+    out = Out(flush=True)
+    banner = Out(sys.stderr)
     stats = RunStats()
-    with metrics_served(args.metrics_port, console) as metrics:
-        if metrics is None and args.view is None and not args.follow:
-            asyncio.run(_run_live(config, stats, console, live=not args.quiet and console.is_terminal))
-        else:
-            follow = _say_line if args.follow else None
-            view = None if args.view is None else ViewOptions(port=args.view, player=args.as_player,
-                                                              password=view_password())
-            asyncio.run(run_observed(config, stats, console, metrics=metrics, view=view, follow=follow))
+    with contextlib.ExitStack() as published:
+
+        def ready(ready_stats: RunStats) -> None:
+            """The run has started: say how to attach, and let `subscribe`/`view` find a private broker."""
+            published.enter_context(published_run(ready_stats))
+            if not args.quiet:
+                for line in attach_lines(ready_stats):
+                    banner.record(line)
+
+        with metrics_served(args.metrics_port, banner) as metrics:
+            live = not args.quiet and out.terminal and not args.follow
+            if metrics is None and args.view is None and not args.follow:
+                asyncio.run(_run_live(config, stats, out, ready, live=live))
+            else:
+                follow = None if args.quiet or not args.follow else (lambda say: out.record(*say_record(say)))
+                view = None if args.view is None else ViewOptions(port=args.view, player=args.as_player,
+                                                                  password=view_password())
+                asyncio.run(run_observed(config, stats, banner, metrics=metrics, view=view,
+                                         follow=follow, on_ready=ready))
+    if args.quiet:
+        return 0
     for say in stats.dialogue:
-        console.print(_say_line(say))
-    console.print(summary_table(stats))
+        out.record(*say_record(say))
+    _print_summary(out, stats)
     return 0
 
 
-def _say_line(say: SayMessage) -> str:
-    to = f" [dim]to[/] [bold]{escape(say.to)}[/]" if say.to else ""
-    return f"[dim]{escape(say.run)} t{say.tick:>4}[/] [bold cyan]{escape(say.agent)}[/]{to}: {escape(say.text)}"
-
-
-async def _run_live(config: RunConfig, stats: RunStats, console: Console, *, live: bool) -> None:
+async def _run_live(
+    config: RunConfig, stats: RunStats, out: Out, on_ready: Callable[[RunStats], None], *, live: bool
+) -> None:
     if not live:
-        await run(config, stats=stats)
+        await run(config, stats=stats, on_ready=on_ready)
         return
-    with Live(_progress(stats), console=console, refresh_per_second=4, transient=True) as display:
+    with Live(_progress(stats), console=out.console, refresh_per_second=4, transient=True) as display:
         async with asyncio.TaskGroup() as group:
-            job = group.create_task(run(config, stats=stats))
+            job = group.create_task(run(config, stats=stats, on_ready=on_ready))
             while not job.done():
                 display.update(_progress(stats))
                 with contextlib.suppress(TimeoutError):
@@ -200,35 +234,10 @@ async def _run_live(config: RunConfig, stats: RunStats, console: Console, *, liv
                         await asyncio.shield(job)
 
 
-def subscribe_command(args: argparse.Namespace) -> int:
-    console = Console()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_subscribe(broker_address(args), args.run, args.agent, console))
-    return 0
-
-
-async def _subscribe(address: BrokerAddress, run_id: str, agent: str, console: Console) -> None:
-    """Print every line said; rides out a broker restart like every npcsim client."""
-    topic = f"{topics.ROOT}/{run_id}/agent/{agent}/say"
-
-    async def session(client: aiomqtt.Client) -> None:
-        await client.subscribe(topic, qos=1)
-        async for message in client.messages:
-            payload = message.payload
-            try:
-                say = decode_say(bytes(payload) if isinstance(payload, bytes | bytearray) else b"")
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                console.print(f"[dim]{escape(str(message.topic))}: unreadable payload ({escape(str(exc))})[/]")
-                continue
-            console.print(_say_line(say))
-
-    await stay_connected(address, session, name="subscribe", policy=ReconnectPolicy())
-
-
 def generate_command(args: argparse.Namespace) -> int:
     try:
         path = write_scenario(Path(args.out), npcs=args.npcs, locations=args.locations, seed=args.seed)
     except OSError as exc:
         raise ConfigError(f"--out {args.out!r}: cannot write the scenario: {exc.strerror or exc}") from exc
-    Console().print(f"wrote {args.npcs} NPCs in {args.locations} locations to {path}")
+    Out().record(f"wrote {args.npcs} NPCs in {args.locations} locations to {path}")
     return 0

@@ -1,4 +1,9 @@
-"""`npcsim view`: the web page of a live run (`--broker --run`) or of a finished one (`--db`).
+"""`npcsim view`: the web page of a live run (`--run`, with `--broker`) or of a finished one (`--db`).
+
+Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
+and logs in as its read-only viewer. With `--broker`, the run must be known there (a shard
+of it left its retained status): a mistyped run id is an error naming the runs the broker
+knows, not an empty page.
 
 It listens on loopback unless `--allow-remote` (with NPCSIM_VIEW_PASSWORD, the login) says
 otherwise, speaks as `--as-player` (default `viewer`) and nobody else; docs/operations.md,
@@ -11,20 +16,28 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+import aiomqtt
 
+from sim.cli._attach import local_broker, no_local_run
 from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import port_number
+from sim.cli._terminal import Out
 from sim.cli._values import player_name, run_id
 from sim.errors import ConfigError
+from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.scenario import load_scenario
+from sim.wire import topics
 
 if TYPE_CHECKING:  # imported when the command runs: aiohttp would slow every start of the CLI
     from sim.view import LiveView, ViewSource
 
 __all__ = ["add_view_arguments", "register", "view_command", "view_password"]
+
+_PROBE_S = 2.0  # how long retained statuses may take to arrive
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,9 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="A web page showing the world, the dialogue, each NPC's working memory and budget, "
         "and the run's health. Live runs are read over MQTT; a store file is read-only, with a tick slider.",
     )
-    add_broker_arguments(cmd, default="")  # "": not given (a stored run needs no broker)
+    add_broker_arguments(cmd, default="", found="the private broker of --run on this machine")  # "": not given
     cmd.add_argument("--run", type=run_id, default=None, metavar="ID", help="the live run's id")
     cmd.add_argument("--db", default=None, metavar="FILE", help="a finished run's shard store (read-only)")
+    cmd.add_argument("--scenario", default=None, metavar="FILE",
+                     help="with --db: the scenario the run was made from, for the NPCs' names and places "
+                     "(a store does not keep them); a file or a bundled scenario's name")
     cmd.add_argument("--port", type=port_number, default=8080, help="HTTP port (default 8080)")
     cmd.add_argument("--host", default="127.0.0.1",
                      help="HTTP address (default 127.0.0.1); beyond loopback only with --allow-remote")
@@ -65,34 +81,67 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     """Check the options and make the page's source; a bad value is one ConfigError."""
     from sim.view import LiveView, StoredRun, ViewSource
 
+    if args.scenario is not None and args.db is None:
+        raise ConfigError("--scenario: only with --db (a live run's roster comes from the run)")
     if args.db is not None:
         if args.broker or args.run is not None:
             raise ConfigError("--db: a stored run is viewed without --broker and --run")
         path = Path(args.db)
         if not path.is_file():
             raise ConfigError(f"--db {args.db!r}: no such file")
-        stored = StoredRun(path)
+        stored = StoredRun(path, load_scenario(args.scenario) if args.scenario is not None else None)
         return ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick)), None
-    if not args.broker or args.run is None:
-        raise ConfigError("view: give --broker URL and --run ID for a live run, or --db FILE for a stored one")
-    args.address = broker_address(args)
+    if args.run is None:
+        raise ConfigError("view: give --run ID (and --broker URL for a run elsewhere) for a live run, "
+                          "or --db FILE for a stored one")
+    if args.broker:
+        args.address = broker_address(args)
+        asyncio.run(_check_run(args.address, args.run))
+    else:
+        found = local_broker(args.run)
+        if found is None:
+            raise no_local_run("--run", args.run)
+        args.address = found
     live = LiveView(args.run, player=args.as_player)
     return live.source(), live
 
 
+async def _check_run(address: BrokerAddress, run: str) -> None:
+    """The broker knows run `run` (a shard's retained status), or a ConfigError naming the runs it knows."""
+    known: set[str] = set()
+
+    async def session(client: aiomqtt.Client) -> None:
+        await client.subscribe(f"{topics.ROOT}/+/status/+", qos=1)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_PROBE_S):
+                async for message in client.messages:
+                    known.add(message.topic.value.split("/")[1])
+                    if run in known:
+                        return
+
+    await stay_connected(address, session, name="view", policy=ReconnectPolicy(patience=_PROBE_S))
+    if run not in known:
+        there = f"runs there: {', '.join(sorted(known))}" if known else "it knows of no run"
+        raise ConfigError(f"--run {run}: no such run on {address.url} (no shard of it left a status there; {there})")
+
+
 def view_command(args: argparse.Namespace) -> int:
+    from sim.view.access import check_listening
+
+    # where the page may listen is refused first, in one line, before a broker is asked about the run
+    check_listening(args.host, allow_remote=args.allow_remote, password=view_password(), public_url=args.public_url)
     source, live = _source(args)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(source, live, args, Console()))
+        asyncio.run(_serve(source, live, args, Out(sys.stderr, flush=True)))
     return 0
 
 
-async def _serve(source: ViewSource, live: LiveView | None, args: argparse.Namespace, console: Console) -> None:
+async def _serve(source: ViewSource, live: LiveView | None, args: argparse.Namespace, banner: Out) -> None:
     from sim.view import build_app, open_view_server
 
     async with open_view_server(build_app(source), args.host, args.port, allow_remote=args.allow_remote,
                                 password=view_password(), public_url=args.public_url) as url:
-        console.print(f"view: [bold]{url}[/]  (Ctrl-C stops)")
+        banner.record("view: ", (url, "bold"), "  (Ctrl-C stops)")
         if live is not None:
             await live.follow(args.address, args.run)
         else:

@@ -6,12 +6,11 @@ import argparse
 import asyncio
 import signal
 
-from rich.console import Console
-
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import add_metrics_argument, metrics_served
-from sim.cli._values import run_id, seconds, segment, whole
+from sim.cli._terminal import Out
+from sim.cli._values import add_fact_guard_argument, run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 from sim.protocol.seal import load_run_key
@@ -30,17 +29,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="shared-subscription group (default 'workers')")
     worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
+    add_fact_guard_argument(worker)
     add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
 
-async def _announce(worker: RemoteWorker, console: Console) -> None:
+async def _announce(worker: RemoteWorker, out: Out) -> None:
     await worker.ready.wait()
-    console.print(f"worker {worker.name} ready: run {worker.config.run_id}, backend {worker.config.backend}, "
-                  f"concurrency {worker.config.concurrency}", highlight=False)
+    out.record(f"worker {worker.name} ready: run {worker.config.run_id}, backend {worker.config.backend}, "
+               f"concurrency {worker.config.concurrency}")
 
 
-async def _run(worker: RemoteWorker, console: Console) -> None:
+async def _run(worker: RemoteWorker, out: Out) -> None:
     """Serve until SIGINT or SIGTERM; then stop serving and return normally."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -49,7 +49,7 @@ async def _run(worker: RemoteWorker, console: Console) -> None:
     try:
         async with asyncio.TaskGroup() as tg:
             serving = tg.create_task(worker.run())
-            announcing = tg.create_task(_announce(worker, console))
+            announcing = tg.create_task(_announce(worker, out))
             await stop.wait()
             serving.cancel()
             announcing.cancel()
@@ -64,14 +64,15 @@ def worker_command(args: argparse.Namespace) -> int:
         run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
         backend=args.backend, options=backend_options(args),
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
+        fact_guard=args.fact_guard,
     )
     worker = RemoteWorker(config)
-    console = Console()
+    out = Out(flush=True)
     try:
-        with metrics_served(args.metrics_port, console) as metrics:
+        with metrics_served(args.metrics_port, out) as metrics:
             if metrics is not None:
                 metrics.watch_pool(worker.statistics)
-            asyncio.run(_run(worker, console))
+            asyncio.run(_run(worker, out))
     except ExceptionGroup as group:
         # A worker that cannot start (bad option, unknown backend) fails inside the task group.
         first = next((e for e in group.exceptions if isinstance(e, NpcsimError)), None)
@@ -79,6 +80,6 @@ def worker_command(args: argparse.Namespace) -> int:
             raise
         raise first from group
     stats = worker.statistics()
-    console.print(f"worker {worker.name} stopped: {stats.completed} served, fallbacks {stats.fallbacks}, "
-                  f"malformed {stats.malformed}", highlight=False)
+    out.record(f"worker {worker.name} stopped: {stats.completed} served, fallbacks {stats.fallbacks}, "
+               f"malformed {stats.malformed}")
     return 0

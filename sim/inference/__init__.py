@@ -14,7 +14,8 @@ statistics; `backends` the backends. See docs/inference.md.
 from sim.inference._config import PoolConfig, WorkerConfig
 from sim.inference._counters import PoolStatistics
 from sim.inference._fallback import GENERIC_LINES, fallback_line
-from sim.inference._output import Verdict, clean_line, contradicted_fact, judge
+from sim.inference._guard import FactGuard, contradicted_fact, load_fact_guard
+from sim.inference._output import Verdict, clean_line, judge
 from sim.inference._pool import Pool, open_pool
 from sim.inference._replies import reply_problem
 from sim.inference._worker import RemoteWorker
@@ -33,6 +34,7 @@ __all__ = [
     "BACKENDS",
     "GENERIC_LINES",
     "Backend",
+    "FactGuard",
     "InferenceRequest",
     "InferenceResult",
     "Pool",
@@ -51,6 +53,7 @@ __all__ = [
     "encode_result",
     "fallback_line",
     "judge",
+    "load_fact_guard",
     "open_backend",
     "open_pool",
     "reply_problem",

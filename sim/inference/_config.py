@@ -31,6 +31,8 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     bounds it further. `reply_grace` lets a remote worker's "stale" answer arrive.
     `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
     `run_key`, requests are signed and replies without a valid signature refused (sim.protocol.seal).
+    `fact_guard` names the output check's fact guard as `module:attribute` ("" is the built-in
+    one, sim.inference.contradicted_fact); remote workers must name the same.
     """
 
     backend: str = "scripted"
@@ -47,6 +49,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     run_id: str = "run"
     shard: str = "0"
     group: str = "workers"
+    fact_guard: str = ""
 
     def __post_init__(self) -> None:
         _positive("concurrency", self.concurrency)
@@ -80,6 +83,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     name: str = ""
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(patience=None))
     run_key: RunKey | None = None
+    fact_guard: str = ""  # as PoolConfig.fact_guard: the same as the run's pool
 
     def __post_init__(self) -> None:
         _positive("concurrency", self.concurrency)

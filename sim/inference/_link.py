@@ -38,6 +38,7 @@ from sim.inference._config import PoolConfig
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import Dispatch
 from sim.inference._fallback import fallback_result
+from sim.inference._guard import FactGuard
 from sim.inference._replies import reply_problem
 from sim.mqtt import open_client, stay_connected
 from sim.protocol.seal import seal
@@ -64,9 +65,10 @@ class _Waiting:
 class _PoolLink:
     """The pool's connection: requests waiting for replies survive a reconnect and are re-sent."""
 
-    def __init__(self, config: PoolConfig, counters: Counters) -> None:
+    def __init__(self, config: PoolConfig, counters: Counters, guard: FactGuard) -> None:
         self.config = config
         self.counters = counters
+        self.guard = guard
         self.warn = LogOnce(log)
         self.request_topic = topics.infer_request(config.run_id)
         self.response_topic = topics.infer_response(config.run_id, config.shard)
@@ -156,7 +158,7 @@ class _PoolLink:
             counters.late_replies += 1
             log.debug("late or unknown reply %s on %s dropped", result.id, message.topic)
             return
-        problem = reply_problem(entry.request, result, self.config.max_line_chars)
+        problem = reply_problem(entry.request, result, self.config.max_line_chars, self.guard)
         if problem is not None:
             counters.rejected_outputs += 1
             self.warn("reply-refused", "refused a reply to %s from worker %r: %s (logged once)", result.id,
@@ -187,7 +189,12 @@ class _PoolLink:
                     self.outbox.put(entry, priority=request.priority, deadline=request.deadline)
                 result = await future
         except TimeoutError:
-            self.warn("timeout", "no reply to request %s of %s within %.2fs", request.id, request.agent_id, wait)
+            self.warn(
+                "timeout", "no reply to request %s of %s within %.2fs: is a worker serving run %s? Start one with "
+                "`npcsim worker --broker %s --run %s` (for --broker auto, the run's start-up log gives the whole "
+                "command, with its login)", request.id, request.agent_id, wait, config.run_id,
+                config.broker.with_login(None, None).url, config.run_id,
+            )
             return self.give_up(request, "timeout")
         finally:
             self.waiting.pop(request.id, None)
@@ -200,10 +207,11 @@ class _PoolLink:
 
 
 @contextlib.asynccontextmanager
-async def open_mqtt_dispatch(config: PoolConfig, counters: Counters) -> AsyncIterator[Dispatch]:
+async def open_mqtt_dispatch(config: PoolConfig, counters: Counters, guard: FactGuard) -> AsyncIterator[Dispatch]:
     """Connect (a BrokerError after the reconnect patience), subscribe to this shard's replies,
-    and hand out the dispatch function; the connection is kept up until the block ends."""
-    link = _PoolLink(config, counters)
+    and hand out the dispatch function; the connection is kept up until the block ends.
+    Replies are judged again with `guard`, the workers' fact guard."""
+    link = _PoolLink(config, counters, guard)
     try:
         async with asyncio.TaskGroup() as tg:
             connection = tg.create_task(stay_connected(

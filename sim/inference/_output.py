@@ -2,10 +2,10 @@
 
 A line is one line of bounded length with stage directions (`*waves*`, `(sighs)`,
 `[laughs]`), meta-text ("As an AI ...") and speaker prefixes ("Mara:", "Assistant:")
-removed. A line is rejected when nothing is left, or when it negates a canonical fact kept
-in the working memory. The negation check is deliberately simple: a fact's clause found in
-the line with a negation inserted ("the bridge is not broken" against "The bridge is
-broken"), or a negated fact's clause found without its negation.
+removed. A line is rejected when nothing is left, or when the fact guard says it
+contradicts a canonical fact kept in the working memory. The guard is a parameter
+(`FactGuard`, sim.inference._guard): the built-in `contradicted_fact` by default, or a
+stronger one (an NLI model, a second model call) that a user plugs in.
 
 Before anything else, escape sequences, control characters, bidi and zero-width marks are
 removed (`sim.text`): the line goes to the public `say` topic, the audit and terminals.
@@ -18,10 +18,11 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sim.memory import Fact, WorkingMemory
+from sim.inference._guard import FactGuard, contradicted_fact
+from sim.memory import WorkingMemory
 from sim.text import without_controls
 
-__all__ = ["Verdict", "clean_line", "contradicted_fact", "judge"]
+__all__ = ["Verdict", "clean_line", "judge"]
 
 _STAGE = re.compile(r"\*[^*\n]*\*|\([^)\n]*\)|\[[^\]\n]*\]")
 _META = re.compile(
@@ -32,15 +33,6 @@ _META = re.compile(
 _META_SPEAKERS = ("assistant", "ai", "npc", "system", "response", "reply", "answer", "character", "bot")
 _SENTENCE = re.compile(r"[^.!?]+[.!?]*")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:…])")
-_WORD = re.compile(r"[a-z0-9']+")
-_NEGATIONS = frozenset({"not", "never", "no", "nothing", "nobody", "nowhere", "neither", "nor"})
-_CONTRACTIONS = {
-    "can't": ["can", "not"],
-    "cannot": ["can", "not"],
-    "won't": ["will", "not"],
-    "shan't": ["shall", "not"],
-    "ain't": ["is", "not"],
-}
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,62 +89,13 @@ def clean_line(raw: str, agent_id: str, max_chars: int, speakers: Iterable[str] 
     return ""
 
 
-def _words(text: str) -> list[str]:
-    words: list[str] = []
-    for word in _WORD.findall(text.lower().replace("\u2019", "'")):
-        if word in _CONTRACTIONS:
-            words.extend(_CONTRACTIONS[word])
-        elif word.endswith("n't"):
-            words.extend([word[:-3], "not"])
-        else:
-            words.append(word)
-    return words
-
-
-def _clauses(text: str) -> list[list[str]]:
-    parts = re.split(r"[,.;:!?]|\bbut\b|\band\b", text, flags=re.IGNORECASE)
-    return [w for w in (_words(p) for p in parts) if len(w) >= 2]
-
-
-def _negates(line: list[str], clause: list[str]) -> bool:
-    """The clause appears in the line with its negation flipped, words otherwise in order."""
-    core = [w for w in clause if w not in _NEGATIONS]
-    clause_negated = len(core) != len(clause)
-    if len(core) < 2:
-        return False
-    for start in range(len(line)):
-        if line[start] != core[0]:
-            continue
-        i, j, negations = start, 0, 0
-        while i < len(line) and j < len(core):
-            if line[i] == core[j]:
-                j += 1
-            elif line[i] in _NEGATIONS:
-                negations += 1
-            else:
-                break
-            i += 1
-        if j == len(core) and (negations > 0) != clause_negated:
-            return True
-    return False
-
-
-def contradicted_fact(line: str, facts: Iterable[Fact]) -> Fact | None:
-    """The first kept canonical fact the line negates, if any."""
-    words = _words(line)
-    for fact in facts:
-        if any(_negates(words, clause) for clause in _clauses(fact.text)):
-            return fact
-    return None
-
-
-def judge(raw: str, memory: WorkingMemory, max_chars: int) -> Verdict:
-    """Clean `raw` and decide whether the NPC may say it."""
+def judge(raw: str, memory: WorkingMemory, max_chars: int, guard: FactGuard = contradicted_fact) -> Verdict:
+    """Clean `raw` and decide whether the NPC may say it; `guard` finds a contradicted fact."""
     speakers = {line.speaker for line in memory.dialogue}
     line = clean_line(raw, memory.agent_id, max_chars, speakers)
     if not line:
         return Verdict(line="", problem="empty", prohibition="Answer with one short spoken line, in character.")
-    fact = contradicted_fact(line, memory.canonical_facts)
+    fact = guard(line, memory.canonical_facts)
     if fact is not None:
         return Verdict(
             line=line,

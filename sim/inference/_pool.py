@@ -24,6 +24,7 @@ import msgspec
 from sim.inference._config import PoolConfig
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._dispatch import Dispatch
+from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._link import open_mqtt_dispatch
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
@@ -113,15 +114,19 @@ class Pool:
 
 
 @asynccontextmanager
-async def open_pool(config: PoolConfig, *, backend: Backend | None = None) -> AsyncIterator[Pool]:
+async def open_pool(
+    config: PoolConfig, *, backend: Backend | None = None, fact_guard: FactGuard | None = None
+) -> AsyncIterator[Pool]:
     """Open a pool with in-process workers, or one that sends requests to remote workers.
 
-    `backend` serves in-process requests instead of opening `config.backend`: for
-    embedders and tests that bring their own.
+    `backend` serves in-process requests instead of opening `config.backend`, and
+    `fact_guard` is the output check's fact guard instead of the one `config.fact_guard`
+    names: for embedders and tests that bring their own.
     """
     counters = Counters()
+    guard = fact_guard if fact_guard is not None else load_fact_guard(config.fact_guard)
     if config.transport == "mqtt":
-        async with open_mqtt_dispatch(config, counters) as dispatch:
+        async with open_mqtt_dispatch(config, counters, guard) as dispatch:
             yield Pool(config, dispatch, counters)
         return
     warn = LogOnce(log)
@@ -130,7 +135,7 @@ async def open_pool(config: PoolConfig, *, backend: Backend | None = None) -> As
         async def dispatch(request: InferenceRequest) -> InferenceResult:
             return await serve(
                 request, served_by, time_limit=config.timeout, max_line_chars=config.max_line_chars,
-                counters=counters, worker="inprocess", warn=warn,
+                counters=counters, worker="inprocess", warn=warn, guard=guard,
             )
 
         return dispatch

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from sim.audit import Attempt
 from sim.inference._fallback import fallback_line
+from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import judge
 from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES
 from sim.memory import OverBudgetError, WorkingMemory, build_working_memory
@@ -33,37 +34,41 @@ MAX_RAW_REPLY_CHARS = 32_768
 _MAX_PROBLEM_CHARS = 1_000
 
 
-def reply_problem(request: InferenceRequest, result: InferenceResult, max_line_chars: int) -> str | None:
-    """Why the pool refuses this reply to `request`, or None."""
+def reply_problem(
+    request: InferenceRequest, result: InferenceResult, max_line_chars: int, guard: FactGuard = contradicted_fact
+) -> str | None:
+    """Why the pool refuses this reply to `request`, or None; `guard` is the fact guard workers use."""
     if result.agent_id != request.agent_id or result.tick != request.tick:
         return f"answers {result.agent_id!r} at tick {result.tick}, not {request.agent_id!r} at {request.tick}"
     raw = result.raw_response
     if raw is not None and len(raw) > MAX_RAW_REPLY_CHARS:
         return f"raw response of {len(raw)} characters (bound {MAX_RAW_REPLY_CHARS})"
-    problem = _attempts_problem(request, result.attempts, max_line_chars)
+    problem = _attempts_problem(request, result.attempts, max_line_chars, guard)
     if problem is not None:
         return problem
     if result.fallback:
         expected = fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines)
         return None if result.line == expected else "a fallback line that is not the NPC's fallback line"
-    memory = _memory_of_last(request, result.attempts, max_line_chars)
-    verdict = judge(result.line, memory, max_line_chars)
+    memory = _memory_of_last(request, result.attempts, max_line_chars, guard)
+    verdict = judge(result.line, memory, max_line_chars, guard)
     if verdict.problem is not None:
         return verdict.problem
     if verdict.line != result.line:
         return f"a line that output handling would change ({len(result.line)} characters)"
-    if raw is not None and judge(raw, memory, max_line_chars).line != result.line:
+    if raw is not None and judge(raw, memory, max_line_chars, guard).line != result.line:
         return "a raw response that does not clean to the line"
     if result.attempts and (result.attempts[-1].raw_response != raw or result.attempts[-1].problem is not None):
         return "a last attempt that is not the reply"
     return None
 
 
-def _retry_memory(request: InferenceRequest, first: Attempt, max_line_chars: int) -> WorkingMemory | None:
+def _retry_memory(
+    request: InferenceRequest, first: Attempt, max_line_chars: int, guard: FactGuard
+) -> WorkingMemory | None:
     """The retry's working memory serving would build after `first` was rejected, if any."""
     if request.state is None or request.config is None or first.raw_response is None:
         return None
-    prohibition = judge(first.raw_response, request.memory, max_line_chars).prohibition
+    prohibition = judge(first.raw_response, request.memory, max_line_chars, guard).prohibition
     if prohibition is None:
         return None
     try:
@@ -73,20 +78,24 @@ def _retry_memory(request: InferenceRequest, first: Attempt, max_line_chars: int
         return None
 
 
-def _memory_of_last(request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int) -> WorkingMemory:
+def _memory_of_last(
+    request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int, guard: FactGuard
+) -> WorkingMemory:
     if len(attempts) == 2:
-        retry = _retry_memory(request, attempts[0], max_line_chars)
+        retry = _retry_memory(request, attempts[0], max_line_chars, guard)
         if retry is not None:
             return retry
     return request.memory
 
 
-def _attempts_problem(request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int) -> str | None:
+def _attempts_problem(
+    request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int, guard: FactGuard
+) -> str | None:
     if len(attempts) > 2:
         return f"{len(attempts)} attempts (serving makes at most 2)"
     memories: list[WorkingMemory | None] = [request.memory]
     if len(attempts) == 2:
-        memories.append(_retry_memory(request, attempts[0], max_line_chars))
+        memories.append(_retry_memory(request, attempts[0], max_line_chars, guard))
     for n, (attempt, memory) in enumerate(zip(attempts, memories[: len(attempts)], strict=True), 1):
         if memory is None:
             return f"attempt {n}: a retry that serving would not have made"
@@ -98,7 +107,7 @@ def _attempts_problem(request: InferenceRequest, attempts: tuple[Attempt, ...], 
         if attempt.raw_response is not None:
             if len(attempt.raw_response) > MAX_RAW_REPLY_CHARS:
                 return f"attempt {n}: raw response of {len(attempt.raw_response)} characters"
-            if judge(attempt.raw_response, memory, max_line_chars).problem != attempt.problem:
+            if judge(attempt.raw_response, memory, max_line_chars, guard).problem != attempt.problem:
                 return f"attempt {n}: a verdict that output handling does not give"
         elif attempt.problem is None or len(attempt.problem) > _MAX_PROBLEM_CHARS:
             return f"attempt {n}: no raw response, and no (or an oversized) reason"

@@ -20,6 +20,7 @@ from sim.audit import Attempt
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, OverBudgetError, RejectedOutputError
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._fallback import fallback_result
+from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import Verdict, judge
 from sim.inference._raw import raw_excerpt
 from sim.inference.backends import Backend
@@ -76,12 +77,14 @@ async def serve(
     worker: str = "",
     clock: Callable[[], float] = time.time,
     warn: LogOnce | None = None,
+    guard: FactGuard = contradicted_fact,
 ) -> InferenceResult:
     """Answer one request; a fallback result whenever the backend cannot give a usable line.
 
     `time_limit` (seconds) bounds the backend's time together with the request's deadline;
     it is a parameter, not the caller's timeout scope, because the fallback must still be
-    produced when it runs out. Every call to the backend is kept as an `Attempt`.
+    produced when it runs out. Every call to the backend is kept as an `Attempt`; `guard` is
+    the output check's fact guard.
     """
     started = time.perf_counter()
     warn = warn or LogOnce(log)
@@ -103,7 +106,7 @@ async def serve(
                 in_flight = _attempt(backend, memory)
                 reply = await backend.generate(memory)
                 raw = raw_excerpt(reply.text)
-                verdict = judge(raw, memory, max_line_chars)
+                verdict = judge(raw, memory, max_line_chars, guard)
                 attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem))
                 in_flight = None
                 if verdict.problem is None:

@@ -21,6 +21,7 @@ import aiomqtt
 from sim.inference._batch import Batcher, BatchSender, read_batch
 from sim.inference._config import WorkerConfig
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
+from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
 from sim.mqtt import open_client, stay_connected
@@ -42,11 +43,15 @@ class RemoteWorker:
     It reconnects per its reconnect policy (forever by default) when the broker goes away;
     `ready` is set while it is subscribed. At most `concurrency` requests are served at
     once; the rest wait in the client's queue, and the deadline check drops those that
-    waited too long.
+    waited too long. Its output check uses `fact_guard`, or the one `config.fact_guard` names:
+    the same guard as the run's pool, which judges the replies again.
     """
 
-    def __init__(self, config: WorkerConfig, *, backend: Backend | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, backend: Backend | None = None, fact_guard: FactGuard | None = None
+    ) -> None:
         self.config = config
+        self.guard = fact_guard if fact_guard is not None else load_fact_guard(config.fact_guard)
         self.name = config.name or f"worker-{uuid.uuid4().hex[:8]}"
         self.ready = asyncio.Event()
         self._backend = backend
@@ -126,7 +131,7 @@ class RemoteWorker:
         try:
             result = await serve(
                 request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
-                counters=c, worker=self.name, warn=self._warn,
+                counters=c, worker=self.name, warn=self._warn, guard=self.guard,
             )
         finally:
             c.in_flight -= 1

@@ -44,7 +44,8 @@ def final_table(r: LoadTestResult) -> Group:
     figures = Table(title=f"npcsim loadtest: {r.agents:,} agents, {budget}, {r.duration_s:.1f} s", show_edge=False)
     figures.add_column("figure")
     figures.add_column("value", justify="right")
-    figures.add_row(f"snapshots/s, build+check ({r.processes} sweep processes)", f"{r.snapshots_per_s:,.0f}")
+    processes = f"{r.processes} sweep process" + ("" if r.processes == 1 else "es")
+    figures.add_row(f"snapshots/s, build+check ({processes})", f"{r.snapshots_per_s:,.0f}")
     figures.add_row("snapshots/s, all (sweep + round trip)", f"{r.all_snapshots_per_s:,.0f}")
     figures.add_row("snapshots built and checked", f"{r.snapshots:,}")
     figures.add_row(

@@ -3,13 +3,22 @@
 No I/O happens here, and nothing here imports the I/O layers. The prompt's format, piece
 by piece (for whoever re-renders or measures a prompt on its own: the checker, tests,
 benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
-module of its own.
+module of its own. `explain_truncation` names every item a working memory dropped and why,
+derived from the snapshot (the report it explains is all that audit records keep).
 """
 
 from sim.errors import OverBudgetError
 from sim.memory import render
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._config import WorkingMemoryConfig
+from sim.memory._explain import (
+    DROP_REASONS,
+    CategoryExplanation,
+    DroppedItem,
+    DropReason,
+    TruncationExplanation,
+    explain_truncation,
+)
 from sim.memory._state import (
     Belief,
     Episode,
@@ -28,7 +37,11 @@ from sim.memory.render import RENDERER_VERSION, inert
 
 __all__ = [
     "Belief",
+    "CategoryExplanation",
     "CategoryReport",
+    "DROP_REASONS",
+    "DropReason",
+    "DroppedItem",
     "Episode",
     "Fact",
     "Line",
@@ -36,6 +49,7 @@ __all__ = [
     "OverBudgetError",
     "RENDERER_VERSION",
     "TOKENIZERS",
+    "TruncationExplanation",
     "TruncationReport",
     "WorkingMemory",
     "WorkingMemoryConfig",
@@ -43,6 +57,7 @@ __all__ = [
     "belief_order",
     "build_working_memory",
     "episode_order",
+    "explain_truncation",
     "fact_order",
     "inert",
     "line_order",

@@ -53,7 +53,9 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         total = sum(shares.values())
         if total > 1.0 + _SHARE_TOLERANCE:
             listed = ", ".join(f"{n}={v!r}" for n, v in shares.items())
-            raise ConfigError(f"dialogue_share + episodic_share + belief_share must be <= 1, got {total!r} ({listed})")
+            raise ConfigError(
+                f"dialogue_share + episodic_share + belief_share must be <= 1, got {total:.6g} ({listed})"
+            )
         if self.on_overflow not in ("keep", "raise"):
             raise ConfigError(f"on_overflow must be 'keep' or 'raise', got {self.on_overflow!r}")
         if self.tokenizer not in TOKENIZERS:

@@ -54,6 +54,7 @@ __all__ = [
     "seal",
     "sealed_before_nonces",
     "sealed_nonce",
+    "unchecked_body",
     "unseal",
 ]
 
@@ -180,6 +181,16 @@ def sealed_nonce(payload: bytes) -> bytes | None:
     return payload[len(_MAGIC) : len(_MAGIC) + NONCE_BYTES]
 
 
+def unchecked_body(payload: bytes) -> bytes | None:
+    """The body of a sealed payload, its nonce and MAC taken off and not checked; None when unsealed.
+
+    For tools that read a run without its key (`npcsim subscribe --all`), never for trust.
+    """
+    if len(payload) < _HEADER or not payload.startswith(_MAGIC):
+        return None
+    return payload[_HEADER:]
+
+
 def sealed_before_nonces(payload: bytes) -> bool:
     """Whether `payload` was sealed by an npcsim from before run nonces (no key opens it now)."""
     return payload.startswith(_LEGACY_MAGIC)
@@ -189,6 +200,7 @@ def peel(payload: bytes) -> bytes:
     """The body of a payload this process sealed itself and read back from its own store,
     whatever key and nonce sealed it (a store written before schema 4 holds what a key made
     afresh at its start sealed, as npcsim sealed before run nonces): no check."""
-    if payload.startswith(_MAGIC):
-        return payload[_HEADER:]
+    body = unchecked_body(payload)
+    if body is not None:
+        return body
     return payload[_LEGACY_HEADER:] if sealed_before_nonces(payload) else payload

@@ -28,6 +28,7 @@ __all__ = [
     "check_retention",
     "default_run_id",
     "hot_limit",
+    "memory_config",
     "parse_shard",
     "shard_npcs",
 ]
@@ -64,10 +65,14 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     keep_dialogue: bool = False
     trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
     retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
+    max_context_chars: int | None = None  # overrides the scenario's [memory] limit for this run (memory_config)
+    max_context_tokens: int | None = None  # likewise, a limit in tokens
+    fact_guard: str = ""  # the output check's fact guard, `module:attribute` ("": the built-in one)
 
     def __post_init__(self) -> None:
         """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1}
+        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1,
+                   "max_context_chars": 1, "max_context_tokens": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -114,6 +119,14 @@ def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
     """
     owner = assign_places(scenario, count)
     return sorted((spec for spec in scenario.npcs if owner[spec.location] == index), key=lambda s: s.id)
+
+
+def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
+    """The scenario's working-memory config with the run's overrides (`--max-context-chars`,
+    `--max-context-tokens`); a combination the config refuses is a ConfigError naming it."""
+    overrides = {name: value for name in ("max_context_chars", "max_context_tokens")
+                 if (value := getattr(config, name)) is not None}
+    return msgspec.structs.replace(scenario.memory, **overrides) if overrides else scenario.memory
 
 
 def hot_limit(config: WorkingMemoryConfig) -> int:

@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import msgspec
+
 from sim.broker import BrokerInfo, open_broker
 from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
@@ -37,6 +39,7 @@ from sim.shard._config import (
     check_shards,
     default_run_id,
     hot_limit,
+    memory_config,
     parse_shard,
 )
 from sim.shard._context import ShardContext
@@ -105,6 +108,7 @@ async def _run(
     with PausedCollector() as collector:
         stats.startup_progress.enter(StartupPhase.LOADING)
         scenario, scenario_sha256 = await load_scenario_in_thread(config.scenario)
+        scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
         check_retention(config, hot_limit(scenario.memory))
         check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
@@ -126,6 +130,7 @@ async def _run(
                 check_resume(config, db, store)
                 stats.broker = f"{broker.kind} {broker.url}"
                 stats.broker_address = broker.address
+                stats.viewer = broker.viewer
                 run_key = await _bound_run_key(config, broker, store, claim, clock)
                 announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
                 bus_config = BusConfig(
@@ -143,6 +148,7 @@ async def _run(
                     run_key=run_key,
                     run_id=run_id,
                     shard=shard,
+                    fact_guard=config.fact_guard,
                 )
                 async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                     stats.bus = bus.stats

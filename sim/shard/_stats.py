@@ -24,6 +24,7 @@ class RunStats:
     shard: str = "0"
     broker: str = ""
     broker_address: BrokerAddress | None = None  # with the shard's login: `run --view` follows the run with it
+    viewer: BrokerAddress | None = None  # watchers' login on a broker the run started (sim.broker); else None
     agents: int = 0
     first_tick: int = 0
     tick: int = -1

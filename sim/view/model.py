@@ -1,7 +1,8 @@
 """What the page shows, as a plain object fed with messages (no I/O, injectable clock).
 
 The live view feeds it MQTT payloads (`feed`), the stored view feeds it the audit
-records of a finished run (`add_trace`, `add_line`); the server only reads it. Memory is
+records of a finished run (`set_roster`, `add_trace`, `add_line`, `add_player_input`,
+`set_world`); the server only reads it. Memory is
 bounded whatever the run's length: the newest `max_lines` dialogue lines, the last
 `history` traces per NPC with the prompt kept for the newest only.
 """
@@ -121,9 +122,10 @@ class RunModel:
             self._by_inference.pop(next(iter(self._by_inference)))
         self._see_tick(say.tick)
 
-    def add_player_input(self, player: str, message: PlayerInputMessage) -> None:
+    def add_player_input(self, player: str, message: PlayerInputMessage, tick: int | None = None) -> None:
+        """A player's line to an NPC, at `tick` (default: the newest tick seen, as it arrives live)."""
         npc = self.npcs.get(message.to)
-        self._append(max(self.health.tick, 0), player, message.to, message.text,
+        self._append(max(self.health.tick, 0) if tick is None else tick, player, message.to, message.text,
                      npc.location if npc else _NO_LOCATION, "player")
 
     def add_trace(self, trace: TraceMessage) -> None:

@@ -3,7 +3,7 @@
 Why aiohttp: one well-kept library (aio-libs) gives the server, server-sent events and a
 test client on the asyncio loop npcsim already runs, with no ASGI server in between.
 
-API (JSON; `tick` only for a stored run):
+Besides the page (`/`, `/static/*`, `/favicon.ico`), the API (JSON; `tick` only for a stored run):
     GET  /api/state?tick=T          run, mode, health, world, newest lines, tick range
     GET  /api/lines?before=&npc=&location=&limit=&tick=   older lines (paging), filtered
     GET  /api/npc/{id}?tick=T       the NPC's newest traces, the newest with its prompt
@@ -47,7 +47,9 @@ _STREAM_INTERVAL_S = 0.25
 _MAX_LINES = 200
 _JSON = msgspec.json.Encoder()
 _STATIC = importlib.resources.files("sim.view") / "static"
-_CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+_CONTENT_TYPES = {
+    ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".ico": "image/x-icon",
+}
 _ACCESS = web.AppKey("access", ViewAccess)
 _SAY = msgspec.json.Decoder(PlayerInputMessage)
 
@@ -105,6 +107,11 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
         body = page.replace("__NPCSIM_TOKEN__", access.page_token()).replace(
             "__NPCSIM_PLAYER__", html.escape(source.player))
         return web.Response(text=body, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    @routes.get("/favicon.ico")  # browsers ask for it on their own
+    async def favicon(_: web.Request) -> web.Response:
+        return web.Response(body=(_STATIC / "favicon.ico").read_bytes(), content_type="image/x-icon",
+                            headers={"Cache-Control": "max-age=86400"})
 
     @routes.get("/static/{name}")
     async def static(request: web.Request) -> web.Response:
@@ -198,12 +205,13 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
 @contextlib.asynccontextmanager
 async def open_view_server(
     app: web.Application, host: str, port: int, *, allow_remote: bool = False, password: str | None = None,
-    public_url: str | None = None,
+    public_url: str | None = None, option: str = "--port",
 ) -> AsyncIterator[str]:
     """Serve `app` on host:port (0: a free port); yields the page's URL, stops on exit.
 
     Beyond loopback only with `allow_remote` and a `password` (HTTP basic); `public_url` is
     the address browsers use when it is not host:port (a reverse proxy, a wildcard address).
+    A port that cannot be had is a ConfigError naming `option`, the flag that gave it.
     """
     check_listening(host, allow_remote=allow_remote, password=password, public_url=public_url)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
@@ -214,7 +222,7 @@ async def open_view_server(
         try:
             await site.start()
         except OSError as exc:
-            raise ConfigError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+            raise ConfigError(f"{option} {port}: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         bound = runner.addresses[0][1]
         yield app[_ACCESS].bind(host, bound, public_url=public_url, password=password)
     finally:

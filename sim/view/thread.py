@@ -27,10 +27,13 @@ _START_TIMEOUT_S = 60.0
 class ViewThread:
     """Use `open_view_thread`; `url` is the page's address once it started."""
 
-    def __init__(self, host: str, port: int, *, player: str = DEFAULT_PLAYER, password: str | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, *, player: str = DEFAULT_PLAYER, password: str | None = None,
+        option: str = "--port",
+    ) -> None:
         self.view = LiveView(player=player)
         self.url = ""
-        self._host, self._port, self._password = host, port, password
+        self._host, self._port, self._password, self._option = host, port, password, option
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,7 +72,8 @@ class ViewThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         app = build_app(self.view.source())
-        async with open_view_server(app, self._host, self._port, password=self._password) as url:
+        async with open_view_server(app, self._host, self._port, password=self._password,
+                                    option=self._option) as url:
             self.url = url
             self._started.set()
             try:
@@ -97,13 +101,13 @@ class ViewThread:
 
 @contextlib.contextmanager
 def open_view_thread(
-    host: str, port: int, *, player: str = DEFAULT_PLAYER, password: str | None = None
+    host: str, port: int, *, player: str = DEFAULT_PLAYER, password: str | None = None, option: str = "--port"
 ) -> Iterator[ViewThread]:
-    """Start the view's server on its thread (a port in use is a ConfigError here); stop it on exit.
+    """Start the view's server on its thread (a port in use is a ConfigError naming `option`); stop it on exit.
 
     The view speaks as `player`; with a `password` it asks for a login (HTTP basic).
     """
-    thread = ViewThread(host, port, player=player, password=password)
+    thread = ViewThread(host, port, player=player, password=password, option=option)
     thread._start()
     try:
         yield thread

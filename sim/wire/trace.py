@@ -1,10 +1,15 @@
 """Wire types a viewer reads besides `say`: the per-inference trace and a shard's roster.
 
 The trace (`npcsim/{run}/trace/{shard}`, JSON) is published by the shard after each
-inference: the truncation report, the prompt's SHA-256 and, unless the operator turns
-prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is what the audit
-record holds minus the state snapshot, so a viewer on another machine sees how each
-prompt was cut without access to the shard's SQLite file.
+inference: the truncation report and its explanation (each category's budget as split and
+after redistribution, what it kept and what it dropped and why: `sim.memory.
+explain_truncation`, derived from the record's snapshot), the prompt's SHA-256 and, unless
+the operator turns prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is
+what the audit record holds minus the state snapshot, so a viewer on another machine sees
+how each prompt was cut without access to the shard's SQLite file. The explanation names
+the newest `TRACE_DROPPED` dropped items of each category (the report counts them all;
+`npcsim audit show` lists every one); without prompts it keeps its numbers and reasons but
+no item's text.
 
 The roster (`npcsim/{run}/roster/{shard}`, JSON, retained) lists a shard's NPCs and their
 locations, so a viewer that connects late still knows the world.
@@ -18,9 +23,10 @@ from __future__ import annotations
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.memory import TruncationReport
+from sim.memory import TruncationExplanation, TruncationReport
 
 __all__ = [
+    "TRACE_DROPPED",
     "RosterEntry",
     "RosterMessage",
     "TraceAttempt",
@@ -62,6 +68,7 @@ class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float | None = None
     prompt: str | None = None
     attempts: tuple[TraceAttempt, ...] = ()  # every call to the backend; more than one for a retry
+    explanation: TruncationExplanation | None = None  # None from a shard that predates it
 
 
 class RosterEntry(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -102,7 +109,24 @@ def trace_of(record: AuditRecord, *, shard: str, location: str | None, prompts: 
                          prohibition=a.prohibition)
             for a in record.attempts
         ),
+        explanation=_for_trace(record.explanation(), texts=prompts),
     )
+
+
+TRACE_DROPPED = 5
+"""Dropped items named per category in a trace: the newest, those next in line to be kept."""
+_CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
+
+
+def _for_trace(explanation: TruncationExplanation, *, texts: bool) -> TruncationExplanation:
+    """The explanation with its newest dropped items only, or (prompts off) with no item at all."""
+    bounded = {}
+    for name in _CATEGORIES:
+        category = getattr(explanation, name)
+        bounded[name] = msgspec.structs.replace(
+            category, dropped=category.dropped[:TRACE_DROPPED] if texts else (),
+            kept_items=category.kept_items if texts else ())
+    return msgspec.structs.replace(explanation, **bounded)
 
 
 _json = msgspec.json.Encoder()

@@ -7,7 +7,7 @@ const CHIPS_PER_PLACE = 24;    // a 10,000-NPC world shows a sample per place, t
 const SHOWN_LINES = 300;       // newest lines kept on the page; "older lines" pages the rest
 const CATEGORIES = ["dialogue", "episodic", "beliefs"];
 
-const view = { live: true, tick: null, selected: null, world: null, expanded: new Set(), oldest: null };
+const view = { live: true, tick: null, selected: null, snapshot: null, world: null, expanded: new Set(), oldest: null };
 
 function $(id) { return document.getElementById(id); }
 function meta(name) { const m = document.querySelector('meta[name="' + name + '"]'); return m ? m.content : ""; }
@@ -130,35 +130,114 @@ async function older() {
 }
 
 // --- one NPC ------------------------------------------------------------------------------
-function bar(trace) {
+// A trace's `explanation` (sim.memory.explain_truncation) says each category's budget as split
+// and after redistribution, what it kept and what it dropped and why; a shard older than it
+// sends none, and the page then shows the report alone.
+const ALL_CATEGORIES = ["canonical_facts", "world_state", ...CATEGORIES];
+const REASONS = { cap: "the count cap was reached", budget: "did not fit what was left",
+                  over_budget: "the mandatory content took the whole limit" };
+
+function segmentItems(trace, name) {
+  const r = trace.report, e = trace.explanation;
+  if (name === "mandatory") {
+    const head = "mandatory: " + r.mandatory_chars + " chars: the system prompt, the input, the section headers";
+    if (!e) return head;
+    const items = [...e.canonical_facts.kept_items, ...e.world_state.kept_items];
+    return head + (items.length ? ", and\n" + items.map((t) => "- " + t).join("\n") : "");
+  }
+  const head = name + ": " + r[name].used + " chars, " + r[name].kept + " kept";
+  if (!e) return head;
+  const kept = e[name].kept_items;
+  if (!kept.length && r[name].kept) return head + " (the run does not publish prompts)";
+  return head + (kept.length ? ", newest first:\n" + kept.map((t) => "- " + t).join("\n") : "");
+}
+function showSegment(trace, name) {
+  const info = $("seg-info");
+  info.textContent = segmentItems(trace, name);
+  info.dataset.cat = name;
+  info.hidden = false;
+}
+function bar(trace, chosen, newest) {
   const r = trace.report;
   const total = Math.max(r.limit_chars, r.prompt_chars, 1);
   const wrap = el("div", { class: "snapshot", "data-inference": trace.inference_id });
+  if (trace.inference_id === chosen) wrap.classList.add("chosen");
   const label = el("div", { class: "bar-label" + (r.over_budget ? " over" : "") },
     "t" + trace.tick + ": " + r.prompt_chars + " / " + r.limit_chars + " chars" + (r.over_budget ? " OVER BUDGET" : "")
     + (trace.fallback ? " (fallback: " + trace.fallback_reason + ")" : ""));
   const b = el("div", { class: "bar" });
   const parts = [["mandatory", r.mandatory_chars], ...CATEGORIES.map((c) => [c, r[c].used])];
   for (const [name, size] of parts) {
-    const seg = el("span", { class: "seg " + name, "data-cat": name, "data-chars": size, title: name + ": " + size + " chars" });
+    const seg = el("span", { class: "seg " + name, "data-cat": name, "data-chars": size });
     seg.style.width = (100 * size / total) + "%";
+    seg.addEventListener("mouseenter", () => showSegment(trace, name));
     b.append(seg);
   }
+  b.addEventListener("mouseleave", () => { $("seg-info").hidden = true; });
+  // choosing the newest follows the newest again as traces arrive; an older one stays chosen
+  wrap.addEventListener("click", () => { view.snapshot = newest ? null : trace.inference_id; showNpc(); });
   wrap.append(label, b);
   return wrap;
 }
+function budgetCells(name, trace) {
+  const r = trace.report, e = trace.explanation, row = r[name];
+  const base = { used: row.used, kept: row.kept, dropped: row.dropped };
+  if (!e) return { ...base, split: row.budget, final: "", reason: "" };
+  const x = e[name];
+  if (x.mandatory) return { ...base, split: "mandatory", final: "", reason: "" };
+  const delta = x.final - x.split;
+  const final = delta ? x.final + " (" + (delta > 0 ? "+" : "") + delta + ")" : String(x.final);
+  return { ...base, split: x.split, final: final, reason: x.reason || "" };
+}
 function budgetTable(trace) {
-  const r = trace.report;
+  const r = trace.report, e = trace.explanation;
+  const tokens = r.limit_tokens ? ", " + r.limit_tokens + " tokens" : "";
+  let limit = "limit " + r.limit_chars + " chars" + tokens + " (the whole prompt): " + r.prompt_chars + " used";
+  limit += "; mandatory " + r.mandatory_chars;
+  if (e) limit += "; split between the others " + Math.max(e.flexible_chars, 0) + "; left unused " + e.unused_chars;
+  if (r.over_budget) limit += "; OVER BUDGET";
+  $("budget-limit").textContent = limit;
   const body = $("budget").tBodies[0];
   body.replaceChildren();
-  const rows = [["mandatory", { budget: r.limit_chars, used: r.mandatory_chars, kept: "", dropped: "" }]];
-  for (const c of ["canonical_facts", "world_state", ...CATEGORIES]) rows.push([c, r[c]]);
-  for (const [name, c] of rows) {
+  const rows = [["mandatory", { split: "—", final: "—", used: r.mandatory_chars, kept: "", dropped: "", reason: "" }]];
+  for (const c of ALL_CATEGORIES) rows.push([c, budgetCells(c, trace)]);
+  for (const [name, cells] of rows) {
     const tr = el("tr", { "data-cat": name });
     tr.append(el("td", {}, name));
-    for (const field of ["budget", "used", "kept", "dropped"]) tr.append(el("td", { "data-field": field }, c[field]));
+    for (const field of ["split", "final", "used", "kept", "dropped", "reason"]) {
+      const td = el("td", { "data-field": field }, cells[field]);
+      if (field === "reason" && cells.reason) td.title = REASONS[cells.reason];
+      tr.append(td);
+    }
     body.append(tr);
   }
+}
+function droppedList(trace) {
+  const list = $("dropped");
+  list.replaceChildren();
+  $("snapshot-tick").textContent = "tick " + trace.tick;
+  const r = trace.report, e = trace.explanation;
+  let shown = 0;
+  for (const c of ALL_CATEGORIES) {
+    const items = e ? e[c].dropped : [];
+    for (const d of items) {
+      const li = el("li", { class: "dropped", "data-cat": c, "data-reason": d.reason,
+                            "data-tick": d.tick === null ? "" : d.tick });
+      li.append(el("span", { class: "where" }, (d.tick === null ? "" : "t" + d.tick + " ") + c + ": "));
+      li.append(el("span", { class: "text" }, d.text));
+      li.append(el("span", { class: "reason " + d.reason, title: REASONS[d.reason] }, d.reason));
+      list.append(li);
+      shown += 1;
+    }
+    const rest = r[c].dropped - items.length;
+    if (rest > 0) {
+      const why = !e ? "" : items.length ? " older " + c + " items (npcsim audit show lists them)"
+        : " " + c + " items (the run does not publish prompts)";
+      list.append(el("li", { class: "more", "data-cat": c }, "+" + rest + (why || " " + c + " items")));
+      shown += 1;
+    }
+  }
+  if (!shown) list.append(el("li", { class: "none" }, "nothing: every item fitted"));
 }
 function showAttempts(trace) {
   const box = $("attempts");
@@ -184,17 +263,21 @@ async function showNpc() {
   detail.hidden = npc.traces.length === 0;
   if (!npc.traces.length) return;
   const latest = npc.traces[0];
-  $("bars").replaceChildren(...npc.traces.map(bar));
-  budgetTable(latest);
-  showAttempts(latest);
-  $("npc-flags").textContent = "latest: tick " + latest.tick + ", " + latest.backend + "/" + latest.model
-    + (latest.report.over_budget ? ", over budget" : "") + (latest.fallback ? ", fallback line" : "");
-  $("npc-detail").dataset.inference = latest.inference_id;
+  const chosen = npc.traces.find((t) => t.inference_id === view.snapshot) || latest;
+  $("bars").replaceChildren(...npc.traces.map((t, i) => bar(t, chosen.inference_id, i === 0)));
+  budgetTable(chosen);
+  droppedList(chosen);
+  showAttempts(chosen);
+  $("npc-flags").textContent = "shown: tick " + chosen.tick + ", " + chosen.backend + "/" + chosen.model
+    + (chosen.report.over_budget ? ", over budget" : "") + (chosen.fallback ? ", fallback line" : "");
+  detail.dataset.inference = latest.inference_id;
+  detail.dataset.snapshot = chosen.inference_id;
   $("prompt-digest").textContent = "sha256 " + latest.prompt_sha256.slice(0, 16) + "…";
   $("prompt").textContent = latest.prompt === null || latest.prompt === undefined
     ? "(the run does not publish prompts: --no-trace-prompt)" : latest.prompt;
 }
 function choose(id) {
+  if (id !== view.selected) view.snapshot = null;
   view.selected = id;
   $("speak-to").value = id;
   for (const chip of document.querySelectorAll(".npc-chip")) chip.classList.toggle("selected", chip.dataset.npc === id);

@@ -1,0 +1,137 @@
+"""`npcsim subscribe`: what NPCs say as it happens, or (`--all`) every message of a run.
+
+Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
+and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. Where it connected
+goes to standard error at once; standard output holds only the lines (or, with `--json`,
+one JSON object per line). `--all` is for debugging: every topic of the run, the public
+ones as the JSON they are, the internal ones decoded from msgpack to JSON, a signed
+payload's signature taken off (not checked). On a private broker the viewer may read the
+public topics, the trace and player input, so that is what `--all` shows there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from typing import Any
+
+import aiomqtt
+import msgspec
+
+from sim.cli._attach import local_broker
+from sim.cli._broker import add_broker_arguments, broker_address, tls_files
+from sim.cli._terminal import Out, Piece, json_line
+from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.protocol.seal import unchecked_body
+from sim.wire import topics
+from sim.wire.events import SayMessage, decode_say
+
+__all__ = ["DEFAULT_BROKER", "broker_for", "register", "say_record", "subscribe_command"]
+
+DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = subparsers.add_parser(
+        "subscribe", help="print what NPCs say, as it happens",
+        description="Print each line an NPC says as it is said (standard output; where it connected goes to "
+        "standard error). In a pipe: one line per record, nothing wrapped.",
+    )
+    add_broker_arguments(sub, default=None,
+                         found=f"the private broker of --run on this machine, else {DEFAULT_BROKER}")
+    sub.add_argument("--run", default="+", help="run id (default: every run)")
+    sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
+    sub.add_argument("--all", action="store_true",
+                     help="every topic of the run, decoded to JSON (internal msgpack too): for debugging")
+    sub.add_argument("--json", action="store_true", help="JSON Lines: one object per line said (or message)")
+    sub.set_defaults(func=subscribe_command)
+
+
+def broker_for(args: argparse.Namespace, note: Out) -> BrokerAddress:
+    """--broker; else the private broker of --run on this machine; else the default (said on `note`)."""
+    if args.broker:
+        return broker_address(args)
+    if args.run != "+":
+        found = local_broker(args.run)
+        if found is not None:
+            return found
+        note.record(f"no run {args.run} on a private broker of this machine; trying {DEFAULT_BROKER}")
+    return BrokerAddress.parse(DEFAULT_BROKER, tls=tls_files(args))
+
+
+def subscribe_command(args: argparse.Namespace) -> int:
+    note = Out(sys.stderr, flush=True)
+    address = broker_for(args, note)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_subscribe(address, args, Out(flush=True), note))
+    return 0
+
+
+def decoded(payload: bytes) -> tuple[bool, Any]:
+    """(signed, the payload as JSON-able data): JSON as it is, else msgpack, else its size and first bytes."""
+    body = unchecked_body(payload)
+    signed = body is not None
+    body = payload if body is None else body
+    if body[:1] in (b"{", b"[", b'"'):
+        with contextlib.suppress(msgspec.DecodeError):
+            return signed, msgspec.json.decode(body)
+    try:
+        value = msgspec.msgpack.decode(body)
+        msgspec.json.encode(value)  # an extension type would not go into JSON
+    except (msgspec.DecodeError, TypeError):
+        return signed, {"undecoded_bytes": len(body), "head_hex": body[:32].hex()}
+    return signed, value
+
+
+async def _subscribe(address: BrokerAddress, args: argparse.Namespace, out: Out, note: Out) -> None:
+    """Print every line said (or message); rides out a broker restart like every npcsim client."""
+    everything = f"{topics.ROOT}/{args.run}/#"
+    topic = everything if args.all else f"{topics.ROOT}/{args.run}/agent/{args.agent}/say"
+    told = False
+
+    async def session(client: aiomqtt.Client) -> None:
+        nonlocal told
+        await client.subscribe(topic, qos=1)
+        if not told:
+            note.record(f"connected to {address.url}, waiting for {'messages' if args.all else 'lines'} on {topic}")
+            told = True
+        async for message in client.messages:
+            raw = message.payload
+            payload = bytes(raw) if isinstance(raw, bytes | bytearray) else b""
+            if args.all:
+                _print_any(out, message.topic.value, payload, json=args.json)
+            else:
+                _print_say(out, message.topic.value, payload, json=args.json)
+
+    await stay_connected(address, session, name="subscribe", policy=ReconnectPolicy())
+
+
+def say_record(say: SayMessage) -> list[Piece]:
+    """A line said, as one record: `run tTICK agent [to whom]: text` (`run --follow` prints it too)."""
+    to: list[Piece] = [(" to ", "dim"), (say.to, "bold")] if say.to else []
+    return [(f"{say.run} t{say.tick:>4}", "dim"), " ", (say.agent, "bold cyan"), *to, ": ", say.text]
+
+
+def _print_say(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
+    try:
+        say = decode_say(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        if json:
+            out.json({"topic": topic, "unreadable": str(exc)})
+        else:
+            out.record((f"{topic}: unreadable payload ({exc})", "dim"))
+        return
+    if json:
+        out.json(say)
+    else:
+        out.record(*say_record(say))
+
+
+def _print_any(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
+    signed, value = decoded(payload)
+    if json:
+        out.json({"topic": topic, "signed": signed, "payload": value})
+        return
+    out.record((topic, "bold"), " (signed)" if signed else "", " ", json_line(value))

@@ -1,0 +1,208 @@
+"""Why a working memory left out what it left out: derived from the snapshot, never stored.
+
+A `TruncationReport` counts; `explain_truncation` names. It is a pure function of the
+state, the input and the config (and of the working memory built from them, rebuilt when
+not given), so audit records keep the report they always kept and whoever holds a record
+(the CLI, the view, a test) can explain it the same way.
+
+Reasons, per category. The kept items are the newest contiguous run (I3), so every item
+older than the first one dropped shares that item's reason:
+- `cap`: the category's count cap was reached;
+- `budget`: the next item did not fit what was left of the budget (characters or tokens);
+- `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept.
+
+Budgets, per category: `split` is its share of the flexible budget (limit minus mandatory
+content) as the fixed split gives it; `final` is what it had once redistribution was done.
+With `redistribute_unused` a category ends with what it used: more than its split when it
+received what the others left unused, less when it left part of its split to them; without
+it, a category has its split, used or not. An always-include category turned truncatable
+has no share: it is filled from what the others left, so its split is 0 and its final what
+it used. A mandatory category (always included) has what it takes. `unused_chars` is what
+the prompt leaves of the limit, no further whole item having fitted (`unused_tokens` the
+same in tokens, counted on the whole prompt: a category's `used_tokens` is the sum of its
+items' counts, and tokens can merge across items).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
+from sim.memory._config import WorkingMemoryConfig
+from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory.render import RENDERER_VERSION
+
+__all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
+           "explain_truncation"]
+
+DropReason = Literal["cap", "budget", "over_budget"]
+DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget")
+
+# The report's order; the categories with a count cap and a share.
+_CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
+_FLEXIBLE = ("dialogue", "episodic", "beliefs")
+_ALWAYS_FLAGS = {"canonical_facts": "always_include_canonical_facts", "world_state": "always_include_world_state"}
+_CAPS = {"dialogue": "max_dialogue_lines", "episodic": "max_episodic_memories", "beliefs": "max_beliefs"}
+
+Item = Fact | WorldFact | Episode | Belief | Line
+
+
+class DroppedItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One item of the snapshot that the prompt does not hold, and why.
+
+    `text` is the item as data: a fact's or a belief's text, a memory's text, `key: value`
+    for world state, `speaker: text` for a line of dialogue. `tick` is None for the
+    categories without one (canonical facts, world state).
+    """
+
+    category: str
+    tick: int | None
+    text: str
+    reason: DropReason
+
+
+class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
+    """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
+
+    `dropped` is newest first: the first one is the item that did not fit or passed the cap.
+    `reason` is None when nothing was dropped. `kept_items` are the kept items' texts (as a
+    dropped item's), newest first. `mandatory`: always included (canonical facts and world
+    state with their `always_include_*` flag), it takes what it needs before the split.
+    """
+
+    split: int
+    final: int
+    used: int
+    kept: int
+    cap: int | None
+    reason: DropReason | None
+    dropped: tuple[DroppedItem, ...]
+    kept_items: tuple[str, ...] = ()
+    mandatory: bool = False
+    split_tokens: int | None = None
+    final_tokens: int | None = None
+    used_tokens: int | None = None
+
+    @property
+    def received(self) -> int:
+        """Characters taken from the others' unused budget (0 when none)."""
+        return max(self.final - self.split, 0)
+
+    @property
+    def given(self) -> int:
+        """Characters of its split left to the others, or unused (0 when none)."""
+        return max(self.split - self.final, 0)
+
+
+class TruncationExplanation(msgspec.Struct, frozen=True, kw_only=True):
+    """Every category explained; `flexible_chars` is limit minus mandatory (negative: over budget)."""
+
+    limit_chars: int
+    limit_tokens: int | None
+    mandatory_chars: int
+    mandatory_tokens: int | None
+    flexible_chars: int
+    flexible_tokens: int | None
+    unused_chars: int
+    unused_tokens: int | None
+    over_budget: bool
+    redistributed: bool
+    canonical_facts: CategoryExplanation
+    world_state: CategoryExplanation
+    dialogue: CategoryExplanation
+    episodic: CategoryExplanation
+    beliefs: CategoryExplanation
+
+    def dropped(self) -> tuple[DroppedItem, ...]:
+        """Every dropped item, category by category in the report's order, newest first in each."""
+        return tuple(item for name in _CATEGORIES for item in getattr(self, name).dropped)
+
+
+def explain_truncation(
+    state: NpcState,
+    player_input: str,
+    config: WorkingMemoryConfig | None = None,
+    memory: WorkingMemory | None = None,
+    *,
+    renderer: int = RENDERER_VERSION,
+) -> TruncationExplanation:
+    """Explain the working memory built from (`state`, `player_input`, `config`).
+
+    `memory` is that working memory when the caller has it (it is rebuilt otherwise, with
+    `renderer`); it must have been built from these arguments: the explanation reads its
+    report and takes the dropped items from `state`.
+    """
+    cfg = WorkingMemoryConfig() if config is None else config
+    if memory is None:
+        memory = build_working_memory(state, player_input, cfg, renderer=renderer)
+    report = memory.report
+    over = report.over_budget
+    flexible_chars = report.limit_chars - report.mandatory_chars
+    flexible_tokens = None
+    if report.limit_tokens is not None and report.mandatory_tokens is not None:
+        flexible_tokens = report.limit_tokens - report.mandatory_tokens
+    categories: dict[str, CategoryExplanation] = {}
+    for name in _CATEGORIES:
+        categories[name] = _explain_category(name, getattr(report, name), getattr(state, name), cfg, over)
+    unused_chars = 0 if over else report.limit_chars - report.prompt_chars
+    unused_tokens = None
+    if report.limit_tokens is not None and report.prompt_tokens is not None:
+        unused_tokens = 0 if over else report.limit_tokens - report.prompt_tokens
+    return TruncationExplanation(
+        limit_chars=report.limit_chars,
+        limit_tokens=report.limit_tokens,
+        mandatory_chars=report.mandatory_chars,
+        mandatory_tokens=report.mandatory_tokens,
+        flexible_chars=flexible_chars,
+        flexible_tokens=flexible_tokens,
+        unused_chars=unused_chars,
+        unused_tokens=unused_tokens,
+        over_budget=over,
+        redistributed=cfg.redistribute_unused,
+        **categories,
+    )
+
+
+def _explain_category(
+    name: str, row: CategoryReport, items: tuple[Item, ...], cfg: WorkingMemoryConfig, over: bool
+) -> CategoryExplanation:
+    cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
+    reason: DropReason | None = None
+    if row.dropped:
+        reason = "over_budget" if over else "cap" if cap is not None and row.kept >= cap else "budget"
+    dropped = tuple(
+        DroppedItem(category=name, tick=_tick(item), text=_text(item), reason=reason or "budget")
+        for item in reversed(items[: row.dropped])
+    )
+    kept_items = tuple(_text(item) for item in reversed(items[row.dropped :]))
+    mandatory = name not in _FLEXIBLE and getattr(cfg, _ALWAYS_FLAGS[name])
+    if name in _FLEXIBLE:
+        split, split_tokens = row.budget, row.budget_tokens
+        fixed = not cfg.redistribute_unused
+        final, final_tokens = (split, split_tokens) if fixed else (row.used, row.used_tokens)
+    elif mandatory:  # it has what it takes
+        split = final = row.used
+        split_tokens = final_tokens = row.used_tokens
+    else:  # truncatable always-include: filled from what the others left
+        split, final = 0, row.used
+        split_tokens = None if row.used_tokens is None else 0
+        final_tokens = row.used_tokens
+    return CategoryExplanation(
+        split=split, final=final, used=row.used, kept=row.kept, cap=cap, reason=reason, dropped=dropped,
+        kept_items=kept_items, mandatory=mandatory, split_tokens=split_tokens, final_tokens=final_tokens,
+        used_tokens=row.used_tokens,
+    )
+
+
+def _tick(item: Item) -> int | None:
+    return None if isinstance(item, Fact | WorldFact) else item.tick
+
+
+def _text(item: Item) -> str:
+    if isinstance(item, WorldFact):
+        return f"{item.key}: {item.value}"
+    if isinstance(item, Line):
+        return f"{item.speaker}: {item.text}"
+    return item.text

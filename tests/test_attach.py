@@ -1,0 +1,177 @@
+"""Attaching to a run: the attach lines, the run file of a private broker, `subscribe` and
+`view` without `--broker`, `subscribe --all`, and the shard error."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from sim.attach import RunFile, find_run, local_runs, published
+from sim.cli import main
+from sim.mqtt import BrokerAddress
+from sim.shard import RunConfig, run
+from tests.helpers import NPCSIM, VILLAGE, MosquittoProcess, env_for
+
+pytestmark = pytest.mark.mosquitto
+
+
+def _read_until(stream: object, pattern: str, deadline_s: float = 60.0) -> tuple[re.Match[str], list[str]]:
+    lines: list[str] = []
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        line = stream.readline()  # type: ignore[attr-defined]
+        if not line:
+            break
+        lines.append(line)
+        if match := re.search(pattern, line):
+            return match, lines
+    raise AssertionError(f"no line matching {pattern!r} in {lines}")
+
+
+def test_a_private_run_prints_how_to_attach_and_subscribe_finds_it(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    runs = Path(env["XDG_RUNTIME_DIR"]) / "npcsim"
+    with subprocess.Popen([NPCSIM, "run", VILLAGE, "--ticks", "100000", "--tick-ms", "100"], cwd=tmp_path, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as shard:
+        try:
+            found, _ = _read_until(shard.stderr, r"attach: broker (mqtt://127\.0\.0\.1:\d+), read-only login "
+                                                 r"viewer / (\S+):")
+            url, password = found.group(1), found.group(2)
+            (entry,) = local_runs(runs)
+            assert (entry.run, entry.url, entry.username, entry.password) == ("village-7", url, "viewer", password)
+            assert (runs / f"{entry.pid}-x").parent.stat().st_mode & 0o777 == 0o700
+            assert all(p.stat().st_mode & 0o777 == 0o600 for p in runs.iterdir())
+
+            started = time.monotonic()
+            with subprocess.Popen([NPCSIM, "subscribe", "--run", "village-7"], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as sub:
+                try:
+                    connected, _ = _read_until(sub.stderr, r"^connected to (\S+), waiting for lines")
+                    assert connected.group(1) == url.replace("mqtt://", "mqtt://viewer@")
+                    assert time.monotonic() - started < 15
+                    assert sub.stdout is not None
+                    assert re.match(r"village-7 t +\d+ \w+", sub.stdout.readline())
+                finally:
+                    sub.send_signal(signal.SIGINT)
+                    sub.wait(timeout=30)
+            assert sub.returncode == 0
+
+            # the printed login is read-only: it reads what is said, and may not speak as the shard
+            async def as_viewer() -> None:
+                address = BrokerAddress.parse(url).with_login("viewer", password)
+                async with aiomqtt.Client(address.host, address.port, username="viewer", password=password) as c:
+                    await c.subscribe("npcsim/village-7/agent/+/say", qos=1)
+                    async with asyncio.timeout(30):
+                        async for message in c.messages:
+                            assert json.loads(bytes(message.payload))["run"] == "village-7"  # type: ignore[arg-type]
+                            return
+
+            asyncio.run(as_viewer())
+        finally:
+            shard.send_signal(signal.SIGINT)
+            shard.wait(timeout=60)
+    assert shard.returncode == 0
+    assert find_run("village-7", runs) is None and not runs.exists()  # removed with the run
+
+
+def test_an_external_broker_run_prints_its_url_to_attach(mosquitto: MosquittoProcess,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "ext", "--ticks", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"attach: npcsim subscribe --broker {mosquitto.url} --run ext" in err
+    assert f"mosquitto_sub -h 127.0.0.1 -p {mosquitto.port} -v -t npcsim/ext/agent/+/say" in err
+
+
+def test_stale_and_foreign_run_files_are_ignored(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    stale = RunFile(run="old", shard="0", url="mqtt://127.0.0.1:9", pid=2**22 + 7, started=1.0)
+    runs.mkdir(mode=0o700)
+    (runs / "1-dead.json").write_bytes(json.dumps({f: getattr(stale, f) for f in stale.__struct_fields__}).encode())
+    (runs / "2-junk.json").write_text("{not json")
+    with published(RunFile(run="live", shard="0", url="mqtt://127.0.0.1:9"), runs) as path:
+        assert path is not None and path.stat().st_mode & 0o777 == 0o600
+        assert find_run("old", runs) is None and not (runs / "1-dead.json").exists()
+        live = find_run("live", runs)
+        assert live is not None and live.pid == os.getpid()
+    assert find_run("live", runs) is None
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir(mode=0o755)
+    open_to_all.chmod(0o755)
+    with published(RunFile(run="x", shard="0", url="mqtt://127.0.0.1:9"), open_to_all) as path:
+        assert path is None and list(open_to_all.iterdir()) == []  # nothing kept where others can read it
+
+
+def test_view_and_subscribe_say_there_is_no_such_run(tmp_path: Path, mosquitto: MosquittoProcess,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert main(["view", "--run", "nosuch-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("npcsim: error: --run nosuch-run: no such run on a private broker of this machine")
+    assert len(err.splitlines()) == 1
+    assert main(["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "here", "--ticks", "1", "--quiet"]) == 0
+    assert main(["view", "--broker", mosquitto.url, "--run", "nosuch-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"npcsim: error: --run nosuch-run: no such run on {mosquitto.url} "
+                   "(no shard of it left a status there; runs there: here)")
+
+
+def test_shards_of_a_run_on_private_brokers_are_refused_at_once(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    started = time.monotonic()
+    assert main(["run", VILLAGE, "--shard", "0/2", "--db", str(db)]) == 2
+    assert time.monotonic() - started < 5 and not db.exists()
+    assert capsys.readouterr().err == (
+        "npcsim: error: --shard 0/2: each shard would start its own private broker: "
+        "give every shard the same --broker mqtt://...\n"
+    )
+
+
+async def test_subscribe_all_decodes_every_topic_of_the_run(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    """On a broker without an ACL it sees the internal topics too: msgpack as JSON, signatures taken off."""
+    key = tmp_path / "run.key"
+    key.write_text("k" * 32)
+    sub = await asyncio.create_subprocess_exec(
+        NPCSIM, "subscribe", "--broker", mosquitto.url, "--run", "all", "--all", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env_for(tmp_path))
+    assert sub.stdout is not None and sub.stderr is not None
+    try:
+        async with asyncio.timeout(30):
+            assert (await sub.stderr.readline()).startswith(b"connected to ")
+        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="all", ticks=4,
+                            run_key_file=str(key)))
+        seen: dict[str, dict[str, object]] = {}
+        async with asyncio.timeout(30):
+            while not {"loc", "barrier", "say"} <= {t.split("/")[2] if "/say" not in t else "say" for t in seen}:
+                message = json.loads(await sub.stdout.readline())
+                seen[message["topic"]] = message
+    finally:
+        sub.send_signal(signal.SIGINT)
+        await sub.wait()
+    events = next(m for t, m in seen.items() if t.startswith("npcsim/all/loc/"))
+    assert events["signed"] is True and isinstance(events["payload"], dict)
+    said = next(m for t, m in seen.items() if t.endswith("/say"))
+    assert said["signed"] is False and said["payload"]["run"] == "all"  # type: ignore[index]
+
+
+def test_subscribe_without_a_local_run_says_where_it_tries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sim.cli import build_parser
+    from sim.cli._terminal import Out
+    from sim.cli.subscribe import broker_for
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    note = io.StringIO()
+    address = broker_for(build_parser().parse_args(["subscribe", "--run", "nowhere"]), Out(note))
+    assert address.url == "mqtt://127.0.0.1:1883"
+    assert note.getvalue() == "no run nowhere on a private broker of this machine; trying mqtt://127.0.0.1:1883\n"
