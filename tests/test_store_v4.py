@@ -2,7 +2,8 @@
 
 A store written by npcsim before schema 4 (tests/golden/village-schema3-tick60.sqlite: the
 village's golden run stopped after tick 60, by the engine before the rebuild) migrates,
-resumes and continues to exactly the golden audit of the uninterrupted run. Its own records
+resumes and continues to exactly the golden audit of the uninterrupted run by the engine of
+that time, with its fact guard (tests/first_fact_guard.py, plugged in). Its own records
 were rendered by renderer 2, the golden audit's by renderer 3, which changed only the
 working memory's encoding: those records match the golden in every digest but that one.
 """
@@ -17,14 +18,23 @@ from pathlib import Path
 import pytest
 
 from sim.errors import ConfigError
+from sim.inference import contradicted_fact
+from sim.memory import Fact
 from sim.shard import RunConfig, run
 from sim.store import SCHEMA_VERSION, open_reader, open_store
 from sim.store.sql import BULK, INSERT, bulk_parameters
 from sim.wire.events import Notice, Speech
+from tests import first_fact_guard
 from tests.golden import AUDIT_COLUMNS, GOLDEN, audit_lines
 from tests.helpers import REPO, MosquittoProcess
 
 SCHEMA_3 = GOLDEN / "village-schema3-tick60.sqlite"
+# The village's uninterrupted run, renderer 3, with the first fact guard (tests/first_fact_guard.py):
+# tests/golden/audit-village.tsv as it was before the built-in guard accepted a restated fact
+# (its tick-23 line of the snack machine and the 51 records that follow from it differ). The
+# continuation runs with that guard, as the golden's run did (the two guards happen to agree
+# on every line said after tick 60 of this run).
+GOLDEN_FIRST_GUARD = GOLDEN / "audit-village-guard1.tsv"
 
 
 def test_bulk_statements_store_exactly_what_one_row_at_a_time_stores() -> None:
@@ -85,6 +95,16 @@ async def test_a_place_log_is_one_row_per_tick_read_back_from_its_window(tmp_pat
         assert conn.execute("SELECT count(*) FROM items").fetchone() == (7,)  # the lane's line is the sq's
 
 
+def test_the_first_fact_guard_is_the_one_the_golden_of_the_first_guard_needs() -> None:
+    prices = Fact(id="f-prices", text="Every snack costs money; nothing is ever free.")
+    restated = "As everyone here knows, Every snack costs money; nothing is ever free."  # the snack machine, tick 23
+    denied = "Everything is free today!"
+    assert first_fact_guard.contradicted_fact(restated, [prices]) == prices
+    assert first_fact_guard.contradicted_fact(denied, [prices]) is None
+    assert contradicted_fact(restated, [prices]) is None  # the built-in guard, both ways right
+    assert contradicted_fact(denied, [prices]) == prices
+
+
 @pytest.mark.mosquitto
 @pytest.mark.timeout(300)
 async def test_a_schema_3_store_migrates_resumes_and_continues_to_the_golden_audit(
@@ -97,13 +117,13 @@ async def test_a_schema_3_store_migrates_resumes_and_continues_to_the_golden_aud
     written_before = {line.split("\t")[0] for line in audit_lines([db])}  # by renderer 2
     village = str(REPO / "scenarios" / "village.toml")
     stats = await run(RunConfig(scenario=village, broker=mosquitto.url, run_id="golden", until_tick=120,
-                                db=str(db), resume=True))
+                                db=str(db), resume=True, fact_guard="tests.first_fact_guard:contradicted_fact"))
     assert (stats.first_tick, stats.tick) == (61, 119)
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         assert conn.execute("SELECT value FROM meta WHERE key = 'migrated_at'").fetchone() == (60,)
         assert conn.execute("SELECT count(*) FROM place_events").fetchone()[0] > 0
-    expected = [line.split("\t") for line in (GOLDEN / "audit-village.tsv").read_text(encoding="utf-8").splitlines()]
+    expected = [line.split("\t") for line in GOLDEN_FIRST_GUARD.read_text(encoding="utf-8").splitlines()]
     got = [line.split("\t") for line in audit_lines([db])]
     assert [g[0] for g in got] == [e[0] for e in expected]
     assert 0 < len(written_before) < len(expected)
