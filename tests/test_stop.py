@@ -44,10 +44,12 @@ def audit_set(db: Path) -> set[tuple[str, str, str]]:
 
 
 async def npcsim(scenario: Path, broker: str, db: Path, log: Path, *extra: str) -> asyncio.subprocess.Process:
+    """`npcsim run` with its stderr in `log`: the log at its default level, which says where a
+    stop came (`--quiet` would leave only errors), after the lines that say how to attach."""
     with log.open("wb") as err:
         return await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "npcsim"), "run", str(scenario), "--broker", broker, "--run-id", "stop",
-            "--until-tick", str(HORIZON), "--db", str(db), "--quiet", *extra,
+            "--until-tick", str(HORIZON), "--db", str(db), *extra,
             stdout=asyncio.subprocess.DEVNULL, stderr=err,
         )
 
