@@ -101,15 +101,12 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
                          if "→ tester" in li.text],
             )
             assert answer
+            await answers_stored(db, "innkeeper", 1)
         finally:
             stop.set()
         await job
-        last_tick = latest_tick(db, "innkeeper")
-        await on_page("the view to have the last trace", lambda: newest_trace(view)["tick"] == last_tick)
-        shown = newest_trace(view)["inference_id"]
         await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
-        await on_page("the latest snapshot on the page",
-                         lambda: browser.find_element("id", "npc-detail").get_attribute("data-inference") == shown)
+        shown = await choose_the_newest_stored_snapshot(browser, view, db, "innkeeper")
         with open_reader(db) as reader:
             record = reader.audit_record(shown)
         table = await asyncio.to_thread(read_budget_table, browser)
@@ -118,14 +115,14 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
         assert table["mandatory"]["split"] == "—"  # the mandatory content has no budget: it takes what it needs
         for name in ("dialogue", "episodic", "beliefs", "canonical_facts", "world_state"):
             category = getattr(report, name)
-            shown = {k: table[name][k] for k in ("used", "kept", "dropped")}
-            assert shown == {"used": str(category.used), "kept": str(category.kept),
+            cells = {k: table[name][k] for k in ("used", "kept", "dropped")}
+            assert cells == {"used": str(category.used), "kept": str(category.kept),
                              "dropped": str(category.dropped)}, name
         for name in ("dialogue", "episodic", "beliefs"):
             assert table[name]["split"] == str(getattr(report, name).budget), name
         bar = await asyncio.to_thread(
             lambda: {s.get_attribute("data-cat"): int(s.get_attribute("data-chars"))
-                     for s in css(browser, "#bars .snapshot:first-child .seg")})
+                     for s in css(browser, f'#bars .snapshot[data-inference="{shown}"] .seg')})
         assert bar == {"mandatory": report.mandatory_chars, "dialogue": report.dialogue.used,
                        "episodic": report.episodic.used, "beliefs": report.beliefs.used}
         prompt = await asyncio.to_thread(lambda: browser.find_element("id", "prompt").text)
@@ -136,14 +133,47 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
         feed.cancel()
 
 
-def latest_tick(db: Path, agent: str) -> int:
+async def answers_stored(db: Path, agent: str, answers: int) -> None:
+    """Wait until `answers` of `agent`'s answers to the tester are on disk.
+
+    A stop in the middle of a tick rolls the tick back, the lines it said already (and their
+    traces) too: what the page is compared with must be committed before the run is stopped.
+    """
+
+    def stored() -> bool:
+        with open_reader(db) as reader:
+            return sum(r.player_input.startswith("tester: ") for r in reader.audit_records(agent)) >= answers
+
+    await eventually(stored, what=f"{answers} answers of {agent} in the store", within=WAIT_S, every=0.1)
+
+
+async def choose_the_newest_stored_snapshot(browser: Any, view: LiveView, db: Path, agent: str) -> str:
+    """After the run stopped: the id of `agent`'s newest record on disk, its snapshot chosen on the page.
+
+    The view may hold newer traces, of the tick the stop rolled back (it runs again on
+    --resume): the page shows the newest of them, and this record's snapshot is chosen.
+    """
     with open_reader(db) as reader:
-        return max(summary.tick for summary in reader.audit_summaries(agent))
+        stored = reader.audit_summaries(agent)[-1].id
+    await eventually(lambda: stored in {t["inference_id"] for t in traces(view, agent)},
+                     what="the view to have the newest stored trace", within=WAIT_S, every=0.1)
+
+    async def newest_on_page() -> str | None:
+        page = await asyncio.to_thread(lambda: browser.find_element("id", "npc-detail").get_attribute("data-inference"))
+        return page if page == traces(view, agent)[0]["inference_id"] else None
+
+    newest = await eventually(newest_on_page, what="the newest snapshot on the page", within=WAIT_S, every=0.2)
+    if newest != stored:
+        await asyncio.to_thread(lambda: css(browser, f'#bars .snapshot[data-inference="{stored}"]')[0].click())
+    await on_page("the newest stored snapshot chosen",
+                  lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == stored)
+    return stored
 
 
-def newest_trace(view: LiveView) -> dict[str, Any]:
-    npc = view.model.npc_view("innkeeper")
-    return npc["traces"][0] if npc and npc["traces"] else {"tick": -1, "inference_id": ""}
+def traces(view: LiveView, agent: str) -> list[dict[str, Any]]:
+    """The traces the view holds of `agent`, newest first."""
+    npc = view.model.npc_view(agent)
+    return npc["traces"] if npc else []
 
 
 def read_budget_table(driver: Any) -> dict[str, dict[str, str]]:
@@ -312,14 +342,11 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
             await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
             await speak_from_the_page(browser, "innkeeper", "A room, please.", 1)
             await speak_from_the_page(browser, "innkeeper", "And a hot meal?", 2)
+            await answers_stored(db, "innkeeper", 2)
         finally:
             stop.set()
         await job
-        await on_page("the view to have the last trace",
-                         lambda: newest_trace(view)["tick"] == latest_tick(db, "innkeeper"))
-        newest = newest_trace(view)["inference_id"]
-        await on_page("the latest snapshot on the page",
-                         lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == newest)
+        newest = await choose_the_newest_stored_snapshot(browser, view, db, "innkeeper")
         with open_reader(db) as reader:
             record = reader.audit_record(newest)
             older = [s.id for s in reader.audit_summaries("innkeeper") if s.id != newest][-1]
@@ -345,7 +372,7 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
         from selenium.webdriver import ActionChains
 
         def hover(category: str) -> str:
-            segment = css(browser, f'#bars .snapshot:first-child .seg[data-cat="{category}"]')[0]
+            segment = css(browser, f'#bars .snapshot[data-inference="{newest}"] .seg[data-cat="{category}"]')[0]
             ActionChains(browser).move_to_element(segment).perform()
             return text_of(browser, "seg-info")
 
@@ -362,8 +389,8 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
                          lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == older)
         assert await asyncio.to_thread(text_of, browser, "snapshot-tick") == f"tick {older_record.tick}"
         assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(older_record.explanation())
-        await asyncio.to_thread(lambda: css(browser, "#bars .snapshot:first-child")[0].click())
-        await on_page("the newest again",
+        await asyncio.to_thread(lambda: css(browser, f'#bars .snapshot[data-inference="{newest}"]')[0].click())
+        await on_page("the newest stored again",
                          lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == newest)
         await asyncio.to_thread(browser.set_window_size, 1500, 1700)  # the whole panel in the picture
         await on_page("the dialogue items", lambda: hover("dialogue"))
