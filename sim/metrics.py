@@ -127,6 +127,13 @@ class Metrics:
             "npcsim_prompt_chars", "Characters of a prompt, by category.", ["category"],
             buckets=_CHAR_BUCKETS, registry=r,
         )
+        self.resends = Counter(
+            "npcsim_barrier_resends", "Re-sends of kept barrier messages made for peers' Joins.", registry=r
+        )
+        self.resends_folded = Counter(
+            "npcsim_barrier_joins_folded",
+            "Peers' Joins folded into a later re-send (at most one per peer per second).", registry=r,
+        )
         self.agents = Gauge("npcsim_agents", "Agents in this process.", registry=r)
         self.tick = Gauge("npcsim_tick", "The current tick.", registry=r)
         self.awaited_shards = Gauge(

@@ -24,6 +24,8 @@ EXPECTED = {
     "npcsim_over_budget_snapshots": "counter",
     "npcsim_malformed_messages": "counter",
     "npcsim_reconnects": "counter",
+    "npcsim_barrier_resends": "counter",
+    "npcsim_barrier_joins_folded": "counter",
     "npcsim_tick_duration_seconds": "histogram",
     "npcsim_inference_latency_seconds": "histogram",
     "npcsim_prompt_chars": "histogram",

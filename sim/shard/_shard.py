@@ -36,8 +36,9 @@ run key opens: sim.shard._instance) and joins the run at the next one (Join), th
 re-sending theirs.
 
 Peers' requests are served within bounds (sim.protocol.admission): each Join once however
-often it is replayed, and shard 0 answers each Hello (a shard asking for the run nonce,
-sim.shard._instance) once.
+often it is replayed, the re-sends Joins ask for at most once per peer per second (more
+are folded into the next, never dropped), and shard 0 answers each Hello (a shard asking
+for the run nonce, sim.shard._instance) once.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import msgspec
 from sim.bus import Connected
 from sim.errors import ConfigError
 from sim.memory import WorldFact
-from sim.protocol.admission import Admission
+from sim.protocol.admission import Admission, Resends
 from sim.protocol.barrier import Barrier, summarise
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
@@ -79,6 +80,7 @@ _DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the even
 _DELIVERY_SLICE = 5_000  # events delivered locally between two yields
 _PLACE_SLICE = 500  # places' logs appended between two yields
 _WORLD_SLICE = 20_000  # NPCs whose world state is set between two yields
+_RESEND_INTERVAL = 1.0  # seconds: at most one re-send per peer in this time, however many Joins it sends
 
 
 class Shard:
@@ -103,9 +105,9 @@ class Shard:
         self._session = secrets.token_hex(8)  # names this process's Joins (sim.wire.barrier.Join)
         self.barrier = self._barrier(self.count, self.first)
         self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
-        self._resend_since: int | None = None
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
         self._admission = Admission()
+        self._resends = Resends(interval=_RESEND_INTERVAL)
         self._hellos: list[Hello] = []  # shard 0: to be answered with the run nonce
 
     # --- starting and stopping ---------------------------------------------------------
@@ -451,9 +453,11 @@ class Shard:
             case TickDone():
                 self.barrier.done_received(message)
             case Join() if self._from_peer(message):
-                if self._admitted(message.shard, ("join", message.session, message.seq)):
-                    since = message.tick if self._resend_since is None else min(self._resend_since, message.tick)
-                    self._resend_since = since
+                if self._admission.first(message.shard, ("join", message.session, message.seq)):
+                    self._resends.request(message.shard, message.tick, self.clock.now())
+                    self.stats.resends_folded = self._resends.folded
+                else:
+                    self._refuse_repeated(message.shard)
             case Hello() if self.index == 0 and self._from_peer(message):
                 if self._admitted(message.shard, ("hello", message.challenge)):
                     self._hellos.append(message)
@@ -476,9 +480,12 @@ class Shard:
     def _admitted(self, peer: str, name: tuple[str | int, ...]) -> bool:
         if self._admission.admit(peer, name, self.barrier.tick):
             return True
+        self._refuse_repeated(peer)
+        return False
+
+    def _refuse_repeated(self, peer: str) -> None:
         self.bus.refuse("repeated barrier request", topics.barrier(self.ctx.run_id, peer),
                         "served once already, or the peer's requests for this tick are used up")
-        return False
 
     async def _welcome(self) -> None:
         """Shard 0: tell each shard that said Hello the run nonce, sealed with it."""
@@ -500,10 +507,24 @@ class Shard:
         await self.bus.publish_barrier(self.barrier.join())
 
     async def _serve_resends(self) -> None:
-        since, self._resend_since = self._resend_since, None
+        """Re-send what peers' Joins asked for, at most once per peer and interval
+        (sim.protocol.admission.Resends); say once per interval how many were folded."""
+        now = self.clock.now()
+        resends = self._resends
+        since = resends.due(now)
         if since is not None:
+            self.stats.resends = resends.resends
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.resends.inc()
             for topic, payload in self.barrier.kept(since):
                 await self.bus.publish(topic, payload)
+        folded = resends.report(now)
+        if folded:
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.resends_folded.inc(sum(folded.values()))
+            detail = ", ".join(f"{n} of shard {peer}" for peer, n in sorted(folded.items()))
+            log.warning("Join requests folded into later re-sends (one per peer per %g s): %s", resends.interval,
+                        detail)
 
     # --- helpers ---------------------------------------------------------------------------
 
