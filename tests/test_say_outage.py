@@ -1,0 +1,114 @@
+"""A subscriber with a persistent session receives every line said across broker outages.
+
+A listener connects before the run with an MQTT 5 persistent session (clean_start False, a
+session expiry) and subscribes to every NPC's `say` topic at QoS 1; Mosquitto runs with
+persistence on, so that session outlives a restart. While a two-shard village run speaks,
+the broker is stopped (SIGTERM, or kill -9: then what it held since its last autosave a
+second before is gone) for longer than the echo timeout and started again on the same
+port. The listener reconnects with its session and counts what it gets: every line said
+(one audit record per inference, in the stores) is received, each once after
+de-duplication by inference id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import aiomqtt
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from sim.runner import RunConfig, RunStats, run
+from sim.store import open_reader
+from sim.wire import topics
+from sim.wire.events import decode_say
+from tests.helpers import VILLAGE, MosquittoProcess, eventually, require_mosquitto
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
+
+RUN = "outage"
+TICKS = 70
+
+
+def persistent_mosquitto(tmp_path: Path) -> MosquittoProcess:
+    """The dev broker with persistence on: sessions and queued messages saved every second and at a stop."""
+    broker = MosquittoProcess(require_mosquitto(), tmp_path)
+    body = broker.config_path.read_text().replace("persistence false", "persistence true")
+    # `user root`: started as root, Mosquitto would drop to its own user, which cannot write
+    # into a test's private directory (started as anyone else, it stays that user)
+    broker.config_path.write_text(f"{body}persistence_location {tmp_path}/\nautosave_interval 1\nuser root\n")
+    return broker
+
+
+def kill_9(broker: MosquittoProcess) -> None:
+    """SIGKILL: the broker saves nothing more (what it holds since its last autosave is gone)."""
+    assert broker.proc is not None
+    broker.proc.kill()
+    broker.proc.wait(timeout=5)
+    if broker.proc.stderr is not None:
+        broker.proc.stderr.close()
+
+
+class Listener:
+    """A `say` subscriber with a persistent session, reconnecting with it whenever it is lost."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.received: list[str] = []  # inference ids, in arrival order, duplicates included
+        self.connections = 0
+        self.subscribed = asyncio.Event()
+
+    async def listen(self) -> None:
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 600
+        while True:
+            try:
+                async with aiomqtt.Client("127.0.0.1", self.port, identifier="say-listener", clean_start=False,
+                                          protocol=aiomqtt.ProtocolVersion.V5, properties=properties) as client:
+                    self.connections += 1
+                    if self.connections == 1:
+                        await client.subscribe(f"{topics.run_root(RUN)}/agent/+/say", qos=1)
+                        self.subscribed.set()
+                    async for message in client.messages:
+                        self.received.append(decode_say(bytes(message.payload)).inference_id)  # type: ignore[arg-type]
+            except aiomqtt.MqttError:
+                await asyncio.sleep(0.1)  # the broker is away: try again, with the same session
+
+
+@pytest.mark.parametrize("how", ["stop", "kill -9"])
+async def test_every_line_said_reaches_a_persistent_subscriber_across_an_outage(how: str, tmp_path: Path) -> None:
+    broker = persistent_mosquitto(tmp_path)
+    broker.start()
+    try:
+        listener = Listener(broker.port)
+        configs = [RunConfig(scenario=VILLAGE, broker=broker.url, run_id=RUN, ticks=TICKS, tick_ms=60, shard=f"{i}/2",
+                             echo_timeout=1.0, db=str(tmp_path / f"say-{i}.db")) for i in range(2)]
+        stats = [RunStats() for _ in configs]
+        async with asyncio.TaskGroup() as group:
+            listening = group.create_task(listener.listen())
+            await listener.subscribed.wait()
+            await asyncio.sleep(1.5)  # connected before: the broker's autosave (every second) holds the session
+            jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
+            await eventually(lambda: min(s.tick for s in stats) >= 6, what="the run getting going", within=120)
+            await asyncio.to_thread(broker.stop if how == "stop" else lambda: kill_9(broker))
+            await asyncio.sleep(2.5)  # the subject: longer than the echo timeout (1 s), lines said meanwhile
+            await asyncio.to_thread(broker.start)
+            await asyncio.gather(*jobs)
+            said = set()
+            for c in configs:
+                with open_reader(Path(str(c.db))) as reader:
+                    said |= {r.id for r in reader.audit_records()}
+            with contextlib.suppress(AssertionError):  # the comparison below says what is missing
+                await eventually(lambda: said <= set(listener.received), what="every line said", within=20)
+            listening.cancel()
+    finally:
+        broker.stop()
+    assert all(s.bus is not None and s.bus.reconnects >= 1 for s in stats), "the outage did not hit the run"
+    assert listener.connections >= 2, "the listener never lost its connection"
+    received = set(listener.received)
+    missing = sorted(said - received, key=lambda i: int(i.split(":")[2]))
+    assert received == said, f"{len(missing)} lines said never received {missing[:5]}, {len(received - said)} unknown"
+    print(f"\n{len(said)} lines said, {len(listener.received)} received, {len(received)} after de-duplication")
