@@ -61,9 +61,10 @@ PACKAGES: dict[str, set[str]] = {
         "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
-        "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "RunIdentity", "SCHEMA_VERSION",
-        "SchemaError", "Store", "StoreError", "StoreReader", "StoreStatistics", "Writer", "delete_audit_records",
-        "open_reader", "open_store",
+        "Arrival", "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "PlayerArrival",
+        "RunIdentity", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader", "StoreStatistics",
+        "WorldArrival", "Writer", "arrivals_path", "delete_audit_records", "open_reader", "open_store",
+        "read_arrivals",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",

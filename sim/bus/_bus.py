@@ -30,7 +30,7 @@ import collections
 import heapq
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -41,7 +41,7 @@ from sim.errors import BrokerError, BusError, OutboxFullError, single_error
 from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox
-from sim.protocol.received import Received
+from sim.protocol.received import PlayerInputReceived, Received, WorldStateReceived
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
 from sim.wire import topics
@@ -109,6 +109,7 @@ class Bus:
         self._connected = asyncio.Event()
         self._link: Link | None = None
         self._connections = 0
+        self._keep_outside: Callable[[PlayerInputReceived | WorldStateReceived], None] | None = None
 
     # --- mailboxes, routes and what arrived -------------------------------------------
 
@@ -192,9 +193,17 @@ class Bus:
         self._events.append(event)
         self.arrived.set()
 
+    def keep_outside(self, keep: Callable[[PlayerInputReceived | WorldStateReceived], None]) -> None:
+        """Call `keep` with each outside input (player input, world state) as it arrives, before
+        it is queued for the shard: the shard journals it then (sim.store._arrivals), not at
+        its next phase boundary, which may be a whole tick of turns later."""
+        self._keep_outside = keep
+
     def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
         event = self._router.receive(topic, payload, retained=retained)
         if event is not None:
+            if self._keep_outside is not None and isinstance(event, PlayerInputReceived | WorldStateReceived):
+                self._keep_outside(event)
             self._queue(event)
 
     async def _subscribe(self, filters: list[str]) -> None:

@@ -47,6 +47,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Iterable
+from typing import Literal
 
 import msgspec
 
@@ -65,7 +66,7 @@ from sim.shard._instance import kept_messages
 from sim.shard._registry import Player, players
 from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import take_turns
-from sim.store import Pending, Store, Writer
+from sim.store import Pending, PlayerArrival, Store, WorldArrival, Writer
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, Hello, Join, TickDone, Welcome, decode_barrier
 from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, decode_batch, event_id
@@ -107,6 +108,13 @@ class Shard:
         self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
         self._admission = Admission()
+        # outside input is journaled as it arrives, stamped with the tick that takes it
+        # (sim.store._arrivals): player input with the tick whose inputs are still open,
+        # world state with the tick whose TickDone still takes it; each moves on at the
+        # moment its phase takes what arrived
+        self._input_tick = self._world_tick = self.first
+        self._held_inputs: dict[int, list[tuple[str, PlayerInputMessage]]] = {}  # a resume's, by tick
+        self._held_world: dict[int, list[WorldStateMessage]] = {}
         self._resends = Resends(interval=_RESEND_INTERVAL)
         self._hellos: list[Hello] = []  # shard 0: to be answered with the run nonce
 
@@ -133,6 +141,8 @@ class Shard:
         if self.index == 0:
             self.players = players(ctx.scenario, ctx.run_id, ctx.seed, bots=self.config.bots,
                                    bot_rate=self.config.bot_rate)
+        self._restore_arrivals()
+        bus.keep_outside(self._arrived)
         await bus.listen_player_input()
         if self.index == 0:
             await bus.listen_world_state()
@@ -177,6 +187,26 @@ class Shard:
             self.bus.restore_mail(pending.mail)
             self.world_due = pending.world
         self._since = self.ctx.perception.fronts()
+
+    def _restore_arrivals(self) -> None:
+        """What arrived for a tick that was not committed (cut short by kill -9): taken at
+        the tick it was stamped with, before what arrives in this process for that tick."""
+        for arrival in self.store.pending_arrivals:
+            match arrival:
+                case PlayerArrival(tick=tick, player=player, to=to, text=text):
+                    self._held_inputs.setdefault(tick, []).append((player, PlayerInputMessage(to=to, text=text)))
+                case WorldArrival(tick=tick, state=state):
+                    self._held_world.setdefault(tick, []).append(WorldStateMessage(state=state, tick=tick))
+
+    def _arrived(self, event: PlayerInputReceived | WorldStateReceived) -> None:
+        """Journal an outside input this shard takes, as the bus receives it."""
+        match event:
+            case PlayerInputReceived(player=player, message=message) if message.to in self.local:
+                self.store.arrive(PlayerArrival(tick=self._input_tick, player=player, to=message.to, text=message.text))
+            case WorldStateReceived(message=message, retained=False) if self.index == 0:
+                self.store.arrive(WorldArrival(tick=self._world_tick, state=dict(message.state)))
+            case _:
+                pass
 
     async def _restore_schema_3(self, last: int, sent: list[tuple[int, str, bytes]]) -> None:
         """A store last written by npcsim before schema 4: its NPCs' memories of what they
@@ -262,8 +292,9 @@ class Shard:
             for event in player.inputs(tick):
                 self._emit_player(player.location, event)
                 stats.player_inputs += 1
-        await self._take_bus_events()  # what arrived until now is this tick's input
-        taken = limit_player_inputs(self.outside, self.config.bounds.player_inputs_per_tick, self.bus)
+        await self._take_bus_events(taking="input")  # what arrived until now is this tick's input
+        inputs = self._held_inputs.pop(tick, []) + self.outside
+        taken = limit_player_inputs(inputs, self.config.bounds.player_inputs_per_tick, self.bus)
         self.outside.clear()
         for seq, (player_id, message) in enumerate(taken):
             await self.store.record_input(tick, seq, player_id, message.to, message.text)
@@ -314,9 +345,9 @@ class Shard:
             sealed = outbox.seal(tick, batch)
             await self.bus.publish(sealed.topic, sealed.payload)
             self.barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
-        await self._take_bus_events()  # shard 0: the world-state changes that arrived until now
+        await self._take_bus_events(taking="world")  # shard 0: the world-state changes that arrived until now
         world: dict[str, str] = {}
-        for message in self.world_updates:  # in the order they arrived
+        for message in self._held_world.pop(tick, []) + self.world_updates:  # in the order they arrived
             world.update(message.state)
         self.world_updates.clear()
         topic, payload = await self.bus.publish_barrier(self.barrier.finish(tick, world or None))
@@ -393,6 +424,7 @@ class Shard:
         self.bus.report_overflow(tick)
         await self.store.keep_sent(self.barrier.kept_by_tick())
         await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
+        self.store.sync_arrivals()  # what this tick took is on the disk before it commits
         self._committing = await self.store.queue_end_tick(tick)
         if self.config.retain_memories is not None:
             await self._committed()
@@ -402,10 +434,18 @@ class Shard:
 
     # --- what the bus hands over ---------------------------------------------------------
 
-    async def _take_bus_events(self) -> None:
-        """Act on what arrived: batches and barrier messages, outside input, (re)connections."""
+    async def _take_bus_events(self, taking: Literal["input", "world"] | None = None) -> None:
+        """Act on what arrived: batches and barrier messages, outside input, (re)connections.
+
+        `taking`: the phase that takes the outside input (or world state) that arrived until
+        now; what arrives from this moment on is stamped for the next tick."""
         rejoin = False
-        for event in self.bus.take_events():
+        arrived = self.bus.take_events()
+        if taking == "input":
+            self._input_tick = self.ctx.tick + 1
+        elif taking == "world":
+            self._world_tick = self.ctx.tick + 1
+        for event in arrived:
             match event:
                 case BatchArrived(shard=shard, tick=tick, topic=topic, events=events):
                     self.barrier.batch_received(shard, tick, topic, events)

@@ -7,6 +7,7 @@ store belongs to (`Store.identity`, `StoreReader.run_identity`).
 """
 
 from sim.errors import AuthorityError, SchemaError, StoreError
+from sim.store._arrivals import Arrival, PlayerArrival, WorldArrival, arrivals_path, read_arrivals
 from sim.store._authority import Writer
 from sim.store._identity import RunIdentity
 from sim.store._places import PlaceRows
@@ -19,18 +20,23 @@ from sim.store._store import HOT_LIMIT, Store, StoreStatistics, open_store
 __all__ = [
     "HOT_LIMIT",
     "SCHEMA_VERSION",
+    "Arrival",
     "AuditSummary",
     "AuthorityError",
     "Pending",
     "PlaceRows",
+    "PlayerArrival",
     "RunIdentity",
     "SchemaError",
     "Store",
     "StoreError",
     "StoreReader",
     "StoreStatistics",
+    "WorldArrival",
     "Writer",
+    "arrivals_path",
     "delete_audit_records",
     "open_reader",
     "open_store",
+    "read_arrivals",
 ]

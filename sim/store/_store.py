@@ -8,6 +8,7 @@
 | `_items` | content addressing of episodes, events and audit records before they are written |
 | `_places` | the places' logs: a place's events of a tick as one row, loaded in one query |
 | `_resume` | resume metadata: the last tick, what was sent, what waits for the next tick, outside inputs |
+| `_arrivals` | the arrivals journal: outside input on disk as it arrives, until its tick commits |
 | `_identity` | the run the store belongs to (`RunIdentity`) |
 | `_lock` | one writer per store: the lock file held while it is open |
 | `sql` | the statements |
@@ -36,6 +37,7 @@ import msgspec
 from sim.audit import AuditRecord
 from sim.errors import SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.store._arrivals import Arrival, Arrivals
 from sim.store._authority import Authority, Writer
 from sim.store._hot import Hot, load_hot
 from sim.store._identity import RunIdentity, decode_identity, encode_identity
@@ -84,10 +86,12 @@ class Store:
         path: Path,
         writer: BatchWriter,
         hot_limit: int,
+        arrivals: Arrivals,
         identity: RunIdentity | None = None,
         migrated_at: int | None = None,
     ) -> None:
         self._conn = conn
+        self._arrivals = arrivals
         self._migrated_at = migrated_at
         self._path = path
         self._writer = writer
@@ -326,6 +330,20 @@ class Store:
 
     # -- commits ---------------------------------------------------------------------------
 
+    def arrive(self, arrival: Arrival) -> None:
+        """Journal an outside input as it arrives, with the tick that takes it (sim.store._arrivals):
+        on disk for the kernel when this returns, kept until that tick commits."""
+        self._arrivals.add(arrival)
+
+    def sync_arrivals(self) -> None:
+        """Flush the journaled arrivals to the disk (before a tick that takes them commits)."""
+        self._arrivals.sync()
+
+    @property
+    def pending_arrivals(self) -> list[Arrival]:
+        """What arrived, as the store was opened, for ticks not committed: a resume takes it then."""
+        return list(self._arrivals.pending)
+
     async def end_tick(self, tick: int) -> None:
         """Commit everything queued so far as tick `tick`; returns once it is on disk."""
         await (await self.queue_end_tick(tick))
@@ -337,7 +355,15 @@ class Store:
         last = self._writer.last_tick
         if last is not None and tick < last:
             raise StoreError(f"{self._path}: end_tick({tick}) after tick {last} was committed")
-        return await self._writer.queue_commit(tick)
+        done = await self._writer.queue_commit(tick)
+        arrivals = self._arrivals
+
+        def committed(future: asyncio.Future[None]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                arrivals.committed(tick)
+
+        done.add_done_callback(committed)
+        return done
 
     async def flush(self) -> None:
         """Commit everything queued so far without ending a tick."""
@@ -391,16 +417,20 @@ async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterato
     try:
         last_tick, agent_keys, identity = await _prepare(conn, p)
         writer = BatchWriter(conn, p, Addresser(agent_keys), last_tick=last_tick, keep_tail=keep_tail)
-        store = Store(conn, p, writer, hot_limit, identity, await read_migrated_at(conn))
+        arrivals = Arrivals(p, last_tick)
+        store = Store(conn, p, writer, hot_limit, arrivals, identity, await read_migrated_at(conn))
         error: BaseException | None = None
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(writer.run())
-            try:
-                yield store
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, unwrapped by the TaskGroup
-                error = exc
-            finally:
-                await writer.close()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(writer.run())
+                try:
+                    yield store
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, unwrapped by the TaskGroup
+                    error = exc
+                finally:
+                    await writer.close()
+        finally:
+            arrivals.close()
         if error is not None:
             raise error
         if writer.failure is not None:
