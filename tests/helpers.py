@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -122,6 +123,18 @@ def eventually_sync(condition: Callable[[], T], *, what: str, within: float = WI
 
 
 # --- files --------------------------------------------------------------------------------
+
+
+def committed_tick(db: Path) -> int:
+    """The last tick a store file holds committed, read while its writer runs (-1: none yet)."""
+    if not db.exists():
+        return -1
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()
+    except sqlite3.Error:
+        return -1
+    return -1 if row is None else int(row[0])
 
 
 def fingerprint(path: Path) -> tuple[bytes, list[str]]:

@@ -22,7 +22,7 @@ import pytest
 
 from sim.store import PlayerArrival, arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
-from tests.helpers import VILLAGE, MosquittoProcess, eventually, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, eventually, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(400)]
 
@@ -30,17 +30,6 @@ RUN = "inputs"
 HORIZON = 40
 SAID = {"visitor": "A room for the night, please.", "ghost": "Who sleeps in the cellar?"}
 WORLD = {"weather": "a storm from the north"}
-
-
-def committed_tick(db: Path) -> int:
-    if not db.exists():
-        return -1
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()
-    except sqlite3.Error:
-        return -1
-    return -1 if row is None else int(row[0])
 
 
 def stored_inputs(db: Path) -> list[tuple[int, str, str, str]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_status
-from tests.helpers import VILLAGE, MosquittoProcess, eventually, generated_world, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, eventually, generated_world, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 
@@ -152,17 +151,6 @@ async def test_broker_down_longer_than_the_echo_timeout(
     dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)
     assert all(s.bus.reconnects >= 1 and s.stalls >= 1 for s in stats), "the outage did not hit the run"
     assert_same(world, expected, audit_set(dbs), "2 shards, broker down 2.5 s (echo timeout 1 s)")
-
-
-def committed_tick(db: Path) -> int:
-    if not db.exists():
-        return -1
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()
-    except sqlite3.Error:
-        return -1
-    return -1 if row is None else int(row[0])
 
 
 @WORLDS

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -20,22 +19,11 @@ import pytest
 
 from sim.generate import write_scenario
 from sim.store import open_reader
-from tests.helpers import MosquittoProcess
+from tests.helpers import MosquittoProcess, committed_tick
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
 HORIZON = 5
-
-
-def committed_tick(db: Path) -> int:
-    if not db.exists():
-        return -1
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()
-    except sqlite3.Error:
-        return -1
-    return -1 if row is None else int(row[0])
 
 
 def audit_set(db: Path) -> set[tuple[str, str, str]]:
