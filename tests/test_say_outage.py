@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from pathlib import Path
 
 import aiomqtt
@@ -25,7 +26,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_say
-from tests.helpers import VILLAGE, MosquittoProcess, eventually, require_mosquitto
+from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, eventually, require_mosquitto, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
@@ -112,3 +113,67 @@ async def test_every_line_said_reaches_a_persistent_subscriber_across_an_outage(
     missing = sorted(said - received, key=lambda i: int(i.split(":")[2]))
     assert received == said, f"{len(missing)} lines said never received {missing[:5]}, {len(received - said)} unknown"
     print(f"\n{len(said)} lines said, {len(listener.received)} received, {len(received)} after de-duplication")
+
+
+def audit_ids(db: Path) -> set[str]:
+    with open_reader(db) as reader:
+        return {r.id for r in reader.audit_records()}
+
+
+def audit_count(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return int(conn.execute("SELECT count(*) FROM audit").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+async def test_lines_of_committed_ticks_still_in_the_outbox_are_sent_after_a_kill_9(tmp_path: Path) -> None:
+    """One shard goes on ticking while the broker is away; the lines it says wait in its
+    outbox. Killed -9 then, those of committed ticks are not said again on --resume (their
+    ticks do not run again): the shard kept them with each commit and sends them again."""
+    broker = persistent_mosquitto(tmp_path)
+    broker.start()
+    db, log = tmp_path / "outbox.db", tmp_path / "outbox.log"
+    listener = Listener(broker.port)
+
+    async def shard(*extra: str) -> asyncio.subprocess.Process:
+        with log.open("ab") as err:
+            return await start_npcsim("run", VILLAGE, "--broker", broker.url, "--run-id", RUN, "--tick-ms", "100",
+                                      "--until-tick", str(TICKS), "--db", str(db), "--quiet", *extra,
+                                      stdout=asyncio.subprocess.DEVNULL, stderr=err)
+
+    proc: asyncio.subprocess.Process | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            listening = group.create_task(listener.listen())
+            await listener.subscribed.wait()
+            await asyncio.sleep(1.5)  # connected before: the broker's autosave (every second) holds the session
+            proc = await shard()
+            await eventually(lambda: committed_tick(db) >= 5, what="the run getting going", within=120)
+            await asyncio.to_thread(broker.stop)
+            before = audit_count(db)
+            await eventually(lambda: audit_count(db) >= before + 3, what="lines said while the broker is away",
+                             within=60)
+            proc.kill()
+            await proc.wait()
+            killed_after = committed_tick(db)
+            await asyncio.to_thread(broker.start)
+            proc = await shard("--resume")
+            async with asyncio.timeout(180):
+                code = await proc.wait()
+            assert code == 0, log.read_text()[-2000:]
+            said = audit_ids(db)
+            with contextlib.suppress(AssertionError):  # the comparison below says what is missing
+                await eventually(lambda: said <= set(listener.received), what="every line said", within=20)
+            listening.cancel()
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        broker.stop()
+    received = set(listener.received)
+    missing = sorted(said - received, key=lambda i: int(i.split(":")[2]))
+    assert received == said, f"{len(missing)} lines said never received {missing[:5]}, {len(received - said)} unknown"
+    print(f"\nkilled after tick {killed_after}: {len(said)} lines said, {len(listener.received)} received, "
+          f"{len(received)} after de-duplication")

@@ -103,6 +103,7 @@ class Bus:
         self._inflight = 0
         self._retry: list[tuple[int, _Outgoing]] = []  # failed publishes, by the order they were sent in
         self._publishing: set[asyncio.Task[None]] = set()  # publishes waiting for their acknowledgement
+        self._unacknowledged: dict[int, _Outgoing] = {}  # those publishes' messages, by the order they were sent in
         self._failed = False
         self._backoff = Backoff(config.reconnect)
         self._closing_flush = config.publish_timeout
@@ -259,6 +260,16 @@ class Bus:
         `publish_timeout` for a broker that is away)."""
         self._closing_flush = min(self._closing_flush, seconds)
 
+    def unsent_says(self) -> list[tuple[str, bytes]]:
+        """The `say` messages the broker has not acknowledged yet (in flight, to be retried, or
+        queued), as (topic, payload): what a shard keeps with its tick, to send again after
+        a kill -9 (a subscriber de-duplicates by inference id)."""
+        waiting = [*(item for _, item in sorted(self._unacknowledged.items())),
+                   *(item for _, item in sorted(self._retry)), *self._outbox]
+        prefix = self._router.agent_prefix
+        return [(topic, payload) for topic, payload, _, _ in waiting
+                if topic.startswith(prefix) and topic.endswith("/say")]
+
     async def wait_sent(self) -> None:
         """Wait until the outbox is empty (callers bound it with a timeout)."""
         while self._outbox or self._inflight or self._retry:
@@ -339,7 +350,9 @@ class Bus:
                     item = heapq.heappop(self._retry)[1] if self._retry else self._outbox.popleft()
                     self._inflight += 1
                     self._outbox_space.set()
-                    task = group.create_task(self._publish_one(link, next(order), item, window))
+                    seq = next(order)
+                    self._unacknowledged[seq] = item
+                    task = group.create_task(self._publish_one(link, seq, item, window))
                     self._publishing.add(task)
                     task.add_done_callback(self._publishing.discard)
         except BaseExceptionGroup as group_error:
@@ -350,16 +363,19 @@ class Bus:
         try:
             await link.publish(topic, payload, qos=qos, retain=retain)
         except asyncio.CancelledError:
+            self._unacknowledged.pop(seq, None)
             heapq.heappush(self._retry, (seq, item))  # the connection went (`_lost`), or the bus closes
             raise
         except BrokerError:
             if not self._failed:
                 log.warning("publishing failed (the connection went); retrying after a backoff")
+            self._unacknowledged.pop(seq, None)
             heapq.heappush(self._retry, (seq, item))
             self._failed = True
         except Exception as exc:
             raise BusError(f"publishing to {topic} failed: {exc!r}") from exc
         else:
+            self._unacknowledged.pop(seq, None)
             self.stats.messages_out += 1
             self._backoff.reset()
         finally:

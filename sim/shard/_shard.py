@@ -32,8 +32,9 @@ clock's.
 Resume (`--resume`) finds in the store what the last committed tick left for the next:
 the places' logs and the mail said there to this shard's NPCs, the inbox mail, the
 world-state changes due; it re-sends what it published in that tick (what this start's
-run key opens: sim.shard._instance) and joins the run at the next one (Join), the others
-re-sending theirs.
+run key opens: sim.shard._instance) and the `say` lines the broker had not acknowledged
+when it committed (lines of a committed tick are not said again, so they would be lost
+with the outbox), and joins the run at the next one (Join), the others re-sending theirs.
 
 Peers' requests are served within bounds (sim.protocol.admission): each Join once however
 often it is replayed, the re-sends Joins ask for at most once per peer per second (more
@@ -175,6 +176,8 @@ class Shard:
         sent = await self.store.sent()
         for tick, topic, payload in kept_messages(sent, self.bus.config.run_key, self.config):
             self.barrier.keep(tick, topic, payload)
+        for topic, payload in await self.store.says():  # lines said that may never have left
+            await self.bus.publish(topic, payload)
         if self.store.migrated_at == last:
             await self._restore_schema_3(last, sent)
         else:
@@ -423,6 +426,7 @@ class Shard:
         every 10 ticks."""
         self.bus.report_overflow(tick)
         await self.store.keep_sent(self.barrier.kept_by_tick())
+        await self.store.keep_says(self.bus.unsent_says())
         await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
         self.store.sync_arrivals()  # what this tick took is on the disk before it commits
         self._committing = await self.store.queue_end_tick(tick)

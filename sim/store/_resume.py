@@ -2,7 +2,8 @@
 
 The last tick committed with `end_tick` is `meta`'s `last_tick` (the writer records it
 with each tick's commit, `read_last_tick` reads it when the store opens). What the shard
-sent in its last two committed ticks (`keep_sent`, replacing the last), what waits for the
+sent in its last two committed ticks (`keep_sent`, replacing the last), the `say` messages
+the broker had not acknowledged when the tick committed (`keep_says`), what waits for the
 next tick (`keep_pending`: the mail in its NPCs' inboxes and the world-state changes due,
 replacing the last) and the outside inputs stamped with the tick they take effect at
 (`record_input`) are queued rows too, so they are on disk exactly when their tick is.
@@ -12,13 +13,22 @@ replacing the last) and the outside inputs stamped with the tick they take effec
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
 from sim.store._writer import BatchWriter
-from sim.store.sql import SELECT_INPUTS, SELECT_LAST_TICK, SELECT_MIGRATED_AT, SELECT_PENDING, SELECT_SENT, fetch
+from sim.store.sql import (
+    SELECT_INPUTS,
+    SELECT_LAST_TICK,
+    SELECT_MIGRATED_AT,
+    SELECT_PENDING,
+    SELECT_SAYS,
+    SELECT_SENT,
+    fetch,
+)
 from sim.wire.events import AnyEvent
 
 __all__ = ["Pending", "Resume", "read_last_tick", "read_migrated_at"]
@@ -30,8 +40,11 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     world: dict[str, str] | None = None  # world-state changes that take effect then
 
 
+_T = TypeVar("_T")
+
 _encoder = msgspec.msgpack.Encoder()
 _sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
+_says_decoder = msgspec.msgpack.Decoder(list[tuple[str, bytes]])
 _pending_decoder = msgspec.msgpack.Decoder(Pending)
 
 
@@ -70,22 +83,26 @@ class Resume:
         await self._writer.put("meta", ("sent", _encoder.encode(messages)))
 
     async def sent(self) -> list[tuple[int, str, bytes]]:
-        rows = list(await fetch(self._conn, SELECT_SENT, ()))
-        if not rows:
-            return []
-        try:
-            return _sent_decoder.decode(rows[0][0])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise StoreError(f"{self._path}: the kept messages of the last tick are unreadable: {exc}") from exc
+        return await self._read(SELECT_SENT, _sent_decoder, "the kept messages of the last tick") or []
+
+    async def keep_says(self, says: list[tuple[str, bytes]]) -> None:
+        await self._writer.put("meta", ("says", _encoder.encode(says)))
+
+    async def says(self) -> list[tuple[str, bytes]]:
+        return await self._read(SELECT_SAYS, _says_decoder, "the unsent lines of the last tick") or []
 
     async def keep_pending(self, pending: Pending) -> None:
         await self._writer.put("meta", ("pending", _encoder.encode(pending)))
 
     async def pending(self) -> Pending:
-        rows = list(await fetch(self._conn, SELECT_PENDING, ()))
+        return await self._read(SELECT_PENDING, _pending_decoder, "what waits for the next tick") or Pending()
+
+    async def _read(self, sql: str, decoder: msgspec.msgpack.Decoder[_T], what: str) -> _T | None:
+        """One `meta` value, decoded; None when there is none."""
+        rows = list(await fetch(self._conn, sql, ()))
         if not rows:
-            return Pending()
+            return None
         try:
-            return _pending_decoder.decode(rows[0][0])
+            return decoder.decode(rows[0][0])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise StoreError(f"{self._path}: what waits for the next tick is unreadable: {exc}") from exc
+            raise StoreError(f"{self._path}: unreadable: {what}: {exc}") from exc

@@ -320,6 +320,15 @@ class Store:
         await self._writer.commit(None)
         self._identity = identity
 
+    async def keep_says(self, says: list[tuple[str, bytes]]) -> None:
+        """Queue the `say` messages (topic, payload) not yet acknowledged by the broker, replacing
+        the last: committed with the tick, sent again by a resumed shard."""
+        await self._resume.keep_says(says)
+
+    async def says(self) -> list[tuple[str, bytes]]:
+        """The `say` messages unacknowledged when the last tick committed."""
+        return await self._resume.says()
+
     async def keep_pending(self, pending: Pending) -> None:
         """Queue what waits for the next tick (inbox mail, world-state changes), replacing the last."""
         await self._resume.keep_pending(pending)

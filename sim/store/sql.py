@@ -32,6 +32,7 @@ __all__ = [
     "SELECT_MIGRATED_AT",
     "SELECT_PENDING",
     "SELECT_RUN",
+    "SELECT_SAYS",
     "SELECT_SENT",
     "SET_LAST_TICK",
     "RowKind",
@@ -151,6 +152,7 @@ ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each
 
 SELECT_INPUTS = "SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq"
 SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
+SELECT_SAYS = "SELECT value FROM meta WHERE key = 'says'"
 SELECT_RUN = "SELECT identity FROM run WHERE id = 0"
 SELECT_PENDING = "SELECT value FROM meta WHERE key = 'pending'"
 SELECT_MIGRATED_AT = "SELECT value FROM meta WHERE key = 'migrated_at'"
