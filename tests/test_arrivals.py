@@ -16,7 +16,7 @@ async def test_arrivals_stay_until_their_tick_commits_and_a_reopened_store_has_t
     async with open_store(db) as store:
         for arrival in (first, *later):
             store.arrive(arrival)
-        store.sync_arrivals()
+        await store.sync_arrivals()
         assert read_arrivals(db, None) == [first, *later]  # on disk before any commit
         await store.end_tick(0)
         assert read_arrivals(db, None) == later  # tick 0 holds the first one now

@@ -428,7 +428,7 @@ class Shard:
         await self.store.keep_sent(self.barrier.kept_by_tick())
         await self.store.keep_says(self.bus.unsent_says())
         await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
-        self.store.sync_arrivals()  # what this tick took is on the disk before it commits
+        await self.store.sync_arrivals()  # what this tick took is on the disk before it commits
         self._committing = await self.store.queue_end_tick(tick)
         if self.config.retain_memories is not None:
             await self._committed()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from pathlib import Path
 
 import msgspec
@@ -78,6 +79,7 @@ class Arrivals:
         self.pending: list[Arrival] = [a for a, _ in kept]
         """What arrived for ticks after `last_tick` and is in no committed tick: a resume takes it."""
         self._fd = self._rewrite()
+        self._lock = threading.Lock()  # `sync` runs in a thread: the descriptor is not swapped under it
 
     def add(self, arrival: Arrival) -> None:
         """Append one arrival (one write(2): the kernel has it when this returns)."""
@@ -90,10 +92,11 @@ class Arrivals:
         self._kept.append((arrival.tick, record))
 
     def sync(self) -> None:
-        """Flush what was appended to the disk (fdatasync)."""
+        """Flush what was appended to the disk (fdatasync); safe to call from another thread."""
         if self._kept:
             try:
-                os.fdatasync(self._fd)
+                with self._lock:
+                    os.fdatasync(self._fd)
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot flush the outside inputs to disk: {exc}") from exc
 
@@ -101,7 +104,9 @@ class Arrivals:
         """Tick `tick` is on disk: drop the arrivals it (or an earlier tick) took."""
         if any(t <= tick for t, _ in self._kept):
             self._kept = [(t, r) for t, r in self._kept if t > tick]
-            old, self._fd = self._fd, self._rewrite()
+            fd = self._rewrite()
+            with self._lock:
+                old, self._fd = self._fd, fd
             os.close(old)
 
     def close(self) -> None:

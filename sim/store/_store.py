@@ -344,9 +344,10 @@ class Store:
         on disk for the kernel when this returns, kept until that tick commits."""
         self._arrivals.add(arrival)
 
-    def sync_arrivals(self) -> None:
-        """Flush the journaled arrivals to the disk (before a tick that takes them commits)."""
-        self._arrivals.sync()
+    async def sync_arrivals(self) -> None:
+        """Flush the journaled arrivals to the disk (before a tick that takes them commits), in
+        a thread: an fdatasync takes milliseconds (2.5 ms on the development machine)."""
+        await asyncio.to_thread(self._arrivals.sync)
 
     @property
     def pending_arrivals(self) -> list[Arrival]:
