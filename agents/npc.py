@@ -5,10 +5,14 @@ ambient dice fell (a function of seed, id and tick: sim.shard.ambient_roll). Wha
 remembers of what it perceives is `NpcAgent.episode_of(event, addressed)`: the engine
 applies it to the events of the NPC's place (once per event for all who overheard it) and
 of its inbox, so everything said where it stands is in its episodic memory with a
-significance. When it took part (a line said to it), it takes the line into its dialogue
-and believes that the speaker wants to talk to it; then it answers every player who
-addressed it, the first NPC who addressed it (while the exchange is short), or, failing
-those, says something to a neighbour. It reaches the engine only through its
+significance; a line is remembered in the speaker's own words (`sim.memory.quoted`: a
+quotation inside it is cut to an ellipsis), so a retold line never nests quotes. When it
+took part (a line said to it), it takes the line into its dialogue and believes that the
+speaker wants to talk to it: one belief per speaker, refreshed to the newest tick each
+time (the store replaces a belief written again with its id), so the belief is held once
+and the scenario author's beliefs are pushed out only by other, newer beliefs. Then it
+answers every player who addressed it, the first NPC who addressed it (while the exchange
+is short), or, failing those, says something to a neighbour. It reaches the engine only through its
 `AgentContext`: `speak` is one call, and what a line goes through (working memory,
 inference pool, the `say` topic, the place's events, the store, the audit) is the
 engine's business.
@@ -25,7 +29,7 @@ import hashlib
 import random
 
 from agents.personas import AMBIENT_PROMPTS
-from sim.memory import Belief, Episode, Line
+from sim.memory import Belief, Episode, Line, quoted
 from sim.scenario import NpcSpec
 from sim.shard import AgentContext
 from sim.wire.events import AnyEvent, Notice, Speech
@@ -65,7 +69,7 @@ class NpcAgent:
             return Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
         target = "me" if addressed else (event.to or "everyone")
         significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
-        text = f'{event.speaker} said to {target}: "{event.text}"'
+        text = f"{event.speaker} said to {target}: {quoted(event.text)}"
         return Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance)
 
     async def step(self, tick: int, ambient: bool) -> None:
@@ -94,12 +98,13 @@ class NpcAgent:
 
     async def _take_part(self, event: Speech, tick: int) -> None:
         """Said to it: a line of its dialogue (heard in this tick, numbered in its sequence)
-        and the belief that the speaker wants to talk to it."""
+        and the belief that the speaker wants to talk to it, one per speaker (its id names
+        the speaker, not the tick: the newest replaces the last)."""
         ctx = self._ctx
         await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
         kind = "a player" if event.from_player else "a neighbour"
         belief = Belief(
-            id=f"wants-to-talk:{event.speaker}:{event.tick}",
+            id=f"wants-to-talk:{event.speaker}",
             tick=event.tick,
             text=f"{event.speaker} ({kind}) wants to talk to me.",
             confidence=0.8 if event.from_player else 0.6,

@@ -9,15 +9,19 @@ out (they are wall-clock).
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import msgspec
 
 from sim.store import open_reader
 
-__all__ = ["AUDIT_COLUMNS", "GOLDEN", "audit_lines"]
+__all__ = ["AUDIT_COLUMNS", "GOLDEN", "REGENERATE", "audit_lines"]
 
 GOLDEN = Path(__file__).parent / "golden"
+REGENERATE = os.environ.get("NPCSIM_REGENERATE_GOLDEN") == "1"
+"""Write the golden audits from this run instead of comparing (a change that means to change
+what NPCs say, in a commit of its own): tests/test_golden_audit.py, tests/test_store_v4.py."""
 AUDIT_COLUMNS = ("id", "prompt", "encoding", "state", "attempts", "fallback", "line")
 """What each tab-separated field of an audit line is."""
 

@@ -16,20 +16,16 @@ rebuilt; a change that means to change what NPCs say regenerates them in its own
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
-from tests.golden import GOLDEN, audit_lines
+from tests.golden import GOLDEN, REGENERATE, audit_lines
 from tests.helpers import REPO, MosquittoProcess
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
-
-REGENERATE = os.environ.get("NPCSIM_REGENERATE_GOLDEN") == "1"
-
 
 async def run_world(scenario: str, tmp_path: Path, broker: str, shards: int, until: int) -> list[Path]:
     dbs = [tmp_path / f"golden-{i}of{shards}.db" for i in range(shards)]

@@ -66,6 +66,13 @@ def test_fallback_line_is_deterministic_across_processes() -> None:
         ("Assistant: As an AI language model I cannot feel. Good day!", "Good day!"),
         ("*nods*\n\"Fine, traveller.\"", "Fine, traveller."),
         ("traveller: mara: Aye.", "Aye."),
+        # a quotation keeps its marks, the closing one right after its sentence (no space before it)
+        ('I recall that tom said to me: "Go home." It stayed with me.',
+         'I recall that tom said to me: "Go home." It stayed with me.'),
+        ('Well. I recall that tom said to me: "Go home."', 'Well. I recall that tom said to me: "Go home."'),
+        ('"Fine, traveller."', "Fine, traveller."),  # quotes around the whole line go
+        ('"Fine, traveller.', "Fine, traveller."),  # and a stray one
+        ("Tom said: … and left .", "Tom said: … and left."),  # words left out keep their space
         ("*shrugs*", ""),
         ("   ", ""),
     ],

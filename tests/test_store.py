@@ -221,3 +221,31 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
         assert await store.inputs(0) == [(0, "visitor", "smith", "A sword, please.")]
         assert await store.inputs(1) == []
         assert await store.sent() == [(0, "npcsim/r/loc/forge/events", b"\x01\x02")]
+
+
+@pytest.mark.parametrize("nul", [False, True], ids=["bulk", "row-by-row"])
+async def test_a_belief_written_again_replaces_the_one_with_its_id(tmp_path: Path, nul: bool) -> None:
+    """One belief per id, on disk and in the hot state alike: refreshed a hundred times it is
+    one row, its newest; a restart loads exactly the state the running store had."""
+    db = tmp_path / "shard.db"
+    text = "player wants to talk to me." + ("\x00" if nul else "")  # a NUL sends rows one at a time
+    async with open_store(db) as store:
+        await store.ensure_agent(village_state(), writer=Writer.SCENARIO)
+        authored = store.state("smith").beliefs
+        for tick in range(100):
+            await store.add_belief("smith", Belief(id="talk:player", tick=tick, text=text), writer=Writer.NPC)
+            if tick % 7 == 0:
+                await store.add_belief("smith", Belief(id=f"b-new{tick}", tick=tick, text="x"), writer=Writer.NPC)
+                await store.add_belief("smith", Belief(id="talk:player", tick=tick, text=text), writer=Writer.NPC)
+            if tick % 10 == 9:
+                await store.end_tick(tick)
+        hot = store.state("smith")
+    assert [b.id for b in hot.beliefs].count("talk:player") == 1
+    assert hot.beliefs[-1] == Belief(id="talk:player", tick=99, text=text)
+    async with open_store(db) as store:
+        await store.load_agents(["smith"])
+        assert store.state("smith") == hot
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT id, tick FROM beliefs WHERE agent = 'smith' AND id = 'talk:player'").fetchall()
+        assert rows == [("talk:player", 99)]
+        assert conn.execute("SELECT count(*) FROM beliefs").fetchone() == (len(authored) + 1 + 15,)

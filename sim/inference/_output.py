@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import msgspec
 
 from sim.inference._guard import FactGuard, contradicted_fact
-from sim.memory import WorkingMemory
+from sim.memory import QUOTE_MARKS, WorkingMemory
 from sim.text import without_controls
 
 __all__ = ["Verdict", "clean_line", "judge"]
@@ -31,8 +31,11 @@ _META = re.compile(
     re.IGNORECASE,
 )
 _META_SPEAKERS = ("assistant", "ai", "npc", "system", "response", "reply", "answer", "character", "bot")
-_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
-_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:…])")
+# A sentence keeps the closing quote that follows its end (`... said: "Go." Then`), so
+# joining sentences never puts a space before a closing quote.
+_SENTENCE = re.compile(f"[^.!?]+[.!?]*[{QUOTE_MARKS}]?")
+# Not before an ellipsis: one that stands for words left out has a space before it ("said: … and").
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +77,17 @@ def _bound(line: str, max_chars: int) -> str:
     return head if head.endswith((".", "!", "?")) else head + "…"
 
 
+def _unwrapped(line: str) -> str:
+    """The line without quotation marks around it all (a model quoting its own line), or
+    without a stray mark at either end; a quotation inside it keeps both its marks."""
+    marks = sum(line.count(mark) for mark in QUOTE_MARKS)
+    if marks == 2 and len(line) > 1 and line[0] in QUOTE_MARKS and line[-1] in QUOTE_MARKS:
+        return line[1:-1].strip()
+    if marks % 2:
+        return line.strip(QUOTE_MARKS).strip()
+    return line
+
+
 def clean_line(raw: str, agent_id: str, max_chars: int, speakers: Iterable[str] = ()) -> str:
     """One bounded spoken line from raw model text; empty when nothing usable is left."""
     text = _STAGE.sub(" ", without_controls(raw))
@@ -83,7 +97,7 @@ def clean_line(raw: str, agent_id: str, max_chars: int, speakers: Iterable[str] 
         line = _strip_speakers(candidate, all_speakers)
         sentences = [s.strip() for s in _SENTENCE.findall(line) if s.strip() and not _META.search(s)]
         line = _SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(" ".join(sentences).split()))
-        line = line.strip().strip('"“”').strip()
+        line = _unwrapped(line.strip())
         if line and any(ch.isalnum() for ch in line):
             return _bound(line, max_chars)
     return ""

@@ -5,6 +5,8 @@ by piece (for whoever re-renders or measures a prompt on its own: the checker, t
 benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
 module of its own. `explain_truncation` names every item a working memory dropped and why,
 derived from the snapshot (the report it explains is all that audit records keep).
+`quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
+a quote (the NPC brain and the scripted backend both retell what was said).
 """
 
 from sim.errors import OverBudgetError
@@ -19,6 +21,7 @@ from sim.memory._explain import (
     TruncationExplanation,
     explain_truncation,
 )
+from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
 from sim.memory._state import (
     Belief,
     Episode,
@@ -47,6 +50,7 @@ __all__ = [
     "Line",
     "NpcState",
     "OverBudgetError",
+    "QUOTE_MARKS",
     "RENDERER_VERSION",
     "TOKENIZERS",
     "TruncationExplanation",
@@ -61,6 +65,8 @@ __all__ = [
     "fact_order",
     "inert",
     "line_order",
+    "own_words",
+    "quoted",
     "render",
     "token_counter",
     "world_order",

@@ -7,9 +7,10 @@
 | episodic, beliefs, dialogue | NPC (SCENARIO/GAME only when creating the agent) |
 | a new agent | SCENARIO, GAME |
 
-Episodes, beliefs and dialogue are append-only logs: an item is never changed in place, a
-revised belief is a newer belief. A refused write raises `AuthorityError`, is counted and
-is logged with its number.
+Episodes and dialogue are append-only logs: an item is never changed in place. Beliefs
+are kept one per id: a belief written again with its id (refreshed, revised) replaces the
+older one, on disk and in the hot state, so the newest is the one kept, never a copy.
+A refused write raises `AuthorityError`, is counted and is logged with its number.
 """
 
 from __future__ import annotations

@@ -91,6 +91,10 @@ class Hot:
         self.snapshot = None
 
     def add_belief(self, belief: Belief) -> None:
+        """A belief replaces the one with its id (a belief refreshed is not a copy): the same
+        replacement the store makes on disk, so the hot state stays the newest `limit` of
+        what a restart loads."""
+        self.beliefs = [b for b in self.beliefs if b.id != belief.id]
         _insert_bounded(self.beliefs, belief, belief_order, self.limit)
         self.snapshot = None
 

@@ -33,7 +33,15 @@ import msgspec
 from sim.errors import StoreError
 from sim.store._items import Addresser
 from sim.store._retention import PRUNE_SQL
-from sim.store.sql import BULK, INSERT, SET_LAST_TICK, RowKind, bulk_parameters
+from sim.store.sql import (
+    BULK,
+    BULK_REPLACED_BELIEFS,
+    INSERT,
+    REPLACED_BELIEF,
+    SET_LAST_TICK,
+    RowKind,
+    bulk_parameters,
+)
 
 __all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row", "Rows"]
 
@@ -252,7 +260,14 @@ class BatchWriter:
         for kind, sql in BULK.items():
             group = rows.pop(kind, None)
             if group:
+                if kind == "belief":  # the last of each id, replacing the one on disk
+                    group = list({(row[0], row[1]): row for row in group}.values())
                 parameters = bulk_parameters(kind, group)
+                if kind == "belief":
+                    if parameters is None:
+                        await self._conn.executemany(REPLACED_BELIEF, [row[:2] for row in group])
+                    else:
+                        await self._conn.execute(BULK_REPLACED_BELIEFS, parameters)
                 if parameters is None:
                     await self._conn.executemany(INSERT[kind], group)
                 else:

@@ -17,6 +17,7 @@ import msgspec
 
 __all__ = [
     "BULK",
+    "BULK_REPLACED_BELIEFS",
     "HEARD_RECENT",
     "INSERT",
     "BLOB_LAST",
@@ -26,6 +27,7 @@ __all__ = [
     "LOAD_WORLD",
     "PLACE_LOG",
     "RECENT",
+    "REPLACED_BELIEF",
     "SELECT_AGENT_KEYS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
@@ -92,6 +94,16 @@ BULK: dict[RowKind, str] = {kind: _bulk(sql, kind in BLOB_LAST) for kind, sql in
 runs the rows without taking the GIL back for each one (`executemany` does, and waits for
 the event loop's thread to let go of it every time). `bulk_parameters` makes the
 parameters; the rows are stored exactly as `INSERT` stores them."""
+
+# A belief replaces the agent's belief with the same id (a refreshed belief is not a copy,
+# and an NPC that is spoken to every tick does not grow its table by a row a tick): the
+# writer deletes it before inserting a batch's beliefs (the last of a batch per id), with
+# the batch's own `BULK["belief"]` parameters, or row by row where those fall back to `INSERT`.
+BULK_REPLACED_BELIEFS = (
+    "DELETE FROM beliefs WHERE n IN (SELECT b.n FROM json_each(?1) AS j"
+    " JOIN beliefs AS b ON b.agent = j.value ->> 0 AND b.id = j.value ->> 1)"
+)
+REPLACED_BELIEF = "DELETE FROM beliefs WHERE agent = ? AND id = ?"
 
 _JSON = msgspec.json.Encoder()
 _NUL = b"\\u0000"  # how JSON writes a NUL character, which SQLite's JSON functions cut text at
