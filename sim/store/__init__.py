@@ -8,7 +8,7 @@ store belongs to (`Store.identity`, `StoreReader.run_identity`).
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.store._authority import Writer
-from sim.store._identity import RunIdentity
+from sim.store._identity import RunIdentity, RunSettings
 from sim.store._places import PlaceRows
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._resume import Pending
@@ -24,6 +24,7 @@ __all__ = [
     "Pending",
     "PlaceRows",
     "RunIdentity",
+    "RunSettings",
     "SchemaError",
     "Store",
     "StoreError",

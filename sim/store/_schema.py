@@ -78,6 +78,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",
     ),
+    # 6: what a re-execution needs besides the identity's settings (npcsim replay, sim.replay):
+    # the scenario's bytes as the run read them, and each world-state change with the tick it
+    # took effect at (the keys and values set, as JSON; committed with that tick).
+    (
+        "CREATE TABLE scenario (id INTEGER PRIMARY KEY CHECK (id = 0), sha256 TEXT NOT NULL, data BLOB NOT NULL)",
+        "CREATE TABLE world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
