@@ -22,18 +22,31 @@ __all__ = ["LocalBroker"]
 class _LocalLink:
     def __init__(self, broker: LocalBroker) -> None:
         self._broker = broker
-        self.filters: list[aiomqtt.Topic | str] = []
+        self._exact: set[str] = set()
+        self._wildcards: list[tuple[str, ...]] = []  # a filter with + or #, by level
         self.inbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
 
     def matches(self, topic: str) -> bool:
-        subject = aiomqtt.Topic(topic)
-        return any(subject.matches(f) for f in self.filters)
+        if topic in self._exact:
+            return True
+        if not self._wildcards:
+            return False
+        levels = topic.split("/")
+        return any(_matches(levels, f) for f in self._wildcards)
+
+    def add(self, filters: Sequence[str]) -> None:
+        for f in filters:
+            aiomqtt.Wildcard(f)  # refuses a malformed filter, as a broker would
+            if "+" in f or "#" in f:
+                self._wildcards.append(tuple(f.split("/")))
+            else:
+                self._exact.add(f)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
         self._broker.publish(topic, payload, retain=retain)
 
     async def subscribe(self, filters: Sequence[str]) -> None:
-        self.filters.extend(filters)
+        self.add(filters)
         for topic, payload in sorted(self._broker.retained.items()):
             if any(aiomqtt.Topic(topic).matches(f) for f in filters):
                 self.inbox.put_nowait((topic, payload, True))
@@ -54,6 +67,16 @@ class _LocalTransport:
             await session(link)
         finally:
             self._broker.links.remove(link)
+
+
+def _matches(levels: list[str], wildcard: tuple[str, ...]) -> bool:
+    """MQTT's rule: `+` is any one level, a last `#` any number of them (none included)."""
+    for n, level in enumerate(wildcard):
+        if level == "#":
+            return True
+        if n >= len(levels) or (level != "+" and level != levels[n]):
+            return False
+    return len(levels) == len(wildcard)
 
 
 class LocalBroker:

@@ -43,11 +43,13 @@ Progress = Callable[[int, int], None]
 
 
 class Executed(msgspec.Struct, frozen=True, kw_only=True):
-    """A re-execution: its store, ticks `first`..`end - 1`, its counters and how long it took."""
+    """A re-execution: its store, ticks 0 to `end - 1`, its counters and how long it took
+    (`seconds` in all, `tick_seconds` in its ticks, start-up left out)."""
 
     out: Path
     end: int
     seconds: float
+    tick_seconds: float
     inferences: int
     fallbacks: int
     over_budget: int
@@ -129,10 +131,13 @@ async def execute(
         ctx = ShardContext(scenario, config, identity.run_id, identity.seed, bus, pool, store, stats)
         shard = Shard(ctx, stop, recorded=recording.inputs)
         await shard.start()
+        ticking = time.perf_counter()
         async with _reporting(progress, stats, end):
             await shard.run(until=end)
+        ticked = time.perf_counter() - ticking
         await shard.go_offline()
-    return Executed(out=out, end=end, seconds=time.perf_counter() - started, inferences=stats.inferences,
+    return Executed(out=out, end=end, seconds=time.perf_counter() - started, tick_seconds=ticked,
+                    inferences=stats.inferences,
                     fallbacks=stats.fallbacks, over_budget=stats.over_budget)
 
 
