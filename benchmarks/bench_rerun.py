@@ -2,9 +2,10 @@
 
 A generated world of N NPCs runs `--ticks` ticks on one shard (scripted backend, SQLite
 store file, a private Mosquitto from `--broker auto`); its ticks/s is timed from the first
-tick to the end. The same run is then executed again from its store (sim.replay: one
-process, no broker, every inference answered with its recorded replies), timed the same
-way, and compared record by record with the original (it must be identical).
+tick to the end (as benchmarks/bench_scale.py times it). The same run is then executed
+again from its store (sim.replay: one process, no broker, every inference answered with
+its recorded replies), timed the same way, and compared record by record with the
+original (it must be identical).
 
     python benchmarks/bench_rerun.py --npcs 10000 --locations 100 --ticks 20
 """
@@ -20,23 +21,21 @@ from pathlib import Path
 import psutil
 
 from benchmarks._report import machine_line, write_section
+from benchmarks.bench_scale import measure
 from sim.generate import write_scenario
 from sim.replay import compare, execute, load_recording
-from sim.runner import RunConfig, run
+from sim.runner import RunConfig
 
 HEADING = "Re-execution of a recorded run (issue 21)"
 
 
 async def main(args: argparse.Namespace) -> str:
-    npcs, locations, ticks = args.npcs, args.locations, args.ticks
-    load = psutil.getloadavg()
+    ticks, load = args.ticks, psutil.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_scenario(Path(tmp) / "world.toml", npcs=npcs, locations=locations, seed=1)
+        path = write_scenario(Path(tmp) / "world.toml", npcs=args.npcs, locations=args.locations, seed=1)
         db = Path(tmp) / "original.db"
-        ready: list[float] = []
-        stats = await run(RunConfig(scenario=str(path), broker="auto", ticks=ticks, run_id="rerun", concurrency=256,
-                                    db=str(db)), on_ready=lambda _: ready.append(time.perf_counter()))
-        original_s = time.perf_counter() - ready[0]
+        _, stats, original_s = await measure(RunConfig(scenario=str(path), broker="auto", ticks=ticks, run_id="rerun",
+                                                       concurrency=256, db=str(db)))
         started = time.perf_counter()
         recording = await asyncio.to_thread(load_recording, [db])
         load_s = time.perf_counter() - started
@@ -49,7 +48,8 @@ async def main(args: argparse.Namespace) -> str:
     rerun_ticks_s = ticks / executed.tick_seconds
     ratio = rerun_ticks_s / original_ticks_s
     verdict = f">= the original's (ratio {ratio:.2f}, {'met' if ratio >= 1 else 'NOT met'})"
-    command = f".venv/bin/python benchmarks/bench_rerun.py --npcs {npcs} --locations {locations} --ticks {ticks}"
+    command = (f".venv/bin/python benchmarks/bench_rerun.py --npcs {args.npcs} --locations {args.locations} "
+               f"--ticks {ticks}")
     rows = [
         ("original run: ticks/s (first tick to end)", f"{original_ticks_s:.2f} ({ticks} ticks in {original_s:.1f} s, "
          f"{stats.inferences:,} inferences)", "-"),
