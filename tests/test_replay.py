@@ -194,7 +194,12 @@ async def test_bad_inputs_each_get_one_line(
         identity = json.loads(conn.execute("SELECT identity FROM run").fetchone()[0])
         del identity["settings"]
         conn.execute("UPDATE run SET identity = ?", (json.dumps(identity),))
-    assert "does not hold the run's settings" in await refused("--db", str(old))
+    assert "it lacks the run's settings (its run was first started" in await refused("--db", str(old))
+    with sqlite3.connect(old) as conn:
+        conn.execute("DROP TABLE scenario")
+        conn.execute("DROP TABLE world_changes")
+    assert ("it lacks the run's settings, the scenario's text and the world-state changes"
+            in await refused("--db", str(old)))
     until = await replay_cli(capsys, "replay", "--db", str(db), "--until-tick", "20")
     assert until.code == 0 and until.out.startswith("identical: ") and "20 ticks" in until.out
 

@@ -51,10 +51,10 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
     last: dict[Path, int | None] = {}
     for given in paths:
         path = Path(given)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"--db {path}: no such file")
         with open_reader(path) as reader:
-            identity = _identity(path, reader)
+            identity = _replayable(path, reader)
             index, count = parse_shard(identity.shard)
             first = next(iter(found.values()), None)
             if first is not None and not _same_run(first[1], identity):
@@ -64,14 +64,9 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
                 raise ConfigError(f"--db {path}: shard {index} was given already ({found[index][0]})")
             found[index] = (path, identity)
             last[path] = reader.last_tick()
-            changes = reader.world_changes()
-            data = reader.scenario_data()
-            if changes is None or data is None:
-                raise StoreError(f"{path}: cannot be re-executed: it does not hold the scenario's text and the "
-                                 "world-state changes (written by an npcsim before schema 6)")
-            scenario = data
+            scenario = reader.scenario_data() or b""
             if index == 0:
-                world = changes
+                world = reader.world_changes() or {}
             for tick, seq, player, agent, text in reader.all_inputs():
                 inputs.setdefault(tick, []).append((seq, player, agent, text))
             records.update((r.id, r) for r in reader.audit_records())
@@ -86,7 +81,7 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
         ticks = ", ".join(f"{p} at tick {t}" for p, t in last.items())
         raise StoreError(f"--db: the stores did not commit the same last tick ({ticks}); resume the run first")
     identity0 = found[0][1]
-    assert identity0.settings is not None  # checked by _identity
+    assert identity0.settings is not None  # checked by _replayable
     for tick in inputs:
         inputs[tick].sort()
     return Recording(
@@ -96,14 +91,22 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
     )
 
 
-def _identity(path: Path, reader: StoreReader) -> RunIdentity:
+def _replayable(path: Path, reader: StoreReader) -> RunIdentity:
+    """The store's identity, when it holds all a re-execution needs; else a StoreError saying what it lacks."""
     identity = reader.run_identity()
+    missing = []
     if identity is None:
-        raise StoreError(f"{path}: cannot be re-executed: it holds no run identity (an npcsim before schema 5 "
-                         "wrote it)")
-    if identity.settings is None:
-        raise StoreError(f"{path}: cannot be re-executed: it does not hold the run's settings, scenario text and "
-                         "world-state changes (written by an npcsim before schema 6)")
+        missing.append("a run identity")
+    elif identity.settings is None:
+        missing.append("the run's settings")
+    if reader.scenario_data() is None:
+        missing.append("the scenario's text")
+    if reader.world_changes() is None:
+        missing.append("the world-state changes")
+    if missing or identity is None:
+        said = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+        raise StoreError(f"{path}: cannot be re-executed: it lacks {said} (its run was first started by an npcsim "
+                         "before schema 6)")
     return identity
 
 
