@@ -188,6 +188,11 @@ async def test_bad_inputs_each_get_one_line(
     other = tmp_path / "other.db"
     await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="other", ticks=3, db=str(other)))
     assert "belongs to run other" in await refused("--db", str(db), "--db", str(other))
+    tampered = tmp_path / "tampered.db"
+    tampered.write_bytes(db.read_bytes())
+    with sqlite3.connect(tampered) as conn:
+        conn.execute("UPDATE scenario SET data = CAST('[scenario]' AS BLOB)")
+    assert "is not the one its run read" in await refused("--db", str(tampered))
     old = tmp_path / "old.db"
     old.write_bytes(db.read_bytes())
     with sqlite3.connect(old) as conn:  # as an npcsim before schema 6 left it
@@ -203,3 +208,17 @@ async def test_bad_inputs_each_get_one_line(
     until = await replay_cli(capsys, "replay", "--db", str(db), "--until-tick", "20")
     assert until.code == 0 and until.out.startswith("identical: ") and "20 ticks" in until.out
 
+
+
+async def test_a_final_state_changed_in_the_store_is_named(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    """The audit alone would not see it: the records keep their own snapshots."""
+    (db,) = await original(mosquitto, tmp_path)
+    with sqlite3.connect(db) as conn:
+        tick, = conn.execute("SELECT max(tick) FROM dialogue WHERE agent = 'innkeeper'").fetchone()
+        conn.execute("UPDATE dialogue SET text = 'a line never said' WHERE agent = 'innkeeper' AND tick = ?", (tick,))
+    recording = load_recording([db])
+    comparison = compare(recording, await execute(recording, tmp_path / "again.db"))
+    assert comparison.divergence is not None
+    assert (comparison.divergence.npc, comparison.divergence.tick) == ("innkeeper", tick), comparison.divergence
+    assert "final state, dialogue: gained" in comparison.divergence.what
+    assert "lost" in comparison.divergence.what and "a line never said" in comparison.divergence.what

@@ -9,6 +9,7 @@ fails is one line naming the file and what is missing.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,15 +48,15 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
     records: dict[str, AuditRecord] = {}
     inputs: dict[int, list[tuple[int, str, str, str]]] = {}
     world: dict[int, dict[str, str]] = {}
-    scenario = b""
+    scenario = b""  # the same in every store: the digest their identities share
     last: dict[Path, int | None] = {}
     for given in paths:
         path = Path(given)
         if not path.exists():
             raise ConfigError(f"--db {path}: no such file")
         with open_reader(path) as reader:
-            identity = _replayable(path, reader)
-            index, count = parse_shard(identity.shard)
+            identity, scenario, changes = _replayable(path, reader)
+            index = parse_shard(identity.shard)[0]
             first = next(iter(found.values()), None)
             if first is not None and not _same_run(first[1], identity):
                 raise ConfigError(f"--db {path}: belongs to {identity.describe(scenario=True)}, "
@@ -64,9 +65,8 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
                 raise ConfigError(f"--db {path}: shard {index} was given already ({found[index][0]})")
             found[index] = (path, identity)
             last[path] = reader.last_tick()
-            scenario = reader.scenario_data() or b""
             if index == 0:
-                world = reader.world_changes() or {}
+                world = changes
             for tick, seq, player, agent, text in reader.all_inputs():
                 inputs.setdefault(tick, []).append((seq, player, agent, text))
             records.update((r.id, r) for r in reader.audit_records())
@@ -91,23 +91,28 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
     )
 
 
-def _replayable(path: Path, reader: StoreReader) -> RunIdentity:
-    """The store's identity, when it holds all a re-execution needs; else a StoreError saying what it lacks."""
+def _replayable(path: Path, reader: StoreReader) -> tuple[RunIdentity, bytes, dict[int, dict[str, str]]]:
+    """The store's identity, scenario bytes and world-state changes, when it holds all a
+    re-execution needs; else a StoreError saying what it lacks."""
     identity = reader.run_identity()
+    scenario = reader.scenario_data()
+    world = reader.world_changes()
     missing = []
     if identity is None:
         missing.append("a run identity")
     elif identity.settings is None:
         missing.append("the run's settings")
-    if reader.scenario_data() is None:
+    if scenario is None:
         missing.append("the scenario's text")
-    if reader.world_changes() is None:
+    if world is None:
         missing.append("the world-state changes")
-    if missing or identity is None:
+    if missing or identity is None or scenario is None or world is None:
         said = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
         raise StoreError(f"{path}: cannot be re-executed: it lacks {said} (its run was first started by an npcsim "
                          "before schema 6)")
-    return identity
+    if hashlib.sha256(scenario).hexdigest() != identity.scenario_sha256:
+        raise StoreError(f"{path}: the scenario's text it holds is not the one its run read (SHA-256 differs)")
+    return identity, scenario, world
 
 
 def _same_run(a: RunIdentity, b: RunIdentity) -> bool:

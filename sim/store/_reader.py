@@ -118,6 +118,7 @@ class StoreReader:
         digest, so equal contents compare equal in any two stores."""
         state: dict[str, dict[str, list[tuple[object, ...]]]] = {}
         queries = {
+            "system_prompt": "SELECT agent, system_prompt FROM agents",
             "canonical_facts": "SELECT agent, id, text FROM facts",
             "world_state": "SELECT agent, key, value FROM world",
             "beliefs": "SELECT agent, tick, id, text, confidence FROM beliefs",
