@@ -222,3 +222,22 @@ async def test_a_final_state_changed_in_the_store_is_named(mosquitto: MosquittoP
     assert (comparison.divergence.npc, comparison.divergence.tick) == ("innkeeper", tick), comparison.divergence
     assert "final state, dialogue: gained" in comparison.divergence.what
     assert "lost" in comparison.divergence.what and "a line never said" in comparison.divergence.what
+
+
+async def test_retries_and_fallbacks_are_answered_attempt_by_attempt(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """Rejected replies, their retries and the fallbacks they end in: each attempt given back in order."""
+    db = tmp_path / "retries.db"
+    script = ["*waves*", "Good evening.", "*nods*", "*shrugs*"]  # a retry that works, then one that does not
+    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="retries", until_tick=40, db=str(db),
+                        backend_options={"script": script}))
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert any(len(r.attempts) == 2 and not r.fallback for r in records), "no retry that worked"
+    assert any(len(r.attempts) == 2 and r.fallback_reason == "rejected" for r in records), "no retry that failed"
+    recording = load_recording([db])
+    assert recording.settings.backend_options == {"script": script}
+    comparison = compare(recording, await execute(recording, tmp_path / "again.db"))
+    assert comparison.divergence is None, comparison.divergence
+    assert comparison.records == len(records)
