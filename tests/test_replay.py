@@ -41,7 +41,7 @@ async def original(mosquitto: MosquittoProcess, tmp_path: Path, shards: int = 1)
     run_id = f"orig{shards}"
     dbs = [tmp_path / f"{run_id}-{i}.db" for i in range(shards)]
     stats = [RunStats() for _ in dbs]
-    configs = [RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id=run_id, until_tick=END, tick_ms=40,
+    configs = [RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id=run_id, until_tick=END, tick_ms=60,
                          shard=f"{i}/{shards}", db=str(db)) for i, db in enumerate(dbs)]
     async with asyncio.TaskGroup() as group:
         jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
