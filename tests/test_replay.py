@@ -241,3 +241,23 @@ async def test_retries_and_fallbacks_are_answered_attempt_by_attempt(
     comparison = compare(recording, await execute(recording, tmp_path / "again.db"))
     assert comparison.divergence is None, comparison.divergence
     assert comparison.records == len(records)
+
+
+async def test_a_fork_goes_on_with_an_openai_compatible_server(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    from tests.fake_openai import open_fake_openai
+
+    (db,) = await original(mosquitto, tmp_path)
+    recording = load_recording([db])
+    async with open_fake_openai(reply="Storm or no storm, the ale is good.") as server:
+        executed = await execute(recording, tmp_path / "fork.db", fork_at=40, backend="openai",
+                                 backend_options={"base_url": server.base_url, "model": "fake-2"})
+        asked = len(server.requests)
+    fork = records_of([executed.out])
+    late = [r for r in fork.values() if r.tick >= 40]
+    assert late and asked == len(late)
+    assert {(r.backend, r.model, r.line) for r in late} == {("openai", "fake-2", "Storm or no storm, the ale is good.")}
+    assert all(fork[k].line == r.line for k, r in recording.records.items() if r.tick < 40)
+    with open_reader(executed.out) as reader:
+        identity = reader.run_identity()
+    assert identity is not None and identity.settings is not None
+    assert (identity.settings.backend, identity.settings.model) == ("openai", "fake-2")

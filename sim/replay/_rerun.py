@@ -34,7 +34,7 @@ from sim.mqtt import BrokerAddress
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
 from sim.shard import RunConfig, RunStats, Shard, ShardContext, hot_limit
-from sim.store import open_store
+from sim.store import RunSettings, open_store
 
 __all__ = ["Executed", "execute"]
 
@@ -118,7 +118,8 @@ async def execute(
     claim = msgspec.structs.replace(
         identity, shard="0/1", nonce=secrets.token_hex(16),
         settings=msgspec.structs.replace(settings, end_tick=end, backend=config.backend,
-                                         backend_options=config.backend_options, tick_ms=0)
+                                         backend_options=config.backend_options,
+                                         model=RunSettings.model_named(config.backend_options), tick_ms=0)
         if live else msgspec.structs.replace(settings, end_tick=end, tick_ms=0),
     )
     async with (

@@ -57,14 +57,13 @@ def run_claim(config: RunConfig, *, run_id: str, seed: int, scenario: Scenario, 
     read (with the run's overrides), with the settings a re-execution needs (sim.replay)."""
     index, count = parse_shard(config.shard)
     options = dict(config.backend_options)
-    model = options.get("model", options.get("model_path", ""))
     end = config.until_tick if config.until_tick is not None else (
         config.ticks if config.ticks is not None else scenario.scenario.ticks)
     settings = RunSettings(
         memory=scenario.memory, end_tick=end, tick_ms=config.tick_ms, bots=config.bots, bot_rate=config.bot_rate,
         inference_timeout=config.inference_timeout, backend=config.backend, backend_options=options,
-        model=str(model or ""), remote_workers=config.remote_workers, retain_memories=config.retain_memories,
-        fact_guard=config.fact_guard,
+        model=RunSettings.model_named(options), remote_workers=config.remote_workers,
+        retain_memories=config.retain_memories, fact_guard=config.fact_guard,
     )
     return RunIdentity(
         run_id=run_id, seed=seed, scenario=scenario.scenario.name, scenario_sha256=sha256, shard=f"{index}/{count}",

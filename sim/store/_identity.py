@@ -54,6 +54,11 @@ class RunSettings(msgspec.Struct, frozen=True, kw_only=True):
     retain_memories: int | None = None
     fact_guard: str = ""
 
+    @staticmethod
+    def model_named(options: dict[str, Any]) -> str:
+        """The model a backend's options name (`model`, or llamacpp's `model_path`), "" when none."""
+        return str(options.get("model", options.get("model_path", "")) or "")
+
 
 class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
     """Which run a store belongs to.
