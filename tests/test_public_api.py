@@ -23,8 +23,8 @@ PACKAGES: dict[str, set[str]] = {
     "agents": set(),
     "sim": {"__version__"},
     "sim.bus": {
-        "Bus", "BusConfig", "BusEvent", "BusStats", "Connected", "Link", "Mailbox", "MqttTransport", "Transport",
-        "open_bus",
+        "Bus", "BusConfig", "BusEvent", "BusStats", "Connected", "Link", "LocalBroker", "Mailbox", "MqttTransport",
+        "Transport", "open_bus",
     },
     "sim.cli": {"build_parser", "main"},
     "sim.inference": {
@@ -55,16 +55,21 @@ PACKAGES: dict[str, set[str]] = {
         "mqtt_error", "open_client", "redact", "stay_connected",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
+    "sim.replay": {
+        "Comparison", "Divergence", "Executed", "ForkReport", "Recording", "RunFigures", "compare", "execute",
+        "fork_report", "load_recording", "records_of",
+    },
     "sim.shard": {
-        "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "Player", "RunConfig", "RunStats", "Shard",
+        "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "Player", "RecordedInputs", "RunConfig",
+        "RunStats", "Shard",
         "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
         "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
         "Arrival", "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "PlayerArrival",
-        "RunIdentity", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader", "StoreStatistics",
-        "WorldArrival", "Writer", "arrivals_path", "delete_audit_records", "open_reader", "open_store",
-        "read_arrivals",
+        "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
+        "StoreStatistics", "WorldArrival", "Writer", "arrivals_path", "delete_audit_records", "open_reader",
+        "open_store", "read_arrivals",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",

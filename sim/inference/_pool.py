@@ -16,16 +16,19 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import msgspec
 
+from sim.audit import AuditRecord
 from sim.inference._config import PoolConfig
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._dispatch import Dispatch
+from sim.inference._fallback import fallback_result
 from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._link import open_mqtt_dispatch
+from sim.inference._recorded import RecordedBackend
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
 from sim.wire.inference import InferenceRequest, InferenceResult
@@ -113,15 +116,25 @@ class Pool:
         return self._counters.snapshot()
 
 
+Recorded = Callable[[InferenceRequest], AuditRecord | None]
+"""The record of a recorded run that answers a request, or None (`open_pool`'s `recorded`)."""
+
+
 @asynccontextmanager
 async def open_pool(
-    config: PoolConfig, *, backend: Backend | None = None, fact_guard: FactGuard | None = None
+    config: PoolConfig,
+    *,
+    backend: Backend | None = None,
+    fact_guard: FactGuard | None = None,
+    recorded: Recorded | None = None,
 ) -> AsyncIterator[Pool]:
     """Open a pool with in-process workers, or one that sends requests to remote workers.
 
     `backend` serves in-process requests instead of opening `config.backend`, and
     `fact_guard` is the output check's fact guard instead of the one `config.fact_guard`
-    names: for embedders and tests that bring their own.
+    names: for embedders and tests that bring their own. `recorded` (in process only)
+    answers each request it has a record for with that record's replies
+    (sim.inference._recorded: a re-execution, sim.replay); the others go to the backend.
     """
     counters = Counters()
     guard = fact_guard if fact_guard is not None else load_fact_guard(config.fact_guard)
@@ -131,8 +144,13 @@ async def open_pool(
         return
     warn = LogOnce(log)
 
-    def dispatcher(served_by: Backend) -> Dispatch:
+    def dispatcher(live: Backend) -> Dispatch:
         async def dispatch(request: InferenceRequest) -> InferenceResult:
+            record = None if recorded is None else recorded(request)
+            served_by: Backend = live if record is None else RecordedBackend(record)
+            if record is not None and record.fallback and not record.attempts:
+                return fallback_result(request, record.fallback_reason or "backend_error", backend=record.backend,
+                                       model=record.model, worker="recorded")
             return await serve(
                 request, served_by, time_limit=config.timeout, max_line_chars=config.max_line_chars,
                 counters=counters, worker="inprocess", warn=warn, guard=guard,

@@ -23,6 +23,8 @@ The modules, one job each:
 - `_turns`: the tick's turns, taken by a bounded set of workers;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_shard`: `Shard`, the tick loop;
+- `_recorded`: `RecordedInputs`, a recorded run's outside inputs and world changes, for a
+  shard that executes it again (sim.replay);
 - `_trust`: the run key and the trust announcements at start;
 - `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
 - `_process`: `run(config)`, the process wiring around a Shard.
@@ -34,6 +36,7 @@ from sim.shard._context import AgentContext, ShardContext
 from sim.shard._dice import ambient_roll
 from sim.shard._places import assign_places
 from sim.shard._process import run
+from sim.shard._recorded import RecordedInputs
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
 from sim.shard._startup import StartupPhase, StartupProgress, create_agents
@@ -46,6 +49,7 @@ __all__ = [
     "AgentContext",
     "Clock",
     "Player",
+    "RecordedInputs",
     "RunConfig",
     "RunStats",
     "Shard",

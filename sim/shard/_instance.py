@@ -34,9 +34,10 @@ import msgspec
 from sim.errors import ConfigError, single_error
 from sim.mqtt import BrokerAddress, ReconnectPolicy, open_client, stay_connected
 from sim.protocol.seal import RunKey, new_nonce, sealed_before_nonces, sealed_nonce
+from sim.scenario import Scenario
 from sim.shard._clock import Clock
 from sim.shard._config import RunConfig, parse_shard
-from sim.store import RunIdentity, Store
+from sim.store import RunIdentity, RunSettings, Store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Welcome, decode_barrier, encode_barrier
 
@@ -51,16 +52,31 @@ LearnNonce = Callable[[], Awaitable[bytes]] | None
 """How a shard that is not shard 0 learns the nonce at its first start (None: it chooses it)."""
 
 
-def run_claim(config: RunConfig, *, run_id: str, seed: int, scenario: str, sha256: str) -> RunIdentity:
-    """The identity this start claims (its nonce still empty): from the config and the scenario read."""
+def run_claim(config: RunConfig, *, run_id: str, seed: int, scenario: Scenario, sha256: str) -> RunIdentity:
+    """The identity this start claims (its nonce still empty): from the config and the scenario
+    read (with the run's overrides), with the settings a re-execution needs (sim.replay)."""
     index, count = parse_shard(config.shard)
+    options = dict(config.backend_options)
+    end = config.until_tick if config.until_tick is not None else (
+        config.ticks if config.ticks is not None else scenario.scenario.ticks)
+    settings = RunSettings(
+        memory=scenario.memory, end_tick=end, tick_ms=config.tick_ms, bots=config.bots, bot_rate=config.bot_rate,
+        inference_timeout=config.inference_timeout, backend=config.backend, backend_options=options,
+        model=RunSettings.model_named(options), remote_workers=config.remote_workers,
+        retain_memories=config.retain_memories, fact_guard=config.fact_guard,
+    )
     return RunIdentity(
-        run_id=run_id, seed=seed, scenario=scenario, scenario_sha256=sha256, shard=f"{index}/{count}", nonce="",
+        run_id=run_id, seed=seed, scenario=scenario.scenario.name, scenario_sha256=sha256, shard=f"{index}/{count}",
+        nonce="", settings=settings,
     )
 
 
-async def claim_store(store: Store, claim: RunIdentity, config: RunConfig, learn: LearnNonce) -> bytes:
-    """The run nonce of the store `claim` may use; ConfigError when the store is another run's."""
+async def claim_store(
+    store: Store, claim: RunIdentity, config: RunConfig, learn: LearnNonce, scenario_data: bytes | None = None
+) -> bytes:
+    """The run nonce of the store `claim` may use; ConfigError when the store is another run's.
+
+    A first start records the claim, and `scenario_data` (the bytes the run read) beside it."""
     stored = store.identity
     if stored is not None:
         if not stored.same_run(claim):
@@ -76,7 +92,7 @@ async def claim_store(store: Store, claim: RunIdentity, config: RunConfig, learn
     if store.last_tick is not None:
         log.warning("%s holds no run identity (an older npcsim wrote it): it now belongs to %s",
                     store.path, identity.describe(scenario=True))
-    await store.keep_identity(identity)
+    await store.keep_identity(identity, scenario_data)
     return nonce
 
 

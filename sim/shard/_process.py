@@ -107,7 +107,7 @@ async def _run(
 ) -> None:
     with PausedCollector() as collector:
         stats.startup_progress.enter(StartupPhase.LOADING)
-        scenario, scenario_sha256 = await load_scenario_in_thread(config.scenario)
+        scenario, text = await load_scenario_in_thread(config.scenario)
         scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
         check_retention(config, hot_limit(scenario.memory))
         check_shards(config, scenario)
@@ -120,7 +120,7 @@ async def _run(
             raise ConfigError(f"--run-id: {exc}") from exc
         shard = str(parse_shard(config.shard)[0])
         stats.run_id = run_id
-        claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario.scenario.name, sha256=scenario_sha256)
+        claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         async with _workdir() as workdir:
             db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
             async with (
@@ -131,7 +131,7 @@ async def _run(
                 stats.broker = f"{broker.kind} {broker.url}"
                 stats.broker_address = broker.address
                 stats.viewer = broker.viewer
-                run_key = await _bound_run_key(config, broker, store, claim, clock)
+                run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
                 announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
                 bus_config = BusConfig(
                     broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
@@ -175,7 +175,7 @@ async def _run(
 
 
 async def _bound_run_key(
-    config: RunConfig, broker: BrokerInfo, store: Store, claim: RunIdentity, clock: Clock
+    config: RunConfig, broker: BrokerInfo, store: Store, claim: RunIdentity, clock: Clock, scenario: bytes
 ) -> RunKey | None:
     """The run key (sim.shard._trust), bound to the nonce of the run the store belongs to
     (sim.shard._instance: chosen by shard 0, learnt from it by the others)."""
@@ -187,7 +187,7 @@ async def _bound_run_key(
         return await learn_run_nonce(broker.address, key, run_id=claim.run_id, shard=str(index), shards=count,
                                      clock=clock, protocol=broker.protocol)
 
-    nonce = await claim_store(store, claim, config, None if index == 0 or key is None else learn)
+    nonce = await claim_store(store, claim, config, None if index == 0 or key is None else learn, scenario)
     return None if key is None else key.for_run(nonce)
 
 

@@ -64,6 +64,7 @@ from sim.protocol.seal import peel
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._instance import kept_messages
+from sim.shard._recorded import RecordedInputs
 from sim.shard._registry import Player, players
 from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import take_turns
@@ -88,8 +89,11 @@ _RESEND_INTERVAL = 1.0  # seconds: at most one re-send per peer in this time, ho
 class Shard:
     """One shard of a run: `start()`, then `step(tick)` or `run(until)`, then `go_offline()`."""
 
-    def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
+    def __init__(self, ctx: ShardContext, stop: asyncio.Event, recorded: RecordedInputs | None = None) -> None:
+        """`recorded`: a re-execution's outside inputs and world-state changes (sim.replay),
+        taken at their ticks instead of what arrives on the bus."""
         self.ctx, self.stop = ctx, stop
+        self.recorded = recorded
         self.config, self.bus, self.store, self.stats, self.clock = ctx.config, ctx.bus, ctx.store, ctx.stats, ctx.clock
         layout = ctx.layout
         self.index, self.count = layout.index, layout.count
@@ -287,30 +291,41 @@ class Shard:
     async def _take_inputs(self, tick: int) -> None:
         """World-state changes, then the players' inputs of this tick, as events."""
         ctx, stats = self.ctx, self.stats
+        if self.recorded is not None:
+            self.world_due = self.recorded.world.get(tick)
         if self.world_due:
             world = WorldStateMessage(state=self.world_due, tick=tick)
             stats.world_changes += await _apply_world_state(self.store, (s.id for s in self.specs), world)
+            await self.store.record_world(tick, self.world_due)
         self.world_due = None
         for player in self.players:
             for event in player.inputs(tick):
                 self._emit_player(player.location, event)
                 stats.player_inputs += 1
         await self._take_bus_events(taking="input")  # what arrived until now is this tick's input
-        inputs = self._held_inputs.pop(tick, []) + self.outside
-        taken = limit_player_inputs(inputs, self.config.bounds.player_inputs_per_tick, self.bus)
-        self.outside.clear()
-        for seq, (player_id, message) in enumerate(taken):
-            await self.store.record_input(tick, seq, player_id, message.to, message.text)
+        for seq, player_id, to, text in self._outside_inputs(tick):
+            await self.store.record_input(tick, seq, player_id, to, text)
             event = Speech(
                 id=event_id(ctx.run_id, player_id, tick, 1_000_000 + seq),
                 tick=tick,
                 speaker=player_id,
-                to=message.to,
-                text=message.text,
+                to=to,
+                text=text,
                 from_player=True,
             )
-            ctx.outbox.emit(topics.agent_inbox(ctx.run_id, message.to), event)
+            ctx.outbox.emit(topics.agent_inbox(ctx.run_id, to), event)
             stats.player_inputs += 1
+
+    def _outside_inputs(self, tick: int) -> list[tuple[int, str, str, str]]:
+        """This tick's outside inputs, (seq, player, NPC, text): what arrived (a resume's journaled
+        arrivals first), within its bound, or in a re-execution what the run took at this tick,
+        with the numbers it gave them."""
+        inputs = self._held_inputs.pop(tick, []) + self.outside
+        taken = limit_player_inputs(inputs, self.config.bounds.player_inputs_per_tick, self.bus)
+        self.outside.clear()
+        if self.recorded is not None:
+            return [i for i in self.recorded.inputs.get(tick, ()) if i[2] in self.local]
+        return [(seq, player, message.to, message.text) for seq, (player, message) in enumerate(taken)]
 
     async def _take_turns(self, tick: int) -> bool:
         """The NPCs with mail from earlier ticks, then those whose ambient dice fell, take
@@ -457,8 +472,10 @@ class Shard:
                     self._on_barrier(message)
                 case PlayerInputReceived(player=player, message=message):
                     self._on_player_input(player, message)
-                case WorldStateReceived(message=message, retained=False):
+                case WorldStateReceived(message=message, retained=False) if self.recorded is None:
                     self.world_updates.append(message)
+                case WorldStateReceived(retained=False):
+                    pass  # a re-execution takes the run's world-state changes at their ticks
                 case WorldStateReceived(message=message, retained=True):
                     self._on_retained_world_state(message)
                 case Connected(again=again):

@@ -134,9 +134,9 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
         future.set_result(result)  # type: ignore[arg-type]
 
 
-async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, str]:
+async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, ScenarioText]:
     """Read the scenario and parse it off the event loop, so a stop request need not wait
-    for it; the scenario and the SHA-256 of its bytes (what the store records of it).
+    for it; the scenario and the bytes read (what the store records of it, with their SHA-256).
 
     The file is read first, in a daemon thread, within its bounds (`read_scenario`: a
     regular file of at most MAX_SCENARIO_BYTES, or a bundled scenario): nothing is parsed
@@ -148,14 +148,10 @@ async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, str]:
     decoded between two turns of the loop.
     """
 
-    def read() -> tuple[ScenarioText, str]:
-        text = read_scenario(path)
-        return text, text.sha256
-
-    text, sha256 = await in_thread(read, "npcsim-read-scenario")
+    text = await in_thread(lambda: read_scenario(path), "npcsim-read-scenario")
     if len(text.data) > CHILD_PARSE_BYTES:
-        return await _parse_in_child(text), sha256
-    return await in_thread(lambda: parse_scenario(text.data, source=text.source), "npcsim-load-scenario"), sha256
+        return await _parse_in_child(text), text
+    return await in_thread(lambda: parse_scenario(text.data, source=text.source), "npcsim-load-scenario"), text
 
 
 CHILD_PARSE_BYTES = 8 << 20

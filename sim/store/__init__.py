@@ -9,7 +9,7 @@ store belongs to (`Store.identity`, `StoreReader.run_identity`).
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.store._arrivals import Arrival, PlayerArrival, WorldArrival, arrivals_path, read_arrivals
 from sim.store._authority import Writer
-from sim.store._identity import RunIdentity
+from sim.store._identity import RunIdentity, RunSettings
 from sim.store._places import PlaceRows
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._resume import Pending
@@ -27,6 +27,7 @@ __all__ = [
     "PlaceRows",
     "PlayerArrival",
     "RunIdentity",
+    "RunSettings",
     "SchemaError",
     "Store",
     "StoreError",

@@ -10,13 +10,54 @@ One row, the identity as JSON (`run.identity`), so a later version extends it by
 fields with defaults (the scenario's text, the configuration, the backend and model a
 re-execution needs) without another table; `sqlite3 tw.db "SELECT identity FROM run"`
 reads it. A store without the row (written before it existed) gets one at its next start.
+
+Since schema 6 the identity also holds `settings`: what a re-execution (`npcsim replay`,
+sim.replay) needs besides the scenario's text (its own table, `scenario`), the outside
+inputs and the world-state changes (tables `inputs` and `world_changes`) and the replies
+(the audit): the effective working-memory config, the seed and tick settings, the players,
+the bounds on outside input, the backend, its options and the output check's fact guard,
+as the first start ran them. An identity written before has none (`settings` is None).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-__all__ = ["RunIdentity", "decode_identity", "encode_identity"]
+from sim.memory import WorkingMemoryConfig
+
+__all__ = ["RunIdentity", "RunSettings", "decode_identity", "encode_identity"]
+
+
+class RunSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The configuration of a run as its first start ran it: what decides what its NPCs say.
+
+    `memory` is the effective working-memory config (the scenario's with the run's
+    `--max-context-*` overrides); `end_tick` the tick the run was to end before; `bots` and
+    `bot_rate` its bot players; `backend`, `backend_options` and `model` (the option of
+    that name, "" when none; each audit record names the model that answered) the backend,
+    `remote_workers` whether it was served by `npcsim worker`s; `retain_memories` the
+    retention; `fact_guard` the output check's guard ("": the built-in one).
+    """
+
+    memory: WorkingMemoryConfig
+    end_tick: int
+    tick_ms: int = 0
+    bots: int = 0
+    bot_rate: float = 0.1
+    inference_timeout: float = 30.0
+    backend: str = "scripted"
+    backend_options: dict[str, Any] = {}
+    model: str = ""
+    remote_workers: bool = False
+    retain_memories: int | None = None
+    fact_guard: str = ""
+
+    @staticmethod
+    def model_named(options: dict[str, Any]) -> str:
+        """The model a backend's options name (`model`, or llamacpp's `model_path`), "" when none."""
+        return str(options.get("model", options.get("model_path", "")) or "")
 
 
 class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +73,7 @@ class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
     scenario_sha256: str
     shard: str
     nonce: str
+    settings: RunSettings | None = None
 
     def describe(self, *, scenario: bool = False) -> str:
         """"run village-7 seed 7 (shard 0/1)", with the scenario when asked."""

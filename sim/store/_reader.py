@@ -27,7 +27,7 @@ from sim.audit import AuditRecord, decode_record
 from sim.errors import SchemaError, StoreError
 from sim.store._identity import RunIdentity, decode_identity
 from sim.store._schema import check_file, check_version
-from sim.store.records import COLUMNS, read_packed, unpack_record
+from sim.store.records import COLUMNS, read_packed, unpack_keys, unpack_record
 
 __all__ = ["AuditSummary", "StoreReader", "open_reader"]
 
@@ -45,6 +45,7 @@ class AuditSummary(msgspec.Struct, frozen=True, kw_only=True):
     line: str
 
 
+_world_decoder = msgspec.json.Decoder(dict[str, str])
 _ITEM_CACHE = 1 << 18  # item bodies kept by the reader; past this it forgets them all
 _CHUNK = 256  # records decoded per round of item look-ups
 _RECORD_COLUMNS = "id, run_id, agent, tick, backend, model, fallback, line, record"
@@ -84,6 +85,64 @@ class StoreReader:
             return decode_identity(str(rows[0][0]))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: the run identity it holds is unreadable: {exc}") from exc
+
+    def scenario_data(self) -> bytes | None:
+        """The scenario's bytes as the run read them (schema 6); None when the store lacks them."""
+        if not self._has_table("scenario"):
+            return None
+        rows = self._query("SELECT data FROM scenario WHERE id = 0")
+        return None if not rows else bytes(rows[0][0])  # type: ignore[call-overload]
+
+    def all_inputs(self) -> list[tuple[int, int, str, str, str]]:
+        """Every outside input as (tick, seq, player, agent, text), in (tick, seq) order."""
+        if not self._has_table("inputs"):
+            return []
+        rows = self._query("SELECT tick, seq, player, agent, text FROM inputs ORDER BY tick, seq")
+        return [(int(t), int(q), str(p), str(a), str(x)) for t, q, p, a, x in rows]  # type: ignore[call-overload]
+
+    def world_changes(self) -> dict[int, dict[str, str]] | None:
+        """Each world-state change by the tick it took effect at (schema 6); None when the
+        store does not keep them."""
+        if not self._has_table("world_changes"):
+            return None
+        rows = self._query("SELECT tick, state FROM world_changes ORDER BY tick")
+        try:
+            return {int(t): _world_decoder.decode(str(state)) for t, state in rows}  # type: ignore[call-overload]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: a world-state change it holds is unreadable: {exc}") from exc
+
+    def final_state(self) -> dict[str, dict[str, list[tuple[object, ...]]]]:
+        """What the store holds of each NPC, and of each place ("place:" + its name), by
+        category, each a sorted list of rows: the ground a re-execution is compared on.
+        Episodes heard and places' events are (tick, item key) rows, the key a content
+        digest, so equal contents compare equal in any two stores."""
+        state: dict[str, dict[str, list[tuple[object, ...]]]] = {}
+        queries = {
+            "system_prompt": "SELECT agent, system_prompt FROM agents",
+            "canonical_facts": "SELECT agent, id, text FROM facts",
+            "world_state": "SELECT agent, key, value FROM world",
+            "beliefs": "SELECT agent, tick, id, text, confidence FROM beliefs",
+            "dialogue": "SELECT agent, tick, seq, speaker, text FROM dialogue",
+            "episodic": "SELECT agent, tick, id, text FROM episodes",
+        }
+        if self._has_table("heard"):
+            queries["heard"] = "SELECT a.agent, h.tick, h.items FROM heard AS h JOIN agent_keys AS a ON a.n = h.agent"
+        if self._has_table("place_events"):
+            queries["place_events"] = "SELECT 'place:' || place, tick, items FROM place_events"
+        for category, sql in queries.items():
+            for row in self._query(sql):
+                rows = state.setdefault(str(row[0]), {}).setdefault(category, [])
+                if category in ("heard", "place_events"):  # one row per item: however the writer batched them
+                    rows.extend((row[1], key) for key in unpack_keys(bytes(row[2])))  # type: ignore[call-overload]
+                else:
+                    rows.append(tuple(row[1:]))
+        for categories in state.values():
+            for rows in categories.values():
+                rows.sort(key=repr)
+        return state
+
+    def _has_table(self, name: str) -> bool:
+        return bool(self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
 
     def integrity_check(self) -> str:
         """SQLite's verdict on the file: "ok" when it is sound."""

@@ -6,7 +6,8 @@ sent in its last two committed ticks (`keep_sent`, replacing the last), the `say
 the broker had not acknowledged when the tick committed (`keep_says`), what waits for the
 next tick (`keep_pending`: the mail in its NPCs' inboxes and the world-state changes due,
 replacing the last) and the outside inputs stamped with the tick they take effect at
-(`record_input`) are queued rows too, so they are on disk exactly when their tick is.
+(`record_input`) and the world-state changes with the tick they took effect at
+(`record_world`) are queued rows too, so they are on disk exactly when their tick is.
 `migrated_at` is the last tick a schema-3 npcsim committed before the file was migrated.
 """
 
@@ -43,6 +44,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
 _T = TypeVar("_T")
 
 _encoder = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 _sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
 _says_decoder = msgspec.msgpack.Decoder(list[tuple[str, bytes]])
 _pending_decoder = msgspec.msgpack.Decoder(Pending)
@@ -74,6 +76,9 @@ class Resume:
 
     async def record_input(self, tick: int, seq: int, player: str, agent: str, text: str) -> None:
         await self._writer.put("input", (tick, seq, player, agent, text))
+
+    async def record_world(self, tick: int, state: dict[str, str]) -> None:
+        await self._writer.put("world_change", (tick, _json.encode(state).decode()))
 
     async def inputs(self, tick: int) -> list[tuple[int, str, str, str]]:
         rows = await fetch(self._conn, SELECT_INPUTS, (tick,))

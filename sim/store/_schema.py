@@ -78,6 +78,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",
     ),
+    # 6: what a re-execution needs besides the identity's settings (npcsim replay, sim.replay):
+    # the scenario's bytes as the run read them, and each world-state change with the tick it
+    # took effect at (the keys and values set, as JSON; committed with that tick). Like 5, written
+    # so that it may run again over its own tables.
+    (
+        "CREATE TABLE IF NOT EXISTS scenario (id INTEGER PRIMARY KEY CHECK (id = 0), sha256 TEXT NOT NULL,"
+        " data BLOB NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -302,6 +302,10 @@ class Store:
         """Queue one outside input as taking effect at `tick` (committed with that tick)."""
         await self._resume.record_input(tick, seq, player, agent, text)
 
+    async def record_world(self, tick: int, state: dict[str, str]) -> None:
+        """Queue the world-state change that took effect at `tick` (committed with that tick)."""
+        await self._resume.record_world(tick, state)
+
     async def inputs(self, tick: int) -> list[tuple[int, str, str, str]]:
         """The committed outside inputs of `tick`: (seq, player, agent, text) in seq order."""
         return await self._resume.inputs(tick)
@@ -314,9 +318,12 @@ class Store:
         """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
         return await self._resume.sent()
 
-    async def keep_identity(self, identity: RunIdentity) -> None:
-        """Record the run this store belongs to, committed at once (with what was queued before)."""
+    async def keep_identity(self, identity: RunIdentity, scenario: bytes | None = None) -> None:
+        """Record the run this store belongs to, and the bytes of its scenario when given,
+        committed at once (with what was queued before)."""
         await self._writer.put("run", (encode_identity(identity),))
+        if scenario is not None:
+            await self._writer.put("scenario", (identity.scenario_sha256, scenario))
         await self._writer.commit(None)
         self._identity = identity
 

@@ -44,7 +44,7 @@ __all__ = [
 
 RowKind = Literal[
     "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta",
-    "place", "place_events", "place_window", "run",
+    "place", "place_events", "place_window", "run", "world_change", "scenario",
 ]
 """What a queued row is: its statement in `INSERT`, except `episode` and `place` (which the
 writer turns into `item` rows and `heard` or `place_events` rows, `sim.store._items`)."""
@@ -68,10 +68,12 @@ INSERT: dict[RowKind, str] = {
     "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
     "run": "INSERT OR REPLACE INTO run (id, identity) VALUES (0, ?)",
+    "world_change": "INSERT OR REPLACE INTO world_changes (tick, state) VALUES (?, ?)",
+    "scenario": "INSERT OR REPLACE INTO scenario (id, sha256, data) VALUES (0, ?, ?)",
 }
 # The row kinds whose last value is a blob: it travels apart from the JSON rows (as an
 # offset and a length into one blob of all of them); every other value is JSON.
-BLOB_LAST: frozenset[RowKind] = frozenset({"item", "heard", "place_events", "audit", "meta"})
+BLOB_LAST: frozenset[RowKind] = frozenset({"item", "heard", "place_events", "audit", "meta", "scenario"})
 
 
 def _bulk(statement: str, blob_last: bool) -> str:

@@ -1,0 +1,127 @@
+"""`npcsim replay`: execute a recorded run again and compare it with the original, or fork it.
+
+    npcsim replay --db run.db                          # identical: N records, M NPCs, T ticks (exit 0)
+    npcsim replay --db s0.db --db s1.db --db s2.db     # a sharded run: every shard's store
+    npcsim replay --db run.db --fork-at 40 --backend scripted --script "Aye." --out fork.db
+
+The stores are only read. Re-execution writes a new store (`--out`, else a temporary file,
+removed at the end); a divergence is exit 1 naming its tick, NPC and what differs. What
+the run's stores lack, or a bad option, is one line and exit 2. Progress goes to stderr
+about once a second. See docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._terminal import printable
+from sim.cli._values import whole
+from sim.errors import ConfigError
+from sim.replay import ForkReport, RunFigures, compare, execute, fork_report, load_recording, records_of
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "replay", help="execute a recorded run again from its stores and compare, or fork it at a tick",
+        description="Execute a recorded run again in this process, from tick 0, every inference answered with "
+        "its recorded replies and every outside input and world-state change fed at its tick, into a new "
+        "store; then compare every audit record and every NPC's final state with the original. With "
+        "--fork-at T, go on live from tick T with --backend and report how the two runs differ.",
+    )
+    parser.add_argument("--db", action="append", required=True, metavar="FILE",
+                        help="a store of the run (once per shard for a sharded run); only read")
+    parser.add_argument("--out", metavar="FILE", help="the new store (default: a temporary file, removed after)")
+    parser.add_argument("--until-tick", type=whole(1), metavar="T", help="stop before tick T (default: the run's end)")
+    parser.add_argument("--fork-at", type=whole(0), metavar="T",
+                        help="recorded replies before tick T, then live with --backend")
+    add_backend_arguments(parser)
+    parser.add_argument("--script", action="append", metavar="LINE",
+                        help="scripted (with --fork-at): reply with these lines in turn (repeat the option)")
+    parser.set_defaults(func=replay_command, backend=None)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    if args.fork_at is None and args.backend is not None:
+        raise ConfigError("--backend is for a fork: give --fork-at T (a re-execution answers with the replies "
+                          "recorded)")
+    if args.fork_at is not None and args.backend is None:
+        raise ConfigError(f"--fork-at {args.fork_at}: give the --backend the fork goes on with")
+    if args.script and args.backend != "scripted":
+        raise ConfigError("--script is an option of --backend scripted")
+    options: dict[str, Any] = backend_options(args) if args.backend else {}
+    if args.script:
+        options["script"] = list(args.script)
+    recording = load_recording(args.db)
+    with _out_file(args.out) as out:
+        executed = asyncio.run(execute(recording, out, until_tick=args.until_tick, fork_at=args.fork_at,
+                                       backend=args.backend or "scripted", backend_options=options,
+                                       progress=_progress))
+        _progress_done()
+        if args.fork_at is not None:
+            report = fork_report(recording.records, records_of([out], executed.end), args.fork_at)
+            _print_fork(report, executed.end)
+            if args.out:
+                print(f"fork recorded in {printable(str(out))}")
+            return 1 if report.before is not None else 0
+        comparison = compare(recording, executed)
+    if comparison.divergence is not None:
+        print(f"divergence: {printable(comparison.divergence.describe())}")
+        return 1
+    ticks = executed.end
+    npcs = f", {comparison.npcs} NPCs" if executed.end == recording.last_tick + 1 else " (final states not compared)"
+    print(f"identical: {comparison.records} records{npcs}, {ticks} ticks")
+    return 0
+
+
+@contextlib.contextmanager
+def _out_file(given: str | None) -> Iterator[Path]:
+    if given is not None:
+        yield Path(given)
+        return
+    with tempfile.TemporaryDirectory(prefix="npcsim-replay-") as where:
+        yield Path(where) / "replay.db"
+
+
+def _progress(tick: int, end: int) -> None:
+    ending = "\r" if sys.stderr.isatty() else "\n"
+    print(f"replay: tick {tick + 1}/{end}", end=ending, file=sys.stderr, flush=True)
+
+
+def _progress_done() -> None:
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+
+
+def _print_fork(report: ForkReport, end: int) -> None:
+    t = report.fork_at
+    if report.before is not None:
+        print(f"before tick {t} the fork is not the original: {printable(report.before.describe())}")
+    else:
+        print(f"ticks 0-{t - 1}: identical to the original ({report.identical_before} records)")
+    if report.first is None:
+        print(f"ticks {t}-{end - 1}: every line as in the original")
+    else:
+        print(f"first divergence: {printable(report.first.describe())}")
+        print(f"ticks {t}-{end - 1}: {report.lines_differing} of {report.original.inferences} lines differ")
+    rows: list[tuple[str, str]] = [
+        ("inferences", "inferences"), ("fallbacks", "fallbacks"), ("over budget", "over_budget"),
+        ("latency mean ms", "latency_ms_mean"), ("latency p95 ms", "latency_ms_p95"),
+    ]
+    print(f"{'from tick ' + str(t):<18}{'original':>12}{'fork':>12}")
+    for label, field in rows:
+        print(f"{label:<18}{_shown(report.original, field):>12}{_shown(report.fork, field):>12}")
+
+
+def _shown(figures: RunFigures, field: str) -> str:
+    value = getattr(figures, field)
+    return f"{value:.1f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,50 @@
+"""Executing a recorded run again (`npcsim replay`), and forking it.
+
+    recording = load_recording(["run.shard0.db", "run.shard1.db"])   # every store of the run
+    executed = await execute(recording, Path("again.db"))           # from tick 0, recorded replies
+    comparison = compare(recording, executed)                       # the first divergence, or none
+    forked = await execute(recording, Path("fork.db"), fork_at=40, backend="openai", backend_options=...)
+
+- `_recording`: `Recording`, `load_recording`: what a re-execution needs, read from a run's
+  stores and checked (one run, every shard, schema 6);
+- `_rerun`: `execute`: the run again in this process on a `LocalBroker`, one shard, the
+  recorded inputs and world-state changes at their ticks, every inference answered with its
+  recorded replies (before `fork_at`; after it, live on the backend given);
+- `_compare`: the first divergence of the audit records and the final states;
+- `_fork`: how a fork differs from its original from the fork's tick on.
+See docs/replay.md.
+"""
+
+
+from sim.replay._compare import Comparison, Divergence, compare_records, compare_states, records_of
+from sim.replay._fork import ForkReport, RunFigures, fork_report
+from sim.replay._recording import Recording, load_recording
+from sim.replay._rerun import Executed, execute
+
+__all__ = [
+    "Comparison",
+    "Divergence",
+    "Executed",
+    "ForkReport",
+    "Recording",
+    "RunFigures",
+    "compare",
+    "execute",
+    "fork_report",
+    "load_recording",
+    "records_of",
+]
+
+
+def compare(recording: Recording, executed: Executed) -> Comparison:
+    """The re-execution against its original: every audit record of the ticks it ran, then,
+    when it ran to the original's end, every NPC's final state."""
+    original = {k: r for k, r in recording.records.items() if r.tick < executed.end}
+    again = records_of([executed.out])
+    divergence = compare_records(original, again)
+    npcs = 0
+    if divergence is None and executed.end == recording.last_tick + 1:
+        npcs, divergence = compare_states(recording.paths, executed.out)
+    return Comparison(records=len(original), npcs=npcs, divergence=divergence)
+
+
