@@ -55,6 +55,10 @@ PACKAGES: dict[str, set[str]] = {
         "mqtt_error", "open_client", "redact", "stay_connected",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
+    "sim.replay": {
+        "CATEGORIES", "Change", "MAX_VARIANTS", "Override", "Plan", "SETTABLE", "Span", "Tally", "Variant",
+        "check_jobs", "default_jobs", "map_spans", "parse_overrides", "plan_spans", "what_if", "write_plot",
+    },
     "sim.shard": {
         "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "Player", "RunConfig", "RunStats", "Shard",
         "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
@@ -75,8 +79,9 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "attempt_prompt", "decode_record",
-        "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "ReplayTally", "attempt_prompt",
+        "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+        "replay_records",
     },
     "sim.memory.render": {
         "CATEGORY_HEADERS", "Escape", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",

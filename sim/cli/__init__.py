@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sim import __version__
-from sim.cli import audit, loadtest, memory, run, subscribe, view, worker
+from sim.cli import audit, loadtest, memory, replay, run, subscribe, view, worker
 from sim.cli._terminal import closed_pipe, silence_stdout
 from sim.errors import NpcsimError
 
 __all__ = ["build_parser", "main"]
 
 # Each module adds its sub-commands with `register(subparsers)`.
-COMMAND_GROUPS = [memory, run, subscribe, worker, audit, loadtest, view]
+COMMAND_GROUPS = [memory, run, subscribe, worker, audit, replay, loadtest, view]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -46,6 +46,7 @@ config's `tokenizer` field, so `sim.memory` exports those itself.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -140,14 +141,20 @@ def _inert(text: str, markers: re.Pattern[str]) -> str:
     return text
 
 
+_INERT_CACHE = 1 << 16  # texts whose escape is remembered: an episode heard by many NPCs recurs in many states
+
+
+@functools.lru_cache(maxsize=_INERT_CACHE)
 def inert(text: str) -> str:
     """Untrusted text as data: one line, no leading "#", no chat-template marker (renderer 3).
 
     Zero-width and bidi controls go first, so that none can split a marker from the filter.
+    Pure, so remembered: a pass over a run's records renders the same texts again and again.
     """
     return _inert(remove_invisible(text), _MARKERS_3)
 
 
+@functools.lru_cache(maxsize=_INERT_CACHE)
 def _inert_2(text: str) -> str:
     """Renderer 2's `inert`, kept as it was so that its records replay."""
     return _inert(text, _MARKERS_2)
