@@ -71,7 +71,7 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",
-        "StoredRun", "ViewSource", "ViewThread", "build_app", "open_view_server", "open_view_thread",
+        "StoreComparison", "StoredRun", "ViewSource", "ViewThread", "build_app", "open_view_server", "open_view_thread",
     },
     "sim.wire": set(),  # its public modules are the surface (sim.wire.events, ...)
 }
