@@ -138,6 +138,12 @@ async def test_a_bad_setting_is_one_line_and_exit_2(
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.mosquitto
+async def test_a_store_given_twice_is_refused(village_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--db", str(village_db), "--db", str(village_db), "--set", "max_beliefs=1"]) == 2
+    assert "given twice (its records would count twice)" in capsys.readouterr().err
+
+
 def test_without_set_replay_says_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--db", str(tmp_path / "none.db")]) == 2
     assert "re-execution is not in this branch" in capsys.readouterr().err

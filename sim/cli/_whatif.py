@@ -64,9 +64,11 @@ def run(args: argparse.Namespace) -> int:
         from sim.loadtest import require_matplotlib
 
         require_matplotlib()
-    for db in args.db:
+    for n, db in enumerate(args.db):
         if not Path(db).is_file():
             raise ConfigError(f"--db {db!r}: no such file")
+        if any(Path(db).resolve() == Path(earlier).resolve() for earlier in args.db[:n]):
+            raise ConfigError(f"--db {db!r}: given twice (its records would count twice)")
     plan = plan_spans(args.db, args.jobs)
     variants = parse_overrides(args.set, plan.agents)
     tallies = [Tally(label=v.label) for v in variants]
