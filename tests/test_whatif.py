@@ -7,18 +7,22 @@ memories of every record are built with `build_working_memory` and their items c
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.audit import AuditRecord
 from sim.cli import main
 from sim.memory import build_working_memory
-from sim.replay import CATEGORIES, parse_overrides
+from sim.replay import CATEGORIES, parse_overrides, what_if
 from sim.runner import RunConfig, run
 from sim.store import open_reader
+from tests.audit_records import random_record
 from tests.helpers import VILLAGE, MosquittoProcess
 
 BUDGETS = (600, 900)
@@ -158,3 +162,27 @@ def test_several_swept_keys_are_every_combination() -> None:
         "max_context_chars=1000 redistribute_unused=false max_beliefs=1",
     ]
     assert variants[3].settings == {"max_context_chars": 1000, "redistribute_unused": False, "max_beliefs": 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.integers(0, 4000), redistribute=st.booleans())
+def test_what_if_counts_the_items_between_the_kept_runs(seed: int, budget: int, redistribute: bool) -> None:
+    """On random records: the tally's counts are the items the two builds keep apart, and sizes add up."""
+    rng = random.Random(seed)
+    batch = [random_record(rng, n) for n in range(8)]
+    [variant] = parse_overrides([f"max_context_chars={budget}", f"redistribute_unused={str(redistribute).lower()}"])
+    [tally] = what_if(batch, [variant], examples=1000)
+    expected = [c for r in batch for c in expected_changes(r, max_context_chars=budget,
+                                                             redistribute_unused=redistribute, on_overflow="keep")]
+    assert sorted(reported_changes({"examples": msgspec.to_builtins(tally.examples)})) == sorted(expected)
+    assert tally.inferences == len(batch)
+    rebuilt = [build_working_memory(r.state, r.player_input, msgspec.structs.replace(
+        r.config, max_context_chars=budget, redistribute_unused=redistribute, on_overflow="keep"),
+        renderer=r.renderer) for r in batch]
+    assert tally.facts == sum(len(r.state.canonical_facts) for r in batch)
+    assert tally.facts_present == sum(len(m.canonical_facts) for m in rebuilt)
+    assert tally.world_present == sum(len(m.world_state) for m in rebuilt)
+    assert tally.over_budget == sum(m.report.over_budget for m in rebuilt)
+    halves = what_if(batch[:3], [variant], examples=1000)[0]
+    halves.add(what_if(batch[3:], [variant], examples=1000)[0], 1000)
+    assert halves == tally  # tallies of consecutive runs add up to the whole's
