@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -44,6 +45,7 @@ __all__ = [
     "Attempt",
     "AuditRecord",
     "ReplayResult",
+    "ReplayTally",
     "attempt_prompt",
     "decode_record",
     "encode_record",
@@ -51,6 +53,7 @@ __all__ = [
     "make_record",
     "prompt_sha256",
     "replay",
+    "replay_records",
 ]
 
 # A request parameter: a scalar, or a list of them (stop sequences).
@@ -126,6 +129,41 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     encoding_sha256: str
     difference: str = ""
     attempts: int = 0  # attempts checked
+
+
+class ReplayTally(msgspec.Struct, kw_only=True):
+    """What replaying a run of records found: counts, and the first record that differs.
+
+    Tallies of consecutive runs `add` up to the tally of the whole, so a replay split
+    over processes reports what one process reading every record in order reports.
+    """
+
+    records: int = 0
+    attempts: int = 0
+    differing: int = 0
+    first: tuple[str, str, int, ReplayResult] | None = None  # (record id, agent, tick, result)
+
+    def add(self, later: ReplayTally) -> None:
+        """Fold in the tally of the records that come after these."""
+        self.records += later.records
+        self.attempts += later.attempts
+        self.differing += later.differing
+        if self.first is None:
+            self.first = later.first
+
+
+def replay_records(records: Iterable[AuditRecord]) -> ReplayTally:
+    """Replay every record, in order."""
+    tally = ReplayTally()
+    for record in records:
+        result = replay(record)
+        tally.records += 1
+        tally.attempts += result.attempts
+        if not result.ok:
+            tally.differing += 1
+            if tally.first is None:
+                tally.first = (record.id, record.agent_id, record.tick, result)
+    return tally
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -206,7 +244,7 @@ def replay(record: AuditRecord) -> ReplayResult:
         )
     got_prompt = prompt_sha256(wm)
     got_encoding = encoding_sha256(wm)
-    difference = _first_difference(record, wm, got_prompt, got_encoding) or _attempt_difference(record)
+    difference = _first_difference(record, wm, got_prompt, got_encoding) or _attempt_difference(record, wm)
     return ReplayResult(
         record_id=record.id,
         ok=not difference,
@@ -217,16 +255,22 @@ def replay(record: AuditRecord) -> ReplayResult:
     )
 
 
-def attempt_prompt(record: AuditRecord, attempt: Attempt) -> str:
-    """What the model was given on `attempt`, rebuilt from the record (raises on a bad build)."""
-    return attempt.prefix + record.memory(attempt.prohibition).sent_text(attempt.form)
+def attempt_prompt(record: AuditRecord, attempt: Attempt, memory: WorkingMemory | None = None) -> str:
+    """What the model was given on `attempt`, rebuilt from the record (raises on a bad build).
+
+    `memory` is the record's own working memory when the caller built it already: an
+    attempt without a prohibition (the first) was given exactly that one.
+    """
+    if memory is None or attempt.prohibition is not None:
+        memory = record.memory(attempt.prohibition)
+    return attempt.prefix + memory.sent_text(attempt.form)
 
 
-def _attempt_difference(record: AuditRecord) -> str:
+def _attempt_difference(record: AuditRecord, wm: WorkingMemory) -> str:
     """The first attempt whose rebuilt text differs from the recorded one, as a diff."""
     for n, attempt in enumerate(record.attempts, 1):
         try:
-            rebuilt = attempt_prompt(record, attempt)
+            rebuilt = attempt_prompt(record, attempt, wm)
         except (NpcsimError, ValueError) as exc:
             return f"attempt {n}: build failed: {exc}"
         if rebuilt != attempt.prompt:
@@ -266,6 +310,8 @@ def _first_difference(record: AuditRecord, wm: WorkingMemory, got_prompt: str, g
 
 def _first_report_field(recorded: TruncationReport, rebuilt: TruncationReport) -> str:
     """The first field, as a dotted path, where two reports differ; "" when equal."""
+    if recorded == rebuilt:
+        return ""
     a = msgspec.to_builtins(recorded)
     b = msgspec.to_builtins(rebuilt)
     for key in sorted(a.keys() | b.keys()):

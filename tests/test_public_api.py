@@ -56,8 +56,10 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
-        "Comparison", "Divergence", "Executed", "ForkReport", "Recording", "RunFigures", "compare", "execute",
-        "fork_report", "load_recording", "records_of",
+        "CATEGORIES", "Change", "Comparison", "Divergence", "Executed", "ForkReport", "MAX_VARIANTS", "Override",
+        "Plan", "Recording", "RunFigures", "SETTABLE", "Span", "Tally", "Variant", "check_jobs", "compare",
+        "default_jobs", "execute", "fork_report", "load_recording", "map_spans", "parse_overrides", "plan_spans",
+        "records_of", "what_if", "write_plot",
     },
     "sim.shard": {
         "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "Player", "RecordedInputs", "RunConfig",
@@ -73,7 +75,7 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",
-        "StoredRun", "ViewSource", "ViewThread", "build_app", "open_view_server", "open_view_thread",
+        "StoreComparison", "StoredRun", "ViewSource", "ViewThread", "build_app", "open_view_server", "open_view_thread",
     },
     "sim.wire": set(),  # its public modules are the surface (sim.wire.events, ...)
 }
@@ -81,8 +83,9 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "attempt_prompt", "decode_record",
-        "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "ReplayTally", "attempt_prompt",
+        "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+        "replay_records",
     },
     "sim.memory.render": {
         "CATEGORY_HEADERS", "Escape", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",

@@ -168,6 +168,34 @@ async def test_a_fork_is_the_original_before_its_tick_and_differs_after(
     assert report.lines_differing > 0
 
 
+async def test_a_fork_with_another_budget_changes_what_the_npcs_see_from_its_tick_on(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (db,) = await original(mosquitto, tmp_path)
+    fork_at, out = 30, tmp_path / "fork.db"
+    ran = await replay_cli(capsys, "replay", "--db", str(db), "--fork-at", str(fork_at), "--backend", "scripted",
+                            "--set", "max_context_chars=700", "--set", "npc.innkeeper.max_beliefs=1",
+                            "--out", str(out))
+    assert ran.code == 0, ran.err
+    assert f"ticks 0-{fork_at - 1}: identical to the original" in ran.out
+    before, after = records_of([db]), records_of([out])
+    recorded = next(iter(before.values())).config.max_context_chars
+    beliefs = next(iter(before.values())).config.max_beliefs
+    assert recorded != 700 and beliefs != 1
+    for r in after.values():
+        expected = recorded if r.tick < fork_at else 700
+        assert r.config.max_context_chars == expected, r.id
+        if r.tick >= fork_at:
+            assert r.config.max_beliefs == (1 if r.agent_id == "innkeeper" else beliefs), r.id
+            assert r.report.prompt_chars <= 700 or r.report.over_budget, r.id
+    assert all(after[k].prompt_sha256 == r.prompt_sha256 for k, r in before.items() if r.tick < fork_at)
+    late = [k for k, r in after.items() if r.tick >= fork_at and k in before]
+    assert any(after[k].prompt_sha256 != before[k].prompt_sha256 for k in late)
+    swept = await replay_cli(capsys, "replay", "--db", str(db), "--fork-at", "30", "--backend", "scripted",
+                             "--set", "max_context_chars=700,900")
+    assert swept.code == 2 and "a fork goes on with one setting, not 2" in swept.err
+
+
 async def test_bad_inputs_each_get_one_line(
     mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -185,6 +213,8 @@ async def test_bad_inputs_each_get_one_line(
     assert "not an SQLite database" in await refused("--db", str(text))
     assert "the run holds ticks 0 to 59" in await refused("--db", str(db), "--until-tick", "99")
     assert "give --fork-at" in await refused("--db", str(db), "--backend", "scripted")
+    assert "report a what-if" in await refused("--db", str(db), "--json", str(tmp_path / "w.json"))
+    assert "executes nothing" in await refused("--db", str(db), "--set", "max_context_chars=700", "--out", "x.db")
     other = tmp_path / "other.db"
     await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="other", ticks=3, db=str(other)))
     assert "belongs to run other" in await refused("--db", str(db), "--db", str(other))

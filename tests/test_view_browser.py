@@ -28,7 +28,7 @@ from sim.mqtt import BrokerAddress
 from sim.runner import RunConfig, run
 from sim.scenario import load_scenario
 from sim.store import open_reader
-from sim.view import LiveView, StoredRun, ViewSource, build_app, open_view_server
+from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED
 from tests.helpers import IN_CI, REPO, VILLAGE, MosquittoProcess, eventually
 
@@ -437,3 +437,39 @@ async def test_the_stored_view_shows_places_names_recipients_and_player_lines(
         table = await asyncio.to_thread(read_budget_table, browser)
         assert table["beliefs"]["split"] == str(record.explanation().beliefs.split)
         assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(record.explanation())
+
+
+async def test_compare_shows_two_memories_side_by_side_with_the_changes_marked(
+    browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """`npcsim view --db wide.db --compare tight.db`: the NPC panel marks what the tighter run lost."""
+    dbs = (tmp_path / "wide.db", tmp_path / "tight.db")
+    for db, budget in zip(dbs, (None, 700), strict=True):
+        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="cmp", ticks=12, db=str(db),
+                            max_context_chars=budget))
+    memories = []
+    for db in dbs:  # the newest snapshot of the snack machine in each store, rebuilt here
+        with open_reader(db) as reader:
+            memories.append(list(reader.audit_records("snack_machine"))[-1].memory())
+    wide, tight = ({f"[tick {e.tick}] {e.text}" for e in m.episodic} | {f"{x.speaker}: {x.text}" for x in m.dialogue}
+                   | {b.text for b in m.beliefs} for m in memories)
+    assert wide - tight, "the tighter budget lost nothing: no test"
+    stored = StoredRun(dbs[0])
+    comparison = StoreComparison(*dbs)
+    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick),
+                        compare=comparison.compare, compare_name=comparison.other_name)
+    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
+        await asyncio.to_thread(browser.get, url)
+        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
+        await asyncio.to_thread(browser.execute_script, "choose(arguments[0])", "snack_machine")
+        await on_page("the comparison", lambda: browser.find_element("id", "compare").is_displayed())
+
+        def texts(selector: str) -> set[str]:
+            return {li.get_attribute("textContent") for li in css(browser, selector)}
+
+        assert await asyncio.to_thread(text_of, browser, "compare-name") == "tight.db"
+        flexible = "#compare-{} ul:not([data-category=canonical_facts]):not([data-category=world_state]) li{}"
+        assert await asyncio.to_thread(texts, flexible.format("this", ".lost")) == wide - tight
+        assert await asyncio.to_thread(texts, flexible.format("other", ".gained")) == tight - wide
+        assert await asyncio.to_thread(texts, flexible.format("other", "")) == tight
+        assert await asyncio.to_thread(texts, flexible.format("this", "")) == wide

@@ -3,7 +3,8 @@
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
 its raw reply, why it was rejected) and every item truncation dropped; `replay` rebuilds and
-checks every attempt; `export` writes each record with its `attempts` list and its `dropped`
+checks every attempt, in worker processes over record ranges (`--jobs`, every core by
+default; the output is the same for any number); `export` writes each record with its `attempts` list and its `dropped`
 list (derived from the record's snapshot: what truncation left out, and why). The one write
 is `export --rotate`, which deletes the records it has exported, once the export is on disk.
 
@@ -24,10 +25,11 @@ from typing import BinaryIO
 import msgspec
 from rich.syntax import Syntax
 
-from sim.audit import AuditRecord, replay
+from sim.audit import AuditRecord, ReplayTally, replay, replay_records
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
+from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
 
 __all__ = ["register"]
@@ -57,6 +59,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep = commands.add_parser("replay", help="rebuild every working memory and compare byte for byte")
     rep.add_argument("--db", required=True, help="store file (opened read-only)")
     rep.add_argument("--agent", default=None, help="only this agent")
+    rep.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+                     help="worker processes over record ranges (default: every core); the output does not depend on it")
     rep.set_defaults(func=replay_command)
 
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
@@ -162,25 +166,16 @@ def show_command(args: argparse.Namespace) -> int:
 
 def replay_command(args: argparse.Namespace) -> int:
     out = Out()
-    total = 0
-    attempts = 0
-    differing = 0
-    first = None
-    with open_reader(args.db) as reader:
-        for record in reader.audit_records(args.agent):
-            total += 1
-            result = replay(record)
-            attempts += result.attempts
-            if not result.ok:
-                differing += 1
-                if first is None:
-                    first = (record, result)
-    if first is None:
-        out.record(f"replayed {total} records: all byte-identical ({attempts} attempts checked)")
+    check_jobs(args.jobs)
+    tally = ReplayTally()
+    for part in map_spans(replay_records, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
+        tally.add(part)
+    if tally.first is None:
+        out.record(f"replayed {tally.records} records: all byte-identical ({tally.attempts} attempts checked)")
         return 0
-    record, result = first
-    out.record((f"replayed {total} records: {differing} differ", "bold red"))
-    out.record(f"first difference: record {record.id} (agent {record.agent_id}, tick {record.tick})")
+    record_id, agent, tick, result = tally.first
+    out.record((f"replayed {tally.records} records: {tally.differing} differ", "bold red"))
+    out.record(f"first difference: record {record_id} (agent {agent}, tick {tick})")
     if result.difference.startswith("prompt_sha256") and "\n---" in result.difference:
         head, _, diff = result.difference.partition("\n")
         out.record(head)

@@ -3,6 +3,8 @@
     npcsim replay --db run.db                          # identical: N records, M NPCs, T ticks (exit 0)
     npcsim replay --db s0.db --db s1.db --db s2.db     # a sharded run: every shard's store
     npcsim replay --db run.db --fork-at 40 --backend scripted --script "Aye." --out fork.db
+    npcsim replay --db run.db --set max_context_chars=700,1000     # what-if, recorded replies (sim.cli._whatif)
+    npcsim replay --db run.db --fork-at 40 --backend scripted --set max_context_chars=700
 
 The stores are only read. Re-execution writes a new store (`--out`, else a temporary file,
 removed at the end); a divergence is exit 1 naming its tick, NPC and what differs. What
@@ -21,11 +23,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sim.cli import _whatif
 from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._terminal import printable
 from sim.cli._values import whole
 from sim.errors import ConfigError
-from sim.replay import ForkReport, RunFigures, compare, execute, fork_report, load_recording, records_of
+from sim.replay import (
+    ForkReport,
+    RunFigures,
+    Variant,
+    compare,
+    execute,
+    fork_report,
+    load_recording,
+    parse_overrides,
+    records_of,
+)
 
 __all__ = ["register"]
 
@@ -47,10 +60,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_backend_arguments(parser)
     parser.add_argument("--script", action="append", metavar="LINE",
                         help="scripted (with --fork-at): reply with these lines in turn (repeat the option)")
+    _whatif.add_arguments(parser)
     parser.set_defaults(func=replay_command, backend=None)
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    if args.set and args.fork_at is None:  # the what-if: the stores' snapshots, nothing executed
+        if args.out is not None or args.until_tick is not None:
+            raise ConfigError("--set without --fork-at is a what-if over the recorded snapshots: it executes "
+                              "nothing, so --out and --until-tick do not apply")
+        return _whatif.run(args)
+    if args.examples or args.json is not None or args.plot is not None:
+        raise ConfigError("--examples, --json and --plot report a what-if: give --set KEY=VALUE")
     if args.fork_at is None and args.backend is not None:
         raise ConfigError("--backend is for a fork: give --fork-at T (a re-execution answers with the replies "
                           "recorded)")
@@ -61,10 +82,12 @@ def replay_command(args: argparse.Namespace) -> int:
     options: dict[str, Any] = backend_options(args) if args.backend else {}
     if args.script:
         options["script"] = list(args.script)
+    variant = _fork_variant(args.set) if args.set else None
     recording = load_recording(args.db)
     with _out_file(args.out) as out:
         executed = asyncio.run(execute(recording, out, until_tick=args.until_tick, fork_at=args.fork_at,
                                        backend=args.backend or "scripted", backend_options=options,
+                                       fork_memory=variant.config if variant is not None else None,
                                        progress=_progress))
         _progress_done()
         if args.fork_at is not None:
@@ -81,6 +104,15 @@ def replay_command(args: argparse.Namespace) -> int:
     npcs = f", {comparison.npcs} NPCs" if executed.end == recording.last_tick + 1 else " (final states not compared)"
     print(f"identical: {comparison.records} records{npcs}, {ticks} ticks")
     return 0
+
+
+def _fork_variant(texts: list[str]) -> Variant:
+    """A fork goes on with one working-memory setting: a sweep is refused."""
+    variants = parse_overrides(texts)
+    if len(variants) != 1:
+        raise ConfigError(f"--set with --fork-at: a fork goes on with one setting, not {len(variants)}; "
+                          "give one value per key")
+    return variants[0]
 
 
 @contextlib.contextmanager

@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--scenario", default=None, metavar="FILE",
                      help="with --db: the scenario the run was made from, for the NPCs' names and places "
                      "(a store does not keep them); a file or a bundled scenario's name")
+    cmd.add_argument("--compare", default=None, metavar="OTHER.db",
+                     help="with --db: another store of the run (another budget, a fork); the NPC panel shows both "
+                     "working memories side by side, what the other lost or gained highlighted")
     cmd.add_argument("--port", type=port_number, default=8080, help="HTTP port (default 8080)")
     cmd.add_argument("--host", default="127.0.0.1",
                      help="HTTP address (default 127.0.0.1); beyond loopback only with --allow-remote")
@@ -79,18 +82,25 @@ def view_password() -> str | None:
 
 def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
     """Check the options and make the page's source; a bad value is one ConfigError."""
-    from sim.view import LiveView, StoredRun, ViewSource
+    from sim.view import LiveView, StoreComparison, StoredRun, ViewSource
 
     if args.scenario is not None and args.db is None:
         raise ConfigError("--scenario: only with --db (a live run's roster comes from the run)")
+    if args.compare is not None and args.db is None:
+        raise ConfigError("--compare: only with --db (two stored runs are compared)")
     if args.db is not None:
         if args.broker or args.run is not None:
             raise ConfigError("--db: a stored run is viewed without --broker and --run")
         path = Path(args.db)
         if not path.is_file():
             raise ConfigError(f"--db {args.db!r}: no such file")
+        if args.compare is not None and not Path(args.compare).is_file():
+            raise ConfigError(f"--compare {args.compare!r}: no such file")
         stored = StoredRun(path, load_scenario(args.scenario) if args.scenario is not None else None)
-        return ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick)), None
+        comparison = StoreComparison(path, Path(args.compare)) if args.compare is not None else None
+        return ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick),
+                          compare=comparison.compare if comparison else None,
+                          compare_name=comparison.other_name if comparison else None), None
     if args.run is None:
         raise ConfigError("view: give --run ID (and --broker URL for a run elsewhere) for a live run, "
                           "or --db FILE for a stored one")

@@ -46,6 +46,7 @@ config's `tokenizer` field, so `sim.memory` exports those itself.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -140,17 +141,36 @@ def _inert(text: str, markers: re.Pattern[str]) -> str:
     return text
 
 
+# Escapes remembered: an episode heard by many NPCs recurs in many states, so a pass over a
+# run's records (replay, what-if) renders the same texts again and again. Only short texts
+# are kept, so the cache stays bounded (about 100 MB at worst, a few MB in practice) in a long run.
+_INERT_CACHE = 1 << 16
+_CACHED_CHARS = 512
+
+
+def _escape_3(text: str) -> str:
+    return _inert(remove_invisible(text), _MARKERS_3)
+
+
+def _escape_2(text: str) -> str:
+    return _inert(text, _MARKERS_2)
+
+
+_cached_3 = functools.lru_cache(maxsize=_INERT_CACHE)(_escape_3)
+_cached_2 = functools.lru_cache(maxsize=_INERT_CACHE)(_escape_2)
+
+
 def inert(text: str) -> str:
     """Untrusted text as data: one line, no leading "#", no chat-template marker (renderer 3).
 
     Zero-width and bidi controls go first, so that none can split a marker from the filter.
     """
-    return _inert(remove_invisible(text), _MARKERS_3)
+    return _cached_3(text) if len(text) <= _CACHED_CHARS else _escape_3(text)
 
 
 def _inert_2(text: str) -> str:
     """Renderer 2's `inert`, kept as it was so that its records replay."""
-    return _inert(text, _MARKERS_2)
+    return _cached_2(text) if len(text) <= _CACHED_CHARS else _escape_2(text)
 
 
 def _verbatim(text: str) -> str:

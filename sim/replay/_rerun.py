@@ -29,7 +29,7 @@ from sim.audit import AuditRecord
 from sim.bus import BusConfig, LocalBroker, open_bus
 from sim.errors import ConfigError, InferenceError
 from sim.inference import InferenceRequest, PoolConfig, Reply, open_pool
-from sim.memory import WorkingMemory
+from sim.memory import WorkingMemory, WorkingMemoryConfig
 from sim.mqtt import BrokerAddress
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
@@ -77,11 +77,13 @@ async def execute(
     backend: str = "scripted",
     backend_options: dict[str, Any] | None = None,
     alter: Callable[[Scenario], Scenario] | None = None,
+    fork_memory: Callable[[WorkingMemoryConfig, str], WorkingMemoryConfig] | None = None,
     progress: Progress | None = None,
 ) -> Executed:
     """Execute `recording` again into the new store `out`, to `until_tick` (default: its end).
 
-    `fork_at`: answer from the record only before that tick, then with `backend`.
+    `fork_at`: answer from the record only before that tick, then with `backend`;
+    `fork_memory(recorded, npc)`: from that tick on, each NPC's working-memory config.
     `alter` changes the scenario before it runs (a test's hook: another NPC's dice).
     """
     end = recording.last_tick + 1 if until_tick is None else until_tick
@@ -89,6 +91,8 @@ async def execute(
         raise ConfigError(f"--until-tick {until_tick}: the run holds ticks 0 to {recording.last_tick}")
     if fork_at is not None and not 0 <= fork_at < end:
         raise ConfigError(f"--fork-at {fork_at}: must be a tick of the run before {end}")
+    if fork_memory is not None and fork_at is None:
+        raise ConfigError("a working memory changed from a tick on needs --fork-at T")
     _check_new(out)
     identity, settings = recording.identity, recording.settings
     scenario = parse_scenario(recording.scenario, source=f"the scenario of {recording.paths[0]}")
@@ -134,6 +138,10 @@ async def execute(
         await shard.start()
         ticking = time.perf_counter()
         async with _reporting(progress, stats, end):
+            if fork_at is not None and fork_memory is not None:
+                await shard.run(until=fork_at)
+                recorded_memory = ctx.memory_config
+                ctx.memory_config_of = lambda agent: fork_memory(recorded_memory, agent)
             await shard.run(until=end)
         ticked = time.perf_counter() - ticking
         await shard.go_offline()

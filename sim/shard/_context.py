@@ -21,14 +21,14 @@ its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import overload
 
 import msgspec
 
 from sim.bus import Bus
 from sim.inference import InferenceRequest, Pool, Priority
-from sim.memory import Belief, Line, NpcState, build_working_memory
+from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.metrics import Metrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
@@ -81,6 +81,8 @@ class ShardContext:
         self.specs = self.layout.specs
         self.kinds = self.layout.kinds
         self.memory_config = scenario.memory
+        # Each NPC's working-memory config: the run's, unless a fork changes it (sim.replay).
+        self.memory_config_of: Callable[[str], WorkingMemoryConfig] = lambda _agent: self.memory_config
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
@@ -89,7 +91,7 @@ class ShardContext:
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
-            memory_config=self.memory_config, npc_location=self.npc_location,
+            npc_location=self.npc_location,
             keep_dialogue=config.keep_dialogue, trace_prompts=config.trace_prompts,
         )
         self.tick = 0
@@ -191,7 +193,8 @@ class AgentContext:
         shard, spec = self._shard, self.spec
         tick = shard.tick
         state = shard.state(spec)
-        memory = build_working_memory(state, said, shard.memory_config)
+        config = shard.memory_config_of(spec.id)
+        memory = build_working_memory(state, said, config)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
         player = turn == 1 and to not in shard.npc_location
@@ -208,7 +211,7 @@ class AgentContext:
             seed=shard.seed,
             shard=shard.shard,
             state=state,
-            config=shard.memory_config,
+            config=config,
         )
         result = await shard.pool.infer(request)
         say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id)
@@ -220,7 +223,8 @@ class AgentContext:
         )
         await shard.store.add_line(spec.id, Line(tick=tick, speaker=spec.id, text=result.line, seq=seq),
                                    writer=Writer.NPC)
-        await shard.recorder.record(Spoken(say=say, heard=said, state=state, memory=memory, result=result))
+        spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result)
+        await shard.recorder.record(spoken)
         return result.line
 
 

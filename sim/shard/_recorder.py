@@ -33,12 +33,13 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     """One line said: the `say` message published, and how it came about.
 
     `heard` is the input the working memory was built for (the audit's player input),
-    `state` the state it was built from.
+    `state` the state it was built from, `config` the working-memory config it was built with.
     """
 
     say: SayMessage
     heard: str
     state: NpcState
+    config: WorkingMemoryConfig
     memory: WorkingMemory
     result: InferenceResult
 
@@ -55,7 +56,6 @@ class Recorder:
         bus: Bus,
         stats: RunStats,
         metrics: Metrics | None,
-        memory_config: WorkingMemoryConfig,
         npc_location: Mapping[str, str],
         keep_dialogue: bool,
         trace_prompts: bool,
@@ -66,7 +66,6 @@ class Recorder:
         self._bus = bus
         self._stats = stats
         self._metrics = metrics
-        self._memory_config = memory_config
         self._npc_location = npc_location
         self._keep_dialogue = keep_dialogue
         self._trace_prompts = trace_prompts
@@ -85,7 +84,7 @@ class Recorder:
             run_id=self._run_id,
             state=spoken.state,
             player_input=spoken.heard,
-            config=self._memory_config,
+            config=spoken.config,
             memory=spoken.memory,
             tick=say.tick,
             backend=result.backend,

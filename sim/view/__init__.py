@@ -5,11 +5,13 @@
         await view.follow("mqtt://127.0.0.1:1883", "village-7")   # until cancelled
 
 `RunModel` is the sans-I/O state the page reads; `LiveFeed` fills it from MQTT,
-`StoredRun` from a finished run's store. `sim.view.access` decides who may use the view:
+`StoredRun` from a finished run's store; `StoreComparison` sets two stores' working
+memories side by side. `sim.view.access` decides who may use the view:
 Host, login, and the Origin, JSON and page token of whatever changes state.
 """
 
 from sim.view.access import ENV_PASSWORD, TOKEN_HEADER
+from sim.view.compare import StoreComparison
 from sim.view.live import LiveFeed, LiveView
 from sim.view.model import DialogueLine, RunModel
 from sim.view.server import DEFAULT_PLAYER, ViewSource, build_app, open_view_server
@@ -24,6 +26,7 @@ __all__ = [
     "LiveFeed",
     "LiveView",
     "RunModel",
+    "StoreComparison",
     "StoredRun",
     "ViewSource",
     "ViewThread",

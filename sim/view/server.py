@@ -7,6 +7,8 @@ Besides the page (`/`, `/static/*`, `/favicon.ico`), the API (JSON; `tick` only 
     GET  /api/state?tick=T          run, mode, health, world, newest lines, tick range
     GET  /api/lines?before=&npc=&location=&limit=&tick=   older lines (paging), filtered
     GET  /api/npc/{id}?tick=T       the NPC's newest traces, the newest with its prompt
+    GET  /api/compare/{id}?tick=T   with --compare: this store's and the other's working memory
+                                    of the NPC side by side, what the other lost or gained marked
     GET  /api/events?after=SEQ      live only: one `data:` message per change, at most 4/s
     POST /api/say {to, text}        live only: published on `player/{player}/input`, where
                                     `player` is the operator's choice (`ViewSource.player`),
@@ -63,7 +65,8 @@ class ViewSource(msgspec.Struct, frozen=True, kw_only=True):
     """Where the page's data comes from: a live model (with `speak`) or a stored run's models.
 
     `player` is who the page speaks as: the operator's choice, a name that is not an
-    internal role's (`sim.wire.topics.check_player`).
+    internal role's (`sim.wire.topics.check_player`). `compare` gives, for an NPC and a
+    tick, two stores' working memories side by side (`sim.view.compare`).
     """
 
     model: Callable[[int | None], RunModel]
@@ -71,6 +74,8 @@ class ViewSource(msgspec.Struct, frozen=True, kw_only=True):
     speak: Speak | None = None
     ticks: tuple[int, int] | None = None
     player: str = DEFAULT_PLAYER
+    compare: Callable[[str, int | None], dict[str, Any] | None] | None = None
+    compare_name: str | None = None  # the other store's name, shown on the page
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -134,6 +139,7 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
             "world_version": model.world_version,
             "lines": model.lines(limit=_MAX_LINES),
             "last_seq": model.last_seq,
+            "compare": source.compare_name,
         })
 
     @routes.get("/api/lines")
@@ -151,6 +157,16 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
         if view is None:
             return _error(404, f"no NPC {request.match_info['agent']!r} in this run")
         return _json(view)
+
+    @routes.get("/api/compare/{agent}")
+    async def compare(request: web.Request) -> web.Response:
+        if source.compare is None:
+            return _error(404, "no store to compare with: npcsim view --db FILE --compare OTHER.db")
+        agent = request.match_info["agent"]
+        sides = source.compare(agent, _int_param(request, "tick"))
+        if sides is None:
+            return _error(404, f"no NPC {agent!r} in either store")
+        return _json(sides)
 
     @routes.get("/api/events")
     async def events(request: web.Request) -> web.StreamResponse:

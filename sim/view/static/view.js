@@ -7,7 +7,9 @@ const CHIPS_PER_PLACE = 24;    // a 10,000-NPC world shows a sample per place, t
 const SHOWN_LINES = 300;       // newest lines kept on the page; "older lines" pages the rest
 const CATEGORIES = ["dialogue", "episodic", "beliefs"];
 
-const view = { live: true, tick: null, selected: null, snapshot: null, world: null, expanded: new Set(), oldest: null };
+const view = { live: true, tick: null, selected: null, snapshot: null, world: null, expanded: new Set(), oldest: null,
+  compare: null };
+const COMPARED = ["canonical_facts", "world_state", "beliefs", "episodic", "dialogue"];
 
 function $(id) { return document.getElementById(id); }
 function meta(name) { const m = document.querySelector('meta[name="' + name + '"]'); return m ? m.content : ""; }
@@ -275,6 +277,36 @@ async function showNpc() {
   $("prompt-digest").textContent = "sha256 " + latest.prompt_sha256.slice(0, 16) + "…";
   $("prompt").textContent = latest.prompt === null || latest.prompt === undefined
     ? "(the run does not publish prompts: --no-trace-prompt)" : latest.prompt;
+  showCompare();
+}
+// --- --compare: two stores' working memories side by side ---------------------------------
+function compareSide(side) {
+  const box = el("div");
+  if (side.record === null) {
+    box.append(el("h4", {}, side.store + ": no record of this NPC by this tick"));
+    return box;
+  }
+  box.append(el("h4", {}, side.store + ": tick " + side.tick + ", " + side.prompt_chars + " / " + side.limit_chars
+    + " chars" + (side.over_budget ? ", over budget" : "")));
+  for (const name of COMPARED) {
+    const items = side.categories[name];
+    box.append(el("div", { class: "compare-category" }, name + " (" + items.length + ")"));
+    const list = el("ul", { "data-category": name });
+    for (const item of items) list.append(el("li", item.mark ? { class: item.mark } : {}, item.text));
+    box.append(list);
+  }
+  return box;
+}
+async function showCompare() {
+  if (!view.compare || !view.selected) return;
+  let sides;
+  try { sides = await getJSON("/api/compare/" + encodeURIComponent(view.selected)); } catch (e) { return; }
+  $("compare-name").textContent = view.compare;
+  $("compare-this").replaceChildren(compareSide(sides.this));
+  $("compare-other").replaceChildren(compareSide(sides.other));
+  $("compare").hidden = false;
+  $("compare").dataset.agent = sides.agent;
+  $("compare").dataset.tick = sides.tick === null ? "" : sides.tick;
 }
 function choose(id) {
   if (id !== view.selected) view.snapshot = null;
@@ -301,6 +333,7 @@ async function speak(event) {
 async function load() {
   const state = await getJSON("/api/state");
   view.live = state.live;
+  view.compare = state.compare;
   $("run-id").textContent = state.run;
   $("mode").textContent = state.live ? "live" : "stored";
   showHealth(state.health);

@@ -1,0 +1,188 @@
+"""`npcsim replay --set`: the what-if with recorded replies, on a real village run's store.
+
+What a variant lost and gained is checked here independently of sim.replay: both working
+memories of every record are built with `build_working_memory` and their items compared.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.audit import AuditRecord
+from sim.cli import main
+from sim.memory import build_working_memory
+from sim.replay import CATEGORIES, parse_overrides, what_if
+from sim.runner import RunConfig, run
+from sim.store import open_reader
+from tests.audit_records import random_record
+from tests.helpers import VILLAGE, MosquittoProcess
+
+BUDGETS = (600, 900)
+
+
+@pytest.fixture
+async def village_db(mosquitto: MosquittoProcess, tmp_path: Path) -> Path:
+    db = tmp_path / "village.db"
+    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="wi", ticks=30, db=str(db)))
+    return db
+
+
+def records(db: Path) -> list[AuditRecord]:
+    with open_reader(db) as reader:
+        return list(reader.audit_records())
+
+
+def expected_changes(record: AuditRecord, **settings: Any) -> list[tuple[str, str, str, str]]:
+    """(record, category, lost|gained, item as JSON) for one record, built here, not by sim.replay."""
+    before = build_working_memory(record.state, record.player_input, record.config, renderer=record.renderer)
+    config = msgspec.structs.replace(record.config, **settings)
+    after = build_working_memory(record.state, record.player_input, config, renderer=record.renderer)
+    changes = []
+    for category in CATEGORIES:
+        old = [json.dumps(msgspec.to_builtins(i), sort_keys=True) for i in getattr(before, category)]
+        new = [json.dumps(msgspec.to_builtins(i), sort_keys=True) for i in getattr(after, category)]
+        changes += [(record.id, category, "lost", i) for i in old if i not in new]
+        changes += [(record.id, category, "gained", i) for i in new if i not in old]
+    return changes
+
+
+def reported_changes(variant: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    return [(c["record"], c["category"], c["change"], json.dumps(c["item"], sort_keys=True))
+            for c in variant["examples"]]
+
+
+@pytest.mark.mosquitto
+async def test_a_lower_budget_reports_exactly_what_the_builder_drops(
+    village_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "what-if.json"
+    sweep = ",".join(map(str, BUDGETS))
+    assert main(["replay", "--db", str(village_db), "--set", f"max_context_chars={sweep}",
+                 "--examples", "1000000", "--json", str(out), "--jobs", "2"]) == 0
+    table = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    recorded = records(village_db)
+    assert report["records"] == len(recorded) > 0
+    for budget, variant in zip(BUDGETS, report["variants"], strict=True):
+        assert variant["label"] == f"max_context_chars={budget}"
+        assert f"max_context_chars={budget}\t{len(recorded)}\t" in table
+        expected = [c for r in recorded for c in expected_changes(r, max_context_chars=budget)]
+        assert any(kind == "lost" for _, _, kind, _ in expected), "the lower budget drops nothing: no test"
+        assert sorted(reported_changes(variant)) == sorted(expected)
+        for category in CATEGORIES:
+            assert variant["lost"][category] == sum(1 for c in expected if c[1:3] == (category, "lost"))
+            assert variant["gained"][category] == sum(1 for c in expected if c[1:3] == (category, "gained"))
+        by_npc: dict[str, dict[str, int]] = {}
+        agent_of = {r.id: r.agent_id for r in recorded}
+        for record_id, _, kind, _ in expected:
+            counts = by_npc.setdefault(agent_of[record_id], {"lost": 0, "gained": 0})
+            counts[kind] += 1
+        assert variant["npcs"] == by_npc
+        rebuilt = [build_working_memory(r.state, r.player_input,
+                                        msgspec.structs.replace(r.config, max_context_chars=budget),
+                                        renderer=r.renderer) for r in recorded]
+        assert variant["prompts_changed"] == sum(m.prompt != r.prompt for m, r in zip(rebuilt, recorded, strict=True))
+        assert variant["over_budget"] == sum(m.report.over_budget for m in rebuilt)
+        assert variant["prompt_chars_max"] == max(m.report.prompt_chars for m in rebuilt)
+        assert variant["canonical_facts_present_percent"] == variant["world_state_present_percent"] == 100.0
+
+
+@pytest.mark.mosquitto
+async def test_one_process_and_two_report_the_same(village_db: Path, tmp_path: Path) -> None:
+    reports = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}.json"
+        assert main(["replay", "--db", str(village_db), "--set", "max_context_chars=700,1200",
+                     "--set", "npc.innkeeper.max_dialogue_lines=1", "--examples", "3", "--json", str(out),
+                     "--jobs", jobs]) == 0
+        reports.append(out.read_bytes())
+    assert reports[0] == reports[1]
+    variants = json.loads(reports[0])["variants"]
+    assert [v["label"] for v in variants] == [
+        "max_context_chars=700 npc.innkeeper.max_dialogue_lines=1",
+        "max_context_chars=1200 npc.innkeeper.max_dialogue_lines=1",
+    ]
+
+
+@pytest.mark.mosquitto
+async def test_a_recorded_budget_changes_nothing(village_db: Path, tmp_path: Path) -> None:
+    recorded = records(village_db)
+    budget = recorded[0].config.max_context_chars
+    assert {r.config.max_context_chars for r in recorded} == {budget}
+    out = tmp_path / "same.json"
+    assert main(["replay", "--db", str(village_db), "--set", f"max_context_chars={budget}", "--json", str(out)]) == 0
+    variant = json.loads(out.read_text())["variants"][0]
+    assert variant["prompts_changed"] == 0 and variant["npcs"] == {}
+    assert variant["prompt_chars_mean"] == variant["recorded_prompt_chars_mean"]
+
+
+@pytest.mark.mosquitto
+@pytest.mark.parametrize(("setting", "message"), [
+    ("max_budget=3", "unknown key 'max_budget'"),
+    ("max_context_chars=lots", "max_context_chars must be a whole number >= 0, got 'lots'"),
+    ("belief_share=1.5", "belief_share must be a number from 0 to 1, got '1.5'"),
+    ("redistribute_unused=maybe", "redistribute_unused must be true or false"),
+    ("npc.nobody.max_beliefs=1", "no NPC 'nobody' in the store's records"),
+    ("dialogue_share=0.9", "dialogue_share + episodic_share + belief_share must be <= 1"),
+    ("max_context_chars", "expected KEY=VALUE"),
+])
+async def test_a_bad_setting_is_one_line_and_exit_2(
+    village_db: Path, setting: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "--db", str(village_db), "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.mosquitto
+async def test_a_store_given_twice_is_refused(village_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--db", str(village_db), "--db", str(village_db), "--set", "max_beliefs=1"]) == 2
+    assert "given twice (its records would count twice)" in capsys.readouterr().err
+
+
+def test_the_what_ifs_report_options_without_set_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--db", str(tmp_path / "none.db"), "--examples", "3"]) == 2
+    assert "--examples, --json and --plot report a what-if: give --set KEY=VALUE" in capsys.readouterr().err
+
+
+def test_several_swept_keys_are_every_combination() -> None:
+    variants = parse_overrides(["max_context_chars=700,1000", "redistribute_unused=true,false", "max_beliefs=1"])
+    assert [v.label for v in variants] == [
+        "max_context_chars=700 redistribute_unused=true max_beliefs=1",
+        "max_context_chars=700 redistribute_unused=false max_beliefs=1",
+        "max_context_chars=1000 redistribute_unused=true max_beliefs=1",
+        "max_context_chars=1000 redistribute_unused=false max_beliefs=1",
+    ]
+    assert variants[3].settings == {"max_context_chars": 1000, "redistribute_unused": False, "max_beliefs": 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.integers(0, 4000), redistribute=st.booleans())
+def test_what_if_counts_the_items_between_the_kept_runs(seed: int, budget: int, redistribute: bool) -> None:
+    """On random records: the tally's counts are the items the two builds keep apart, and sizes add up."""
+    rng = random.Random(seed)
+    batch = [random_record(rng, n) for n in range(8)]
+    [variant] = parse_overrides([f"max_context_chars={budget}", f"redistribute_unused={str(redistribute).lower()}"])
+    [tally] = what_if(batch, [variant], examples=1000)
+    expected = [c for r in batch for c in expected_changes(r, max_context_chars=budget,
+                                                             redistribute_unused=redistribute, on_overflow="keep")]
+    assert sorted(reported_changes({"examples": msgspec.to_builtins(tally.examples)})) == sorted(expected)
+    assert tally.inferences == len(batch)
+    rebuilt = [build_working_memory(r.state, r.player_input, msgspec.structs.replace(
+        r.config, max_context_chars=budget, redistribute_unused=redistribute, on_overflow="keep"),
+        renderer=r.renderer) for r in batch]
+    assert tally.facts == sum(len(r.state.canonical_facts) for r in batch)
+    assert tally.facts_present == sum(len(m.canonical_facts) for m in rebuilt)
+    assert tally.world_present == sum(len(m.world_state) for m in rebuilt)
+    assert tally.over_budget == sum(m.report.over_budget for m in rebuilt)
+    halves = what_if(batch[:3], [variant], examples=1000)[0]
+    halves.add(what_if(batch[3:], [variant], examples=1000)[0], 1000)
+    assert halves == tally  # tallies of consecutive runs add up to the whole's
