@@ -289,10 +289,13 @@ class Run:
 
     async def drive(self) -> None:
         """The schedule's inputs, world changes and faults, in tick order, each once its tick began."""
-        kills = {f.tick: f for f in self.s.faults if f.kind == SHARD_KILL}
-        at_kill = {t: [i for i in self.s.inputs if i.tick == t and i.player.startswith("k")] for t in kills}
+        kills = {f.tick for f in self.s.faults if f.kind == SHARD_KILL}
+
+        def at_kill(i: Input) -> bool:
+            return i.tick in kills and i.player.startswith("k")
+
         steps: list[tuple[int, int, object]] = [(f.tick, 2, f) for f in self.s.faults]
-        steps += [(i.tick, 0, i) for i in self.s.inputs if not (i.tick in kills and i.player.startswith("k"))]
+        steps += [(i.tick, 0, i) for i in self.s.inputs if not at_kill(i)]
         steps += [(w.tick, 1, w) for w in self.s.world_changes]
         for tick, _, step in sorted(steps, key=lambda x: (x[0], x[1])):
             await self.begun(tick)
@@ -302,7 +305,7 @@ class Run:
                 self.outcome.skipped += 1
                 continue
             if isinstance(step, Fault):
-                await self.inject(step, at_kill.get(step.tick, []))
+                await self.inject(step, [i for i in self.s.inputs if at_kill(i) and i.tick == step.tick])
             elif isinstance(step, Input):
                 await self.send_input(step)
             elif isinstance(step, WorldChange):
@@ -327,6 +330,14 @@ class Run:
                 await proc.wait()
 
     # --- the checks ----------------------------------------------------------------------
+
+    def lines_said(self) -> set[str]:
+        """The inference ids of every line in the stores."""
+        said: set[str] = set()
+        for db in [s.db for s in self.shards if s.db.exists()]:
+            with open_reader(db) as reader:
+                said |= {r.id for r in reader.audit_records() if r.line}
+        return said
 
     async def check(self) -> None:
         dbs = [s.db for s in self.shards if s.db.exists()]
@@ -418,7 +429,9 @@ async def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
                 await run.start_shard(shard, resume=False)
             await run.drive()
             await run.finish()
-            await asyncio.sleep(1.0)  # the subscriber's last messages (a condition: none left to wait for)
+            said = run.lines_said()
+            with contextlib.suppress(AssertionError):  # the check below says what did not come
+                await eventually(lambda: said <= run.subscriber.said.keys(), what="the last lines", within=10)
         except (AssertionError, TimeoutError) as exc:
             run.outcome.problems.append(f"the run did not finish: {exc or type(exc).__name__} at ticks {run.ticks()}")
             return run.outcome

@@ -144,8 +144,9 @@ def draw(
     count = rng.randint(1, 3) if allowed else 0
     faults: list[Fault] = []
     tick = FIRST + rng.randrange(GAP)
+    weights = [3 if k == SHARD_KILL else 1 for k in allowed]  # the kill -9 that can lose the most
     while len(faults) < count and tick < ticks - TAIL:
-        kind = rng.choice(allowed)
+        kind = rng.choices(allowed, weights)[0]
         target = net_target if kind in (PARTITION, PROXY_RESET, PROXY_STALL) else rng.randrange(shards)
         duration = 0.0 if kind == PROXY_RESET else round(rng.uniform(0.5, _longest(kind, shards)), 1)
         faults.append(Fault(kind, tick, duration, target))
@@ -155,10 +156,12 @@ def draw(
         Input(tick=t, player=f"p{seed % 100}x{n}", to=rng.randrange(1 << 16), text=f"Seed {seed} asks {n}: any news?")
         for n, t in enumerate(sorted(rng.sample(range(1, ticks - TAIL - 1), k=4)))
     )
-    # an input in the tick of every shard kill (published the moment before the kill)
+    # two inputs in the tick of every shard kill: one published in the tick before (taken at
+    # the start of the killed tick), one the moment before the kill (arrived, not yet taken)
     inputs += tuple(
-        Input(tick=f.tick, player=f"k{seed % 100}x{n}", to=rng.randrange(1 << 16), text=f"Seed {seed} at the kill {n}")
-        for n, f in enumerate(faults) if f.kind == SHARD_KILL
+        Input(tick=f.tick - lead, player=f"k{seed % 100}x{n}{'ba'[lead]}", to=rng.randrange(1 << 16),
+              text=f"Seed {seed} at the kill {n}{'ba'[lead]}")
+        for n, f in enumerate(faults) if f.kind == SHARD_KILL for lead in (1, 0)
     )
     changes = tuple(
         WorldChange(tick=t, key=f"omen{n}", value=f"seed {seed} sign {n}")
