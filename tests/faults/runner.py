@@ -63,6 +63,7 @@ __all__ = ["Outcome", "run_schedule"]
 TICK_MS = 500
 LIVE_S = 180.0  # how long a condition on a live run may take (the machine is shared)
 INFERENCE_TIMEOUT_S = 3.0
+DELIVERY_S = 0.1  # loopback: the broker has delivered an acknowledged input to a connected shard by then
 LATE = 3  # no step is taken once a shard committed this many ticks before the end (none would answer)
 
 
@@ -246,6 +247,8 @@ class Run:
             shard = self.shards[fault.target]
             for item in kill_inputs:  # in the tick the shard is killed in
                 await self.send_input(item)
+            if kill_inputs:
+                await asyncio.sleep(DELIVERY_S)  # the subject: the input delivered, the tick not yet over
             assert shard.proc is not None
             if shard.proc.returncode is None:
                 shard.proc.kill()  # kill -9
