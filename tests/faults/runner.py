@@ -63,6 +63,7 @@ __all__ = ["Outcome", "run_schedule"]
 TICK_MS = 500
 LIVE_S = 180.0  # how long a condition on a live run may take (the machine is shared)
 INFERENCE_TIMEOUT_S = 3.0
+SLOW_LINK_S = 0.01  # the proxied shard's link is slow all along: each chunk, each way, this much later
 DELIVERY_S = 0.1  # loopback: the broker has delivered an acknowledged input to a connected shard by then
 LATE = 3  # no step is taken once a shard committed this many ticks before the end (none would answer)
 
@@ -189,9 +190,10 @@ class Run:
                 stdout=asyncio.subprocess.DEVNULL, stderr=err, wrap=wrap,
             )
 
-    async def start_worker(self) -> None:
-        """One more `npcsim worker`, waited for until it says it is subscribed (a request sent
-        before any worker is subscribed is lost to the shared subscription)."""
+    async def start_worker(self, *, ready: bool = True) -> None:
+        """One more `npcsim worker`, waited for (`ready`) until it says it is subscribed: before
+        the shards start, since a request sent while no worker is subscribed is lost to the
+        shared subscription; not after a kill, when the other worker serves meanwhile."""
         log = self.workdir / f"worker{len(self.workers)}.log"
         with log.open("wb") as out:
             proc = await start_npcsim(
@@ -199,6 +201,8 @@ class Run:
                 "--name", f"w{len(self.workers)}", stdout=out, stderr=out,
             )
         self.workers.append(proc)
+        if not ready:
+            return
         await eventually(lambda: b" ready: " in log.read_bytes() or proc.returncode is not None,
                          what=f"worker {len(self.workers) - 1} ready", within=LIVE_S)
         assert proc.returncode is None, f"worker ended at start: {log.read_text(errors='replace')[-800:]}"
@@ -263,7 +267,7 @@ class Run:
                 alive[0].kill()  # kill -9, with inferences in flight (each takes 40 ms)
                 await alive[0].wait()
             await asyncio.sleep(fault.duration_s)  # the subject: one worker fewer this long
-            await self.start_worker()
+            await self.start_worker(ready=False)
         elif fault.kind == PARTITION:
             assert self.ns is not None
             self.ns.link(up=False)
@@ -300,6 +304,7 @@ class Run:
         steps: list[tuple[int, int, object]] = [(f.tick, 2, f) for f in self.s.faults]
         steps += [(i.tick, 0, i) for i in self.s.inputs if not at_kill(i)]
         steps += [(w.tick, 1, w) for w in self.s.world_changes]
+        published = -1  # the tick of the last input or world change published
         for tick, _, step in sorted(steps, key=lambda x: (x[0], x[1])):
             await self.begun(tick)
             if max(self.ticks()) >= self.s.ticks - LATE:
@@ -308,8 +313,12 @@ class Run:
                 self.outcome.skipped += 1
                 continue
             if isinstance(step, Fault):
+                if published == tick:
+                    await asyncio.sleep(DELIVERY_S)  # the subject: what was published in this tick delivered first
                 await self.inject(step, [i for i in self.s.inputs if at_kill(i) and i.tick == step.tick])
-            elif isinstance(step, Input):
+                continue
+            published = tick
+            if isinstance(step, Input):
                 await self.send_input(step)
             elif isinstance(step, WorldChange):
                 await self.send_world(step)
@@ -407,6 +416,7 @@ async def _running(schedule: Schedule, workdir: Path) -> AsyncIterator[Run]:
             run.model = await stack.enter_async_context(open_fake_openai())
         if schedule.proxied:
             run.proxy = await stack.enter_async_context(fault_proxy(broker.port))
+            run.proxy.delay_s = SLOW_LINK_S
         listening = asyncio.create_task(run.subscriber.serve())
 
         async def unsubscribe() -> None:
