@@ -8,8 +8,14 @@ tests/faults/runner.py. The other seeds are the soak: `make faults SEEDS=50`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import os
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.faults.__main__ import seeds
+from tests.faults.network import Netns, fault_proxy, netns
 from tests.faults.runner import run_schedule
 from tests.faults.schedule import (
     FIRST,
@@ -104,3 +111,60 @@ async def test_a_fixed_schedule_holds(seed: int, tmp_path: Path) -> None:
     outcome = await run_schedule(schedule, tmp_path)
     assert outcome.ok, f"{schedule.describe()}\n" + "\n".join(f"  - {p}" for p in outcome.problems)
     assert outcome.faults == len(schedule.faults)
+
+
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a network namespace needs root and ip")
+def test_the_namespace_and_its_veth_pair_are_removed_even_on_failure() -> None:
+    def connect_from_inside(ns: Netns, port: int) -> subprocess.CompletedProcess[bytes]:
+        code = f"import socket; socket.create_connection(({ns.host_addr!r}, {port}), timeout=1).close()"
+        return subprocess.run([*ns.wrap, sys.executable, "-c", code], capture_output=True, timeout=30)
+
+    with pytest.raises(RuntimeError, match="the schedule failed"), netns(249) as ns:
+        assert ns.name in _namespaces()
+        with socket.create_server((ns.host_addr, 0)) as listener:
+            port = listener.getsockname()[1]
+            joined = connect_from_inside(ns, port)
+            assert joined.returncode == 0, joined.stderr  # the veth pair joins the namespaces
+            ns.link(up=False)
+            cut = connect_from_inside(ns, port)
+            assert cut.returncode != 0 and b"timed out" in cut.stderr  # the partition
+            ns.link(up=True)
+            assert connect_from_inside(ns, port).returncode == 0
+        raise RuntimeError("the schedule failed")
+    assert ns.name not in _namespaces()
+    assert subprocess.run(["ip", "link", "show", ns.host_if], capture_output=True).returncode != 0
+
+
+async def test_the_fault_proxy_passes_delays_stalls_and_resets() -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(100):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    async with server, fault_proxy(server.sockets[0].getsockname()[1]) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"one")
+        assert await asyncio.wait_for(reader.read(100), 5) == b"one"
+        stalled = asyncio.create_task(proxy.stall(0.5))
+        await asyncio.sleep(0)  # the stall begins
+        writer.write(b"two")
+        echoed = asyncio.create_task(reader.read(100))
+        done, _ = await asyncio.wait({echoed}, timeout=0.2)
+        assert not done, "bytes passed a stalled proxy"
+        await stalled
+        assert await asyncio.wait_for(echoed, 5) == b"two"
+        proxy.reset()
+        with pytest.raises(ConnectionResetError):
+            writer.write(b"three")
+            await writer.drain()
+            if not await asyncio.wait_for(reader.read(100), 5):
+                raise ConnectionResetError("closed")
+        writer.close()
+        assert proxy.resets == 1
