@@ -11,7 +11,8 @@ however the schedule ends.
 
 The checks (`Outcome.problems`, each the first difference of its kind):
 - every shard ends with exit 0 at the last tick;
-- infrastructure faults only: the audit set equals the calm run's (tests/faults/calm.py);
+- infrastructure faults only: the audit set equals the calm run's (tests/faults/calm.py),
+  or the earliest record that differs is named;
 - model faults: every line said has an audit record, every record replays byte for byte,
   every record has a line;
 - every input the broker acknowledged is in exactly one store and answered by its NPC;
@@ -38,7 +39,7 @@ from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_say
 from tests.fake_openai import FakeOpenAI, open_fake_openai
-from tests.faults.calm import audit_set, calm_run, recorded_inputs, world_ticks
+from tests.faults.calm import AuditSet, audit_set, calm_run, recorded_inputs, world_ticks
 from tests.faults.network import FaultProxy, Netns, fault_proxy, netns
 from tests.faults.schedule import (
     BROKER_KILL,
@@ -393,11 +394,27 @@ class Run:
             world = [(tick, key, changes[key]) for key, tick in taken.items()]
             calm_db = self.workdir / "calm.db"
             expected = await calm_run(self.scenario, self.run_id, self.s.ticks, calm_db, stored, world)
-            absent, different = sorted(expected - got), sorted(got - expected)
-            if absent or different:
-                first = (absent or different)[0]
-                problems.append(f"audit differs from the calm run: {len(absent)} missing, {len(different)} "
-                                f"different; first {'missing' if absent else 'different'}: {first}")
+            if expected != got:
+                problems.append(first_difference(expected, got, records))
+
+
+def first_difference(expected: AuditSet, got: AuditSet, records: list[AuditRecord]) -> str:
+    """How the audit differs from the calm run's, and its earliest record that differs, said plainly."""
+    calm = {r[0]: r for r in expected}
+    here = {r[0]: r for r in got}
+    ids = sorted({*calm, *here} - {i for i in calm if calm[i] == here.get(i)},
+                 key=lambda i: (int(i.rsplit(":", 2)[1]), i))
+    first = ids[0]
+    head = f"audit differs from the calm run in {len(ids)} of {len(calm)} records; the first, {first}: "
+    if first not in here:
+        return head + "not in the faulted run"
+    if first not in calm:
+        return head + "not in the calm run"
+    record = next(r for r in records if r.id == first)
+    why = f" (a fallback: {record.fallback_reason})" if record.fallback else ""
+    if here[first][2] != calm[first][2]:
+        return head + f"said {here[first][2]!r}{why}, the calm run {calm[first][2]!r}"
+    return head + f"the same line from another prompt (digests {here[first][1]} here, {calm[first][1]} calm)"
 
 
 @contextlib.asynccontextmanager
