@@ -190,6 +190,15 @@ class MosquittoProcess:
         except OSError:
             return False
 
+    def kill(self) -> None:
+        """kill -9: the broker dies as in a crash (nothing flushed, every session lost)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+            if self.proc.stderr:
+                self.proc.stderr.close()
+        self.proc = None
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

@@ -241,10 +241,7 @@ class Run:
         self.outcome.faults += 1
         began = time.monotonic()
         if fault.kind == BROKER_KILL:
-            assert self.broker.proc is not None
-            self.broker.proc.kill()  # kill -9
-            await asyncio.to_thread(self.broker.proc.wait)
-            self.broker.proc = None
+            await asyncio.to_thread(self.broker.kill)
             await asyncio.sleep(fault.duration_s)  # the subject: the broker away this long
             await asyncio.to_thread(self.broker.start)
             await self.reconnected(began)
