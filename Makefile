@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: run test llm bench clean
+.PHONY: run test llm bench clean faults
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -52,3 +52,10 @@ bench: $(VENV)/.installed-bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# Random fault schedules against real processes (tests/faults): SEEDS="1 2 3" or SEEDS=40
+# (seeds 1..40); FAULTS_ARGS="--world generated --shards 3" pins what every schedule draws.
+SEEDS ?= 10
+FAULTS_ARGS ?=
+faults: $(VENV)/.installed-test
+	$(PY) -m tests.faults $(SEEDS) $(FAULTS_ARGS)

@@ -203,6 +203,15 @@ class MosquittoProcess:
         except OSError:
             return False
 
+    def kill(self) -> None:
+        """kill -9: the broker dies as in a crash (nothing flushed, every session lost)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+            if self.proc.stderr:
+                self.proc.stderr.close()
+        self.proc = None
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -305,10 +314,13 @@ async def start_npcsim(
     env: Mapping[str, str] | None = None,
     stdout: int | IO[bytes] = asyncio.subprocess.PIPE,
     stderr: int | IO[bytes] = asyncio.subprocess.PIPE,
+    wrap: Sequence[str] = (),
 ) -> asyncio.subprocess.Process:
-    """`npcsim ARGS` started as an asyncio child process, in the repository; the caller ends it."""
+    """`npcsim ARGS` started as an asyncio child process, in the repository; the caller ends it.
+
+    `wrap` is a command the child runs under (`ip netns exec NAME`: it execs, so the pid is npcsim's)."""
     return await asyncio.create_subprocess_exec(
-        *_npcsim_argv(*args), stdout=stdout, stderr=stderr, cwd=REPO, env=_npcsim_env(env)
+        *wrap, *_npcsim_argv(*args), stdout=stdout, stderr=stderr, cwd=REPO, env=_npcsim_env(env)
     )
 
 
