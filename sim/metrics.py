@@ -66,6 +66,9 @@ class _Sources(Collector):
                                       value=stats.retries)
             yield CounterMetricFamily("npcsim_stale_requests", "Requests dropped past their deadline.",
                                       value=stats.dropped_stale)
+            yield CounterMetricFamily("npcsim_inference_resends",
+                                      "Inference requests sent to the workers again (a broker outage, a dead worker).",
+                                      value=stats.resent)
             yield GaugeMetricFamily("npcsim_inferences_in_flight", "Inferences being served now.",
                                     value=stats.in_flight)
             yield GaugeMetricFamily("npcsim_inference_queue_depth", "Inferences waiting for a slot.",

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mosquitto
 R = "npcsim/r"
 PUBLISH = {  # role -> topics it may publish; every role tries every topic
     "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "infer/req", "status/0", "world/state", "barrier/0"},
-    "worker": {"infer/resp/0"},
+    "worker": {"infer/resp/0", "infer/worker/w"},
     "game": {"world/state"},
     "viewer": {"player/viewer/input"},
     "alice": {"player/alice/input"},

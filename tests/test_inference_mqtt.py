@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import signal
+import time
+from pathlib import Path
 
 import aiomqtt
 import httpx
+import msgspec
 import pytest
 
 from sim.inference import (
@@ -22,9 +26,10 @@ from sim.inference import (
     open_pool,
 )
 from sim.inference.backends.scripted import scripted_reply
-from sim.protocol.seal import RunKey
+from sim.protocol.seal import RunKey, new_nonce
 from sim.wire import topics
 from sim.wire.batch import decode_batch, encode_batch
+from sim.wire.inference import WORKER_OFFLINE
 from tests.helpers import MosquittoProcess, ended, eventually, free_port, start_npcsim
 from tests.inference_helpers import make_request, running
 
@@ -107,6 +112,104 @@ async def test_worker_killed_mid_request_gives_a_timeout_fallback_and_the_pool_g
         if doomed.returncode is None:
             doomed.kill()
         await doomed.wait()
+
+
+def _audit_set(results: list[InferenceResult]) -> set[tuple[str, tuple[str, ...], str]]:
+    """What the run's audit keeps of each inference: its id, every attempt's prompt digest, its line."""
+    return {(r.id, tuple(hashlib.sha256(a.prompt.encode()).hexdigest() for a in r.attempts), r.line)
+            for r in results}
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "run-key"])
+async def test_a_worker_killed_holding_requests_is_noticed_and_another_answers_them(
+    mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture, keyed: bool
+) -> None:
+    """Issue 24: kill -9 of one of two workers while it holds requests. Its last will makes the
+    pool re-send them to the other at once: no timeout fallback (the inference timeout is 30 s and
+    the deadlines 30 s: a fallback would be "timeout"), each answered once, the calm run's audit."""
+    run = f"will-{keyed}"
+    key = RunKey.generate() if keyed else None
+    extra: list[str] = []
+    if key is not None:
+        key_file = tmp_path / "run.key"
+        key_file.write_bytes(key.secret)
+        key_file.chmod(0o600)
+        extra = ["--run-key-file", str(key_file)]
+    pool_key = None if key is None else key.for_run(new_nonce())
+    requests = [make_request(n, agent=f"npc{n}", deadline_in=30.0) for n in range(12)]
+    def survivor() -> RemoteWorker:
+        return RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="survivor", run_key=key,
+                                         options={"delay_ms": 20}))
+
+    async with running(survivor()), open_pool(pool_config(mosquitto, run, run_key=pool_key, max_in_flight=12)) as pool:
+        calm = [await pool.infer(r) for r in requests]  # the calm run: the survivor alone
+    port = free_port()
+    doomed = await _start_worker_process(mosquitto, run, "doomed", 60_000, "--metrics-port", str(port), *extra)
+    try:
+        async with (
+            running(survivor()),
+            open_pool(pool_config(mosquitto, run, run_key=pool_key, max_in_flight=12)) as pool,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as metrics,
+        ):
+            again = [msgspec.structs.replace(r, deadline=time.time() + 30.0) for r in requests]
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(pool.infer(r)) for r in again]
+                await eventually(lambda: _in_flight(metrics), what="the doomed worker holding requests", within=10)
+                doomed.send_signal(signal.SIGKILL)
+            stats = pool.statistics()
+    finally:
+        if doomed.returncode is None:
+            doomed.kill()
+        await doomed.wait()
+    results = [t.result() for t in tasks]
+    assert stats.fallbacks == {} and not any(r.fallback for r in results)
+    assert [r.id for r in results] == [r.id for r in requests] and stats.completed == len(requests)
+    assert {r.worker for r in results} == {"survivor"}  # the doomed one never answered
+    assert _audit_set(results) == _audit_set(calm)
+    assert stats.resent >= 1
+    gone = [r for r in caplog.records if "worker doomed is gone" in r.getMessage()]
+    assert len(gone) == 1, [r.getMessage() for r in gone]
+
+
+async def test_a_forged_will_costs_at_most_a_re_send(mosquitto: MosquittoProcess) -> None:
+    """With a run key an unsigned "offline" is counted and changes nothing; without one, a flood of
+    forged wills re-sends the waiting requests at most once per RESEND_GAP, each answered once."""
+    run = "forged-will"
+    key = RunKey.generate()
+    pool_key = key.for_run(new_nonce())
+    worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name="slow", run_key=key,
+                                       options={"delay_ms": 1500}))
+    forged_topic = topics.infer_worker(run, "slow")
+    async with (
+        running(worker),
+        open_pool(pool_config(mosquitto, run, run_key=pool_key)) as pool,
+        aiomqtt.Client("127.0.0.1", mosquitto.port) as forger,
+    ):
+        pending = asyncio.create_task(pool.infer(make_request(1)))
+        await eventually(lambda: worker.statistics().in_flight == 1, what="the worker serving")
+        for _ in range(50):
+            await forger.publish(forged_topic, WORKER_OFFLINE, qos=1)
+        result = await pending
+        stats = pool.statistics()
+    assert not result.fallback and result.worker == "slow"
+    assert stats.resent == 0 and stats.malformed >= 50
+    assert worker.statistics().completed == 1
+    unkeyed = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run + "-open", name="slow",
+                                        options={"delay_ms": 1500}))
+    async with (
+        running(unkeyed),
+        open_pool(pool_config(mosquitto, run + "-open")) as pool,
+        aiomqtt.Client("127.0.0.1", mosquitto.port) as forger,
+    ):
+        pending = asyncio.create_task(pool.infer(make_request(1)))
+        await eventually(lambda: unkeyed.statistics().in_flight == 1, what="the worker serving")
+        for _ in range(200):
+            await forger.publish(topics.infer_worker(run + "-open", "slow"), WORKER_OFFLINE, qos=1)
+        result = await pending
+        stats = pool.statistics()
+    assert not result.fallback and result.worker == "slow" and stats.completed == 1
+    assert 1 <= stats.resent <= 8  # re-send rounds 0.25 s apart at least over the 1.5 s: not one per will
+    assert unkeyed.statistics().completed == 1  # the worker does not serve a copy of what it is serving
 
 
 async def test_worker_process_exits_0_on_sigterm(mosquitto: MosquittoProcess) -> None:

@@ -9,6 +9,7 @@ import msgspec
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress, ReconnectPolicy
 from sim.protocol.seal import RunKey
+from sim.wire import topics
 
 __all__ = ["PoolConfig", "WorkerConfig"]
 
@@ -89,3 +90,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         _positive("concurrency", self.concurrency)
         _positive("max_line_chars", self.max_line_chars)
         _positive("timeout", self.timeout, allow_float=True)
+        if self.name:
+            try:
+                topics.check_segment("worker name", self.name)
+            except ValueError as exc:
+                raise ConfigError(f"--name: {exc}") from None

@@ -33,6 +33,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     late_replies: int
     attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
     retries: int = 0  # attempts after the first, over the completed requests
+    resent: int = 0  # requests sent to the workers again (an outage, a dead worker's will)
 
 
 class Counters:
@@ -51,6 +52,7 @@ class Counters:
         self.late_replies = 0
         self.attempts = 0
         self.retries = 0
+        self.resent = 0
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
@@ -73,6 +75,7 @@ class Counters:
             late_replies=self.late_replies,
             attempts=self.attempts,
             retries=self.retries,
+            resent=self.resent,
         )
 
 

@@ -12,7 +12,11 @@ batches (`sim.inference._batch`); with a run key every payload is sealed
 The link connects through `sim.mqtt` and rides out a broker restart: it re-sends, on the
 new connection, every request still waiting for its reply, and again with backoff
 (`sim.backoff`) until it is answered, since workers come back on their own schedule (a
-worker's second answer is counted as late). A reply is trusted no more than a model:
+worker's second answer is counted as late). A worker that dies holding requests (kill -9)
+is noticed by its last will on `infer/worker/{name}`: every request sent and not answered
+yet is re-sent at once, then with the same backoff until answered (which worker held
+which is the broker's secret; the others' second answers are dropped as late). A forged
+will costs at most a re-send round per `RESEND_GAP`, like a reconnect. A reply is trusted no more than a model:
 `sim.inference._replies` holds it to what the pool could have produced itself, so a
 client that answers in a worker's place cannot make an NPC say what the checks would
 refuse, nor put text of its own into the audit.
@@ -44,14 +48,16 @@ from sim.mqtt import open_client, stay_connected
 from sim.protocol.seal import seal
 from sim.wire import topics
 from sim.wire.batch import encode_batch
-from sim.wire.inference import InferenceRequest, InferenceResult, decode_result, encode_request
+from sim.wire.inference import WORKER_OFFLINE, InferenceRequest, InferenceResult, decode_result, encode_request
 
-__all__ = ["RESEND_BACKOFF", "open_mqtt_dispatch"]
+__all__ = ["RESEND_BACKOFF", "RESEND_GAP", "open_mqtt_dispatch"]
 
 log = logging.getLogger(__name__)
 
 RESEND_BACKOFF = BackoffPolicy(initial=0.5, maximum=8.0)
-"""Waits between re-sends of the requests that waited through an outage (seconds)."""
+"""Waits between re-sends of the requests that waited through an outage or lost their worker (seconds)."""
+RESEND_GAP = RESEND_BACKOFF.initial / 2
+"""The least time between two re-send rounds, however many workers' wills come (seconds)."""
 
 
 @dataclass
@@ -59,7 +65,7 @@ class _Waiting:
     request: InferenceRequest
     future: asyncio.Future[InferenceResult]
     sent_on: int = 0  # the connection it was last published on (0: none yet)
-    outage: bool = False  # it was waiting through a lost connection: re-sent until answered
+    resending: bool = False  # it waited through a lost connection or lost its worker: re-sent until answered
 
 
 class _PoolLink:
@@ -71,6 +77,9 @@ class _PoolLink:
         self.guard = guard
         self.warn = LogOnce(log)
         self.request_topic = topics.infer_request(config.run_id)
+        self.workers_topic = topics.infer_workers(config.run_id)
+        self.resend_due = asyncio.Event()  # a worker's will came: re-send what is unanswered now
+        self.will_logged = -RESEND_GAP
         self.response_topic = topics.infer_response(config.run_id, config.shard)
         self.identifier = f"npcsim-pool-{config.shard}-{uuid.uuid4().hex[:8]}"
         self.waiting: dict[str, _Waiting] = {}
@@ -88,35 +97,75 @@ class _PoolLink:
 
     async def session(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.response_topic, qos=1)
+        await client.subscribe(self.workers_topic, qos=1)
         self.connection += 1
         self.client = client
         self.connected.set()
         resend = [w for w in self.waiting.values() if w.sent_on != self.connection and not w.future.done()]
         if resend and self.connection > 1:
             log.warning("re-sending %d inference requests after the reconnect", len(resend))
+            self.counters.resent += len(resend)
         for entry in resend:
-            entry.outage = self.connection > 1
+            entry.resending = entry.resending or self.connection > 1
             await self.send(client, entry)
         async with asyncio.TaskGroup() as tg:
-            if self.connection > 1:
-                tg.create_task(self.resend_after_outage(client))
+            tg.create_task(self.resend_unanswered(client))
             async for message in client.messages:
-                self.receive(message)
+                if message.topic.matches(self.workers_topic):
+                    self.worker_gone(message)
+                else:
+                    self.receive(message)
 
-    async def resend_after_outage(self, client: aiomqtt.Client) -> None:
-        """Re-send requests that waited through an outage, with backoff, until each is answered.
+    def unanswered(self) -> list[_Waiting]:
+        return [w for w in self.waiting.values() if w.resending and not w.future.done()]
+
+    async def resend_unanswered(self, client: aiomqtt.Client) -> None:
+        """Re-send requests that waited through an outage or lost their worker, with backoff, until answered.
 
         Workers come back on their own schedule, and a shared subscription with nobody
-        subscribed drops what it gets; a worker's second answer is counted as late.
+        subscribed drops what it gets; a worker's second answer is counted as late. A
+        worker's will starts a round at once (and the backoff over), but rounds are at
+        least `RESEND_GAP` apart.
         """
         backoff = Backoff(RESEND_BACKOFF)
         while True:
-            await asyncio.sleep(backoff.next())
-            again = [w for w in self.waiting.values() if w.outage and not w.future.done()]
-            if not again:
-                return
+            wait = backoff.next() if self.unanswered() else None
+            try:
+                async with asyncio.timeout(wait):
+                    await self.resend_due.wait()
+                self.resend_due.clear()
+                backoff.reset()
+            except TimeoutError:
+                pass
+            again = self.unanswered()
             for entry in again:
                 await self.send(client, entry)
+            self.counters.resent += len(again)
+            await asyncio.sleep(RESEND_GAP)
+
+    def worker_gone(self, message: aiomqtt.Message) -> None:
+        """A worker's last will: every request sent and not answered yet goes out again."""
+        topic = message.topic.value
+        payload = message.payload
+        key = self.config.run_key
+        body: bytes | None = None
+        if isinstance(payload, bytes):
+            opened = (WORKER_OFFLINE, payload) if key is None else key.open_any(topic, payload)  # any run instance
+            body = None if opened is None else opened[1]
+        if body != WORKER_OFFLINE:
+            self.counters.malformed += 1
+            self.warn("worker-status", "worker status on %s dropped: not a sealed \"offline\"", topic)
+            return
+        held = [w for w in self.waiting.values() if w.sent_on and not w.future.done()]
+        for entry in held:
+            entry.resending = True
+        now = time.monotonic()
+        level = logging.WARNING if now - self.will_logged >= RESEND_GAP else logging.DEBUG
+        self.will_logged = now
+        log.log(level, "worker %s is gone (its last will): re-sending the %d inference requests of shard %s "
+                "waiting for replies", topic.rsplit("/", 1)[-1], len(held), self.config.shard)
+        if held:
+            self.resend_due.set()
 
     async def send(self, client: aiomqtt.Client, entry: _Waiting) -> None:
         """One request alone, at once: the re-sends after a reconnect."""

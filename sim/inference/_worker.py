@@ -7,7 +7,10 @@ the shard that asked. Requests arrive and replies leave in batches (`sim.inferen
 with a run key every payload is sealed (`sim.protocol.seal`): the worker's key has no run
 nonce, so it serves every instance of the run and seals each reply for the instance whose
 request it answers (a shard takes only replies sealed for its own). After a broker restart
-it subscribes again; the pool's link re-sends what was lost.
+it subscribes again; the pool's link re-sends what was lost. Its MQTT 5 last will says
+"offline" on `npcsim/{run}/infer/worker/{name}` (sealed with the run key, not retained): a
+worker killed mid-inference is noticed by every pool at once, and they send the requests it
+held again (sim.inference._link).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from sim.mqtt import open_client, stay_connected
 from sim.protocol.seal import RunKey, seal, sealed_nonce
 from sim.wire import topics
 from sim.wire.batch import encode_batch
-from sim.wire.inference import InferenceRequest, InferenceResult, decode_request
+from sim.wire.inference import WORKER_OFFLINE, InferenceRequest, InferenceResult, decode_request
 
 __all__ = ["RemoteWorker"]
 
@@ -78,7 +81,7 @@ class RemoteWorker:
         await stay_connected(
             self.config.broker, session, name=f"worker {self.name}", policy=self.config.reconnect,
             connect=lambda: open_client(self.config.broker, identifier=self.name,
-                                        max_inflight=4 * self.config.concurrency),
+                                        max_inflight=4 * self.config.concurrency, will=self._last_will()),
             on_lost=self.ready.clear,
         )
 
@@ -100,6 +103,7 @@ class RemoteWorker:
                                "times them out", len(results), exc)
                     raise
 
+        serving: set[tuple[str, str]] = set()  # (shard, request id): a pool's re-send of one of them waits for it
         # Replies never expire here: a late one is the pool's to count (its deadline has a grace).
         replies = BatchSender(Batcher[tuple[_ReplyTo, InferenceResult]](), send, lambda _: None)
         self.ready.set()
@@ -110,8 +114,12 @@ class RemoteWorker:
                 async for message in client.messages:
                     nonce = sealed_nonce(message.payload) if isinstance(message.payload, bytes) else None
                     for request in self._requests(message):
+                        if (request.shard, request.id) in serving:
+                            log.debug("request %s is being served here already: its re-send dropped", request.id)
+                            continue
                         await slots.acquire()
-                        tg.create_task(self._handle(backend, request, (request.shard, nonce), slots, replies))
+                        serving.add((request.shard, request.id))
+                        tg.create_task(self._handle(backend, request, (request.shard, nonce), slots, replies, serving))
             finally:
                 sender.cancel()
 
@@ -122,6 +130,7 @@ class RemoteWorker:
         reply_to: _ReplyTo,
         slots: asyncio.Semaphore,
         replies: BatchSender[tuple[_ReplyTo, InferenceResult]],
+        serving: set[tuple[str, str]],
     ) -> None:
         """Serve one request; its reply joins the reply batch of the moment it is ready."""
         c = self._counters
@@ -136,8 +145,15 @@ class RemoteWorker:
         finally:
             c.in_flight -= 1
             slots.release()
+            serving.discard((request.shard, request.id))
         c.count_result(result)
         replies.put((reply_to, result), priority=request.priority, deadline=float("inf"))
+
+    def _last_will(self) -> aiomqtt.Will:
+        """What the broker says for this worker when its connection dies: "offline", sealed (no nonce:
+        the worker serves every instance of the run)."""
+        topic = topics.infer_worker(self.config.run_id, self.name)
+        return aiomqtt.Will(topic, seal(self.config.run_key, topic, WORKER_OFFLINE), qos=1, retain=False)
 
     def _key_for(self, nonce: bytes | None) -> RunKey | None:
         """The key a reply is sealed with: the run key, for the run instance that asked."""

@@ -169,6 +169,7 @@ async def _run(
                     try:
                         await one.run(until=one.end)
                     finally:
+                        stats.inference_resends = pool.statistics().resent
                         if stop.is_set():
                             bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()

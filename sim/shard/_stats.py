@@ -43,6 +43,7 @@ class RunStats:
     memories_pruned: int = 0  # rows deleted by --retain-memories
     resends: int = 0  # re-sends of kept barrier messages made for peers' Joins
     resends_folded: int = 0  # peers' Joins folded into a later re-send by the per-peer rate limit
+    inference_resends: int = 0  # inference requests sent to remote workers again (an outage, a dead worker)
     started: float = 0.0  # the clock's now() when the run started (`run` sets it)
     bus: BusStats | None = None
     stopped_by_signal: bool = False

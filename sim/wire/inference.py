@@ -18,6 +18,7 @@ from sim.audit import Attempt
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 
 __all__ = [
+    "WORKER_OFFLINE",
     "InferenceRequest",
     "InferenceResult",
     "Priority",
@@ -26,6 +27,11 @@ __all__ = [
     "encode_request",
     "encode_result",
 ]
+
+
+WORKER_OFFLINE = msgspec.msgpack.encode("offline")
+"""The body of a remote worker's last will on `infer/worker/{name}`: the broker publishes it
+when the worker's connection dies without a goodbye (kill -9, a crash, a lost network)."""
 
 
 class Priority(enum.IntEnum):

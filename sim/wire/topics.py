@@ -19,6 +19,8 @@ __all__ = [
     "infer_request",
     "infer_request_shared",
     "infer_response",
+    "infer_worker",
+    "infer_workers",
     "location_events",
     "player_input",
     "roster",
@@ -87,6 +89,16 @@ def infer_request_shared(run: str, group: str) -> str:
 
 def infer_response(run: str, shard: str) -> str:
     return f"{run_root(run)}/infer/resp/{check_segment('shard', shard)}"
+
+
+def infer_worker(run: str, worker: str) -> str:
+    """A remote worker's status: its MQTT last will says "offline" when it dies (sim.wire.inference)."""
+    return f"{run_root(run)}/infer/worker/{check_segment('worker', worker)}"
+
+
+def infer_workers(run: str) -> str:
+    """Every worker's status topic: what a pool watches to re-send a dead worker's requests."""
+    return f"{run_root(run)}/infer/worker/+"
 
 
 def status(run: str, shard: str) -> str:
