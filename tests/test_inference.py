@@ -20,6 +20,7 @@ from sim.inference import (
     PoolConfig,
     Priority,
     Reply,
+    WorkerConfig,
     clean_line,
     contradicted_fact,
     decode_request,
@@ -30,6 +31,7 @@ from sim.inference import (
     open_pool,
 )
 from sim.memory import Fact, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.mqtt import BrokerAddress
 from tests.helpers import eventually
 from tests.inference_helpers import FALLBACKS, ScriptBackend, make_request, smith_state
 
@@ -304,6 +306,13 @@ def test_pool_config_refuses_bad_values() -> None:
     with pytest.raises(ConfigError, match="transport"):
         PoolConfig(transport="carrier-pigeon")  # type: ignore[arg-type]
     assert PoolConfig(concurrency=4, max_in_flight=2).slots == 2
+
+
+@pytest.mark.parametrize("name", ["a/b", "w+", "#", "x\x00y"])
+def test_a_worker_name_must_name_its_status_topic(name: str) -> None:
+    """The name is the last segment of the worker's last-will topic (infer/worker/{name})."""
+    with pytest.raises(ConfigError, match=r"--name: worker name .* cannot be used in an MQTT topic"):
+        WorkerConfig(broker=BrokerAddress.parse("mqtt://127.0.0.1:1883"), run_id="r", name=name)
 
 
 async def test_unknown_backend_and_bad_options_are_config_errors() -> None:

@@ -93,7 +93,8 @@ async def test_metrics_are_scraped_during_a_run(mosquitto: MosquittoProcess) -> 
 def test_pool_and_loadtest_sources_are_read_at_scrape_time() -> None:
     metrics = Metrics()
     stats = PoolStatistics(requests=7, completed=6, fallbacks={"timeout": 2}, dropped_stale=1, rejected_outputs=1,
-                           in_flight=1, in_flight_peak=3, waiting=4, malformed=5, late_replies=0, retries=1)
+                           in_flight=1, in_flight_peak=3, waiting=4, malformed=5, late_replies=0, retries=1,
+                           resent=6)
     metrics.watch_pool(lambda: stats)
     progress = Progress(elapsed_s=1.0, planned_s=2.0, requests=None, snapshots=10, snapshots_per_s=10.0,
                         inferences=0, inferences_per_s=0.0, violations=0, over_budget=0, fallbacks=0, rss_mb=1.0)
@@ -103,6 +104,7 @@ def test_pool_and_loadtest_sources_are_read_at_scrape_time() -> None:
         assert families["npcsim_fallbacks"][("npcsim_fallbacks_total", (("reason", "timeout"),))] == 2
         assert families["npcsim_inference_queue_depth"][("npcsim_inference_queue_depth", ())] == 4
         assert families["npcsim_retries"][("npcsim_retries_total", ())] == 1
+        assert families["npcsim_inference_resends"][("npcsim_inference_resends_total", ())] == 6
         key = ("npcsim_malformed_messages_total", (("kind", "inference transport"),))
         assert families["npcsim_malformed_messages"][key] == 5
 
@@ -126,8 +128,8 @@ def test_the_grafana_dashboard_and_the_docs_name_only_real_metrics() -> None:
     """The dashboard and docs/operations.md must not drift from what is exported."""
     import re
 
-    exported = {"npcsim_rejected_outputs", "npcsim_stale_requests", "npcsim_working_memories",
-                "npcsim_invariant_violations", "npcsim_resident_memory_bytes", *EXPECTED}
+    exported = {"npcsim_rejected_outputs", "npcsim_stale_requests", "npcsim_inference_resends",
+                "npcsim_working_memories", "npcsim_invariant_violations", "npcsim_resident_memory_bytes", *EXPECTED}
     samples = {f"{name}{suffix}" for name in exported for suffix in ("", "_total", "_bucket", "_count", "_sum")}
     for path in (REPO / "docs" / "grafana-dashboard.json", REPO / "docs" / "operations.md"):
         named = set(re.findall(r"npcsim_[a-z_]+", path.read_text()))

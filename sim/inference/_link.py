@@ -16,7 +16,9 @@ worker's second answer is counted as late). A worker that dies holding requests 
 is noticed by its last will on `infer/worker/{name}`: every request sent and not answered
 yet is re-sent at once, then with the same backoff until answered (which worker held
 which is the broker's secret; the others' second answers are dropped as late). A forged
-will costs at most a re-send round per `RESEND_GAP`, like a reconnect. A reply is trusted no more than a model:
+will costs at most a re-send round per `RESEND_GAP`, like a reconnect.
+
+A reply is trusted no more than a model:
 `sim.inference._replies` holds it to what the pool could have produced itself, so a
 client that answers in a worker's place cannot make an NPC say what the checks would
 refuse, nor put text of its own into the audit.
@@ -149,8 +151,10 @@ class _PoolLink:
         payload = message.payload
         key = self.config.run_key
         body: bytes | None = None
-        if isinstance(payload, bytes):
-            opened = (WORKER_OFFLINE, payload) if key is None else key.open_any(topic, payload)  # any run instance
+        if isinstance(payload, bytes) and key is None:
+            body = payload
+        elif isinstance(payload, bytes) and key is not None:
+            opened = key.open_any(topic, payload)  # a worker seals for any instance of the run
             body = None if opened is None else opened[1]
         if body != WORKER_OFFLINE:
             self.counters.malformed += 1

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiomqtt
+import httpx
 
 from sim.audit import AuditRecord, replay
 from sim.scenario import load_scenario
@@ -57,11 +58,12 @@ from tests.faults.schedule import (
     Schedule,
     WorldChange,
 )
-from tests.helpers import VILLAGE, MosquittoProcess, eventually, generated_world, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, eventually, free_port, generated_world, start_npcsim
 
 __all__ = ["Outcome", "run_schedule"]
 
 TICK_MS = 500
+WORKER_HOLD_S = 5.0  # how long a worker kill waits for the worker to hold a request (then kills anyway)
 LIVE_S = 180.0  # how long a condition on a live run may take (the machine is shared)
 INFERENCE_TIMEOUT_S = 3.0
 SLOW_LINK_S = 0.01  # the proxied shard's link is slow all along: each chunk, each way, this much later
@@ -83,6 +85,21 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+async def holding_requests(port: int, *, within: float) -> bool:
+    """Until the worker whose metrics are on `port` is serving a request (its in-flight gauge above
+    0), so that a kill lands mid-inference; False when it served none in `within` seconds."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                text = (await client.get("/metrics")).text
+                if any(line.startswith("npcsim_inferences_in_flight ") and float(line.split()[1]) > 0
+                       for line in text.splitlines()):
+                    return True
+            await asyncio.sleep(0.005)  # the poll's interval
+    return False
 
 
 def committed_tick(db: Path) -> int:
@@ -156,6 +173,7 @@ class Run:
         self.npcs = sorted(n.id for n in load_scenario(self.scenario).npcs)
         self.shards = [ShardProcess(i, workdir / f"shard{i}.db", []) for i in range(schedule.shards)]
         self.workers: list[asyncio.subprocess.Process] = []
+        self.worker_metrics: list[int] = []  # each worker's --metrics-port: what tells it holds requests
         self.model: FakeOpenAI | None = None
         self.ns: Netns | None = None
         self.proxy: FaultProxy | None = None
@@ -196,12 +214,14 @@ class Run:
         the shards start, since a request sent while no worker is subscribed is lost to the
         shared subscription; not after a kill, when the other worker serves meanwhile."""
         log = self.workdir / f"worker{len(self.workers)}.log"
+        port = free_port()
         with log.open("wb") as out:
             proc = await start_npcsim(
                 "worker", "--broker", self.broker.url, "--run", self.run_id, "--delay-ms", "40",
-                "--name", f"w{len(self.workers)}", stdout=out, stderr=out,
+                "--name", f"w{len(self.workers)}", "--metrics-port", str(port), stdout=out, stderr=out,
             )
         self.workers.append(proc)
+        self.worker_metrics.append(port)
         if not ready:
             return
         await eventually(lambda: b" ready: " in log.read_bytes() or proc.returncode is not None,
@@ -260,10 +280,13 @@ class Run:
             await self.start_shard(shard, resume=True)
             await self.reconnected(began)
         elif fault.kind == WORKER_KILL:
-            alive = [w for w in self.workers if w.returncode is None]
+            alive = [(w, port) for w, port in zip(self.workers, self.worker_metrics, strict=True)
+                     if w.returncode is None]
             if alive:
-                alive[0].kill()  # kill -9, with inferences in flight (each takes 40 ms)
-                await alive[0].wait()
+                doomed, port = alive[0]
+                await holding_requests(port, within=WORKER_HOLD_S)
+                doomed.kill()  # kill -9, with inferences in flight (each takes 40 ms)
+                await doomed.wait()
             await asyncio.sleep(fault.duration_s)  # the subject: one worker fewer this long
             await self.start_worker(ready=False)
         elif fault.kind == PARTITION:
