@@ -115,9 +115,13 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
             self.state, self.player_input, self.config, prohibition=prohibition, renderer=self.renderer
         )
 
-    def explanation(self) -> TruncationExplanation:
-        """Every item the record's working memory dropped and why: derived from the snapshot, not stored."""
-        return explain_truncation(self.state, self.player_input, self.config, self.memory())
+    def explanation(self, memory: WorkingMemory | None = None) -> TruncationExplanation:
+        """Every item the record's working memory dropped and why: derived from the snapshot, not stored.
+
+        `memory` is the record's working memory when the caller holds it (the recorder
+        does): it is rebuilt otherwise."""
+        return explain_truncation(self.state, self.player_input, self.config,
+                                  self.memory() if memory is None else memory)
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):

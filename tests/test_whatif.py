@@ -148,7 +148,7 @@ async def test_a_store_given_twice_is_refused(village_db: Path, capsys: pytest.C
     assert "given twice (its records would count twice)" in capsys.readouterr().err
 
 
-def test_the_what_ifs_report_options_without_set_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_what_if_report_options_without_set_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--db", str(tmp_path / "none.db"), "--examples", "3"]) == 2
     assert "--examples, --json and --plot report a what-if: give --set KEY=VALUE" in capsys.readouterr().err
 

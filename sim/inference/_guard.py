@@ -248,6 +248,7 @@ def _opposite(a: str, b: str) -> bool:
         b.startswith("un") and len(b) > 4 and _same(b[2:], a))
 
 
+@functools.lru_cache(maxsize=65536)
 def _flip(word: str, core: str) -> int | None:
     """0 when `word` says `core`, 1 when it says the opposite, None when neither (neither is a negation)."""
     if word in _WILDCARDS or core in _WILDCARDS:
@@ -293,14 +294,22 @@ def contradicted_fact(line: str, facts: Sequence[Fact]) -> Fact | None:
     if not clauses:
         return None
     for fact in facts:
-        for clause in _clauses(fact.text, fact=True):
-            core = tuple(t for t in clause if t != _NEG)
-            if len(core) < 2:
-                continue
-            negated = tuple(clause[:i].count(_NEG) for i, t in enumerate(clause) if t != _NEG)
+        for core, negated in _fact_cores(fact.text):
             if any(_denies(said, core, negated) for said in clauses):
                 return fact
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _fact_cores(text: str) -> tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]:
+    """Each clause of a fact as (its words without negations, the negations before each word);
+    clauses of fewer than two words are left out. A fact is checked against every line."""
+    cores = []
+    for clause in _clauses(text, fact=True):
+        core = tuple(t for t in clause if t != _NEG)
+        if len(core) >= 2:
+            cores.append((core, tuple(clause[:i].count(_NEG) for i, t in enumerate(clause) if t != _NEG)))
+    return tuple(cores)
 
 
 def load_fact_guard(spec: str) -> FactGuard:

@@ -101,7 +101,7 @@ class Recorder:
         if self._metrics is not None:
             self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
-                         prompts=self._trace_prompts)
+                         prompts=self._trace_prompts, memory=spoken.memory)
         await self._bus.publish_trace(trace)
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.memory import TruncationExplanation, TruncationReport
+from sim.memory import TruncationExplanation, TruncationReport, WorkingMemory
 
 __all__ = [
     "TRACE_DROPPED",
@@ -85,8 +85,12 @@ class RosterMessage(msgspec.Struct, frozen=True, kw_only=True):
     npcs: tuple[RosterEntry, ...]
 
 
-def trace_of(record: AuditRecord, *, shard: str, location: str | None, prompts: bool = True) -> TraceMessage:
-    """The trace of an inference from its audit record: all but the state snapshot."""
+def trace_of(
+    record: AuditRecord, *, shard: str, location: str | None, prompts: bool = True, memory: WorkingMemory | None = None
+) -> TraceMessage:
+    """The trace of an inference from its audit record: all but the state snapshot.
+
+    `memory`: the record's working memory, when the caller holds it (not built again)."""
     return TraceMessage(
         run=record.run_id,
         shard=shard,
@@ -109,7 +113,7 @@ def trace_of(record: AuditRecord, *, shard: str, location: str | None, prompts: 
                          prohibition=a.prohibition)
             for a in record.attempts
         ),
-        explanation=_for_trace(record.explanation(), texts=prompts),
+        explanation=_for_trace(record.explanation(memory), texts=prompts),
     )
 
 

@@ -26,6 +26,7 @@ by fixed texts used in turn (tests of output handling).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import re
@@ -104,6 +105,7 @@ def _cut(text: str, limit: int) -> str:
     return (head or text[: limit - 1]) + _ELLIPSIS
 
 
+@functools.lru_cache(maxsize=65536)  # a reply asks it of every kept item, a few times over
 def _sentence(text: str) -> str:
     """An item's text ready to be said: one line, spaces collapsed (none before punctuation),
     no aside in brackets
@@ -143,6 +145,7 @@ def _remark(text: str, templates: dict[str, tuple[str, ...]], dice: _Dice, doubt
 _MARKS = str.maketrans("", "", QUOTE_MARKS)
 
 
+@functools.lru_cache(maxsize=65536)
 def _plain(text: str) -> str:
     """The text without quotation marks, spaces collapsed: what two texts compare by."""
     return " ".join(text.translate(_MARKS).split())
