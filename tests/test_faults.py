@@ -95,9 +95,10 @@ def test_seeds_are_counts_lists_and_ranges() -> None:
 
 # A broker kill (village, 3 shards), a partition (generated, 1 shard), the proxy's stalls on
 # a slow link (generated, 3) and its reset (village, 3), a slow and a hanging model server
-# (village, 2), model-server 500s (generated, 3): about three minutes. NPCSIM_FAULT_SEEDS="..."
-# runs others.
-FIXED = [int(s) for s in os.environ.get("NPCSIM_FAULT_SEEDS", "3 6 17 22 46 26").split()]
+# (village, 2), model-server 500s (generated, 3), two shard kills -9 with input published in
+# the killed ticks (generated, 2), a remote worker killed mid-inference (village, 2): about
+# four minutes. NPCSIM_FAULT_SEEDS="..." runs others.
+FIXED = [int(s) for s in os.environ.get("NPCSIM_FAULT_SEEDS", "3 6 17 22 46 26 4 12").split()]
 
 
 @pytest.mark.mosquitto
