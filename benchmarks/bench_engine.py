@@ -58,7 +58,7 @@ from sim.store import open_reader
 from sim.store.records import unpack_keys
 from sim.wire.inference import encode_request
 
-HEADING = "The engine at scale (issue 20)"
+HEADING = "The engine at scale"
 WORLDS = {"10k": (10_000, 100, 20), "100k": (100_000, 1_000, 5)}  # NPCs, locations, ticks
 TARGETS = {
     "ticks/s 10k": 4.0, "ticks/s 100k": 0.5, "barrier ms": 50.0, "KB per NPC 100k": 5.0, "floor ratio": 4.0,

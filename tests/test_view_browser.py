@@ -177,11 +177,21 @@ def traces(view: LiveView, agent: str) -> list[dict[str, Any]]:
 
 
 def read_budget_table(driver: Any) -> dict[str, dict[str, str]]:
-    table: dict[str, dict[str, str]] = {}
-    for row in css(driver, "#budget tbody tr"):
-        cells = {td.get_attribute("data-field"): td.text for td in row.find_elements("css selector", "td[data-field]")}
-        table[row.get_attribute("data-cat")] = cells
-    return table
+    """The budget table's cells by category; read again when the panel re-rendered under the
+    reading (a stream update redraws it: the rows found went stale)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            table: dict[str, dict[str, str]] = {}
+            for row in css(driver, "#budget tbody tr"):
+                cells = {td.get_attribute("data-field"): td.text
+                         for td in row.find_elements("css selector", "td[data-field]")}
+                table[row.get_attribute("data-cat")] = cells
+            return table
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError("the budget table was redrawn under every one of 20 readings")
 
 
 async def test_stored_run_page_moves_with_the_tick_slider(
