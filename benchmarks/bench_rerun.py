@@ -26,7 +26,7 @@ from sim.generate import write_scenario
 from sim.replay import compare, execute, load_recording
 from sim.runner import RunConfig
 
-HEADING = "Re-execution of a recorded run (issue 21)"
+HEADING = "Re-execution of a recorded run"
 
 
 async def main(args: argparse.Namespace) -> str:
