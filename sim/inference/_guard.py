@@ -176,9 +176,17 @@ _OPPOSITE_WORDS = (
 )
 # Compared by lemma, as the words of a text are (paid = pay).
 _OPPOSITES = tuple((_IRREGULAR.get(a, a), _IRREGULAR.get(b, b)) for a, b in _OPPOSITE_WORDS)
+_OPPOSITE_LEMMAS = frozenset(word for pair in _OPPOSITES for word in pair)
+# Each lexicon word's opposites, both ways round.
+_OPPOSITE_OF: dict[str, frozenset[str]] = {
+    word: frozenset({b for a, b in _OPPOSITES if a == word} | {a for a, b in _OPPOSITES if b == word})
+    for word in _OPPOSITE_LEMMAS
+}
 
 
 def _normalise(text: str) -> str:
+    if text.isascii():  # nothing to compose, remove, map or strip of accents
+        return text.casefold().translate(_APOSTROPHES)
     text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE).translate(_LOOKALIKE)
     text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
     return text.casefold().translate(_APOSTROPHES)
@@ -217,9 +225,14 @@ def _adverb(word: str) -> bool:
 def _clauses(text: str, *, fact: bool) -> tuple[tuple[str, ...], ...]:
     text = _normalise(text).replace("no one", "noone")
     text = _DENIALS.sub(" not ", _IDIOMS.sub(" , ", text))
-    person = _FACT_PERSON if fact else _LINE_PERSON
-    clauses = (_tokens(_WORD.findall(part), person) for part in _BREAKS.split(text))
-    return tuple(tuple(c) for c in clauses if c)
+    clauses = (_clause(part, fact=fact) for part in _BREAKS.split(text))
+    return tuple(c for c in clauses if c)
+
+
+@functools.lru_cache(maxsize=65536)
+def _clause(part: str, *, fact: bool) -> tuple[str, ...]:
+    """One clause's tokens: lines are new, their clauses mostly not (a fact, a remark's phrasing)."""
+    return tuple(_tokens(_WORD.findall(part), _FACT_PERSON if fact else _LINE_PERSON))
 
 
 def _inflected(base: str, word: str) -> bool:
@@ -240,10 +253,17 @@ def _same(a: str, b: str) -> bool:
 
 
 @functools.lru_cache(maxsize=65536)
+def _kin(word: str) -> frozenset[str]:
+    """The words of the opposites lexicon that `word` says (`_same`): a word's few, computed
+    once, so that a pair of words is looked up rather than compared with every pair."""
+    return frozenset(x for x in _OPPOSITE_LEMMAS if _same(word, x))
+
+
+@functools.lru_cache(maxsize=65536)
 def _opposite(a: str, b: str) -> bool:
-    for x, y in _OPPOSITES:
-        if (_same(a, x) and _same(b, y)) or (_same(a, y) and _same(b, x)):
-            return True
+    kin_b = _kin(b)
+    if kin_b and any(y in kin_b for x in _kin(a) for y in _OPPOSITE_OF[x]):
+        return True
     return (a.startswith("un") and len(a) > 4 and _same(a[2:], b)) or (
         b.startswith("un") and len(b) > 4 and _same(b[2:], a))
 

@@ -273,12 +273,33 @@ def _section(name: str, lines: Sequence[str]) -> Section:
     )
 
 
+# Items' lines remembered, per renderer and section: the same episode, fact or line recurs in
+# the states of every NPC that heard it and of every later turn, and an item is frozen, so an
+# equal item renders as the same line. Past `_LINE_CACHE` items a section's cache starts over.
+_LINE_CACHE = 1 << 16
+_item_lines: dict[tuple[int, str], dict[object, str]] = {}
+
+
+def _render_items(name: str, items: Sequence[object], renderer: int, escape: Escape) -> list[str]:
+    cache = _item_lines.setdefault((renderer, name), {})
+    render = RENDER[name]
+    lines = []
+    for item in items:
+        line = cache.get(item)
+        if line is None:
+            if len(cache) >= _LINE_CACHE:
+                cache.clear()
+            line = cache[item] = render(item, escape)
+        lines.append(line)
+    return lines
+
+
 def _render_state(state: NpcState, renderer: int) -> RenderedState:
     escape = escape_for(renderer)
     return RenderedState(
         head=render_head(state.system_prompt),
         sections=tuple(
-            _section(name, [RENDER[name](item, escape) for item in getattr(state, name)]) for name in RENDER_ORDER
+            _section(name, _render_items(name, getattr(state, name), renderer, escape)) for name in RENDER_ORDER
         ),
     )
 

@@ -129,6 +129,7 @@ def _sentence(text: str) -> str:
     return text if body.endswith(tuple(_ENDS)) or not text else text + "."
 
 
+@functools.lru_cache(maxsize=65536)
 def _sayable(text: str) -> bool:
     """Whether the text says anything (a word or a number) once made a sentence."""
     return any(ch.isalnum() for ch in _sentence(text))
@@ -149,6 +150,12 @@ _MARKS = str.maketrans("", "", QUOTE_MARKS)
 def _plain(text: str) -> str:
     """The text without quotation marks, spaces collapsed: what two texts compare by."""
     return " ".join(text.translate(_MARKS).split())
+
+
+@functools.lru_cache(maxsize=65536)
+def _said_plain(text: str) -> str:
+    """An item's text as it would be said, compared plain (`_plain`)."""
+    return _plain(_sentence(text))
 
 
 def _words(text: str) -> set[str]:
@@ -193,12 +200,12 @@ def _reply(memory: WorkingMemory, dice: _Dice) -> str:
     def to_them(item: _Item) -> bool:
         """Not about the one it talks to (an id that begins the text): they know best what
         they said and want."""
-        first = _plain(_sentence(item[0])).split(" ", 1)[0]
+        first = _said_plain(item[0]).split(" ", 1)[0]
         return not (first[:1].islower() and first in them)
 
     def fresh(item: _Item) -> bool:
         """Not said just now, by it or to it, nor the memory of the line it answers."""
-        plain = _plain(_sentence(item[0])).rstrip(_ENDS)
+        plain = _said_plain(item[0]).rstrip(_ENDS)
         return not any(plain in said for said in spoken) and not (just_heard and just_heard in plain)
 
     # the strictest choice that leaves something to say: fresh and for them, for them, anything
