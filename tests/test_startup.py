@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sqlite3
 import subprocess
@@ -281,3 +282,71 @@ async def test_a_large_scenario_is_parsed_in_a_child_process_and_comes_back_whol
     with pytest.raises(ScenarioError) as through_the_child:
         await load_scenario_in_thread(bad)
     assert str(through_the_child.value) == str(direct.value)
+
+
+class _Noticing:
+    """A decoder that calls `then` after each decode: the moment a frame of the child's came back."""
+
+    def __init__(self, decoder: Any, then: Callable[[], None]) -> None:
+        self._decoder, self._then = decoder, then
+
+    def decode(self, payload: bytes) -> Any:
+        value = self._decoder.decode(payload)
+        self._then()
+        return value
+
+
+async def test_a_parse_cancelled_while_its_frames_stream_back_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop while the child hands the scenario back, the loop busy and the pipe full: the
+    child is killed and the start-up ends at once. (At a million NPCs a stop 15 s into loading
+    waited forever for the killed child: its exit is seen only with its pipes at their end,
+    so what it sent is now read to the end first. This smaller case did not hang before.)"""
+    import asyncio
+
+    import sim.shard._startup as startup
+
+    path = tmp_path / "large.toml"
+    path.write_text(generate_scenario(npcs=40_000, locations=50, seed=2))
+    task: asyncio.Task[Any] = asyncio.create_task(startup.load_scenario_in_thread(path))
+    loop = asyncio.get_running_loop()
+
+    def busy_then_stop() -> None:
+        time.sleep(0.3)  # the subject: a busy loop, while the child fills the pipe
+        loop.call_soon(task.cancel)
+
+    monkeypatch.setattr(startup, "_NPCS_DECODER", _Noticing(startup._NPCS_DECODER, busy_then_stop))
+    started = time.monotonic()
+    async with asyncio.timeout(20):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert time.monotonic() - started < 20
+
+
+async def test_a_parse_stopped_and_continued_comes_back_whole(tmp_path: Path) -> None:
+    """Ctrl-Z then fg (SIGSTOP, SIGCONT) while the child writes its frames cuts its writes
+    short; every byte still arrives, in order (before, some went through sys.stdout's buffer
+    out of place and the parent decoded a corrupt frame)."""
+    import asyncio
+
+    import psutil
+
+    from sim.scenario import load_scenario
+    from sim.shard._startup import load_scenario_in_thread
+
+    path = tmp_path / "large.toml"
+    path.write_text(generate_scenario(npcs=40_000, locations=50, seed=3))
+    task = asyncio.create_task(load_scenario_in_thread(path))
+    stops = 0
+    while not task.done():
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGSTOP)
+                await asyncio.sleep(0.002)
+                child.send_signal(signal.SIGCONT)
+                stops += 1
+        await asyncio.sleep(0.005)
+    scenario, _ = await task
+    assert stops > 10
+    assert scenario == load_scenario(path)

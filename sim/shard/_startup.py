@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import struct
 import sys
 import threading
@@ -119,6 +120,10 @@ class PausedCollector:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
+        # Through the permanent generation into the oldest: a start-up stopped before
+        # `start_up_done` leaves millions of objects in the first generation, and the first
+        # collection after `gc.enable` would scan them all (1.6 s at a million NPCs).
+        gc.freeze()
         gc.unfreeze()
         gc.set_threshold(*self._thresholds)
         if self._was_enabled:
@@ -169,28 +174,29 @@ def parse_for_parent(source: str) -> None:
     """The child's side: parse the scenario bytes on stdin (read from `source`) and write it
     to stdout as frames (a ScenarioError as one)."""
     gc.disable()  # millions of objects, none of them garbage: collections would scan them over and over
-    out = sys.stdout.buffer
+    out = sys.stdout.fileno()
     encode = msgspec.msgpack.Encoder().encode
 
     def frame(kind: bytes, payload: bytes) -> None:
-        out.write(_FRAME.pack(kind, len(payload)))
-        out.write(payload)
+        # Straight to the pipe, every byte: a write cut short (a stop and continue of the
+        # process, Ctrl-Z then fg, or a profiler attaching) went through sys.stdout's buffer
+        # with bytes out of place, and the parent decoded a corrupt frame.
+        data = memoryview(_FRAME.pack(kind, len(payload)) + payload)
+        while data:
+            data = data[os.write(out, data):]
 
     try:
         scenario = parse_scenario(sys.stdin.buffer.read(), source=source)
     except ScenarioError as exc:
         frame(b"E", str(exc).encode())
-        out.flush()
         return
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it as a ScenarioError
         frame(b"E", f"{source}: parsing failed: {exc!r}".encode())
-        out.flush()
         return
     frame(b"H", encode(msgspec.structs.replace(scenario, npcs=[])))
     for start in range(0, len(scenario.npcs), _NPCS_PER_FRAME):
         frame(b"N", encode(scenario.npcs[start : start + _NPCS_PER_FRAME]))
     frame(b"D", b"")
-    out.flush()
 
 
 async def _parse_in_child(text: ScenarioText) -> Scenario:
@@ -223,16 +229,25 @@ async def _parse_in_child(text: ScenarioText) -> Scenario:
                 ) from None
             if kind == b"E":
                 raise ScenarioError(payload.decode())
-            if kind == b"H":
-                head = _HEAD_DECODER.decode(payload)
-            elif kind == b"N":
-                npcs += _NPCS_DECODER.decode(payload)
-            else:
-                break
+            try:
+                if kind == b"H":
+                    head = _HEAD_DECODER.decode(payload)
+                elif kind == b"N":
+                    npcs += _NPCS_DECODER.decode(payload)
+                elif kind == b"D":
+                    break
+                else:
+                    raise msgspec.DecodeError(f"unknown frame kind {kind!r}")
+            except msgspec.DecodeError as exc:  # ValidationError too: what came back is not what was sent
+                raise ScenarioError(f"{text.source}: parsing failed: the parser's output is corrupt ({exc})") from None
         await proc.wait()
     finally:
         if proc.returncode is None:  # a stop request cancelled the start-up: the parse goes too
             proc.kill()
+            # `wait` returns once the pipes are closed too: the frames not taken are read to
+            # their end (the reader pauses when they fill its buffer, and would never see it)
+            proc.stdin.close()
+            await proc.stdout.read()
             await proc.wait()
     if head is None:
         raise ScenarioError(f"{text.source}: parsing failed: no scenario came back")
