@@ -17,6 +17,7 @@ the in-memory broker the tests run shards on.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Literal, Protocol
 
@@ -25,7 +26,12 @@ import aiomqtt
 from sim.errors import BrokerError
 from sim.mqtt import BrokerAddress, ReconnectPolicy, mqtt_error, open_client, redact, stay_connected
 
-__all__ = ["Link", "MqttTransport", "Transport"]
+__all__ = ["SESSION_KEPT_S", "Link", "MqttTransport", "Transport"]
+
+SESSION_KEPT_S = 60
+"""Seconds the broker keeps a bus's session after its connection is lost (MQTT 5): long
+enough for a reconnection, short enough that a killed process's session does not queue
+messages for long. A restarted process starts a session of its own."""
 
 _SUBSCRIBE_CHUNK = 500  # filters per SUBSCRIBE packet
 
@@ -105,15 +111,23 @@ class MqttTransport:
         self._will = will
         self._timeout = timeout
         self._max_inflight = max_inflight
+        # One MQTT session for this transport's life: a connection lost and made again takes
+        # up the session the broker kept, so a QoS 1 message the broker had sent on the lost
+        # connection (a player's input, acknowledged to its publisher) is sent again, not lost.
+        # The first connection starts clean; another process never takes this one's session.
+        self._identifier = f"npcsim-{secrets.token_hex(8)}"
+        self._connected = False
 
     def _client(self) -> aiomqtt.Client:
         will = None if self._will is None else aiomqtt.Will(self._will[0], self._will[1], qos=1, retain=True)
         return open_client(
-            self.address, protocol=self._protocol, will=will, timeout=self._timeout, max_inflight=self._max_inflight
+            self.address, protocol=self._protocol, will=will, timeout=self._timeout, max_inflight=self._max_inflight,
+            identifier=self._identifier, session_expiry=SESSION_KEPT_S, resume_session=self._connected,
         )
 
     async def run(self, session: Callable[[Link], Awaitable[None]], *, on_lost: Callable[[], None]) -> None:
         async def on_client(client: aiomqtt.Client) -> None:
+            self._connected = True
             await session(_MqttLink(client))
 
         await stay_connected(
