@@ -115,13 +115,15 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
             self.state, self.player_input, self.config, prohibition=prohibition, renderer=self.renderer
         )
 
-    def explanation(self, memory: WorkingMemory | None = None) -> TruncationExplanation:
+    def explanation(
+        self, memory: WorkingMemory | None = None, *, most_dropped: int | None = None
+    ) -> TruncationExplanation:
         """Every item the record's working memory dropped and why: derived from the snapshot, not stored.
 
         `memory` is the record's working memory when the caller holds it (the recorder
-        does): it is rebuilt otherwise."""
+        does): it is rebuilt otherwise. `most_dropped`: see `explain_truncation`."""
         return explain_truncation(self.state, self.player_input, self.config,
-                                  self.memory() if memory is None else memory)
+                                  self.memory() if memory is None else memory, most_dropped=most_dropped)
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):

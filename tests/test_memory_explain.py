@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
+from hypothesis import strategies as st
 
 from sim.memory import (
     DROP_REASONS,
@@ -149,3 +151,19 @@ def test_the_kept_items_are_the_working_memorys(state: NpcState, said: str, conf
     assert explained.world_state.kept_items == tuple(f"{w.key}: {w.value}" for w in reversed(memory.world_state))
     for name in ("canonical_facts", "episodic", "beliefs"):
         assert getattr(explained, name).kept_items == tuple(x.text for x in reversed(getattr(memory, name)))
+
+
+@given(states(), player_inputs, configs(), st.integers(min_value=0, max_value=6))
+def test_most_dropped_names_the_newest_dropped_and_changes_nothing_else(
+    state: NpcState, said: str, config: WorkingMemoryConfig, most: int
+) -> None:
+    """What a trace carries (sim.wire.trace): the first `most` of each category's dropped
+    items, newest first, and every other field as the full explanation has it."""
+    full = explain_truncation(state, said, config)
+    bounded = explain_truncation(state, said, config, most_dropped=most)
+    names = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
+    for name in names:
+        whole, part = getattr(full, name), getattr(bounded, name)
+        assert part.dropped == whole.dropped[:most]
+        assert msgspec.structs.replace(part, dropped=()) == msgspec.structs.replace(whole, dropped=())
+    assert msgspec.structs.replace(bounded, **{name: getattr(full, name) for name in names}) == full

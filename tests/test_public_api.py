@@ -26,7 +26,7 @@ PACKAGES: dict[str, set[str]] = {
         "Bus", "BusConfig", "BusEvent", "BusStats", "Connected", "Link", "LocalBroker", "Mailbox", "MqttTransport",
         "Transport", "open_bus",
     },
-    "sim.cli": {"build_parser", "main"},
+    "sim.cli": {"build_parser", "console", "main"},
     "sim.inference": {
         "BACKENDS", "Backend", "FactGuard", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
         "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",

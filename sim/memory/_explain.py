@@ -127,12 +127,14 @@ def explain_truncation(
     memory: WorkingMemory | None = None,
     *,
     renderer: int = RENDERER_VERSION,
+    most_dropped: int | None = None,
 ) -> TruncationExplanation:
     """Explain the working memory built from (`state`, `player_input`, `config`).
 
     `memory` is that working memory when the caller has it (it is rebuilt otherwise, with
     `renderer`); it must have been built from these arguments: the explanation reads its
-    report and takes the dropped items from `state`.
+    report and takes the dropped items from `state`. `most_dropped` names only that many
+    dropped items per category, the newest (a trace, after every inference, needs no more).
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
@@ -145,7 +147,8 @@ def explain_truncation(
         flexible_tokens = report.limit_tokens - report.mandatory_tokens
     categories: dict[str, CategoryExplanation] = {}
     for name in _CATEGORIES:
-        categories[name] = _explain_category(name, getattr(report, name), getattr(state, name), cfg, over)
+        categories[name] = _explain_category(name, getattr(report, name), getattr(state, name), cfg, over,
+                                             most_dropped)
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -166,15 +169,17 @@ def explain_truncation(
 
 
 def _explain_category(
-    name: str, row: CategoryReport, items: tuple[Item, ...], cfg: WorkingMemoryConfig, over: bool
+    name: str, row: CategoryReport, items: tuple[Item, ...], cfg: WorkingMemoryConfig, over: bool,
+    most_dropped: int | None,
 ) -> CategoryExplanation:
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
     reason: DropReason | None = None
     if row.dropped:
         reason = "over_budget" if over else "cap" if cap is not None and row.kept >= cap else "budget"
+    first = 0 if most_dropped is None else max(row.dropped - most_dropped, 0)
     dropped = tuple(
         DroppedItem(category=name, tick=_tick(item), text=_text(item), reason=reason or "budget")
-        for item in reversed(items[: row.dropped])
+        for item in reversed(items[first : row.dropped])
     )
     kept_items = tuple(_text(item) for item in reversed(items[row.dropped :]))
     mandatory = name not in _FLEXIBLE and getattr(cfg, _ALWAYS_FLAGS[name])

@@ -113,7 +113,7 @@ def trace_of(
                          prohibition=a.prohibition)
             for a in record.attempts
         ),
-        explanation=_for_trace(record.explanation(memory), texts=prompts),
+        explanation=_for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED), texts=prompts),
     )
 
 
