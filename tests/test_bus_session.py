@@ -24,7 +24,7 @@ from sim.bus import Bus, BusConfig, open_bus
 from sim.mqtt import BrokerAddress
 from sim.protocol.received import PlayerInputReceived
 from sim.wire import topics
-from tests.faults.network import FaultProxy
+from tests.faults.network import FaultProxy, fault_proxy
 from tests.helpers import MosquittoProcess, eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,15 +42,8 @@ async def _inputs(bus: Bus, into: list[str]) -> bool:
 
 @pytest.fixture
 async def proxy(mosquitto: MosquittoProcess) -> AsyncIterator[FaultProxy]:
-    fault_proxy = FaultProxy(mosquitto.port)
-    server = await asyncio.start_server(fault_proxy.handle, "127.0.0.1", 0)
-    fault_proxy.port = server.sockets[0].getsockname()[1]
-    try:
-        yield fault_proxy
-    finally:
-        fault_proxy.reset()
-        server.close()
-        await server.wait_closed()
+    async with fault_proxy(mosquitto.port) as held:
+        yield held
 
 
 async def test_an_input_in_flight_when_the_connection_is_reset_arrives_after_reconnecting(
