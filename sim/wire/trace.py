@@ -113,7 +113,8 @@ def trace_of(
                          prohibition=a.prohibition)
             for a in record.attempts
         ),
-        explanation=_for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED), texts=prompts),
+        explanation=_for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED if prompts else 0),
+                                texts=prompts),
     )
 
 
@@ -123,14 +124,13 @@ _CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "belief
 
 
 def _for_trace(explanation: TruncationExplanation, *, texts: bool) -> TruncationExplanation:
-    """The explanation with its newest dropped items only, or (prompts off) with no item at all."""
-    bounded = {}
-    for name in _CATEGORIES:
-        category = getattr(explanation, name)
-        bounded[name] = msgspec.structs.replace(
-            category, dropped=category.dropped[:TRACE_DROPPED] if texts else (),
-            kept_items=category.kept_items if texts else ())
-    return msgspec.structs.replace(explanation, **bounded)
+    """The explanation as a trace carries it (built with at most `TRACE_DROPPED` dropped items
+    per category), or, prompts off, with no item's text at all."""
+    if texts:
+        return explanation
+    bare = {name: msgspec.structs.replace(getattr(explanation, name), dropped=(), kept_items=())
+            for name in _CATEGORIES}
+    return msgspec.structs.replace(explanation, **bare)
 
 
 _json = msgspec.json.Encoder()
