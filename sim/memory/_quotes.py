@@ -11,6 +11,7 @@ retold. Pure text, no I/O.
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["QUOTE_MARKS", "own_words", "quoted"]
@@ -25,6 +26,7 @@ _ELLIPSIS = "\u2026"
 _BEFORE_PUNCTUATION = re.compile(f"{_ELLIPSIS} (?=[.,;:!?])")
 
 
+@functools.lru_cache(maxsize=65536)  # an NPC's dialogue lines are compared again at each of its turns
 def own_words(text: str) -> str:
     """`text` with every quoted passage replaced by an ellipsis, stray quote marks removed and
     whitespace collapsed; an ellipsis when nothing of the speaker's own is left."""

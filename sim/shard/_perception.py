@@ -98,19 +98,21 @@ class Perception:
         window = self._windows.get(place)
         if window is None:
             return private
-        heard = []
+        heard: list[Episode] = []
+        limit = self.limit
         ties, last = False, None
-        for entry in window.newest(listener, self.limit):
+        for entry in window.not_spoken_by(listener):  # newest first, reversed below
             ties, last = ties or entry.key == last, entry.key
-            event = entry.event
-            if isinstance(event, Speech) and event.to == listener:
-                heard.append(episode_of(event, True))
-            elif entry.overheard is not None and entry.overheard[0] is episode_of:
-                heard.append(entry.overheard[1])
+            if entry.to == listener:
+                heard.append(episode_of(entry.event, True))
             else:  # the first listener of this kind to need it makes it for all the others
-                episode = episode_of(event, False)
-                entry.overheard = (episode_of, episode)
-                heard.append(episode)
+                overheard = entry.overheard
+                if overheard is None or overheard[0] is not episode_of:
+                    overheard = entry.overheard = (episode_of, episode_of(entry.event, False))
+                heard.append(overheard[1])
+            if len(heard) == limit:
+                break
+        heard.reverse()
         if not heard:
             return private
         if ties or (private and episode_order(private[-1]) > episode_order(heard[0])):

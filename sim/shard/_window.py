@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from sim.memory import Episode
@@ -33,16 +34,17 @@ __all__ = ["Entry", "PlaceWindow"]
 
 
 class Entry:
-    """One event in a window, with who said it (when a listener there) and the memory of it
-    that every listener it was not addressed to shares (made on first use, with the function
-    of the listeners' kind that made it)."""
+    """One event in a window, with who said it (when a listener there), whom it was said to
+    (a Speech's `to`), and the memory of it that every listener it was not addressed to
+    shares (made on first use, with the function of the listeners' kind that made it)."""
 
-    __slots__ = ("event", "key", "overheard", "speaker")
+    __slots__ = ("event", "key", "overheard", "speaker", "to")
 
     def __init__(self, event: AnyEvent, speaker: str | None) -> None:
         self.event = event
         self.key = (event.tick, event.id)
         self.speaker = speaker
+        self.to = event.to if isinstance(event, Speech) else None
         self.overheard: tuple[Callable[[AnyEvent, bool], Episode], Episode] | None = None
 
 
@@ -84,14 +86,15 @@ class PlaceWindow:
                 self._counts[speaker] += 1
         self._trim()
 
-    def newest(self, listener: str, n: int) -> list[Entry]:
-        """The newest `n` entries not spoken by `listener`, oldest first."""
-        found: list[Entry] = []
+    def not_spoken_by(self, listener: str) -> Iterator[Entry]:
+        """The entries not spoken by `listener`, newest first."""
         for entry in reversed(self._entries):
             if entry.speaker != listener:
-                found.append(entry)
-                if len(found) == n:
-                    break
+                yield entry
+
+    def newest(self, listener: str, n: int) -> list[Entry]:
+        """The newest `n` entries not spoken by `listener`, oldest first."""
+        found = list(itertools.islice(self.not_spoken_by(listener), n))
         found.reverse()
         return found
 
