@@ -5,11 +5,14 @@ the engine runs N ticks on one shard (scripted backend, `--broker auto`, a real 
 file) and the report gives ticks/s, the barrier wait per tick, RSS per NPC, and the
 engine's time per inference and per perceived event (one event at a place times the NPCs
 there: the work the engine before issue 20 did, one episode per listener). The **floor**
-is measured in the same run, on the same ticks: the essential work of each tick in a tight
-loop with no broker, from the audit records the run wrote: build each speaker's working
-memory from its state, encode its inference request and its audit record, and write the
-tick's rows with one `executemany` (one transaction). The engine's time per tick is then
-given against the floor's.
+is measured on the same ticks: the essential work of each tick in a tight loop with no
+broker, from the audit records the run wrote: build each speaker's working memory from its
+state, encode its inference request, pack its audit record as the store keeps it, and
+write the tick's rows with one `executemany` per table (one transaction). It runs on the
+engine's footing: in a process of its own, so that no rendering the run remembered is
+reused, with what it loaded frozen and the tick-time collector, as the engine runs its
+ticks (`PausedCollector`). The engine's time per tick is then given against the floor's;
+the floor with each record as plain msgpack (the first definition) is given beside it.
 
 Then the bytes each shard takes in, from the broker and delivered locally, with 1, 2 and 4
 shards of the 100k world (all shards in one process, on one private Mosquitto, a few
@@ -21,7 +24,8 @@ size as the shard stored them in its places' logs.
     .venv/bin/python benchmarks/bench_engine.py --worlds 10k --no-bytes  # quick, to steer
     .venv/bin/python benchmarks/bench_engine.py --write docs/benchmarks.md
 
-Each measurement runs in a child process of its own, so RSS and peak RSS are its alone.
+Each measurement (engine, each floor, each bytes run) runs in a child process of its own, so
+RSS and peak RSS are its alone.
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ from sim.generate import write_scenario
 from sim.inference import InferenceRequest
 from sim.memory import build_working_memory
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import PausedCollector, RunConfig, RunStats, run
 from sim.store import open_reader
-from sim.store.records import unpack_keys
+from sim.store.records import RecordPacker, unpack_keys
 from sim.wire.inference import encode_request
 
 HEADING = "The engine at scale"
@@ -65,6 +69,7 @@ TARGETS = {
     "bytes ratio": 0.35,
 }
 _AUDIT_ROW = "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ITEM_ROW = "INSERT OR IGNORE INTO items VALUES (?, ?)"
 
 
 # --- one world on one shard, and its floor ---------------------------------------------------
@@ -85,12 +90,11 @@ async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path) -> dict[s
     config = RunConfig(scenario=str(scenario), broker="auto", ticks=ticks, run_id="bench", db=str(db))
     stats = await run(config, on_ready=ready)
     run_s = time.perf_counter() - marks["ready"]
-    floor_s = floor(db)
     assert stats.bus is not None
     ticks_run = stats.tick - stats.first_tick + 1
     return {
         "npcs": npcs, "locations": locations, "ticks": ticks_run, "startup_s": marks["ready"] - marks["started"],
-        "run_s": run_s, "floor_s": floor_s, "inferences": stats.inferences,
+        "run_s": run_s, "inferences": stats.inferences,
         "perceived": stats.bus.events_delivered,
         "barrier_ms": 1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1),
         "rss_per_npc": (marks["rss_ready"] - rss_before) / npcs,
@@ -99,34 +103,51 @@ async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path) -> dict[s
     }
 
 
-def floor(db: Path) -> float:
-    """The essential work of the run's ticks, from its audit records, in a tight loop: seconds."""
-    with open_reader(db) as reader:
-        records = list(reader.audit_records())
-    by_tick: dict[int, list[AuditRecord]] = defaultdict(list)
-    for record in records:
-        by_tick[record.tick].append(record)
-    with tempfile.TemporaryDirectory() as tmp:
-        conn = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT, agent TEXT, tick INTEGER,"
-                     " backend TEXT, model TEXT, fallback INTEGER, line TEXT, record BLOB)")
-        started = time.perf_counter()
-        for tick in sorted(by_tick):
-            rows = []
-            for r in by_tick[tick]:
-                memory = build_working_memory(r.state, r.player_input, r.config)
-                request = InferenceRequest(id=r.id, run_id=r.run_id, agent_id=r.agent_id, tick=r.tick, memory=memory,
-                                           deadline=0.0, state=r.state, config=r.config)
-                encode_request(request)
-                rows.append((r.id, r.run_id, r.agent_id, r.tick, r.backend, r.model, r.fallback, r.line,
-                             encode_record(r)))
-            conn.execute("BEGIN")
-            conn.executemany(_AUDIT_ROW, rows)
-            conn.execute("COMMIT")
-        elapsed = time.perf_counter() - started
-        conn.close()
+def floor(db: Path, *, packed: bool = True) -> float:
+    """The essential work of the run's ticks, from its audit records, in a tight loop: seconds.
+
+    On the engine's footing: in a process of its own, so nothing the run rendered is
+    remembered; the records loaded as start-up loads a world, then frozen, with the
+    tick-time collector (`PausedCollector`, as the engine runs); each record packed as the
+    store keeps it (`RecordPacker`: its items and its blob), the tick's rows written with
+    one `executemany` per table in one transaction. `packed=False`: each record as plain
+    msgpack instead (`encode_record`, one row), the floor as first defined.
+    """
+    with PausedCollector() as collector:
+        with open_reader(db) as reader:
+            records = list(reader.audit_records())
+        by_tick: dict[int, list[AuditRecord]] = defaultdict(list)
+        for record in records:
+            by_tick[record.tick].append(record)
+        collector.start_up_done()
+        with tempfile.TemporaryDirectory() as tmp:
+            conn = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("CREATE TABLE items (k INTEGER PRIMARY KEY, body BLOB)")
+            conn.execute("CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT, agent TEXT, tick INTEGER,"
+                         " backend TEXT, model TEXT, fallback INTEGER, line TEXT, record BLOB)")
+            packer = RecordPacker()
+            started = time.perf_counter()
+            for tick in sorted(by_tick):
+                rows, items = [], []
+                for r in by_tick[tick]:
+                    memory = build_working_memory(r.state, r.player_input, r.config)
+                    request = InferenceRequest(id=r.id, run_id=r.run_id, agent_id=r.agent_id, tick=r.tick,
+                                               memory=memory, deadline=0.0, state=r.state, config=r.config)
+                    encode_request(request)
+                    if packed:
+                        blob, fresh = packer.pack(r)
+                        items += [(i.key, i.body) for i in fresh]
+                    else:
+                        blob = encode_record(r)
+                    rows.append((r.id, r.run_id, r.agent_id, r.tick, r.backend, r.model, r.fallback, r.line, blob))
+                conn.execute("BEGIN")
+                conn.executemany(_ITEM_ROW, items)
+                conn.executemany(_AUDIT_ROW, rows)
+                conn.execute("COMMIT")
+            elapsed = time.perf_counter() - started
+            conn.close()
     return elapsed
 
 
@@ -179,6 +200,7 @@ def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command:
     for w in worlds:
         name = f"{w['npcs'] // 1000}k"
         tick_ms, floor_ms = 1000 * w["run_s"] / w["ticks"], 1000 * w["floor_s"] / w["ticks"]
+        plain_ms = 1000 * w["plain_floor_s"] / w["ticks"]
         ticks_s = w["ticks"] / w["run_s"]
         target = TARGETS.get(f"ticks/s {name}")
         kb = w["rss_per_npc"] / 1024
@@ -197,6 +219,9 @@ def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command:
             (name, "engine per tick / floor per tick", f"{tick_ms:,.0f} ms / {floor_ms:,.0f} ms",
              f"<= {TARGETS['floor ratio']:.0f}x (ratio {tick_ms / floor_ms:.2f}x: "
              f"{'met' if tick_ms / floor_ms <= TARGETS['floor ratio'] else 'NOT met'})"),
+            (name, "floor with each record as plain msgpack (not packed)",
+             f"{plain_ms:,.0f} ms (engine per tick {tick_ms / plain_ms:.2f}x)",
+             "-"),
             (name, "start-up (call to first tick)", f"{w['startup_s']:.1f} s", "-"),
         ]
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
@@ -208,7 +233,11 @@ Load average (1 min) when each world began: {loads}.
 
 The floor is the same ticks' essential work from the run's own audit records, in a tight
 loop with no broker: each speaker's working memory built from its state, its inference
-request and audit record encoded, the tick's rows written with one `executemany`.
+request encoded and its audit record packed as the store keeps it (its items and its
+blob), the tick's rows written with one `executemany` per table. It runs on the engine's
+footing: in a process of its own (nothing the run rendered is remembered), the records
+loaded first and then frozen, with the engine's tick-time collector. The floor as first
+defined (each record as plain msgpack, one row) is given too.
 
 | world | measure | figure | target |
 |---|---|---|---|
@@ -250,18 +279,27 @@ def main() -> None:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kind, npcs, locations, ticks, *rest = args.child
-        with tempfile.TemporaryDirectory() as tmp:
-            if kind == "engine":
-                result = asyncio.run(engine_run(int(npcs), int(locations), int(ticks), Path(tmp)))
-            else:
-                result = asyncio.run(bytes_run(int(npcs), int(locations), int(ticks), int(rest[0]), Path(tmp)))
+        kind, *values = args.child
+        if kind == "engine":
+            npcs, locations, ticks, directory = values
+            result = asyncio.run(engine_run(int(npcs), int(locations), int(ticks), Path(directory)))
+        elif kind == "floor":
+            directory, form = values
+            key = "floor_s" if form == "packed" else "plain_floor_s"
+            result = {key: floor(Path(directory) / "engine.db", packed=form == "packed")}
+        else:
+            npcs, locations, ticks, shards = values
+            with tempfile.TemporaryDirectory() as tmp:
+                result = asyncio.run(bytes_run(int(npcs), int(locations), int(ticks), int(shards), Path(tmp)))
         print(json.dumps(result))
         return
     worlds = []
     for name in args.worlds.split(","):
         npcs, locations, ticks = WORLDS[name]
-        worlds.append(child(["engine", str(npcs), str(locations), str(args.ticks or ticks)]))
+        with tempfile.TemporaryDirectory() as tmp:
+            world = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp])
+            world |= child(["floor", tmp, "packed"]) | child(["floor", tmp, "plain"])
+        worlds.append(world)
         print(f"{name}: {worlds[-1]}", file=sys.stderr)
     sharded = []
     if not args.no_bytes:

@@ -111,15 +111,26 @@ def _progress(stats: RunStats) -> Table:
     return table
 
 
+def _rate(per_second: float) -> str:
+    """A rate with one decimal, or three significant digits below 1 (a million-NPC run
+    does a few ticks a minute: "0.0" would say nothing)."""
+    return f"{per_second:,.1f}" if per_second >= 1 else f"{per_second:.3g}"
+
+
 def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
-    """The figures of a finished run, one (measure, value) each."""
-    elapsed = max(time.monotonic() - stats.started, 1e-9)
+    """The figures of a finished run, one (measure, value) each; the rates are over the ticks'
+    time, start-up left out (it is a row of its own)."""
+    now = time.monotonic()
+    ticking_since = stats.started if stats.running_since is None else stats.running_since
+    elapsed = max(now - ticking_since, 1e-9)
     bus = stats.bus
     ticks = stats.tick - stats.first_tick + 1
-    rows: list[tuple[str, object]] = [
-        ("agents", stats.agents),
+    rows: list[tuple[str, object]] = [("agents", stats.agents)]
+    if stats.running_since is not None:
+        rows.append(("start-up (s)", f"{stats.running_since - stats.started:,.1f}"))
+    rows += [
         ("ticks", ticks),
-        ("ticks/s", f"{ticks / elapsed:,.1f}"),
+        ("ticks/s", _rate(ticks / elapsed)),
         ("player inputs", stats.player_inputs),
         ("inferences", stats.inferences),
         ("fallback lines", stats.fallbacks),

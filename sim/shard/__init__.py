@@ -39,7 +39,7 @@ from sim.shard._process import run
 from sim.shard._recorded import RecordedInputs
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
-from sim.shard._startup import StartupPhase, StartupProgress, create_agents
+from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStats
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "Agent",
     "AgentContext",
     "Clock",
+    "PausedCollector",
     "Player",
     "RecordedInputs",
     "RunConfig",

@@ -161,6 +161,7 @@ async def _run(
                     await one.start()
                     collector.start_up_done()
                     stats.startup_progress.enter(StartupPhase.RUNNING)
+                    stats.running_since = clock.now()
                     if on_ready is not None:
                         on_ready(stats)
                     if one.end <= one.first:

@@ -1,7 +1,7 @@
 """What a run tells its watchers: `RunStats`, updated by the shard as it goes.
 
 The progress display and the summary read it (sim.cli.run); its times come from the
-shard's clock (`started`, `awaiting_since` are the clock's monotonic seconds).
+shard's clock (`started`, `running_since`, `awaiting_since` are the clock's monotonic seconds).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class RunStats:
     resends_folded: int = 0  # peers' Joins folded into a later re-send by the per-peer rate limit
     inference_resends: int = 0  # inference requests sent to remote workers again (an outage, a dead worker)
     started: float = 0.0  # the clock's now() when the run started (`run` sets it)
+    running_since: float | None = None  # the clock's now() when start-up ended and the ticks began
     bus: BusStats | None = None
     stopped_by_signal: bool = False
     startup_progress: StartupProgress = field(default_factory=StartupProgress)
