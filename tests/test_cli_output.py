@@ -233,16 +233,19 @@ def test_a_closed_pipe_ends_every_command_quietly_with_0(tmp_path: Path) -> None
 
 def test_the_summary_gives_start_up_apart_and_rates_over_the_ticks_time() -> None:
     """A million-NPC run starts up in a minute and then does a few ticks a minute: its
-    ticks/s is over the ticks' time and shows three significant digits, not "0.0"."""
+    ticks/s is over the ticks' time and shows three significant digits, not "0.0"; a tick
+    that a stop cut short is not counted."""
     import time
 
     from sim.cli.run import summary_rows
     from sim.shard import RunStats
 
     now = time.monotonic()
-    stats = RunStats(agents=1_000_000, first_tick=0, tick=2, started=now - 100.0, running_since=now - 60.0)
+    stats = RunStats(agents=1_000_000, tick=3, ticks_done=3, started=now - 100.0, running_since=now - 60.0)
     rows = dict(summary_rows(stats))
     assert rows["start-up (s)"] == "40.0"
     assert rows["ticks/s"] == "0.05"
-    stats = RunStats(agents=10, first_tick=0, tick=19, started=now - 5.0, running_since=now - 4.0)
+    stats = RunStats(agents=10, tick=20, ticks_done=20, started=now - 5.0, running_since=now - 4.0)
     assert dict(summary_rows(stats))["ticks/s"] == "5.0"
+    stats.tick = 21  # a stop cut tick 21 short: it is not counted
+    assert dict(summary_rows(stats))["ticks"] == "20"

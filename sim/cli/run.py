@@ -124,7 +124,7 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
     ticking_since = stats.started if stats.running_since is None else stats.running_since
     elapsed = max(now - ticking_since, 1e-9)
     bus = stats.bus
-    ticks = stats.tick - stats.first_tick + 1
+    ticks = stats.ticks_done
     rows: list[tuple[str, object]] = [("agents", stats.agents)]
     if stats.running_since is not None:
         rows.append(("start-up (s)", f"{stats.running_since - stats.started:,.1f}"))

@@ -278,6 +278,7 @@ class Shard:
         await self._perceive(tick)
         await self._commit(tick)
         self.next_tick = tick + 1
+        self.stats.ticks_done += 1
         if self.ctx.metrics is not None:
             self.ctx.metrics.tick_done(tick, self.clock.now() - started)
         return True

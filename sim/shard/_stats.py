@@ -27,7 +27,8 @@ class RunStats:
     viewer: BrokerAddress | None = None  # watchers' login on a broker the run started (sim.broker); else None
     agents: int = 0
     first_tick: int = 0
-    tick: int = -1
+    tick: int = -1  # the tick being stepped (or the last one stepped)
+    ticks_done: int = 0  # ticks stepped to their end this run (a tick a stop cut short is not one)
     last_tick: int = 0
     inferences: int = 0
     fallbacks: int = 0
