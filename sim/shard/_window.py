@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from sim.memory import Episode
@@ -49,7 +48,7 @@ class Entry:
 
 
 class PlaceWindow:
-    """The window of one place's log; `append` events, then ask for a listener's `newest`."""
+    """The window of one place's log; `append` events, then ask what a listener did not say."""
 
     __slots__ = ("_counts", "_entries", "_listeners", "limit")
 
@@ -91,12 +90,6 @@ class PlaceWindow:
         for entry in reversed(self._entries):
             if entry.speaker != listener:
                 yield entry
-
-    def newest(self, listener: str, n: int) -> list[Entry]:
-        """The newest `n` entries not spoken by `listener`, oldest first."""
-        found = list(itertools.islice(self.not_spoken_by(listener), n))
-        found.reverse()
-        return found
 
     def _trim(self) -> None:
         entries, counts, limit = self._entries, self._counts, self.limit
