@@ -47,7 +47,7 @@ def _shard(config: RunConfig, results: Any) -> None:
             "shard": stats.shard,
             "ready": marks["ready"],
             "end": time.time(),
-            "ticks": stats.tick - stats.first_tick + 1,
+            "ticks": stats.ticks_done,
             "barrier_ms": 1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1),
             "inferences": stats.inferences,
         }

@@ -91,7 +91,7 @@ async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path) -> dict[s
     stats = await run(config, on_ready=ready)
     run_s = time.perf_counter() - marks["ready"]
     assert stats.bus is not None
-    ticks_run = stats.tick - stats.first_tick + 1
+    ticks_run = stats.ticks_done
     return {
         "npcs": npcs, "locations": locations, "ticks": ticks_run, "startup_s": marks["ready"] - marks["started"],
         "run_s": run_s, "inferences": stats.inferences,

@@ -96,7 +96,7 @@ async def main(args: argparse.Namespace) -> str:
                           resume=True),
                 stop_when_ready=True,
             )
-    ticks_run = stats.tick - stats.first_tick + 1
+    ticks_run = stats.ticks_done
     delivered = stats.bus.events_delivered - fresh.delivered_at_ready
     per_npc = (fresh.rss_ready - fresh.rss_before) / npcs
     events_s = delivered / run_s
