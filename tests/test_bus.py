@@ -9,11 +9,13 @@ import pytest
 
 from sim.bus import Bus, BusConfig, Connected, open_bus
 from sim.errors import BrokerError, OutboxFullError
+from sim.memory import NpcState, WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress, ReconnectPolicy
 from sim.protocol.outbox import Outbox
 from sim.protocol.received import BatchArrived, PlayerInputReceived
 from sim.wire import topics
 from sim.wire.events import EventBatch, PlayerInputMessage, Speech, encode_batch
+from sim.wire.trace import TraceMessage, decode_traces, encode_trace
 from tests.helpers import MosquittoProcess, eventually, free_port
 
 pytestmark = pytest.mark.mosquitto
@@ -168,3 +170,84 @@ async def test_publishes_wait_in_a_bounded_window_not_for_each_acknowledgement()
             link.acks[f"t{n}"].set()
         await bus.wait_sent()
         assert link.started == [f"t{n}" for n in range(10)] and bus.stats.messages_out == 10
+
+
+def _trace(n: int) -> TraceMessage:
+    report = build_working_memory(NpcState(agent_id="a", system_prompt="You are a test."), "hi",
+                                  WorkingMemoryConfig()).report
+    return TraceMessage(run="r", shard="0", agent="a", location="sq", tick=0, inference_id=f"r:a:0:{n}",
+                        player_input="hi", line=f"line {n}", fallback=False, fallback_reason=None,
+                        backend="scripted", model="scripted", prompt_sha256="0" * 64, report=report, prompt="p" * n)
+
+
+class _TraceListener:
+    """A plain MQTT client on `trace/+`: each message's traces, as received."""
+
+    def __init__(self, mosquitto: MosquittoProcess) -> None:
+        self.port = mosquitto.port
+        self.batches: list[list[str]] = []
+        self.sizes: list[int] = []
+        self.ready = asyncio.Event()
+
+    @property
+    def ids(self) -> list[str]:
+        return [i for batch in self.batches for i in batch]
+
+    async def listen(self) -> None:
+        async with aiomqtt.Client("127.0.0.1", self.port) as client:
+            await client.subscribe("npcsim/r/trace/+", qos=1)
+            self.ready.set()
+            async for message in client.messages:
+                payload = bytes(message.payload)  # type: ignore[arg-type]
+                self.sizes.append(len(payload))
+                self.batches.append([t.inference_id for t in decode_traces(payload)])
+
+
+async def test_traces_travel_in_batches_and_the_rest_goes_when_the_bus_closes(mosquitto: MosquittoProcess) -> None:
+    listener = _TraceListener(mosquitto)
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(listener.listen())
+        await listener.ready.wait()
+        config = BusConfig(broker=mosquitto.address, run="r", trace_batch=10, trace_linger=30.0)
+        async with open_bus(config) as bus:
+            for n in range(25):
+                await bus.publish_trace(_trace(n))
+            await eventually(lambda: len(listener.batches) == 2, what="the two full batches")
+            await asyncio.sleep(0.2)  # the subject: the last five wait for more (the linger is 30 s)
+            assert [len(b) for b in listener.batches] == [10, 10] and bus.stats.messages_out == 2
+        await eventually(lambda: len(listener.batches) == 3, what="the last batch, sent as the bus closed")
+        task.cancel()
+    assert listener.ids == [f"r:a:0:{n}" for n in range(25)]  # every trace once, in order
+
+
+async def test_a_lone_trace_goes_after_the_linger(mosquitto: MosquittoProcess) -> None:
+    listener = _TraceListener(mosquitto)
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(listener.listen())
+        await listener.ready.wait()
+        async with open_bus(BusConfig(broker=mosquitto.address, run="r", trace_linger=0.05)) as bus:
+            await bus.publish_trace(_trace(1))
+            await eventually(lambda: listener.batches == [["r:a:0:1"]], what="the trace, without another")
+            await bus.publish_trace(_trace(2))
+            await eventually(lambda: len(listener.batches) == 2, what="the next one, after its own linger")
+        task.cancel()
+    assert listener.batches == [["r:a:0:1"], ["r:a:0:2"]]
+
+
+async def test_a_batch_stays_within_its_bytes_and_a_trace_over_them_goes_alone(mosquitto: MosquittoProcess) -> None:
+    listener = _TraceListener(mosquitto)
+    one = len(encode_trace(_trace(0)))
+    limit = 4 * one + 2000
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(listener.listen())
+        await listener.ready.wait()
+        config = BusConfig(broker=mosquitto.address, run="r", trace_batch_bytes=limit, trace_linger=30.0)
+        async with open_bus(config) as bus:
+            for n in [*range(10), 3 * limit, 1]:  # traces of n characters of prompt; one alone is over the limit
+                await bus.publish_trace(_trace(n))
+        await eventually(lambda: len(listener.ids) == 12, what="every trace")
+        task.cancel()
+    assert listener.ids == [f"r:a:0:{n}" for n in [*range(10), 3 * limit, 1]]
+    over = listener.batches.index([f"r:a:0:{3 * limit}"])  # alone in its message
+    assert all(size <= limit for i, size in enumerate(listener.sizes) if i != over)
+    assert len(listener.batches) < 12  # the small ones shared messages

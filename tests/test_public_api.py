@@ -101,7 +101,7 @@ MODULES: dict[str, set[str]] = {
     },
     "sim.wire.trace": {
         "RosterEntry", "RosterMessage", "TRACE_DROPPED", "TraceAttempt", "TraceMessage", "decode_roster",
-        "decode_trace", "encode_roster", "encode_trace", "trace_of",
+        "decode_traces", "encode_roster", "encode_trace", "trace_of",
     },
 }
 

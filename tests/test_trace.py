@@ -11,7 +11,7 @@ import pytest
 from sim.runner import RunConfig, run
 from sim.store import open_reader
 from sim.wire import topics
-from sim.wire.trace import TRACE_DROPPED, TraceMessage, decode_roster, decode_trace
+from sim.wire.trace import TRACE_DROPPED, TraceMessage, decode_roster, decode_traces
 from tests.helpers import VILLAGE, MosquittoProcess, eventually
 
 pytestmark = pytest.mark.mosquitto
@@ -30,7 +30,7 @@ async def test_every_inference_is_traced_like_its_audit_record(
             await client.subscribe(f"{topics.run_root('tr')}/trace/+", qos=1)
             ready.set()
             async for message in client.messages:
-                traces.append(decode_trace(bytes(message.payload)))  # type: ignore[arg-type]
+                traces.extend(decode_traces(bytes(message.payload)))  # type: ignore[arg-type]
 
     async with asyncio.TaskGroup() as group:
         listener = group.create_task(listen())

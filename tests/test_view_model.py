@@ -178,3 +178,13 @@ def test_a_trace_with_an_explanation_reaches_the_page_and_an_old_one_still_reads
         report: dict[str, object]
 
     assert msgspec.json.decode(encode_trace(new), type=OldTrace).agent == "smith"
+
+
+def test_a_batch_of_traces_shows_each_of_them() -> None:
+    """A shard publishes its traces in batches (a JSON array); a malformed batch is refused as one."""
+    model = RunModel(RUN)
+    batch = b"[" + b",".join(encode_trace(trace(agent, 2, 1)) for agent in ("smith", "guard")) + b"]"
+    model.feed(topics.trace(RUN, "0"), batch, 0.0)
+    assert [len(model.npc_view(agent)["traces"]) for agent in ("smith", "guard")] == [1, 1]  # type: ignore[index]
+    model.feed(topics.trace(RUN, "0"), b"[" + encode_trace(trace("smith", 3, 1)) + b", 3]", 0.0)
+    assert model.health.refused == 1 and len(model.npc_view("smith")["traces"]) == 1  # type: ignore[index]

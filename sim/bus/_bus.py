@@ -67,6 +67,9 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(initial=0.05))
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
     run_key: RunKey | None = None  # seal and check internal messages (sim.protocol.seal)
+    trace_batch: int = 64  # traces per `trace/{shard}` message at most
+    trace_batch_bytes: int = 256 * 1024  # and their JSON's bytes at most (one trace over it goes alone)
+    trace_linger: float = 0.05  # seconds a trace waits for others before its batch goes anyway
 
 
 class Connected(msgspec.Struct, frozen=True):
@@ -111,6 +114,9 @@ class Bus:
         self._link: Link | None = None
         self._connections = 0
         self._keep_outside: Callable[[PlayerInputReceived | WorldStateReceived], None] | None = None
+        self._traces: list[bytes] = []  # encoded traces of the next `trace/{shard}` batch
+        self._trace_bytes = 0
+        self._traces_waiting = asyncio.Event()
 
     # --- mailboxes, routes and what arrived -------------------------------------------
 
@@ -232,7 +238,41 @@ class Bus:
         await self.publish(topics.status(self.config.run, self.config.shard), encode_json(message), retain=True)
 
     async def publish_trace(self, message: TraceMessage) -> None:
-        await self.publish(topics.trace(self.config.run, self.config.shard), encode_trace(message))
+        """Add the trace to the shard's next `trace/{shard}` batch (a JSON array, in the order
+        they were added): it goes when `trace_batch` traces or `trace_batch_bytes` are
+        waiting, `trace_linger` seconds after the first of them, or when the bus closes. One
+        message per inference was half of what the shard published, each with its own
+        acknowledgement; a viewer sees a trace at most the linger later."""
+        encoded = encode_trace(message)
+        if self._traces and self._trace_bytes + len(encoded) > self.config.trace_batch_bytes:
+            await self.flush_traces()
+        self._traces.append(encoded)
+        self._trace_bytes += len(encoded) + 1
+        if len(self._traces) >= self.config.trace_batch or self._trace_bytes >= self.config.trace_batch_bytes:
+            await self.flush_traces()
+        else:
+            self._traces_waiting.set()
+
+    async def flush_traces(self) -> None:
+        """Queue the traces waiting as one `trace/{shard}` message (nothing when none wait).
+
+        The batch leaves the buffer only once the outbox has room for it: a flush cancelled
+        while it waits loses nothing."""
+        topic = topics.trace(self.config.run, self.config.shard)
+        if self._traces:
+            await self._room_for(topic)
+        if self._traces:  # another flush may have taken them while this one waited
+            payload = b"[" + b",".join(self._traces) + b"]"
+            self._traces, self._trace_bytes = [], 0
+            self._traces_waiting.clear()
+            self._enqueue((topic, payload, 1, False))
+
+    async def _trace_flusher(self) -> None:
+        """Send a batch of traces `trace_linger` seconds after its first was added."""
+        while True:
+            await self._traces_waiting.wait()
+            await asyncio.sleep(self.config.trace_linger)
+            await self.flush_traces()
 
     async def publish_roster(self, message: RosterMessage) -> None:
         """Retained, for viewers that connect later."""
@@ -244,6 +284,10 @@ class Bus:
         While connected a full outbox is backpressure (the caller waits); during an outage
         it is an error, so that nothing is dropped without the caller knowing.
         """
+        await self._room_for(topic)
+        self._enqueue((topic, payload, qos, retain))
+
+    async def _room_for(self, topic: str) -> None:
         while len(self._outbox) >= self.config.outbox_size:
             if not self._connected.is_set():
                 raise OutboxFullError(
@@ -252,7 +296,9 @@ class Bus:
                 )
             self._outbox_space.clear()
             await self._outbox_space.wait()
-        self._outbox.append((topic, payload, qos, retain))
+
+    def _enqueue(self, item: _Outgoing) -> None:
+        self._outbox.append(item)
         self._outbox_ready.set()
 
     def hurry(self, seconds: float) -> None:
@@ -411,15 +457,18 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
         async with asyncio.TaskGroup() as group:
             connection = group.create_task(bus._connection_loop(), name="bus-connection")
             sender = group.create_task(bus._sender(), name="bus-sender")
+            flusher = group.create_task(bus._trace_flusher(), name="bus-traces")
             await bus._connected.wait()
             try:
                 yield bus
                 try:
                     async with asyncio.timeout(bus._closing_flush):
+                        await bus.flush_traces()
                         await bus.wait_sent()
                 except TimeoutError:
                     log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))
             finally:
+                flusher.cancel()
                 sender.cancel()
                 connection.cancel()
     except BaseExceptionGroup as group_error:

@@ -23,7 +23,7 @@ from sim.wire.events import (
     decode_status,
     decode_world_state,
 )
-from sim.wire.trace import RosterEntry, TraceMessage, decode_roster, decode_trace
+from sim.wire.trace import RosterEntry, TraceMessage, decode_roster, decode_traces
 
 __all__ = ["DialogueLine", "RunModel"]
 
@@ -92,7 +92,8 @@ class RunModel:
                 if status.tick is not None:
                     self._see_tick(status.tick)
             elif len(parts) == 4 and parts[2] == "trace":
-                self.add_trace(decode_trace(payload))
+                for trace in decode_traces(payload):
+                    self.add_trace(trace)
             elif len(parts) == 4 and parts[2] == "roster":
                 self.set_roster(decode_roster(payload).npcs)
             else:

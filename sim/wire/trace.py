@@ -1,15 +1,16 @@
 """Wire types a viewer reads besides `say`: the per-inference trace and a shard's roster.
 
-The trace (`npcsim/{run}/trace/{shard}`, JSON) is published by the shard after each
-inference: the truncation report and its explanation (each category's budget as split and
-after redistribution, what it kept and what it dropped and why: `sim.memory.
-explain_truncation`, derived from the record's snapshot), the prompt's SHA-256 and, unless
-the operator turns prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is
-what the audit record holds minus the state snapshot, so a viewer on another machine sees
-how each prompt was cut without access to the shard's SQLite file. The explanation names
-the newest `TRACE_DROPPED` dropped items of each category (the report counts them all;
-`npcsim audit show` lists every one); without prompts it keeps its numbers and reasons but
-no item's text.
+The trace (`npcsim/{run}/trace/{shard}`, JSON) of each inference is published by the
+shard in batches, a JSON array of traces in the order of their inferences (sim.bus sends
+a batch when 64 wait, or 50 ms after the first of them): the truncation report and its
+explanation (each category's budget as split and after redistribution, what it kept and
+what it dropped and why: `sim.memory.explain_truncation`, derived from the record's
+snapshot), the prompt's SHA-256 and, unless the operator turns prompts off (`npcsim run
+--no-trace-prompt`), the prompt itself. It is what the audit record holds minus the state
+snapshot, so a viewer on another machine sees how each prompt was cut without access to
+the shard's SQLite file. The explanation names the newest `TRACE_DROPPED` dropped items of
+each category (the report counts them all; `npcsim audit show` lists every one); without
+prompts it keeps its numbers and reasons but no item's text.
 
 The roster (`npcsim/{run}/roster/{shard}`, JSON, retained) lists a shard's NPCs and their
 locations, so a viewer that connects late still knows the world.
@@ -32,7 +33,7 @@ __all__ = [
     "TraceAttempt",
     "TraceMessage",
     "decode_roster",
-    "decode_trace",
+    "decode_traces",
     "encode_roster",
     "encode_trace",
     "trace_of",
@@ -135,6 +136,7 @@ def _for_trace(explanation: TruncationExplanation, *, texts: bool) -> Truncation
 
 _json = msgspec.json.Encoder()
 _trace = msgspec.json.Decoder(TraceMessage)
+_traces = msgspec.json.Decoder(list[TraceMessage])
 _roster = msgspec.json.Decoder(RosterMessage)
 
 
@@ -142,9 +144,12 @@ def encode_trace(message: TraceMessage) -> bytes:
     return _json.encode(message)
 
 
-def decode_trace(data: bytes) -> TraceMessage:
-    """Raises msgspec.DecodeError (or ValidationError) on a malformed payload."""
-    return _trace.decode(data)
+def decode_traces(data: bytes) -> list[TraceMessage]:
+    """The traces of a `trace/{shard}` payload: a batch (a JSON array), or one trace object
+    as a batch of one. Raises msgspec.DecodeError (or ValidationError) on a malformed payload."""
+    if data.lstrip()[:1] == b"{":
+        return [_trace.decode(data)]
+    return _traces.decode(data)
 
 
 def encode_roster(message: RosterMessage) -> bytes:
