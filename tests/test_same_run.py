@@ -2,7 +2,8 @@
 
 On a real Mosquitto, with the scripted backend, for the village and a generated world of
 200 NPCs, the set of audit records (id, SHA-256 of the prompt, line) is the same for:
-one shard; three shards; two shards with one started seconds after the other; a broker
+one shard; three shards; two shards serving their inferences in worker processes; two
+shards with one started seconds after the other; a broker
 stopped for longer than the echo timeout and started again; a kill -9 of one shard at a
 random tick and --resume to the same horizon. The comparison is record by record, so a
 single line said differently fails it, and the failure names the records that differ.
@@ -118,6 +119,13 @@ async def test_three_shards(world: str, mosquitto: MosquittoProcess, tmp_path: P
     expected = await reference(world, tmp_path, mosquitto)
     dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 3)
     assert_same(world, expected, audit_set(dbs), "3 shards")
+
+
+@WORLDS
+async def test_two_shards_serving_in_worker_processes(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
+    expected = await reference(world, tmp_path, mosquitto)
+    dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 2, inference_process=True)
+    assert_same(world, expected, audit_set(dbs), "2 shards, each serving in a worker process")
 
 
 @WORLDS

@@ -317,7 +317,9 @@ class Bus:
                 if topic.startswith(prefix) and topic.endswith("/say")]
 
     async def wait_sent(self) -> None:
-        """Wait until the outbox is empty (callers bound it with a timeout)."""
+        """Send the traces waiting for their batch, then wait until the outbox is empty
+        (callers bound it with a timeout)."""
+        await self.flush_traces()
         while self._outbox or self._inflight or self._retry:
             self._outbox_space.clear()
             await self._outbox_space.wait()
@@ -463,7 +465,6 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
                 yield bus
                 try:
                     async with asyncio.timeout(bus._closing_flush):
-                        await bus.flush_traces()
                         await bus.wait_sent()
                 except TimeoutError:
                     log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))

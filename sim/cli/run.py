@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_backend_arguments(cmd)
     cmd.add_argument("--remote-workers", action="store_true",
                      help="send inferences to `npcsim worker` processes on the broker instead of in-process")
+    cmd.add_argument("--inference-process", action=argparse.BooleanOptionalAction, default=None,
+                     help="serve inferences in a worker process of the shard, on another core (default: when the "
+                     "shard holds 1,000 NPCs or more and the machine has a second CPU)")
     cmd.add_argument("--run-key-file", metavar="FILE",
                      help="sign internal messages with this secret (HMAC; every process of the run needs it); "
                      "generated for --broker auto")
@@ -187,6 +190,7 @@ def run_command(args: argparse.Namespace) -> int:
         backend=args.backend,
         backend_options=backend_options(args),
         remote_workers=args.remote_workers,
+        inference_process=args.inference_process,
         concurrency=args.concurrency,
         shard=args.shard,
         resume=args.resume,

@@ -13,7 +13,7 @@ from sim.wire import topics
 
 __all__ = ["PoolConfig", "WorkerConfig"]
 
-Transport = Literal["inprocess", "mqtt"]
+Transport = Literal["inprocess", "process", "mqtt"]
 
 
 def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
@@ -26,8 +26,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """How a pool runs: the backend and its options, the bounds, the transport.
 
     In-process, the pool runs one worker with `concurrency` slots and at most
-    `min(concurrency, max_in_flight)` requests are in flight. With `transport="mqtt"` the
-    remote workers bring their own slots and the pool keeps `max_in_flight` outstanding.
+    `min(concurrency, max_in_flight)` requests are in flight; with `transport="process"`
+    that worker is a child process of the pool's (sim.inference._local), with the same
+    bounds. With `transport="mqtt"` the remote workers bring their own slots and the pool
+    keeps `max_in_flight` outstanding.
     `timeout` bounds one request's time at the backend (seconds); a request's own deadline
     bounds it further. `reply_grace` lets a remote worker's "stale" answer arrive.
     `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
@@ -59,13 +61,13 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         _positive("timeout", self.timeout, allow_float=True)
         if isinstance(self.reply_grace, bool) or not isinstance(self.reply_grace, (int, float)) or self.reply_grace < 0:
             raise ConfigError(f"reply_grace must be a number >= 0, got {self.reply_grace!r}")
-        if self.transport not in ("inprocess", "mqtt"):
-            raise ConfigError(f"transport must be 'inprocess' or 'mqtt', got {self.transport!r}")
+        if self.transport not in ("inprocess", "process", "mqtt"):
+            raise ConfigError(f"transport must be 'inprocess', 'process' or 'mqtt', got {self.transport!r}")
 
     @property
     def slots(self) -> int:
         """How many requests this pool lets be in flight at once."""
-        if self.transport == "inprocess":
+        if self.transport != "mqtt":
             return min(self.concurrency, self.max_in_flight)
         return self.max_in_flight
 

@@ -6,7 +6,8 @@ for an answer goes before ambient chatter; the only queue is the waiting corouti
 themselves, so nothing queues without bound behind the agents' backs.
 
 Behind the slots is one `Dispatch` (`sim.inference._dispatch`): serving on a backend in
-this process, or the MQTT link to remote workers (`sim.inference._link`).
+this process, in a worker process of its own (`sim.inference._local`), or the MQTT link to
+remote workers (`sim.inference._link`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sim.inference._dispatch import Dispatch
 from sim.inference._fallback import fallback_result
 from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._link import open_mqtt_dispatch
+from sim.inference._local import open_local_dispatch
 from sim.inference._recorded import RecordedBackend
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
@@ -128,11 +130,12 @@ async def open_pool(
     fact_guard: FactGuard | None = None,
     recorded: Recorded | None = None,
 ) -> AsyncIterator[Pool]:
-    """Open a pool with in-process workers, or one that sends requests to remote workers.
+    """Open a pool with in-process workers, a worker process, or one that sends requests to remote workers.
 
     `backend` serves in-process requests instead of opening `config.backend`, and
     `fact_guard` is the output check's fact guard instead of the one `config.fact_guard`
-    names: for embedders and tests that bring their own. `recorded` (in process only)
+    names: for embedders and tests that bring their own (either serves in this process,
+    whatever `config.transport` says: a worker process cannot take them). `recorded` (in process only)
     answers each request it has a record for with that record's replies
     (sim.inference._recorded: a re-execution, sim.replay); the others go to the backend.
     """
@@ -140,6 +143,10 @@ async def open_pool(
     guard = fact_guard if fact_guard is not None else load_fact_guard(config.fact_guard)
     if config.transport == "mqtt":
         async with open_mqtt_dispatch(config, counters, guard) as dispatch:
+            yield Pool(config, dispatch, counters)
+        return
+    if config.transport == "process" and backend is None and fact_guard is None and recorded is None:
+        async with open_local_dispatch(config, counters) as dispatch:
             yield Pool(config, dispatch, counters)
         return
     warn = LogOnce(log)

@@ -7,8 +7,9 @@ option name. The checks that need the store or the scenario (`check_resume`,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -22,6 +23,7 @@ from sim.store import HOT_LIMIT, Store
 
 __all__ = [
     "MAX_SHARDS",
+    "WORKER_PROCESS_NPCS",
     "RunConfig",
     "check_resume",
     "check_shards",
@@ -30,6 +32,7 @@ __all__ = [
     "hot_limit",
     "memory_config",
     "parse_shard",
+    "pool_transport",
     "shard_npcs",
 ]
 
@@ -54,6 +57,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     backend: str = "scripted"
     backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
     remote_workers: bool = False
+    # serve inferences in a worker process of the shard's (None: when it holds >= WORKER_PROCESS_NPCS NPCs
+    # and the machine has a second CPU for it)
+    inference_process: bool | None = None
     shard: str = "0/1"
     resume: bool = False
     concurrency: int = 64
@@ -81,9 +87,26 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+        if self.remote_workers and self.inference_process:
+            raise ConfigError("--remote-workers and --inference-process: inferences go to one or the other")
         if self.ticks is not None and self.until_tick is not None:
             raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
         parse_shard(self.shard)
+
+
+WORKER_PROCESS_NPCS = 1_000
+"""A shard holding this many NPCs serves its inferences in a worker process by default (when the
+machine has a second CPU): below it, a run's turns are too few to pay for the process's start."""
+
+
+def pool_transport(config: RunConfig, npcs: int) -> Literal["inprocess", "process", "mqtt"]:
+    """Where a shard of `npcs` NPCs has its inferences served (`PoolConfig.transport`)."""
+    if config.remote_workers:
+        return "mqtt"
+    wanted = config.inference_process
+    if wanted is None:
+        wanted = npcs >= WORKER_PROCESS_NPCS and len(os.sched_getaffinity(0)) > 1
+    return "process" if wanted else "inprocess"
 
 
 def parse_shard(value: str) -> tuple[int, int]:

@@ -41,6 +41,7 @@ from sim.shard._config import (
     hot_limit,
     memory_config,
     parse_shard,
+    pool_transport,
 )
 from sim.shard._context import ShardContext
 from sim.shard._instance import claim_store, learn_run_nonce, run_claim
@@ -143,7 +144,7 @@ async def _run(
                     concurrency=config.concurrency,
                     max_in_flight=config.concurrency,
                     timeout=config.inference_timeout,
-                    transport="mqtt" if config.remote_workers else "inprocess",
+                    transport=pool_transport(config, len(layout.specs)),
                     broker=broker.address,
                     run_key=run_key,
                     run_id=run_id,

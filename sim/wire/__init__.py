@@ -1,4 +1,4 @@
-"""Wire types: what crosses MQTT, each with its module-level codec, and the topic scheme.
+"""Wire types: what crosses MQTT (and a pool's pipes), each with its module-level codec, and the topic scheme.
 
 - `sim.wire.events`: events (Speech, Notice) and their tick batches, and the public JSON
   messages (say, player input, world state, status);
@@ -6,6 +6,7 @@
 - `sim.wire.trace`: the per-inference trace and a shard's roster, for viewers;
 - `sim.wire.inference`: inference requests and results (with their priority);
 - `sim.wire.batch`: many messages in one payload (the inference transport's batches);
+- `sim.wire.local`: the frames between a pool and its worker process (pipes, not MQTT);
 - `sim.wire.topics`: one function per topic.
 
 Pure: no I/O. Internal topics carry msgpack, public ones JSON.
