@@ -63,6 +63,8 @@ from sim.store.records import RecordPacker, unpack_keys
 from sim.wire.inference import encode_request
 
 HEADING = "The engine at scale"
+SERVING = {"auto": "the default, a worker process from 1,000 NPCs", "process": "a worker process",
+           "inprocess": "in the shard's process"}
 WORLDS = {"10k": (10_000, 100, 20), "100k": (100_000, 1_000, 5)}  # NPCs, locations, ticks
 TARGETS = {
     "ticks/s 10k": 4.0, "ticks/s 100k": 0.5, "barrier ms": 50.0, "KB per NPC 100k": 5.0, "floor ratio": 4.0,
@@ -75,7 +77,7 @@ _ITEM_ROW = "INSERT OR IGNORE INTO items VALUES (?, ?)"
 # --- one world on one shard, and its floor ---------------------------------------------------
 
 
-async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path) -> dict[str, Any]:
+async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path, *, serving: str = "auto") -> dict[str, Any]:
     scenario = write_scenario(tmp / "world.toml", npcs=npcs, locations=locations, seed=1)
     db = tmp / "engine.db"
     process = psutil.Process()
@@ -87,14 +89,26 @@ async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path) -> dict[s
         marks["ready"] = time.perf_counter()
         marks["rss_ready"] = process.memory_info().rss
 
-    config = RunConfig(scenario=str(scenario), broker="auto", ticks=ticks, run_id="bench", db=str(db))
-    stats = await run(config, on_ready=ready)
+    config = RunConfig(scenario=str(scenario), broker="auto", ticks=ticks, run_id="bench", db=str(db),
+                       inference_process={"auto": None, "process": True, "inprocess": False}[serving])
+
+    def ready_cpu(stats: RunStats) -> None:
+        ready(stats)
+        marks["cpu"] = time.process_time()
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        marks["children_cpu"] = usage.ru_utime + usage.ru_stime
+
+    stats = await run(config, on_ready=ready_cpu)
     run_s = time.perf_counter() - marks["ready"]
+    cpu_s = time.process_time() - marks["cpu"]
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker process and Mosquitto, ended with the run
+    children_cpu_s = usage.ru_utime + usage.ru_stime - marks["children_cpu"]
     assert stats.bus is not None
     ticks_run = stats.ticks_done
     return {
         "npcs": npcs, "locations": locations, "ticks": ticks_run, "startup_s": marks["ready"] - marks["started"],
-        "run_s": run_s, "inferences": stats.inferences,
+        "run_s": run_s, "cpu_s": cpu_s, "children_cpu_s": children_cpu_s, "serving": serving,
+        "inferences": stats.inferences,
         "perceived": stats.bus.events_delivered,
         "barrier_ms": 1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1),
         "rss_per_npc": (marks["rss_ready"] - rss_before) / npcs,
@@ -223,12 +237,21 @@ def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command:
              f"{plain_ms:,.0f} ms (engine per tick {tick_ms / plain_ms:.2f}x)",
              "-"),
             (name, "start-up (call to first tick)", f"{w['startup_s']:.1f} s", "-"),
+            (name, "CPU during the ticks: the shard's process / its children", f"{w['cpu_s']:.1f} s /"
+             f" {w['children_cpu_s']:.1f} s (serving: {SERVING[w['serving']]})", "-"),
         ]
+        if "inprocess" in w:
+            alone = w["inprocess"]
+            alone_s = alone["ticks"] / alone["run_s"]
+            rows.append((name, "ticks/s serving in the shard's own process (`--no-inference-process`)",
+                         f"{alone_s:.2f} (the worker process: {ticks_s / alone_s:.2f}x)", "-"))
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
     loads = ", ".join(f"{w['load']:.1f}" for w in worlds)
     text = f"""Command: `{command}`
-(generated worlds, one shard, the real pipeline: SQLite store file, in-process pool with the
-scripted backend, a private Mosquitto from `--broker auto`). Machine: {machine_line(("msgspec", "aiomqtt"))}.
+(generated worlds, one shard, the real pipeline: SQLite store file, the pool serving with the
+scripted backend in its worker process (the default from 1,000 NPCs), a private Mosquitto from
+`--broker auto`). The children's CPU is the worker process's and Mosquitto's, their start-up
+included. Machine: {machine_line(("msgspec", "aiomqtt"))}.
 Load average (1 min) when each world began: {loads}.
 
 The floor is the same ticks' essential work from the run's own audit records, in a tight
@@ -275,14 +298,16 @@ def main() -> None:
     parser.add_argument("--bytes-world", default="100k", help="the world of the bytes-per-shard runs")
     parser.add_argument("--bytes-ticks", type=int, default=3)
     parser.add_argument("--no-bytes", action="store_true", help="leave out the bytes-per-shard runs")
+    parser.add_argument("--in-process-too", action="store_true",
+                        help="run each world again serving its inferences in the shard's own process")
     parser.add_argument("--write", type=Path, help="put the section into this markdown file")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *values = args.child
         if kind == "engine":
-            npcs, locations, ticks, directory = values
-            result = asyncio.run(engine_run(int(npcs), int(locations), int(ticks), Path(directory)))
+            npcs, locations, ticks, directory, serving = values
+            result = asyncio.run(engine_run(int(npcs), int(locations), int(ticks), Path(directory), serving=serving))
         elif kind == "floor":
             directory, form = values
             key = "floor_s" if form == "packed" else "plain_floor_s"
@@ -297,8 +322,12 @@ def main() -> None:
     for name in args.worlds.split(","):
         npcs, locations, ticks = WORLDS[name]
         with tempfile.TemporaryDirectory() as tmp:
-            world = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp])
+            world = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp, "auto"])
             world |= child(["floor", tmp, "packed"]) | child(["floor", tmp, "plain"])
+        if args.in_process_too:
+            with tempfile.TemporaryDirectory() as tmp:
+                world["inprocess"] = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp,
+                                            "inprocess"])
         worlds.append(world)
         print(f"{name}: {worlds[-1]}", file=sys.stderr)
     sharded = []

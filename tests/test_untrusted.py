@@ -255,3 +255,13 @@ _RENDERER_2_MARKERS = re.compile(
                                  "/", "|", "x", " "]), max_size=10).map("".join))
 def test_renderer_3_neutralises_whatever_renderer_2_did(text: str) -> None:
     assert not _RENDERER_2_MARKERS.search(inert(text))
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F) | st.sampled_from("#<|>[]\uff5c\u200b"), max_size=60))
+def test_plain_ascii_takes_a_short_way_to_the_same_escape(text: str) -> None:
+    """`inert` skips the expressions for printable ASCII without a marker's first character:
+    what it returns is what they return."""
+    from sim.memory.render import _MARKERS_3, _escape_3, _inert
+    from sim.text import remove_invisible
+
+    assert _escape_3(text) == _inert(remove_invisible(text), _MARKERS_3)

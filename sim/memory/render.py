@@ -149,6 +149,10 @@ _CACHED_CHARS = 512
 
 
 def _escape_3(text: str) -> str:
+    if text.isascii() and text.isprintable() and "<" not in text and "[" not in text and "|" not in text:
+        # nothing to remove or escape: no invisible mark (none is ASCII), no break or control
+        # (none is printable), no marker (each begins with one of those three characters)
+        return "\\" + text if text.lstrip().startswith("#") else text
     return _inert(remove_invisible(text), _MARKERS_3)
 
 
