@@ -300,6 +300,27 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
     assert backend.served == ["first", "later"]
 
 
+async def test_waiters_cancelled_together_leave_the_slots_whole() -> None:
+    """A stop cancels every turn at once: a release that runs before the cancelled waiters do
+    drops their entries, and none of them may then fail looking for its own."""
+    from sim.inference._counters import Counters
+    from sim.inference._pool import Slots
+
+    counters = Counters()
+    slots = Slots(1, counters)
+    await slots.acquire(Priority.NPC)
+    waiters = [asyncio.create_task(slots.acquire(Priority.NPC)) for _ in range(10)]
+    await eventually(lambda: counters.waiting == 10, what="ten waiting")
+    for waiter in waiters:
+        waiter.cancel()
+    slots.release()  # before the waiters' own handlers run: every entry it finds is a waiter gone
+    outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert (counters.in_flight, counters.waiting) == (0, 0)
+    await asyncio.wait_for(slots.acquire(Priority.NPC), 1)  # the slot is free again
+    assert counters.in_flight == 1
+
+
 def test_pool_config_refuses_bad_values() -> None:
     with pytest.raises(ConfigError, match="concurrency"):
         PoolConfig(concurrency=0)

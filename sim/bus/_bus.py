@@ -467,7 +467,9 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
                     async with asyncio.timeout(bus._closing_flush):
                         await bus.wait_sent()
                 except TimeoutError:
-                    log.warning("closing the bus with %d unsent messages (broker unreachable)", len(bus._outbox))
+                    unsent = len(bus._outbox) + bus._inflight + len(bus._retry)
+                    why = "broker unreachable" if not bus.connected else f"not sent within {bus._closing_flush:g} s"
+                    log.warning("closing the bus with %d unsent messages (%s)", unsent, why)
             finally:
                 flusher.cancel()
                 sender.cancel()

@@ -112,12 +112,17 @@ async def _main(frames_out: BinaryIO) -> int:
     return 0
 
 
-def main() -> int:
+def main() -> None:
+    """Serve until the end of stdin, then leave at once: freeing a long run's caches object by
+    object would hold up the shard that waits for this process to end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     frames_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return asyncio.run(_main(frames_out))
+    code = asyncio.run(_main(frames_out))
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -71,7 +71,7 @@ class Slots:
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # the slot was handed over just as we were cancelled
-            else:
+            elif entry in self._waiters:  # a release may have dropped it already, as a waiter gone
                 self._waiters.remove(entry)
                 heapq.heapify(self._waiters)
             raise
