@@ -25,6 +25,8 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 
+import msgspec
+
 from sim.errors import ConfigError
 from sim.inference._config import PoolConfig
 from sim.inference._counters import Counters
@@ -146,7 +148,12 @@ class _LocalDispatch:
             code: int | None = None
             if running is not None:
                 while (body := await read_frame(running.stdout)) is not None:
-                    reply = decode_reply(body)
+                    try:
+                        reply = decode_reply(body)
+                    except msgspec.DecodeError as exc:  # a bug, not an attack: the child is ours
+                        log.error("a malformed frame from the inference worker process (%s): ending it", exc)
+                        running.process.kill()
+                        break
                     if reply.results:
                         deaths = 0
                     self._take(reply)
