@@ -24,6 +24,10 @@ size as the shard stored them in its places' logs.
     .venv/bin/python benchmarks/bench_engine.py --worlds 10k --no-bytes  # quick, to steer
     .venv/bin/python benchmarks/bench_engine.py --write docs/benchmarks.md
 
+With `--repeats N` each world runs N times (and, with `--in-process-too`, N times serving in
+the shard's own process, alternating with the first ones), and the report gives the median
+run and the range: one run of the 10k world varies by a fifth on this machine.
+
 Each measurement (engine, each floor, each bytes run) runs in a child process of its own, so
 RSS and peak RSS are its alone.
 """
@@ -196,6 +200,11 @@ def mean_event_bytes(db: Path) -> float:
 # --- the report ------------------------------------------------------------------------------
 
 
+def median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose `key` is the median (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: float(r[key]))[(len(runs) - 1) // 2]
+
+
 def child(argv: list[str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -209,6 +218,12 @@ def ratio(value: float, target: float, *, at_most: bool = False) -> str:
     return f"{r:.2f}, {'met' if (r <= 1 if at_most else r >= 1) else 'NOT met'}"
 
 
+def spread(world: dict[str, Any]) -> str:
+    """Where the median run stands among several runs of a world ("" for one run)."""
+    low, high = world.get("run_range", (world["run_s"], world["run_s"]))
+    return f"; the median run, all of them {low:.1f} to {high:.1f} s" if low != high else ""
+
+
 def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command: str) -> str:
     rows = []
     for w in worlds:
@@ -220,7 +235,7 @@ def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command:
         kb = w["rss_per_npc"] / 1024
         kb_target = TARGETS.get(f"KB per NPC {name}")
         rows += [
-            (name, "ticks/s", f"{ticks_s:.2f} ({w['ticks']} ticks in {w['run_s']:.1f} s)",
+            (name, "ticks/s", f"{ticks_s:.2f} ({w['ticks']} ticks in {w['run_s']:.1f} s{spread(w)})",
              f">= {target} (ratio {ratio(ticks_s, target)})" if target else "-"),
             (name, "barrier wait per tick", f"{w['barrier_ms']:.1f} ms", f"<= {TARGETS['barrier ms']:.0f} ms"
              f" (ratio {ratio(w['barrier_ms'], TARGETS['barrier ms'], at_most=True)})"),
@@ -298,6 +313,8 @@ def main() -> None:
     parser.add_argument("--bytes-world", default="100k", help="the world of the bytes-per-shard runs")
     parser.add_argument("--bytes-ticks", type=int, default=3)
     parser.add_argument("--no-bytes", action="store_true", help="leave out the bytes-per-shard runs")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each world (and floors); the report gives the median and the range")
     parser.add_argument("--in-process-too", action="store_true",
                         help="run each world again serving its inferences in the shard's own process")
     parser.add_argument("--write", type=Path, help="put the section into this markdown file")
@@ -321,13 +338,21 @@ def main() -> None:
     worlds = []
     for name in args.worlds.split(","):
         npcs, locations, ticks = WORLDS[name]
-        with tempfile.TemporaryDirectory() as tmp:
-            world = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp, "auto"])
-            world |= child(["floor", tmp, "packed"]) | child(["floor", tmp, "plain"])
-        if args.in_process_too:
+        runs, alone = [], []
+        for _ in range(args.repeats):  # alternating, so that a drift of the machine's speed hits both alike
             with tempfile.TemporaryDirectory() as tmp:
-                world["inprocess"] = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp,
-                                            "inprocess"])
+                world = child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp, "auto"])
+                world |= child(["floor", tmp, "packed"]) | child(["floor", tmp, "plain"])
+            runs.append(world)
+            if args.in_process_too:
+                with tempfile.TemporaryDirectory() as tmp:
+                    alone.append(child(["engine", str(npcs), str(locations), str(args.ticks or ticks), tmp,
+                                        "inprocess"]))
+        world = median(runs, "run_s") | {"floor_s": median(runs, "floor_s")["floor_s"],
+                                         "plain_floor_s": median(runs, "plain_floor_s")["plain_floor_s"],
+                                         "run_range": (min(r["run_s"] for r in runs), max(r["run_s"] for r in runs))}
+        if alone:
+            world["inprocess"] = median(alone, "run_s")
         worlds.append(world)
         print(f"{name}: {worlds[-1]}", file=sys.stderr)
     sharded = []
