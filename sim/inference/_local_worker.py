@@ -1,49 +1,38 @@
 """A pool's worker process (`sim.inference._local`): `python -m sim.inference._local_worker`.
 
-It reads its configuration from stdin (`sim.wire.local`), opens the backend and says it is
-ready (or why it cannot start), then serves every request of every frame that comes, at
-most `concurrency` at once, as the in-process pool would (`sim.inference._serve`), and
+Given its configuration (`sim.wire.local.LocalWorkerConfig`) it opens the backend and says
+it is ready (or why it cannot start), then serves every request of every frame that comes,
+at most `concurrency` at once, as the in-process pool would (`sim.inference._serve`), and
 writes the results back in frames of `FRAME_ITEMS`, or of those ready in one turn of its
-event loop. The end of
-stdin (the pool closes, or its shard died) ends it at once, whatever it is serving.
-
-Frames go out on a copy of the original stdout; stdout itself then points at stderr, so
-whatever a backend prints cannot corrupt them. Ctrl-C in a terminal reaches the whole
-process group: this process ignores SIGINT and leaves the stop to its shard.
+event loop. The end of its input ends it at once, whatever it is serving (`sim.helper`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
-from typing import BinaryIO
+from collections.abc import Callable
 
 from sim.errors import NpcsimError
+from sim.helper import FRAME_ITEMS, helper_main, read_frame
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._guard import load_fact_guard
-from sim.inference._local import FRAME_ITEMS, read_frame
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
 from sim.wire.batch import decode_batch
 from sim.wire.inference import InferenceRequest, InferenceResult, decode_request
-from sim.wire.local import LocalReply, LocalWorkerConfig, decode_config, frame
+from sim.wire.local import Hello, LocalReply, LocalWorkerConfig, decode, encode
 
 log = logging.getLogger(__name__)
 
 
 class _Replies:
-    """The results ready in one turn of the loop, written as one frame with the running counts."""
+    """The results ready, written in frames of at most `FRAME_ITEMS` with the running counts."""
 
-    def __init__(self, transport: asyncio.WriteTransport, counters: Counters) -> None:
-        self._transport = transport
+    def __init__(self, write: Callable[[bytes], None], counters: Counters) -> None:
+        self._write = write
         self._counters = counters
         self._ready: list[InferenceResult] = []
-
-    def send(self, reply: LocalReply) -> None:
-        self._transport.write(frame(reply))
 
     def add(self, result: InferenceResult) -> None:
         if not self._ready:
@@ -57,7 +46,8 @@ class _Replies:
             return
         c = self._counters
         ready, self._ready = self._ready, []
-        self.send(LocalReply(results=ready, rejected_outputs=c.rejected_outputs, dropped_stale=c.dropped_stale))
+        self._write(encode(LocalReply(results=ready, rejected_outputs=c.rejected_outputs,
+                                      dropped_stale=c.dropped_stale)))
 
 
 async def _serve_all(config: LocalWorkerConfig, backend: Backend, reader: asyncio.StreamReader,
@@ -90,39 +80,18 @@ async def _serve_all(config: LocalWorkerConfig, backend: Backend, reader: asynci
             task.cancel()
 
 
-async def _main(frames_out: BinaryIO) -> int:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
-    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, frames_out)
-    counters = Counters()
-    replies = _Replies(transport, counters)
-    body = await read_frame(reader)
-    if body is None:
-        return 0
-    config = decode_config(body)
+async def _worker(body: bytes, reader: asyncio.StreamReader, write: Callable[[bytes], None]) -> str | None:
+    config = decode(body, LocalWorkerConfig)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    counters = Counters()
     try:
         async with open_backend(config.backend, config.options, config.concurrency, config.timeout) as backend:
-            replies.send(LocalReply())
-            await _serve_all(config, backend, reader, replies, counters)
+            write(encode(Hello()))
+            await _serve_all(config, backend, reader, _Replies(write, counters), counters)
     except NpcsimError as exc:
-        replies.send(LocalReply(error=str(exc)))
-        return 1
-    return 0
-
-
-def main() -> None:
-    """Serve until the end of stdin, then leave at once: freeing a long run's caches object by
-    object would hold up the shard that waits for this process to end."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    frames_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    code = asyncio.run(_main(frames_out))
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(code)
+        return str(exc)
+    return None
 
 
 if __name__ == "__main__":
-    main()
+    helper_main(_worker)
