@@ -81,7 +81,7 @@ async def test_a_killed_worker_process_is_started_again_and_no_request_is_lost(
 ) -> None:
     batch = requests(16)
     here = await serve_all(PoolConfig(concurrency=8), batch)
-    config = PoolConfig(concurrency=8, transport="process", options={"delay_ms": 300})
+    config = PoolConfig(concurrency=8, transport="process", options={"delay_ms": 1000})
     async with open_pool(config) as pool:
         [first] = workers()
         serving = asyncio.gather(*(pool.infer(r) for r in batch))
