@@ -92,7 +92,7 @@ async def test_a_killed_worker_process_is_started_again_and_no_request_is_lost(
             there = list(await serving)
         assert [w.pid for w in workers()] != [first.pid] and len(workers()) == 1
     assert essence(there) == essence(here)  # every request answered, as if nothing had happened
-    assert "starting it again and sending it the 8 items it held" in caplog.text
+    assert "starting it again and sending it the 8 requests it held" in caplog.text
 
 
 async def test_a_worker_process_that_keeps_dying_leaves_the_fallback_lines(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,7 +13,7 @@ helper, which its parent starts again.
 from __future__ import annotations
 
 import struct
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -24,7 +24,9 @@ __all__ = [
     "Hello",
     "LocalReply",
     "LocalWorkerConfig",
-    "decode",
+    "decode_config",
+    "decode_hello",
+    "decode_reply",
     "encode",
     "frame",
     "frame_size",
@@ -32,7 +34,6 @@ __all__ = [
 
 FRAME_HEADER = 4
 _LENGTH = struct.Struct(">I")
-T = TypeVar("T")
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -54,8 +55,8 @@ class LocalWorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 
 class LocalReply(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Results served since the last reply, with the worker's running counts of what the
-    pool's statistics hold and only serving sees (rejected outputs, stale requests)."""
+    """Results served since the last reply, with what the pool's statistics count and only
+    serving sees (outputs rejected, stale requests dropped) since the last reply too."""
 
     results: list[InferenceResult] = []
     rejected_outputs: int = 0
@@ -63,21 +64,27 @@ class LocalReply(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {
-    kind: msgspec.msgpack.Decoder(kind)
-    for kind in (Hello, LocalWorkerConfig, LocalReply)
-}
+_hello = msgspec.msgpack.Decoder(Hello)
+_config = msgspec.msgpack.Decoder(LocalWorkerConfig)
+_reply = msgspec.msgpack.Decoder(LocalReply)
 
 
-def encode(message: msgspec.Struct) -> bytes:
+def encode(message: Hello | LocalWorkerConfig | LocalReply) -> bytes:
     """A message as a frame's body."""
     return _encoder.encode(message)
 
 
-def decode(body: bytes, kind: type[T]) -> T:
-    """A frame's body as `kind` (one of this module's types); raises msgspec.DecodeError."""
-    decoder: msgspec.msgpack.Decoder[T] = _decoders[kind]
-    return decoder.decode(body)
+def decode_hello(body: bytes) -> Hello:
+    """Raises msgspec.DecodeError, as the other two do."""
+    return _hello.decode(body)
+
+
+def decode_config(body: bytes) -> LocalWorkerConfig:
+    return _config.decode(body)
+
+
+def decode_reply(body: bytes) -> LocalReply:
+    return _reply.decode(body)
 
 
 def frame(body: bytes) -> bytes:
