@@ -23,6 +23,7 @@ size as the shard stored them in its places' logs.
     .venv/bin/python benchmarks/bench_engine.py                          # both worlds, the bytes
     .venv/bin/python benchmarks/bench_engine.py --worlds 10k --no-bytes  # quick, to steer
     .venv/bin/python benchmarks/bench_engine.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/bench_engine.py --scenario k10.toml --ticks 20 --serving inprocess  # one run
 
 With `--repeats N` each world runs N times (and, with `--in-process-too`, N times serving in
 the shard's own process, alternating with the first ones), and the report gives the median
@@ -81,41 +82,35 @@ _ITEM_ROW = "INSERT OR IGNORE INTO items VALUES (?, ?)"
 # --- one world on one shard, and its floor ---------------------------------------------------
 
 
-async def engine_run(npcs: int, locations: int, ticks: int, tmp: Path, *, serving: str = "auto") -> dict[str, Any]:
-    scenario = write_scenario(tmp / "world.toml", npcs=npcs, locations=locations, seed=1)
-    db = tmp / "engine.db"
+async def engine_run(scenario: Path, ticks: int, db: Path, *, serving: str = "auto") -> dict[str, Any]:
+    """One run of `scenario` on one shard: its figures, the ticks' time and CPU apart from start-up."""
     process = psutil.Process()
     gc.collect()
     rss_before = process.memory_info().rss
     marks: dict[str, float] = {"started": time.perf_counter()}
 
+    def children_cpu() -> float:
+        """The CPU of the children that ended (the worker process and Mosquitto end with the run)."""
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
     def ready(_: RunStats) -> None:
-        marks["ready"] = time.perf_counter()
-        marks["rss_ready"] = process.memory_info().rss
+        marks.update(ready=time.perf_counter(), rss_ready=process.memory_info().rss, cpu=time.process_time(),
+                     children_cpu=children_cpu())
 
     config = RunConfig(scenario=str(scenario), broker="auto", ticks=ticks, run_id="bench", db=str(db),
                        inference_process={"auto": None, "process": True, "inprocess": False}[serving])
-
-    def ready_cpu(stats: RunStats) -> None:
-        ready(stats)
-        marks["cpu"] = time.process_time()
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        marks["children_cpu"] = usage.ru_utime + usage.ru_stime
-
-    stats = await run(config, on_ready=ready_cpu)
+    stats = await run(config, on_ready=ready)
     run_s = time.perf_counter() - marks["ready"]
-    cpu_s = time.process_time() - marks["cpu"]
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker process and Mosquitto, ended with the run
-    children_cpu_s = usage.ru_utime + usage.ru_stime - marks["children_cpu"]
     assert stats.bus is not None
-    ticks_run = stats.ticks_done
     return {
-        "npcs": npcs, "locations": locations, "ticks": ticks_run, "startup_s": marks["ready"] - marks["started"],
-        "run_s": run_s, "cpu_s": cpu_s, "children_cpu_s": children_cpu_s, "serving": serving,
+        "npcs": stats.agents, "ticks": stats.ticks_done, "startup_s": marks["ready"] - marks["started"],
+        "run_s": run_s, "cpu_s": time.process_time() - marks["cpu"],
+        "children_cpu_s": children_cpu() - marks["children_cpu"], "serving": serving,
         "inferences": stats.inferences,
         "perceived": stats.bus.events_delivered,
         "barrier_ms": 1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1),
-        "rss_per_npc": (marks["rss_ready"] - rss_before) / npcs,
+        "rss_per_npc": (marks["rss_ready"] - rss_before) / max(stats.agents, 1),
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "load": os.getloadavg()[0],
     }
@@ -193,7 +188,7 @@ def mean_event_bytes(db: Path) -> float:
     """The mean msgpack size of the events in the shard's places' logs."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         keys = [k for (blob,) in conn.execute("SELECT items FROM place_events") for k in unpack_keys(blob)]
-        sizes = dict(conn.execute("SELECT k, length(body) FROM items"))
+        sizes: dict[int, int] = dict(conn.execute("SELECT k, length(body) FROM items"))
     return sum(sizes[k] for k in keys) / max(len(keys), 1)
 
 
@@ -291,9 +286,9 @@ defined (each record as plain msgpack, one row) is given too.
             events = sum(p["local_events"] for p in per) / len(per)
             total = broker + local
             met = "met" if total / one <= TARGETS["bytes ratio"] else "NOT met"
-            target = f" (target <= {TARGETS['bytes ratio']}x: {met})" if s["shards"] == 4 else ""
+            against = f" (target <= {TARGETS['bytes ratio']}x: {met})" if s["shards"] == 4 else ""
             lines.append(f"| {s['shards']} | {broker / 1e3:,.1f} KB | {events:,.0f} events, {local / 1e3:,.1f} KB |"
-                         f" {total / 1e3:,.1f} KB | {total / one:.2f}x{target} |")
+                         f" {total / 1e3:,.1f} KB | {total / one:.2f}x{against} |")
         text += f"""
 Bytes each shard takes in, {sharded[0]['ticks']} ticks of the {sharded[0]['npcs']:,}-NPC world with 1, 2 and 4
 shards in one process on one private Mosquitto (mean per shard; local bytes are the
@@ -318,13 +313,26 @@ def main() -> None:
     parser.add_argument("--in-process-too", action="store_true",
                         help="run each world again serving its inferences in the shard's own process")
     parser.add_argument("--write", type=Path, help="put the section into this markdown file")
+    parser.add_argument("--scenario", type=Path,
+                        help="instead of the report: run this scenario file --ticks ticks (default 20) once and print"
+                        " the ticks' seconds, CPU seconds and inferences (to compare checkouts: PYTHONPATH=...)")
+    parser.add_argument("--serving", choices=SERVING, default="auto", help="with --scenario: where to serve")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scenario:
+        with tempfile.TemporaryDirectory() as tmp:
+            db = Path(tmp) / "engine.db"
+            one = asyncio.run(engine_run(args.scenario, args.ticks or 20, db, serving=args.serving))
+        print(f"{one['ticks']} ticks in {one['run_s']:.2f} s; CPU {one['cpu_s']:.2f} s here, "
+              f"{one['children_cpu_s']:.2f} s in children; {one['inferences']:,} inferences; serving "
+              f"{args.serving}; load {one['load']:.2f}")
+        return
     if args.child:
         kind, *values = args.child
         if kind == "engine":
             npcs, locations, ticks, directory, serving = values
-            result = asyncio.run(engine_run(int(npcs), int(locations), int(ticks), Path(directory), serving=serving))
+            scenario = write_scenario(Path(directory) / "world.toml", npcs=int(npcs), locations=int(locations), seed=1)
+            result = asyncio.run(engine_run(scenario, int(ticks), Path(directory) / "engine.db", serving=serving))
         elif kind == "floor":
             directory, form = values
             key = "floor_s" if form == "packed" else "plain_floor_s"
