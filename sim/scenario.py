@@ -32,7 +32,7 @@ from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.protocol.bounds import InputBounds, world_state_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.wire.events import WorldStateMessage
+from sim.wire.events import Name, WorldStateMessage
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
@@ -51,7 +51,6 @@ __all__ = [
 MAX_SCENARIO_BYTES = 1_000_000_000
 """A scenario file's size at most (1 GB: a 100,000-NPC world is a few tens of MB)."""
 
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
 Tick = Annotated[int, msgspec.Meta(ge=0)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -61,23 +60,23 @@ class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class ScenarioMeta(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: Id
+    name: Name
     description: str = ""
     seed: int = 0
     ticks: Annotated[int, msgspec.Meta(ge=1)] = 30
 
 
 class LocationSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    id: Id
+    id: Name
     name: str = ""
 
 
 class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One NPC: where it stands, who it is, and the state it starts with."""
 
-    id: Id
+    id: Name
     name: str
-    location: Id
+    location: Name
     system_prompt: str
     kind: str = "npc"
     ambient_chance: Probability = 0.05
@@ -91,14 +90,14 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
 class PlayerInput(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     tick: Tick
-    to: Id
+    to: Name
     text: Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class PlayerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    id: Id
+    id: Name
     name: str = ""
-    location: Id | None = None
+    location: Name | None = None
     script: list[PlayerInput] = []
 
 

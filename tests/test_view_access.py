@@ -265,7 +265,7 @@ def _logged(caplog: pytest.LogCaptureFixture, n: int) -> object:
     return probe
 
 
-@pytest.mark.parametrize("name", ["shard", "worker", "game", "a/b", "", "x" * 65, "bob smith"])
+@pytest.mark.parametrize("name", ["shard", "worker", "game", "a/b", "", "x" * 129, "bob\n", "bob smith"])
 def test_the_view_never_speaks_as_a_role_or_a_non_name(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match="--as-player"):
         build_app(offline_source([], player=name))

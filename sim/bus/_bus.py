@@ -312,9 +312,9 @@ class Bus:
         a kill -9 (a subscriber de-duplicates by inference id)."""
         waiting = [*(item for _, item in sorted(self._unacknowledged.items())),
                    *(item for _, item in sorted(self._retry)), *self._outbox]
-        prefix = self._router.agent_prefix
+        run = self._router.run
         return [(topic, payload) for topic, payload, _, _ in waiting
-                if topic.startswith(prefix) and topic.endswith("/say")]
+                if (parsed := topics.parse(topic)) is not None and parsed.kind == "agent_say" and parsed.run == run]
 
     async def wait_sent(self) -> None:
         """Send the traces waiting for their batch, then wait until the outbox is empty

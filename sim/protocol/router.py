@@ -23,7 +23,6 @@ such: the shard does not apply it, and says so when it differs from its world.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -36,14 +35,11 @@ from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputRece
 from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
 from sim.wire.barrier import Hello, decode_barrier
-from sim.wire.events import AnyEvent, decode_batch, decode_player_input, decode_world_state
+from sim.wire.events import AnyEvent, decode_batch, decode_player_input, decode_world_state, is_name
 
 __all__ = ["BusStats", "Router", "retained_why"]
 
 log = logging.getLogger(__name__)
-
-# A player id becomes an event's speaker: the same rule as events.Name.
-_PLAYER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 @dataclass
@@ -100,10 +96,9 @@ class Router:
         self._inboxes: list[AbstractSet[str]] = []  # the agents whose inbox topics are routed here
         self._seen = SeenEvents(seen_events)
         self._logged: set[str] = set()
+        self.run = run
         self.world_topic = topics.world_state(run)
-        self.player_prefix = topics.run_root(run) + "/player/"
         self.agent_prefix = topics.run_root(run) + "/agent/"
-        self.barrier_prefix = topics.run_root(run) + "/barrier/"
         self._player_input = self._world_state = self._barrier = False
         # Batches of earlier ticks are re-sends whose events were perceived already (the
         # shard raises this to the tick whose barrier it waits for): they are dropped.
@@ -126,18 +121,25 @@ class Router:
         NPCs are held once."""
         self._inboxes.append(agents if isinstance(agents, AbstractSet) else frozenset(agents))
 
+    def _parse(self, topic: str) -> tuple[topics.TopicKind | None, str]:
+        """The kind of `topic` and the name in it (`topics.parse`); (None, "") when it is not
+        a topic of this run."""
+        parsed = topics.parse(topic)
+        return (None, "") if parsed is None or parsed.run != self.run else (parsed.kind, parsed.name)
+
+    def _is_local(self, agent: str) -> bool:
+        """Whether `agent`'s inbox is routed here."""
+        return any(agent in agents for agents in self._inboxes)
+
     def _inbox_agent(self, topic: str) -> str | None:
         """The local agent whose inbox `topic` is, or None."""
-        if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
-            agent = topic[len(self.agent_prefix) : -len("/inbox")]
-            if any(agent in agents for agents in self._inboxes):
-                return agent
-        return None
+        kind, agent = self._parse(topic)
+        return agent if kind == "agent_inbox" and self._is_local(agent) else None
 
     def route_player_input(self) -> str:
         """Take player input (`player/+/input`); returns the topic filter to subscribe."""
         self._player_input = True
-        return self.player_prefix + "+/input"
+        return topics.player_input_all(self.run)
 
     def route_world_state(self) -> str:
         """Take the game system's world state; returns the topic to subscribe."""
@@ -147,7 +149,7 @@ class Router:
     def route_barrier(self) -> str:
         """Take every shard's barrier messages; returns the topic filter to subscribe."""
         self._barrier = True
-        return self.barrier_prefix + "+"
+        return topics.barrier_all(self.run)
 
     def is_routed(self, topic: str) -> bool:
         """Whether batches on `topic` are taken here (the barrier waits only for those)."""
@@ -221,19 +223,22 @@ class Router:
         `retained`: the broker kept it from before this subscription (the MQTT retain flag)."""
         self.stats.messages_in += 1
         self.stats.bytes_in += len(payload)
-        if topic in self._places or self._inbox_agent(topic) is not None:
+        if topic in self._places:
             return self._receive_batch(topic, payload)
-        if self._player_input and topic.startswith(self.player_prefix) and topic.endswith("/input"):
+        kind, name = self._parse(topic)
+        if kind == "agent_inbox":
+            if self._is_local(name):
+                return self._receive_batch(topic, payload)
+            return None  # another shard's agent: shards share one `agent/+/inbox` subscription
+        if self._player_input and kind == "player_input":
             if not retained:
-                return self._receive_player_input(topic, payload)
+                return self._receive_player_input(topic, name, payload)
             self._refuse_retained("retained player input", topic)
             return None
-        if self._world_state and topic == self.world_topic:
+        if self._world_state and kind == "world_state":
             return self._receive_world_state(topic, payload, retained)
-        if self._barrier and topic.startswith(self.barrier_prefix):
-            return self._receive_barrier(topic, payload)
-        if topic.startswith(self.agent_prefix) and topic.endswith("/inbox"):
-            return None  # another shard's agent: shards share one `agent/+/inbox` subscription
+        if self._barrier and kind == "barrier":
+            return self._receive_barrier(topic, name, payload)
         self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
         return None
 
@@ -295,7 +300,7 @@ class Router:
             box.put(event)
             self.stats.events_delivered += heard_by
 
-    def _receive_barrier(self, topic: str, payload: bytes) -> BarrierReceived | None:
+    def _receive_barrier(self, topic: str, shard: str, payload: bytes) -> BarrierReceived | None:
         # A Hello is sealed before its sender knows the run nonce (sim.protocol.seal), and only a Hello may be.
         hello = None if self.run_key is None else self.run_key.open_unbound(topic, payload)
         body = hello if hello is not None else self._open(topic, payload)
@@ -309,14 +314,13 @@ class Router:
         if hello is not None and not isinstance(message, Hello):
             self.stats.refusals.refuse(UNSIGNED, topic, "sealed without the run nonce, and not a Hello")
             return None
-        if topic != self.barrier_prefix + message.shard:
+        if message.shard != shard:
             self.count_malformed("barrier", topic, ValueError(f"shard {message.shard!r} on another shard's topic"))
             return None
         return BarrierReceived(message)
 
-    def _receive_player_input(self, topic: str, payload: bytes) -> PlayerInputReceived | None:
-        player = topic[len(self.player_prefix) : -len("/input")]
-        if not _PLAYER_ID.match(player):
+    def _receive_player_input(self, topic: str, player: str, payload: bytes) -> PlayerInputReceived | None:
+        if not is_name(player):
             self.count_malformed("player input", topic, ValueError(f"player id {player[:40]!r} is not a name"))
             return None
         try:

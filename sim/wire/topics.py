@@ -1,15 +1,21 @@
-"""The MQTT topic scheme (DESIGN.md, "Events and topics"): one function per topic.
+"""The MQTT topic scheme (docs/topics.md): one function per topic, and `parse`, their inverse.
 
 Public topics (say, player input, world state, status) carry JSON; internal ones msgpack.
+Topics are built and read here only, so that what a shard publishes and what it takes
+cannot drift apart.
 """
 
 from __future__ import annotations
 
-import re
+from typing import Literal, NamedTuple
+
+from sim.wire.events import is_name
 
 __all__ = [
     "ROLE_LOGINS",
     "ROOT",
+    "Topic",
+    "TopicKind",
     "agent_inbox",
     "agent_say",
     "barrier",
@@ -22,7 +28,9 @@ __all__ = [
     "infer_worker",
     "infer_workers",
     "location_events",
+    "parse",
     "player_input",
+    "player_input_all",
     "roster",
     "run_root",
     "status",
@@ -32,7 +40,6 @@ __all__ = [
 
 ROOT = "npcsim"
 _FORBIDDEN = set("/+#\x00")
-_PLAYER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ROLE_LOGINS = frozenset({"shard", "worker", "game"})
 """The internal roles' logins (broker-config/acl): no player speaks as one. The viewer is a
 role too, but the ACL lets it speak as player `viewer`, its own name, and as nothing else."""
@@ -40,15 +47,19 @@ role too, but the ACL lets it speak as player `viewer`, its own name, and as not
 
 def check_segment(kind: str, value: str) -> str:
     """A topic segment must be non-empty and free of MQTT separators and wildcards."""
-    if not value or _FORBIDDEN & set(value):
+    if not _is_segment(value):
         raise ValueError(f"{kind} {value!r} cannot be used in an MQTT topic (empty, or has / + # or NUL)")
     return value
 
 
+def _is_segment(value: str) -> bool:
+    return bool(value) and _FORBIDDEN.isdisjoint(value)
+
+
 def check_player(player: str) -> str:
-    """A player id to speak as: 1-64 of A-Z a-z 0-9 _ . -, and not a role's login (ROLE_LOGINS)."""
-    if not _PLAYER.fullmatch(player):
-        raise ValueError(f"player {player[:80]!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    """A player id to speak as: a name (`sim.wire.events.Name`), and not a role's login (ROLE_LOGINS)."""
+    if not is_name(player):
+        raise ValueError(f"player {player[:80]!r} must be 1-128 characters of A-Z a-z 0-9 _ . -")
     if player in ROLE_LOGINS:
         raise ValueError(f"player {player!r} is an internal role's name ({', '.join(sorted(ROLE_LOGINS))})")
     return player
@@ -72,6 +83,11 @@ def agent_say(run: str, agent: str) -> str:
 
 def player_input(run: str, player: str) -> str:
     return f"{run_root(run)}/player/{check_segment('player', player)}/input"
+
+
+def player_input_all(run: str) -> str:
+    """Every player's input topic: what a shard taking player input subscribes."""
+    return f"{run_root(run)}/player/+/input"
 
 
 def world_state(run: str) -> str:
@@ -122,3 +138,62 @@ def trace(run: str, shard: str) -> str:
 def roster(run: str, shard: str) -> str:
     """A shard's NPCs and where they are (JSON, retained): what a viewer lists."""
     return f"{run_root(run)}/roster/{check_segment('shard', shard)}"
+
+
+TopicKind = Literal[
+    "location_events", "agent_inbox", "agent_say", "player_input", "world_state", "infer_request",
+    "infer_response", "infer_worker", "status", "barrier", "trace", "roster",
+]
+"""What a topic is: the name of the function above that builds it."""
+
+
+class Topic(NamedTuple):
+    """A topic read back (`parse`): its run, its kind, and the name in it (the place, agent,
+    player, shard or worker; "" for `world/state` and `infer/req`)."""
+
+    run: str
+    kind: TopicKind
+    name: str = ""
+
+
+def parse(topic: str) -> Topic | None:
+    """`topic` as the function above that built it would be called, or None for what none of
+    them builds: another root, another kind, a level too many or too few, an empty segment or
+    one with a wildcard (a filter such as `barrier_all`'s is not a topic).
+
+    The name is returned as it is: whether it is a known agent, or a player id (a `Name`),
+    is the caller's question.
+    """
+    levels = topic.split("/")
+    if len(levels) < 4 or levels[0] != ROOT or not _is_segment(levels[1]):
+        return None
+    run = levels[1]
+    kind: TopicKind
+    match levels[2:]:
+        case ["loc", name, "events"]:
+            kind = "location_events"
+        case ["agent", name, "inbox"]:
+            kind = "agent_inbox"
+        case ["agent", name, "say"]:
+            kind = "agent_say"
+        case ["player", name, "input"]:
+            kind = "player_input"
+        case ["world", "state"]:
+            return Topic(run, "world_state")
+        case ["infer", "req"]:
+            return Topic(run, "infer_request")
+        case ["infer", "resp", name]:
+            kind = "infer_response"
+        case ["infer", "worker", name]:
+            kind = "infer_worker"
+        case ["status", name]:
+            kind = "status"
+        case ["barrier", name]:
+            kind = "barrier"
+        case ["trace", name]:
+            kind = "trace"
+        case ["roster", name]:
+            kind = "roster"
+        case _:
+            return None
+    return Topic(run, kind, name) if _is_segment(name) else None
