@@ -125,7 +125,8 @@ async def _check_run(address: BrokerAddress, run: str) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_PROBE_S):
                 async for message in client.messages:
-                    known.add(message.topic.value.split("/")[1])
+                    if (status := topics.parse(message.topic.value)) is not None:
+                        known.add(status.run)
                     if run in known:
                         return
 

@@ -166,8 +166,9 @@ class _PoolLink:
         now = time.monotonic()
         level = logging.WARNING if now - self.will_logged >= RESEND_GAP else logging.DEBUG
         self.will_logged = now
+        worker = topics.parse(topic)
         log.log(level, "worker %s is gone (its last will): re-sending the %d inference requests of shard %s "
-                "waiting for replies", topic.rsplit("/", 1)[-1], len(held), self.config.shard)
+                "waiting for replies", worker.name if worker else topic, len(held), self.config.shard)
         if held:
             self.resend_due.set()
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from sim.wire import topics
 from sim.wire.events import (
     PlayerInputMessage,
     SayMessage,
@@ -77,24 +78,26 @@ class RunModel:
 
     def feed(self, topic: str, payload: bytes, now: float) -> None:
         """Apply one MQTT message of this run; a malformed one is counted by kind and dropped."""
-        parts = topic.split("/")
-        kind = "/".join(parts[2:3] + parts[4:5]) if len(parts) >= 4 else topic
+        parsed = topics.parse(topic)
+        if parsed is None:
+            return
+        kind, name = parsed.kind, parsed.name
         try:
-            if len(parts) == 5 and parts[2] == "agent" and parts[4] == "say":
+            if kind == "agent_say":
                 self.add_line(decode_say(payload))
-            elif len(parts) == 5 and parts[2] == "player" and parts[4] == "input":
-                self.add_player_input(parts[3], decode_player_input(payload))
-            elif parts[2:] == ["world", "state"]:
+            elif kind == "player_input":
+                self.add_player_input(name, decode_player_input(payload))
+            elif kind == "world_state":
                 self.set_world(decode_world_state(payload).state)
-            elif len(parts) == 4 and parts[2] == "status":
+            elif kind == "status":
                 status = decode_status(payload)
-                self.shards[parts[3]] = {"state": status.state, "tick": status.tick}
+                self.shards[name] = {"state": status.state, "tick": status.tick}
                 if status.tick is not None:
                     self._see_tick(status.tick)
-            elif len(parts) == 4 and parts[2] == "trace":
+            elif kind == "trace":
                 for trace in decode_traces(payload):
                     self.add_trace(trace)
-            elif len(parts) == 4 and parts[2] == "roster":
+            elif kind == "roster":
                 self.set_roster(decode_roster(payload).npcs)
             else:
                 return
