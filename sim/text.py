@@ -1,23 +1,49 @@
 """Characters that are not text: terminal escape sequences, control characters, bidi and
-zero-width marks (DESIGN.md, "Trust boundary").
+zero-width marks, and other characters that show nothing (docs/working-memory.md, "Untrusted
+text is inert").
 
 Text that came from outside (a model's reply, a player's words) carries them to whatever
 shows it: an ESC sequence clears a terminal, U+202E turns a line around, U+200B hides a
-marker from a filter. One definition here, for every place that keeps them out: output
-handling (the line an NPC says, on the public `say` topic and in the audit) and the
-prompt's rendering of untrusted text (`sim.memory.render.inert`). Pure: no I/O.
+marker from a filter. They are defined here once, for every place that keeps them out:
+
+- `INVISIBLE` (zero-width and bidi marks) is removed from text that is kept: the line an
+  NPC says (`without_controls`: the public `say` topic, the audit) and untrusted text in
+  the prompt (`sim.memory.render.inert`). It stays this narrow set because the prompt's
+  rendering is a recorded contract (`RENDERER_VERSION`): what it removes decides the
+  prompts a recorded run replays, so a wider set would be a new renderer.
+- `UNSEEN` is `INVISIBLE` and the blanks: soft hyphen, combining grapheme joiner, Hangul
+  fillers, the deprecated format controls, interlinear annotation marks and tag
+  characters. It is for what is compared or shown, never kept: the fact guard drops them
+  before it reads words (one inside a word must not hide a denial) and the terminal shows
+  them as escapes (`sim.cli`).
+- `CONTROLS`: C0 and C1 controls and DEL, as a character class; `without_controls` removes
+  them but the line breaks, the terminal escapes them all.
+
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["INVISIBLE", "remove_invisible", "without_controls"]
+__all__ = ["CONTROLS", "INVISIBLE", "UNSEEN", "remove_invisible", "remove_unseen", "without_controls"]
 
-INVISIBLE = re.compile("[\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+_ZERO_WIDTH = "\u180e\u200b-\u200d\u2060-\u2064\ufeff"
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_BLANKS = "\u00ad\u034f\u115f\u1160\u206a-\u206f\u3164\ufff9-\ufffb\uffa0\U000e0000-\U000e007f"
+
+INVISIBLE = re.compile(f"[{_ZERO_WIDTH}{_BIDI}]")
 """Zero-width and bidi controls: ZWSP, ZWNJ, ZWJ, LRM, RLM, the embeddings and overrides
 (U+202A..U+202E), word joiner and invisible operators, the isolates (U+2066..U+2069), the
 BOM, the Arabic letter mark and the Mongolian vowel separator."""
+
+UNSEEN = re.compile(f"[{_ZERO_WIDTH}{_BIDI}{_BLANKS}]")
+"""`INVISIBLE` and the characters that show nothing: soft hyphen, combining grapheme joiner,
+the Hangul fillers (U+115F, U+1160, U+3164, U+FFA0), the deprecated format controls
+(U+206A..U+206F), the interlinear annotation marks (U+FFF9..U+FFFB), the tags (U+E0000..U+E007F)."""
+
+CONTROLS = "\x00-\x1f\x7f-\x9f"
+"""C0 controls, DEL and C1 controls: the body of a regular expression's character class."""
 
 # ECMA-48: a CSI sequence (ESC [ or C1 CSI, parameters, intermediates, a final byte); an
 # OSC, DCS, SOS, PM or APC string up to its terminator (BEL, ST) or the end; any other
@@ -27,14 +53,18 @@ _ESCAPE_SEQUENCE = re.compile(
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
     r"|\x1b[ -/]*[0-~]?"
 )
-# C0 controls, DEL and C1 controls, except the line breaks of str.splitlines (\n \r \v \f
-# \x1c-\x1e \x85) and the tab (a space).
-_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+# The controls but the line breaks of str.splitlines (\n \r \v \f \x1c-\x1e \x85) and the tab.
+_CONTROLS_IN_LINES = re.compile(f"(?![\t\n\v\f\r\x1c-\x1e\x85])[{CONTROLS}]")
 
 
 def remove_invisible(text: str) -> str:
     """`text` without zero-width and bidi controls."""
     return INVISIBLE.sub("", text)
+
+
+def remove_unseen(text: str) -> str:
+    """`text` without any character that shows nothing (`UNSEEN`)."""
+    return UNSEEN.sub("", text)
 
 
 def without_controls(text: str) -> str:
@@ -43,4 +73,4 @@ def without_controls(text: str) -> str:
     Line breaks stay (the caller decides what a line is); a tab becomes a space.
     """
     text = _ESCAPE_SEQUENCE.sub("", text).replace("\t", " ")
-    return remove_invisible(_CONTROLS.sub("", text))
+    return remove_invisible(_CONTROLS_IN_LINES.sub("", text))

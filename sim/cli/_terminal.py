@@ -27,18 +27,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from sim.text import CONTROLS, UNSEEN
+
 __all__ = ["Out", "Piece", "closed_pipe", "json_line", "printable", "silence_stdout"]
 
-# What never reaches a terminal raw: C0 controls and DEL, C1 controls, the bidi controls
-# (embeddings, overrides, isolates, marks), zero-width and other invisible characters
-# (joiners, word joiner, invisible operators, BOM, soft hyphen, Mongolian vowel separator,
-# interlinear annotations, Unicode tags), and the line and paragraph separators. A
-# zero-width joiner between two pictographs is an emoji sequence and is left alone.
+# What never reaches a terminal raw: C0 and C1 controls and DEL, every character that
+# shows nothing (sim.text.UNSEEN: bidi and zero-width marks, soft hyphen, tags, ...), and
+# the line and paragraph separators. A zero-width joiner between two pictographs is an
+# emoji sequence and is left alone.
 _PICTOGRAPH = "\u2600-\u27bf\U0001f000-\U0001faff"
 _UNSEEN = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
-    "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
-    f"|(?<![{_PICTOGRAPH}])\u200d|\u200d(?![{_PICTOGRAPH}])"
+    f"(?!(?<=[{_PICTOGRAPH}])\u200d[{_PICTOGRAPH}])(?:[{CONTROLS}\u2028\u2029]|{UNSEEN.pattern})"
 )
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 

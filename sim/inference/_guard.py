@@ -6,7 +6,8 @@ the built-in one and the default: rules over words, no model, microseconds per l
 it catches and what needs a stronger guard is in docs/inference.md ("The fact guard").
 
 How it reads a text (the fact and the line alike):
-1. Normalise: NFKC, zero-width and bidi controls removed, look-alike letters (Cyrillic,
+1. Normalise: NFKC, characters that show nothing removed (`sim.text.UNSEEN`: a zero-width
+   mark or soft hyphen inside a word must not hide it), look-alike letters (Cyrillic,
    Greek) mapped to the Latin ones, accents dropped, case folded, apostrophes straightened.
 2. Rewrite phrases: idioms that carry a "no" without denying anything ("no doubt", "don't
    forget", "make no mistake") become clause breaks; "it is false that", "it is not true
@@ -43,6 +44,7 @@ from typing import Protocol, cast
 
 from sim.errors import ConfigError
 from sim.memory import Fact
+from sim.text import remove_unseen
 
 __all__ = ["FactGuard", "contradicted_fact", "load_fact_guard"]
 
@@ -55,9 +57,6 @@ class FactGuard(Protocol):
 
 _NEG = "\x00not"  # a negation, as a token no word can be
 
-_INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u034f\u061c\u115f\u1160\u180e\u200b\u200c\u200d\u200e\u200f"
-                               "\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064\u2066\u2067"
-                               "\u2068\u2069\u3164\ufeff\uffa0"))
 # Letters that look like Latin ones (Unicode's confusables for the Latin alphabet, the
 # common part): Cyrillic and Greek, lower and upper case.
 _LOOKALIKE = str.maketrans({
@@ -187,7 +186,7 @@ _OPPOSITE_OF: dict[str, frozenset[str]] = {
 def _normalise(text: str) -> str:
     if text.isascii():  # nothing to compose, remove, map or strip of accents
         return text.casefold().translate(_APOSTROPHES)
-    text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE).translate(_LOOKALIKE)
+    text = remove_unseen(unicodedata.normalize("NFKC", text)).translate(_LOOKALIKE)
     text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
     return text.casefold().translate(_APOSTROPHES)
 
