@@ -16,8 +16,10 @@ marker from a filter. They are defined here once, for every place that keeps the
   characters. It is for what is compared or shown, never kept: the fact guard drops them
   before it reads words (one inside a word must not hide a denial) and the terminal shows
   them as escapes (`sim.cli`).
-- `CONTROLS`: C0 and C1 controls and DEL, as a character class; `without_controls` removes
-  them but the line breaks, the terminal escapes them all.
+- `CONTROLS`: C0 and C1 controls and DEL, and `LINE_BREAKS`, as character classes:
+  `without_controls` removes the controls but the line breaks, the prompt's rendering
+  shows a line break as a visible "\\n" and another control as a space, the terminal
+  escapes them all.
 
 Pure: no I/O.
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CONTROLS", "INVISIBLE", "UNSEEN", "remove_invisible", "remove_unseen", "without_controls"]
+__all__ = ["CONTROLS", "INVISIBLE", "LINE_BREAKS", "UNSEEN", "remove_invisible", "remove_unseen", "without_controls"]
 
 _ZERO_WIDTH = "\u180e\u200b-\u200d\u2060-\u2064\ufeff"
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
@@ -45,6 +47,9 @@ the Hangul fillers (U+115F, U+1160, U+3164, U+FFA0), the deprecated format contr
 CONTROLS = "\x00-\x1f\x7f-\x9f"
 """C0 controls, DEL and C1 controls: the body of a regular expression's character class."""
 
+LINE_BREAKS = "\n\v\f\r\x1c-\x1e\x85\u2028\u2029"
+"""The line breaks of str.splitlines, all but the last two controls: a character class's body."""
+
 # ECMA-48: a CSI sequence (ESC [ or C1 CSI, parameters, intermediates, a final byte); an
 # OSC, DCS, SOS, PM or APC string up to its terminator (BEL, ST) or the end; any other
 # two-byte ESC sequence. Removed whole, so that no "[31m" is left behind.
@@ -53,8 +58,8 @@ _ESCAPE_SEQUENCE = re.compile(
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
     r"|\x1b[ -/]*[0-~]?"
 )
-# The controls but the line breaks of str.splitlines (\n \r \v \f \x1c-\x1e \x85) and the tab.
-_CONTROLS_IN_LINES = re.compile(f"(?![\t\n\v\f\r\x1c-\x1e\x85])[{CONTROLS}]")
+# The controls but the line breaks and the tab.
+_CONTROLS_IN_LINES = re.compile(f"(?![\t{LINE_BREAKS}])[{CONTROLS}]")
 
 
 def remove_invisible(text: str) -> str:

@@ -27,7 +27,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from sim.text import CONTROLS, UNSEEN
+from sim.text import CONTROLS, LINE_BREAKS, UNSEEN
 
 __all__ = ["Out", "Piece", "closed_pipe", "json_line", "printable", "silence_stdout"]
 
@@ -37,7 +37,7 @@ __all__ = ["Out", "Piece", "closed_pipe", "json_line", "printable", "silence_std
 # emoji sequence and is left alone.
 _PICTOGRAPH = "\u2600-\u27bf\U0001f000-\U0001faff"
 _UNSEEN = re.compile(
-    f"(?!(?<=[{_PICTOGRAPH}])\u200d[{_PICTOGRAPH}])(?:[{CONTROLS}\u2028\u2029]|{UNSEEN.pattern})"
+    f"(?!(?<=[{_PICTOGRAPH}])\u200d[{_PICTOGRAPH}])(?:[{CONTROLS}{LINE_BREAKS}]|{UNSEEN.pattern})"
 )
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 

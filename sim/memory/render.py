@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from sim.errors import ConfigError
-from sim.text import remove_invisible
+from sim.text import CONTROLS, LINE_BREAKS, remove_invisible
 
 if TYPE_CHECKING:
     from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
@@ -104,8 +104,8 @@ Escape = Callable[[str], str]
 
 # Line breaks of every kind (str.splitlines' set) become a visible "\n"; other control
 # characters a space.
-_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
-_CONTROLS = re.compile("[\x00-\x08\t\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+_BREAKS = re.compile(f"\r\n|[{LINE_BREAKS}]")
+_CONTROLS = re.compile(f"(?![{LINE_BREAKS}])[{CONTROLS}]")
 # Renderer 2's markers, a list of families: every "<|" and "|>" (ChatML, Llama 3, Phi),
 # [INST] and <<SYS>> (Llama 2, Mistral), <s> </s> <bos> <eos>, Gemma's turn markers.
 _MARKERS_2 = re.compile(
