@@ -45,15 +45,15 @@ ROLE_LOGINS = frozenset({"shard", "worker", "game"})
 role too, but the ACL lets it speak as player `viewer`, its own name, and as nothing else."""
 
 
+def _is_segment(value: str) -> bool:
+    return bool(value) and _FORBIDDEN.isdisjoint(value)
+
+
 def check_segment(kind: str, value: str) -> str:
     """A topic segment must be non-empty and free of MQTT separators and wildcards."""
     if not _is_segment(value):
         raise ValueError(f"{kind} {value!r} cannot be used in an MQTT topic (empty, or has / + # or NUL)")
     return value
-
-
-def _is_segment(value: str) -> bool:
-    return bool(value) and _FORBIDDEN.isdisjoint(value)
 
 
 def check_player(player: str) -> str:
@@ -157,9 +157,9 @@ class Topic(NamedTuple):
 
 
 def parse(topic: str) -> Topic | None:
-    """`topic` as the function above that built it would be called, or None for what none of
-    them builds: another root, another kind, a level too many or too few, an empty segment or
-    one with a wildcard (a filter such as `barrier_all`'s is not a topic).
+    """The run, kind and name `topic` was built from (the inverse of the functions above), or
+    None for what none of them builds: another root, another kind, a level too many or too
+    few, an empty segment or one with a wildcard (a filter such as `barrier_all`'s is not a topic).
 
     The name is returned as it is: whether it is a known agent, or a player id (a `Name`),
     is the caller's question.
