@@ -101,9 +101,13 @@ class Helper:
             pass
         return await self.process.wait()
 
+    def end_input(self) -> None:
+        """Close its stdin: it ends once it has done with what it was sent."""
+        self._stdin.close()
+
     async def stop(self) -> None:
         """Close its stdin (it ends at once), then wait a little and kill it if it has not."""
-        self._stdin.close()
+        self.end_input()
         try:
             async with asyncio.timeout(_STOP_WAIT):
                 await self.ended()
