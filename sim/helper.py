@@ -3,7 +3,8 @@
 A shard's event loop is one thread. What it hands a helper (serving an inference: the pool's
 worker process, `sim.inference._local`; parsing a large scenario, `sim.shard._startup`) runs
 beside it in a child process, `python -m MODULE`, that speaks frames (`sim.wire.local`) on
-its stdin and stdout. Every child process of npcsim is one of these:
+its stdin and stdout. Every process npcsim starts to run its own code is one of these (the
+other child is Mosquitto, `sim.broker`; tests/test_layout.py holds the code to that):
 
     helper = await Helper.start("sim.inference._local_worker", config_body, what="inference worker")
     helper.send(body)                  # a frame to the child

@@ -1,6 +1,6 @@
 """The layout's rules, read from the code: no import circle, no reach into another package's
-private modules, agents that reach the engine only through their context, tests that wait
-for conditions rather than for a fixed time.
+private modules, agents that reach the engine only through their context, child processes
+started by `sim.helper` only, tests that wait for conditions rather than for a fixed time.
 
 Every `import` and `from ... import` of sim, agents and benchmarks is read with `ast`, those
 inside functions too; those under `if TYPE_CHECKING:` are left aside (they never run). An
@@ -19,6 +19,9 @@ from tests.helpers import REPO
 ROOTS = ("sim", "agents", "benchmarks")
 # What an agent may import from the engine: its context, the wire events, the state model.
 AGENT_ALLOWED = ("sim.shard", "sim.wire", "sim.memory", "sim.scenario")
+PROCESS_STARTERS = {"sim.helper", "sim.broker"}
+"""The modules that start child processes: npcsim's own (`sim.helper`) and Mosquitto (`sim.broker`)."""
+PROCESS_MODULES = ("multiprocessing", "subprocess", "concurrent.futures.process")
 SLEEPS_ALLOWED = ("tests/helpers.py", "tests/faults/")
 """Where tests may sleep for a literal time: `elapse` in the helpers, and the fault harness,
 whose outages and delays are what it injects."""
@@ -134,6 +137,25 @@ def test_agents_reach_the_engine_only_through_their_context() -> None:
     assert not wrong, "agents importing engine internals:\n" + "\n".join(wrong)
 
 
+def process_starts(module: str) -> Iterator[int]:
+    """The lines where `module` imports a way of starting processes, or starts an asyncio child process."""
+    for base, name, line in imports(module):
+        if base.startswith(PROCESS_MODULES) or name == "ProcessPoolExecutor":
+            yield line
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("create_subprocess_"):
+            yield node.lineno
+
+
+def test_child_processes_are_started_by_sim_helper_only() -> None:
+    wrong = [
+        f"{MODULES[module].relative_to(REPO)}:{line}"
+        for module in sorted(m for m in MODULES if m.startswith("sim") and m not in PROCESS_STARTERS)
+        for line in process_starts(module)
+    ]
+    assert not wrong, "a child process started outside sim.helper (use sim.helper.Helper):\n" + "\n".join(wrong)
+
+
 def literal_sleeps(tree: ast.AST) -> Iterator[int]:
     """The lines of `time.sleep(N)` and `asyncio.sleep(N)` (or `sleep(N)` imported from either)
     with N a literal other than 0 (`asyncio.sleep(0)` is a yield, not a wait)."""
@@ -176,3 +198,4 @@ def test_the_rules_see_what_they_are_about() -> None:
     sleeps = ast.parse("import time\nfrom asyncio import sleep as nap\ntime.sleep(0.3)\nnap(1)\n"
                        "asyncio.sleep(0)\nasyncio.sleep(delay=2)\nclock.sleep(5)\ntime.sleep(s)\n")
     assert list(literal_sleeps(sleeps)) == [3, 4, 6]
+    assert list(process_starts("sim.broker")) and list(process_starts("sim.helper"))
