@@ -1,10 +1,12 @@
-"""Helper processes: work that is a pure function of what it is given, on the machine's other core.
+"""Helper processes: npcsim's own code in a child process, on the machine's other cores.
 
-A shard's event loop is one thread. What it hands a helper (serving an inference: the pool's
-worker process, `sim.inference._local`; parsing a large scenario, `sim.shard._startup`) runs
-beside it in a child process, `python -m MODULE`, that speaks frames (`sim.wire.local`) on
-its stdin and stdout. Every process npcsim starts to run its own code is one of these (the
-other child is Mosquitto, `sim.broker`; tests/test_layout.py holds the code to that):
+An event loop is one thread. What it hands a helper runs beside it in a child process,
+`python -m MODULE`, that speaks frames (`sim.wire.local`) on its stdin and stdout: serving
+inferences (the pool's worker, `sim.inference._local`), parsing a large scenario
+(`sim.shard._startup`), a pass over the audit (`sim.replay._parallel`), the load test's
+sweep and its MQTT worker (`sim.loadtest`). Every process npcsim starts to run its own code
+is one of these (the other child is Mosquitto, `sim.broker`; tests/test_layout.py holds the
+code to that):
 
     helper = await Helper.start("sim.inference._local_worker", config_body, what="inference worker")
     helper.send(body)                  # a frame to the child
@@ -14,7 +16,8 @@ other child is Mosquitto, `sim.broker`; tests/test_layout.py holds the code to t
 
 The parent writes a configuration frame first; the child answers with a `Hello` when it is
 ready, or with why it cannot start (`Helper.start` raises ConfigError with it). The end of
-its stdin ends the child at once, whether the parent closed it or died (kill -9). On the
+its stdin ends the child, whether the parent closed it or died (kill -9): at once, or once
+the piece of work under way is done. On the
 child's side `helper_main` does the plumbing: frames go out on a copy of the original stdout,
 and stdout itself then points at stderr, so whatever the child's code prints cannot corrupt
 them; SIGINT is ignored (Ctrl-C in a terminal reaches the whole process group: the parent
