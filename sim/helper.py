@@ -1,21 +1,28 @@
-"""Helper processes: work that is a pure function of what it is given, on the machine's other core.
+"""Helper processes: npcsim's own code in a child process, on the machine's other cores.
 
-A shard's event loop is one thread. What it hands a helper (serving an inference: the pool's
-worker process, `sim.inference._local`) runs beside it in a child process, `python -m
-MODULE`, that speaks frames (`sim.wire.local`) on its stdin and stdout:
+An event loop is one thread. What it hands a helper runs beside it in a child process,
+`python -m MODULE`, that speaks frames (`sim.wire.local`) on its stdin and stdout: serving
+inferences (the pool's worker, `sim.inference._local`), parsing a large scenario
+(`sim.shard._startup`), a pass over the audit (`sim.replay._parallel`), the load test's
+sweep and its MQTT worker (`sim.loadtest`). Every process npcsim starts to run its own code
+is one of these (the other child is Mosquitto, `sim.broker`; tests/test_layout.py holds the
+code to that):
 
     helper = await Helper.start("sim.inference._local_worker", config_body, what="inference worker")
     helper.send(body)                  # a frame to the child
     while (body := await helper.read()) is not None: ...   # the child's frames, until it ends
     await helper.stop()                # close its stdin: it ends at once
+    await helper.abort()               # or kill it now (a stop request in the middle of its work)
 
 The parent writes a configuration frame first; the child answers with a `Hello` when it is
 ready, or with why it cannot start (`Helper.start` raises ConfigError with it). The end of
-its stdin ends the child at once, whether the parent closed it or died (kill -9). On the
+its stdin ends the child, whether the parent closed it or died (kill -9): at once, or once
+the piece of work under way is done. On the
 child's side `helper_main` does the plumbing: frames go out on a copy of the original stdout,
 and stdout itself then points at stderr, so whatever the child's code prints cannot corrupt
 them; SIGINT is ignored (Ctrl-C in a terminal reaches the whole process group: the parent
-stops the child); and the child leaves without freeing its heap object by object.
+stops the child); what the child wrote reaches the parent before it exits; and it leaves
+without freeing its heap object by object.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import NoReturn
 from sim.errors import ConfigError
 from sim.wire.local import FRAME_HEADER, Hello, decode_hello, encode, frame, frame_size
 
-__all__ = ["FRAME_ITEMS", "Helper", "helper_main", "read_frame"]
+__all__ = ["FRAME_ITEMS", "FrameWriter", "Helper", "Serve", "helper_main", "read_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +75,12 @@ class Helper:
             sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )
         helper = cls(process)
-        helper.send(config)
-        body = await helper.read()
+        try:
+            helper.send(config)
+            body = await helper.read()
+        except BaseException:
+            await helper.abort()  # a stop request while it starts: it goes at once
+            raise
         hello = None if body is None else decode_hello(body)
         if hello is None or hello.error is not None:
             await helper.stop()
@@ -88,24 +99,80 @@ class Helper:
         self.process.kill()
 
     async def ended(self) -> int:
-        """Its exit code, once it has ended."""
+        """Its exit code, once it has ended; frames not read are dropped (the asyncio process
+        ends only with its pipes, and a reader paused on a full buffer would never see its end)."""
+        while await self._stdout.read(1 << 16):
+            pass
         return await self.process.wait()
+
+    def end_input(self) -> None:
+        """Close its stdin: it ends once it has done with what it was sent."""
+        self._stdin.close()
 
     async def stop(self) -> None:
         """Close its stdin (it ends at once), then wait a little and kill it if it has not."""
-        self._stdin.close()
+        self.end_input()
         try:
             async with asyncio.timeout(_STOP_WAIT):
-                await self.process.wait()
+                await self.ended()
         except TimeoutError:
+            await self.abort()
+
+    async def abort(self) -> int:
+        """Kill it now (a stop request while it works); its exit code once it has ended."""
+        if self.process.returncode is None:
             self.process.kill()
-            await self.process.wait()
+        self._stdin.close()
+        return await self.ended()
 
 
-Serve = Callable[[bytes, asyncio.StreamReader, Callable[[bytes], None]], Awaitable[str | None]]
+class FrameWriter(asyncio.Protocol):
+    """The child's frames to its parent: `write(body)` queues one, `await drain()` waits until
+    the pipe has taken most of them (a child that sends much waits for its parent to read)."""
+
+    def __init__(self) -> None:
+        self._room = asyncio.Event()
+        self._room.set()
+        self._closed = asyncio.get_running_loop().create_future()
+        self._transport: asyncio.WriteTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self._transport = transport
+
+    def pause_writing(self) -> None:
+        self._room.clear()
+
+    def resume_writing(self) -> None:
+        self._room.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._room.set()  # a parent gone takes nothing more: nobody waits for it
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def __call__(self, body: bytes) -> None:
+        self.write(body)
+
+    def write(self, body: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(frame(body))
+
+    async def drain(self) -> None:
+        await self._room.wait()
+
+    async def close(self) -> None:
+        """Every frame written handed to the pipe, then the pipe closed."""
+        assert self._transport is not None
+        self._transport.close()
+        await self._closed
+
+
+Serve = Callable[[bytes, asyncio.StreamReader, FrameWriter], Awaitable[str | None]]
 """A child's work: given its configuration frame, its input and a frame writer, it says
-`Hello` through the writer and serves until the end of the input, or returns why it could not
-start (nothing is written then). Returns None when it ran to the end."""
+`Hello` through the writer and serves until the end of the input (or until its work is
+done), or returns why it could not start (nothing is written then). Returns None when it ran
+to the end."""
 
 
 def helper_main(serve: Serve) -> NoReturn:
@@ -118,19 +185,15 @@ def helper_main(serve: Serve) -> NoReturn:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
-        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, frames_out)
-
-        def write(body: bytes) -> None:
-            transport.write(frame(body))
-
+        _, write = await loop.connect_write_pipe(FrameWriter, frames_out)
         config = await read_frame(reader)
         if config is None:
             return 0
         error = await serve(config, reader, write)
         if error is not None:
             write(encode(Hello(error=error)))
-            return 1
-        return 0
+        await write.close()
+        return 0 if error is None else 1
 
     code = asyncio.run(main())
     logging.shutdown()

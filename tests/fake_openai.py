@@ -71,7 +71,7 @@ class FakeOpenAI:
         request = json.loads(body) if body else {}
         self.requests.append({"method": method, "path": path, "headers": headers, "body": request})
         if mode == "hang":
-            await asyncio.sleep(3600)  # the subject: a server that never answers (the client's timeout ends it)
+            await asyncio.Event().wait()  # the subject: a server that never answers (the client's timeout ends it)
         if self.capacity is not None:
             self._busy = self._busy or asyncio.Semaphore(self.capacity)
             async with self._busy:

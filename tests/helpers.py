@@ -4,12 +4,14 @@ worlds, and running `npcsim`.
 - Waiting: `await eventually(condition, what=...)` polls a condition (plain or async) until it
   holds and returns what it gave, or fails saying what never happened. A test never sleeps
   for a fixed time in place of a condition; where the time itself is the subject (an outage
-  of 2.5 s, a shard started seconds later) the sleep says so in a comment, and where a
-  shard's time is the subject the test runs on `sim.shard.VirtualClock`.
+  of 2.5 s, a shard started seconds later) it calls `elapse` (or `elapse_sync`) and says
+  why in a comment, and where a shard's time is the subject the test runs on
+  `sim.shard.VirtualClock`. tests/test_layout.py holds every other test module to this.
 - Brokers: `MosquittoProcess` (the `mosquitto` fixture in conftest.py starts one per test).
 - Worlds: the village, `small_world(...)` for the few-NPC worlds tests write by hand, and
   `generated_world(...)`, the 200-NPC world the determinism tests run.
-- Commands: `start_npcsim` (asyncio) and `popen_npcsim` run `npcsim ...` as a child process
+- Stores: `audit(db)`, what a run's audit says (ids, prompt digests, lines), to compare runs.
+- Commands: `start_npcsim` (asyncio), `popen_npcsim` and `run_npcsim` (blocking) run `npcsim ...` as a child process
   (this interpreter, this worktree's code), `ended` waits for one with a timeout and kills
   it if need be, `read_until` reads its output up to a line; `npcsim_in_process` calls
   `sim.cli.main` in the test's process. `NPCSIM` is the package's own console script, for
@@ -40,6 +42,7 @@ import pytest
 from sim.cli import main
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress
+from sim.store import open_reader
 
 __all__ = [
     "BROKER_CONFIG",
@@ -50,6 +53,10 @@ __all__ = [
     "MosquittoProcess",
     "Ran",
     "SmallNpc",
+    "audit",
+    "committed_tick",
+    "elapse",
+    "elapse_sync",
     "ended",
     "env_for",
     "eventually",
@@ -61,6 +68,7 @@ __all__ = [
     "popen_npcsim",
     "read_until",
     "require_mosquitto",
+    "run_npcsim",
     "small_world",
     "start_npcsim",
 ]
@@ -122,6 +130,18 @@ def eventually_sync(condition: Callable[[], T], *, what: str, within: float = WI
         time.sleep(every)  # the poll's interval, not a wait for anything
 
 
+async def elapse(seconds: float) -> None:
+    """Let `seconds` of real time pass, where the time itself is the test's subject (a broker
+    away longer than a timeout, a batch's linger, a flood spread out): never in place of a
+    condition, which `eventually` waits for. The caller says why in a comment."""
+    await asyncio.sleep(seconds)
+
+
+def elapse_sync(seconds: float) -> None:
+    """`elapse` for code without an event loop: blocks."""
+    time.sleep(seconds)
+
+
 # --- files --------------------------------------------------------------------------------
 
 
@@ -140,6 +160,12 @@ def committed_tick(db: Path) -> int:
 def fingerprint(path: Path) -> tuple[bytes, list[str]]:
     """A file's digest and the names beside it: what a read-only command must leave as it was."""
     return hashlib.sha256(path.read_bytes()).digest(), sorted(p.name for p in path.parent.iterdir())
+
+
+def audit(db: Path) -> set[tuple[str, str, str]]:
+    """A store's audit as (id, prompt digest, line): equal for two runs that said the same."""
+    with open_reader(db) as reader:
+        return {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
 
 
 # --- a private Mosquitto ------------------------------------------------------------------
@@ -362,6 +388,15 @@ def popen_npcsim(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         _npcsim_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_npcsim_env()
     )
+
+
+def run_npcsim(*args: str, within: float = 120.0) -> Ran:
+    """`npcsim ARGS` run to its end as a blocking child process, in the repository; from a
+    test's event loop, through `asyncio.to_thread`."""
+    done = subprocess.run(
+        _npcsim_argv(*args), capture_output=True, text=True, cwd=REPO, env=_npcsim_env(), timeout=within, check=False
+    )
+    return Ran(done.returncode, done.stdout, done.stderr)
 
 
 def npcsim_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:

@@ -16,7 +16,7 @@ from sim.protocol.received import BatchArrived, PlayerInputReceived
 from sim.wire import topics
 from sim.wire.events import EventBatch, PlayerInputMessage, Speech, encode_batch
 from sim.wire.trace import TraceMessage, decode_traces, encode_trace
-from tests.helpers import MosquittoProcess, eventually, free_port
+from tests.helpers import MosquittoProcess, elapse, eventually, free_port
 
 pytestmark = pytest.mark.mosquitto
 FAST = ReconnectPolicy(initial=0.05, maximum=0.2)
@@ -160,7 +160,7 @@ async def test_publishes_wait_in_a_bounded_window_not_for_each_acknowledgement()
         for n in range(10):
             await bus.publish(f"t{n}", b"x")
         await eventually(lambda: len(link.started) == 4, what="a full window of publishes")
-        await asyncio.sleep(0.05)  # the subject: a while with the window full, in which nothing more may start
+        await elapse(0.05)  # the subject: a while with the window full, in which nothing more may start
         assert link.started == ["t0", "t1", "t2", "t3"]  # the window is full: nothing more is sent
         link.acks["t2"].set()  # any acknowledgement makes room for the next, not the whole window's
         await eventually(lambda: len(link.started) == 5, what="the publish the acknowledgement let in")
@@ -213,7 +213,7 @@ async def test_traces_travel_in_batches_and_the_rest_goes_when_the_bus_closes(mo
             for n in range(25):
                 await bus.publish_trace(_trace(n))
             await eventually(lambda: len(listener.batches) == 2, what="the two full batches")
-            await asyncio.sleep(0.2)  # the subject: the last five wait for more (the linger is 30 s)
+            await elapse(0.2)  # the subject: the last five wait for more (the linger is 30 s)
             assert [len(b) for b in listener.batches] == [10, 10] and bus.stats.messages_out == 2
         await eventually(lambda: len(listener.batches) == 3, what="the last batch, sent as the bus closed")
         task.cancel()

@@ -59,7 +59,7 @@ async def test_an_input_in_flight_when_the_connection_is_reset_arrives_after_rec
 
         held = asyncio.create_task(proxy.stall(1.0))
         await _publish_input(mosquitto.port, "p1", "in flight")  # acknowledged by the broker
-        await asyncio.sleep(0.3)  # the subject: the broker has sent it into the held link
+        await eventually(lambda: proxy.held, what="the broker sending it into the held link")
         proxy.reset()
         await held
         got.clear()

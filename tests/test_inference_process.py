@@ -4,9 +4,13 @@ dies, ended with its pool or its shard, a clear error when it cannot start."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import psutil
@@ -32,6 +36,15 @@ def workers() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def unread(process: psutil.Process) -> int:
+    """The bytes waiting in a process's stdin pipe: 0 once it has read every frame sent to it."""
+    fd = os.open(f"/proc/{process.pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+    finally:
+        os.close(fd)
 
 
 def requests(n: int) -> list[InferenceRequest]:
@@ -86,7 +99,8 @@ async def test_a_killed_worker_process_is_started_again_and_no_request_is_lost(
         [first] = workers()
         serving = asyncio.gather(*(pool.infer(r) for r in batch))
         await eventually(lambda: pool.statistics().in_flight == 8, what="eight requests in flight")
-        await asyncio.sleep(0.1)  # the subject: they reached the worker, which holds them now
+        await asyncio.sleep(0)  # a yield: the pool writes the frame it queued
+        await eventually(lambda: unread(first) == 0, what="the worker reading them: it holds them now")
         first.kill()
         with caplog.at_level(logging.WARNING):
             there = list(await serving)

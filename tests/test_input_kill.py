@@ -22,7 +22,7 @@ import pytest
 
 from sim.store import PlayerArrival, arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
-from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, eventually, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, audit, committed_tick, eventually, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(400)]
 
@@ -42,11 +42,6 @@ def world_value(db: Path, agent: str, key: str) -> str | None:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         row = conn.execute("SELECT value FROM world WHERE agent = ? AND key = ?", (agent, key)).fetchone()
     return None if row is None else str(row[0])
-
-
-def audit(db: Path) -> set[tuple[str, str, str]]:
-    with open_reader(db) as reader:
-        return {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
 
 
 async def npcsim_run(mosquitto: MosquittoProcess, db: Path, log: Path, *extra: str) -> asyncio.subprocess.Process:

@@ -21,7 +21,7 @@ from sim.protocol.admission import Resends
 from sim.runner import RunConfig, RunStats, run
 from sim.wire import topics
 from sim.wire.barrier import Join, TickDone, decode_barrier, encode_barrier
-from tests.helpers import VILLAGE, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess, elapse, eventually
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
@@ -73,10 +73,10 @@ async def test_a_flood_of_forged_joins_makes_a_bounded_number_of_resends(
             forged = Join(shard="1", shards=2, tick=0, session=f"forged-{n}", seq=0)
             await client.publish(peer, encode_barrier(forged), qos=0)
             if n % 100 == 99:
-                await asyncio.sleep(0.05)  # the flood lasts a second and a half: many ticks
+                await elapse(0.05)  # the subject: the flood lasts a second and a half: many ticks
         await asyncio.gather(*jobs)
         elapsed = time.monotonic() - started
-        await asyncio.sleep(0.2)  # the last TickDones reach the watcher
+        await eventually(lambda: TICKS - 1 in done_by_tick, what="shard 0's last TickDone at the watcher")
         watcher.cancel()
     assert [s.tick for s in stats] == [TICKS - 1, TICKS - 1]  # the run went to its end on both shards
     zero = stats[0]

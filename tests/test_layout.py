@@ -1,5 +1,6 @@
 """The layout's rules, read from the code: no import circle, no reach into another package's
-private modules, agents that reach the engine only through their context.
+private modules, agents that reach the engine only through their context, child processes
+started by `sim.helper` only, tests that wait for conditions rather than for a fixed time.
 
 Every `import` and `from ... import` of sim, agents and benchmarks is read with `ast`, those
 inside functions too; those under `if TYPE_CHECKING:` are left aside (they never run). An
@@ -18,6 +19,12 @@ from tests.helpers import REPO
 ROOTS = ("sim", "agents", "benchmarks")
 # What an agent may import from the engine: its context, the wire events, the state model.
 AGENT_ALLOWED = ("sim.shard", "sim.wire", "sim.memory", "sim.scenario")
+PROCESS_STARTERS = {"sim.helper", "sim.broker"}
+"""The modules that start child processes: npcsim's own (`sim.helper`) and Mosquitto (`sim.broker`)."""
+PROCESS_MODULES = ("multiprocessing", "subprocess", "concurrent.futures.process")
+SLEEPS_ALLOWED = ("tests/helpers.py", "tests/faults/")
+"""Where tests may sleep for a literal time: `elapse` in the helpers, and the fault harness,
+whose outages and delays are what it injects."""
 
 
 def _modules() -> dict[str, Path]:
@@ -130,6 +137,55 @@ def test_agents_reach_the_engine_only_through_their_context() -> None:
     assert not wrong, "agents importing engine internals:\n" + "\n".join(wrong)
 
 
+def process_starts(module: str) -> Iterator[int]:
+    """The lines where `module` imports a way of starting processes, or starts an asyncio child process."""
+    for base, name, line in imports(module):
+        if base.startswith(PROCESS_MODULES) or name == "ProcessPoolExecutor":
+            yield line
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("create_subprocess_"):
+            yield node.lineno
+
+
+def test_child_processes_are_started_by_sim_helper_only() -> None:
+    wrong = [
+        f"{MODULES[module].relative_to(REPO)}:{line}"
+        for module in sorted(m for m in MODULES if m.startswith("sim") and m not in PROCESS_STARTERS)
+        for line in process_starts(module)
+    ]
+    assert not wrong, "a child process started outside sim.helper (use sim.helper.Helper):\n" + "\n".join(wrong)
+
+
+def literal_sleeps(tree: ast.AST) -> Iterator[int]:
+    """The lines of `time.sleep(N)` and `asyncio.sleep(N)` (or `sleep(N)` imported from either)
+    with N a literal other than 0 (`asyncio.sleep(0)` is a yield, not a wait)."""
+    bare = {
+        a.asname or a.name
+        for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in ("time", "asyncio")
+        for a in n.names if a.name == "sleep"
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        sleep = (isinstance(f, ast.Attribute) and f.attr == "sleep" and isinstance(f.value, ast.Name)
+                 and f.value.id in ("time", "asyncio")) or (isinstance(f, ast.Name) and f.id in bare)
+        given = [*node.args, *(k.value for k in node.keywords)][:1]
+        if sleep and given and isinstance(given[0], ast.Constant) and given[0].value != 0:
+            yield node.lineno
+
+
+def test_tests_wait_for_conditions_not_for_a_literal_time() -> None:
+    wrong = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        where = path.relative_to(REPO).as_posix()
+        if where.startswith(SLEEPS_ALLOWED):
+            continue
+        wrong += [f"{where}:{line}" for line in literal_sleeps(ast.parse(path.read_text(), str(path)))]
+    assert not wrong, ("a sleep for a literal time: wait for the condition (helpers.eventually, the shard's "
+                       "VirtualClock), or, where the time itself is the subject, helpers.elapse:\n" + "\n".join(wrong))
+
+
 def test_the_rules_see_what_they_are_about() -> None:
     """The reader finds imports inside functions and skips TYPE_CHECKING ones (else the tests above prove nothing)."""
     assert len(MODULES) > 80
@@ -139,3 +195,7 @@ def test_the_rules_see_what_they_are_about() -> None:
     names = [a.name for n in ast.walk(source) if isinstance(n, ast.Import) and id(n) not in hidden for a in n.names]
     assert sorted(names) == ["x", "z"]
     assert _private_owner("sim.memory._build") == "sim.memory" and _private_owner("sim.memory.render") is None
+    sleeps = ast.parse("import time\nfrom asyncio import sleep as nap\ntime.sleep(0.3)\nnap(1)\n"
+                       "asyncio.sleep(0)\nasyncio.sleep(delay=2)\nclock.sleep(5)\ntime.sleep(s)\n")
+    assert list(literal_sleeps(sleeps)) == [3, 4, 6]
+    assert list(process_starts("sim.broker")) and list(process_starts("sim.helper"))

@@ -38,7 +38,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import REPO, MosquittoProcess, eventually_sync, free_port
+from tests.helpers import REPO, MosquittoProcess, elapse_sync, eventually_sync, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(1200)]
 
@@ -282,7 +281,7 @@ def run_document(document: str, scratch: Path, broker: MosquittoProcess) -> int:
                     running = runner.start(command)
                     try:
                         runner.ready(running, where)
-                        time.sleep(1.0)  # the subject: it goes on running, a second later still
+                        elapse_sync(1.0)  # the subject: it goes on running, a second later still
                         assert running.alive(), f"{where}: `{command}` ended:\n{running.printed()}"
                     finally:
                         running.stop()

@@ -11,20 +11,14 @@ import pytest
 from sim.runner import RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
-from tests.helpers import REPO, MosquittoProcess
+from tests.helpers import VILLAGE, MosquittoProcess, audit
 
 pytestmark = pytest.mark.mosquitto
-VILLAGE = str(REPO / "scenarios" / "village.toml")
 
 
 async def retain(mosquitto: MosquittoProcess, topic: str, payload: bytes) -> None:
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
         await client.publish(topic, payload, qos=1, retain=True)
-
-
-def audit(db: Path) -> list[tuple[str, str, str]]:
-    with open_reader(db) as reader:
-        return sorted((r.id, r.prompt_sha256, r.line) for r in reader.audit_records())
 
 
 async def test_a_retained_player_input_is_ignored_and_counted_at_every_start(

@@ -1,7 +1,7 @@
 """A run's store is its own: one writer, one run, and `--resume` with `--broker auto` keeps its key.
 
-Whole runs, as an operator starts them: `npcsim run` processes (the package's console
-script) and in-process runs on a real Mosquitto.
+Whole runs, as an operator starts them: `npcsim run` processes and in-process runs on a real
+Mosquitto.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import asyncio
 import logging
 import sqlite3
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,60 +19,49 @@ from sim.cli import main
 from sim.errors import ConfigError
 from sim.runner import RunConfig, run
 from sim.store import open_reader
-from tests.helpers import REPO, MosquittoProcess, eventually, require_mosquitto
+from tests.helpers import (
+    VILLAGE,
+    MosquittoProcess,
+    audit,
+    committed_tick,
+    eventually,
+    require_mosquitto,
+    run_npcsim,
+    start_npcsim,
+)
 
 pytestmark = pytest.mark.mosquitto
-VILLAGE = str(REPO / "scenarios" / "village.toml")
-NPCSIM = str(Path(sys.executable).parent / "npcsim")
-
-
-def npcsim(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([NPCSIM, *args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def audit(db: Path) -> set[tuple[str, str, str]]:
-    with open_reader(db) as reader:
-        return {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
-
-
-def last_tick(db: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()
-    except sqlite3.Error:
-        return -1
-    return -1 if row is None else int(row[0])
 
 
 def test_resume_with_the_default_broker_continues_the_run(tmp_path: Path) -> None:
     require_mosquitto()
     db = tmp_path / "v.db"
-    first = npcsim("run", "village", "--db", str(db), "--ticks", "10", "--quiet")
-    assert first.returncode == 0, first.stderr
+    first = run_npcsim("run", "village", "--db", str(db), "--ticks", "10", "--quiet")
+    assert first.code == 0, first.err
     key = tmp_path / "v.db.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600  # the run key, kept with the store, for its owner only
-    second = npcsim("run", "village", "--db", str(db), "--resume", "--until-tick", "20", "--quiet")
-    assert second.returncode == 0, second.stderr
-    assert "refused" not in second.stderr and "waiting for shard" not in second.stderr
+    second = run_npcsim("run", "village", "--db", str(db), "--resume", "--until-tick", "20", "--quiet")
+    assert second.code == 0, second.err
+    assert "refused" not in second.err and "waiting for shard" not in second.err
     with open_reader(db) as reader:
         assert reader.last_tick() == 19
     reference = tmp_path / "reference.db"
-    assert npcsim("run", "village", "--db", str(reference), "--ticks", "20", "--quiet").returncode == 0
+    assert run_npcsim("run", "village", "--db", str(reference), "--ticks", "20", "--quiet").code == 0
     assert audit(db) == audit(reference)  # ticks 10-19 ran as if the run had never stopped
 
 
 def test_a_shard_that_cannot_open_its_own_messages_is_one_error_naming_the_key(tmp_path: Path) -> None:
     require_mosquitto()
     db = tmp_path / "k.db"
-    assert npcsim("run", "village", "--db", str(db), "--ticks", "3", "--quiet").returncode == 0
+    assert run_npcsim("run", "village", "--db", str(db), "--ticks", "3", "--quiet").code == 0
     other = tmp_path / "other.key"
     other.write_text("another key of the right length\n")
     started = time.monotonic()
-    again = npcsim("run", "village", "--db", str(db), "--resume", "--ticks", "3", "--run-key-file", str(other))
-    assert again.returncode == 2 and time.monotonic() - started < 30
-    assert again.stderr.count("\n") == 1, again.stderr
-    assert f"sealed with another run key than --run-key-file {other}" in again.stderr
-    assert "wait for itself" in again.stderr
+    again = run_npcsim("run", "village", "--db", str(db), "--resume", "--ticks", "3", "--run-key-file", str(other))
+    assert again.code == 2 and time.monotonic() - started < 30
+    assert again.err.count("\n") == 1, again.err
+    assert f"sealed with another run key than --run-key-file {other}" in again.err
+    assert "wait for itself" in again.err
 
 
 async def test_a_second_writer_is_refused_at_once_and_the_first_run_is_whole(
@@ -82,20 +69,19 @@ async def test_a_second_writer_is_refused_at_once_and_the_first_run_is_whole(
 ) -> None:
     db, reference = tmp_path / "tw.db", tmp_path / "reference.db"
     base = ["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "tw", "--quiet"]
-    assert (await asyncio.to_thread(npcsim, *base, "--db", str(db), "--ticks", "5")).returncode == 0
-    first = await asyncio.create_subprocess_exec(
-        NPCSIM, *base, "--db", str(db), "--resume", "--until-tick", "40", "--tick-ms", "100",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    assert (await asyncio.to_thread(run_npcsim, *base, "--db", str(db), "--ticks", "5")).code == 0
+    first = await start_npcsim(
+        *base, "--db", str(db), "--resume", "--until-tick", "40", "--tick-ms", "100", stdout=asyncio.subprocess.DEVNULL
     )
     try:
-        await eventually(lambda: last_tick(db) >= 8, what="the first run never reached tick 8")
+        await eventually(lambda: committed_tick(db) >= 8, what="the first run never reached tick 8")
         assert first.returncode is None
         started = time.monotonic()
-        second = await asyncio.to_thread(npcsim, *base, "--db", str(db), "--resume", "--until-tick", "40")
-        assert second.returncode == 2 and time.monotonic() - started < 20
-        assert second.stderr.count("\n") == 1, second.stderr
-        assert f"is in use by another writer (pid {first.pid}: " in second.stderr
-        assert "--resume --until-tick 40 --tick-ms 100" in second.stderr  # the holder's command line
+        second = await asyncio.to_thread(run_npcsim, *base, "--db", str(db), "--resume", "--until-tick", "40")
+        assert second.code == 2 and time.monotonic() - started < 20
+        assert second.err.count("\n") == 1, second.err
+        assert f"is in use by another writer (pid {first.pid}: " in second.err
+        assert "--resume --until-tick 40 --tick-ms 100" in second.err  # the holder's command line
         async with asyncio.timeout(60):
             _, err = await first.communicate()
         assert first.returncode == 0, err.decode()[-2000:]
@@ -103,7 +89,7 @@ async def test_a_second_writer_is_refused_at_once_and_the_first_run_is_whole(
         if first.returncode is None:
             first.kill()
             await first.wait()
-    assert (await asyncio.to_thread(npcsim, *base, "--db", str(reference), "--until-tick", "40")).returncode == 0
+    assert (await asyncio.to_thread(run_npcsim, *base, "--db", str(reference), "--until-tick", "40")).code == 0
     assert audit(db) == audit(reference)  # every record of the first run, none of the second's
     assert main(["audit", "replay", "--db", str(db)]) == 0
 

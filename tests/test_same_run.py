@@ -24,7 +24,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_status
-from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, eventually, generated_world, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, elapse, eventually, generated_world, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 
@@ -137,7 +137,7 @@ async def test_a_shard_started_seconds_later(world: str, mosquitto: MosquittoPro
         first = group.create_task(run(configs[0], stats=stats[0]))
         await eventually(lambda: stats[0].awaiting == "shard 1", what="shard 0 saying it awaits shard 1",
                          within=LIVE_S)
-        await asyncio.sleep(1.5)  # the subject: shard 1 starts seconds after shard 0, which must hold meanwhile
+        await elapse(1.5)  # the subject: shard 1 starts seconds after shard 0, which must hold meanwhile
         assert stats[0].tick == 0, "shard 0 ran ahead without shard 1"
         second = group.create_task(run(configs[1], stats=stats[1]))
         await asyncio.gather(first, second)
@@ -153,7 +153,7 @@ async def test_broker_down_longer_than_the_echo_timeout(
     async def outage(stats: list[RunStats]) -> None:
         await eventually(lambda: min(s.tick for s in stats) >= 4, what="the run getting going", within=LIVE_S)
         await asyncio.to_thread(mosquitto.stop)
-        await asyncio.sleep(2.5)  # the subject: the broker stays down longer than the echo timeout (1 s)
+        await elapse(2.5)  # the subject: the broker stays down longer than the echo timeout (1 s)
         await asyncio.to_thread(mosquitto.start)
 
     dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)

@@ -26,7 +26,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_say
-from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, eventually, require_mosquitto, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, elapse, eventually, require_mosquitto, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
@@ -76,7 +76,7 @@ class Listener:
                     async for message in client.messages:
                         self.received.append(decode_say(bytes(message.payload)).inference_id)  # type: ignore[arg-type]
             except aiomqtt.MqttError:
-                await asyncio.sleep(0.1)  # the broker is away: try again, with the same session
+                await elapse(0.1)  # the subject: the broker is away, try again a little later, with the same session
 
 
 @pytest.mark.parametrize("how", ["stop", "kill -9"])
@@ -91,11 +91,11 @@ async def test_every_line_said_reaches_a_persistent_subscriber_across_an_outage(
         async with asyncio.TaskGroup() as group:
             listening = group.create_task(listener.listen())
             await listener.subscribed.wait()
-            await asyncio.sleep(1.5)  # connected before: the broker's autosave (every second) holds the session
+            await elapse(1.5)  # the subject: connected before: the broker's autosave (every second) holds the session
             jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
             await eventually(lambda: min(s.tick for s in stats) >= 6, what="the run getting going", within=120)
             await asyncio.to_thread(broker.stop if how == "stop" else lambda: kill_9(broker))
-            await asyncio.sleep(2.5)  # the subject: longer than the echo timeout (1 s), lines said meanwhile
+            await elapse(2.5)  # the subject: longer than the echo timeout (1 s), lines said meanwhile
             await asyncio.to_thread(broker.start)
             await asyncio.gather(*jobs)
             said = set()
@@ -148,7 +148,7 @@ async def test_lines_of_committed_ticks_still_in_the_outbox_are_sent_after_a_kil
         async with asyncio.TaskGroup() as group:
             listening = group.create_task(listener.listen())
             await listener.subscribed.wait()
-            await asyncio.sleep(1.5)  # connected before: the broker's autosave (every second) holds the session
+            await elapse(1.5)  # the subject: connected before: the broker's autosave (every second) holds the session
             proc = await shard()
             await eventually(lambda: committed_tick(db) >= 5, what="the run getting going", within=120)
             await asyncio.to_thread(broker.stop)

@@ -20,7 +20,7 @@ from sim.memory import Episode, NpcState
 from sim.scenario import parse_scenario
 from sim.shard import StartupProgress, create_agents
 from sim.store import Writer, open_store
-from tests.helpers import MosquittoProcess, eventually, npcsim_in_process, popen_npcsim
+from tests.helpers import MosquittoProcess, elapse, elapse_sync, eventually, npcsim_in_process, popen_npcsim
 
 
 def states(start: int, count: int) -> list[NpcState]:
@@ -313,7 +313,7 @@ async def test_a_parse_cancelled_while_its_frames_stream_back_ends_at_once(
     loop = asyncio.get_running_loop()
 
     def busy_then_stop() -> None:
-        time.sleep(0.3)  # the subject: a busy loop, while the child fills the pipe
+        elapse_sync(0.3)  # the subject: a busy loop, while the child fills the pipe
         loop.call_soon(task.cancel)
 
     monkeypatch.setattr(startup, "_NPCS_DECODER", _Noticing(startup._NPCS_DECODER, busy_then_stop))
@@ -343,10 +343,10 @@ async def test_a_parse_stopped_and_continued_comes_back_whole(tmp_path: Path) ->
         for child in psutil.Process().children():
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.send_signal(signal.SIGSTOP)
-                await asyncio.sleep(0.002)
+                await elapse(0.002)  # the subject: a child stopped a moment
                 child.send_signal(signal.SIGCONT)
                 stops += 1
-        await asyncio.sleep(0.005)
+        await elapse(0.005)  # the subject: running a moment between stops
     scenario, _ = await task
     assert stops > 10
     assert scenario == load_scenario(path)

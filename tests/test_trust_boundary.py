@@ -26,7 +26,7 @@ from sim.runner import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import EventBatch, Notice, Speech, encode_batch
-from tests.helpers import VILLAGE, MosquittoProcess, ended, read_until, require_mosquitto, start_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, elapse, ended, read_until, require_mosquitto, start_npcsim
 from tests.secured import ROLES, SecuredBroker, password, secured_broker
 
 pytestmark = pytest.mark.mosquitto
@@ -187,7 +187,7 @@ async def test_the_broker_restarted_mid_run_under_remote_workers(
                 async for _ in watcher.messages:
                     break  # the run is under way
         mosquitto.stop()
-        await asyncio.sleep(3)  # the subject: the broker is down for 3 s under a running shard and worker
+        await elapse(3)  # the subject: the broker is down for 3 s under a running shard and worker
         mosquitto.start()
         async with asyncio.timeout(90):
             code = await job

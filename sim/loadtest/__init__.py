@@ -1,12 +1,12 @@
 """`npcsim loadtest`: prove priority truncation holds under concurrency, at scale.
 
-Seeded random agents (`_states`); a build-and-check sweep over the cores in worker processes
-(`_sweep`, speaking the typed messages of `_messages`) plus a round trip through the
-inference pool (`_round_trip`, `_inference`), side by side in each (budget, concurrency)
-phase (`_phase`), the phases in order (`_run`); the configuration (`_config`), one snapshot
-built and checked (`_snapshot`), what a phase counted (`_totals`), figures (`_stats`),
-truncation statistics (`_truncation`), a live display (`_display`) and an optional plot
-(`_plot`). See docs/loadtest.md.
+Seeded random agents (`_states`); a build-and-check sweep over the cores in helper processes
+(`_sweep`, `_sweep_worker`, speaking the typed messages of `_messages`) plus a round trip
+through the inference pool (`_round_trip`, `_inference`, `_mqtt_worker`), side by side in
+each (budget, concurrency) phase (`_phase`), the phases in order (`_run`); the
+configuration (`_config`), one snapshot built and checked (`_snapshot`), what a phase
+counted (`_totals`), figures (`_stats`), truncation statistics (`_truncation`), a live
+display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 """
 
 from sim.loadtest._config import LoadTestConfig, default_processes

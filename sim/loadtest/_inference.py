@@ -5,9 +5,10 @@ for and adapts it to that one call:
 
 * in-process (default): the pool runs its worker in this process;
 * `--broker URL`: end to end over MQTT. The pool publishes requests on
-  `npcsim/loadtest/infer/req`; a worker in a child process of its own (as a remote worker
-  would be) serves them through the shared subscription, and any `npcsim worker` started
-  on the same broker for run `loadtest` joins it.
+  `npcsim/loadtest/infer/req`; a worker in a helper process of its own
+  (`sim.loadtest._mqtt_worker`, as a remote worker would be) serves them through the shared
+  subscription, and any `npcsim worker` started on the same broker for run `loadtest`
+  joins it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
+import msgspec
+
 from sim.errors import BrokerError, ConfigError
+from sim.helper import Helper
 from sim.memory import WorkingMemory
 from sim.mqtt import BrokerAddress
 
@@ -116,40 +119,24 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
 
 @contextlib.asynccontextmanager
 async def _worker_process(config: Any) -> AsyncIterator[None]:
-    """Run one MQTT worker in a spawned child process until the run ends."""
-    ctx = multiprocessing.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_serve, args=(config, ready, stop), name="npcsim-loadtest-worker", daemon=True)
-    proc.start()
+    """Run one MQTT worker (a `sim.inference.WorkerConfig`) in a helper process until the run ends."""
+    config_body = msgspec.msgpack.encode(config)
     try:
-        if not await asyncio.to_thread(ready.wait, _WORKER_READY_S):
-            raise BrokerError(
-                f"--broker {config.broker.url}: the local worker did not subscribe within {_WORKER_READY_S:.0f} s"
-                f" (exit code {proc.exitcode})"
-            )
+        async with asyncio.timeout(_WORKER_READY_S):
+            worker = await Helper.start("sim.loadtest._mqtt_worker", config_body, what="local worker")
+    except TimeoutError:
+        raise BrokerError(
+            f"--broker {config.broker.url}: the local worker did not subscribe within {_WORKER_READY_S:.0f} s"
+        ) from None
+    except ConfigError as exc:
+        raise BrokerError(f"--broker {config.broker.url}: {exc}") from None
+    try:
         yield
     finally:
-        stop.set()
-        await asyncio.to_thread(proc.join, _WORKER_STOP_S)
-        if proc.exitcode is None:
+        worker.end_input()
+        try:
+            async with asyncio.timeout(_WORKER_STOP_S):
+                await worker.ended()
+        except TimeoutError:
             log.warning("the local MQTT worker did not stop within %.0f s: terminating it", _WORKER_STOP_S)
-            proc.terminate()
-            await asyncio.to_thread(proc.join, _WORKER_STOP_S)
-
-
-def _serve(config: Any, ready: Any, stop: Any) -> None:
-    asyncio.run(_serve_until_stopped(config, ready, stop))
-
-
-async def _serve_until_stopped(config: Any, ready: Any, stop: Any) -> None:
-    from sim.inference import RemoteWorker
-
-    worker = RemoteWorker(config)
-    async with asyncio.TaskGroup() as tg:
-        serving = tg.create_task(worker.run())
-        await worker.ready.wait()
-        ready.set()
-        while not await asyncio.to_thread(stop.wait, 0.2):
-            if serving.done():
-                break
-        serving.cancel()
+        await worker.abort()

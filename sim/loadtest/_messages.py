@@ -1,10 +1,12 @@
-"""The sweep's process protocol: what a sweep process tells the parent, over a multiprocessing queue.
+"""The sweep's process protocol: what the parent and a sweep process tell each other, in frames (`sim.helper`).
 
-A process says `Ready` once its agents are generated and warmed, then a `Counted` about
-four times a second while it runs and a `Done` when it stops (both carry what it counted
-since its previous report), or `Failed` if it raised. Messages cross the queue as msgpack
-bytes, encoded by one module-level encoder and decoded by one typed decoder, so the parent
-reads typed values, never tuples or dicts whose shape is a convention.
+The parent sends a `SweepSetup` first (the process answers `sim.wire.local.Hello`). The
+process says `Ready` once its agents are generated and warmed, then a `Counted` about four
+times a second while it runs and a `Done` when it stops (both carry what it counted since
+its previous report), or `Failed` if it raised. The parent says `Start` once, and `Stop`
+when the phase is over (the end of the process's input stops it too). Messages are msgpack,
+encoded by one module-level encoder and decoded by one typed decoder per direction, so each
+side reads typed values, never tuples or dicts whose shape is a convention.
 """
 
 from __future__ import annotations
@@ -13,8 +15,47 @@ import msgspec
 
 from sim.loadtest._stats import HistogramWire, ViolationRecord
 from sim.loadtest._truncation import TallyWire
+from sim.memory import WorkingMemoryConfig
 
-__all__ = ["Counted", "Done", "Failed", "Ready", "SweepCounts", "SweepMessage", "decode_message", "encode_message"]
+__all__ = [
+    "Counted",
+    "Done",
+    "Failed",
+    "Ready",
+    "Start",
+    "Stop",
+    "SweepCounts",
+    "SweepJob",
+    "SweepMessage",
+    "SweepOrder",
+    "SweepSetup",
+    "decode_message",
+    "decode_order",
+    "decode_setup",
+    "encode_message",
+]
+
+
+class SweepJob(msgspec.Struct, frozen=True, kw_only=True):
+    """What one sweep process is told: its share, the phase's budget, its quota."""
+
+    index: int
+    processes: int
+    agents: int
+    seed: int
+    sizing_chars: int
+    memory: WorkingMemoryConfig
+    quota: int | None
+
+
+class SweepSetup(msgspec.Struct, frozen=True, kw_only=True):
+    """What a sweep process is started with: its job; the builder and checker, pickled (any
+    module-level functions, as a process pool would take them); and the parent's import
+    path, so that they import in the process as they do in the parent."""
+
+    job: SweepJob
+    functions: bytes
+    path: list[str]
 
 
 class SweepCounts(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,13 +104,34 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
 
 SweepMessage = Ready | Counted | Done | Failed
 
+
+class Start(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
+    """The phase's clock started: build and check."""
+
+
+class Stop(msgspec.Struct, frozen=True, kw_only=True, tag="stop"):
+    """The phase is over: report what is left and end."""
+
+
+SweepOrder = Start | Stop
+
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(SweepMessage)
+_ORDER: msgspec.msgpack.Decoder[SweepOrder] = msgspec.msgpack.Decoder(SweepOrder)
+_SETUP = msgspec.msgpack.Decoder(SweepSetup)
 
 
-def encode_message(message: SweepMessage) -> bytes:
+def encode_message(message: SweepMessage | SweepOrder | SweepSetup) -> bytes:
     return _ENCODER.encode(message)
 
 
 def decode_message(data: bytes) -> SweepMessage:
     return _DECODER.decode(data)
+
+
+def decode_order(data: bytes) -> SweepOrder:
+    return _ORDER.decode(data)
+
+
+def decode_setup(data: bytes) -> SweepSetup:
+    return _SETUP.decode(data)

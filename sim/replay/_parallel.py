@@ -7,30 +7,32 @@ by one worker process. Spans are cut so that each holds about the same number of
 their order: whatever a caller folds from them is the same as one process reading the
 records in order, byte for byte.
 
-A worker keeps each store it reads open for its whole life, so the reader's item cache
-(the bodies records reference) is filled once per process, not once per span. Workers are
-forked where the platform allows (no re-import of npcsim per worker: a pass over a few
-thousand records takes a second).
+The workers are helper processes (`sim.helper`, `sim.replay._span_worker`), each given the
+next span as soon as it has handed back the last one. A worker keeps each store it reads
+open for its whole life, so the reader's item cache (the bodies records reference) is filled
+once per process, not once per span. The work and what it returns cross the pipes pickled,
+as they would to a process pool; an error the work raises in a worker is raised here.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import asyncio
 import os
+import pickle
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from itertools import repeat
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.errors import ConfigError
+from sim.errors import ConfigError, NpcsimError, single_error
+from sim.helper import Helper
 from sim.store import StoreReader, open_reader
 
-__all__ = ["Plan", "Span", "check_jobs", "default_jobs", "map_spans", "plan_spans"]
+__all__ = ["Plan", "Readers", "Span", "Work", "check_jobs", "decode_span", "default_jobs", "map_spans", "plan_spans"]
 
 T = TypeVar("T")
 
@@ -95,7 +97,16 @@ def plan_spans(paths: Sequence[str], jobs: int, *, agent: str | None = None) -> 
     return Plan(spans=tuple(spans), records=total, agents=frozenset(agents))
 
 
-class _Readers:
+_span_encoder = msgspec.msgpack.Encoder()
+_span_decoder = msgspec.msgpack.Decoder(Span)
+
+
+def decode_span(body: bytes) -> Span:
+    """A span as a worker process is sent it."""
+    return _span_decoder.decode(body)
+
+
+class Readers:
     """One open reader per store file, kept for the life of the process that holds it."""
 
     def __init__(self) -> None:
@@ -109,13 +120,6 @@ class _Readers:
         return reader.audit_records(span.agent, from_tick=span.from_tick, to_tick=span.to_tick)
 
 
-_WORKER_READERS = _Readers()  # a worker process's; the parent's are per call
-
-
-def _in_worker(work: Work[T], span: Span) -> T:
-    return work(_WORKER_READERS.records(span))
-
-
 def map_spans(work: Work[T], plan: Plan, jobs: int) -> list[T]:
     """`work` of each span's records, in span order; with jobs > 1 in that many processes.
 
@@ -123,10 +127,52 @@ def map_spans(work: Work[T], plan: Plan, jobs: int) -> list[T]:
     what it returns.
     """
     if check_jobs(jobs) == 1 or len(plan.spans) <= 1:
-        readers = _Readers()
+        readers = Readers()
         with readers.stack:
             return [work(readers.records(span)) for span in plan.spans]
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(plan.spans)), mp_context=context) as pool:
-        return list(pool.map(_in_worker, repeat(work), plan.spans))
+    return _blocking(_in_workers(work, plan.spans, min(jobs, len(plan.spans))))
+
+
+def _blocking(work: Coroutine[Any, Any, list[T]]) -> list[T]:
+    """Run `work` to its end on an event loop of its own: this thread's, or, when this thread
+    runs one already (a caller inside a coroutine), a thread's, blocking the caller alike."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with ThreadPoolExecutor(1, thread_name_prefix="npcsim-spans") as thread:
+        return thread.submit(asyncio.run, work).result()
+
+
+async def _in_workers(work: Work[T], spans: Sequence[Span], workers: int) -> list[T]:
+    """Each span's result, in span order, from `workers` worker processes taking the next span as they are free."""
+    given = pickle.dumps(work)
+    done: dict[int, T] = {}
+    order = iter(enumerate(spans))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(workers):
+                group.create_task(_worker(given, order, done))
+    except BaseExceptionGroup as group_error:
+        raise single_error(group_error) from None
+    return [done[n] for n in range(len(spans))]
+
+
+async def _worker(given: bytes, order: Iterator[tuple[int, Span]], done: dict[int, Any]) -> None:
+    """One worker process over the spans not yet taken; it ends with them."""
+    worker = await Helper.start("sim.replay._span_worker", given, what="audit worker")
+    try:
+        for n, span in order:
+            worker.send(_span_encoder.encode(span))
+            body = await worker.read()
+            if body is None:
+                code = await worker.ended()
+                raise NpcsimError(f"an audit worker process ended (exit code {code}) while reading {span.db}")
+            ok, value = pickle.loads(body)  # from our own child: the same program
+            if not ok:
+                raise value
+            done[n] = value
+        await worker.stop()
+    except BaseException:
+        await worker.abort()
+        raise

@@ -22,6 +22,7 @@ The modules, one job each:
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
 - `_turns`: the tick's turns, taken by a bounded set of workers;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
+- `_parse_child`: the helper process that parses a large scenario for `_startup`;
 - `_shard`: `Shard`, the tick loop;
 - `_recorded`: `RecordedInputs`, a recorded run's outside inputs and world changes, for a
   shard that executes it again (sim.replay);

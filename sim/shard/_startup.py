@@ -16,9 +16,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import struct
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,10 +26,12 @@ from typing import TypeVar
 
 import msgspec
 
-from sim.errors import ScenarioError
+from sim.errors import ConfigError, ScenarioError
+from sim.helper import Helper
 from sim.scenario import NpcSpec, Scenario, ScenarioText, parse_scenario, read_scenario
 from sim.shard._clock import checkpoint
 from sim.store import Store, Writer
+from sim.wire.local import ParsedHead, ParseDone, ParseFailed, ParseScenario, decode_parsed, encode
 
 __all__ = [
     "CHILD_PARSE_BYTES",
@@ -44,7 +43,6 @@ __all__ = [
     "create_agents",
     "in_thread",
     "load_scenario_in_thread",
-    "parse_for_parent",
 ]
 
 CHUNK = 2_000
@@ -146,7 +144,7 @@ async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, ScenarioT
     The file is read first, in a daemon thread, within its bounds (`read_scenario`: a
     regular file of at most MAX_SCENARIO_BYTES, or a bundled scenario): nothing is parsed
     before. Those bytes are parsed in the thread too or, past `CHILD_PARSE_BYTES`, in a
-    child process: the parser (rtoml, then msgspec) holds the GIL for the whole of each of
+    helper process (`sim.helper`): the parser (rtoml, then msgspec) holds the GIL for the whole of each of
     its two calls, 12 s at a million NPCs, during which a thread would leave the loop no
     turn at all (a SIGTERM would wait for it). The child is handed the bytes read (so what
     is parsed is what was hashed) and hands the scenario back in chunks of NPCs, each
@@ -162,93 +160,43 @@ async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, ScenarioT
 CHILD_PARSE_BYTES = 8 << 20
 """Scenario files larger than this (a 100,000-NPC file is 21 MB) are parsed in a child process."""
 
-_NPCS_PER_FRAME = 5_000
-_STDIN_CHUNK = 1 << 20  # bytes of the scenario written to the child between two turns of the loop
-_FRAME = struct.Struct(">cQ")  # kind (head, npcs, error, done), payload length
 _HEAD_DECODER = msgspec.msgpack.Decoder(Scenario)
 _NPCS_DECODER = msgspec.msgpack.Decoder(list[NpcSpec])
-_CHILD = "import sys; from sim.shard._startup import parse_for_parent; parse_for_parent(sys.argv[1])"
-
-
-def parse_for_parent(source: str) -> None:
-    """The child's side: parse the scenario bytes on stdin (read from `source`) and write it
-    to stdout as frames (a ScenarioError as one)."""
-    gc.disable()  # millions of objects, none of them garbage: collections would scan them over and over
-    out = sys.stdout.fileno()
-    encode = msgspec.msgpack.Encoder().encode
-
-    def frame(kind: bytes, payload: bytes) -> None:
-        # Straight to the pipe, every byte: a write cut short (a stop and continue of the
-        # process, Ctrl-Z then fg, or a profiler attaching) went through sys.stdout's buffer
-        # with bytes out of place, and the parent decoded a corrupt frame.
-        data = memoryview(_FRAME.pack(kind, len(payload)) + payload)
-        while data:
-            data = data[os.write(out, data):]
-
-    try:
-        scenario = parse_scenario(sys.stdin.buffer.read(), source=source)
-    except ScenarioError as exc:
-        frame(b"E", str(exc).encode())
-        return
-    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it as a ScenarioError
-        frame(b"E", f"{source}: parsing failed: {exc!r}".encode())
-        return
-    frame(b"H", encode(msgspec.structs.replace(scenario, npcs=[])))
-    for start in range(0, len(scenario.npcs), _NPCS_PER_FRAME):
-        frame(b"N", encode(scenario.npcs[start : start + _NPCS_PER_FRAME]))
-    frame(b"D", b"")
 
 
 async def _parse_in_child(text: ScenarioText) -> Scenario:
-    """The parent's side: a child parses the bytes it is given, the frames are decoded as they come."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CHILD, text.source,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )
-    if proc.stdin is None or proc.stdout is None:
-        raise RuntimeError("the parser's stdin and stdout are pipes")
+    """The parent's side: a helper process parses the bytes it is given
+    (`sim.shard._parse_child`), its parts are decoded as they come."""
     try:
-        data = memoryview(text.data)
-        try:
-            for start in range(0, len(data), _STDIN_CHUNK):
-                proc.stdin.write(data[start : start + _STDIN_CHUNK])
-                await proc.stdin.drain()
-            proc.stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the child ended early: its exit code is said below
-        head: Scenario | None = None
-        npcs: list[NpcSpec] = []
+        parser = await Helper.start(
+            "sim.shard._parse_child", encode(ParseScenario(source=text.source, data=text.data)), what="parser"
+        )
+    except ConfigError as exc:
+        raise ScenarioError(f"{text.source}: parsing failed: {exc}") from None
+    head: Scenario | None = None
+    npcs: list[NpcSpec] = []
+    try:
         while True:
+            body = await parser.read()
+            if body is None:
+                code = await parser.ended()
+                raise ScenarioError(f"{text.source}: parsing failed: the parser process ended (exit code {code})")
             try:
-                kind, size = _FRAME.unpack(await proc.stdout.readexactly(_FRAME.size))
-                payload = await proc.stdout.readexactly(size)
-            except asyncio.IncompleteReadError:
-                code = await proc.wait()
-                raise ScenarioError(
-                    f"{text.source}: parsing failed: the parser process ended (exit code {code})"
-                ) from None
-            if kind == b"E":
-                raise ScenarioError(payload.decode())
-            try:
-                if kind == b"H":
-                    head = _HEAD_DECODER.decode(payload)
-                elif kind == b"N":
-                    npcs += _NPCS_DECODER.decode(payload)
-                elif kind == b"D":
+                part = decode_parsed(body)
+                if isinstance(part, ParseFailed):
+                    raise ScenarioError(part.error)
+                if isinstance(part, ParseDone):
                     break
+                if isinstance(part, ParsedHead):
+                    head = _HEAD_DECODER.decode(part.scenario)
                 else:
-                    raise msgspec.DecodeError(f"unknown frame kind {kind!r}")
+                    npcs += _NPCS_DECODER.decode(part.npcs)
             except msgspec.DecodeError as exc:  # ValidationError too: what came back is not what was sent
                 raise ScenarioError(f"{text.source}: parsing failed: the parser's output is corrupt ({exc})") from None
-        await proc.wait()
-    finally:
-        if proc.returncode is None:  # a stop request cancelled the start-up: the parse goes too
-            proc.kill()
-            # `wait` returns once the pipes are closed too: the frames not taken are read to
-            # their end (the reader pauses when they fill its buffer, and would never see it)
-            proc.stdin.close()
-            await proc.stdout.read()
-            await proc.wait()
+        await parser.stop()
+    except BaseException:
+        await parser.abort()  # a stop request cancelled the start-up: the parse goes too
+        raise
     if head is None:
         raise ScenarioError(f"{text.source}: parsing failed: no scenario came back")
     return msgspec.structs.replace(head, npcs=npcs)

@@ -6,7 +6,8 @@
 - `sim.wire.trace`: the per-inference trace and a shard's roster, for viewers;
 - `sim.wire.inference`: inference requests and results (with their priority);
 - `sim.wire.batch`: many messages in one payload (the inference transport's batches);
-- `sim.wire.local`: the frames between a pool and its worker process (pipes, not MQTT);
+- `sim.wire.local`: the frames between a shard and its helper processes (`sim.helper`:
+  the pool's worker, the scenario parser; pipes, not MQTT);
 - `sim.wire.topics`: one function per topic.
 
 Pure: no I/O. Internal topics carry msgpack, public ones JSON.

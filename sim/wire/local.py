@@ -4,7 +4,10 @@ Every message is a frame: a 4-byte big-endian length, then that many bytes of ms
 parent sends a configuration first; the helper answers with a `Hello` when it is ready (or
 cannot start: `error`); then each side sends its frames. For the pool's worker process
 (`sim.inference._local`): a `LocalWorkerConfig`, then batches of `InferenceRequest`
-(`sim.wire.batch`) one way and a `LocalReply` per batch of results back.
+(`sim.wire.batch`) one way and a `LocalReply` per batch of results back. For the scenario
+parser (`sim.shard._startup`): a `ParseScenario`, then `ParsedPart`s back, the scenario's
+head, its NPCs in chunks, and `ParseDone` (or `ParseFailed`); the head and the NPCs stay
+msgpack of the scenario's own types (`msgspec.Raw`), decoded by the parent.
 
 Both ends are the same program, so a malformed frame is a bug, not an attack: it ends the
 helper, which its parent starts again.
@@ -24,8 +27,16 @@ __all__ = [
     "Hello",
     "LocalReply",
     "LocalWorkerConfig",
+    "ParseDone",
+    "ParseFailed",
+    "ParseScenario",
+    "ParsedHead",
+    "ParsedNpcs",
+    "ParsedPart",
     "decode_config",
     "decode_hello",
+    "decode_parse",
+    "decode_parsed",
     "decode_reply",
     "encode",
     "frame",
@@ -63,13 +74,46 @@ class LocalReply(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dropped_stale: int = 0
 
 
+class ParseScenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the scenario parser parses: the bytes read, and the file they came from (its errors name it)."""
+
+    source: str
+    data: bytes
+
+
+class ParsedHead(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="head"):
+    """The scenario without its NPCs: msgpack of a `sim.scenario.Scenario`."""
+
+    scenario: msgspec.Raw
+
+
+class ParsedNpcs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="npcs"):
+    """A chunk of the scenario's NPCs: msgpack of a list of `sim.scenario.NpcSpec`."""
+
+    npcs: msgspec.Raw
+
+
+class ParseFailed(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="failed"):
+    """Why the scenario did not parse, word for word as the parser said it."""
+
+    error: str
+
+
+class ParseDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="done"):
+    """The last part: the scenario is whole."""
+
+
+ParsedPart = ParsedHead | ParsedNpcs | ParseFailed | ParseDone
+
 _encoder = msgspec.msgpack.Encoder()
 _hello = msgspec.msgpack.Decoder(Hello)
 _config = msgspec.msgpack.Decoder(LocalWorkerConfig)
 _reply = msgspec.msgpack.Decoder(LocalReply)
+_parse = msgspec.msgpack.Decoder(ParseScenario)
+_parsed: msgspec.msgpack.Decoder[ParsedPart] = msgspec.msgpack.Decoder(ParsedPart)
 
 
-def encode(message: Hello | LocalWorkerConfig | LocalReply) -> bytes:
+def encode(message: Hello | LocalWorkerConfig | LocalReply | ParseScenario | ParsedPart) -> bytes:
     """A message as a frame's body."""
     return _encoder.encode(message)
 
@@ -85,6 +129,14 @@ def decode_config(body: bytes) -> LocalWorkerConfig:
 
 def decode_reply(body: bytes) -> LocalReply:
     return _reply.decode(body)
+
+
+def decode_parse(body: bytes) -> ParseScenario:
+    return _parse.decode(body)
+
+
+def decode_parsed(body: bytes) -> ParsedPart:
+    return _parsed.decode(body)
 
 
 def frame(body: bytes) -> bytes:

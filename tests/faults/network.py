@@ -62,13 +62,15 @@ def netns(tag: int) -> Iterator[Netns]:
 
 class FaultProxy:
     """Forwards loopback TCP to `upstream_port`; `reset()` cuts every connection with an RST,
-    `stall(s)` holds every byte for `s` seconds, `delay_s` adds latency to every chunk."""
+    `stall(s)` holds every byte for `s` seconds (`held` counts the chunks it held), `delay_s`
+    adds latency to every chunk."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
         self.delay_s = 0.0
         self.resets = 0
+        self.held = 0
         self._open = asyncio.Event()
         self._open.set()
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -91,7 +93,9 @@ class FaultProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while chunk := await reader.read(65536):
-                await self._open.wait()
+                if not self._open.is_set():
+                    self.held += 1
+                    await self._open.wait()
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)  # the subject: a slow link
                 writer.write(chunk)
