@@ -10,7 +10,8 @@ import pytest
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, build_working_memory
-from sim.store import HOT_LIMIT, SCHEMA_VERSION, Writer, open_reader, open_store
+from sim.protocol.outside import OutsideInput
+from sim.store import HOT_LIMIT, SCHEMA_VERSION, Pending, TickRecord, Writer, open_reader, open_store
 from tests.helpers import eventually, fingerprint
 from tests.store_states import village_state
 
@@ -204,13 +205,15 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
     with pytest.raises(ZeroDivisionError):
         async with open_store(db, keep_tail=False) as store:
             await store.ensure_agent(village_state(), writer=Writer.SCENARIO)
-            await store.record_input(0, 0, "visitor", "smith", "A sword, please.")
-            await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02")])
-            await store.end_tick(0)
+            await store.resume.record_input(0, OutsideInput(seq=0, player="visitor", to="smith",
+                                                            text="A sword, please."))
+            kept = TickRecord(sent=[(0, "npcsim/r/loc/forge/events", b"\x01\x02")], says=[], pending=Pending())
+            await (await store.commit_tick(0, kept))
             batches = store.statistics().batches
             await store.add_episode("smith", Episode(id="e1", tick=1, text="half a tick"), writer=Writer.NPC)
-            await store.record_input(1, 0, "visitor", "smith", "Hello again")
-            await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02"), (1, "npcsim/r/loc/x", b"\x03")])
+            await store.resume.record_input(1, OutsideInput(seq=0, player="visitor", to="smith", text="Hello again"))
+            await store.resume.keep(TickRecord(sent=[(0, "npcsim/r/loc/forge/events", b"\x01\x02"),
+                                                     (1, "npcsim/r/loc/x", b"\x03")], says=[], pending=Pending()))
             await eventually(lambda: store.statistics().batches > batches,
                              what="the writer running the queued rows inside the open transaction")
             1 / 0  # noqa: B018
@@ -218,9 +221,10 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
         assert store.last_tick == 0
         await store.load_agents(["smith"])
         assert [e.id for e in store.state("smith").episodic] == ["e0"]
-        assert await store.inputs(0) == [(0, "visitor", "smith", "A sword, please.")]
-        assert await store.inputs(1) == []
-        assert await store.sent() == [(0, "npcsim/r/loc/forge/events", b"\x01\x02")]
+        assert await store.resume.inputs(0) == [OutsideInput(seq=0, player="visitor", to="smith",
+                                                              text="A sword, please.")]
+        assert await store.resume.inputs(1) == []
+        assert await store.resume.sent() == [(0, "npcsim/r/loc/forge/events", b"\x01\x02")]
 
 
 @pytest.mark.parametrize("nul", [False, True], ids=["bulk", "row-by-row"])
