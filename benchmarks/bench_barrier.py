@@ -25,7 +25,8 @@ from typing import Any
 
 from sim.generate import write_scenario
 from sim.resources import broker_config_dir
-from sim.runner import RunConfig, RunStats, run
+from sim.runner import RunConfig, run
+from sim.shard import RunStarted
 
 
 def _free_port() -> int:
@@ -38,7 +39,7 @@ def _shard(config: RunConfig, results: Any) -> None:
     """One shard process: run, then report (ready time, end time, stats) on the queue."""
     marks: dict[str, float] = {}
 
-    def ready(_: RunStats) -> None:
+    def ready(_: RunStarted) -> None:
         marks["ready"] = time.time()
 
     stats = asyncio.run(run(config, on_ready=ready))

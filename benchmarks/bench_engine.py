@@ -62,7 +62,7 @@ from sim.generate import write_scenario
 from sim.inference import InferenceRequest
 from sim.memory import build_working_memory
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.shard import PausedCollector, RunConfig, RunStats, run
+from sim.shard import PausedCollector, RunConfig, RunStarted, RunStats, run
 from sim.store import open_reader
 from sim.store.records import RecordPacker, unpack_keys
 from sim.wire.inference import encode_request
@@ -94,7 +94,7 @@ async def engine_run(scenario: Path, ticks: int, db: Path, *, serving: str = "au
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    def ready(_: RunStats) -> None:
+    def ready(_: RunStarted) -> None:
         marks.update(ready=time.perf_counter(), rss_ready=process.memory_info().rss, cpu=time.process_time(),
                      children_cpu=children_cpu())
 

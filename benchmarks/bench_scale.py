@@ -28,6 +28,7 @@ import psutil
 from benchmarks._report import machine_line, write_section
 from sim.generate import write_scenario
 from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunStarted
 
 HEADING = "100,000 NPCs (issue 11)"
 TARGET_EVENTS_PER_S = 20_000
@@ -50,7 +51,8 @@ class Measured:
         self.broker_rss = 0
         self.delivered_at_ready = 0
 
-    def ready(self, stats: RunStats) -> None:
+    def ready(self, started: RunStarted) -> None:
+        stats = started.stats
         self.ready_at = time.perf_counter()
         gc.collect()
         self.rss_ready = self.process.memory_info().rss
@@ -67,8 +69,8 @@ async def measure(config: RunConfig, *, stop_when_ready: bool = False) -> tuple[
     m = Measured()
     stop = asyncio.Event()
 
-    def ready(stats: RunStats) -> None:
-        m.ready(stats)
+    def ready(started: RunStarted) -> None:
+        m.ready(started)
         if stop_when_ready:
             stop.set()
 

@@ -37,6 +37,7 @@ from sim.broker import free_port
 from sim.generate import write_scenario
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
 from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunStarted
 from sim.store import open_reader
 from sim.view import LiveView, build_app, open_view_server, open_view_thread
 from sim.wire.trace import encode_trace, trace_of
@@ -102,15 +103,16 @@ async def measure(seconds: float, workdir: Path) -> tuple[list[dict[str, float]]
     db = workdir / "big.db"
     config = RunConfig(scenario=str(scenario), broker="auto", run_id="big", ticks=1_000_000, db=str(db))
     stats, stop, ready = RunStats(), asyncio.Event(), asyncio.Event()
+    started: list[RunStarted] = []
     view = LiveView()
     rows: list[dict[str, float]] = []
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
-        job = group.create_task(run(config, stats=stats, stop=stop, on_ready=lambda _s: ready.set()))
+        job = group.create_task(run(config, stats=stats, stop=stop,
+                                    on_ready=lambda s: (started.append(s), ready.set())))
         await ready.wait()
         await asyncio.sleep(3)
         rows.append(await _phase(stats, seconds, None, workdir / "p0"))
-        address = stats.broker_address
-        assert address is not None
+        address = started[0].broker.address
         feed = group.create_task(view.follow(address, "big"))
         await asyncio.sleep(3)
         rows.append(await _phase(stats, seconds, url, workdir / "p1"))

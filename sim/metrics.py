@@ -1,9 +1,12 @@
 """Prometheus metrics for `npcsim run`, `npcsim worker` and `npcsim loadtest` (prefix `npcsim_`).
 
 One `Metrics` object per process, with its own registry (tests open several). What is
-already counted elsewhere (the bus's and the pool's counters) is read at scrape time by
-collectors, so nothing is counted twice; what only exists as an event (a tick's duration,
-an inference's latency, a prompt's size per category) is observed as it happens.
+already counted elsewhere (the run's counters in sim.shard's RunStats, the bus's and the
+pool's) is read at scrape time by collectors, so nothing is counted twice; what only
+exists as an event (a tick's duration, an inference's latency, a prompt's size per
+category) or a moment (the shards a barrier waits for) is observed as it happens.
+`NullMetrics` takes the same calls and keeps nothing: a run nobody scrapes calls it
+unconditionally.
 
     metrics = Metrics()
     with serve_metrics(metrics, port=9100):      # http://127.0.0.1:9100/metrics
@@ -16,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,22 +33,74 @@ from sim.protocol.router import BusStats
 if TYPE_CHECKING:  # the runner imports this module; the load test's machinery stays out of it
     from sim.loadtest import Progress
 
-__all__ = ["Metrics", "serve_metrics"]
+__all__ = ["Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"]
 
 _CHAR_BUCKETS = (50, 100, 200, 400, 800, 1200, 1600, 2000, 3000, 4000, 8000, 16000)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
+class RunCounts(Protocol):
+    """What a run counts as it goes (sim.shard's RunStats), read at scrape time."""
+
+    agents: int
+    first_tick: int
+    ticks_done: int
+    over_budget: int
+    resends: int
+    resends_folded: int
+
+
+class MetricsSink(Protocol):
+    """What a shard tells its metrics; `Metrics` keeps it, `NullMetrics` drops it."""
+
+    def watch_run(self, counts: RunCounts) -> None: ...
+
+    def watch_pool(self, statistics: Callable[[], PoolStatistics]) -> None: ...
+
+    def watch_bus(self, stats: BusStats) -> None: ...
+
+    def inference(self, report: TruncationReport, latency_s: float) -> None: ...
+
+    def tick_done(self, duration_s: float) -> None: ...
+
+    def awaiting(self, shards: int) -> None: ...
+
+
+class NullMetrics:
+    """The metrics of a run nobody scrapes: every call taken, nothing kept."""
+
+    def watch_run(self, counts: RunCounts) -> None:
+        pass
+
+    def watch_pool(self, statistics: Callable[[], PoolStatistics]) -> None:
+        pass
+
+    def watch_bus(self, stats: BusStats) -> None:
+        pass
+
+    def inference(self, report: TruncationReport, latency_s: float) -> None:
+        pass
+
+    def tick_done(self, duration_s: float) -> None:
+        pass
+
+    def awaiting(self, shards: int) -> None:
+        pass
+
+
 class _Sources(Collector):
-    """Counters and gauges read at scrape time from the pool, the bus and the loadtest."""
+    """Counters and gauges read at scrape time from the run, the pool, the bus and the loadtest."""
 
     def __init__(self) -> None:
+        self.run: RunCounts | None = None
         self.pool: Callable[[], PoolStatistics] | None = None
         self.bus: BusStats | None = None
         self.loadtest: Callable[[], Progress | None] | None = None
 
     def collect(self) -> Iterable[Any]:
+        if self.run is not None:
+            yield from _run_families(self.run)
         if self.pool is not None:
             stats = self.pool()
             inferences = CounterMetricFamily(
@@ -91,6 +146,20 @@ class _Sources(Collector):
             yield from _loadtest_families(progress)
 
 
+def _run_families(run: RunCounts) -> Iterator[Any]:
+    yield CounterMetricFamily("npcsim_ticks", "Ticks completed.", value=run.ticks_done)
+    yield CounterMetricFamily("npcsim_over_budget_snapshots",
+                              "Working memories whose mandatory part exceeded the limit.", value=run.over_budget)
+    yield CounterMetricFamily("npcsim_barrier_resends", "Re-sends of kept barrier messages made for peers' Joins.",
+                              value=run.resends)
+    yield CounterMetricFamily("npcsim_barrier_joins_folded",
+                              "Peers' Joins folded into a later re-send (at most one per peer per second).",
+                              value=run.resends_folded)
+    yield GaugeMetricFamily("npcsim_agents", "Agents in this process.", value=run.agents)
+    last = run.first_tick + run.ticks_done - 1 if run.ticks_done else 0
+    yield GaugeMetricFamily("npcsim_tick", "The last tick completed.", value=last)
+
+
 def _loadtest_families(progress: Progress) -> Iterator[Any]:
     """A load test counts in its worker processes; its progress report is what this process knows."""
     inferences = CounterMetricFamily("npcsim_inferences", "Inferences answered, by outcome.", labels=["outcome"])
@@ -101,6 +170,8 @@ def _loadtest_families(progress: Progress) -> Iterator[Any]:
     fallbacks.add_metric(["any"], progress.fallbacks)
     yield fallbacks
     yield CounterMetricFamily("npcsim_working_memories", "Working memories built.", value=progress.snapshots)
+    yield CounterMetricFamily("npcsim_over_budget_snapshots",
+                              "Working memories whose mandatory part exceeded the limit.", value=progress.over_budget)
     yield CounterMetricFamily("npcsim_invariant_violations", "Working-memory invariant violations (must be 0).",
                               value=progress.violations)
     yield GaugeMetricFamily("npcsim_resident_memory_bytes", "Resident memory of the load test.",
@@ -108,17 +179,13 @@ def _loadtest_families(progress: Progress) -> Iterator[Any]:
 
 
 class Metrics:
-    """The process's metrics; the runner, the worker and the loadtest feed it."""
+    """The process's metrics; the runner, the worker and the loadtest feed it (a `MetricsSink`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self._sources = _Sources()
         r.register(self._sources)
-        self.ticks = Counter("npcsim_ticks", "Ticks completed.", registry=r)
-        self.over_budget = Counter(
-            "npcsim_over_budget_snapshots", "Working memories whose mandatory part exceeded the limit.", registry=r
-        )
         self.tick_duration = Histogram(
             "npcsim_tick_duration_seconds", "Wall time of a tick's work.", buckets=_TICK_BUCKETS, registry=r
         )
@@ -130,18 +197,13 @@ class Metrics:
             "npcsim_prompt_chars", "Characters of a prompt, by category.", ["category"],
             buckets=_CHAR_BUCKETS, registry=r,
         )
-        self.resends = Counter(
-            "npcsim_barrier_resends", "Re-sends of kept barrier messages made for peers' Joins.", registry=r
-        )
-        self.resends_folded = Counter(
-            "npcsim_barrier_joins_folded",
-            "Peers' Joins folded into a later re-send (at most one per peer per second).", registry=r,
-        )
-        self.agents = Gauge("npcsim_agents", "Agents in this process.", registry=r)
-        self.tick = Gauge("npcsim_tick", "The current tick.", registry=r)
         self.awaited_shards = Gauge(
             "npcsim_awaited_shards", "Shards whose batches this shard waits for before the next tick.", registry=r
         )
+
+    def watch_run(self, counts: RunCounts) -> None:
+        """Ticks, agents, over-budget prompts and barrier re-sends, as the run counts them."""
+        self._sources.run = counts
 
     def watch_pool(self, statistics: Callable[[], PoolStatistics]) -> None:
         self._sources.pool = statistics
@@ -157,17 +219,17 @@ class Metrics:
     def inference(self, report: TruncationReport, latency_s: float) -> None:
         """Observe one finished inference: its latency and how its prompt was filled."""
         self.inference_latency.observe(latency_s)
-        if report.over_budget:
-            self.over_budget.inc()
         self.prompt_chars.labels("mandatory").observe(report.mandatory_chars)
         self.prompt_chars.labels("dialogue").observe(report.dialogue.used)
         self.prompt_chars.labels("episodic").observe(report.episodic.used)
         self.prompt_chars.labels("beliefs").observe(report.beliefs.used)
 
-    def tick_done(self, tick: int, duration_s: float) -> None:
-        self.ticks.inc()
-        self.tick.set(tick)
+    def tick_done(self, duration_s: float) -> None:
         self.tick_duration.observe(duration_s)
+
+    def awaiting(self, shards: int) -> None:
+        """How many shards the barrier waits for now (0 once it passed)."""
+        self.awaited_shards.set(shards)
 
 
 @contextlib.contextmanager

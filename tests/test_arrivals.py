@@ -10,9 +10,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from sim.protocol.outside import PlayerArrival, WorldArrival
 from sim.scenario import load_scenario
 from sim.shard import RunConfig, RunStats, VirtualClock
-from sim.store import PlayerArrival, WorldArrival, arrivals_path, open_reader, open_store, read_arrivals
+from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
 from tests.helpers import VILLAGE, eventually
 from tests.memory_broker import MemoryBroker
@@ -25,13 +26,13 @@ async def test_arrivals_stay_until_their_tick_commits_and_a_reopened_store_has_t
     later = [WorldArrival(tick=1, state={"king": "dead"}), PlayerArrival(tick=2, player="q", to="smith", text="hi")]
     async with open_store(db) as store:
         for arrival in (first, *later):
-            store.arrive(arrival)
-        await store.sync_arrivals()
+            store.arrivals.add(arrival)
+        store.arrivals.sync()
         assert read_arrivals(db, None) == [first, *later]  # on disk before any commit
         await store.end_tick(0)
         assert read_arrivals(db, None) == later  # tick 0 holds the first one now
     async with open_store(db) as store:
-        assert store.pending_arrivals == later  # a resume takes these, at their ticks
+        assert store.arrivals.pending == later  # a resume takes these, at their ticks
         await store.end_tick(2)
     assert arrivals_path(db).read_bytes() == b""
 
@@ -41,14 +42,14 @@ async def test_a_torn_last_record_is_dropped_and_the_rest_read(cut: int, tmp_pat
     db = tmp_path / "tw.db"
     whole = PlayerArrival(tick=3, player="p", to="innkeeper", text="a whole record")
     async with open_store(db) as store:
-        store.arrive(whole)
-        store.arrive(PlayerArrival(tick=3, player="p", to="innkeeper", text="cut short by a kill -9"))
+        store.arrivals.add(whole)
+        store.arrivals.add(PlayerArrival(tick=3, player="p", to="innkeeper", text="cut short by a kill -9"))
     path = arrivals_path(db)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - cut])  # the kill came in the middle of the last write
     assert read_arrivals(db, None) == [whole]
     async with open_store(db) as store:
-        assert store.pending_arrivals == [whole]
+        assert store.arrivals.pending == [whole]
 
 
 async def test_an_input_a_tick_took_before_it_was_cut_short_is_taken_again_at_that_tick(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from agents.npc import NpcAgent
 from sim.scenario import NpcSpec, load_scenario, parse_scenario
 from sim.shard import AGENT_KINDS, AgentContext, RunConfig, RunStats, ambient_roll
 from sim.shard._dice import AmbientDice
-from sim.store import Store
+from sim.store import Resume, Store
 from sim.wire import topics
 from sim.wire.barrier import TickDone, decode_barrier
 from sim.wire.events import decode_say
@@ -88,17 +88,18 @@ async def test_a_ticks_store_and_broker_calls_do_not_grow_with_the_listeners_of_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: collections.Counter[str] = collections.Counter()
-    for name in ("add_fact", "set_world", "add_episode", "add_belief", "add_line", "record", "add_place_events",
-                 "record_input", "keep_sent", "keep_pending", "end_tick", "ensure_agents", "load_agents"):
-        real = getattr(Store, name)
+    store_calls = ("add_fact", "set_world", "add_episode", "add_belief", "add_line", "record", "add_place_events",
+                   "commit_tick", "end_tick", "ensure_agents", "load_agents")
+    for owner, name in [*((Store, n) for n in store_calls), (Resume, "record_input"), (Resume, "keep")]:
+        real = getattr(owner, name)
 
         def counting(real: Any = real, name: str = name) -> Any:
-            async def call(self: Store, *args: Any, **kwargs: Any) -> Any:
+            async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
                 calls[name] += 1
                 return await real(self, *args, **kwargs)
             return call
 
-        monkeypatch.setattr(Store, name, counting())
+        monkeypatch.setattr(owner, name, counting())
     lines = {1: "Hello there.", 2: "Any news?", 4: "Farewell."}
     seen = []
     started: list[int] = []  # what the broker had been sent when each run's start-up was over

@@ -207,8 +207,8 @@ async def as_run_1_sealed_it(db: Path, key_file: Path) -> bytes:
     async with open_store(db) as store:
         assert store.identity is not None and store.last_tick is not None
         nonce = bytes.fromhex(store.identity.nonce)
-        said = [(tick, seq) for tick in range(store.last_tick + 1)
-                for seq, player, _, text in await store.inputs(tick) if player == "ghost" and text == GHOST]
+        said = [(tick, i.seq) for tick in range(store.last_tick + 1)
+                for i in await store.resume.inputs(tick) if i.player == "ghost" and i.text == GHOST]
     [(tick, seq)] = said
     speech = Speech(id=event_id("ghost", "ghost", tick, 1_000_000 + seq), tick=tick, speaker="ghost", to="innkeeper",
                     text=GHOST, from_player=True)
@@ -235,7 +235,7 @@ async def test_a_signed_message_of_an_earlier_run_of_the_same_id_is_dropped_and_
     assert second.bus is not None and second.bus.refused.get(OTHER_RUN, 0) >= 2
     assert prompts_with(tmp_path / "run2.db", GHOST) == 0
     async with open_store(tmp_path / "run2.db") as store:
-        heard = [text for tick in range(second.tick + 1) for _, _, _, text in await store.inputs(tick)]
+        heard = [i.text for tick in range(second.tick + 1) for i in await store.resume.inputs(tick)]
     assert heard == ["Ale!"]
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.store import PlayerArrival, arrivals_path, open_reader, open_store, read_arrivals
+from sim.protocol.outside import PlayerArrival
+from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
 from tests.helpers import VILLAGE, MosquittoProcess, audit, committed_tick, eventually, start_npcsim
 
@@ -104,7 +105,7 @@ async def test_input_delivered_in_a_killed_tick_is_stored_answered_and_taken_at_
     await finished(await npcsim_run(mosquitto, calm, calm_log, "--until-tick", str(first)), calm_log)
     async with open_store(calm) as store:
         for a in arrived:
-            store.arrive(a)
+            store.arrivals.add(a)
     await finished(await npcsim_run(mosquitto, calm, calm_log, "--until-tick", str(HORIZON), "--resume"), calm_log)
     assert stored_inputs(calm) == inputs
     assert world_value(calm, "innkeeper", "weather") == WORLD["weather"]

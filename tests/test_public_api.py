@@ -63,14 +63,14 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.shard": {
         "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "PausedCollector", "Player", "RecordedInputs",
-        "RunConfig", "RunStats", "Shard",
+        "RunConfig", "RunStarted", "RunStats", "Shard",
         "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
         "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
-        "Arrival", "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "PlayerArrival",
+        "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",
         "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
-        "StoreStatistics", "WorldArrival", "Writer", "arrivals_path", "delete_audit_records", "open_reader",
+        "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "open_reader",
         "open_store", "read_arrivals",
     },
     "sim.view": {
@@ -93,7 +93,7 @@ MODULES: dict[str, set[str]] = {
         "render_fact", "render_head", "render_line", "render_rule", "render_tail", "render_world", "rendered",
         "token_sizes",
     },
-    "sim.metrics": {"Metrics", "serve_metrics"},
+    "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
     # what sim.runner exported before the shard package: each name is sim.shard's
     "sim.runner": {
         "AGENT_KINDS", "Agent", "Clock", "RunConfig", "RunStats", "Shard", "ShardContext", "SystemClock",

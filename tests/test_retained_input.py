@@ -32,7 +32,7 @@ async def test_a_retained_player_input_is_ignored_and_counted_at_every_start(
     for stats in (first, again):
         assert stats.bus is not None and stats.bus.refused.get("retained player input") == 1
     async with open_store(db) as store:
-        assert [i for tick in range(8) for i in await store.inputs(tick)] == []
+        assert [i for tick in range(8) for i in await store.resume.inputs(tick)] == []
     with open_reader(db) as reader:
         assert not any("Kept for ever" in (r.prompt or "") for r in reader.audit_records())
 

@@ -12,6 +12,7 @@ from sim.audit import AuditRecord
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.generate import generate_scenario
+from sim.protocol.outside import OutsideInput
 from sim.runner import RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
@@ -125,7 +126,8 @@ async def test_outside_input_is_stored_with_its_tick(mosquitto: MosquittoProcess
         stop.set()
         await job
     async with open_store(db) as store:
-        assert await store.inputs(say.tick - 1) == [(0, "visitor", "innkeeper", "Ale!")]
+        assert await store.resume.inputs(say.tick - 1) == [OutsideInput(seq=0, player="visitor", to="innkeeper",
+                                                                         text="Ale!")]
 
 
 async def test_resume_to_a_horizon(mosquitto: MosquittoProcess, tmp_path: Path) -> None:

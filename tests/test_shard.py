@@ -25,6 +25,7 @@ from sim.mqtt import BrokerAddress
 from sim.scenario import load_scenario, parse_scenario
 from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, ambient_roll
 from sim.shard._dice import AmbientDice
+from sim.shard._inputs import WorldState
 from sim.store import Writer, open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import TickDone, decode_barrier
@@ -307,3 +308,18 @@ def test_a_bad_until_tick_is_one_line(value: str, capsys: pytest.CaptureFixture[
     assert line.startswith("npcsim run: error: argument --until-tick: must be") and value in line
     with pytest.raises(ConfigError, match="--until-tick must be a whole number >= 1"):
         RunConfig(scenario=VILLAGE, until_tick=0)
+
+
+def test_world_state_is_held_in_one_place_and_announced_once() -> None:
+    """What a resume held for a tick comes before what arrived, the later key winning; what
+    the barrier made due is taken once, at the start of the next tick."""
+    world = WorldState()
+    world.hold(3, {"king": "dead", "weather": "rain"})
+    world.arrive({"king": "alive"})
+    assert world.announce(2) == {"king": "alive"}  # nothing held for tick 2
+    world.arrive({"weather": "snow"})
+    assert world.announce(3) == {"king": "dead", "weather": "snow"}
+    assert world.announce(4) is None
+    world.due = {"weather": "fog"}
+    assert world.take_due() == {"weather": "fog"}
+    assert world.take_due() is None

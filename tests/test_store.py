@@ -10,7 +10,17 @@ import pytest
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, build_working_memory
-from sim.store import HOT_LIMIT, SCHEMA_VERSION, Writer, open_reader, open_store
+from sim.protocol.outside import OutsideInput, PlayerArrival
+from sim.store import (
+    HOT_LIMIT,
+    SCHEMA_VERSION,
+    Pending,
+    TickRecord,
+    Writer,
+    open_reader,
+    open_store,
+    read_arrivals,
+)
 from tests.helpers import eventually, fingerprint
 from tests.store_states import village_state
 
@@ -204,13 +214,15 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
     with pytest.raises(ZeroDivisionError):
         async with open_store(db, keep_tail=False) as store:
             await store.ensure_agent(village_state(), writer=Writer.SCENARIO)
-            await store.record_input(0, 0, "visitor", "smith", "A sword, please.")
-            await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02")])
-            await store.end_tick(0)
+            await store.resume.record_input(0, OutsideInput(seq=0, player="visitor", to="smith",
+                                                            text="A sword, please."))
+            kept = TickRecord(sent=[(0, "npcsim/r/loc/forge/events", b"\x01\x02")], says=[], pending=Pending())
+            await (await store.commit_tick(0, kept))
             batches = store.statistics().batches
             await store.add_episode("smith", Episode(id="e1", tick=1, text="half a tick"), writer=Writer.NPC)
-            await store.record_input(1, 0, "visitor", "smith", "Hello again")
-            await store.keep_sent([(0, "npcsim/r/loc/forge/events", b"\x01\x02"), (1, "npcsim/r/loc/x", b"\x03")])
+            await store.resume.record_input(1, OutsideInput(seq=0, player="visitor", to="smith", text="Hello again"))
+            await store.resume.keep(TickRecord(sent=[(0, "npcsim/r/loc/forge/events", b"\x01\x02"),
+                                                     (1, "npcsim/r/loc/x", b"\x03")], says=[], pending=Pending()))
             await eventually(lambda: store.statistics().batches > batches,
                              what="the writer running the queued rows inside the open transaction")
             1 / 0  # noqa: B018
@@ -218,9 +230,10 @@ async def test_without_keep_tail_an_unfinished_tick_is_rolled_back(tmp_path: Pat
         assert store.last_tick == 0
         await store.load_agents(["smith"])
         assert [e.id for e in store.state("smith").episodic] == ["e0"]
-        assert await store.inputs(0) == [(0, "visitor", "smith", "A sword, please.")]
-        assert await store.inputs(1) == []
-        assert await store.sent() == [(0, "npcsim/r/loc/forge/events", b"\x01\x02")]
+        assert await store.resume.inputs(0) == [OutsideInput(seq=0, player="visitor", to="smith",
+                                                              text="A sword, please.")]
+        assert await store.resume.inputs(1) == []
+        assert await store.resume.sent() == [(0, "npcsim/r/loc/forge/events", b"\x01\x02")]
 
 
 @pytest.mark.parametrize("nul", [False, True], ids=["bulk", "row-by-row"])
@@ -249,3 +262,24 @@ async def test_a_belief_written_again_replaces_the_one_with_its_id(tmp_path: Pat
         rows = conn.execute("SELECT id, tick FROM beliefs WHERE agent = 'smith' AND id = 'talk:player'").fetchall()
         assert rows == [("talk:player", 99)]
         assert conn.execute("SELECT count(*) FROM beliefs").fetchone() == (len(authored) + 1 + 15,)
+
+
+async def test_commit_tick_puts_the_tick_and_what_it_replaces_on_disk_together(tmp_path: Path) -> None:
+    """`commit_tick` queues what the tick replaces, flushes the arrivals it took, commits; the
+    journal then drops what the tick holds, and a reopened store reads the rest back."""
+    db = tmp_path / "tw.db"
+    taken = PlayerArrival(tick=0, player="p", to="smith", text="hi")
+    later = PlayerArrival(tick=1, player="p", to="smith", text="later")
+    record = TickRecord(sent=[(0, "npcsim/r/loc/forge/events", b"\x01")], says=[("npcsim/r/agent/smith/say", b"y")],
+                        pending=Pending(world={"weather": "rain"}))
+    async with open_store(db, keep_tail=False) as store:
+        store.arrivals.add(taken)
+        store.arrivals.add(later)
+        await (await store.commit_tick(0, record))
+        assert read_arrivals(db, None) == [later]
+    async with open_store(db, keep_tail=False) as store:
+        assert store.last_tick == 0
+        assert store.arrivals.pending == [later]
+        assert await store.resume.sent() == record.sent
+        assert await store.resume.says() == record.says
+        assert await store.resume.pending() == record.pending

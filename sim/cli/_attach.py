@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from sim.attach import RunFile, find_run, local_runs, published
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress
-from sim.shard import RunStats
+from sim.shard import RunStarted
 from sim.wire import topics
 
 __all__ = ["attach_lines", "local_broker", "no_local_run", "published_run"]
@@ -25,17 +25,18 @@ __all__ = ["attach_lines", "local_broker", "no_local_run", "published_run"]
 log = logging.getLogger(__name__)
 
 
-def attach_lines(stats: RunStats) -> list[str]:
+def attach_lines(started: RunStarted) -> list[str]:
     """What a started run prints so that others can watch it."""
-    run = shlex.quote(stats.run_id)
-    say = shlex.quote(f"{topics.run_root(stats.run_id)}/agent/+/say")
-    if stats.viewer is None:  # an external broker: its URL; the login is the watcher's own
-        address = stats.broker_address or BrokerAddress()
+    run_id = started.stats.run_id
+    run = shlex.quote(run_id)
+    say = shlex.quote(f"{topics.run_root(run_id)}/agent/+/say")
+    viewer = started.broker.viewer
+    if viewer is None:  # an external broker: its URL; the login is the watcher's own
+        address = started.broker.address
         return [
             f"attach: npcsim subscribe --broker {address.url} --run {run}  (npcsim view takes the same options); "
             f"any MQTT client: mosquitto_sub -h {address.host} -p {address.port} -v -t {say}"
         ]
-    viewer = stats.viewer
     plain = viewer.with_login(None, None).url
     login, what = "", "no login needed"
     if viewer.username is not None:
@@ -48,10 +49,10 @@ def attach_lines(stats: RunStats) -> list[str]:
 
 
 @contextlib.contextmanager
-def published_run(stats: RunStats) -> Iterator[None]:
+def published_run(started: RunStarted) -> Iterator[None]:
     """The run file of a run on a broker npcsim started, for the block (nothing for an external broker)."""
     with contextlib.ExitStack() as stack:
-        viewer = stats.viewer
+        viewer, stats = started.broker.viewer, started.stats
         if viewer is not None:
             entry = RunFile(run=stats.run_id, shard=stats.shard, url=viewer.with_login(None, None).url,
                             username=viewer.username, password=viewer.password)

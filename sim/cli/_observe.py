@@ -18,7 +18,7 @@ import msgspec
 from sim.cli._terminal import Out, silence_stdout
 from sim.errors import single_error
 from sim.metrics import Metrics, serve_metrics
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStarted, RunStats, run
 from sim.wire.events import SayMessage
 
 if TYPE_CHECKING:  # sim.view is imported when a view is asked for (see above)
@@ -72,7 +72,7 @@ async def run_observed(
     metrics: Metrics | None,
     view: ViewOptions | None,
     follow: Callable[[SayMessage], None] | None,
-    on_ready: Callable[[RunStats], None] | None = None,
+    on_ready: Callable[[RunStarted], None] | None = None,
 ) -> None:
     """Run the shard with the view beside it (its address printed first, on `banner`) and/or
     the dialogue printed live by `follow`; `on_ready` is called once the run has started.
@@ -89,11 +89,11 @@ async def run_observed(
                 view.host, view.port, player=view.player, password=view.password, option="--view"))
             banner.record("view: ", (thread.url, "bold"), "  (Ctrl-C stops the run)")
 
-        def ready(ready_stats: RunStats) -> None:
-            if thread is not None and ready_stats.broker_address is not None:
-                thread.attach(ready_stats.broker_address, ready_stats.run_id)
+        def ready(started: RunStarted) -> None:
+            if thread is not None:
+                thread.attach(started.broker.address, started.stats.run_id)
             if on_ready is not None:
-                on_ready(ready_stats)
+                on_ready(started)
 
         stop = asyncio.Event()  # set by SIGINT/SIGTERM too (the shard process's handlers)
         try:

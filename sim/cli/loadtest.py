@@ -157,9 +157,6 @@ def loadtest_command(args: argparse.Namespace) -> int:
             metrics.watch_loadtest(lambda: latest[-1] if latest else None)
 
         def show(progress: Progress) -> None:
-            before = latest[-1].over_budget if latest else 0
-            if metrics is not None and progress.over_budget > before:
-                metrics.over_budget.inc(progress.over_budget - before)
             latest[:] = [progress]
             live.update(progress_view(progress))
 

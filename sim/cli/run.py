@@ -29,7 +29,7 @@ from sim.cli.subscribe import say_record
 from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError
 from sim.generate import write_scenario
-from sim.shard import RunConfig, RunStats, StartupPhase, parse_shard, run
+from sim.shard import RunConfig, RunStarted, RunStats, StartupPhase, parse_shard, run
 
 __all__ = ["register", "summary_rows"]
 
@@ -208,11 +208,11 @@ def run_command(args: argparse.Namespace) -> int:
     stats = RunStats()
     with contextlib.ExitStack() as published:
 
-        def ready(ready_stats: RunStats) -> None:
+        def ready(started: RunStarted) -> None:
             """The run has started: say how to attach, and let `subscribe`/`view` find a private broker."""
-            published.enter_context(published_run(ready_stats))
+            published.enter_context(published_run(started))
             if not args.quiet:
-                for line in attach_lines(ready_stats):
+                for line in attach_lines(started):
                     banner.record(line)
 
         with metrics_served(args.metrics_port, banner) as metrics:
@@ -234,7 +234,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 async def _run_live(
-    config: RunConfig, stats: RunStats, out: Out, on_ready: Callable[[RunStats], None], *, live: bool
+    config: RunConfig, stats: RunStats, out: Out, on_ready: Callable[[RunStarted], None], *, live: bool
 ) -> None:
     if not live:
         await run(config, stats=stats, on_ready=on_ready)

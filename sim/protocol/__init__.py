@@ -10,7 +10,10 @@
 - `sim.protocol.barrier`: the tick barrier's bookkeeping;
 - `sim.protocol.bounds`: bounds on outside input (per message and per tick) and the
   refusal counter;
-- `sim.protocol.admission`: which peers' requests (Join, Hello) a shard serves, and how often;
+- `sim.protocol.admission`: which peers' requests (Join, Hello) a shard serves, and how often,
+  and `Peers`, a shard's side of the handshake (Join -> re-sends, Hello -> Welcome);
+- `sim.protocol.outside`: outside input's named types and `OutsideJournal`, which stamps
+  each arrival with the tick that takes it;
 - `sim.protocol.seal`: the run key, sealing and opening internal messages for one run instance.
 
 The bus (sim.bus) is the thin I/O loop that feeds them; the shard (sim.shard) acts on

@@ -16,6 +16,10 @@ the shard's clock. A Join that comes sooner is not refused (it may be the peer's
 sent after its own restart, that the flood is drowning): it is folded into the peer's
 waiting request, served when the interval is over, from the lowest tick any of them asked
 for. Folded requests are counted, and reported once per interval.
+
+`Peers` is a shard's side of the barrier's handshake, built on both: barrier messages of
+the other shards in (a Join, a Hello, a Welcome), decisions out: a refusal to count, the
+tick to re-send from, the Welcomes shard 0 owes (the run nonce, for a shard's Hello).
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable
 
-__all__ = ["Admission", "Resends"]
+import msgspec
+
+from sim.protocol.barrier import Barrier
+from sim.wire.barrier import Hello, Join, Welcome
+
+__all__ = ["Admission", "Peers", "Refused", "Resends"]
 
 
 class Admission:
@@ -108,3 +117,82 @@ class Resends:
         folded, self._folded = self._folded, {}
         self._reported_at = now
         return folded
+
+
+class Refused(msgspec.Struct, frozen=True, kw_only=True):
+    """A peer's barrier message not served: counted by `kind` (the shard names the topic)."""
+
+    kind: str
+    peer: str
+    why: str
+
+
+class Peers:
+    """The requests of the other shards of the run: `receive` each Join, Hello or Welcome;
+    `resend_from(now)` and `welcomes(nonce)` say what is owed them.
+
+    `answers_hello`: shard 0, the one that tells a starting shard the run nonce.
+    """
+
+    def __init__(self, barrier: Barrier, *, answers_hello: bool, per_tick: int = 4, interval: float = 1.0) -> None:
+        self._barrier = barrier
+        self._answers_hello = answers_hello
+        self.admission = Admission(per_tick=per_tick)
+        self.resends = Resends(interval=interval)
+        self._hellos: list[Hello] = []
+
+    def receive(self, message: Join | Hello | Welcome, now: float) -> Refused | None:
+        """Take one request in (`now`: the shard's clock); a refusal to count, or None."""
+        match message:
+            case Join():
+                if not self._from_peer(message):
+                    return self._conflict(message)
+                if not self.admission.first(message.shard, ("join", message.session, message.seq)):
+                    return _repeated(message.shard)
+                self.resends.request(message.shard, message.tick, now)
+            case Hello() if self._answers_hello:
+                if not self._from_peer(message):
+                    return self._conflict(message)
+                if not self.admission.admit(message.shard, ("hello", message.challenge), self._barrier.tick):
+                    return _repeated(message.shard)
+                self._hellos.append(message)
+            case Hello() | Welcome():
+                pass  # a Hello for shard 0, a Welcome for a shard learning the nonce
+        return None
+
+    def resend_from(self, now: float) -> int | None:
+        """The lowest tick whose kept messages are to be re-sent now; None: none is due."""
+        return self.resends.due(now)
+
+    def folded(self, now: float) -> dict[str, int]:
+        """Per peer, its Joins folded into a later re-send since the last report (once per interval)."""
+        return self.resends.report(now)
+
+    def welcomes(self, nonce: bytes | None) -> list[Welcome]:
+        """Shard 0: the Welcome for each admitted Hello, with the run nonce (none without a run key)."""
+        hellos, self._hellos = self._hellos, []
+        if nonce is None:
+            return []
+        barrier = self._barrier
+        return [Welcome(shard=barrier.shard, shards=len(barrier.shards), challenge=hello.challenge, nonce=nonce.hex())
+                for hello in hellos]
+
+    def _from_peer(self, message: Join | Hello) -> bool:
+        """Another shard of this run, of the same shard count."""
+        barrier = self._barrier
+        return message.shard != barrier.shard and barrier.same_run(message) and message.shard in barrier.shards
+
+    def _conflict(self, message: Join | Hello) -> Refused | None:
+        """Not a peer: an unauthenticated Join or Hello of another shard count is counted
+        (a TickDone with another count is what stops the run); our own, or another run's, is not."""
+        barrier = self._barrier
+        if message.shard == barrier.shard or message.shards == len(barrier.shards) or barrier.trusted:
+            return None
+        return Refused(kind="unauthenticated shard count conflict", peer=message.shard,
+                       why=f"a Join of shard {message.shard} as {message.shard}/{message.shards} on a broker with "
+                           "neither login nor run key; only a TickDone with another count stops the run")
+
+
+def _repeated(peer: str) -> Refused:
+    return Refused(kind="repeated barrier request", peer=peer,
+                   why="served once already, or the peer's requests for this tick are used up")

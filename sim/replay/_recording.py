@@ -17,6 +17,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import ConfigError, StoreError
+from sim.protocol.outside import OutsideInput
 from sim.shard import RecordedInputs, parse_shard
 from sim.store import RunIdentity, RunSettings, StoreReader, open_reader
 
@@ -46,7 +47,7 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
         raise ConfigError("--db: give the store of the run (once per shard for a sharded run)")
     found: dict[int, tuple[Path, RunIdentity]] = {}
     records: dict[str, AuditRecord] = {}
-    inputs: dict[int, list[tuple[int, str, str, str]]] = {}
+    inputs: dict[int, list[OutsideInput]] = {}
     world: dict[int, dict[str, str]] = {}
     scenario = b""  # the same in every store: the digest their identities share
     last: dict[Path, int | None] = {}
@@ -68,7 +69,7 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
             if index == 0:
                 world = changes
             for tick, seq, player, agent, text in reader.all_inputs():
-                inputs.setdefault(tick, []).append((seq, player, agent, text))
+                inputs.setdefault(tick, []).append(OutsideInput(seq=seq, player=player, to=agent, text=text))
             records.update((r.id, r) for r in reader.audit_records())
     _, count = parse_shard(next(iter(found.values()))[1].shard)
     missing = [str(i) for i in range(count) if i not in found]

@@ -134,7 +134,7 @@ async def execute(
     ):
         await store.keep_identity(claim, recording.scenario)
         ctx = ShardContext(scenario, config, identity.run_id, identity.seed, bus, pool, store, stats)
-        shard = Shard(ctx, stop, recorded=recording.inputs)
+        shard = Shard(ctx, stop, source=recording.inputs)
         await shard.start()
         ticking = time.perf_counter()
         async with _reporting(progress, stats, end):

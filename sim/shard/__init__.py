@@ -10,7 +10,7 @@
 The modules, one job each:
 - `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
 - `_places`: which shard holds which place (whole places, balanced by NPC count);
-- `_stats`: `RunStats`, what the display and the summary read;
+- `_stats`: `RunStats`, what the display, the summary and the metrics read; `RunStarted`;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
 - `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, who stands where, the
   dice table), built off the event loop at start-up;
@@ -20,12 +20,15 @@ The modules, one job each:
 - `_recorder`: audit records, traces, metrics and counters of every line said;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
-- `_turns`: the tick's turns, taken by a bounded set of workers;
+- `_inputs`: the tick's inputs (phase 1), `InputSource` and the live one, `WorldState`;
+- `_turns`: the tick's turns (phase 2), taken by a bounded set of workers;
+- `_exchange`: publish and the barrier (phases 3 and 4), the status topic;
+- `_intake`: what the bus hands over, to the part that owns it;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_parse_child`: the helper process that parses a large scenario for `_startup`;
-- `_shard`: `Shard`, the tick loop;
-- `_recorded`: `RecordedInputs`, a recorded run's outside inputs and world changes, for a
-  shard that executes it again (sim.replay);
+- `_shard`: `Shard`, the tick loop: its six phases, start, resume;
+- `_recorded`: `RecordedInputs`, the input source of a shard that executes a recorded run
+  again (sim.replay);
 - `_trust`: the run key and the trust announcements at start;
 - `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
 - `_process`: `run(config)`, the process wiring around a Shard.
@@ -41,7 +44,7 @@ from sim.shard._recorded import RecordedInputs
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
-from sim.shard._stats import RunStats
+from sim.shard._stats import RunStarted, RunStats
 
 __all__ = [
     "AGENT_KINDS",
@@ -53,6 +56,7 @@ __all__ = [
     "Player",
     "RecordedInputs",
     "RunConfig",
+    "RunStarted",
     "RunStats",
     "Shard",
     "ShardContext",

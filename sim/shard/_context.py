@@ -29,7 +29,7 @@ import msgspec
 from sim.bus import Bus
 from sim.inference import InferenceRequest, Pool, Priority
 from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, build_working_memory
-from sim.metrics import Metrics
+from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
@@ -43,6 +43,8 @@ from sim.wire import topics
 from sim.wire.events import AnyEvent, SayMessage, Speech, event_id
 
 __all__ = ["AgentContext", "ShardContext"]
+
+_NO_METRICS = NullMetrics()  # keeps nothing, so one instance serves every shard without metrics
 
 
 class ShardContext:
@@ -61,7 +63,7 @@ class ShardContext:
         pool: Pool,
         store: Store,
         stats: RunStats,
-        metrics: Metrics | None = None,
+        metrics: MetricsSink = _NO_METRICS,
         *,
         clock: Clock | None = None,
         layout: ShardLayout | None = None,
@@ -74,7 +76,7 @@ class ShardContext:
         self.pool = pool
         self.store = store
         self.stats = stats
-        self.metrics = metrics
+        self.metrics: MetricsSink = metrics
         self.clock: Clock = clock or SystemClock()
         self.layout = layout or ShardLayout(scenario, config.shard, seed)
         self.shard = str(self.layout.index)

@@ -49,6 +49,7 @@ class Perception:
         self._listeners = {place: frozenset(listeners) for place, listeners in places.items() if listeners}
         self._windows = {place: PlaceWindow(listeners, window) for place, listeners in self._listeners.items()}
         self._mail: dict[str, list[AnyEvent]] = {}
+        self._stored: dict[str, int] = {}  # each place's front tick as the store last had it
 
     def fronts(self) -> dict[str, int]:
         """Each place's `front_tick`, for the places whose window holds something."""
@@ -78,6 +79,20 @@ class Perception:
             for event in events:
                 if isinstance(event, Speech) and event.to in listeners and event.to != event.speaker:
                     self._mail.setdefault(event.to, []).append(event)
+
+    def perceive(self, place: str, events: Sequence[AnyEvent]) -> int | None:
+        """`append` a tick's events; the place's front tick when it moved since the store last
+        had it (the store keeps its log from there), else None."""
+        self.append(place, events)
+        front = self.front_tick(place)
+        if front is None or front == self._stored.get(place):
+            return None
+        self._stored[place] = front
+        return front
+
+    def stored(self) -> None:
+        """The store holds every place's log from its front tick now (a resume read it back)."""
+        self._stored = self.fronts()
 
     # --- mail ----------------------------------------------------------------------------
 

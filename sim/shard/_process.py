@@ -29,7 +29,7 @@ from sim.broker import BrokerInfo, open_broker
 from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
 from sim.inference import PoolConfig, open_pool
-from sim.metrics import Metrics
+from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
 from sim.shard._config import (
@@ -54,7 +54,7 @@ from sim.shard._startup import (
     in_thread,
     load_scenario_in_thread,
 )
-from sim.shard._stats import RunStats
+from sim.shard._stats import RunStarted, RunStats
 from sim.shard._trust import announce_trust, run_key_for
 from sim.store import RunIdentity, Store, open_store
 from sim.wire import topics
@@ -71,8 +71,8 @@ async def run(
     *,
     stats: RunStats | None = None,
     stop: asyncio.Event | None = None,
-    on_ready: Callable[[RunStats], None] | None = None,
-    metrics: Metrics | None = None,
+    on_ready: Callable[[RunStarted], None] | None = None,
+    metrics: MetricsSink | None = None,
     clock: Clock | None = None,
 ) -> RunStats:
     """Run one shard to its last tick or until `stop` is set (SIGINT/SIGTERM set it too).
@@ -89,7 +89,8 @@ async def run(
     with _signals(stop, stats):
         try:
             async with asyncio.TaskGroup() as group:
-                main = group.create_task(_run(config, stats, stop, on_ready, metrics, clock), name="run")
+                main = group.create_task(_run(config, stats, stop, on_ready, metrics or NullMetrics(), clock),
+                                         name="run")
                 watch = cancel_start_up_on(stop, stats.startup_progress, main)
                 watcher = group.create_task(watch, name="start-up-watch")
                 main.add_done_callback(lambda _: watcher.cancel())
@@ -102,8 +103,8 @@ async def _run(
     config: RunConfig,
     stats: RunStats,
     stop: asyncio.Event,
-    on_ready: Callable[[RunStats], None] | None,
-    metrics: Metrics | None,
+    on_ready: Callable[[RunStarted], None] | None,
+    metrics: MetricsSink,
     clock: Clock,
 ) -> None:
     with PausedCollector() as collector:
@@ -130,8 +131,6 @@ async def _run(
             ):
                 check_resume(config, db, store)
                 stats.broker = f"{broker.kind} {broker.url}"
-                stats.broker_address = broker.address
-                stats.viewer = broker.viewer
                 run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
                 announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
                 bus_config = BusConfig(
@@ -153,9 +152,9 @@ async def _run(
                 )
                 async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                     stats.bus = bus.stats
-                    if metrics is not None:
-                        metrics.watch_pool(pool.statistics)
-                        metrics.watch_bus(bus.stats)
+                    metrics.watch_run(stats)
+                    metrics.watch_pool(pool.statistics)
+                    metrics.watch_bus(bus.stats)
                     ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
                                        layout=layout)
                     one = Shard(ctx, stop)
@@ -164,7 +163,7 @@ async def _run(
                     stats.startup_progress.enter(StartupPhase.RUNNING)
                     stats.running_since = clock.now()
                     if on_ready is not None:
-                        on_ready(stats)
+                        on_ready(RunStarted(stats=stats, broker=broker))
                     if one.end <= one.first:
                         log.warning("nothing to run: the store is at tick %d and the run ends before tick %d",
                                     one.first, one.end)

@@ -1,8 +1,8 @@
 """The recorder: what the engine keeps of every line an NPC says.
 
 An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder does the
-rest, in this order: the over-budget count (DESIGN.md, working memory step 5: counted, and
-logged once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
+rest, in this order: the over-budget count (docs/working-memory.md: counted, and logged
+once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
 kept), the audit record in the store (enough to rebuild the exact context the model saw),
 the metrics, and the trace for viewers.
 """
@@ -18,7 +18,7 @@ from sim.audit import make_record
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
-from sim.metrics import Metrics
+from sim.metrics import MetricsSink
 from sim.shard._stats import RunStats
 from sim.store import Store
 from sim.wire.events import SayMessage
@@ -55,7 +55,7 @@ class Recorder:
         store: Store,
         bus: Bus,
         stats: RunStats,
-        metrics: Metrics | None,
+        metrics: MetricsSink,
         npc_location: Mapping[str, str],
         keep_dialogue: bool,
         trace_prompts: bool,
@@ -98,8 +98,7 @@ class Recorder:
             attempts=result.attempts,
         )
         await self._store.record(record)
-        if self._metrics is not None:
-            self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
+        self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
                          prompts=self._trace_prompts, memory=spoken.memory)
         await self._bus.publish_trace(trace)

@@ -1,19 +1,22 @@
-"""What a run tells its watchers: `RunStats`, updated by the shard as it goes.
+"""What a run tells its watchers: `RunStats`, updated by the shard as it goes, and `RunStarted`.
 
-The progress display and the summary read it (sim.cli.run); its times come from the
-shard's clock (`started`, `running_since`, `awaiting_since` are the clock's monotonic seconds).
+The progress display and the summary read it (sim.cli.run), and the metrics read its
+counters at scrape time (sim.metrics, `RunCounts`): each is counted here once. Its times
+come from the shard's clock (`started`, `running_since`, `awaiting_since` are the clock's
+monotonic seconds). It holds no login: what a watcher attaches with comes with
+`RunStarted`, from the broker that made it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.mqtt import BrokerAddress
+from sim.broker import BrokerInfo
 from sim.protocol.router import BusStats
 from sim.shard._startup import StartupProgress
 from sim.wire.events import SayMessage
 
-__all__ = ["RunStats"]
+__all__ = ["RunStarted", "RunStats"]
 
 
 @dataclass
@@ -23,8 +26,6 @@ class RunStats:
     run_id: str = ""
     shard: str = "0"
     broker: str = ""
-    broker_address: BrokerAddress | None = None  # with the shard's login: `run --view` follows the run with it
-    viewer: BrokerAddress | None = None  # watchers' login on a broker the run started (sim.broker); else None
     agents: int = 0
     first_tick: int = 0
     tick: int = -1  # the tick being stepped (or the last one stepped)
@@ -51,3 +52,13 @@ class RunStats:
     stopped_by_signal: bool = False
     startup_progress: StartupProgress = field(default_factory=StartupProgress)
     dialogue: list[SayMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """What `run` hands its `on_ready` once the ticks begin: the run's stats and its broker
+    (the shard's login, `run --view` follows the run with it; `viewer`, the watchers' login
+    on a broker the run started)."""
+
+    stats: RunStats
+    broker: BrokerInfo

@@ -1,11 +1,12 @@
-"""The tick's turns, taken by a bounded set of worker tasks, not one task per NPC.
+"""The tick's second phase: its turns, taken by a bounded set of worker tasks, not one task per NPC.
 
-The shard knows who takes a turn (the NPCs with mail, and those whose ambient dice fell);
-`take_turns` steps them with at most `workers` at once, each worker taking the next turn
-when it finished one and yielding to the event loop between turns (a scripted inference
-may never suspend). A stop request ends the tick at once: no worker starts another turn,
-the turns under way are cancelled, and the tick is not committed (it runs again on
---resume).
+`Turns.take(tick)` knows who takes a turn: the NPCs with mail from earlier ticks, and those
+whose ambient dice fell (rolled here for every local NPC, sim.shard._dice, in slices
+between yields); no other NPC is touched. `take_turns` steps them with at most `workers`
+at once, each worker taking the next turn when it finished one and yielding to the event
+loop between turns (a scripted inference may never suspend). A stop request ends the
+tick at once: no worker starts another turn, the turns under way are cancelled, and the
+tick is not committed (it runs again on --resume).
 """
 
 from __future__ import annotations
@@ -16,10 +17,41 @@ from typing import TypeVar
 
 from sim.errors import single_error
 from sim.shard._clock import checkpoint
+from sim.shard._context import ShardContext
 
-__all__ = ["take_turns"]
+__all__ = ["Turns", "take_turns"]
 
 T = TypeVar("T")
+
+_DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the event loop
+
+
+class Turns:
+    """Phase 2 of a shard's tick; `stop` ends it between slices and turns."""
+
+    def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
+        self._ctx, self._stop = ctx, stop
+        self._workers = 2 * ctx.config.concurrency  # the pool always has turns waiting to order
+
+    async def take(self, tick: int) -> bool:
+        """Every turn of `tick` taken; False when asked to stop first."""
+        ctx, dice = self._ctx, self._ctx.layout.dice
+        fallen: list[str] = []
+        for start in range(0, len(dice), _DICE_SLICE):
+            if self._stop.is_set():
+                return False
+            fallen += dice.roll(tick, start, start + _DICE_SLICE)
+            await checkpoint()
+        mailed = sorted({*ctx.bus.mail_holders(tick), *ctx.perception.mail_holders()})
+        ambient = set(fallen)
+        woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
+        woken.update((agent, True) for agent in fallen)
+
+        async def turn(item: tuple[str, bool]) -> None:
+            spec = ctx.layout.by_id[item[0]]
+            await ctx.kinds[spec.kind].build(spec, ctx.agent_context(spec)).step(tick, item[1])
+
+        return await take_turns(woken.items(), turn, workers=self._workers, stop=self._stop)
 
 
 async def take_turns(turns: Iterable[T], step: Callable[[T], Awaitable[None]], *, workers: int,

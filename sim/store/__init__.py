@@ -7,12 +7,12 @@ store belongs to (`Store.identity`, `StoreReader.run_identity`).
 """
 
 from sim.errors import AuthorityError, SchemaError, StoreError
-from sim.store._arrivals import Arrival, PlayerArrival, WorldArrival, arrivals_path, read_arrivals
+from sim.store._arrivals import arrivals_path, read_arrivals
 from sim.store._authority import Writer
 from sim.store._identity import RunIdentity, RunSettings
 from sim.store._places import PlaceRows
 from sim.store._reader import AuditSummary, StoreReader, open_reader
-from sim.store._resume import Pending
+from sim.store._resume import Pending, Resume, TickRecord
 from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
 from sim.store._store import HOT_LIMIT, Store, StoreStatistics, open_store
@@ -20,12 +20,11 @@ from sim.store._store import HOT_LIMIT, Store, StoreStatistics, open_store
 __all__ = [
     "HOT_LIMIT",
     "SCHEMA_VERSION",
-    "Arrival",
     "AuditSummary",
     "AuthorityError",
     "Pending",
     "PlaceRows",
-    "PlayerArrival",
+    "Resume",
     "RunIdentity",
     "RunSettings",
     "SchemaError",
@@ -33,7 +32,7 @@ __all__ = [
     "StoreError",
     "StoreReader",
     "StoreStatistics",
-    "WorldArrival",
+    "TickRecord",
     "Writer",
     "arrivals_path",
     "delete_audit_records",

@@ -34,32 +34,13 @@ from pathlib import Path
 import msgspec
 
 from sim.errors import StoreError
+from sim.protocol.outside import Arrival
 
-__all__ = ["Arrival", "Arrivals", "PlayerArrival", "WorldArrival", "arrivals_path", "read_arrivals"]
+__all__ = ["Arrivals", "arrivals_path", "read_arrivals"]
 
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
-
-
-class PlayerArrival(msgspec.Struct, frozen=True, kw_only=True, tag="player"):
-    """A player's input to an NPC of this shard, taken at `tick`."""
-
-    tick: int
-    player: str
-    to: str
-    text: str
-
-
-class WorldArrival(msgspec.Struct, frozen=True, kw_only=True, tag="world"):
-    """A world-state change shard 0 takes into its TickDone of `tick`."""
-
-    tick: int
-    state: dict[str, str]
-
-
-Arrival = PlayerArrival | WorldArrival
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Arrival)
 

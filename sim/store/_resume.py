@@ -1,13 +1,12 @@
 """Resume metadata: what an exact `--resume` needs besides the agents' state.
 
 The last tick committed with `end_tick` is `meta`'s `last_tick` (the writer records it
-with each tick's commit, `read_last_tick` reads it when the store opens). What the shard
-sent in its last two committed ticks (`keep_sent`, replacing the last), the `say` messages
-the broker had not acknowledged when the tick committed (`keep_says`), what waits for the
-next tick (`keep_pending`: the mail in its NPCs' inboxes and the world-state changes due,
-replacing the last) and the outside inputs stamped with the tick they take effect at
-(`record_input`) and the world-state changes with the tick they took effect at
-(`record_world`) are queued rows too, so they are on disk exactly when their tick is.
+with each tick's commit, `read_last_tick` reads it when the store opens). What a tick
+replaces (`keep(TickRecord)`: what the shard sent in its last two committed ticks, the
+`say` messages the broker had not acknowledged, what waits for the next tick: the mail in
+its NPCs' inboxes and the world-state changes due), the outside inputs with the tick they
+take effect at (`record_input`) and the world-state changes with the tick they took effect
+at (`record_world`) are queued rows, so they are on disk exactly when their tick is.
 `migrated_at` is the last tick a schema-3 npcsim committed before the file was migrated.
 """
 
@@ -20,6 +19,7 @@ import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
+from sim.protocol.outside import OutsideInput
 from sim.store._writer import BatchWriter
 from sim.store.sql import (
     SELECT_INPUTS,
@@ -32,13 +32,24 @@ from sim.store.sql import (
 )
 from sim.wire.events import AnyEvent
 
-__all__ = ["Pending", "Resume", "read_last_tick", "read_migrated_at"]
+__all__ = ["Pending", "Resume", "TickRecord", "read_last_tick", "read_migrated_at"]
+
 
 class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """What waits for the tick after the last committed one, besides the places' logs."""
 
     mail: list[tuple[str, AnyEvent]] = []  # (agent, event) waiting in inboxes
     world: dict[str, str] | None = None  # world-state changes that take effect then
+
+
+class TickRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tick's commit replaces besides its rows: what the shard keeps for re-sending
+    (tick, topic, payload), the `say` messages the broker has not acknowledged (topic,
+    payload: a resumed shard sends them again), and what waits for the next tick."""
+
+    sent: list[tuple[int, str, bytes]]
+    says: list[tuple[str, bytes]]
+    pending: Pending
 
 
 _T = TypeVar("_T")
@@ -74,32 +85,35 @@ class Resume:
         self._path = path
         self._writer = writer
 
-    async def record_input(self, tick: int, seq: int, player: str, agent: str, text: str) -> None:
-        await self._writer.put("input", (tick, seq, player, agent, text))
+    async def record_input(self, tick: int, taken: OutsideInput) -> None:
+        """Queue one outside input as taking effect at `tick` (committed with that tick)."""
+        await self._writer.put("input", (tick, taken.seq, taken.player, taken.to, taken.text))
 
     async def record_world(self, tick: int, state: dict[str, str]) -> None:
+        """Queue the world-state change that took effect at `tick` (committed with that tick)."""
         await self._writer.put("world_change", (tick, _json.encode(state).decode()))
 
-    async def inputs(self, tick: int) -> list[tuple[int, str, str, str]]:
+    async def inputs(self, tick: int) -> list[OutsideInput]:
+        """The committed outside inputs of `tick`, in seq order."""
         rows = await fetch(self._conn, SELECT_INPUTS, (tick,))
-        return [(int(seq), str(p), str(a), str(t)) for seq, p, a, t in rows]
+        return [OutsideInput(seq=int(seq), player=str(p), to=str(a), text=str(t)) for seq, p, a, t in rows]
 
-    async def keep_sent(self, messages: list[tuple[int, str, bytes]]) -> None:
-        await self._writer.put("meta", ("sent", _encoder.encode(messages)))
+    async def keep(self, record: TickRecord) -> None:
+        """Queue what the tick replaces: what was sent, the unacknowledged says, what is pending."""
+        await self._writer.put("meta", ("sent", _encoder.encode(record.sent)))
+        await self._writer.put("meta", ("says", _encoder.encode(record.says)))
+        await self._writer.put("meta", ("pending", _encoder.encode(record.pending)))
 
     async def sent(self) -> list[tuple[int, str, bytes]]:
+        """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
         return await self._read(SELECT_SENT, _sent_decoder, "the kept messages of the last tick") or []
 
-    async def keep_says(self, says: list[tuple[str, bytes]]) -> None:
-        await self._writer.put("meta", ("says", _encoder.encode(says)))
-
     async def says(self) -> list[tuple[str, bytes]]:
+        """The `say` messages unacknowledged when the last tick committed."""
         return await self._read(SELECT_SAYS, _says_decoder, "the unsent lines of the last tick") or []
 
-    async def keep_pending(self, pending: Pending) -> None:
-        await self._writer.put("meta", ("pending", _encoder.encode(pending)))
-
     async def pending(self) -> Pending:
+        """What waited for the tick after the last commit."""
         return await self._read(SELECT_PENDING, _pending_decoder, "what waits for the next tick") or Pending()
 
     async def _read(self, sql: str, decoder: msgspec.msgpack.Decoder[_T], what: str) -> _T | None:

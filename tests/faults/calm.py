@@ -19,6 +19,7 @@ from pathlib import Path
 from sim.bus import BusConfig, open_bus
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
+from sim.protocol.received import PlayerInputReceived, WorldStateReceived
 from sim.scenario import load_scenario
 from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock
 from sim.store import open_reader, open_store
@@ -94,9 +95,9 @@ async def calm_run(
             await shard.start()
             for tick in range(until_tick):
                 for _, _, player, agent, text in sorted(by_tick.get(tick, [])):
-                    shard.outside.append((player, PlayerInputMessage(to=agent, text=text)))
+                    shard.source.receive(PlayerInputReceived(player, PlayerInputMessage(to=agent, text=text)))
                 for key, value in changes.get(tick, []):
-                    shard.world_updates.append(WorldStateMessage(state={key: value}))
+                    shard.source.receive(WorldStateReceived(WorldStateMessage(state={key: value})))
                 assert await shard.step(tick), f"the calm run stopped at tick {tick}"
         server.cancel()
     return audit_set([db])

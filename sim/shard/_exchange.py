@@ -1,0 +1,153 @@
+"""The tick's exchange with the other shards: publish (phase 3) and the barrier (phase 4).
+
+`Publisher.publish(tick)`: the tick's outbox, one batch per topic. A batch for this shard's
+own places or NPCs is delivered here from the objects (no broker, no echo to wait for);
+the others are sealed and published; then the shard's TickDone, listing those (with the
+world-state changes shard 0 took), and everything published is kept for re-sending.
+
+`BarrierWait.wait(tick)`: until every shard finished the tick and every batch of it a peer
+published for this shard arrived (none to wait for on one shard). Meanwhile it acts on
+what the bus hands over and serves the re-sends peers' Joins asked for (at most one per
+peer per second, sim.protocol.admission); a stall is logged and shown on the status
+topic, never skipped; a stop while it holds ends the tick uncommitted.
+
+`Status` says the shard's state on its status topic (retained).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from sim.errors import ConfigError
+from sim.protocol.admission import Peers
+from sim.protocol.barrier import Barrier, summarise
+from sim.shard._clock import checkpoint
+from sim.shard._context import ShardContext
+from sim.shard._inputs import InputSource, WorldState
+from sim.wire.events import StatusMessage
+
+__all__ = ["BarrierWait", "Publisher", "Status"]
+
+log = logging.getLogger(__name__)
+
+_BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall warning)
+_DELIVERY_SLICE = 5_000  # events delivered locally between two yields
+
+TakeEvents = Callable[[], Awaitable[None]]
+"""What the bus queued, acted on (sim.shard._intake)."""
+
+
+class Status:
+    """The shard's state on its status topic: online (and whom it waits for), offline."""
+
+    def __init__(self, ctx: ShardContext, first: int) -> None:
+        self._ctx, self._first = ctx, first
+
+    async def say(self, state: str = "online", *, awaiting: str | None = None, since: float | None = None) -> None:
+        ctx = self._ctx
+        tick = ctx.stats.tick if ctx.stats.tick >= 0 else self._first
+        await ctx.bus.publish_status(
+            StatusMessage(run=ctx.run_id, shard=ctx.shard, state=state, tick=tick, awaiting=awaiting, since=since)
+        )
+
+
+class Publisher:
+    """Phase 3 of a shard's tick."""
+
+    def __init__(self, ctx: ShardContext, barrier: Barrier, source: InputSource, world: WorldState,
+                 take_events: TakeEvents) -> None:
+        self._ctx, self._barrier, self._source, self._world = ctx, barrier, source, world
+        self._take_events = take_events
+
+    async def publish(self, tick: int) -> None:
+        bus, barrier, outbox = self._ctx.bus, self._barrier, self._ctx.outbox
+        delivered = 0
+        for batch in outbox.take():
+            if bus.is_routed(batch.topic):
+                bus.deliver(batch.topic, batch.events)
+                delivered += len(batch.events)
+                if delivered >= _DELIVERY_SLICE:
+                    delivered = 0
+                    await checkpoint()
+                continue
+            sealed = outbox.seal(tick, batch)
+            await bus.publish(sealed.topic, sealed.payload)
+            barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
+        self._source.close_world(tick)  # shard 0: the world-state changes that arrived until now
+        await self._take_events()
+        topic, payload = await bus.publish_barrier(barrier.finish(tick, self._world.announce(tick)))
+        barrier.keep(tick, topic, payload)
+
+
+class BarrierWait:
+    """Phase 4 of a shard's tick; `first` is the shard's first tick (it also waits for the
+    other shards to start, so its wait is not counted)."""
+
+    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers, world: WorldState, status: Status,
+                 take_events: TakeEvents, *, stop: asyncio.Event, first: int) -> None:
+        self._ctx, self._barrier, self._peers, self._world, self._status = ctx, barrier, peers, world, status
+        self._take_events, self._stop, self._first = take_events, stop, first
+
+    async def wait(self, tick: int) -> bool:
+        """Until the barrier for `tick` passes; False when asked to stop while it holds."""
+        ctx, barrier, clock, stats = self._ctx, self._barrier, self._ctx.clock, self._ctx.stats
+        started, since = clock.now(), clock.wall()
+        look = started + _BARRIER_POLL
+        announced = ""
+        warned = False
+        while True:
+            await self._take_events()
+            await self._serve_resends()
+            if barrier.conflict is not None:
+                raise ConfigError(f"--shard {ctx.config.shard}: {barrier.conflict}")
+            if barrier.passed(tick):
+                self._world.due = barrier.world(tick)
+                break
+            now = clock.now()
+            if now >= look:
+                if self._stop.is_set():
+                    held = summarise(barrier.awaited(tick))
+                    log.warning("stopping while tick %d waits for %s: it runs again on --resume", tick, held)
+                    return False
+                look = now + _BARRIER_POLL
+                awaited = barrier.awaited(tick)
+                awaiting = summarise(awaited)
+                ctx.metrics.awaiting(len(awaited))
+                if awaiting != announced:
+                    announced = awaiting
+                    stats.awaiting, stats.awaiting_since = awaiting, started
+                    await self._status.say(awaiting=awaiting, since=since)
+                waited = now - started
+                if waited >= ctx.config.echo_timeout and not warned:
+                    warned = True
+                    stats.stalls += 1
+                    log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
+            await clock.wait(ctx.bus.arrived, look - now)
+        barrier.advance(tick)
+        ctx.bus.drop_batches_before(barrier.tick)
+        ctx.metrics.awaiting(0)
+        if tick > self._first:
+            stats.barrier_seconds += clock.now() - started
+            stats.barrier_ticks += 1
+        if announced:
+            stats.awaiting, stats.awaiting_since = "", None
+            await self._status.say()
+        return True
+
+    async def _serve_resends(self) -> None:
+        """Re-send what peers' Joins asked for, when it is due; say once per interval how many
+        were folded."""
+        ctx, peers = self._ctx, self._peers
+        now = ctx.clock.now()
+        since = peers.resend_from(now)
+        if since is not None:
+            ctx.stats.resends = peers.resends.resends
+            for topic, payload in self._barrier.kept(since):
+                await ctx.bus.publish(topic, payload)
+        folded = peers.folded(now)
+        if folded:
+            detail = ", ".join(f"{n} of shard {peer}" for peer, n in sorted(folded.items()))
+            log.warning("Join requests folded into later re-sends (one per peer per %g s): %s",
+                        peers.resends.interval, detail)

@@ -1,0 +1,86 @@
+"""What the bus hands the shard, acted on at the phase boundaries and while the barrier holds.
+
+The bus queues what the shard must act on as events (sim.protocol.received); `Intake.take`
+hands each to the part that owns it: batches and TickDones to the barrier, peers' Joins
+and Hellos to `Peers` (sim.protocol.admission: each served once, re-sends rate-limited,
+shard 0's Welcomes), outside input to the tick's input source, and a reconnection makes
+the shard re-send what it keeps (`rejoin`). A retained world state is never applied: a
+fresh run is not changed by what an earlier one left on the broker, and a resumed one
+holds what it applied; it is counted when it differs from the world of this shard's NPCs.
+"""
+
+from __future__ import annotations
+
+from sim.bus import Connected
+from sim.protocol.admission import Peers, Refused
+from sim.protocol.barrier import Barrier
+from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.protocol.router import retained_why
+from sim.shard._context import ShardContext
+from sim.shard._inputs import InputSource
+from sim.wire import topics
+from sim.wire.barrier import Hello, Join, TickDone, Welcome
+from sim.wire.events import WorldStateMessage
+
+__all__ = ["Intake"]
+
+
+class Intake:
+    """Takes what the bus queued and hands it on; `rejoin` after (re)connecting."""
+
+    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers, source: InputSource) -> None:
+        self._ctx, self._barrier, self._peers, self._source = ctx, barrier, peers, source
+
+    async def take(self) -> None:
+        """Act on everything the bus queued until now (taken at once, before any await)."""
+        ctx, barrier, bus = self._ctx, self._barrier, self._ctx.bus
+        rejoin = False
+        for event in bus.take_events():
+            match event:
+                case BatchArrived(shard=shard, tick=tick, topic=topic, events=events):
+                    barrier.batch_received(shard, tick, topic, events)
+                case BarrierReceived(message=TickDone() as done):
+                    barrier.done_received(done)
+                case BarrierReceived(message=Join() | Hello() | Welcome() as request):
+                    self._refuse(self._peers.receive(request, ctx.clock.now()))
+                    ctx.stats.resends_folded = self._peers.resends.folded
+                case PlayerInputReceived(player=player, message=message):
+                    if message.to in ctx.layout.local:
+                        self._source.receive(event)
+                    elif message.to not in ctx.npc_location:
+                        bus.count_malformed("player input to an unknown NPC", topics.player_input(ctx.run_id, player),
+                                            ValueError(f"no NPC {message.to!r} in this run"))
+                case WorldStateReceived(message=message, retained=True):
+                    self._retained_world_state(message)
+                case WorldStateReceived():
+                    self._source.receive(event)
+                case Connected(again=again):
+                    rejoin = rejoin or again
+        if rejoin:
+            await self.rejoin()
+        key = bus.config.run_key
+        for welcome in self._peers.welcomes(None if key is None else key.nonce):
+            await bus.publish_barrier(welcome)
+
+    async def rejoin(self) -> None:
+        """After (re)connecting: re-send everything kept, then ask the others for theirs."""
+        bus = self._ctx.bus
+        for topic, payload in self._barrier.kept(0):
+            await bus.publish(topic, payload)
+        await bus.publish_barrier(self._barrier.join())
+
+    def _refuse(self, refused: Refused | None) -> None:
+        if refused is not None:
+            self._ctx.bus.refuse(refused.kind, topics.barrier(self._ctx.run_id, refused.peer), refused.why)
+
+    def _retained_world_state(self, message: WorldStateMessage) -> None:
+        """Counted, and said once, when it differs from the world of this shard's NPCs."""
+        unheld = dict(message.state)
+        world_value = self._ctx.store.world_value  # no state built for each of a shard's NPCs
+        for agent in self._ctx.layout.local:
+            for key in [key for key, value in unheld.items() if world_value(agent, key) == value]:
+                del unheld[key]
+            if not unheld:
+                return
+        topic = topics.world_state(self._ctx.run_id)
+        self._ctx.bus.refuse("retained world state", topic, retained_why(topic))
