@@ -64,10 +64,10 @@ def test_a_message_sealed_for_another_run_is_refused_and_said_so() -> None:
     assert KEY.open(topic, captured) is not None  # a worker's key, bound to no run, serves every instance
     r = router(run2)
     assert r.receive(topic, captured) is None
-    assert r.mailbox("guard").drain() == []
+    assert r.mail.mailbox("guard").drain() == []
     assert r.stats.refused == {OTHER_RUN: 1}
     r.receive(topic, run2.sign(topic, inbox_batch("this run")))
-    assert [e.text for e in r.mailbox("guard").drain()] == ["this run"]
+    assert [e.text for e in r.mail.mailbox("guard").drain()] == ["this run"]
     assert "0123" not in repr(run2)
 
 

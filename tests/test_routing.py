@@ -43,7 +43,7 @@ def line(n: int, speaker: str = "guard_captain", text: str | None = None) -> Spe
 
 def at_the_square(r: Router, up_to: int = 99) -> list[str]:
     """The texts of the events the square's log takes next."""
-    return [e.text for place, events in r.take_place_events(up_to) for e in events if place == "square"]
+    return [e.text for place, events in r.mail.take_place_events(up_to) for e in events if place == "square"]
 
 
 def test_a_forged_event_with_a_future_id_does_not_silence_the_real_one() -> None:
@@ -62,7 +62,7 @@ def test_a_flooding_source_loses_its_own_excess_not_the_others_events() -> None:
     r.receive(INBOX, batch(line(0, "bob")))
     r.receive(INBOX, batch(*(line(n, "flooder") for n in range(50))))
     r.receive(INBOX, batch(line(1, "alice")))
-    speakers = [e.speaker for e in r.mailbox("snack").drain() if isinstance(e, Speech)]
+    speakers = [e.speaker for e in r.mail.mailbox("snack").drain() if isinstance(e, Speech)]
     assert "bob" in speakers and "alice" in speakers and len(speakers) == 5
     assert r.stats.mailbox_overflow == 47
     report = r.stats.overflow.take()
@@ -128,16 +128,16 @@ def test_mailboxes_and_places_hold_events_of_later_ticks_back() -> None:
         event = Speech(id=f"r:x:{tick}:1", tick=tick, speaker="x", to="snack", text="hello")
         r.receive(INBOX, batch(event, tick=tick))
         r.receive(LOC, batch(msgspec.structs.replace(event, id=f"r:x:{tick}:2", location="square"), tick=tick))
-    box = r.mailbox("snack")
+    box = r.mail.mailbox("snack")
     assert box.has_mail(3) and not box.has_mail(2)
-    assert r.mail_holders(3) == ["snack"] and r.mail_holders(2) == []
+    assert r.mail.mail_holders(3) == ["snack"] and r.mail.mail_holders(2) == []
     assert [e.tick for e in box.drain(3)] == [2]
     assert not box.has_mail(3) and box.has_mail(4)
-    assert [e.tick for e in r.take_mail("snack", 4)] == [3]
-    assert r.mail_holders(99) == [] and r.take_mail("snack", 99) == []  # an emptied mailbox is gone
-    assert [(place, [e.tick for e in events]) for place, events in r.take_place_events(2)] == [("square", [2])]
-    assert [(place, [e.tick for e in events]) for place, events in r.take_place_events(3)] == [("square", [3])]
-    assert r.take_place_events(99) == []
+    assert [e.tick for e in r.mail.take_mail("snack", 4)] == [3]
+    assert r.mail.mail_holders(99) == [] and r.mail.take_mail("snack", 99) == []  # an emptied mailbox is gone
+    assert [(place, [e.tick for e in events]) for place, events in r.mail.take_place_events(2)] == [("square", [2])]
+    assert [(place, [e.tick for e in events]) for place, events in r.mail.take_place_events(3)] == [("square", [3])]
+    assert r.mail.take_place_events(99) == []
 
 
 @given(
@@ -230,7 +230,7 @@ def test_own_events_are_delivered_from_the_objects_and_counted_apart() -> None:
     r.deliver(INBOX, [to_snack])
     r.receive(LOC, batch(line(1)))  # the same event back through a broker: a duplicate
     assert at_the_square(r) == ["real line 1", "real line 2"]
-    assert r.take_mail("snack", 2) == [to_snack]
+    assert r.mail.take_mail("snack", 2) == [to_snack]
     assert (r.stats.events_local, r.stats.events_in, r.stats.duplicates) == (3, 1, 1)
     assert r.stats.events_delivered == 2 * 2 + 1  # a place's event is heard by its 2 NPCs
     with pytest.raises(ValueError, match="not routed here"):
@@ -242,10 +242,10 @@ def test_the_mail_waiting_at_a_commit_comes_back_on_resume() -> None:
     early = Speech(id="r:p:1:0", tick=1, speaker="p", to="snack", text="now", from_player=True)
     late = Speech(id="r:p:2:0", tick=2, speaker="p", to="snack", text="next tick", from_player=True)
     r.deliver(INBOX, [late, early])
-    waiting = r.waiting_mail(1)  # committed with tick 1: the tick-2 event is re-sent by its shard instead
+    waiting = r.mail.waiting_mail(1)  # committed with tick 1: the tick-2 event is re-sent by its shard instead
     assert waiting == [("snack", early)]
     resumed = router()
-    resumed.restore_mail(waiting)
+    resumed.mail.restore_mail(waiting)
     resumed.receive(INBOX, batch(early, tick=1))  # and a re-send of it is a duplicate
-    assert resumed.mail_holders(2) == ["snack"] and resumed.take_mail("snack", 2) == [early]
+    assert resumed.mail.mail_holders(2) == ["snack"] and resumed.mail.take_mail("snack", 2) == [early]
     assert resumed.stats.duplicates == 1

@@ -121,15 +121,15 @@ class Bus:
     # --- mailboxes, routes and what arrived -------------------------------------------
 
     def mailbox(self, agent: str) -> Mailbox:
-        return self._router.mailbox(agent)
+        return self._router.mail.mailbox(agent)
 
     def mail_holders(self, before: int) -> list[str]:
         """The agents with mail of a tick earlier than `before`, in id order."""
-        return self._router.mail_holders(before)
+        return self._router.mail.mail_holders(before)
 
     def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
         """The agent's mail of ticks earlier than `before`, sorted by (tick, id)."""
-        return self._router.take_mail(agent, before)
+        return self._router.mail.take_mail(agent, before)
 
     @property
     def connected(self) -> bool:
@@ -149,15 +149,15 @@ class Bus:
 
     def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
         """Each place's events of ticks up to `up_to`, sorted by (tick, id), for its log."""
-        return self._router.take_place_events(up_to)
+        return self._router.mail.take_place_events(up_to)
 
     def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
         """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`."""
-        return self._router.waiting_mail(up_to)
+        return self._router.mail.waiting_mail(up_to)
 
     def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
         """Put (agent, event) mail back in the mailboxes (a resumed shard's)."""
-        self._router.restore_mail(mail)
+        self._router.mail.restore_mail(mail)
 
     async def listen_location(self, location: str, agents: Iterable[str]) -> None:
         """Take the events at `location` (heard there by these agents) into its intake."""

@@ -1,7 +1,8 @@
 """Mailboxes and the bus's memory of seen events: sans-I/O, no broker needed.
 
 A `Mailbox` holds an agent's inbox mail, or a place's events until they go into its log
-(the router's intakes): either way, bounded.
+(its intake): either way, bounded. `Deliveries` holds a shard's mailboxes and intakes,
+and puts each event in once.
 
 A full mailbox drops the excess of whoever floods it: the event dropped is the newest one
 from the source holding the most events in the box (the arriving event itself when its
@@ -16,10 +17,12 @@ carries the same id cannot suppress the real one.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
+from typing import Protocol
 
 from sim.wire.events import AnyEvent, Speech
 
-__all__ = ["Mailbox", "Overflow", "SeenEvents", "event_source"]
+__all__ = ["Deliveries", "DeliveryCounts", "Mailbox", "Overflow", "SeenEvents", "event_source"]
 
 
 def event_source(event: AnyEvent) -> str:
@@ -120,3 +123,95 @@ class SeenEvents:
         if len(self._keys) > self._size:
             self._keys.popitem(last=False)
         return True
+
+
+class DeliveryCounts(Protocol):
+    """Where `Deliveries` counts what it put in and what it dropped (the bus's statistics)."""
+
+    duplicates: int
+    events_delivered: int  # events times the NPCs that hear them
+    overflow: Overflow
+
+
+class Deliveries:
+    """A shard's routed events waiting to be taken: each agent's mailbox, made when its first
+    mail arrives (idle NPCs have none), and each place's intake until the shard appends it
+    to the place's log (one copy per place, whoever listens there). Every event is put in
+    once (`SeenEvents`)."""
+
+    def __init__(self, mailbox_size: int, seen_events: int, counts: DeliveryCounts) -> None:
+        self._size = mailbox_size
+        self._counts = counts
+        self._mailboxes: dict[str, Mailbox] = {}
+        self._intakes: dict[str, Mailbox] = {}  # place -> its events not yet in its log
+        self._listeners: dict[str, int] = {}  # place -> NPCs there
+        self._seen = SeenEvents(seen_events)
+
+    def listen(self, place: str, listeners: int) -> None:
+        """`listeners` NPCs hear what is said at `place`."""
+        self._listeners[place] = listeners
+
+    def mailbox(self, agent: str) -> Mailbox:
+        """The agent's mailbox, created when its first mail arrives."""
+        box = self._mailboxes.get(agent)
+        if box is None:
+            box = self._mailboxes[agent] = Mailbox(agent, self._size, self._counts.overflow)
+        return box
+
+    def to_place(self, place: str, events: Iterable[AnyEvent]) -> None:
+        box = self._intakes.get(place)
+        if box is None:
+            box = self._intakes[place] = Mailbox(place, self._size, self._counts.overflow)
+        self._put(box, self._listeners[place], events)
+
+    def to_inbox(self, agent: str, events: Iterable[AnyEvent]) -> None:
+        self._put(self.mailbox(agent), 1, events)
+
+    def _put(self, box: Mailbox, heard_by: int, events: Iterable[AnyEvent]) -> None:
+        counts = self._counts
+        for event in events:
+            if not self._seen.first_time(event):
+                counts.duplicates += 1
+                continue
+            box.put(event)
+            counts.events_delivered += heard_by
+
+    def mail_holders(self, before: int) -> list[str]:
+        """The agents with mail of a tick earlier than `before`, in id order."""
+        return sorted(agent for agent, box in self._mailboxes.items() if box.has_mail(before))
+
+    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
+        """The agent's mail of ticks earlier than `before`, sorted by (tick, id) (`Mailbox.drain`);
+        an emptied mailbox is dropped."""
+        box = self._mailboxes.get(agent)
+        if box is None:
+            return []
+        mail = box.drain(before)
+        if not len(box):
+            del self._mailboxes[agent]
+        return mail
+
+    def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
+        """Put (agent, event) mail back in the mailboxes: what a resumed shard's last commit left."""
+        for agent, event in mail:
+            self._seen.first_time(event)
+            self.mailbox(agent).put(event)
+
+    def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
+        """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`, by agent then
+        (tick, id): what a resumed shard must find in its mailboxes again."""
+        return [(agent, event) for agent in sorted(self._mailboxes)
+                for event in sorted(self._mailboxes[agent].peek(up_to + 1), key=lambda e: (e.tick, e.id))]
+
+    def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
+        """Each place's events of ticks up to `up_to` (sorted by (tick, id)), places sorted;
+        later ones stay (a shard already working on the next tick sent them)."""
+        taken = []
+        for place in sorted(self._intakes):
+            intake = self._intakes[place]
+            events = intake.drain(up_to + 1)
+            if not len(intake):
+                del self._intakes[place]
+            if events:
+                taken.append((place, events))
+        return taken

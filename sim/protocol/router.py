@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sim.protocol.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
-from sim.protocol.mailbox import Mailbox, Overflow, SeenEvents
+from sim.protocol.mailbox import Deliveries, Overflow
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, Received, WorldStateReceived
 from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
@@ -88,13 +88,9 @@ class Router:
         self.run_key = run_key
         self.stats = stats or BusStats()
         self.bounds = bounds
-        self._mailbox_size = mailbox_size
-        self._mailboxes: dict[str, Mailbox] = {}
+        self.mail = Deliveries(mailbox_size, seen_events, self.stats)
         self._places: dict[str, str] = {}  # location topic -> place
-        self._listeners: dict[str, int] = {}  # place -> NPCs there
-        self._intakes: dict[str, Mailbox] = {}  # place -> its events not yet in its log
         self._inboxes: list[AbstractSet[str]] = []  # the agents whose inbox topics are routed here
-        self._seen = SeenEvents(seen_events)
         self._logged: set[str] = set()
         self.run = run
         self.world_topic = topics.world_state(run)
@@ -111,7 +107,7 @@ class Router:
         True when the topic is new (subscribe it)."""
         new = topic not in self._places
         self._places[topic] = place
-        self._listeners[place] = listeners
+        self.mail.listen(place, listeners)
         return new
 
     def route_inboxes(self, agents: Iterable[str]) -> None:
@@ -155,54 +151,7 @@ class Router:
         """Whether batches on `topic` are taken here (the barrier waits only for those)."""
         return topic in self._places or self._inbox_agent(topic) is not None
 
-    # --- mail and the places' intakes ----------------------------------------------------
-
-    def mailbox(self, agent: str) -> Mailbox:
-        """The agent's mailbox, created when its first mail arrives (idle NPCs have none)."""
-        box = self._mailboxes.get(agent)
-        if box is None:
-            box = self._mailboxes[agent] = Mailbox(agent, self._mailbox_size, self.stats.overflow)
-        return box
-
-    def mail_holders(self, before: int) -> list[str]:
-        """The agents with mail of a tick earlier than `before`, in id order."""
-        return sorted(agent for agent, box in self._mailboxes.items() if box.has_mail(before))
-
-    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
-        """The agent's mail of ticks earlier than `before`, sorted by (tick, id) (`Mailbox.drain`);
-        an emptied mailbox is dropped."""
-        box = self._mailboxes.get(agent)
-        if box is None:
-            return []
-        mail = box.drain(before)
-        if not len(box):
-            del self._mailboxes[agent]
-        return mail
-
-    def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
-        """Put (agent, event) mail back in the mailboxes: what a resumed shard's last commit left."""
-        for agent, event in mail:
-            self._seen.first_time(event)
-            self.mailbox(agent).put(event)
-
-    def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
-        """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`, by agent then
-        (tick, id): what a resumed shard must find in its mailboxes again."""
-        return [(agent, event) for agent in sorted(self._mailboxes)
-                for event in sorted(self._mailboxes[agent].peek(up_to + 1), key=lambda e: (e.tick, e.id))]
-
-    def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
-        """Each place's events of ticks up to `up_to` (sorted by (tick, id)), places sorted;
-        later ones stay (a shard already working on the next tick sent them)."""
-        taken = []
-        for place in sorted(self._intakes):
-            intake = self._intakes[place]
-            events = intake.drain(up_to + 1)
-            if not len(intake):
-                del self._intakes[place]
-            if events:
-                taken.append((place, events))
-        return taken
+    # --- what waits ---------------------------------------------------------------------
 
     def drop_batches_before(self, tick: int) -> None:
         """Batches of ticks before `tick` were perceived already: drop their events (still reported)."""
@@ -280,25 +229,16 @@ class Router:
         self.stats.events_local += len(events)
 
     def _put(self, topic: str, events: Iterable[AnyEvent]) -> None:
-        """Each event seen for the first time: a place's into its intake (its listeners hear it
-        from the place's log), an inbox's into the agent's mailbox."""
+        """A place's events into its intake (its listeners hear them from the place's log), an
+        inbox's into the agent's mailbox."""
         place = self._places.get(topic)
         if place is not None:
-            box = self._intakes.get(place)
-            if box is None:
-                box = self._intakes[place] = Mailbox(place, self._mailbox_size, self.stats.overflow)
-            heard_by = self._listeners[place]
-        else:
-            agent = self._inbox_agent(topic)
-            if agent is None:
-                raise ValueError(f"{topic}: not routed here")
-            box, heard_by = self.mailbox(agent), 1
-        for event in events:
-            if not self._seen.first_time(event):
-                self.stats.duplicates += 1
-                continue
-            box.put(event)
-            self.stats.events_delivered += heard_by
+            self.mail.to_place(place, events)
+            return
+        agent = self._inbox_agent(topic)
+        if agent is None:
+            raise ValueError(f"{topic}: not routed here")
+        self.mail.to_inbox(agent, events)
 
     def _receive_barrier(self, topic: str, shard: str, payload: bytes) -> BarrierReceived | None:
         # A Hello is sealed before its sender knows the run nonce (sim.protocol.seal), and only a Hello may be.
