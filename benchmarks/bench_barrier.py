@@ -25,7 +25,7 @@ from typing import Any
 
 from sim.generate import write_scenario
 from sim.resources import broker_config_dir
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 
 
 def _free_port() -> int:

@@ -26,9 +26,8 @@ from sim.protocol.admission import Admission
 from sim.protocol.bounds import InputBounds
 from sim.protocol.router import Router
 from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, load_run_key, new_nonce, refusal
-from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
-from sim.shard import Shard, ShardContext, VirtualClock
+from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, run
 from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics

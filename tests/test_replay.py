@@ -21,9 +21,8 @@ import pytest
 
 from sim.audit import encode_record
 from sim.replay import compare, execute, fork_report, load_recording, records_of
-from sim.runner import RunConfig, RunStats, run
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import ambient_roll
+from sim.shard import RunConfig, RunStats, ambient_roll, run
 from sim.store import open_reader
 from sim.wire import topics
 from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process

@@ -20,7 +20,7 @@ from sim.audit import AuditRecord
 from sim.cli import main
 from sim.memory import build_working_memory
 from sim.replay import CATEGORIES, parse_overrides, what_if
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from tests.audit_records import random_record
 from tests.helpers import VILLAGE, MosquittoProcess
