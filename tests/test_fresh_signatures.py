@@ -293,5 +293,3 @@ def test_kept_messages_this_start_cannot_send_again_stop_a_resume_naming_the_key
     for key, sent, expected in refusals:
         with pytest.raises(ConfigError, match=re.escape(f"--resume: what tw.db kept of tick 4 {expected}")):
             kept_messages(sent, key, config)
-    legacy = [(4, "t", b"NPK1" + bytes(32) + b"\x91\x00")]  # sealed by an npcsim from before run nonces
-    assert kept_messages(legacy, mine, config) == []

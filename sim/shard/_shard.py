@@ -60,7 +60,6 @@ from sim.protocol.barrier import Barrier, summarise
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
 from sim.protocol.router import retained_why
-from sim.protocol.seal import peel
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._instance import kept_messages
@@ -70,8 +69,8 @@ from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import take_turns
 from sim.store import Pending, PlayerArrival, Store, WorldArrival, Writer
 from sim.wire import topics
-from sim.wire.barrier import BarrierMessage, Hello, Join, TickDone, Welcome, decode_barrier
-from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, decode_batch, event_id
+from sim.wire.barrier import BarrierMessage, Hello, Join, TickDone, Welcome
+from sim.wire.events import PlayerInputMessage, Speech, StatusMessage, WorldStateMessage, event_id
 from sim.wire.trace import RosterEntry, RosterMessage
 
 __all__ = ["Shard"]
@@ -182,17 +181,14 @@ class Shard:
             self.barrier.keep(tick, topic, payload)
         for topic, payload in await self.store.says():  # lines said that may never have left
             await self.bus.publish(topic, payload)
-        if self.store.migrated_at == last:
-            await self._restore_schema_3(last, sent)
-        else:
-            perception = self.ctx.perception
-            for place, rows in (await self.store.place_log()).items():
-                for tick, events in rows:
-                    perception.append(place, events, mail=tick == last)
-                await checkpoint()
-            pending = await self.store.pending()
-            self.bus.restore_mail(pending.mail)
-            self.world_due = pending.world
+        perception = self.ctx.perception
+        for place, rows in (await self.store.place_log()).items():
+            for tick, events in rows:
+                perception.append(place, events, mail=tick == last)
+            await checkpoint()
+        pending = await self.store.pending()
+        self.bus.restore_mail(pending.mail)
+        self.world_due = pending.world
         self._since = self.ctx.perception.fronts()
 
     def _restore_arrivals(self) -> None:
@@ -214,25 +210,6 @@ class Shard:
                 self.store.arrive(WorldArrival(tick=self._world_tick, state=dict(message.state)))
             case _:
                 pass
-
-    async def _restore_schema_3(self, last: int, sent: list[tuple[int, str, bytes]]) -> None:
-        """A store last written by npcsim before schema 4: its NPCs' memories of what they
-        heard are their own rows, and what the last tick said is only in what it sent
-        (its own batches came back through the broker then). So those batches are
-        delivered here and appended to the places' logs, as the barrier of that tick would
-        (read back whatever sealed them: the key of that start, before run nonces, is gone).
-        Such a store resumes on one shard only (sim.shard._config.check_resume)."""
-        for tick, topic, payload in sent:
-            if tick != last:
-                continue
-            body = peel(payload)
-            if topic == topics.barrier(self.ctx.run_id, self.ctx.shard):
-                done = decode_barrier(body)
-                if isinstance(done, TickDone) and done.tick == last:
-                    self.world_due = done.world
-            elif self.bus.is_routed(topic):
-                self.bus.deliver(topic, decode_batch(body).events)
-        await self._perceive(last)
 
     # --- the ticks -----------------------------------------------------------------------
 
