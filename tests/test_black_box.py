@@ -10,12 +10,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from sim.audit import attempt_prompt, make_record
+from sim.audit import AuditRecord, attempt_prompt, make_record
 from sim.cli import main
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from sim.memory import WorkingMemoryConfig, build_working_memory
 from sim.shard import RunConfig, hot_limit, run
 from sim.store import Writer, open_reader, open_store
+from tests.audit_records import store_instead
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE, MosquittoProcess
 from tests.inference_helpers import make_request, smith_state
@@ -117,8 +118,6 @@ async def test_a_record_stored_before_attempts_with_a_null_raw_response_reads_ba
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The records main wrote for failed inferences: raw_response null, no attempts, no renderer."""
-    import sqlite3
-
     db = tmp_path / "old.db"
     request = make_request(3)
     async with open_pool(PoolConfig(backend="scripted")) as pool:
@@ -132,10 +131,7 @@ async def test_a_record_stored_before_attempts_with_a_null_raw_response_reads_ba
     ))
     for later in ("attempts", "renderer", "version"):
         del old[later]
-    with sqlite3.connect(db) as conn:
-        # stored whole, as schema 1 stored every record (format 1)
-        conn.execute("UPDATE audit SET record = ?, format = 1 WHERE id = ?", (msgspec.msgpack.encode(old), request.id))
-    conn.close()
+    store_instead(db, msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=AuditRecord))
     assert _read_back(db, request.id, capsys) == []
 
 
