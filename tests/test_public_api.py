@@ -88,8 +88,8 @@ MODULES: dict[str, set[str]] = {
         "replay_records",
     },
     "sim.memory.render": {
-        "CATEGORY_HEADERS", "Escape", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
-        "Section", "TAIL_HEADER", "TokenSizes", "escape_for", "inert", "render_belief", "render_episode",
+        "CATEGORY_HEADERS", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
+        "Section", "TAIL_HEADER", "TokenSizes", "inert", "render_belief", "render_episode",
         "render_fact", "render_head", "render_line", "render_rule", "render_tail", "render_world", "rendered",
         "token_sizes",
     },
