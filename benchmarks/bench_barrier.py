@@ -25,8 +25,7 @@ from typing import Any
 
 from sim.generate import write_scenario
 from sim.resources import broker_config_dir
-from sim.runner import RunConfig, run
-from sim.shard import RunStarted
+from sim.shard import RunConfig, RunStarted, run
 
 
 def _free_port() -> int:

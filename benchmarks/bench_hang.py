@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks._report import machine_line, write_section
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 
 REPO = Path(__file__).resolve().parent.parent

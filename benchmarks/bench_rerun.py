@@ -24,7 +24,7 @@ from benchmarks._report import machine_line, write_section
 from benchmarks.bench_scale import measure
 from sim.generate import write_scenario
 from sim.replay import compare, execute, load_recording
-from sim.runner import RunConfig
+from sim.shard import RunConfig
 
 HEADING = "Re-execution of a recorded run"
 

@@ -27,8 +27,7 @@ import psutil
 
 from benchmarks._report import machine_line, write_section
 from sim.generate import write_scenario
-from sim.runner import RunConfig, RunStats, run
-from sim.shard import RunStarted
+from sim.shard import RunConfig, RunStarted, RunStats, run
 
 HEADING = "100,000 NPCs (issue 11)"
 TARGET_EVENTS_PER_S = 20_000

@@ -11,8 +11,8 @@
    asyncio layer, authority checks and hot-state upkeep cost.
 2. Load: `--load-agents` agents with `--history` items per flexible category on disk;
    the time for `open_store` + `load_agents(all)` into bounded hot state, against the
-   same eight queries run raw in one thread (fetch only, no structs).
-3. Storage (`--storage`): for store files written by `npcsim run` (of either schema),
+   same seven queries run raw in one thread (fetch only, no structs).
+3. Storage (`--storage`): for store files written by `npcsim run`,
    the bytes on disk by table (SQLite's `dbstat`) and the bytes per tick, per inference
    and per perceived event (an episode an NPC stored).
 """
@@ -179,7 +179,7 @@ def raw_load(path: Path, agents: int) -> float:
 
 
 def storage(path: Path) -> None:
-    """Bytes on disk by table and per tick / inference / perceived event, either schema."""
+    """Bytes on disk by table and per tick / inference / perceived event."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -187,10 +187,7 @@ def storage(path: Path) -> None:
         tables = conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC").fetchall()
         last_tick = int(conn.execute("SELECT value FROM meta WHERE key = 'last_tick'").fetchone()[0])
         (records,) = conn.execute("SELECT count(*) FROM audit").fetchone()
-        (perceived,) = conn.execute("SELECT count(*) FROM episodes").fetchone()
-        if version >= 2:
-            (heard,) = conn.execute("SELECT IFNULL(sum(length(items) / 8), 0) FROM heard").fetchone()
-            perceived += heard
+        (perceived,) = conn.execute("SELECT IFNULL(sum(length(items) / 8), 0) FROM heard").fetchone()
     finally:
         conn.close()
     ticks = last_tick + 1
@@ -199,7 +196,7 @@ def storage(path: Path) -> None:
         f" {perceived:,} perceived events"
     )
     groups = {
-        "perception": ("episodes", "episodes_recent", "heard", "heard_recent", "agent_keys",
+        "perception": ("heard", "heard_recent", "agent_keys",
                        "sqlite_autoindex_agent_keys_1"),
         "audit": ("audit", "sqlite_autoindex_audit_1", "audit_agent", "audit_tick"),
         "items (shared by both)": ("items",),
@@ -249,7 +246,7 @@ def main() -> None:
         load_s = asyncio.run(store_load(d / "load.db", args.load_agents))
         raw_load_s = raw_load(d / "load.db", args.load_agents)
         print(f"  open_store + load_agents: {load_s:.2f} s ({load_s / args.load_agents * 1e6:.0f} us per agent)")
-        print(f"  the same eight queries raw, fetch only (bound): {raw_load_s:.2f} s")
+        print(f"  the same seven queries raw, fetch only (bound): {raw_load_s:.2f} s")
         print(f"  ratio to bound: {load_s / raw_load_s:.2f}x the bound's time")
 
 

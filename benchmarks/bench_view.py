@@ -36,8 +36,7 @@ from sim.audit import encode_record
 from sim.broker import free_port
 from sim.generate import write_scenario
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.runner import RunConfig, RunStats, run
-from sim.shard import RunStarted
+from sim.shard import RunConfig, RunStarted, RunStats, run
 from sim.store import open_reader
 from sim.view import LiveView, build_app, open_view_server, open_view_thread
 from sim.wire.trace import encode_trace, trace_of

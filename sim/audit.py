@@ -12,10 +12,10 @@ reply (None when none came) and why it was rejected (None when accepted). A retr
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
 checks every attempt byte for byte too.
 
-Old records stay readable: fields added later have defaults, `raw_response` was widened
-to allow None (records of failed inferences stored null there), unknown fields are
-ignored, and a record names its `renderer` (1 when absent: written before untrusted text
-was rendered inert) and its `version` (1 when absent: no attempts recorded).
+A record names the `renderer` that made its prompt (1 when absent). This npcsim has one,
+`RENDERER_VERSION`: a record made by another is refused in one line when it is rebuilt
+(replay, show, explain), never rendered another way. `version` 1 (when absent) is a
+record without attempts; `raw_response` is None when no reply came.
 
 This module does no I/O; the store writes and reads records (`sim.store`).
 """
@@ -31,6 +31,7 @@ import msgspec
 
 from sim.errors import NpcsimError, StoreError
 from sim.memory import (
+    RENDERER_VERSION,
     NpcState,
     TruncationExplanation,
     TruncationReport,
@@ -110,10 +111,10 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 1
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
-        """The working memory of this record (or of its retry with `prohibition`), rebuilt."""
-        return build_working_memory(
-            self.state, self.player_input, self.config, prohibition=prohibition, renderer=self.renderer
-        )
+        """The working memory of this record (or of its retry with `prohibition`), rebuilt;
+        a StoreError when another renderer made the record."""
+        _check_renderer(self)
+        return build_working_memory(self.state, self.player_input, self.config, prohibition=prohibition)
 
     def explanation(
         self, memory: WorkingMemory | None = None, *, most_dropped: int | None = None
@@ -224,6 +225,14 @@ def make_record(
     )
 
 
+def _check_renderer(record: AuditRecord) -> None:
+    if record.renderer != RENDERER_VERSION:
+        raise StoreError(
+            f"audit record {record.id!r} was rendered by renderer {record.renderer}, by an earlier npcsim; this one "
+            f"has renderer {RENDERER_VERSION} only, so it cannot rebuild it: replay it with the npcsim that wrote it"
+        )
+
+
 def encode_record(record: AuditRecord) -> bytes:
     return _ENCODER.encode(record)
 
@@ -240,8 +249,10 @@ def replay(record: AuditRecord) -> ReplayResult:
     """Rebuild the record's working memory and compare it byte for byte.
 
     Never raises for a drift: a config that no longer builds (e.g. over budget with
-    policy "raise") is a difference too, so one bad record does not stop a replay run.
+    policy "raise") is a difference too, so one bad record does not stop a replay run. A
+    record made by another renderer is not a drift: its StoreError is raised.
     """
+    _check_renderer(record)
     try:
         wm = record.memory()
     except (NpcsimError, ValueError) as exc:

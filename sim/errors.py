@@ -6,7 +6,7 @@
     ├── OverBudgetError      mandatory content alone exceeds the budget, policy "raise"
     ├── StoreError           the SQLite store refused an operation
     │   ├── AuthorityError   a writer tried to change what it has no authority over
-    │   └── SchemaError      a database from a newer schema, or not a database at all
+    │   └── SchemaError      a store of another schema version, or not a database at all
     ├── BusError             the MQTT bus failed
     │   └── OutboxFullError  a QoS 1 publish could not be queued during an outage
     ├── BrokerError          a broker could not be started or reached

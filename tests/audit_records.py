@@ -1,9 +1,12 @@
 """Random but seeded audit records, for the audit and store tests: 25 agents (npc0 .. npc24),
-a tick every 25 records, states and configs of every shape the store must keep."""
+a tick every 25 records, states and configs of every shape the store must keep; and
+`store_instead`, which puts an altered record in a store file in place of its original."""
 
 from __future__ import annotations
 
 import random
+import sqlite3
+from pathlib import Path
 
 from sim.audit import AuditRecord, make_record
 from sim.memory import (
@@ -16,8 +19,9 @@ from sim.memory import (
     WorldFact,
     build_working_memory,
 )
+from sim.store.records import RecordPacker
 
-__all__ = ["AGENTS", "random_config", "random_record", "random_state"]
+__all__ = ["AGENTS", "random_config", "random_record", "random_state", "store_instead"]
 
 AGENTS = 25
 
@@ -82,3 +86,14 @@ def random_record(rng: random.Random, n: int) -> AuditRecord:
         fallback_reason="timeout" if fallback else None,
         timings={"build": 0.1, "infer": 12.5},
     )
+
+
+def store_instead(db: Path, record: AuditRecord) -> None:
+    """Store `record` in the store file `db` in place of the record with its id (packed as
+    the store packs it; the audit row's columns stay the original's)."""
+    blob, items = RecordPacker().pack(record)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.executemany("INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)", [(i.key, i.body) for i in items])
+        assert conn.execute("UPDATE audit SET record = ? WHERE id = ?", (blob, record.id)).rowcount == 1
+    conn.close()

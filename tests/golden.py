@@ -21,7 +21,7 @@ __all__ = ["AUDIT_COLUMNS", "GOLDEN", "REGENERATE", "audit_lines"]
 GOLDEN = Path(__file__).parent / "golden"
 REGENERATE = os.environ.get("NPCSIM_REGENERATE_GOLDEN") == "1"
 """Write the golden audits from this run instead of comparing (a change that means to change
-what NPCs say, in a commit of its own): tests/test_golden_audit.py, tests/test_store_v4.py."""
+what NPCs say, in a commit of its own): tests/test_golden_audit.py."""
 AUDIT_COLUMNS = ("id", "prompt", "encoding", "state", "attempts", "fallback", "line")
 """What each tab-separated field of an audit line is."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import sqlite3
 from pathlib import Path
 
 import msgspec
@@ -13,7 +12,7 @@ from sim.audit import AuditRecord, decode_record, encode_record, replay
 from sim.cli import main
 from sim.replay import plan_spans
 from sim.store import Writer, open_reader, open_store
-from tests.audit_records import AGENTS, random_record
+from tests.audit_records import AGENTS, random_record, store_instead
 from tests.helpers import fingerprint
 
 RECORDS = 1_000
@@ -75,10 +74,7 @@ async def test_a_changed_config_makes_replay_exit_1(audit_db: Path, capsys: pyte
         record = reader.audit_record("inf-00500")
     config = msgspec.structs.replace(record.config, max_context_chars=record.report.prompt_chars - 40)
     changed = msgspec.structs.replace(record, config=config)
-    with sqlite3.connect(audit_db) as conn:
-        # stored the way schema 1 stored it (format 1 is still read)
-        conn.execute("UPDATE audit SET record = ?, format = 1 WHERE id = 'inf-00500'", (encode_record(changed),))
-    conn.close()
+    store_instead(audit_db, changed)
     assert main(["audit", "replay", "--db", str(audit_db)]) == 1
     out = capsys.readouterr().out
     assert f"replayed {RECORDS} records: 1 differ" in out
@@ -146,11 +142,7 @@ def alter(db: Path, record_id: str) -> None:
     with open_reader(db) as reader:
         record = reader.audit_record(record_id)
     config = msgspec.structs.replace(record.config, max_context_chars=record.report.prompt_chars - 40)
-    conn = sqlite3.connect(db)
-    with conn:
-        conn.execute("UPDATE audit SET record = ?, format = 1 WHERE id = ?",
-                     (encode_record(msgspec.structs.replace(record, config=config)), record_id))
-    conn.close()
+    store_instead(db, msgspec.structs.replace(record, config=config))
 
 
 async def test_two_processes_print_what_one_prints(audit_db: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_po
 from sim.memory import WorkingMemoryConfig, build_working_memory
 from sim.shard import RunConfig, hot_limit, run
 from sim.store import Writer, open_reader, open_store
+from tests.audit_records import store_instead
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE, MosquittoProcess
 from tests.inference_helpers import make_request, smith_state
@@ -113,30 +114,46 @@ async def test_circuit_open_and_stale_are_readable(tmp_path: Path, capsys: pytes
 
 
 
-async def test_a_record_stored_before_attempts_with_a_null_raw_response_reads_back(
+async def test_a_record_with_a_null_raw_response_and_no_attempts_reads_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The records main wrote for failed inferences: raw_response null, no attempts, no renderer."""
-    import sqlite3
-
-    db = tmp_path / "old.db"
+    """A failed inference's record: raw_response null, no attempts."""
+    db = tmp_path / "failed.db"
     request = make_request(3)
     async with open_pool(PoolConfig(backend="scripted")) as pool:
         result = await pool.infer(request)
     await _record(db, request, result)
     assert request.state is not None and request.config is not None
-    old = msgspec.to_builtins(make_record(
+    failed = make_record(
         id=request.id, run_id="test", state=request.state, player_input=request.memory.player_input,
-        config=request.config, memory=build_working_memory(request.state, request.memory.player_input, renderer=1),
+        config=request.config, memory=build_working_memory(request.state, request.memory.player_input),
         tick=3, backend="openai", model="m", raw_response=None, fallback=True, fallback_reason="backend_error",
-    ))
-    for later in ("attempts", "renderer", "version"):
-        del old[later]
-    with sqlite3.connect(db) as conn:
-        # stored whole, as schema 1 stored every record (format 1)
-        conn.execute("UPDATE audit SET record = ?, format = 1 WHERE id = ?", (msgspec.msgpack.encode(old), request.id))
-    conn.close()
+    )
+    store_instead(db, failed)
     assert _read_back(db, request.id, capsys) == []
+
+
+async def test_a_record_of_an_earlier_renderer_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Listed and exported as stored; never rendered another way to replay or show it."""
+    db = tmp_path / "old.db"
+    request = make_request(3)
+    async with open_pool(PoolConfig(backend="scripted")) as pool:
+        result = await pool.infer(request)
+    await _record(db, request, result)
+    with open_reader(db) as reader:
+        record = reader.audit_record(request.id)
+    store_instead(db, msgspec.structs.replace(record, renderer=2))
+    capsys.readouterr()
+    for command in ("replay", "show"):
+        args = ["audit", command, "--db", str(db)] + ([request.id] if command == "show" else [])
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"audit record {request.id!r} was rendered by renderer 2, by an earlier npcsim" in err
+        assert len(err.strip().splitlines()) == 1
+    assert main(["audit", "list", "--db", str(db)]) == 0
+    assert request.id in capsys.readouterr().out
 
 
 @pytest.mark.mosquitto

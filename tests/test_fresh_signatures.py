@@ -26,9 +26,8 @@ from sim.protocol.admission import Admission
 from sim.protocol.bounds import InputBounds
 from sim.protocol.router import Router
 from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, load_run_key, new_nonce, refusal
-from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
-from sim.shard import Shard, ShardContext, VirtualClock
+from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, run
 from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics
@@ -294,5 +293,3 @@ def test_kept_messages_this_start_cannot_send_again_stop_a_resume_naming_the_key
     for key, sent, expected in refusals:
         with pytest.raises(ConfigError, match=re.escape(f"--resume: what tw.db kept of tick 4 {expected}")):
             kept_messages(sent, key, config)
-    legacy = [(4, "t", b"NPK1" + bytes(32) + b"\x91\x00")]  # sealed by an npcsim from before run nonces
-    assert kept_messages(legacy, mine, config) == []

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sim.generate import write_scenario
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 from tests.golden import GOLDEN, REGENERATE, audit_lines
 from tests.helpers import REPO, MosquittoProcess
 

@@ -18,7 +18,7 @@ import aiomqtt
 import pytest
 
 from sim.protocol.admission import Resends
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 from sim.wire import topics
 from sim.wire.barrier import Join, TickDone, decode_barrier, encode_barrier
 from tests.helpers import VILLAGE, MosquittoProcess, elapse, eventually

@@ -116,9 +116,6 @@ def test_prompt_static_part_first_and_messages_carry_the_same_content() -> None:
     assert wm.prompt.startswith(system["content"]) and "## World state" not in system["content"]
     assert user["content"].startswith("## World state\n") and user["content"].endswith("\n## Now\nplayer: hi")
     assert wm.sent_text("chat") == wm.prompt.removesuffix(f"\n{wm.agent_id}:")
-    old = build_working_memory(big_state(), "player: hi", renderer=2)  # as renderer 2 wrote it
-    system, user = old.messages()
-    assert user == {"role": "user", "content": "player: hi"} and system["content"] == old.prompt[: old.context_chars]
 
 
 def test_working_memory_round_trips_through_msgpack_and_json() -> None:
@@ -136,12 +133,11 @@ def test_token_budget_is_met_by_the_whole_prompt() -> None:
     assert len(wm.dialogue) > 0
 
 
-def test_a_state_is_rendered_once_per_renderer_and_stays_plain_data() -> None:
+def test_a_state_is_rendered_once_and_stays_plain_data() -> None:
     state = big_state()
     fresh = big_state()
     build_working_memory(state, "hello", WorkingMemoryConfig(max_context_tokens=120))
-    assert rendered(state) is rendered(state) and rendered(state, 1) is rendered(state, 1)
-    assert rendered(state, 1) is not rendered(state)
+    assert rendered(state) is rendered(state)
     count = token_counter("cl100k")
     assert token_sizes(state, count) is token_sizes(state, count)
     assert rendered(state) == rendered(fresh)  # the cache is what a fresh rendering gives

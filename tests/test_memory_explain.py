@@ -26,9 +26,9 @@ CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs
 FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
 
-def _next_cost(state: NpcState, name: str, kept: int, renderer: int = render.RENDERER_VERSION) -> int:
+def _next_cost(state: NpcState, name: str, kept: int) -> int:
     """What adding the category's next (newest dropped) item to the prompt would cost, in characters."""
-    section = render.rendered(state, renderer).sections[render.RENDER_ORDER.index(name)]
+    section = render.rendered(state).sections[render.RENDER_ORDER.index(name)]
     line = section.lines[len(section.lines) - kept - 1]
     return len(line) + (len(section.header) if kept == 0 else 0)
 

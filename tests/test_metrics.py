@@ -13,7 +13,7 @@ from sim.errors import ConfigError
 from sim.inference import PoolStatistics
 from sim.loadtest import Progress
 from sim.metrics import Metrics, serve_metrics
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
 
 EXPECTED = {

@@ -88,17 +88,12 @@ MODULES: dict[str, set[str]] = {
         "replay_records",
     },
     "sim.memory.render": {
-        "CATEGORY_HEADERS", "Escape", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
-        "Section", "TAIL_HEADER", "TokenSizes", "escape_for", "inert", "render_belief", "render_episode",
+        "CATEGORY_HEADERS", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
+        "Section", "TAIL_HEADER", "TokenSizes", "inert", "render_belief", "render_episode",
         "render_fact", "render_head", "render_line", "render_rule", "render_tail", "render_world", "rendered",
         "token_sizes",
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
-    # what sim.runner exported before the shard package: each name is sim.shard's
-    "sim.runner": {
-        "AGENT_KINDS", "Agent", "Clock", "RunConfig", "RunStats", "Shard", "ShardContext", "SystemClock",
-        "hot_limit", "parse_shard", "run", "shard_npcs",
-    },
     "sim.wire.trace": {
         "RosterEntry", "RosterMessage", "TRACE_DROPPED", "TraceAttempt", "TraceMessage", "decode_roster",
         "decode_traces", "encode_roster", "encode_trace", "trace_of",
@@ -163,11 +158,6 @@ def test_every_package_exports_exactly_its_pinned_names() -> None:
 def test_the_modules_that_are_a_contract_export_exactly_their_pinned_names() -> None:
     for name, pinned in MODULES.items():
         _exports_exactly(name, pinned)
-    import sim.runner
-    import sim.shard
-
-    for name in sim.runner.__all__:
-        assert getattr(sim.runner, name) is getattr(sim.shard, name), name
     assert memory.render is importlib.import_module("sim.memory.render")
     assert memory.inert is memory.render.inert and memory.RENDERER_VERSION == memory.render.RENDERER_VERSION
 
@@ -203,7 +193,7 @@ def test_core_imports_no_io_layer() -> None:
     core = Path(memory.__file__).parent
     for path in [*core.glob("*.py"), core.parent / "checker.py"]:
         for module in _imported_modules(ast.parse(path.read_text())):
-            assert not module.startswith(("sim.store", "sim.bus", "sim.inference", "sim.runner", "sim.cli",
+            assert not module.startswith(("sim.store", "sim.bus", "sim.inference", "sim.cli",
                                           "agents", "aiomqtt", "aiosqlite", "httpx")), (path, module)
 
 

@@ -19,13 +19,12 @@ import aiomqtt
 import msgspec
 import pytest
 
-from sim.audit import encode_record
 from sim.replay import compare, execute, fork_report, load_recording, records_of
-from sim.runner import RunConfig, RunStats, run
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import ambient_roll
+from sim.shard import RunConfig, RunStats, ambient_roll, run
 from sim.store import open_reader
 from sim.wire import topics
+from tests.audit_records import store_instead
 from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
@@ -108,8 +107,7 @@ async def test_a_changed_reply_is_the_first_divergence(mosquitto: MosquittoProce
     changed = msgspec.structs.replace(
         target, attempts=(msgspec.structs.replace(target.attempts[0], raw_response="Fine weather for it, friend."),),
     )
-    with sqlite3.connect(db) as conn:  # a whole msgpack record: the store's format 1, still read
-        conn.execute("UPDATE audit SET format = 1, record = ? WHERE id = ?", (encode_record(changed), target.id))
+    store_instead(db, changed)
     recording = load_recording([db])
     executed = await execute(recording, tmp_path / "again.db")
     divergence = compare(recording, executed).divergence
@@ -225,16 +223,17 @@ async def test_bad_inputs_each_get_one_line(
     assert "is not the one its run read" in await refused("--db", str(tampered))
     old = tmp_path / "old.db"
     old.write_bytes(db.read_bytes())
-    with sqlite3.connect(old) as conn:  # as an npcsim before schema 6 left it
+    with sqlite3.connect(old) as conn:  # an identity without the run's settings
         identity = json.loads(conn.execute("SELECT identity FROM run").fetchone()[0])
         del identity["settings"]
         conn.execute("UPDATE run SET identity = ?", (json.dumps(identity),))
     assert "it lacks the run's settings (its run was first started" in await refused("--db", str(old))
     with sqlite3.connect(old) as conn:
-        conn.execute("DROP TABLE scenario")
-        conn.execute("DROP TABLE world_changes")
-    assert ("it lacks the run's settings, the scenario's text and the world-state changes"
-            in await refused("--db", str(old)))
+        conn.execute("DELETE FROM scenario")
+    assert "it lacks the run's settings and the scenario's text" in await refused("--db", str(old))
+    with sqlite3.connect(old) as conn:
+        conn.execute("PRAGMA user_version = 6")
+    assert "store schema 6 was written by an earlier npcsim" in await refused("--db", str(old))
     until = await replay_cli(capsys, "replay", "--db", str(db), "--until-tick", "20")
     assert until.code == 0 and until.out.startswith("identical: ") and "20 ticks" in until.out
 

@@ -10,8 +10,8 @@ import aiomqtt
 import pytest
 
 from sim import broker as broker_module
-from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
+from sim.shard import RunConfig, RunStats, run
 from sim.wire import topics
 from sim.wire.events import decode_say
 from tests.helpers import VILLAGE, MosquittoProcess, SmallNpc, ended, eventually, small_world, start_npcsim

@@ -17,7 +17,7 @@ import pytest
 
 from sim.cli import main
 from sim.errors import ConfigError
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from tests.helpers import (
     VILLAGE,

@@ -13,7 +13,7 @@ from sim.cli import main
 from sim.errors import ConfigError
 from sim.generate import generate_scenario
 from sim.protocol.outside import OutsideInput
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.events import decode_say

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_status

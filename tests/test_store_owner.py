@@ -98,16 +98,12 @@ async def test_the_identity_is_kept_and_read_back(tmp_path: Path) -> None:
     assert described == "run village-7 seed 7 (shard 0/1) of scenario village (sha256 abababababab)"
 
 
-async def test_a_store_from_before_identities_has_none(tmp_path: Path) -> None:
-    db = tmp_path / "old.db"
+async def test_a_store_no_run_has_claimed_has_no_identity(tmp_path: Path) -> None:
+    db = tmp_path / "unclaimed.db"
     async with open_store(db) as store:
         await store.ensure_agent(state(), writer=Writer.SCENARIO)
         await store.end_tick(0)
-    with sqlite3.connect(db) as conn:
-        conn.execute("DROP TABLE run")
-        conn.execute("PRAGMA user_version = 4")  # the version before the `run` table
-    conn.close()
     with open_reader(db) as reader:
         assert reader.run_identity() is None
-    async with open_store(db) as store:  # migrated again, still without an identity
+    async with open_store(db) as store:
         assert store.identity is None and store.last_tick == 0

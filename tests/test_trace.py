@@ -8,7 +8,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.trace import TRACE_DROPPED, TraceMessage, decode_roster, decode_traces

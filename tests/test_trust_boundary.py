@@ -22,7 +22,7 @@ from sim.cli.run import summary_rows
 from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
 from sim.mqtt import BrokerAddress
 from sim.protocol.seal import load_run_key
-from sim.runner import RunConfig, RunStats, run
+from sim.shard import RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import EventBatch, Notice, Speech, encode_batch

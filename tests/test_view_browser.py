@@ -25,8 +25,8 @@ import pytest
 
 from sim.memory import TruncationExplanation
 from sim.mqtt import BrokerAddress
-from sim.runner import RunConfig, run
 from sim.scenario import load_scenario
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED

@@ -16,7 +16,7 @@ import pytest
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire import topics

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from sim.cli import main
-from sim.runner import RunConfig, run
 from sim.scenario import load_scenario
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from sim.view import StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from tests.helpers import VILLAGE, MosquittoProcess

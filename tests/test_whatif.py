@@ -20,7 +20,7 @@ from sim.audit import AuditRecord
 from sim.cli import main
 from sim.memory import build_working_memory
 from sim.replay import CATEGORIES, parse_overrides, what_if
-from sim.runner import RunConfig, run
+from sim.shard import RunConfig, run
 from sim.store import open_reader
 from tests.audit_records import random_record
 from tests.helpers import VILLAGE, MosquittoProcess
@@ -42,9 +42,9 @@ def records(db: Path) -> list[AuditRecord]:
 
 def expected_changes(record: AuditRecord, **settings: Any) -> list[tuple[str, str, str, str]]:
     """(record, category, lost|gained, item as JSON) for one record, built here, not by sim.replay."""
-    before = build_working_memory(record.state, record.player_input, record.config, renderer=record.renderer)
+    before = build_working_memory(record.state, record.player_input, record.config)
     config = msgspec.structs.replace(record.config, **settings)
-    after = build_working_memory(record.state, record.player_input, config, renderer=record.renderer)
+    after = build_working_memory(record.state, record.player_input, config)
     changes = []
     for category in CATEGORIES:
         old = [json.dumps(msgspec.to_builtins(i), sort_keys=True) for i in getattr(before, category)]
@@ -87,8 +87,8 @@ async def test_a_lower_budget_reports_exactly_what_the_builder_drops(
             counts[kind] += 1
         assert variant["npcs"] == by_npc
         rebuilt = [build_working_memory(r.state, r.player_input,
-                                        msgspec.structs.replace(r.config, max_context_chars=budget),
-                                        renderer=r.renderer) for r in recorded]
+                                        msgspec.structs.replace(r.config, max_context_chars=budget))
+                   for r in recorded]
         assert variant["prompts_changed"] == sum(m.prompt != r.prompt for m, r in zip(rebuilt, recorded, strict=True))
         assert variant["over_budget"] == sum(m.report.over_budget for m in rebuilt)
         assert variant["prompt_chars_max"] == max(m.report.prompt_chars for m in rebuilt)
@@ -177,8 +177,7 @@ def test_what_if_counts_the_items_between_the_kept_runs(seed: int, budget: int, 
     assert sorted(reported_changes({"examples": msgspec.to_builtins(tally.examples)})) == sorted(expected)
     assert tally.inferences == len(batch)
     rebuilt = [build_working_memory(r.state, r.player_input, msgspec.structs.replace(
-        r.config, max_context_chars=budget, redistribute_unused=redistribute, on_overflow="keep"),
-        renderer=r.renderer) for r in batch]
+        r.config, max_context_chars=budget, redistribute_unused=redistribute, on_overflow="keep")) for r in batch]
     assert tally.facts == sum(len(r.state.canonical_facts) for r in batch)
     assert tally.facts_present == sum(len(m.canonical_facts) for m in rebuilt)
     assert tally.world_present == sum(len(m.world_state) for m in rebuilt)

@@ -73,7 +73,7 @@ def _retry_memory(
         return None
     try:
         return build_working_memory(request.state, request.memory.player_input, request.config,
-                                    prohibition=prohibition, renderer=request.memory.renderer)
+                                    prohibition=prohibition)
     except OverBudgetError:
         return None
 

@@ -46,8 +46,7 @@ def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verd
         return None
     try:
         retry = build_working_memory(
-            request.state, memory.player_input, request.config, prohibition=verdict.prohibition,
-            renderer=memory.renderer,
+            request.state, memory.player_input, request.config, prohibition=verdict.prohibition
         )
     except OverBudgetError:
         return None  # policy "raise"

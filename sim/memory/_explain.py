@@ -32,7 +32,6 @@ import msgspec
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
 from sim.memory._config import WorkingMemoryConfig
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory.render import RENDERER_VERSION
 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
            "explain_truncation"]
@@ -126,19 +125,18 @@ def explain_truncation(
     config: WorkingMemoryConfig | None = None,
     memory: WorkingMemory | None = None,
     *,
-    renderer: int = RENDERER_VERSION,
     most_dropped: int | None = None,
 ) -> TruncationExplanation:
     """Explain the working memory built from (`state`, `player_input`, `config`).
 
-    `memory` is that working memory when the caller has it (it is rebuilt otherwise, with
-    `renderer`); it must have been built from these arguments: the explanation reads its
-    report and takes the dropped items from `state`. `most_dropped` names only that many
+    `memory` is that working memory when the caller has it (it is rebuilt otherwise); it
+    must have been built from these arguments: the explanation reads its report and takes
+    the dropped items from `state`. `most_dropped` names only that many
     dropped items per category, the newest (a trace, after every inference, needs no more).
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
-        memory = build_working_memory(state, player_input, cfg, renderer=renderer)
+        memory = build_working_memory(state, player_input, cfg)
     report = memory.report
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars

@@ -21,15 +21,13 @@ Untrusted text (DESIGN.md, "Rendering untrusted text"): everything that did not 
 the scenario's author (world state, beliefs, memories, dialogue, the player input, the
 retry's prohibition) goes through `inert`, so it can neither break a line, start a section
 nor carry a chat-template marker. The author's system prompt, canonical facts and agent
-id are rendered verbatim. Every renderer version ever written is kept, so that audit
-records written by it still replay byte for byte; `RENDERER_VERSION` is what is written now:
+id are rendered verbatim. There is one rendering, `RENDERER_VERSION` (3: markers
+neutralised by their shape, zero-width and bidi controls removed; in the chat form, the
+system message holds only the author's text, `WorkingMemory.messages`). Audit records name
+it, and one made by another rendering is refused on replay (sim.audit), never rendered
+another way.
 
-    1  untrusted text verbatim
-    2  `inert`: line breaks and controls escaped, a list of marker families neutralised
-    3  markers neutralised by their shape, zero-width and bidi controls removed; in the chat
-       form, the system message holds only the author's text (`WorkingMemory.messages`)
-
-Each state is rendered once per renderer version: `rendered(state)` keeps the rendering
+Each state is rendered once: `rendered(state)` keeps the rendering
 (and `token_sizes` the per-item token counts) on the state object, so that building a
 working memory costs what it keeps, not the length of the history. The cache lives here,
 not in the state model: `NpcState` is data and knows nothing of its rendering; it only
@@ -54,7 +52,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from sim.errors import ConfigError
 from sim.text import CONTROLS, LINE_BREAKS, remove_invisible
 
 if TYPE_CHECKING:
@@ -67,11 +64,9 @@ __all__ = [
     "RENDER_ORDER",
     "RULE_HEADER",
     "TAIL_HEADER",
-    "Escape",
     "RenderedState",
     "Section",
     "TokenSizes",
-    "escape_for",
     "inert",
     "render_belief",
     "render_episode",
@@ -98,26 +93,19 @@ TAIL_HEADER = "\n## Now\n"
 RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
 
 RENDERER_VERSION = 3
-"""The rendering written now; audit records name theirs (see the versions above)."""
-
-Escape = Callable[[str], str]
+"""The rendering of this npcsim; audit records name the one that made them."""
 
 # Line breaks of every kind (str.splitlines' set) become a visible "\n"; other control
 # characters a space.
 _BREAKS = re.compile(f"\r\n|[{LINE_BREAKS}]")
 _CONTROLS = re.compile(f"(?![{LINE_BREAKS}])[{CONTROLS}]")
-# Renderer 2's markers, a list of families: every "<|" and "|>" (ChatML, Llama 3, Phi),
-# [INST] and <<SYS>> (Llama 2, Mistral), <s> </s> <bos> <eos>, Gemma's turn markers.
-_MARKERS_2 = re.compile(
-    r"<\||\|>|\[/?INST\]|\[/?SYS\]|<</?SYS>>|</?(?:s|bos|eos|start_of_turn|end_of_turn)>", re.IGNORECASE
-)
-# Renderer 3's markers, by shape, whatever the family: the ends of any <|...|> and of its
+# Chat-template markers, by shape, whatever the family: the ends of any <|...|> and of its
 # forms with the full-width bar U+FF5C (DeepSeek's User and end-of-sentence markers) or
 # full-width angle brackets; <<SYS>>-style words; bracketed upper-case control words
-# ([INST], [TOOL_CALLS], [SYSTEM_PROMPT], GLM's [gMASK]; and [inst], [sys], which renderer
-# 2 caught in any case); tags with or without attributes (<think>, </think>, <tool_call>,
-# <s>, <sop>, <start_of_turn>). Everything renderer 2 neutralised, renderer 3 does too.
-_MARKERS_3 = re.compile(
+# ([INST], [TOOL_CALLS], [SYSTEM_PROMPT], GLM's [gMASK]; and [inst], [sys] in any case);
+# tags with or without attributes (<think>, </think>, <tool_call>, <s>, <sop>,
+# <start_of_turn>).
+_MARKERS = re.compile(
     r"[<\uff1c][|\uff5c]|[|\uff5c][>\uff1e]"
     r"|<</?[A-Za-z_]+>>"
     r"|\[/?[A-Za-z]?[A-Z][A-Z0-9_]*\]|\[/?(?i:inst|sys)\]"
@@ -131,11 +119,11 @@ def _neutralise(match: re.Match[str]) -> str:
     return match.group().translate(_NEUTRAL)
 
 
-def _inert(text: str, markers: re.Pattern[str]) -> str:
+def _inert(text: str) -> str:
     text = _CONTROLS.sub(" ", _BREAKS.sub("\\\\n", text))
     previous = None
     while previous != text:  # "<|>" hides a second marker behind the first: repeat until none is left
-        previous, text = text, markers.sub(_neutralise, text)
+        previous, text = text, _MARKERS.sub(_neutralise, text)
     if text.lstrip().startswith("#"):
         text = "\\" + text
     return text
@@ -148,77 +136,52 @@ _INERT_CACHE = 1 << 16
 _CACHED_CHARS = 512
 
 
-def _escape_3(text: str) -> str:
+def _escape(text: str) -> str:
     if text.isascii() and text.isprintable() and "<" not in text and "[" not in text and "|" not in text:
         # nothing to remove or escape: no invisible mark (none is ASCII), no break or control
         # (none is printable), no marker (each begins with one of those three characters)
         return "\\" + text if text.lstrip().startswith("#") else text
-    return _inert(remove_invisible(text), _MARKERS_3)
+    return _inert(remove_invisible(text))
 
 
-def _escape_2(text: str) -> str:
-    return _inert(text, _MARKERS_2)
-
-
-_cached_3 = functools.lru_cache(maxsize=_INERT_CACHE)(_escape_3)
-_cached_2 = functools.lru_cache(maxsize=_INERT_CACHE)(_escape_2)
+_cached = functools.lru_cache(maxsize=_INERT_CACHE)(_escape)
 
 
 def inert(text: str) -> str:
-    """Untrusted text as data: one line, no leading "#", no chat-template marker (renderer 3).
+    """Untrusted text as data: one line, no leading "#", no chat-template marker.
 
     Zero-width and bidi controls go first, so that none can split a marker from the filter.
     """
-    return _cached_3(text) if len(text) <= _CACHED_CHARS else _escape_3(text)
-
-
-def _inert_2(text: str) -> str:
-    """Renderer 2's `inert`, kept as it was so that its records replay."""
-    return _cached_2(text) if len(text) <= _CACHED_CHARS else _escape_2(text)
-
-
-def _verbatim(text: str) -> str:
-    return text
-
-
-_ESCAPES: dict[int, Escape] = {1: _verbatim, 2: _inert_2, 3: inert}
-
-
-def escape_for(renderer: int) -> Escape:
-    """The untrusted-text escape of a renderer version; a version we never wrote is refused."""
-    escape = _ESCAPES.get(renderer)
-    if escape is None:
-        raise ConfigError(f"renderer: unknown renderer version {renderer!r}; known: {sorted(_ESCAPES)}")
-    return escape
+    return _cached(text) if len(text) <= _CACHED_CHARS else _escape(text)
 
 
 def render_head(system_prompt: str) -> str:
     return f"{system_prompt}\n"
 
 
-def render_fact(f: Fact, escape: Escape = inert) -> str:
+def render_fact(f: Fact) -> str:
     return f"- {f.text}\n"  # the author's text: verbatim (I1)
 
 
-def render_world(w: WorldFact, escape: Escape = inert) -> str:
-    return f"- {escape(w.key)}: {escape(w.value)}\n"
+def render_world(w: WorldFact) -> str:
+    return f"- {inert(w.key)}: {inert(w.value)}\n"
 
 
-def render_belief(b: Belief, escape: Escape = inert) -> str:
-    return f"- {escape(b.text)}\n"
+def render_belief(b: Belief) -> str:
+    return f"- {inert(b.text)}\n"
 
 
-def render_episode(e: Episode, escape: Escape = inert) -> str:
-    return f"- [tick {e.tick}] {escape(e.text)}\n"
+def render_episode(e: Episode) -> str:
+    return f"- [tick {e.tick}] {inert(e.text)}\n"
 
 
-def render_line(line: Line, escape: Escape = inert) -> str:
-    return f"{escape(line.speaker)}: {escape(line.text)}\n"
+def render_line(line: Line) -> str:
+    return f"{inert(line.speaker)}: {inert(line.text)}\n"
 
 
-def render_rule(prohibition: str | None, escape: Escape = inert) -> str:
+def render_rule(prohibition: str | None) -> str:
     """A retry's prohibition, as its own section at the end of the context; "" otherwise."""
-    return f"{RULE_HEADER}{escape(prohibition)}\n" if prohibition is not None else ""
+    return f"{RULE_HEADER}{inert(prohibition)}\n" if prohibition is not None else ""
 
 
 RENDER: dict[str, Callable[..., str]] = {
@@ -230,9 +193,9 @@ RENDER: dict[str, Callable[..., str]] = {
 }
 
 
-def render_tail(agent_id: str, player_input: str, escape: Escape = inert) -> str:
+def render_tail(agent_id: str, player_input: str) -> str:
     """The closing piece: what was just said to the NPC, then its cue to answer."""
-    said = f"{escape(player_input)}\n" if player_input else ""
+    said = f"{inert(player_input)}\n" if player_input else ""
     return f"{TAIL_HEADER}{said}{agent_id}:"
 
 
@@ -277,15 +240,15 @@ def _section(name: str, lines: Sequence[str]) -> Section:
     )
 
 
-# Items' lines remembered, per renderer and section: the same episode, fact or line recurs in
+# Items' lines remembered, per section: the same episode, fact or line recurs in
 # the states of every NPC that heard it and of every later turn, and an item is frozen, so an
 # equal item renders as the same line. Past `_LINE_CACHE` items a section's cache starts over.
 _LINE_CACHE = 1 << 16
-_item_lines: dict[tuple[int, str], dict[object, str]] = {}
+_item_lines: dict[str, dict[object, str]] = {}
 
 
-def _render_items(name: str, items: Sequence[object], renderer: int, escape: Escape) -> list[str]:
-    cache = _item_lines.setdefault((renderer, name), {})
+def _render_items(name: str, items: Sequence[object]) -> list[str]:
+    cache = _item_lines.setdefault(name, {})
     render = RENDER[name]
     lines = []
     for item in items:
@@ -293,18 +256,15 @@ def _render_items(name: str, items: Sequence[object], renderer: int, escape: Esc
         if line is None:
             if len(cache) >= _LINE_CACHE:
                 cache.clear()
-            line = cache[item] = render(item, escape)
+            line = cache[item] = render(item)
         lines.append(line)
     return lines
 
 
-def _render_state(state: NpcState, renderer: int) -> RenderedState:
-    escape = escape_for(renderer)
+def _render_state(state: NpcState) -> RenderedState:
     return RenderedState(
         head=render_head(state.system_prompt),
-        sections=tuple(
-            _section(name, _render_items(name, getattr(state, name), renderer, escape)) for name in RENDER_ORDER
-        ),
+        sections=tuple(_section(name, _render_items(name, getattr(state, name))) for name in RENDER_ORDER),
     )
 
 
@@ -313,22 +273,21 @@ _RENDERED = "_npcsim_rendered"
 _TOKEN_SIZES = "_npcsim_token_sizes"
 
 
-def rendered(state: NpcState, renderer: int = RENDERER_VERSION) -> RenderedState:
-    """Every item of `state` rendered by `renderer`, with its size: computed once per state and version."""
-    try:
-        found: RenderedState = state.__dict__[_RENDERED][renderer]
-    except KeyError:
-        found = state.__dict__.setdefault(_RENDERED, {})[renderer] = _render_state(state, renderer)
+def rendered(state: NpcState) -> RenderedState:
+    """Every item of `state` rendered, with its size: computed once per state."""
+    found: RenderedState | None = state.__dict__.get(_RENDERED)
+    if found is None:
+        found = state.__dict__[_RENDERED] = _render_state(state)
     return found
 
 
-def token_sizes(state: NpcState, count: Callable[[str], int], renderer: int = RENDERER_VERSION) -> TokenSizes:
-    """Per-item token counts of `rendered(state, renderer)` for the counter `count`, computed once."""
-    cache: dict[tuple[Callable[[str], int], int], TokenSizes] = state.__dict__.setdefault(_TOKEN_SIZES, {})
-    sizes = cache.get((count, renderer))
+def token_sizes(state: NpcState, count: Callable[[str], int]) -> TokenSizes:
+    """Per-item token counts of `rendered(state)` for the counter `count`, computed once."""
+    cache: dict[Callable[[str], int], TokenSizes] = state.__dict__.setdefault(_TOKEN_SIZES, {})
+    sizes = cache.get(count)
     if sizes is None:
-        sections = rendered(state, renderer).sections
-        sizes = cache[(count, renderer)] = TokenSizes(
+        sections = rendered(state).sections
+        sizes = cache[count] = TokenSizes(
             newest_sums=tuple(_newest_sums([count(line) for line in s.lines]) for s in sections),
             headers=tuple(count(s.header) for s in sections),
         )

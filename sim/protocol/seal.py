@@ -26,9 +26,7 @@ A key without a nonce (`RunKey(secret)`, what `npcsim worker` holds) opens messa
 instance of the run and answers each sealed for the instance that asked (`for_run`); only
 shards are bound. Sans-I/O: bytes in, bytes out. `seal` and `unseal` are the one way every
 component signs and opens a message: with no key (a broker whose ACL is trusted) the body
-travels as it is. `peel` reads back what a shard sealed itself, from its own store, whatever
-key and nonce sealed it, or none (`b"NPK1" + MAC + body`, what npcsim sealed before run
-nonces; a message body never starts with either magic: msgpack maps and arrays do not).
+travels as it is (a message body never starts with the magic: msgpack maps and arrays do not).
 """
 
 from __future__ import annotations
@@ -49,10 +47,8 @@ __all__ = [
     "RunKey",
     "load_run_key",
     "new_nonce",
-    "peel",
     "refusal",
     "seal",
-    "sealed_before_nonces",
     "sealed_nonce",
     "unchecked_body",
     "unseal",
@@ -62,8 +58,6 @@ _MAGIC = b"NPK2"
 _MAC = 32
 NONCE_BYTES = 16
 _HEADER = len(_MAGIC) + NONCE_BYTES + _MAC
-_LEGACY_MAGIC = b"NPK1"  # npcsim before run nonces: magic + HMAC-SHA256(key, topic + b"\0" + body) + body
-_LEGACY_HEADER = len(_LEGACY_MAGIC) + _MAC
 MIN_KEY_BYTES = 16
 UNBOUND = bytes(NONCE_BYTES)
 """The nonce of a shard that does not know the run's yet: only its `Hello` is sealed so."""
@@ -189,18 +183,3 @@ def unchecked_body(payload: bytes) -> bytes | None:
     if len(payload) < _HEADER or not payload.startswith(_MAGIC):
         return None
     return payload[_HEADER:]
-
-
-def sealed_before_nonces(payload: bytes) -> bool:
-    """Whether `payload` was sealed by an npcsim from before run nonces (no key opens it now)."""
-    return payload.startswith(_LEGACY_MAGIC)
-
-
-def peel(payload: bytes) -> bytes:
-    """The body of a payload this process sealed itself and read back from its own store,
-    whatever key and nonce sealed it (a store written before schema 4 holds what a key made
-    afresh at its start sealed, as npcsim sealed before run nonces): no check."""
-    body = unchecked_body(payload)
-    if body is not None:
-        return body
-    return payload[_LEGACY_HEADER:] if sealed_before_nonces(payload) else payload

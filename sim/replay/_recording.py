@@ -105,9 +105,7 @@ def _replayable(path: Path, reader: StoreReader) -> tuple[RunIdentity, bytes, di
         missing.append("the run's settings")
     if scenario is None:
         missing.append("the scenario's text")
-    if world is None:
-        missing.append("the world-state changes")
-    if missing or identity is None or scenario is None or world is None:
+    if missing or identity is None or scenario is None:
         said = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
         raise StoreError(f"{path}: cannot be re-executed: it lacks {said} (its run was first started by an npcsim "
                          "before schema 6)")

@@ -139,7 +139,7 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
         facts, world = len(state.canonical_facts), len(state.world_state)
         for n, tally in enumerate(tallies):
             config = configs.get(n, record.config, record.agent_id)
-            memory = build_working_memory(state, record.player_input, config, renderer=record.renderer)
+            memory = build_working_memory(state, record.player_input, config)
             tally.inferences += 1
             changed = memory.prompt != record.prompt if record.prompt is not None else (
                 prompt_sha256(memory) != record.prompt_sha256)

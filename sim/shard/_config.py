@@ -162,21 +162,13 @@ def default_run_id(scenario: Scenario, seed: int) -> str:
 
 
 def check_resume(config: RunConfig, db: Path, store: Store) -> None:
-    """A database holding ticks is continued only when asked, never silently reused; one last
-    written before schema 4 (sim.store, `migrated_at`) only on one shard (sim.shard.Shard)."""
+    """A database holding ticks is continued only when asked, never silently reused."""
     if config.resume and store.last_tick is None:
         raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
     if not config.resume and store.last_tick is not None:
         raise ConfigError(
             f"--db {db} already holds this run up to tick {store.last_tick}: "
             "pass --resume to continue it, or give another file"
-        )
-    # checked before the store is claimed for this layout (sim.shard._instance)
-    migrated = store.migrated_at is not None and store.migrated_at == store.last_tick
-    if config.resume and migrated and parse_shard(config.shard)[1] > 1:
-        raise ConfigError(
-            f"--resume with --shard {config.shard}: {db} was written before schema 4, when shards held NPCs by "
-            "id; this npcsim gives shards whole places, so such a store resumes on one shard"
         )
 
 

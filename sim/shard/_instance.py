@@ -33,7 +33,7 @@ import msgspec
 
 from sim.errors import ConfigError, single_error
 from sim.mqtt import BrokerAddress, ReconnectPolicy, open_client, stay_connected
-from sim.protocol.seal import RunKey, new_nonce, sealed_before_nonces, sealed_nonce
+from sim.protocol.seal import RunKey, new_nonce, sealed_nonce
 from sim.scenario import Scenario
 from sim.shard._clock import Clock
 from sim.shard._config import RunConfig, parse_shard
@@ -108,18 +108,10 @@ def run_key_source(config: RunConfig) -> str:
 def kept_messages(
     sent: list[tuple[int, str, bytes]], key: RunKey | None, config: RunConfig
 ) -> list[tuple[int, str, bytes]]:
-    """What the store kept for re-sending that this start can send again.
-
-    Messages sealed by an npcsim from before run nonces are left out (with a warning; a
-    store that old resumes its last tick's events from them itself: sim.shard.Shard); any
-    other message this start's key does not open stops the start, naming the key.
-    """
+    """What the store kept for re-sending that this start can send again; a message this
+    start's key does not open stops the start, naming the key."""
     usable = []
-    legacy = 0
     for tick, topic, payload in sent:
-        if sealed_before_nonces(payload):
-            legacy += 1
-            continue
         sealed = sealed_nonce(payload) is not None
         if (key is None and not sealed) or (key is not None and key.open(topic, payload) is not None):
             usable.append((tick, topic, payload))
@@ -140,8 +132,6 @@ def kept_messages(
             "so this shard would refuse its own messages and wait for itself: resume with the key of the run's "
             "first start"
         )
-    if legacy:
-        log.warning("%d messages kept by an older npcsim are not sent again (sealed without a run nonce)", legacy)
     return usable
 
 

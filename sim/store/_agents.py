@@ -62,7 +62,7 @@ class AgentStore:
     # -- loading and creating --------------------------------------------------------------
 
     async def load_agents(self, agent_ids: Iterable[str]) -> tuple[str, ...]:
-        """Load hot state for many agents in eight queries; returns the ids not on disk.
+        """Load hot state for many agents in seven queries; returns the ids not on disk.
 
         Agents already in memory are left as they are: their hot state is newer than
         anything the writer has not yet run.
@@ -100,7 +100,7 @@ class AgentStore:
     async def ensure_agents(self, states: Iterable[NpcState], *, writer: Writer) -> int:
         """Create, in one transaction, every agent of `states` that exists neither in memory nor on disk.
 
-        The bulk form of `ensure_agent` for start-up: one `load_agents` (eight queries) for the
+        The bulk form of `ensure_agent` for start-up: one `load_agents` (seven queries) for the
         whole batch, the rows of the new agents queued, then one commit. The caller bounds the
         batch (a chunk of a few thousand agents), so the number of database round trips grows
         with the number of chunks, not of agents. Returns how many agents were created.

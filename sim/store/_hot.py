@@ -3,7 +3,7 @@
 An agent's hot state holds all its facts and world state and the newest `limit` items of
 each flexible category (episodic, beliefs, dialogue) in NpcState's recency order; that is
 all a working memory is built from. `load_hot` reads it for many agents at once, in
-eight queries whatever their number.
+seven queries whatever their number.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Hot:
 
 
 async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: int) -> dict[str, Hot]:
-    """The hot state of those of `agent_ids` that are on disk, in eight queries.
+    """The hot state of those of `agent_ids` that are on disk, in seven queries.
 
     Raises sqlite3.Error; the caller names the file.
     """
@@ -112,7 +112,6 @@ async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: 
     prompts = await fetch(conn, LOAD_PROMPTS, (ids,))
     facts = await fetch(conn, LOAD_FACTS, (ids,))
     world = await fetch(conn, LOAD_WORLD, (ids,))
-    episodic = await fetch(conn, RECENT["episodic"], (ids, limit))
     heard = await _heard(conn, ids, limit)
     beliefs = await fetch(conn, RECENT["beliefs"], (ids, limit))
     dialogue = await fetch(conn, RECENT["dialogue"], (ids, limit))
@@ -121,12 +120,9 @@ async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: 
         loaded[agent].facts[fid] = Fact(id=fid, text=text)
     for agent, key, value in world:
         loaded[agent].world[key] = WorldFact(key=key, value=value)
-    for agent, eid, tick, text, significance in episodic:
-        loaded[agent].episodic.append(Episode(id=eid, tick=tick, text=text, significance=significance))
     for agent, episodes in heard.items():
-        merged = loaded[agent].episodic + episodes
-        merged.sort(key=episode_order)
-        loaded[agent].episodic = merged[-limit:]
+        episodes.sort(key=episode_order)
+        loaded[agent].episodic = episodes[-limit:]
     for agent, bid, tick, text, confidence in beliefs:
         loaded[agent].beliefs.append(Belief(id=bid, tick=tick, text=text, confidence=confidence))
     for agent, tick, seq, speaker, text in dialogue:

@@ -6,17 +6,15 @@ not that run is refused (sim.shard checks it, naming both sides). The identity a
 the run's nonce (sim.protocol.seal): chosen at the first start, kept across every resume,
 different for another run of the same id and key.
 
-One row, the identity as JSON (`run.identity`), so a later version extends it by adding
-fields with defaults (the scenario's text, the configuration, the backend and model a
-re-execution needs) without another table; `sqlite3 tw.db "SELECT identity FROM run"`
-reads it. A store without the row (written before it existed) gets one at its next start.
+One row, the identity as JSON (`run.identity`); `sqlite3 tw.db "SELECT identity FROM run"`
+reads it. A store no run has started yet has no row until a start writes one.
 
-Since schema 6 the identity also holds `settings`: what a re-execution (`npcsim replay`,
-sim.replay) needs besides the scenario's text (its own table, `scenario`), the outside
-inputs and the world-state changes (tables `inputs` and `world_changes`) and the replies
-(the audit): the effective working-memory config, the seed and tick settings, the players,
-the bounds on outside input, the backend, its options and the output check's fact guard,
-as the first start ran them. An identity written before has none (`settings` is None).
+The identity also holds `settings`: what a re-execution (`npcsim replay`, sim.replay)
+needs besides the scenario's text (its own table, `scenario`), the outside inputs and the
+world-state changes (tables `inputs` and `world_changes`) and the replies (the audit): the
+effective working-memory config, the seed and tick settings, the players, the bounds on
+outside input, the backend, its options and the output check's fact guard, as the first
+start ran them. An identity without them (`settings` is None) cannot be executed again.
 """
 
 from __future__ import annotations

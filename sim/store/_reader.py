@@ -6,8 +6,7 @@ closed cleanly, so every committed page is in the main file) it is also opened
 `-wal` present (a live or killed writer) the reader uses it, which is how it sees every
 committed tick.
 
-Records of both schemas are read: a version-1 record is one msgpack blob, a version-2
-record is packed (`sim.store.records`) and rebuilt from the items it references, which
+A record is packed (`sim.store.records`) and rebuilt from the items it references, which
 the reader caches, since neighbouring records share most of them.
 """
 
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from sim.audit import AuditRecord, decode_record
+from sim.audit import AuditRecord
 from sim.errors import SchemaError, StoreError
 from sim.store._identity import RunIdentity, decode_identity
 from sim.store._schema import check_file, check_version
@@ -54,15 +53,10 @@ _RECORD_COLUMNS = "id, run_id, agent, tick, backend, model, fallback, line, reco
 class StoreReader:
     """Queries over an open read-only connection; use `open_reader`."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, version: int) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn = conn
         self._path = path
-        self._version = version
         self._items: dict[int, bytes] = {}
-
-    @property
-    def schema_version(self) -> int:
-        return self._version
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         try:
@@ -75,9 +69,7 @@ class StoreReader:
         return None if not rows else int(rows[0][0])  # type: ignore[call-overload]
 
     def run_identity(self) -> RunIdentity | None:
-        """The run the store belongs to; None for a store written before stores kept it."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run'"):
-            return None
+        """The run the store belongs to; None until a run's first start writes it."""
         rows = self._query("SELECT identity FROM run WHERE id = 0")
         if not rows:
             return None
@@ -87,24 +79,17 @@ class StoreReader:
             raise StoreError(f"{self._path}: the run identity it holds is unreadable: {exc}") from exc
 
     def scenario_data(self) -> bytes | None:
-        """The scenario's bytes as the run read them (schema 6); None when the store lacks them."""
-        if not self._has_table("scenario"):
-            return None
+        """The scenario's bytes as the run read them; None until a run's first start writes them."""
         rows = self._query("SELECT data FROM scenario WHERE id = 0")
         return None if not rows else bytes(rows[0][0])  # type: ignore[call-overload]
 
     def all_inputs(self) -> list[tuple[int, int, str, str, str]]:
         """Every outside input as (tick, seq, player, agent, text), in (tick, seq) order."""
-        if not self._has_table("inputs"):
-            return []
         rows = self._query("SELECT tick, seq, player, agent, text FROM inputs ORDER BY tick, seq")
         return [(int(t), int(q), str(p), str(a), str(x)) for t, q, p, a, x in rows]  # type: ignore[call-overload]
 
-    def world_changes(self) -> dict[int, dict[str, str]] | None:
-        """Each world-state change by the tick it took effect at (schema 6); None when the
-        store does not keep them."""
-        if not self._has_table("world_changes"):
-            return None
+    def world_changes(self) -> dict[int, dict[str, str]]:
+        """Each world-state change by the tick it took effect at."""
         rows = self._query("SELECT tick, state FROM world_changes ORDER BY tick")
         try:
             return {int(t): _world_decoder.decode(str(state)) for t, state in rows}  # type: ignore[call-overload]
@@ -123,12 +108,9 @@ class StoreReader:
             "world_state": "SELECT agent, key, value FROM world",
             "beliefs": "SELECT agent, tick, id, text, confidence FROM beliefs",
             "dialogue": "SELECT agent, tick, seq, speaker, text FROM dialogue",
-            "episodic": "SELECT agent, tick, id, text FROM episodes",
+            "heard": "SELECT a.agent, h.tick, h.items FROM heard AS h JOIN agent_keys AS a ON a.n = h.agent",
+            "place_events": "SELECT 'place:' || place, tick, items FROM place_events",
         }
-        if self._has_table("heard"):
-            queries["heard"] = "SELECT a.agent, h.tick, h.items FROM heard AS h JOIN agent_keys AS a ON a.n = h.agent"
-        if self._has_table("place_events"):
-            queries["place_events"] = "SELECT 'place:' || place, tick, items FROM place_events"
         for category, sql in queries.items():
             for row in self._query(sql):
                 rows = state.setdefault(str(row[0]), {}).setdefault(category, [])
@@ -140,9 +122,6 @@ class StoreReader:
             for rows in categories.values():
                 rows.sort(key=repr)
         return state
-
-    def _has_table(self, name: str) -> bool:
-        return bool(self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
 
     def integrity_check(self) -> str:
         """SQLite's verdict on the file: "ok" when it is sound."""
@@ -171,7 +150,7 @@ class StoreReader:
         ]
 
     def audit_record(self, record_id: str) -> AuditRecord:
-        rows = self._query(f"SELECT {_RECORD_COLUMNS}, {self._format} FROM audit WHERE id = ?", (record_id,))
+        rows = self._query(f"SELECT {_RECORD_COLUMNS} FROM audit WHERE id = ?", (record_id,))
         if not rows:
             raise StoreError(f"{self._path}: no audit record with id {record_id!r}")
         return self._decode(rows)[0]
@@ -193,43 +172,29 @@ class StoreReader:
         self._preload_items()
         try:
             cursor = self._conn.execute(
-                f"SELECT {_RECORD_COLUMNS}, {self._format} FROM audit {where} ORDER BY tick, agent, id", params
+                f"SELECT {_RECORD_COLUMNS} FROM audit {where} ORDER BY tick, agent, id", params
             )
             while rows := cursor.fetchmany(_CHUNK):
                 yield from self._decode(rows)
         except sqlite3.Error as exc:
             raise StoreError(f"{self._path}: reading audit records failed: {exc}") from exc
 
-    @property
-    def _format(self) -> str:
-        """The column saying how a record is stored; version 1 had one way only."""
-        return "format" if self._version >= 2 else "1"
-
     def _decode(self, rows: Sequence[Sequence[object]]) -> list[AuditRecord]:
-        """Decode rows of `_RECORD_COLUMNS` + format, fetching the items they reference."""
+        """Decode rows of `_RECORD_COLUMNS`, fetching the items they reference."""
         wheres = [f"{self._path}: audit record {row[0]!r}" for row in rows]
-        packed = {
-            i: read_packed(row[8], where=where)  # type: ignore[arg-type]
-            for i, (row, where) in enumerate(zip(rows, wheres, strict=True))
-            if row[9] == 2
-        }
-        self._fetch_items(set(itertools.chain.from_iterable(p.keys for p in packed.values())))
+        packed = [read_packed(row[8], where=where) for row, where in zip(rows, wheres, strict=True)]  # type: ignore[arg-type]
+        self._fetch_items(set(itertools.chain.from_iterable(p.keys for p in packed)))
         records = []
-        for i, (row, where) in enumerate(zip(rows, wheres, strict=True)):
-            if row[9] == 1:
-                records.append(decode_record(row[8], where=where))  # type: ignore[arg-type]
-            elif row[9] == 2:
-                columns = dict(zip(COLUMNS, row[:8], strict=True))
-                columns["fallback"] = bool(columns["fallback"])
-                records.append(unpack_record(packed[i], columns, self._items, where=where))
-            else:
-                raise StoreError(f"{where}: unknown record format {row[9]!r}")
+        for row, where, stored in zip(rows, wheres, packed, strict=True):
+            columns = dict(zip(COLUMNS, row[:8], strict=True))
+            columns["fallback"] = bool(columns["fallback"])
+            records.append(unpack_record(stored, columns, self._items, where=where))
         return records
 
     def _preload_items(self) -> None:
         """Read every item in one sequential scan when they fit the cache: far cheaper, for
         a pass over many records, than looking them up a chunk at a time."""
-        if self._version < 2 or self._items:
+        if self._items:
             return
         (count,) = self._query("SELECT count(*) FROM items")[0]
         if int(count) <= _ITEM_CACHE:  # type: ignore[call-overload]
@@ -268,6 +233,6 @@ def open_reader(path: str | os.PathLike[str]) -> Iterator[StoreReader]:
         check_version(p, version)
         if version == 0:
             raise SchemaError(f"{p}: not an npcsim store (schema version 0)")
-        yield StoreReader(conn, p, version)
+        yield StoreReader(conn, p)
     finally:
         conn.close()

@@ -7,7 +7,6 @@ replaces (`keep(TickRecord)`: what the shard sent in its last two committed tick
 its NPCs' inboxes and the world-state changes due), the outside inputs with the tick they
 take effect at (`record_input`) and the world-state changes with the tick they took effect
 at (`record_world`) are queued rows, so they are on disk exactly when their tick is.
-`migrated_at` is the last tick a schema-3 npcsim committed before the file was migrated.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from sim.store._writer import BatchWriter
 from sim.store.sql import (
     SELECT_INPUTS,
     SELECT_LAST_TICK,
-    SELECT_MIGRATED_AT,
     SELECT_PENDING,
     SELECT_SAYS,
     SELECT_SENT,
@@ -32,7 +30,7 @@ from sim.store.sql import (
 )
 from sim.wire.events import AnyEvent
 
-__all__ = ["Pending", "Resume", "TickRecord", "read_last_tick", "read_migrated_at"]
+__all__ = ["Pending", "Resume", "TickRecord", "read_last_tick"]
 
 
 class Pending(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,15 +60,7 @@ _pending_decoder = msgspec.msgpack.Decoder(Pending)
 
 
 async def read_last_tick(conn: aiosqlite.Connection) -> int | None:
-    return await _read_tick(conn, SELECT_LAST_TICK)
-
-
-async def read_migrated_at(conn: aiosqlite.Connection) -> int | None:
-    return await _read_tick(conn, SELECT_MIGRATED_AT)
-
-
-async def _read_tick(conn: aiosqlite.Connection, sql: str) -> int | None:
-    async with conn.execute(sql) as cursor:
+    async with conn.execute(SELECT_LAST_TICK) as cursor:
         row = await cursor.fetchone()
     return None if row is None else int(row[0])
 

@@ -13,9 +13,9 @@ not said by each listener, and rows older than a window's first tick go.
 
 `heard` rows hold several episodes each: a row is deleted once the agent heard at least
 `keep` episodes in newer ticks, so at least `keep` episodes stay (at most a tick more).
-Version-1 `episodes` rows, beliefs and dialogue lines are kept by the order
-`load_agents` reads them in. Each statement is one pass over its table (a window
-function), whose size retention itself bounds.
+Beliefs and dialogue lines are kept by the order `load_agents` reads them in. Each
+statement is one pass over its table (a window function), whose size retention itself
+bounds.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ _PLACE_EVENTS = (
 # (table, statement, whether it takes the one parameter `keep`).
 PRUNE_SQL: tuple[tuple[str, str, bool], ...] = (
     ("heard", _HEARD, True),
-    ("episodes", _older_rows("episodes", "tick, id, text, significance"), True),
     ("beliefs", _older_rows("beliefs", "tick, id, text, confidence"), True),
     ("dialogue", _older_rows("dialogue", "tick, seq, speaker, text"), True),
     ("place_events", _PLACE_EVENTS, False),

@@ -1,9 +1,10 @@
-"""The store's schema, its forward migrations, and the file check done before opening.
+"""The store's schema, and the file check done before opening.
 
-`PRAGMA user_version` holds the schema version. Migrations only go forward: a database
-from a newer npcsim is refused, as is a file that is not SQLite at all. Both are
-detected from the 100-byte header, read as plain bytes, so a refused file is never
-opened by SQLite and no -wal/-shm file appears next to it.
+`PRAGMA user_version` holds the schema version. A store has exactly one schema: a new file
+gets `SCHEMA` in one transaction, and a file of any other version (an earlier npcsim's, a
+newer one's) is refused, as is a file that is not SQLite at all. All of these are detected
+from the 100-byte header, read as plain bytes, so a refused file is never opened by SQLite
+and no -wal/-shm file appears next to it.
 """
 
 from __future__ import annotations
@@ -13,86 +14,52 @@ from pathlib import Path
 
 from sim.errors import SchemaError, StoreError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_file"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "check_file"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _USER_VERSION_OFFSET = 60
 
-# MIGRATIONS[i] takes a database from version i to version i + 1, in one transaction.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
-        "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL) WITHOUT ROWID",
-        "CREATE TABLE facts (agent TEXT NOT NULL, id TEXT NOT NULL, text TEXT NOT NULL, writer TEXT NOT NULL,"
-        " PRIMARY KEY (agent, id)) WITHOUT ROWID",
-        "CREATE TABLE world (agent TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, writer TEXT NOT NULL,"
-        " PRIMARY KEY (agent, key)) WITHOUT ROWID",
-        "CREATE TABLE episodes (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
-        " tick INTEGER NOT NULL, text TEXT NOT NULL, significance REAL NOT NULL)",
-        "CREATE INDEX episodes_recent ON episodes (agent, tick, id)",
-        "CREATE TABLE beliefs (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
-        " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
-        "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
-        "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
-        " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
-        "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
-        "CREATE TABLE events (id TEXT PRIMARY KEY) WITHOUT ROWID",
-        "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
-        " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
-        " line TEXT NOT NULL, record BLOB NOT NULL)",
-        "CREATE INDEX audit_agent ON audit (agent, tick)",
-    ),
-    # 2: store each thing once (sim/store/records.py). Version 1's rows stay where they
-    # are and are still read: `episodes` is merged with `heard` when loading, an audit row
-    # with `format` 1 holds a whole msgpack record.
-    (
-        "CREATE TABLE items (k INTEGER PRIMARY KEY, body BLOB NOT NULL)",
-        "CREATE TRIGGER items_collision BEFORE INSERT ON items"
-        " WHEN EXISTS (SELECT 1 FROM items WHERE k = NEW.k AND body <> NEW.body)"
-        " BEGIN SELECT RAISE(ABORT, 'two different items with the same digest key'); END",
-        "CREATE TABLE agent_keys (n INTEGER PRIMARY KEY, agent TEXT NOT NULL UNIQUE)",
-        "CREATE TABLE heard (agent INTEGER NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
-        "CREATE INDEX heard_recent ON heard (agent, tick)",
-        "ALTER TABLE audit ADD COLUMN format INTEGER NOT NULL DEFAULT 1",
-        "CREATE INDEX audit_tick ON audit (tick)",
-    ),
-    # 3: outside input, stamped with the tick it took effect at (committed with that tick).
-    (
-        "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
-        " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
-    ),
-    # 4: shared perception (issue 20). A place's events of a tick are one row (their items,
-    # content-addressed like episodes), whoever heard them; `place_windows` holds the tick
-    # from which each place's log is still needed. Earlier `heard` rows stay: they are the
-    # listeners' private episodes now. `migrated_at` marks the last tick a schema-3 npcsim
-    # committed, whose unperceived events a resume finds in `sent` (sim.shard).
-    (
-        "CREATE TABLE place_events (place TEXT NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
-        "CREATE INDEX place_events_recent ON place_events (place, tick)",
-        "CREATE TABLE place_windows (place TEXT PRIMARY KEY, since INTEGER NOT NULL) WITHOUT ROWID",
-        "INSERT INTO meta (key, value) SELECT 'migrated_at', value FROM meta WHERE key = 'last_tick'",
-    ),
-    # 5: the run the store belongs to (sim/store/_identity.py): one row, the identity as JSON.
-    # Written whole and on its own, so it may take any version number after the others.
-    (
-        "CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",
-    ),
-    # 6: what a re-execution needs besides the identity's settings (npcsim replay, sim.replay):
-    # the scenario's bytes as the run read them, and each world-state change with the tick it
-    # took effect at (the keys and values set, as JSON; committed with that tick). Like 5, written
-    # so that it may run again over its own tables.
-    (
-        "CREATE TABLE IF NOT EXISTS scenario (id INTEGER PRIMARY KEY CHECK (id = 0), sha256 TEXT NOT NULL,"
-        " data BLOB NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
-    ),
+SCHEMA_VERSION = 7
+# The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py.
+SCHEMA: tuple[str, ...] = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+    "CREATE TABLE run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",
+    "CREATE TABLE scenario (id INTEGER PRIMARY KEY CHECK (id = 0), sha256 TEXT NOT NULL, data BLOB NOT NULL)",
+    "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE agent_keys (n INTEGER PRIMARY KEY, agent TEXT NOT NULL UNIQUE)",
+    "CREATE TABLE facts (agent TEXT NOT NULL, id TEXT NOT NULL, text TEXT NOT NULL, writer TEXT NOT NULL,"
+    " PRIMARY KEY (agent, id)) WITHOUT ROWID",
+    "CREATE TABLE world (agent TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, writer TEXT NOT NULL,"
+    " PRIMARY KEY (agent, key)) WITHOUT ROWID",
+    "CREATE TABLE items (k INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+    "CREATE TRIGGER items_collision BEFORE INSERT ON items"
+    " WHEN EXISTS (SELECT 1 FROM items WHERE k = NEW.k AND body <> NEW.body)"
+    " BEGIN SELECT RAISE(ABORT, 'two different items with the same digest key'); END",
+    "CREATE TABLE heard (agent INTEGER NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
+    "CREATE INDEX heard_recent ON heard (agent, tick)",
+    "CREATE TABLE place_events (place TEXT NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
+    "CREATE INDEX place_events_recent ON place_events (place, tick)",
+    "CREATE TABLE place_windows (place TEXT PRIMARY KEY, since INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE beliefs (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
+    " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
+    "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
+    "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
+    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
+    "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
+    "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
+    " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
+    " line TEXT NOT NULL, record BLOB NOT NULL)",
+    "CREATE INDEX audit_agent ON audit (agent, tick)",
+    "CREATE INDEX audit_tick ON audit (tick)",
+    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
+    " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
+    "CREATE TABLE world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
 )
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def check_file(path: str | os.PathLike[str], *, must_exist: bool = False) -> None:
-    """Refuse a file that is not SQLite, or was written by a newer schema, unopened.
+    """Refuse a file that is not SQLite, or holds a store of another schema version, unopened.
 
     A missing or empty file passes (unless `must_exist`): it becomes a new store. The
     header's version is stale while a non-empty `-wal` file holds commits not yet
@@ -124,10 +91,17 @@ def check_file(path: str | os.PathLike[str], *, must_exist: bool = False) -> Non
 
 
 def check_version(path: Path, version: int) -> None:
+    """Refuse a store of another schema version; 0 is a file that holds no store yet."""
+    if version == SCHEMA_VERSION or version == 0:
+        return
+    if 0 < version < SCHEMA_VERSION:
+        raise SchemaError(
+            f"{path}: store schema {version} was written by an earlier npcsim; this one reads schema "
+            f"{SCHEMA_VERSION} only: start a new store (--db NEW.db)"
+        )
     if version > SCHEMA_VERSION:
         raise SchemaError(
             f"{path}: schema version {version} is newer than this npcsim supports ({SCHEMA_VERSION}); "
             "upgrade npcsim. The file is left untouched"
         )
-    if version < 0:
-        raise SchemaError(f"{path}: schema version {version} is not an npcsim schema; the file is left untouched")
+    raise SchemaError(f"{path}: schema version {version} is not an npcsim schema; the file is left untouched")

@@ -43,8 +43,8 @@ from sim.store._identity import RunIdentity, decode_identity, encode_identity
 from sim.store._items import Addresser, event_item
 from sim.store._lock import hold_writer_lock
 from sim.store._places import PlaceRows, load_place_log
-from sim.store._resume import Resume, TickRecord, read_last_tick, read_migrated_at
-from sim.store._schema import MIGRATIONS, SCHEMA_VERSION, check_file, check_version
+from sim.store._resume import Resume, TickRecord, read_last_tick
+from sim.store._schema import SCHEMA, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
 from sim.store.records import COLUMNS, RecordPacker
 from sim.store.sql import SELECT_AGENT_KEYS, SELECT_RUN
@@ -87,11 +87,9 @@ class Store(AgentStore):
         hot_limit: int,
         arrivals: Arrivals,
         identity: RunIdentity | None = None,
-        migrated_at: int | None = None,
     ) -> None:
         super().__init__(conn, path, writer, hot_limit)
         self._arrivals = arrivals
-        self._migrated_at = migrated_at
         self._identity = identity
         self._packer = RecordPacker()
         self._resume = Resume(conn, path, writer)
@@ -127,11 +125,6 @@ class Store(AgentStore):
             queue_high_water=w.high_water,
             rows_pruned=w.rows_pruned,
         )
-
-    @property
-    def migrated_at(self) -> int | None:
-        """The last tick a schema-3 npcsim committed before this file was migrated, if any."""
-        return self._migrated_at
 
     async def add_place_events(
         self, place: str, tick: int, events: Sequence[AnyEvent], *, since: int | None = None
@@ -254,7 +247,7 @@ async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterato
         last_tick, agent_keys, identity = await _prepare(conn, p)
         writer = BatchWriter(conn, p, Addresser(agent_keys), last_tick=last_tick, keep_tail=keep_tail)
         arrivals = Arrivals(p, last_tick)
-        store = Store(conn, p, writer, hot_limit, arrivals, identity, await read_migrated_at(conn))
+        store = Store(conn, p, writer, hot_limit, arrivals, identity)
         error: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
@@ -278,8 +271,9 @@ async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterato
 async def _prepare(
     conn: aiosqlite.Connection, path: Path
 ) -> tuple[int | None, dict[str, int], RunIdentity | None]:
-    """Refuse foreign or newer databases, switch to WAL, migrate; the last committed tick,
-    the agents' integer keys and the run the store belongs to."""
+    """Refuse foreign databases and other schema versions, switch to WAL, create the schema
+    in a new file; the last committed tick, the agents' integer keys and the run the store
+    belongs to."""
     try:
         version = await _scalar(conn, "PRAGMA user_version")
         check_version(path, version)
@@ -290,13 +284,12 @@ async def _prepare(
         # Content-addressed items land at random places in their B-tree: a larger page
         # cache (64 MiB instead of SQLite's 2 MiB default) keeps those inserts off the disk.
         await conn.execute(f"PRAGMA cache_size = {_CACHE_KIB}")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
+        if version == 0:
             await conn.execute("BEGIN IMMEDIATE")
-            for statement in MIGRATIONS[target - 1]:
+            for statement in SCHEMA:
                 await conn.execute(statement)
-            await conn.execute(f"PRAGMA user_version = {target}")
+            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             await conn.execute("COMMIT")
-            log.info("%s: migrated the schema to version %d", path, target)
         last_tick = await read_last_tick(conn)
         async with conn.execute(SELECT_AGENT_KEYS) as cursor:
             agent_keys = {str(agent): int(n) for agent, n in await cursor.fetchall()}

@@ -1,4 +1,4 @@
-"""How schema 2 stores things once: content-addressed items and packed audit records.
+"""How the store keeps things once: content-addressed items and packed audit records.
 
 Pure (no I/O): the store and the reader call these and do the SQL.
 

@@ -31,7 +31,6 @@ __all__ = [
     "SELECT_AGENT_KEYS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
-    "SELECT_MIGRATED_AT",
     "SELECT_PENDING",
     "SELECT_RUN",
     "SELECT_SAYS",
@@ -63,8 +62,8 @@ INSERT: dict[RowKind, str] = {
     " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
     "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
-    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record, format)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 2)",
+    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
     "run": "INSERT OR REPLACE INTO run (id, identity) VALUES (0, ?)",
@@ -148,8 +147,7 @@ def _recent(table: str, columns: str, order: str) -> str:
     )
 
 
-RECENT: dict[Literal["episodic", "beliefs", "dialogue"], str] = {
-    "episodic": _recent("episodes", "id, tick, text, significance", "tick, id, text, significance"),
+RECENT: dict[Literal["beliefs", "dialogue"], str] = {
     "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
     "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
 }
@@ -169,7 +167,6 @@ SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
 SELECT_SAYS = "SELECT value FROM meta WHERE key = 'says'"
 SELECT_RUN = "SELECT identity FROM run WHERE id = 0"
 SELECT_PENDING = "SELECT value FROM meta WHERE key = 'pending'"
-SELECT_MIGRATED_AT = "SELECT value FROM meta WHERE key = 'migrated_at'"
 
 # Every place's log from the tick its window still needs, in one query: rows in (place,
 # tick) order, each row's items in the order they were appended.

@@ -1,8 +1,4 @@
-"""Storage that scales (schema 2): each thing stored once, old records still replay, export by ticks.
-
-A schema-1 database is written here with the SQL of schema 1 as it was released (the
-statements are copied, not imported, so a change to today's code cannot change them).
-"""
+"""Storage that scales: each thing stored once, records replay from their items, export by ticks."""
 
 from __future__ import annotations
 
@@ -21,121 +17,12 @@ import sim.store._items
 from sim.audit import AuditRecord, decode_record, encode_record, make_record, replay
 from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
-from sim.store import HOT_LIMIT, SCHEMA_VERSION, StoreError, Writer, open_reader, open_store
+from sim.store import HOT_LIMIT, StoreError, Writer, open_reader, open_store
 from sim.store.records import Item, RecordPacker, read_packed, unpack_record
-from tests.audit_records import AGENTS, random_record
-from tests.helpers import fingerprint
+from tests.audit_records import random_record
 from tests.strategies import beliefs, configs, episodes, facts, lines, player_inputs, texts, worlds
 
-V1_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
-    "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE facts (agent TEXT NOT NULL, id TEXT NOT NULL, text TEXT NOT NULL, writer TEXT NOT NULL,"
-    " PRIMARY KEY (agent, id)) WITHOUT ROWID",
-    "CREATE TABLE world (agent TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, writer TEXT NOT NULL,"
-    " PRIMARY KEY (agent, key)) WITHOUT ROWID",
-    "CREATE TABLE episodes (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
-    " tick INTEGER NOT NULL, text TEXT NOT NULL, significance REAL NOT NULL)",
-    "CREATE INDEX episodes_recent ON episodes (agent, tick, id)",
-    "CREATE TABLE beliefs (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
-    " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
-    "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
-    "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
-    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
-    "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
-    "CREATE TABLE events (id TEXT PRIMARY KEY) WITHOUT ROWID",
-    "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
-    " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
-    " line TEXT NOT NULL, record BLOB NOT NULL)",
-    "CREATE INDEX audit_agent ON audit (agent, tick)",
-)
-V1_AUDIT = (
-    "INSERT INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-V1_RECORDS = 200
 CONFIG = WorkingMemoryConfig()
-
-
-def write_v1(db: Path, records: list[AuditRecord], history: dict[str, list[Episode]]) -> None:
-    """A database as schema 1 wrote it: whole msgpack records, an `episodes` row per agent and item."""
-    conn = sqlite3.connect(db, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("BEGIN")
-        for statement in V1_SCHEMA:
-            conn.execute(statement)
-        conn.execute("PRAGMA user_version = 1")
-        for agent, episodes in history.items():
-            conn.execute("INSERT INTO agents (agent, system_prompt) VALUES (?, ?)", (agent, f"You are {agent}."))
-            conn.executemany(
-                "INSERT INTO episodes (agent, id, tick, text, significance) VALUES (?, ?, ?, ?, ?)",
-                [(agent, e.id, e.tick, e.text, e.significance) for e in episodes],
-            )
-        for r in records:
-            row = (r.id, r.run_id, r.agent_id, r.tick, r.backend, r.model, int(r.fallback), r.line, encode_record(r))
-            conn.execute(V1_AUDIT, row)
-        conn.execute("INSERT INTO meta (key, value) VALUES ('last_tick', 7)")
-        conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
-
-
-def v1_history(rng: random.Random) -> dict[str, list[Episode]]:
-    return {
-        f"npc{a}": [Episode(id=f"old{i:03d}", tick=i // 10, text=f"old memory {i} of npc{a}") for i in range(60)]
-        for a in range(3)
-    } | {f"npc{a}": [] for a in range(3, AGENTS)}
-
-
-async def test_a_schema_1_database_reads_replays_and_migrates(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    db = tmp_path / "v1.db"
-    rng = random.Random(11)
-    old_records = [random_record(rng, n) for n in range(V1_RECORDS)]
-    history = v1_history(rng)
-    write_v1(db, old_records, history)
-
-    # read-only: replayed and shown without a migration and without touching the file
-    before = fingerprint(db)
-    assert main(["audit", "replay", "--db", str(db)]) == 0
-    assert f"replayed {V1_RECORDS} records: all byte-identical" in capsys.readouterr().out
-    with open_reader(db) as reader:
-        assert reader.schema_version == 1
-        assert [encode_record(r) for r in reader.audit_records()] == [
-            encode_record(r) for r in sorted(old_records, key=lambda r: (r.tick, r.agent_id, r.id))
-        ]
-    assert fingerprint(db) == before
-
-    # the writer migrates it; the old episodes and the new ones make one history
-    async with open_store(db) as store:
-        assert store.last_tick == 7
-        assert await store.load_agents(history) == ()
-        hot = store.state("npc0")
-        assert hot.episodic == tuple(history["npc0"][-32:])
-        for i in range(10):
-            # ids that sort between the old ones, at old and new ticks
-            episode = Episode(id=f"old{i:03d}x", tick=5 + i // 5, text=f"new memory {i}", significance=0.9)
-            await store.add_episode("npc0", episode, writer=Writer.NPC)
-        new_records = [random_record(rng, n) for n in range(V1_RECORDS, V1_RECORDS + 100)]
-        for record in new_records:
-            await store.ensure_agent(record.state, writer=Writer.SCENARIO)
-            await store.record(record)
-        await store.end_tick(8)
-        expected = store.state("npc0")
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-        formats = dict(conn.execute("SELECT format, count(*) FROM audit GROUP BY format").fetchall())
-    conn.close()
-    assert formats == {1: V1_RECORDS, 2: 100}
-    async with open_store(db) as store:
-        await store.load_agents(["npc0"])
-        assert store.state("npc0") == expected
-    assert main(["audit", "replay", "--db", str(db)]) == 0
-    assert f"replayed {V1_RECORDS + 100} records: all byte-identical" in capsys.readouterr().out
-    with open_reader(db) as reader:
-        by_id = {r.id: r for r in reader.audit_records()}
-    assert all(encode_record(by_id[r.id]) == encode_record(r) for r in old_records + new_records)
 
 
 # A pool of items that several states draw from: what many NPCs heard, facts they share.
@@ -195,8 +82,8 @@ def shared_records(draw: st.DrawFn) -> list[AuditRecord]:
     return records
 
 
-def as_schema_1_reads_it(record: AuditRecord) -> bytes:
-    """The record's encoding after a round trip through schema 1's format.
+def as_decoded(record: AuditRecord) -> bytes:
+    """The record's encoding after a round trip through its own msgpack.
 
     Decoding normalizes (an int given for a float field comes back a float), so this,
     not the encoding of the record in memory, is what a stored record must match.
@@ -222,7 +109,7 @@ def test_packed_records_with_shared_items_replay_exactly(records: list[AuditReco
         columns["line"] = record.line
         packed = read_packed(blob)
         rebuilt = unpack_record(packed, columns, {k: table[k] for k in packed.keys})
-        assert encode_record(rebuilt) == as_schema_1_reads_it(record)
+        assert encode_record(rebuilt) == as_decoded(record)
         assert replay(rebuilt).ok
 
 
@@ -245,7 +132,7 @@ def test_records_with_shared_items_replay_exactly_through_a_real_store(
     first = {}
     for record in records:
         first.setdefault(record.id, record)  # the first record of an inference id wins
-    assert {k: encode_record(v) for k, v in stored.items()} == {k: as_schema_1_reads_it(v) for k, v in first.items()}
+    assert {k: encode_record(v) for k, v in stored.items()} == {k: as_decoded(v) for k, v in first.items()}
     assert all(replay(r).ok for r in stored.values())
 
 

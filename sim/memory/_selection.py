@@ -1,0 +1,200 @@
+"""Choosing what a working memory keeps: each category's selection state, and the passes over it.
+
+The builder (`sim.memory._build`) makes one `Category` per section of the prompt, in the
+prompt's order; `select` fills each one's `kept` within the budgets (characters, and
+per-item tokens when the config has a token limit), and `fit_exact_tokens` then counts the
+whole prompt, since tokens merge across item boundaries. `Frame` renders the prompt from
+the categories as they stand.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sim.memory._config import WorkingMemoryConfig
+from sim.memory.render import Section
+
+__all__ = [
+    "ALWAYS",
+    "BELIEFS",
+    "DIALOGUE",
+    "EPISODIC",
+    "FACTS",
+    "FLEXIBLE",
+    "NO_CAP",
+    "WORLD",
+    "Category",
+    "Frame",
+    "fit_exact_tokens",
+    "select",
+]
+
+# Category indexes, in the prompt's order (RENDER_ORDER).
+FACTS, WORLD, BELIEFS, EPISODIC, DIALOGUE = range(5)
+ALWAYS = (FACTS, WORLD)
+# Redistribution order: dialogue, then episodic, then beliefs.
+FLEXIBLE = (DIALOGUE, EPISODIC, BELIEFS)
+# When the exact token count of the whole prompt is over the limit: trim the least
+# important category first (truncatable always-include ones were filled last).
+TRIM_ORDER = (WORLD, FACTS, BELIEFS, EPISODIC, DIALOGUE)
+NO_CAP = 1 << 62
+
+
+@dataclass(slots=True)
+class Category:
+    """One category's selection state: its rendered items, their sizes, its limits, what it keeps.
+
+    `always`: an always-include category is mandatory content and keeps every item.
+    `token_sums` and `token_header` are its items' token sizes (newest first, like
+    `Section.newest_sums`) when the config has a token limit, else None. `budget` is
+    (characters, tokens): its share of the flexible budget, or for a truncatable
+    always-include category what was left when its turn came; `kept` counts its newest
+    items kept.
+    """
+
+    section: Section
+    cap: int
+    always: bool
+    token_sums: tuple[int, ...] | None = None
+    token_header: int = 0
+    budget: tuple[int, int] = (0, 0)
+    kept: int = 0
+
+    def keeps_all_it_may(self) -> bool:
+        return self.kept >= min(self.cap, len(self.section.lines))
+
+    def grow(self, room: int, token_room: int) -> tuple[int, int]:
+        """Keep more of the newest items while the next whole item fits both rooms; the rooms left.
+
+        `newest_sums[k]` is the size of the k newest items; the first item kept also pays
+        the header. Sizes are positive (every rendered item ends with a newline), so sums
+        increase and the longest fitting run is one bisection.
+        """
+        sums = self.section.newest_sums
+        n = len(sums) - 1
+        stop = self.cap if self.cap < n else n
+        kept = self.kept
+        if kept >= stop:
+            return room, token_room
+        base = sums[kept] - (len(self.section.header) if kept == 0 else 0)
+        k = max(kept, bisect_right(sums, base + room, kept, stop + 1) - 1)
+        if self.token_sums is not None:
+            token_base = self.token_sums[kept] - (self.token_header if kept == 0 else 0)
+            k = min(k, max(kept, bisect_right(self.token_sums, token_base + token_room, kept, stop + 1) - 1))
+            if k > kept:
+                token_room -= self.token_sums[k] - token_base
+        if k > kept:
+            room -= sums[k] - base
+        self.kept = k
+        return room, token_room
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """What surrounds the sections: the head, a retry's rule section ("" otherwise) and the closing piece."""
+
+    head: str
+    rule: str
+    closing: str
+
+    def prompt(self, categories: Sequence[Category]) -> tuple[str, int]:
+        """The prompt of the categories as they stand, and the length of its context."""
+        pieces = [self.head]
+        for category in categories:
+            section, k = category.section, category.kept
+            n = len(section.lines)
+            if k == n:
+                pieces.append(section.text)
+            elif k:
+                pieces.append(section.header)
+                pieces.extend(section.lines[n - k :])
+        pieces.append(self.rule)
+        context = "".join(pieces)
+        return context + self.closing, len(context)
+
+
+def select(categories: Sequence[Category], flex: tuple[int, int], redistribute: bool) -> None:
+    """Fill each category's `kept`: the fixed split first, then redistribution of what is left
+    of `flex` (characters, tokens), then truncatable always-include categories."""
+    if categories[FACTS].token_sums is None:  # no token limit
+        # Fast path: a category whose whole capped run fits its share (fixed split), or
+        # when all of them together fit the flexible budget (redistribution), keeps
+        # exactly that run; no search is needed.
+        full = [0, 0, 0, 0, 0]
+        total = 0
+        fits_share = True
+        for i in FLEXIBLE:
+            section = categories[i].section
+            k = min(categories[i].cap, len(section.lines))
+            cost = len(section.header) + section.newest_sums[k] if k else 0
+            full[i] = k
+            total += cost
+            fits_share = fits_share and cost <= categories[i].budget[0]
+        truncatable_empty = all(categories[i].always or not categories[i].section.lines for i in ALWAYS)
+        if truncatable_empty and (fits_share or (redistribute and total <= flex[0])):
+            for i in FLEXIBLE:
+                categories[i].kept = full[i]
+            return
+
+    used_chars = used_tokens = 0
+    for i in FLEXIBLE:
+        budget_chars, budget_tokens = categories[i].budget
+        room, token_room = categories[i].grow(budget_chars, budget_tokens)
+        used_chars += budget_chars - room
+        used_tokens += budget_tokens - token_room
+    room, token_room = flex[0] - used_chars, flex[1] - used_tokens
+    if redistribute:
+        for i in FLEXIBLE:
+            room, token_room = categories[i].grow(room, token_room)
+    for i in ALWAYS:
+        if not categories[i].always:
+            categories[i].budget = (room, token_room)
+            room, token_room = categories[i].grow(room, token_room)
+
+
+def fit_exact_tokens(
+    frame: Frame,
+    categories: Sequence[Category],
+    cfg: WorkingMemoryConfig,
+    count: Callable[[str], int],
+    fitted: tuple[str, int],
+) -> tuple[str, int, int]:
+    """Count the whole prompt (`fitted`: it and its context's length) once more; the prompt,
+    its context's length and its tokens.
+
+    Over the limit: drop the oldest kept item of the least important category until it
+    fits. Then, with redistribution, offer each category its next item once more, counted
+    exactly, so that the result is maximal in real tokens, not only in per-item counts.
+    """
+    assert cfg.max_context_tokens is not None
+    limit = cfg.max_context_tokens
+    prompt, context_chars = fitted
+    tokens = count(prompt)
+    truncatable = [categories[i] for i in TRIM_ORDER if not categories[i].always]
+    while tokens > limit:
+        victim = next((c for c in truncatable if c.kept > 0), None)
+        if victim is None:
+            break
+        victim.kept -= 1
+        prompt, context_chars = frame.prompt(categories)
+        tokens = count(prompt)
+    if cfg.redistribute_unused:
+        order = [categories[i] for i in (*FLEXIBLE, *ALWAYS) if not categories[i].always]
+        grown = True
+        while grown:
+            grown = False
+            for category in order:
+                if category.keeps_all_it_may():
+                    continue
+                category.kept += 1
+                candidate, candidate_context = frame.prompt(categories)
+                if len(candidate) <= cfg.max_context_chars:
+                    candidate_tokens = count(candidate)
+                    if candidate_tokens <= limit:
+                        prompt, context_chars, tokens = candidate, candidate_context, candidate_tokens
+                        grown = True
+                        continue
+                category.kept -= 1
+    return prompt, context_chars, tokens
