@@ -1,6 +1,7 @@
-"""An in-memory broker for the bus's transport seam (sim.bus.Transport): shards without Mosquitto.
+"""An in-memory broker for the transport seam (sim.mqtt.Transport): shards, the run-nonce handshake
+and the inference link without Mosquitto.
 
-sim.bus's `LocalBroker`, delivering what the buses publish to every bus whose filters
+sim.mqtt's `LocalBroker`, delivering what the buses publish to every bus whose filters
 match in a seeded random order across topics (as a clustered broker may), each message
 after a random delay of up to `max_delay` seconds on the given clock (so a shard that did
 not wait for a batch would go on without it). Retained messages are kept and handed to
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from sim.bus import LocalBroker
+from sim.mqtt import LocalBroker
 from sim.shard import Clock
 
 __all__ = ["MemoryBroker"]

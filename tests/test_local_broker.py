@@ -1,4 +1,4 @@
-"""sim.bus.LocalBroker: buses in one process, with MQTT's matching, in publish order, retained kept."""
+"""sim.mqtt.LocalBroker: buses in one process, with MQTT's matching, in publish order, retained kept."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import aiomqtt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.bus import Link, LocalBroker
+from sim.mqtt import Link, LocalBroker
 
 LEVEL = st.sampled_from(["a", "b", "c", ""])
 TOPIC = st.lists(LEVEL, min_size=1, max_size=4).map("/".join).filter(bool)
