@@ -29,6 +29,7 @@ import asyncio
 import collections
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -38,6 +39,7 @@ import msgspec
 from sim.bus._sender import Outgoing, Sender
 from sim.errors import single_error
 from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
+from sim.protocol.batcher import Batcher
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox
 from sim.protocol.received import PlayerInputReceived, Received, WorldStateReceived
@@ -67,7 +69,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
     run_key: RunKey | None = None  # seal and check internal messages (sim.protocol.seal)
     trace_batch: int = 64  # traces per `trace/{shard}` message at most
-    trace_batch_bytes: int = 256 * 1024  # and their JSON's bytes at most (one trace over it goes alone)
+    trace_batch_bytes: int = 256 * 1024  # and its JSON's bytes at most (one trace over it goes alone)
     trace_linger: float = 0.05  # seconds a trace waits for others before its batch goes anyway
 
 
@@ -101,8 +103,9 @@ class Bus:
         self._closing_flush = config.publish_timeout
         self._connections = 0
         self._keep_outside: Callable[[PlayerInputReceived | WorldStateReceived], None] | None = None
-        self._traces: list[bytes] = []  # encoded traces of the next `trace/{shard}` batch
-        self._trace_bytes = 0
+        # encoded traces, each sized with its comma or closing bracket, the opening one apart
+        self._traces = Batcher[bytes](max_items=config.trace_batch, max_bytes=config.trace_batch_bytes - 1,
+                                      linger=config.trace_linger)
         self._traces_waiting = asyncio.Event()
 
     # --- mailboxes, routes and what arrived -------------------------------------------
@@ -231,35 +234,39 @@ class Bus:
         message per inference was half of what the shard published, each with its own
         acknowledgement; a viewer sees a trace at most the linger later."""
         encoded = encode_trace(message)
-        if self._traces and self._trace_bytes + len(encoded) > self.config.trace_batch_bytes:
+        size = len(encoded) + 1
+        if not self._traces.fits(size):
             await self.flush_traces()
-        self._traces.append(encoded)
-        self._trace_bytes += len(encoded) + 1
-        if len(self._traces) >= self.config.trace_batch or self._trace_bytes >= self.config.trace_batch_bytes:
+        self._traces.add(encoded, size=size, now=time.monotonic())
+        if self._traces.ready(time.monotonic()):
             await self.flush_traces()
         else:
             self._traces_waiting.set()
 
     async def flush_traces(self) -> None:
-        """Queue the traces waiting as one `trace/{shard}` message (nothing when none wait).
+        """Queue the traces waiting as `trace/{shard}` messages (nothing when none wait).
 
-        The batch leaves the buffer only once the outbox has room for it: a flush cancelled
+        A batch leaves the batcher only once the outbox has room for it: a flush cancelled
         while it waits loses nothing."""
         topic = topics.trace(self.config.run, self.config.shard)
-        if self._traces:
+        while self._traces:
             await self._sender.room_for(topic)
-        if self._traces:  # another flush may have taken them while this one waited
-            payload = b"[" + b",".join(self._traces) + b"]"
-            self._traces, self._trace_bytes = [], 0
-            self._traces_waiting.clear()
-            self._sender.enqueue(Outgoing(topic, payload, 1, False))
+            if not self._traces:  # another flush took them while this one waited
+                break
+            batch, _ = self._traces.take(time.monotonic())
+            self._sender.enqueue(Outgoing(topic, b"[" + b",".join(batch) + b"]", 1, False))
 
     async def _trace_flusher(self) -> None:
-        """Send a batch of traces `trace_linger` seconds after its first was added."""
+        """Send a batch of traces once it is due: `trace_linger` seconds after its first was added."""
         while True:
-            await self._traces_waiting.wait()
-            await asyncio.sleep(self.config.trace_linger)
-            await self.flush_traces()
+            due = self._traces.due()
+            if due is None:
+                self._traces_waiting.clear()
+                await self._traces_waiting.wait()
+            elif due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+            else:
+                await self.flush_traces()
 
     async def publish_roster(self, message: RosterMessage) -> None:
         """Retained, for viewers that connect later."""
