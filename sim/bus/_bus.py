@@ -29,7 +29,6 @@ import asyncio
 import collections
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -37,9 +36,9 @@ from typing import Literal
 import msgspec
 
 from sim.bus._sender import Outgoing, Sender
+from sim.bus._traces import TraceBatches
 from sim.errors import single_error
 from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
-from sim.protocol.batcher import Batcher
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox
 from sim.protocol.received import PlayerInputReceived, Received, WorldStateReceived
@@ -103,10 +102,10 @@ class Bus:
         self._closing_flush = config.publish_timeout
         self._connections = 0
         self._keep_outside: Callable[[PlayerInputReceived | WorldStateReceived], None] | None = None
-        # encoded traces, each sized with its comma or closing bracket, the opening one apart
-        self._traces = Batcher[bytes](max_items=config.trace_batch, max_bytes=config.trace_batch_bytes - 1,
-                                      linger=config.trace_linger)
-        self._traces_waiting = asyncio.Event()
+        self._traces = TraceBatches(
+            topics.trace(config.run, config.shard), self._sender, max_items=config.trace_batch,
+            max_bytes=config.trace_batch_bytes, linger=config.trace_linger,
+        )
 
     # --- mailboxes, routes and what arrived -------------------------------------------
 
@@ -158,9 +157,9 @@ class Bus:
     async def listen_inboxes(self, agents: Iterable[str]) -> None:
         """Deliver each agent's directed events to its mailbox.
 
-        One wildcard subscription (`agent/+/inbox`) for all of them: one subscription per
-        agent took 12 s of start-up at 100,000 NPCs. Inbox messages to other shards' agents
-        (directed events, few) arrive too; the router drops them without a count.
+        One wildcard subscription (`agent/+/inbox`) for all of them, not one per agent (the
+        start-up of a large world). Inbox messages to other shards' agents (directed events,
+        few) arrive too; the router drops them without a count.
         """
         self._router.route_inboxes(agents)
         wildcard = self._router.agent_prefix + "+/inbox"
@@ -229,44 +228,14 @@ class Bus:
 
     async def publish_trace(self, message: TraceMessage) -> None:
         """Add the trace to the shard's next `trace/{shard}` batch (a JSON array, in the order
-        they were added): it goes when `trace_batch` traces or `trace_batch_bytes` are
-        waiting, `trace_linger` seconds after the first of them, or when the bus closes. One
-        message per inference was half of what the shard published, each with its own
-        acknowledgement; a viewer sees a trace at most the linger later."""
-        encoded = encode_trace(message)
-        size = len(encoded) + 1
-        if not self._traces.fits(size):
-            await self.flush_traces()
-        self._traces.add(encoded, size=size, now=time.monotonic())
-        if self._traces.ready(time.monotonic()):
-            await self.flush_traces()
-        else:
-            self._traces_waiting.set()
+        they were added, sim.protocol.batcher): it goes when `trace_batch` traces or
+        `trace_batch_bytes` are waiting, `trace_linger` seconds after the first of them, or
+        when the bus closes. A viewer sees a trace at most the linger later."""
+        await self._traces.add(encode_trace(message))
 
     async def flush_traces(self) -> None:
-        """Queue the traces waiting as `trace/{shard}` messages (nothing when none wait).
-
-        A batch leaves the batcher only once the outbox has room for it: a flush cancelled
-        while it waits loses nothing."""
-        topic = topics.trace(self.config.run, self.config.shard)
-        while self._traces:
-            await self._sender.room_for(topic)
-            if not self._traces:  # another flush took them while this one waited
-                break
-            batch, _ = self._traces.take(time.monotonic())
-            self._sender.enqueue(Outgoing(topic, b"[" + b",".join(batch) + b"]", 1, False))
-
-    async def _trace_flusher(self) -> None:
-        """Send a batch of traces once it is due: `trace_linger` seconds after its first was added."""
-        while True:
-            due = self._traces.due()
-            if due is None:
-                self._traces_waiting.clear()
-                await self._traces_waiting.wait()
-            elif due > time.monotonic():
-                await asyncio.sleep(due - time.monotonic())
-            else:
-                await self.flush_traces()
+        """Queue the traces waiting for their batch (nothing when none wait)."""
+        await self._traces.flush()
 
     async def publish_roster(self, message: RosterMessage) -> None:
         """Retained, for viewers that connect later."""
@@ -360,7 +329,7 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
         async with asyncio.TaskGroup() as group:
             connection = group.create_task(bus._connection_loop(), name="bus-connection")
             sender = group.create_task(bus._sender.run(), name="bus-sender")
-            flusher = group.create_task(bus._trace_flusher(), name="bus-traces")
+            flusher = group.create_task(bus._traces.run(), name="bus-traces")
             await bus._sender.connected.wait()
             try:
                 yield bus
