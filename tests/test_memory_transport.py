@@ -1,5 +1,6 @@
-"""The in-memory broker stands in for every MQTT user: the run-nonce handshake and the
-inference link (pool <-> remote worker) here, without Mosquitto (the bus: tests/memory_shard.py)."""
+"""The in-memory broker stands in for every MQTT user: the run-nonce handshake, the inference
+link (pool <-> remote worker) and the live view here, without Mosquitto (the bus:
+tests/memory_shard.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ from sim.protocol.received import BarrierReceived
 from sim.protocol.seal import RunKey, new_nonce
 from sim.shard import SystemClock, VirtualClock
 from sim.shard._instance import learn_run_nonce
+from sim.view import LiveFeed, RunModel
 from sim.wire import topics
 from sim.wire.barrier import Hello, Welcome
+from sim.wire.events import PlayerInputMessage, WorldStateMessage, encode_json
+from tests.helpers import eventually
 from tests.inference_helpers import make_request, running
 from tests.memory_broker import MemoryBroker
 
@@ -88,3 +92,18 @@ async def test_the_pool_and_a_remote_worker_talk_over_the_memory_broker() -> Non
     sent = [topic for topic, _ in broker.published]
     assert set(sent) == {topics.infer_request("mem"), topics.infer_response("mem", config.shard)}
     assert len(sent) < 2 * 12  # requests and replies travelled in batches
+
+
+async def test_the_live_view_follows_and_speaks_over_the_memory_broker() -> None:
+    broker = MemoryBroker(seed=2, clock=SystemClock(), max_delay=0.005)
+    world = encode_json(WorldStateMessage(state={"king": "dead"}, tick=0))
+    broker.publish(topics.world_state("mem"), world, retain=True)
+    model = RunModel("mem")
+    feed = LiveFeed(model, BrokerAddress(), transport=broker.transport())
+    said = encode_json(PlayerInputMessage(to="smith", text="Hello?"))
+    async with serving(broker), asyncio.TaskGroup() as group:
+        following = group.create_task(feed.run())
+        await eventually(lambda: model.world == {"king": "dead"}, what="the retained world state")
+        await feed.speak("ann", PlayerInputMessage(to="smith", text="Hello?"))
+        following.cancel()
+    assert (topics.player_input("mem", "ann"), said) in broker.published
