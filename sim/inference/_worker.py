@@ -45,7 +45,7 @@ class RemoteWorker:
 
     It reconnects per its reconnect policy (forever by default) when the broker goes away;
     `ready` is set while it is subscribed. At most `concurrency` requests are served at
-    once; the rest wait in the client's queue, and the deadline check drops those that
+    once; the rest wait in the connection's queue, and the deadline check drops those that
     waited too long. Its output check uses `fact_guard`, or the one `config.fact_guard` names:
     the same guard as the run's pool, which judges the replies again. `transport` defaults
     to MQTT to `config.broker`, with the worker's last will.
