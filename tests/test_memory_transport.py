@@ -1,16 +1,21 @@
 """The in-memory broker stands in for every MQTT user: the run-nonce handshake, the inference
-link (pool <-> remote worker) and the live view here, without Mosquitto (the bus:
-tests/memory_shard.py)."""
+link (pool <-> remote worker), the live view and `subscribe` here, without Mosquitto (the
+bus: tests/memory_shard.py)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import io
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 
 from sim.bus import BusConfig, open_bus
+from sim.cli._terminal import Out
+from sim.cli.subscribe import _subscribe
 from sim.errors import ConfigError
 from sim.inference import Pool, PoolConfig, RemoteWorker, WorkerConfig, clean_line, load_fact_guard
 from sim.inference._counters import Counters
@@ -24,7 +29,7 @@ from sim.shard._instance import learn_run_nonce
 from sim.view import LiveFeed, RunModel
 from sim.wire import topics
 from sim.wire.barrier import Hello, Welcome
-from sim.wire.events import PlayerInputMessage, WorldStateMessage, encode_json
+from sim.wire.events import PlayerInputMessage, SayMessage, WorldStateMessage, encode_json
 from tests.helpers import eventually
 from tests.inference_helpers import make_request, running
 from tests.memory_broker import MemoryBroker
@@ -107,3 +112,18 @@ async def test_the_live_view_follows_and_speaks_over_the_memory_broker() -> None
         await feed.speak("ann", PlayerInputMessage(to="smith", text="Hello?"))
         following.cancel()
     assert (topics.player_input("mem", "ann"), said) in broker.published
+
+
+async def test_subscribe_prints_what_npcs_say_over_the_memory_broker() -> None:
+    broker = MemoryBroker(seed=4, clock=SystemClock(), max_delay=0.005)
+    printed, noted = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(run="mem", agent="+", all=False, json=True)
+    say = SayMessage(run="mem", agent="smith", tick=3, to=None, text="Mind the forge.", inference_id="i1")
+    async with serving(broker), asyncio.TaskGroup() as group:
+        following = group.create_task(_subscribe(BrokerAddress(), args, Out(printed), Out(noted),
+                                                 transport=broker.transport()))
+        await eventually(lambda: "connected to" in noted.getvalue(), what="the subscription")
+        broker.publish(topics.agent_say("mem", "smith"), encode_json(say))
+        await eventually(lambda: printed.getvalue().endswith("\n"), what="the line printed")
+        following.cancel()
+    assert json.loads(printed.getvalue())["text"] == "Mind the forge."

@@ -22,7 +22,7 @@ import msgspec
 from sim.cli._attach import local_broker
 from sim.cli._broker import add_broker_arguments, broker_address, tls_files
 from sim.cli._terminal import Out, Piece, json_line
-from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
+from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.seal import unchecked_body
 from sim.wire import topics
 from sim.wire.events import SayMessage, decode_say
@@ -84,8 +84,11 @@ def decoded(payload: bytes) -> tuple[bool, Any]:
     return signed, value
 
 
-async def _subscribe(address: BrokerAddress, args: argparse.Namespace, out: Out, note: Out) -> None:
-    """Print every line said (or message); rides out a broker restart like every npcsim client."""
+async def _subscribe(
+    address: BrokerAddress, args: argparse.Namespace, out: Out, note: Out, *, transport: Transport | None = None
+) -> None:
+    """Print every line said (or message); rides out a broker restart like every npcsim client.
+    `transport` defaults to MQTT to `address`."""
     everything = f"{topics.ROOT}/{args.run}/#"
     topic = everything if args.all else f"{topics.ROOT}/{args.run}/agent/{args.agent}/say"
     told = False
@@ -102,7 +105,7 @@ async def _subscribe(address: BrokerAddress, args: argparse.Namespace, out: Out,
             else:
                 _print_say(out, received, payload, json=args.json)
 
-    await MqttTransport(address, name="subscribe", policy=ReconnectPolicy()).run(session)
+    await (transport or MqttTransport(address, name="subscribe", policy=ReconnectPolicy())).run(session)
 
 
 def say_record(say: SayMessage) -> list[Piece]:
