@@ -1,7 +1,9 @@
-"""An in-memory broker for the bus's transport seam (sim.bus.Transport): shards without Mosquitto.
+"""An in-memory broker for the transport seam (sim.mqtt.Transport): shards, the run-nonce handshake
+and the inference link without Mosquitto.
 
-sim.bus's `LocalBroker`, delivering what the buses publish to every bus whose filters
-match in a seeded random order across topics (as a clustered broker may), each message
+sim.mqtt's `LocalBroker`, delivering what its links publish to every link whose filters
+match (and to one member of a matching shared subscription) in a seeded random order
+across topics (as a clustered broker may), each message
 after a random delay of up to `max_delay` seconds on the given clock (so a shard that did
 not wait for a batch would go on without it). Retained messages are kept and handed to
 later subscribers, as MQTT does. Every message published is also recorded, for tests that
@@ -9,7 +11,8 @@ look at what a shard sent.
 
     broker = MemoryBroker(seed=1, clock=clock)
     async with open_bus(config, transport=broker.transport()) as bus: ...
-    # and broker.serve() running beside it
+    worker = RemoteWorker(worker_config, transport=broker.transport())
+    # and broker.serve() running beside them
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from sim.bus import LocalBroker
+from sim.mqtt import LocalBroker
 from sim.shard import Clock
 
 __all__ = ["MemoryBroker"]

@@ -3,7 +3,7 @@
 Found by the fault harness (seed 96 of `make faults SEEDS=51-100 FAULTS_ARGS="--world generated
 --shards 3"`): two players' inputs, acknowledged to their publisher, were on their way to shard 1
 when its connection was reset; the bus reconnected with a clean session, and the broker dropped
-them. The bus now keeps one MQTT 5 session for its life (sim.bus._transport) and takes it up
+them. The bus now keeps one MQTT 5 session for its life (sim.mqtt.MqttTransport) and takes it up
 again on reconnection, so the broker sends them again.
 
 Here the link between the bus and a real Mosquitto runs through the harness's fault proxy:

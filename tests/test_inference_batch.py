@@ -22,8 +22,9 @@ from sim.inference import (
     encode_request,
     open_pool,
 )
-from sim.inference._batch import Batcher, BatchSender
+from sim.inference._batch import BatchSender
 from sim.memory import WorkingMemory
+from sim.protocol.batcher import Batcher
 from sim.wire import topics
 from sim.wire.batch import decode_batch, encode_batch
 from tests.helpers import MosquittoProcess

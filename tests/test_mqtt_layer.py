@@ -1,4 +1,4 @@
-"""sim.mqtt without a broker: the address, its login and TLS options, redaction, the backoff."""
+"""sim.mqtt without a broker: the address, its login and TLS options, redaction, the backoff, the one layer."""
 
 from __future__ import annotations
 
@@ -100,6 +100,24 @@ def test_the_sans_io_modules_do_no_io() -> None:
                 assert not [m for m in modules if m.startswith(io)], (name, modules)
 
 
+def test_only_sim_mqtt_imports_the_mqtt_library() -> None:
+    """One MQTT layer: every other module reaches a broker through sim.mqtt's Transport."""
+    import ast
+
+    import sim
+
+    root = Path(sim.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent == root / "mqtt":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                found += [f"{path.relative_to(root)}: {m}" for m in modules if m.startswith(("aiomqtt", "paho"))]
+    assert not found, found
+
+
 class _FakeClient:
     """Stands in for aiomqtt.Client: fails to connect when told to."""
 
@@ -140,6 +158,27 @@ async def test_stay_connected_logs_lost_and_back_once_and_backs_off_from_the_sta
     assert 0.5 <= delays[2] <= 1 and 1 <= delays[3] <= 2  # ...and from the start again after the success
     assert caplog.text.count("cannot be made") == 1 and caplog.text.count(" lost ") == 1
     assert caplog.text.count("is back") == 1 and "hunter2" not in caplog.text
+
+
+async def test_a_publish_lost_with_its_connection_is_a_lost_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session that lets a link's failed publish out is connected again, as after any loss."""
+    from sim.mqtt._connection import LinkLost
+
+    async def no_wait(delay: float) -> None:
+        return None
+
+    monkeypatch.setattr(asyncio, "sleep", no_wait)
+    sessions = []
+
+    async def session(client: object) -> None:
+        sessions.append(client)
+        if len(sessions) == 1:
+            raise LinkLost("t/x", aiomqtt.MqttError("Disconnected"))
+
+    address = BrokerAddress.parse("mqtt://127.0.0.1:1", env={})
+    await stay_connected(address, session, name="t", policy=ReconnectPolicy(),
+                         connect=lambda: _FakeClient(False))  # type: ignore[arg-type, return-value]
+    assert len(sessions) == 2
 
 
 async def test_stay_connected_gives_up_after_its_patience_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

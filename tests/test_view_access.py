@@ -13,13 +13,12 @@ import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiomqtt
 import httpx
 import pytest
 
 from sim.cli import main
 from sim.errors import BrokerError, ConfigError
-from sim.mqtt import BrokerAddress, CheckedPublisher
+from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.view import LiveView, RunModel, ViewSource, build_app, open_view_server
 from sim.view.access import SECURITY_HEADERS
 from sim.wire.events import PlayerInputMessage
@@ -295,12 +294,14 @@ async def test_a_publish_the_broker_refuses_is_an_error_not_ok() -> None:
     from tests.secured import secured_broker
 
     with secured_broker() as broker:
-        async with aiomqtt.Client("127.0.0.1", broker.port, username="alice", password="alice-Pw-7f3a9",
-                                  protocol=aiomqtt.ProtocolVersion.V5) as alice:
-            publisher = CheckedPublisher(alice, "test")
-            await publisher.publish("npcsim/r/player/alice/input", b"{}")  # her own: taken
+        alice = BrokerAddress(host="127.0.0.1", port=broker.port, username="alice", password="alice-Pw-7f3a9")
+
+        async def speak(link: Link) -> None:
+            await link.publish("npcsim/r/player/alice/input", b"{}", qos=1, retain=False)  # her own: taken
             with pytest.raises(BrokerError, match="refused the publish on npcsim/r/player/bob/input: Not authorized"):
-                await publisher.publish("npcsim/r/player/bob/input", b"{}")
+                await link.publish("npcsim/r/player/bob/input", b"{}", qos=1, retain=False)
+
+        await MqttTransport(alice, name="test", policy=ReconnectPolicy(patience=30), check_refusals=True).run(speak)
         for player, status in (("bob", 503), ("viewer", 200)):
             view = LiveView("acl", player=player)
             async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, \

@@ -13,13 +13,11 @@ has arrived. Places' events and mail are handed over sorted by (tick, id), so as
 scheduling order and the broker's interleaving of topics never reach the results.
 
 The protocol logic is sans-I/O (sim.protocol); the bus is the loop around it, and reaches
-the broker through a `Transport` (MQTT through sim.mqtt by default; `LocalBroker` connects
+the broker through a `sim.mqtt.Transport` (MQTT by default; `sim.mqtt.LocalBroker` connects
 the buses of one process without a broker).
 """
 
 from sim.bus._bus import Bus, BusConfig, BusEvent, Connected, open_bus
-from sim.bus._local import LocalBroker
-from sim.bus._transport import Link, MqttTransport, Transport
 from sim.protocol.mailbox import Mailbox
 from sim.protocol.router import BusStats
 
@@ -29,10 +27,6 @@ __all__ = [
     "BusEvent",
     "BusStats",
     "Connected",
-    "Link",
-    "LocalBroker",
     "Mailbox",
-    "MqttTransport",
-    "Transport",
     "open_bus",
 ]

@@ -16,29 +16,29 @@ mailboxes, de-duplication, bounds): a place's events wait in its intake until th
 appends them to the place's log, directed events in the addressee's mailbox, and what the
 shard must act on (sim.protocol.received) waits in the bus's event queue, with a
 `Connected` after each (re)connection, until the shard takes it at a phase boundary or in
-the barrier wait. The connection is the `Transport`'s (sim.bus._transport; MQTT by default).
+the barrier wait. The connection is the `sim.mqtt.Transport`'s (MQTT by default).
 
-Delivery is QoS 1 (at least once); publishes wait in a bounded outbox while the broker is
-away and, when it is full, the caller gets OutboxFullError: a QoS 1 event is never dropped
-silently. The sender keeps a bounded window of publishes not yet acknowledged.
+Delivery is QoS 1 (at least once): publishes wait in the bus's outbox (sim.bus._sender)
+while the broker is away and, when it is full, the caller gets OutboxFullError: a QoS 1
+event is never dropped silently.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
-import itertools
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Literal
 
 import msgspec
 
-from sim.bus._transport import Link, MqttTransport, Transport
-from sim.errors import BrokerError, BusError, OutboxFullError, single_error
-from sim.mqtt import Backoff, BrokerAddress, ReconnectPolicy
+from sim.bus._sender import Outgoing, Sender
+from sim.bus._traces import TraceBatches
+from sim.errors import single_error
+from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox
 from sim.protocol.received import PlayerInputReceived, Received, WorldStateReceived
@@ -68,7 +68,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
     run_key: RunKey | None = None  # seal and check internal messages (sim.protocol.seal)
     trace_batch: int = 64  # traces per `trace/{shard}` message at most
-    trace_batch_bytes: int = 256 * 1024  # and their JSON's bytes at most (one trace over it goes alone)
+    trace_batch_bytes: int = 256 * 1024  # and its JSON's bytes at most (one trace over it goes alone)
     trace_linger: float = 0.05  # seconds a trace waits for others before its batch goes anyway
 
 
@@ -80,8 +80,6 @@ class Connected(msgspec.Struct, frozen=True):
 
 
 BusEvent = Received | Connected
-
-_Outgoing = tuple[str, bytes, int, bool]
 
 
 class Bus:
@@ -99,24 +97,15 @@ class Bus:
         self._events: collections.deque[BusEvent] = collections.deque()
         self.arrived = asyncio.Event()
         """Set while events wait for `take_events`."""
-        self._outbox: collections.deque[_Outgoing] = collections.deque()
-        self._outbox_ready = asyncio.Event()
-        self._outbox_space = asyncio.Event()
-        self._outbox_space.set()
-        self._inflight = 0
-        self._retry: list[tuple[int, _Outgoing]] = []  # failed publishes, by the order they were sent in
-        self._publishing: set[asyncio.Task[None]] = set()  # publishes waiting for their acknowledgement
-        self._unacknowledged: dict[int, _Outgoing] = {}  # those publishes' messages, by the order they were sent in
-        self._failed = False
-        self._backoff = Backoff(config.reconnect)
+        self._sender = Sender(size=config.outbox_size, window=config.publish_window, reconnect=config.reconnect,
+                              broker=config.broker.url, stats=self.stats)
         self._closing_flush = config.publish_timeout
-        self._connected = asyncio.Event()
-        self._link: Link | None = None
         self._connections = 0
         self._keep_outside: Callable[[PlayerInputReceived | WorldStateReceived], None] | None = None
-        self._traces: list[bytes] = []  # encoded traces of the next `trace/{shard}` batch
-        self._trace_bytes = 0
-        self._traces_waiting = asyncio.Event()
+        self._traces = TraceBatches(
+            topics.trace(config.run, config.shard), self._sender, max_items=config.trace_batch,
+            max_bytes=config.trace_batch_bytes, linger=config.trace_linger,
+        )
 
     # --- mailboxes, routes and what arrived -------------------------------------------
 
@@ -133,7 +122,7 @@ class Bus:
 
     @property
     def connected(self) -> bool:
-        return self._connected.is_set()
+        return self._sender.connected.is_set()
 
     def is_routed(self, topic: str) -> bool:
         """Whether batches on `topic` are taken by this shard (its places, its NPCs' inboxes)."""
@@ -168,12 +157,12 @@ class Bus:
     async def listen_inboxes(self, agents: Iterable[str]) -> None:
         """Deliver each agent's directed events to its mailbox.
 
-        One wildcard subscription (`agent/+/inbox`) for all of them: one subscription per
-        agent took 12 s of start-up at 100,000 NPCs. Inbox messages to other shards' agents
-        (directed events, few) arrive too; the router drops them without a count.
+        One wildcard subscription (`agent/+/inbox`) for all of them, not one per agent (the
+        start-up of a large world). Inbox messages to other shards' agents (directed events,
+        few) arrive too; the router drops them without a count.
         """
         self._router.route_inboxes(agents)
-        wildcard = self._router.agent_prefix + "+/inbox"
+        wildcard = topics.agent_inbox_all(self._router.run)
         if wildcard not in self._filters:
             await self._subscribe([wildcard])
 
@@ -215,8 +204,8 @@ class Bus:
 
     async def _subscribe(self, filters: list[str]) -> None:
         self._filters.extend(filters)
-        link = self._link
-        if link is not None and self._connected.is_set():
+        link = self._sender.link
+        if link is not None:
             await link.subscribe(filters)
 
     # --- publishing ------------------------------------------------------------------
@@ -239,40 +228,14 @@ class Bus:
 
     async def publish_trace(self, message: TraceMessage) -> None:
         """Add the trace to the shard's next `trace/{shard}` batch (a JSON array, in the order
-        they were added): it goes when `trace_batch` traces or `trace_batch_bytes` are
-        waiting, `trace_linger` seconds after the first of them, or when the bus closes. One
-        message per inference was half of what the shard published, each with its own
-        acknowledgement; a viewer sees a trace at most the linger later."""
-        encoded = encode_trace(message)
-        if self._traces and self._trace_bytes + len(encoded) > self.config.trace_batch_bytes:
-            await self.flush_traces()
-        self._traces.append(encoded)
-        self._trace_bytes += len(encoded) + 1
-        if len(self._traces) >= self.config.trace_batch or self._trace_bytes >= self.config.trace_batch_bytes:
-            await self.flush_traces()
-        else:
-            self._traces_waiting.set()
+        they were added, sim.protocol.batcher): it goes when `trace_batch` traces or
+        `trace_batch_bytes` are waiting, `trace_linger` seconds after the first of them, or
+        when the bus closes. A viewer sees a trace at most the linger later."""
+        await self._traces.add(encode_trace(message))
 
     async def flush_traces(self) -> None:
-        """Queue the traces waiting as one `trace/{shard}` message (nothing when none wait).
-
-        The batch leaves the buffer only once the outbox has room for it: a flush cancelled
-        while it waits loses nothing."""
-        topic = topics.trace(self.config.run, self.config.shard)
-        if self._traces:
-            await self._room_for(topic)
-        if self._traces:  # another flush may have taken them while this one waited
-            payload = b"[" + b",".join(self._traces) + b"]"
-            self._traces, self._trace_bytes = [], 0
-            self._traces_waiting.clear()
-            self._enqueue((topic, payload, 1, False))
-
-    async def _trace_flusher(self) -> None:
-        """Send a batch of traces `trace_linger` seconds after its first was added."""
-        while True:
-            await self._traces_waiting.wait()
-            await asyncio.sleep(self.config.trace_linger)
-            await self.flush_traces()
+        """Queue the traces waiting for their batch (nothing when none wait)."""
+        await self._traces.flush()
 
     async def publish_roster(self, message: RosterMessage) -> None:
         """Retained, for viewers that connect later."""
@@ -284,22 +247,7 @@ class Bus:
         While connected a full outbox is backpressure (the caller waits); during an outage
         it is an error, so that nothing is dropped without the caller knowing.
         """
-        await self._room_for(topic)
-        self._enqueue((topic, payload, qos, retain))
-
-    async def _room_for(self, topic: str) -> None:
-        while len(self._outbox) >= self.config.outbox_size:
-            if not self._connected.is_set():
-                raise OutboxFullError(
-                    f"outbox full ({self.config.outbox_size} messages) while the broker "
-                    f"{self.config.broker.url} is unreachable; cannot queue a message for {topic}"
-                )
-            self._outbox_space.clear()
-            await self._outbox_space.wait()
-
-    def _enqueue(self, item: _Outgoing) -> None:
-        self._outbox.append(item)
-        self._outbox_ready.set()
+        await self._sender.publish(Outgoing(topic, payload, qos, retain))
 
     def hurry(self, seconds: float) -> None:
         """Bound the flush on closing to `seconds` (a stopping run does not wait the whole
@@ -310,8 +258,7 @@ class Bus:
         """The `say` messages the broker has not acknowledged yet (in flight, to be retried, or
         queued), as (topic, payload): what a shard keeps with its tick, to send again after
         a kill -9 (a subscriber de-duplicates by inference id)."""
-        waiting = [*(item for _, item in sorted(self._unacknowledged.items())),
-                   *(item for _, item in sorted(self._retry)), *self._outbox]
+        waiting = self._sender.waiting()
         run = self._router.run
         return [(topic, payload) for topic, payload, _, _ in waiting
                 if (parsed := topics.parse(topic)) is not None and parsed.kind == "agent_say" and parsed.run == run]
@@ -320,9 +267,7 @@ class Bus:
         """Send the traces waiting for their batch, then wait until the outbox is empty
         (callers bound it with a timeout)."""
         await self.flush_traces()
-        while self._outbox or self._inflight or self._retry:
-            self._outbox_space.clear()
-            await self._outbox_space.wait()
+        await self._sender.wait_sent()
 
     # --- counting --------------------------------------------------------------------
 
@@ -345,92 +290,15 @@ class Bus:
 
     async def _session(self, link: Link) -> None:
         await link.subscribe(self._filters)
-        self._link = link
         self._connections += 1
         self.stats.reconnects = self._connections - 1
-        self._connected.set()
-        self._outbox_ready.set()
+        self._sender.connect(link)
         self._queue(Connected(again=self._connections > 1))
         async for topic, payload, retained in link.messages():
             self._deliver(topic, payload, retained)
 
-    def _lost(self) -> None:
-        self._connected.clear()
-        self._link = None
-        self._outbox_space.set()
-        for task in self._publishing:  # their acknowledgements went with the connection: sent again
-            task.cancel()
-
     async def _connection_loop(self) -> None:
-        await self._transport.run(self._session, on_lost=self._lost)
-
-    async def _sender(self) -> None:
-        """Publish the outbox in order, with up to `publish_window` publishes unacknowledged.
-
-        A publish is started as soon as the window has room (not in chunks whose slowest
-        acknowledgement holds back the next): QoS 1 needs the broker's PUBACK, not a wait
-        for each one before sending the next. paho hands publishes to the socket in the
-        order they were started, so the broker sees the outbox order. A failed publish
-        (the connection went) is retried first, in its original order, after a backoff;
-        the publishes still waiting for an acknowledgement when a connection is lost are
-        cancelled and retried too (a publish has no timeout of its own: a dead connection
-        is found by the keepalive, and a timer per publish cost more than the publish).
-        """
-        window = asyncio.Semaphore(self.config.publish_window)
-        order = itertools.count()
-        try:
-            async with asyncio.TaskGroup() as group:
-                while True:
-                    await self._outbox_ready.wait()
-                    await self._connected.wait()
-                    if self._failed:
-                        self._failed = False
-                        await asyncio.sleep(self._backoff.next())
-                        continue
-                    link = self._link
-                    if link is None or not (self._retry or self._outbox):
-                        self._outbox_ready.clear()
-                        continue
-                    await window.acquire()
-                    if self._link is not link:  # the connection went while the window was full
-                        window.release()
-                        continue
-                    item = heapq.heappop(self._retry)[1] if self._retry else self._outbox.popleft()
-                    self._inflight += 1
-                    self._outbox_space.set()
-                    seq = next(order)
-                    self._unacknowledged[seq] = item
-                    task = group.create_task(self._publish_one(link, seq, item, window))
-                    self._publishing.add(task)
-                    task.add_done_callback(self._publishing.discard)
-        except BaseExceptionGroup as group_error:
-            raise single_error(group_error) from None
-
-    async def _publish_one(self, link: Link, seq: int, item: _Outgoing, window: asyncio.Semaphore) -> None:
-        topic, payload, qos, retain = item
-        try:
-            await link.publish(topic, payload, qos=qos, retain=retain)
-        except asyncio.CancelledError:
-            self._unacknowledged.pop(seq, None)
-            heapq.heappush(self._retry, (seq, item))  # the connection went (`_lost`), or the bus closes
-            raise
-        except BrokerError:
-            if not self._failed:
-                log.warning("publishing failed (the connection went); retrying after a backoff")
-            self._unacknowledged.pop(seq, None)
-            heapq.heappush(self._retry, (seq, item))
-            self._failed = True
-        except Exception as exc:
-            raise BusError(f"publishing to {topic} failed: {exc!r}") from exc
-        else:
-            self._unacknowledged.pop(seq, None)
-            self.stats.messages_out += 1
-            self._backoff.reset()
-        finally:
-            self._inflight -= 1
-            window.release()
-            self._outbox_space.set()
-            self._outbox_ready.set()
+        await self._transport.run(self._session, on_lost=self._sender.lost)
 
 
 def _mqtt_transport(config: BusConfig) -> MqttTransport:
@@ -441,9 +309,11 @@ def _mqtt_transport(config: BusConfig) -> MqttTransport:
         name=f"bus of shard {config.shard}",
         policy=config.reconnect,
         protocol=config.protocol,
-        will=(topics.status(config.run, config.shard), offline),
+        will=LastWill(topics.status(config.run, config.shard), offline, retain=True),
         timeout=config.publish_timeout,
         max_inflight=config.publish_window,
+        keep_session=True,
+        publish_timeout=math.inf,  # no timer per message: the sender cancels what a lost connection holds
     )
 
 
@@ -458,16 +328,16 @@ async def open_bus(config: BusConfig, *, transport: Transport | None = None) -> 
     try:
         async with asyncio.TaskGroup() as group:
             connection = group.create_task(bus._connection_loop(), name="bus-connection")
-            sender = group.create_task(bus._sender(), name="bus-sender")
-            flusher = group.create_task(bus._trace_flusher(), name="bus-traces")
-            await bus._connected.wait()
+            sender = group.create_task(bus._sender.run(), name="bus-sender")
+            flusher = group.create_task(bus._traces.run(), name="bus-traces")
+            await bus._sender.connected.wait()
             try:
                 yield bus
                 try:
                     async with asyncio.timeout(bus._closing_flush):
                         await bus.wait_sent()
                 except TimeoutError:
-                    unsent = len(bus._outbox) + bus._inflight + len(bus._retry)
+                    unsent = bus._sender.unsent()
                     why = "broker unreachable" if not bus.connected else f"not sent within {bus._closing_flush:g} s"
                     log.warning("closing the bus with %d unsent messages (%s)", unsent, why)
             finally:

@@ -17,13 +17,12 @@ import contextlib
 import sys
 from typing import Any
 
-import aiomqtt
 import msgspec
 
 from sim.cli._attach import local_broker
 from sim.cli._broker import add_broker_arguments, broker_address, tls_files
 from sim.cli._terminal import Out, Piece, json_line
-from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.seal import unchecked_body
 from sim.wire import topics
 from sim.wire.events import SayMessage, decode_say
@@ -85,27 +84,28 @@ def decoded(payload: bytes) -> tuple[bool, Any]:
     return signed, value
 
 
-async def _subscribe(address: BrokerAddress, args: argparse.Namespace, out: Out, note: Out) -> None:
-    """Print every line said (or message); rides out a broker restart like every npcsim client."""
+async def _subscribe(
+    address: BrokerAddress, args: argparse.Namespace, out: Out, note: Out, *, transport: Transport | None = None
+) -> None:
+    """Print every line said (or message); rides out a broker restart like every npcsim client.
+    `transport` defaults to MQTT to `address`."""
     everything = f"{topics.ROOT}/{args.run}/#"
     topic = everything if args.all else f"{topics.ROOT}/{args.run}/agent/{args.agent}/say"
     told = False
 
-    async def session(client: aiomqtt.Client) -> None:
+    async def session(link: Link) -> None:
         nonlocal told
-        await client.subscribe(topic, qos=1)
+        await link.subscribe([topic])
         if not told:
             note.record(f"connected to {address.url}, waiting for {'messages' if args.all else 'lines'} on {topic}")
             told = True
-        async for message in client.messages:
-            raw = message.payload
-            payload = bytes(raw) if isinstance(raw, bytes | bytearray) else b""
+        async for received, payload, _ in link.messages():
             if args.all:
-                _print_any(out, message.topic.value, payload, json=args.json)
+                _print_any(out, received, payload, json=args.json)
             else:
-                _print_say(out, message.topic.value, payload, json=args.json)
+                _print_say(out, received, payload, json=args.json)
 
-    await stay_connected(address, session, name="subscribe", policy=ReconnectPolicy())
+    await (transport or MqttTransport(address, name="subscribe", policy=ReconnectPolicy())).run(session)
 
 
 def say_record(say: SayMessage) -> list[Piece]:

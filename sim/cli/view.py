@@ -20,15 +20,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiomqtt
-
 from sim.cli._attach import local_broker, no_local_run
 from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import port_number
 from sim.cli._terminal import Out
 from sim.cli._values import player_name, run_id
 from sim.errors import ConfigError
-from sim.mqtt import BrokerAddress, ReconnectPolicy, stay_connected
+from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.scenario import load_scenario
 from sim.wire import topics
 
@@ -120,17 +118,17 @@ async def _check_run(address: BrokerAddress, run: str) -> None:
     """The broker knows run `run` (a shard's retained status), or a ConfigError naming the runs it knows."""
     known: set[str] = set()
 
-    async def session(client: aiomqtt.Client) -> None:
-        await client.subscribe(f"{topics.ROOT}/+/status/+", qos=1)
+    async def session(link: Link) -> None:
+        await link.subscribe([f"{topics.ROOT}/+/status/+"])
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_PROBE_S):
-                async for message in client.messages:
-                    if (status := topics.parse(message.topic.value)) is not None:
+                async for topic, _, _ in link.messages():
+                    if (status := topics.parse(topic)) is not None:
                         known.add(status.run)
                     if run in known:
                         return
 
-    await stay_connected(address, session, name="view", policy=ReconnectPolicy(patience=_PROBE_S))
+    await MqttTransport(address, name="view", policy=ReconnectPolicy(patience=_PROBE_S)).run(session)
     if run not in known:
         there = f"runs there: {', '.join(sorted(known))}" if known else "it knows of no run"
         raise ConfigError(f"--run {run}: no such run on {address.url} (no shard of it left a status there; {there})")

@@ -2,16 +2,16 @@
 
 One MQTT message per request caps the remote path at the broker's per-message cost (about
 1,000 round trips/s here, whatever the backend). So requests travel to the workers, and
-replies back, in batches: a batch goes out when it holds `max_items`, when its oldest item
-has waited `linger` seconds, or at once when an item's deadline is nearer than the linger. Inside a
-batch, items are ordered by (priority, arrival): the pool's priority order survives the
-trip. A worker serves each request of a batch on its own and puts each reply in the reply
+replies back, in batches: a batch goes out when it holds `MAX_ITEMS`, when its oldest item
+has waited `LINGER` seconds, or at once when an item's deadline is nearer than the linger.
+Inside a batch, items are ordered by (priority, arrival): the pool's priority order
+survives the trip. A worker serves each request of a batch on its own and puts each reply in the reply
 batch of the moment it is ready, so one slow request never holds the others' replies.
 
-`Batcher` is sans-I/O: items and the time in, batches out; no awaits, no clock of its own.
-`BatchSender` is the thin async shell that sleeps until a batch is due and hands it to a
-`send` coroutine; while one batch is being sent, the next one fills up, so batches grow
-with the load on their own.
+The batching itself is `sim.protocol.batcher.Batcher` (sans-I/O, shared with the bus's
+traces). `BatchSender` is the thin async shell that sleeps until a batch is due and hands
+it to a `send` coroutine; while one batch is being sent, the next one fills up, so batches
+grow with the load on their own.
 
 `read_batch` is the receiving end, the same at the pool and at a worker: a message's
 well-formed items, once its seal is checked; what is malformed is counted and logged once.
@@ -29,10 +29,11 @@ from typing import Generic, TypeVar
 import msgspec
 
 from sim.inference._counters import Counters, LogOnce
+from sim.protocol.batcher import Batcher
 from sim.protocol.seal import RunKey, unseal
 from sim.wire.batch import decode_batch
 
-__all__ = ["LINGER", "MAX_ITEMS", "BatchSender", "Batcher", "read_batch"]
+__all__ = ["LINGER", "MAX_ITEMS", "BatchSender", "read_batch"]
 
 MAX_ITEMS = 64
 """Items per message: big enough to amortise the per-message cost, small enough that one
@@ -43,70 +44,6 @@ LINGER = 0.002
 
 T = TypeVar("T")
 S = TypeVar("S", bound=msgspec.Struct)
-
-
-class _Entry(Generic[T]):
-    __slots__ = ("deadline", "item", "key")
-
-    def __init__(self, item: T, priority: int, arrival: int, deadline: float) -> None:
-        self.item = item
-        self.key = (priority, arrival)
-        self.deadline = deadline
-
-
-class Batcher(Generic[T]):
-    """Collects items into batches by count, linger and deadline; the caller gives the time.
-
-    `now` and the deadlines are in one clock (the transport uses unix seconds, as the
-    requests' deadlines are).
-    """
-
-    def __init__(self, *, max_items: int = MAX_ITEMS, linger: float = LINGER) -> None:
-        if max_items < 1 or linger < 0:
-            raise ValueError(f"need max_items >= 1 and linger >= 0, got {max_items} and {linger}")
-        self.max_items = max_items
-        self.linger = linger
-        self._entries: list[_Entry[T]] = []
-        self._arrival = 0
-        self._opened = 0.0  # when the oldest waiting item arrived
-        self._earliest_deadline = float("inf")
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def add(self, item: T, *, priority: int, deadline: float, now: float) -> None:
-        if not self._entries:
-            self._opened = now
-        self._entries.append(_Entry(item, priority, self._arrival, deadline))
-        self._arrival += 1
-        self._earliest_deadline = min(self._earliest_deadline, deadline)
-
-    def due(self) -> float | None:
-        """When the waiting items must go at the latest; None when nothing waits."""
-        if not self._entries:
-            return None
-        if len(self._entries) >= self.max_items or self._earliest_deadline <= self._opened + self.linger:
-            return self._opened  # full, or an item cannot afford to linger: now
-        return self._opened + self.linger
-
-    def ready(self, now: float) -> bool:
-        due = self.due()
-        return due is not None and now >= due
-
-    def take(self, now: float) -> tuple[list[T], list[T]]:
-        """The next batch (at most `max_items`, by priority then arrival) and the expired items.
-
-        Expired items (deadline <= now) are never sent: the caller answers them itself.
-        What does not fit stays, and is due at once.
-        """
-        live = [e for e in self._entries if e.deadline > now]
-        expired = [e.item for e in self._entries if e.deadline <= now]
-        live.sort(key=lambda e: e.key)
-        batch, rest = live[: self.max_items], live[self.max_items :]
-        self._entries = rest
-        self._opened = now - self.linger if rest else 0.0
-        self._earliest_deadline = min((e.deadline for e in rest), default=float("inf"))
-        return [e.item for e in batch], expired
 
 
 class BatchSender(Generic[T]):

@@ -9,7 +9,7 @@ payloads are counted, logged once per kind, and dropped. Requests and replies tr
 batches (`sim.inference._batch`); with a run key every payload is sealed
 (`sim.protocol.seal`).
 
-The link connects through `sim.mqtt` and rides out a broker restart: it re-sends, on the
+The link connects through a `sim.mqtt.Transport` (MQTT by default) and rides out a broker restart: it re-sends, on the
 new connection, every request still waiting for its reply, and again with backoff
 (`sim.backoff`) until it is answered, since workers come back on their own schedule (a
 worker's second answer is counted as late). A worker that dies holding requests (kill -9)
@@ -34,19 +34,19 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aiomqtt
 import msgspec
 
 from sim.backoff import Backoff, BackoffPolicy
-from sim.errors import single_error
-from sim.inference._batch import Batcher, BatchSender, read_batch
+from sim.errors import BrokerError, single_error
+from sim.inference._batch import LINGER, MAX_ITEMS, BatchSender, read_batch
 from sim.inference._config import PoolConfig
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import Dispatch
 from sim.inference._fallback import fallback_result
 from sim.inference._guard import FactGuard
 from sim.inference._replies import reply_problem
-from sim.mqtt import open_client, stay_connected
+from sim.mqtt import Link, MqttTransport, Transport, topic_matches
+from sim.protocol.batcher import Batcher
 from sim.protocol.seal import seal
 from sim.wire import topics
 from sim.wire.batch import encode_batch
@@ -86,22 +86,25 @@ class _PoolLink:
         self.identifier = f"npcsim-pool-{config.shard}-{uuid.uuid4().hex[:8]}"
         self.waiting: dict[str, _Waiting] = {}
         self.connected = asyncio.Event()
-        self.client: aiomqtt.Client | None = None
+        self.link: Link | None = None
         self.connection = 0
-        self.outbox = BatchSender(Batcher[_Waiting](), self.send_batch, self.expire)
+        self.outbox = BatchSender(Batcher[_Waiting](max_items=MAX_ITEMS, linger=LINGER), self.send_batch, self.expire)
 
-    def new_client(self) -> aiomqtt.Client:
-        return open_client(self.config.broker, identifier=self.identifier, max_inflight=2 * self.config.max_in_flight)
+    def transport(self) -> MqttTransport:
+        return MqttTransport(
+            self.config.broker, name=f"inference pool of shard {self.config.shard}", policy=self.config.reconnect,
+            identifier=self.identifier, max_inflight=2 * self.config.max_in_flight,
+        )
 
     def lost(self) -> None:
         self.connected.clear()
-        self.client = None
+        self.link = None
 
-    async def session(self, client: aiomqtt.Client) -> None:
-        await client.subscribe(self.response_topic, qos=1)
-        await client.subscribe(self.workers_topic, qos=1)
+    async def session(self, link: Link) -> None:
+        await link.subscribe([self.response_topic])
+        await link.subscribe([self.workers_topic])
         self.connection += 1
-        self.client = client
+        self.link = link
         self.connected.set()
         resend = [w for w in self.waiting.values() if w.sent_on != self.connection and not w.future.done()]
         if resend and self.connection > 1:
@@ -109,19 +112,19 @@ class _PoolLink:
             self.counters.resent += len(resend)
         for entry in resend:
             entry.resending = entry.resending or self.connection > 1
-            await self.send(client, entry)
+            await self.send(link, entry)
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.resend_unanswered(client))
-            async for message in client.messages:
-                if message.topic.matches(self.workers_topic):
-                    self.worker_gone(message)
+            tg.create_task(self.resend_unanswered(link))
+            async for topic, payload, _ in link.messages():
+                if topic_matches(topic, self.workers_topic):
+                    self.worker_gone(topic, payload)
                 else:
-                    self.receive(message)
+                    self.receive(topic, payload)
 
     def unanswered(self) -> list[_Waiting]:
         return [w for w in self.waiting.values() if w.resending and not w.future.done()]
 
-    async def resend_unanswered(self, client: aiomqtt.Client) -> None:
+    async def resend_unanswered(self, link: Link) -> None:
         """Re-send requests that waited through an outage or lost their worker, with backoff, until answered.
 
         Workers come back on their own schedule, and a shared subscription with nobody
@@ -141,19 +144,15 @@ class _PoolLink:
                 pass
             again = self.unanswered()
             for entry in again:
-                await self.send(client, entry)
+                await self.send(link, entry)
             self.counters.resent += len(again)
             await asyncio.sleep(RESEND_GAP)
 
-    def worker_gone(self, message: aiomqtt.Message) -> None:
+    def worker_gone(self, topic: str, payload: bytes) -> None:
         """A worker's last will: every request sent and not answered yet goes out again."""
-        topic = message.topic.value
-        payload = message.payload
         key = self.config.run_key
-        body: bytes | None = None
-        if isinstance(payload, bytes) and key is None:
-            body = payload
-        elif isinstance(payload, bytes) and key is not None:
+        body: bytes | None = payload
+        if key is not None:
             opened = key.open_any(topic, payload)  # a worker seals for any instance of the run
             body = None if opened is None else opened[1]
         if body != WORKER_OFFLINE:
@@ -172,22 +171,23 @@ class _PoolLink:
         if held:
             self.resend_due.set()
 
-    async def send(self, client: aiomqtt.Client, entry: _Waiting) -> None:
+    async def send(self, link: Link, entry: _Waiting) -> None:
         """One request alone, at once: the re-sends after a reconnect."""
         entry.sent_on = self.connection
         body = encode_request(entry.request)
-        await client.publish(self.request_topic, seal(self.config.run_key, self.request_topic, body), qos=1)
+        await link.publish(self.request_topic, seal(self.config.run_key, self.request_topic, body), qos=1, retain=False)
 
     async def send_batch(self, batch: list[_Waiting]) -> None:
         """One message for a batch; on a lost connection the reconnect re-sends each request."""
-        client = self.client
+        link = self.link
         live = [entry for entry in batch if not entry.future.done()]
-        if client is None or not live:
+        if link is None or not live:
             return
         body = encode_batch([entry.request for entry in live])
         try:
-            await client.publish(self.request_topic, seal(self.config.run_key, self.request_topic, body), qos=1)
-        except aiomqtt.MqttError as exc:
+            await link.publish(self.request_topic, seal(self.config.run_key, self.request_topic, body), qos=1,
+                               retain=False)
+        except BrokerError as exc:
             self.warn("publish-failed", "%d requests not sent yet (%s); they go out after the reconnect",
                       len(live), exc)
 
@@ -197,20 +197,20 @@ class _PoolLink:
             if not entry.future.done():
                 entry.future.set_result(self.give_up(entry.request, "stale"))
 
-    def receive(self, message: aiomqtt.Message) -> None:
+    def receive(self, topic: str, payload: bytes) -> None:
         results = read_batch(
-            message.payload, decode_result, topic=message.topic.value, key=self.config.run_key, what="reply",
+            payload, decode_result, topic=topic, key=self.config.run_key, what="reply",
             counters=self.counters, warn=self.warn,
         )
         for result in results:
-            self.accept(message, result)
+            self.accept(topic, result)
 
-    def accept(self, message: aiomqtt.Message, result: InferenceResult) -> None:
+    def accept(self, topic: str, result: InferenceResult) -> None:
         counters = self.counters
         entry = self.waiting.get(result.id)
         if entry is None or entry.future.done():
             counters.late_replies += 1
-            log.debug("late or unknown reply %s on %s dropped", result.id, message.topic)
+            log.debug("late or unknown reply %s on %s dropped", result.id, topic)
             return
         problem = reply_problem(entry.request, result, self.config.max_line_chars, self.guard)
         if problem is not None:
@@ -237,8 +237,7 @@ class _PoolLink:
         try:
             async with asyncio.timeout(wait):
                 await self.connected.wait()
-                client = self.client
-                if client is not None and entry.sent_on != self.connection:
+                if self.link is not None and entry.sent_on != self.connection:
                     entry.sent_on = self.connection  # in the next batch; the reconnect re-sends it if lost
                     self.outbox.put(entry, priority=request.priority, deadline=request.deadline)
                 result = await future
@@ -261,17 +260,17 @@ class _PoolLink:
 
 
 @contextlib.asynccontextmanager
-async def open_mqtt_dispatch(config: PoolConfig, counters: Counters, guard: FactGuard) -> AsyncIterator[Dispatch]:
+async def open_mqtt_dispatch(
+    config: PoolConfig, counters: Counters, guard: FactGuard, *, transport: Transport | None = None
+) -> AsyncIterator[Dispatch]:
     """Connect (a BrokerError after the reconnect patience), subscribe to this shard's replies,
     and hand out the dispatch function; the connection is kept up until the block ends.
-    Replies are judged again with `guard`, the workers' fact guard."""
+    Replies are judged again with `guard`, the workers' fact guard. `transport` defaults to
+    MQTT to `config.broker`."""
     link = _PoolLink(config, counters, guard)
     try:
         async with asyncio.TaskGroup() as tg:
-            connection = tg.create_task(stay_connected(
-                config.broker, link.session, name=f"inference pool of shard {config.shard}",
-                policy=config.reconnect, connect=link.new_client, on_lost=link.lost,
-            ))
+            connection = tg.create_task((transport or link.transport()).run(link.session, on_lost=link.lost))
             sender = tg.create_task(link.outbox.run())
             try:
                 await link.connected.wait()

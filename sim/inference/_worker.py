@@ -19,15 +19,15 @@ import asyncio
 import logging
 import uuid
 
-import aiomqtt
-
-from sim.inference._batch import Batcher, BatchSender, read_batch
+from sim.errors import BrokerError
+from sim.inference._batch import LINGER, MAX_ITEMS, BatchSender, read_batch
 from sim.inference._config import WorkerConfig
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
-from sim.mqtt import open_client, stay_connected
+from sim.mqtt import LastWill, Link, MqttTransport, Transport
+from sim.protocol.batcher import Batcher
 from sim.protocol.seal import RunKey, seal, sealed_nonce
 from sim.wire import topics
 from sim.wire.batch import encode_batch
@@ -45,13 +45,19 @@ class RemoteWorker:
 
     It reconnects per its reconnect policy (forever by default) when the broker goes away;
     `ready` is set while it is subscribed. At most `concurrency` requests are served at
-    once; the rest wait in the client's queue, and the deadline check drops those that
+    once; the rest wait in the connection's queue, and the deadline check drops those that
     waited too long. Its output check uses `fact_guard`, or the one `config.fact_guard` names:
-    the same guard as the run's pool, which judges the replies again.
+    the same guard as the run's pool, which judges the replies again. `transport` defaults
+    to MQTT to `config.broker`, with the worker's last will.
     """
 
     def __init__(
-        self, config: WorkerConfig, *, backend: Backend | None = None, fact_guard: FactGuard | None = None
+        self,
+        config: WorkerConfig,
+        *,
+        backend: Backend | None = None,
+        fact_guard: FactGuard | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.config = config
         self.guard = fact_guard if fact_guard is not None else load_fact_guard(config.fact_guard)
@@ -61,6 +67,10 @@ class RemoteWorker:
         self._counters = Counters()
         self._warn = LogOnce(log)
         self._request_topic = topics.infer_request_shared(config.run_id, config.group)
+        self._transport = transport or MqttTransport(
+            config.broker, name=f"worker {self.name}", policy=config.reconnect, identifier=self.name,
+            max_inflight=4 * config.concurrency, will=self._last_will(),
+        )
 
     def statistics(self) -> PoolStatistics:
         return self._counters.snapshot()
@@ -75,19 +85,14 @@ class RemoteWorker:
             await self._reconnecting(backend)
 
     async def _reconnecting(self, backend: Backend) -> None:
-        async def session(client: aiomqtt.Client) -> None:
-            await self._session(client, backend)
+        async def session(link: Link) -> None:
+            await self._session(link, backend)
 
-        await stay_connected(
-            self.config.broker, session, name=f"worker {self.name}", policy=self.config.reconnect,
-            connect=lambda: open_client(self.config.broker, identifier=self.name,
-                                        max_inflight=4 * self.config.concurrency, will=self._last_will()),
-            on_lost=self.ready.clear,
-        )
+        await self._transport.run(session, on_lost=self.ready.clear)
 
-    async def _session(self, client: aiomqtt.Client, backend: Backend) -> None:
+    async def _session(self, link: Link, backend: Backend) -> None:
         slots = asyncio.Semaphore(self.config.concurrency)
-        await client.subscribe(self._request_topic, qos=1)
+        await link.subscribe([self._request_topic])
 
         async def send(batch: list[tuple[_ReplyTo, InferenceResult]]) -> None:
             """One message per shard (and run instance); a lost connection ends the session, which reconnects."""
@@ -97,23 +102,25 @@ class RemoteWorker:
             for (shard, nonce), results in by_shard.items():
                 topic = topics.infer_response(self.config.run_id, shard)
                 try:
-                    await client.publish(topic, seal(self._key_for(nonce), topic, encode_batch(results)), qos=1)
-                except aiomqtt.MqttError as exc:
+                    await link.publish(topic, seal(self._key_for(nonce), topic, encode_batch(results)), qos=1,
+                                       retain=False)
+                except BrokerError as exc:
                     self._warn("reply-lost", "%d replies lost with the connection (%s); the pool re-sends or "
                                "times them out", len(results), exc)
                     raise
 
         serving: set[tuple[str, str]] = set()  # (shard, request id): a pool's re-send of one of them waits for it
         # Replies never expire here: a late one is the pool's to count (its deadline has a grace).
-        replies = BatchSender(Batcher[tuple[_ReplyTo, InferenceResult]](), send, lambda _: None)
+        batcher = Batcher[tuple[_ReplyTo, InferenceResult]](max_items=MAX_ITEMS, linger=LINGER)
+        replies = BatchSender(batcher, send, lambda _: None)
         self.ready.set()
         log.info("worker %s serving %s with backend %s", self.name, self._request_topic, backend.name)
         async with asyncio.TaskGroup() as tg:
             sender = tg.create_task(replies.run())
             try:
-                async for message in client.messages:
-                    nonce = sealed_nonce(message.payload) if isinstance(message.payload, bytes) else None
-                    for request in self._requests(message):
+                async for _, payload, _ in link.messages():
+                    nonce = sealed_nonce(payload)
+                    for request in self._requests(payload):
                         if (request.shard, request.id) in serving:
                             log.debug("request %s is being served here already: its re-send dropped", request.id)
                             continue
@@ -149,21 +156,22 @@ class RemoteWorker:
         c.count_result(result)
         replies.put((reply_to, result), priority=request.priority, deadline=float("inf"))
 
-    def _last_will(self) -> aiomqtt.Will:
+    def _last_will(self) -> LastWill:
         """What the broker says for this worker when its connection dies: "offline", sealed (no nonce:
         the worker serves every instance of the run)."""
         topic = topics.infer_worker(self.config.run_id, self.name)
-        return aiomqtt.Will(topic, seal(self.config.run_key, topic, WORKER_OFFLINE), qos=1, retain=False)
+        return LastWill(topic, seal(self.config.run_key, topic, WORKER_OFFLINE), retain=False)
 
     def _key_for(self, nonce: bytes | None) -> RunKey | None:
         """The key a reply is sealed with: the run key, for the run instance that asked."""
         key = self.config.run_key
         return None if key is None else key if nonce is None else key.for_run(nonce)
 
-    def _requests(self, message: aiomqtt.Message) -> list[InferenceRequest]:
+    def _requests(self, payload: bytes) -> list[InferenceRequest]:
         """The well-formed, sealed requests of a message whose shard can name a reply topic."""
+        request_topic = topics.infer_request(self.config.run_id)
         decoded = read_batch(
-            message.payload, decode_request, topic=topics.infer_request(self.config.run_id),
+            payload, decode_request, topic=request_topic,
             key=self.config.run_key, what="request", counters=self._counters, warn=self._warn,
         )
         requests = []
@@ -172,7 +180,7 @@ class RemoteWorker:
                 topics.check_segment("shard", request.shard)
             except ValueError as exc:
                 self._counters.malformed += 1
-                self._warn("request-shard", "request on %s dropped: %s", message.topic, exc)
+                self._warn("request-shard", "request on %s dropped: %s", request_topic, exc)
                 continue
             requests.append(request)
         return requests

@@ -4,7 +4,7 @@ aiomqtt waits for a QoS 1 publish's PUBACK but drops its reason code, and an MQT
 answers a publish its ACL refuses with a PUBACK "Not authorized" (Mosquitto 2 does): the
 publish returns as if it had been taken. `CheckedPublisher` sees the reason code by
 wrapping the client's PUBACK callback (aiomqtt's paho client, `Client._client`: there is no
-public way; tests/test_view_server.py pins it against a real Mosquitto with the shipped
+public way; tests/test_view_access.py pins it against a real Mosquitto with the shipped
 ACL) and publishes one message at a time, so the PUBACK it sees is its own. Under MQTT
 3.1.1 a PUBACK carries no reason code: a refusal cannot be seen there.
 """

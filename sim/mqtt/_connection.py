@@ -37,7 +37,7 @@ from sim.errors import BrokerError
 from sim.mqtt._address import BrokerAddress, redact
 
 __all__ = [
-    "ReconnectPolicy", "login_refused", "mqtt_error", "open_client", "refused_error", "stay_connected",
+    "LinkLost", "ReconnectPolicy", "login_refused", "mqtt_error", "open_client", "refused_error", "stay_connected",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,15 @@ class ReconnectPolicy(BackoffPolicy, frozen=True, kw_only=True):
     """
 
     patience: float | None = 30.0
+
+
+class LinkLost(BrokerError):
+    """A publish failed because its connection went; raised out of a session, `stay_connected`
+    connects again as for any lost connection."""
+
+    def __init__(self, topic: str, error: aiomqtt.MqttError) -> None:
+        super().__init__(f"publishing to {topic} failed: {redact(str(error))}")
+        self.error = error
 
 
 def open_client(
@@ -115,9 +124,11 @@ def _session_options(protocol: Literal[5, 311], expiry: int | None, *, resume: b
 
 
 def mqtt_error(exc: BaseException) -> aiomqtt.MqttError | None:
-    """The MQTT error behind `exc` (itself, or the only kind inside a task group's error)."""
+    """The MQTT error behind `exc` (itself, a lost link's, or the only kind inside a task group's error)."""
     if isinstance(exc, aiomqtt.MqttError):
         return exc
+    if isinstance(exc, LinkLost):
+        return exc.error
     if isinstance(exc, BaseExceptionGroup):
         inner = [mqtt_error(e) for e in exc.exceptions]
         if inner and all(e is not None for e in inner):
@@ -171,7 +182,7 @@ async def stay_connected(
                 backoff.reset()
                 await session(client)
                 return
-        except (aiomqtt.MqttError, BaseExceptionGroup) as exc:
+        except (aiomqtt.MqttError, LinkLost, BaseExceptionGroup) as exc:
             error = mqtt_error(exc)
             if error is None:
                 raise

@@ -7,6 +7,8 @@
   de-duplication;
 - `sim.protocol.outbox`: a tick's events batched per topic, sealed for the broker when
   another shard takes them;
+- `sim.protocol.batcher`: items batched by count, bytes, linger and deadline (the bus's
+  traces, the inference transport's requests and replies);
 - `sim.protocol.barrier`: the tick barrier's bookkeeping;
 - `sim.protocol.bounds`: bounds on outside input (per message and per tick) and the
   refusal counter;

@@ -94,7 +94,6 @@ class Router:
         self._logged: set[str] = set()
         self.run = run
         self.world_topic = topics.world_state(run)
-        self.agent_prefix = topics.run_root(run) + "/agent/"
         self._player_input = self._world_state = self._barrier = False
         # Batches of earlier ticks are re-sends whose events were perceived already (the
         # shard raises this to the tick whose barrier it waits for): they are dropped.

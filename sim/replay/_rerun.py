@@ -26,11 +26,11 @@ from typing import Any
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.bus import BusConfig, LocalBroker, open_bus
+from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, InferenceError
 from sim.inference import InferenceRequest, PoolConfig, Reply, open_pool
 from sim.memory import WorkingMemory, WorkingMemoryConfig
-from sim.mqtt import BrokerAddress
+from sim.mqtt import BrokerAddress, LocalBroker
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
 from sim.shard import RunConfig, RunStats, Shard, ShardContext, hot_limit

@@ -28,11 +28,10 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-import aiomqtt
 import msgspec
 
 from sim.errors import ConfigError, single_error
-from sim.mqtt import BrokerAddress, ReconnectPolicy, open_client, stay_connected
+from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.seal import RunKey, new_nonce, sealed_nonce
 from sim.scenario import Scenario
 from sim.shard._clock import Clock
@@ -144,34 +143,37 @@ async def learn_run_nonce(
     shards: int,
     clock: Clock,
     protocol: Literal[5, 311] = 5,
+    transport: Transport | None = None,
 ) -> bytes:
-    """Ask shard 0 for the run nonce until it answers (sim.protocol.seal); the nonce."""
+    """Ask shard 0 for the run nonce until it answers (sim.protocol.seal); the nonce.
+
+    `transport` defaults to MQTT to `address`."""
     learned: list[bytes] = []
 
-    async def session(client: aiomqtt.Client) -> None:
+    async def session(link: Link) -> None:
         try:
-            await _ask(client, key, run_id, shard, shards, clock, learned)
+            await _ask(link, key, run_id, shard, shards, clock, learned)
         except BaseExceptionGroup as group:
             raise single_error(group) from None
 
     log.info("shard %s: asking shard 0 for the run nonce", shard)
-    await stay_connected(
-        address, session, name=f"shard {shard} (run nonce)", policy=ReconnectPolicy(initial=0.05),
-        connect=lambda: open_client(address, protocol=protocol),
+    transport = transport or MqttTransport(
+        address, name=f"shard {shard} (run nonce)", policy=ReconnectPolicy(initial=0.05), protocol=protocol
     )
+    await transport.run(session)
     log.info("shard %s: shard 0 told the run nonce", shard)
     return learned[0]
 
 
 async def _ask(
-    client: aiomqtt.Client, key: RunKey, run_id: str, shard: str, shards: int, clock: Clock, learned: list[bytes]
+    link: Link, key: RunKey, run_id: str, shard: str, shards: int, clock: Clock, learned: list[bytes]
 ) -> None:
     answered = asyncio.Event()
     challenges: set[str] = set()
 
     async def listen() -> None:
-        async for message in client.messages:
-            nonce = _welcome_nonce(message, key, run_id, shards, challenges)
+        async for topic, payload, _ in link.messages():
+            nonce = _welcome_nonce(topic, payload, key, run_id, shards, challenges)
             if nonce is not None:
                 learned.append(nonce)
                 answered.set()
@@ -179,7 +181,7 @@ async def _ask(
 
     hello_topic = topics.barrier(run_id, shard)
     unbound = RunKey(key.secret)  # a Hello is sealed with the unbound nonce
-    await client.subscribe(topics.barrier(run_id, "0"), qos=1)
+    await link.subscribe([topics.barrier(run_id, "0")])
     async with asyncio.TaskGroup() as group:
         listener = group.create_task(listen())
         hellos = 0
@@ -187,7 +189,7 @@ async def _ask(
             challenge = secrets.token_hex(16)
             challenges.add(challenge)
             hello = Hello(shard=shard, shards=shards, challenge=challenge)
-            await client.publish(hello_topic, unbound.sign(hello_topic, encode_barrier(hello)), qos=1)
+            await link.publish(hello_topic, unbound.sign(hello_topic, encode_barrier(hello)), qos=1, retain=False)
             hellos += 1
             if hellos % _SAY_WAITING_EVERY == 0:
                 log.warning("shard %s: waiting for shard 0 to tell the run nonce (asked %d times); "
@@ -197,13 +199,10 @@ async def _ask(
 
 
 def _welcome_nonce(
-    message: aiomqtt.Message, key: RunKey, run_id: str, shards: int, challenges: set[str]
+    topic: str, payload: bytes, key: RunKey, run_id: str, shards: int, challenges: set[str]
 ) -> bytes | None:
     """The nonce of a Welcome from shard 0 answering one of our challenges, sealed with it; else None."""
-    payload = message.payload
-    if not isinstance(payload, bytes):
-        return None
-    opened = key.open_any(message.topic.value, payload)
+    opened = key.open_any(topic, payload)
     if opened is None:
         return None
     nonce, body = opened

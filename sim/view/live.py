@@ -2,10 +2,10 @@
 
 The viewer reads public topics, the trace and the roster only (DESIGN.md, "Trust
 boundary"), and publishes nothing but the input of the one player its operator named. It
-connects through `sim.mqtt` like every npcsim client: login from the URL or the
-environment, TLS, the one reconnect policy; it waits for its broker as long as it takes.
-A publish the broker refuses (an ACL that does not let this login speak as that player)
-is a BrokerError, not a success (`sim.mqtt.CheckedPublisher`).
+connects through a `sim.mqtt.Transport` like every npcsim client: login from the URL or
+the environment, TLS, the one reconnect policy; it waits for its broker as long as it
+takes. A publish the broker refuses (an ACL that does not let this login speak as that
+player) is a BrokerError, not a success (`MqttTransport(check_refusals=True)`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import aiomqtt
-
 from sim.errors import BrokerError
-from sim.mqtt import BrokerAddress, CheckedPublisher, ReconnectPolicy, stay_connected
+from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.view.model import RunModel
 from sim.view.server import DEFAULT_PLAYER, ViewSource
 from sim.wire import topics
@@ -28,11 +26,17 @@ __all__ = ["LiveFeed", "LiveView"]
 class LiveFeed:
     """`await feed.run()` keeps the model current until cancelled, reconnecting when the broker goes."""
 
-    def __init__(self, model: RunModel, address: BrokerAddress, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, model: RunModel, address: BrokerAddress, clock: Callable[[], float] = time.monotonic,
+        *, transport: Transport | None = None,
+    ) -> None:
         self.model = model
         self.address = address
         self._clock = clock
-        self._publisher: CheckedPublisher | None = None
+        self._transport = transport or MqttTransport(
+            address, name="view", policy=ReconnectPolicy(patience=None), check_refusals=True
+        )
+        self._link: Link | None = None
         root = topics.run_root(model.run)
         self._filters = [
             f"{root}/agent/+/say",
@@ -44,26 +48,23 @@ class LiveFeed:
         ]
 
     async def run(self) -> None:
-        await stay_connected(self.address, self._session, name="view", policy=ReconnectPolicy(patience=None),
-                             on_lost=self._lost)
+        await self._transport.run(self._session, on_lost=self._lost)
 
-    async def _session(self, client: aiomqtt.Client) -> None:
-        await client.subscribe([(f, 1) for f in self._filters])
-        self._publisher = CheckedPublisher(client, "view")
-        async for message in client.messages:
-            payload = message.payload
-            data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
-            self.model.feed(message.topic.value, data, self._clock())
+    async def _session(self, link: Link) -> None:
+        await link.subscribe(self._filters)
+        self._link = link
+        async for topic, payload, _ in link.messages():
+            self.model.feed(topic, payload, self._clock())
 
     def _lost(self) -> None:
-        self._publisher = None
+        self._link = None
 
     async def speak(self, player: str, message: PlayerInputMessage) -> None:
         """Publish a player's input on `player/{player}/input`; BrokerError when not connected or refused."""
-        publisher = self._publisher
-        if publisher is None:
+        link = self._link
+        if link is None:
             raise BrokerError(f"view: not connected to the broker {self.address.url}")
-        await publisher.publish(topics.player_input(self.model.run, player), encode_json(message))
+        await link.publish(topics.player_input(self.model.run, player), encode_json(message), qos=1, retain=False)
 
 
 class LiveView:

@@ -17,6 +17,7 @@ __all__ = [
     "Topic",
     "TopicKind",
     "agent_inbox",
+    "agent_inbox_all",
     "agent_say",
     "barrier",
     "barrier_all",
@@ -83,6 +84,11 @@ def agent_say(run: str, agent: str) -> str:
 
 def player_input(run: str, player: str) -> str:
     return f"{run_root(run)}/player/{check_segment('player', player)}/input"
+
+
+def agent_inbox_all(run: str) -> str:
+    """Every agent's inbox (a filter): one subscription for a shard's NPCs, however many."""
+    return f"{run_root(run)}/agent/+/inbox"
 
 
 def player_input_all(run: str) -> str:

@@ -1,0 +1,174 @@
+"""The transport seam: how an npcsim component reaches a broker (MQTT by default, in memory in tests).
+
+What a component needs of a broker is a connection that lasts, and that much is a `Transport`:
+
+    async def session(link: Link) -> None:            # called on every (re)connection
+        await link.subscribe(filters)
+        async for topic, payload, retained in link.messages(): ...
+
+    await transport.run(session, on_lost=mark_disconnected)
+
+`MqttTransport` is that over this package's clients (one aiomqtt client at a time, login
+and TLS from the address, reconnected per the policy, with an optional last will and MQTT 5
+session); `LocalBroker` serves the same seam in one process. The bus, the run-nonce
+handshake, the inference pool and worker, `subscribe` and the live view all connect
+through it, so the in-memory broker can stand in for each of them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Literal, NamedTuple, Protocol
+
+import aiomqtt
+
+from sim.mqtt._address import BrokerAddress
+from sim.mqtt._checked import CheckedPublisher
+from sim.mqtt._connection import LinkLost, ReconnectPolicy, mqtt_error, open_client, stay_connected
+
+__all__ = ["SESSION_KEPT_S", "LastWill", "Link", "MqttTransport", "Session", "Transport", "topic_matches"]
+
+SESSION_KEPT_S = 60
+"""Seconds the broker keeps a kept session after its connection is lost (MQTT 5): long
+enough for a reconnection, short enough that a killed process's session does not queue
+messages for long. A restarted process starts a session of its own."""
+
+_SUBSCRIBE_CHUNK = 500  # filters per SUBSCRIBE packet
+
+
+class LastWill(NamedTuple):
+    """What the broker publishes (QoS 1) for a client whose connection dies."""
+
+    topic: str
+    payload: bytes
+    retain: bool
+
+
+class Link(Protocol):
+    """One live connection to the broker."""
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
+        """Send one message and wait for its acknowledgement; BrokerError when the connection
+        failed (raised out of a session, it ends the connection, which is made again)."""
+        ...
+
+    async def subscribe(self, filters: Sequence[str]) -> None:
+        """Subscribe to `filters` (QoS 1) on this connection."""
+        ...
+
+    def messages(self) -> AsyncIterator[tuple[str, bytes, bool]]:
+        """Every message received, as (topic, payload, retained), until the connection ends;
+        `retained`: the broker kept it from before the subscription (the MQTT retain flag)."""
+        ...
+
+
+Session = Callable[[Link], Awaitable[None]]
+"""What runs on each connection a transport makes."""
+
+
+class Transport(Protocol):
+    """Holds a connection to the broker."""
+
+    async def run(self, session: Session, *, on_lost: Callable[[], None] | None = None) -> None:
+        """Run `session(link)` on a connection, and again on a new one after each loss, until
+        it returns; `on_lost` is called when a connection ends. Raises BrokerError when it
+        gives up."""
+        ...
+
+
+def topic_matches(topic: str, pattern: str) -> bool:
+    """Whether `topic` matches the subscription filter `pattern` (MQTT's `+` and `#`)."""
+    return aiomqtt.Topic(topic).matches(pattern)
+
+
+class _MqttLink:
+    def __init__(self, client: aiomqtt.Client, publish_timeout: float | None, checked: CheckedPublisher | None) -> None:
+        self._client = client
+        self._publish_timeout = publish_timeout
+        self._checked = checked
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
+        if self._checked is not None:
+            await self._checked.publish(topic, payload)
+            return
+        try:
+            await self._client.publish(topic, payload, qos=qos, retain=retain, timeout=self._publish_timeout)
+        except (aiomqtt.MqttError, BaseExceptionGroup) as exc:
+            error = mqtt_error(exc)
+            if error is None:
+                raise
+            raise LinkLost(topic, error) from exc
+
+    async def subscribe(self, filters: Sequence[str]) -> None:
+        for i in range(0, len(filters), _SUBSCRIBE_CHUNK):
+            await self._client.subscribe([(f, 1) for f in filters[i : i + _SUBSCRIBE_CHUNK]])
+
+    async def messages(self) -> AsyncIterator[tuple[str, bytes, bool]]:
+        async for message in self._client.messages:
+            payload = message.payload
+            # paho hands every received payload over as bytes; anything else is junk the receiver counts
+            data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+            yield message.topic.value, data, bool(message.retain)
+
+
+class MqttTransport:
+    """A connection over sim.mqtt: login, TLS, last will, reconnection with backoff.
+
+    `identifier`: the MQTT client id (None: the library's). `keep_session` (MQTT 5): one
+    session for this transport's life, taken up again by each new connection, so a QoS 1
+    message the broker had sent on a lost connection is sent again, not lost; the first
+    connection starts clean, and another process never takes this one's session.
+    `publish_timeout`: how long a publish waits for its acknowledgement (None: `timeout`;
+    `math.inf`: until the connection is found dead). `check_refusals`: a publish the broker
+    refuses (an MQTT 5 PUBACK with a failure code) is a BrokerError; publishes then go one
+    at a time.
+    """
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        *,
+        name: str,
+        policy: ReconnectPolicy,
+        protocol: Literal[5, 311] = 5,
+        identifier: str | None = None,
+        will: LastWill | None = None,
+        timeout: float = 10.0,
+        max_inflight: int | None = None,
+        keep_session: bool = False,
+        publish_timeout: float | None = None,
+        check_refusals: bool = False,
+    ) -> None:
+        self.address = address
+        self._name = name
+        self._policy = policy
+        self._protocol: Literal[5, 311] = protocol
+        self._will = will
+        self._timeout = timeout
+        self._max_inflight = max_inflight
+        self._keep_session = keep_session
+        self._publish_timeout = publish_timeout
+        self._check_refusals = check_refusals
+        self._identifier = f"npcsim-{secrets.token_hex(8)}" if identifier is None and keep_session else identifier
+        self._connected = False
+
+    def _client(self) -> aiomqtt.Client:
+        will = None if self._will is None else aiomqtt.Will(self._will.topic, self._will.payload, qos=1,
+                                                            retain=self._will.retain)
+        return open_client(
+            self.address, protocol=self._protocol, will=will, timeout=self._timeout, max_inflight=self._max_inflight,
+            identifier=self._identifier, session_expiry=SESSION_KEPT_S if self._keep_session else None,
+            resume_session=self._keep_session and self._connected,
+        )
+
+    async def run(self, session: Session, *, on_lost: Callable[[], None] | None = None) -> None:
+        async def on_client(client: aiomqtt.Client) -> None:
+            self._connected = True
+            checked = CheckedPublisher(client, self._name) if self._check_refusals else None
+            await session(_MqttLink(client, self._publish_timeout, checked))
+
+        await stay_connected(
+            self.address, on_client, name=self._name, policy=self._policy, connect=self._client, on_lost=on_lost
+        )
+
