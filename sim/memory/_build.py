@@ -14,9 +14,8 @@ from typing import Any
 import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
-from sim.memory._config import WorkingMemoryConfig
+from sim.memory._budget import WorkingMemoryConfig, token_counter
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory._tokens import token_counter
 from sim.memory.render import (
     RENDERER_VERSION,
     RenderedState,
