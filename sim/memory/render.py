@@ -17,7 +17,7 @@ A section's header is rendered only when the section keeps at least one item, so
 item kept in a section costs its header too. Every size here is exact: the prompt is the
 concatenation of these pieces and nothing else.
 
-Untrusted text (DESIGN.md, "Rendering untrusted text"): everything that did not come from
+Untrusted text (docs/working-memory.md, "Untrusted text is inert"): everything that did not come from
 the scenario's author (world state, beliefs, memories, dialogue, the player input, the
 retry's prohibition) goes through `inert`, so it can neither break a line, start a section
 nor carry a chat-template marker. The author's system prompt, canonical facts and agent
