@@ -1,26 +1,19 @@
 """The NPC brain: perceive, remember, decide, speak.
 
-Each tick the shard wakes the NPCs that have mail (what was said to them) or whose
-ambient dice fell (a function of seed, id and tick: sim.shard.ambient_roll). What an NPC
-remembers of what it perceives is `NpcAgent.episode_of(event, addressed)`: the engine
-applies it to the events of the NPC's place (once per event for all who overheard it) and
-of its inbox, so everything said where it stands is in its episodic memory with a
-significance; a line is remembered in the speaker's own words (`sim.memory.quoted`: a
-quotation inside it is cut to an ellipsis), so a retold line never nests quotes. When it
-took part (a line said to it), it takes the line into its dialogue and believes that the
-speaker wants to talk to it: one belief per speaker, refreshed to the newest tick each
-time (the store replaces a belief written again with its id), so the belief is held once
-and the scenario author's beliefs are pushed out only by other, newer beliefs. Then it
-answers every player who addressed it, the first NPC who addressed it (while the exchange
-is short), or, failing those, says something to a neighbour. It reaches the engine only through its
-`AgentContext`: `speak` is one call, and what a line goes through (working memory,
-inference pool, the `say` topic, the place's events, the store, the audit) is the
-engine's business.
+Each tick the shard wakes the NPCs that have mail or whose ambient dice fell
+(sim.shard.ambient_roll). `NpcAgent.episode_of` is what an NPC remembers of an event of its
+place or its inbox, with a significance; a line is remembered in the speaker's own words
+(`sim.memory.quoted`), so a retold line never nests quotes. A line said to it also goes into
+its dialogue, with the belief that the speaker wants to talk to it: one per speaker,
+refreshed to the newest tick (the store replaces a belief written again under its id), so
+the author's beliefs are pushed out only by newer ones. It answers every player who
+addressed it, else the first NPC who did (while the exchange is short), else says something
+to a neighbour. It reaches the engine only through its `AgentContext`: `speak` is one call,
+and what a line goes through is the engine's business.
 
-Nothing an NPC decides depends on state carried from one tick to the next outside the
-store: its dice are a function of (seed, id, tick) and its sequence numbers restart each
-tick. So a run resumed from the store after a crash decides exactly as the run that never
-stopped, with no generator state to save.
+Nothing it decides depends on state carried between ticks outside the store: its dice are a
+function of (seed, id, tick) and its sequence numbers restart each tick, so a run resumed
+after a crash decides exactly as one that never stopped.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An independent checker of the working-memory invariants (DESIGN.md, I1-I7).
+"""An independent checker of the working-memory invariants (docs/working-memory.md, I1-I7).
 
 It trusts nothing the builder says about itself: it sorts the state's items on its own,
 re-renders the prompt from the kept items with the format functions of the public

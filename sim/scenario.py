@@ -192,7 +192,7 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{source}: not UTF-8 text: {exc}") from exc
     try:
-        # rtoml (Rust) rather than tomllib: a 100,000-NPC file parses ~5x faster.
+        # rtoml (Rust) rather than tomllib: a large world parses several times faster.
         raw = rtoml.loads(text)
     except rtoml.TomlParsingError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc

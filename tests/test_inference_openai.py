@@ -14,7 +14,7 @@ import pytest
 from sim.backoff import BackoffPolicy
 from sim.errors import CircuitOpenError
 from sim.inference import PoolConfig, open_pool, reply_problem
-from sim.inference._raw import RAW_EXCERPT_CHARS
+from sim.inference._serve import RAW_EXCERPT_CHARS
 from sim.inference.backends.openai import CircuitBreaker, OpenAIOptions, open_openai, reply_bound
 from sim.store import open_reader
 from tests.fake_openai import FakeOpenAI, open_fake_openai

@@ -101,8 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def console() -> NoReturn:
     """The `npcsim` program: `main()`, then an exit that leaves the heap to the kernel.
 
-    A run of a million NPCs ends with gigabytes of objects, which the interpreter's own
-    shutdown frees one by one: 5 s after a stop that must take 2. Everything that must be
+    A large run ends with gigabytes of objects, which the interpreter's own shutdown would
+    free one by one, long after the run has stopped. Everything that must be
     closed (stores, brokers, temporary folders) was closed by `main`'s context managers;
     the output and the log are flushed here. An exception out of `main` exits as usual.
     """

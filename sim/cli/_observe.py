@@ -1,8 +1,8 @@
 """Watching from the command line: `--metrics-port`, `run --view` and `run --follow`.
 
 Shared by `npcsim run`, `worker` and `loadtest`; the `view` command lives in `sim.cli.view`.
-`sim.view` (aiohttp) is imported only when a view is asked for: it would add about 0.2 s
-to every start of the command line.
+`sim.view` (aiohttp) is imported only when a view is asked for: it would slow every start
+of the command line.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@
 
 The request and result types are wire types (`sim.wire.inference`), re-exported here.
 Inside: the pool's slots (`_pool`) call one `Dispatch` (`_dispatch`): serving on a
-backend here (`_serve`, with `_raw`, `_output` and `_fallback`), in a worker process of the
+backend here (`_serve`, with `_output` and `_fallback`), in a worker process of the
 pool's (`_local`, `_local_worker`), or the MQTT link (`_link`) to
 remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
 the pool's checks (`_replies`); a re-execution serves each request on its record's
-attempts (`_recorded`, `open_pool(..., recorded=...)`). `_config` and `_counters` hold the configuration and the
+attempts (`open_pool(..., recorded=...)`). `_config` and `_counters` hold the configuration and the
 statistics; `backends` the backends. See docs/inference.md.
 """
 

@@ -2,7 +2,7 @@
 
 A guard is any callable `(line, facts) -> Fact | None` (`FactGuard`); the output check
 (`sim.inference.judge`) rejects a line for which it returns a fact. `contradicted_fact` is
-the built-in one and the default: rules over words, no model, microseconds per line. What
+the built-in one and the default: rules over words, no model, cheap on every line. What
 it catches and what needs a stronger guard is in docs/inference.md ("The fact guard").
 
 How it reads a text (the fact and the line alike):

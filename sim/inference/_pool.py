@@ -17,12 +17,13 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import msgspec
 
-from sim.audit import AuditRecord
+from sim.audit import Attempt, AuditRecord
+from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError
 from sim.inference._config import PoolConfig
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._dispatch import Dispatch
@@ -30,9 +31,9 @@ from sim.inference._fallback import fallback_result
 from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._link import open_mqtt_dispatch
 from sim.inference._local import open_local_dispatch
-from sim.inference._recorded import RecordedBackend
 from sim.inference._serve import serve
-from sim.inference.backends import Backend, open_backend
+from sim.inference.backends import Backend, Reply, open_backend
+from sim.memory import WorkingMemory
 from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["Pool", "Slots", "open_pool"]
@@ -137,7 +138,7 @@ async def open_pool(
     names: for embedders and tests that bring their own (either serves in this process,
     whatever `config.transport` says: a worker process cannot take them). `recorded` (in process only)
     answers each request it has a record for with that record's replies
-    (sim.inference._recorded: a re-execution, sim.replay); the others go to the backend.
+    (`RecordedBackend`: a re-execution, sim.replay); the others go to the backend.
     """
     counters = Counters()
     guard = fact_guard if fact_guard is not None else load_fact_guard(config.fact_guard)
@@ -170,3 +171,38 @@ async def open_pool(
         return
     async with open_backend(config.backend, config.options, config.concurrency, config.timeout) as opened:
         yield Pool(config, dispatcher(opened), counters)
+
+
+class RecordedBackend:
+    """A backend that gives back one record's attempts, in order (one instance per request).
+
+    A re-execution (`npcsim replay`) asks exactly what the run asked, and `serve` answers it
+    again on the recorded replies and failures: output handling judges each reply anew and a
+    rejected one is retried with the working memory the re-execution built, so what differs
+    from the record is the run's doing, not the model's. More attempts than were made fail
+    ("no recorded reply"), and the fallback speaks.
+    """
+
+    def __init__(self, record: AuditRecord) -> None:
+        self.name = record.backend
+        self.model = record.model
+        first = record.attempts[0] if record.attempts else Attempt(prompt="")
+        self.prompt_form = first.form
+        self.prompt_prefix = first.prefix
+        self._params = dict(record.params)
+        self._attempts: Iterator[Attempt] = iter(record.attempts)
+        self._made = 0
+
+    async def generate(self, memory: WorkingMemory) -> Reply:
+        self._made += 1
+        attempt = next(self._attempts, None)
+        if attempt is None:
+            raise InferenceError(f"no recorded reply for attempt {self._made}")
+        if attempt.raw_response is not None:
+            return Reply(text=attempt.raw_response, model=self.model, params=self._params)
+        reason, _, detail = (attempt.problem or "backend_error: no reply").partition(": ")
+        if reason == "timeout":
+            raise BackendTimeoutError(detail)
+        if reason == "circuit_open":
+            raise CircuitOpenError(detail)
+        raise InferenceError(detail or reason)

@@ -22,14 +22,28 @@ from sim.inference._counters import Counters, LogOnce
 from sim.inference._fallback import fallback_result
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import Verdict, judge
-from sim.inference._raw import raw_excerpt
 from sim.inference.backends import Backend
 from sim.memory import WorkingMemory, build_working_memory
 from sim.wire.inference import InferenceRequest, InferenceResult
 
-__all__ = ["retry_memory", "serve"]
+__all__ = ["RAW_EXCERPT_CHARS", "retry_memory", "serve"]
 
 log = logging.getLogger(__name__)
+
+RAW_EXCERPT_CHARS = 8_192
+
+
+def raw_excerpt(text: str) -> str:
+    """`text` when it is at most RAW_EXCERPT_CHARS long, else its start and a marker with its size.
+
+    The raw reply goes into the result and the audit once per attempt: a huge reply must not
+    cost a store its size per attempt. Output handling judges the excerpt too, so the line,
+    the verdict and the record agree. The marker is a bracketed line of its own, a stage
+    direction output handling never says.
+    """
+    if len(text) <= RAW_EXCERPT_CHARS:
+        return text
+    return f"{text[:RAW_EXCERPT_CHARS]}\n[reply cut: {RAW_EXCERPT_CHARS} of {len(text)} characters kept]"
 
 
 def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verdict) -> WorkingMemory | None:

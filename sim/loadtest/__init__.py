@@ -4,13 +4,13 @@ Seeded random agents (`_states`); a build-and-check sweep over the cores in help
 (`_sweep`, `_sweep_worker`, speaking the typed messages of `_messages`) plus a round trip
 through the inference pool (`_round_trip`, `_inference`, `_mqtt_worker`), side by side in
 each (budget, concurrency) phase (`_phase`), the phases in order (`_run`); the
-configuration (`_config`), one snapshot built and checked (`_snapshot`), what a phase
+plan and what its phases share (`_plan`), one snapshot built and checked (`_snapshot`), what a phase
 counted (`_totals`), figures (`_stats`), truncation statistics (`_truncation`), a live
 display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 """
 
-from sim.loadtest._config import LoadTestConfig, default_processes
 from sim.loadtest._display import print_result, progress_view
+from sim.loadtest._plan import LoadTestConfig, default_processes
 from sim.loadtest._plot import require_matplotlib, write_plot
 from sim.loadtest._run import run_loadtest
 from sim.loadtest._snapshot import Builder, Checker

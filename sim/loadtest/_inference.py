@@ -1,4 +1,4 @@
-"""The one place the load test touches the inference pool (sim.inference, issue 5).
+"""The one place the load test touches the inference pool (sim.inference).
 
 The round trip is `await infer(memory, tick)`; this module opens the pool the options ask
 for and adapts it to that one call:

@@ -14,7 +14,7 @@ import time
 
 import msgspec
 
-from sim.loadtest._config import Phase, Run
+from sim.loadtest._plan import Phase, Run
 from sim.loadtest._round_trip import RequestBudget, requester
 from sim.loadtest._stats import Histogram, Progress, TimelinePoint
 from sim.loadtest._sweep import open_sweep

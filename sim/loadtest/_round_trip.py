@@ -13,8 +13,8 @@ import asyncio
 import random
 import time
 
-from sim.loadtest._config import LoadTestConfig, Phase, Run
 from sim.loadtest._inference import Infer
+from sim.loadtest._plan import LoadTestConfig, Phase, Run
 from sim.loadtest._snapshot import build_and_check, violation_records
 from sim.loadtest._states import generate_state, pick_input
 from sim.loadtest._totals import Totals

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from sim.checker import check_working_memory
-from sim.loadtest._config import LoadTestConfig, Phase, Run
 from sim.loadtest._inference import Infer, InferenceSettings, open_inference
 from sim.loadtest._phase import run_phase
+from sim.loadtest._plan import LoadTestConfig, Phase, Run
 from sim.loadtest._round_trip import round_trip_states
 from sim.loadtest._snapshot import Builder, Checker
 from sim.loadtest._stats import (

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 
 from sim.errors import NpcsimError, single_error
 from sim.helper import Helper
-from sim.loadtest._config import LoadTestConfig
 from sim.loadtest._messages import (
     Counted,
     Done,
@@ -32,6 +31,7 @@ from sim.loadtest._messages import (
     decode_message,
     encode_message,
 )
+from sim.loadtest._plan import LoadTestConfig
 from sim.loadtest._snapshot import Builder, Checker
 from sim.loadtest._totals import Totals
 from sim.memory import WorkingMemoryConfig

@@ -11,8 +11,8 @@ a quote (the NPC brain and the scripted backend both retell what was said).
 
 from sim.errors import OverBudgetError
 from sim.memory import render
+from sim.memory._budget import TOKENIZERS, WorkingMemoryConfig, token_counter
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
-from sim.memory._config import WorkingMemoryConfig
 from sim.memory._explain import (
     DROP_REASONS,
     CategoryExplanation,
@@ -35,7 +35,6 @@ from sim.memory._state import (
     line_order,
     world_order,
 )
-from sim.memory._tokens import TOKENIZERS, token_counter
 from sim.memory.render import RENDERER_VERSION, inert
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
-from sim.memory._config import WorkingMemoryConfig
+from sim.memory._budget import WorkingMemoryConfig, token_counter
 from sim.memory._selection import (
     ALWAYS,
     BELIEFS,
@@ -30,7 +30,6 @@ from sim.memory._selection import (
     select,
 )
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory._tokens import token_counter
 from sim.memory.render import RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]

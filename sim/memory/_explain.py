@@ -29,8 +29,8 @@ from typing import Literal
 
 import msgspec
 
+from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
-from sim.memory._config import WorkingMemoryConfig
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",

@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.memory._config import WorkingMemoryConfig
+from sim.memory._budget import WorkingMemoryConfig
 from sim.memory.render import Section
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The persistent state of one NPC, by authority (DESIGN.md, "The state model").
+"""The persistent state of one NPC, by authority (docs/store.md, "Authority").
 
 Constructing an `NpcState` puts every list into recency order once, so that building a
 working memory costs what it keeps, not the length of the history. Recency is a total

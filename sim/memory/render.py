@@ -17,8 +17,8 @@ A section's header is rendered only when the section keeps at least one item, so
 item kept in a section costs its header too. Every size here is exact: the prompt is the
 concatenation of these pieces and nothing else.
 
-Untrusted text (DESIGN.md, "Rendering untrusted text"): everything that did not come from
-the scenario's author (world state, beliefs, memories, dialogue, the player input, the
+Untrusted text (docs/working-memory.md, "Untrusted text is inert"): everything that did
+not come from the scenario's author (world state, beliefs, memories, dialogue, the player input, the
 retry's prohibition) goes through `inert`, so it can neither break a line, start a section
 nor carry a chat-template marker. The author's system prompt, canonical facts and agent
 id are rendered verbatim. There is one rendering, `RENDERER_VERSION` (3: markers
@@ -27,19 +27,13 @@ system message holds only the author's text, `WorkingMemory.messages`). Audit re
 it, and one made by another rendering is refused on replay (sim.audit), never rendered
 another way.
 
-Each state is rendered once: `rendered(state)` keeps the rendering
-(and `token_sizes` the per-item token counts) on the state object, so that building a
-working memory costs what it keeps, not the length of the history. The cache lives here,
-not in the state model: `NpcState` is data and knows nothing of its rendering; it only
-lends its instance `__dict__` (it is a `dict=True` Struct), which msgspec neither encodes
-nor compares, so a cached state equals and encodes as a fresh one.
+Each state is rendered once and the rendering kept on the state object (`rendered`,
+`token_sizes`), so that building a working memory costs what it keeps, not the length of
+the history; msgspec neither encodes nor compares that cache.
 
-Why a public module and not more names in `sim.memory`: these are the prompt's format,
-piece by piece, needed by whoever re-renders or measures a prompt on its own (the
-independent checker, tests, benchmarks), not by users of the builder. Kept as one module
-with its own `__all__` (listed in `sim.memory.__all__` as `render`), they stay together
-and out of the builder's namespace. The token counter is two names that go with the
-config's `tokenizer` field, so `sim.memory` exports those itself.
+A public module rather than more names in `sim.memory`: the prompt's format piece by piece
+is needed by whoever re-renders or measures a prompt on its own (the checker, tests,
+benchmarks), not by users of the builder.
 """
 
 from __future__ import annotations

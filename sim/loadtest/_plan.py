@@ -1,4 +1,4 @@
-"""What a load test is asked to do (`LoadTestConfig`), and what its phases are given.
+"""What a load test is asked to do (`LoadTestConfig`), and what its phases are given (`Phase`, `Run`).
 
 A run is a series of phases, one per (budget, concurrency) pair (`Phase`); everything the
 phases share, from the builder under test to the live display's callback, is one `Run`,
