@@ -43,7 +43,7 @@ from sim.shard._config import (
     parse_shard,
     pool_transport,
 )
-from sim.shard._context import ShardContext
+from sim.shard._context import ShardContext, agent_kinds
 from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._layout import ShardLayout
 from sim.shard._shard import Shard
@@ -114,6 +114,7 @@ async def _run(
         check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
         layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
+        agent_kinds(layout.kinds)  # an unknown kind is refused before anything opens: no file is left behind
         run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
         try:
             topics.run_root(run_id)
