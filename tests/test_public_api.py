@@ -62,7 +62,8 @@ PACKAGES: dict[str, set[str]] = {
         "records_of", "what_if", "write_plot",
     },
     "sim.shard": {
-        "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "PausedCollector", "Player", "RecordedInputs",
+        "AGENT_KINDS", "Agent", "AgentContext", "Clock", "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Player",
+        "RecordedInputs",
         "RunConfig", "RunStats", "Shard",
         "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
         "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",

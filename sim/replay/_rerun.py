@@ -33,7 +33,7 @@ from sim.memory import WorkingMemory, WorkingMemoryConfig
 from sim.mqtt import BrokerAddress
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, hot_limit
+from sim.shard import MemoryConfigOf, RunConfig, RunStats, Shard, ShardContext, hot_limit
 from sim.store import RunSettings, open_store
 
 __all__ = ["Executed", "execute"]
@@ -133,21 +133,33 @@ async def execute(
                  transport=broker.transport()) as bus,
     ):
         await store.keep_identity(claim, recording.scenario)
-        ctx = ShardContext(scenario, config, identity.run_id, identity.seed, bus, pool, store, stats)
+        ctx = ShardContext(scenario, config, identity.run_id, identity.seed, bus, pool, store, stats,
+                           memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory))
         shard = Shard(ctx, stop, recorded=recording.inputs)
         await shard.start()
         ticking = time.perf_counter()
         async with _reporting(progress, stats, end):
-            if fork_at is not None and fork_memory is not None:
-                await shard.run(until=fork_at)
-                recorded_memory = ctx.memory_config
-                ctx.memory_config_of = lambda agent: fork_memory(recorded_memory, agent)
             await shard.run(until=end)
         ticked = time.perf_counter() - ticking
         await shard.go_offline()
     return Executed(out=out, end=end, seconds=time.perf_counter() - started, tick_seconds=ticked,
                     inferences=stats.inferences,
                     fallbacks=stats.fallbacks, over_budget=stats.over_budget)
+
+
+def _forked_memory(
+    recorded: WorkingMemoryConfig, fork_at: int | None,
+    fork_memory: Callable[[WorkingMemoryConfig, str], WorkingMemoryConfig] | None,
+) -> MemoryConfigOf | None:
+    """Each NPC's working-memory config: the recorded one, and `fork_memory`'s from `fork_at` on."""
+    if fork_at is None or fork_memory is None:
+        return None
+    at = fork_at
+
+    def config_of(npc: str, tick: int) -> WorkingMemoryConfig:
+        return fork_memory(recorded, npc) if tick >= at else recorded
+
+    return config_of
 
 
 def _check_new(out: Path) -> None:

@@ -32,7 +32,7 @@ The modules, one job each:
 
 from sim.shard._clock import Clock, SystemClock, VirtualClock
 from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
-from sim.shard._context import AgentContext, ShardContext
+from sim.shard._context import AgentContext, MemoryConfigOf, ShardContext
 from sim.shard._dice import ambient_roll
 from sim.shard._places import assign_places
 from sim.shard._process import run
@@ -48,6 +48,7 @@ __all__ = [
     "Agent",
     "AgentContext",
     "Clock",
+    "MemoryConfigOf",
     "PausedCollector",
     "Player",
     "RecordedInputs",

@@ -45,13 +45,18 @@ from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import AnyEvent, SayMessage, Speech, event_id
 
-__all__ = ["AgentContext", "AgentFactory", "AgentKind", "ShardContext", "agent_kinds"]
+__all__ = ["AgentContext", "AgentFactory", "AgentKind", "MemoryConfigOf", "ShardContext", "agent_kinds"]
+
+MemoryConfigOf = Callable[[str, int], WorkingMemoryConfig]
+"""An NPC's working-memory config at a tick, (npc, tick) -> config: a fork changes it from a tick on (sim.replay)."""
 
 
 class ShardContext:
     """The run's identity and one shard's parts; `agent_context(spec)` makes an agent's handle.
 
     `tick` is the tick being stepped (the shard sets it as each tick begins).
+    `memory_config_of` gives each NPC's working-memory config at a tick; by default the
+    scenario's, for every NPC at every tick.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class ShardContext:
         *,
         clock: Clock | None = None,
         layout: ShardLayout | None = None,
+        memory_config_of: MemoryConfigOf | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = config
@@ -83,9 +89,7 @@ class ShardContext:
         self.shard = str(self.layout.index)
         self.specs = self.layout.specs
         self.kinds = agent_kinds(self.layout.kinds)
-        self.memory_config = scenario.memory
-        # Each NPC's working-memory config: the run's, unless a fork changes it (sim.replay).
-        self.memory_config_of: Callable[[str], WorkingMemoryConfig] = lambda _agent: self.memory_config
+        self.memory_config_of = memory_config_of or (lambda _npc, _tick: scenario.memory)
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
@@ -222,7 +226,7 @@ class AgentContext:
         shard, spec = self._shard, self.spec
         tick = shard.tick
         state = shard.state(spec)
-        config = shard.memory_config_of(spec.id)
+        config = shard.memory_config_of(spec.id, tick)
         memory = build_working_memory(state, said, config)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
