@@ -113,9 +113,7 @@ async def execute(
         record = records.get(request.id)
         return record if record is not None and record.tick < limit else None
 
-    pool_config = PoolConfig(backend=config.backend, options=config.backend_options, concurrency=config.concurrency,
-                             max_in_flight=config.concurrency, timeout=config.inference_timeout,
-                             fact_guard=config.fact_guard)
+    pool_config = PoolConfig.from_run(config, run_id=identity.run_id)
     stats, stop = RunStats(), asyncio.Event()
     started = time.perf_counter()
     broker = LocalBroker()

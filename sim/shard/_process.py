@@ -139,18 +139,9 @@ async def _run(
                     broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
                     run_key=run_key,
                 )
-                pool_config = PoolConfig(
-                    backend=config.backend,
-                    options=dict(config.backend_options),
-                    concurrency=config.concurrency,
-                    max_in_flight=config.concurrency,
-                    timeout=config.inference_timeout,
-                    transport=pool_transport(config, len(layout.specs)),
-                    broker=broker.address,
-                    run_key=run_key,
-                    run_id=run_id,
-                    shard=shard,
-                    fact_guard=config.fact_guard,
+                pool_config = PoolConfig.from_run(
+                    config, transport=pool_transport(config, len(layout.specs)), broker=broker.address,
+                    run_key=run_key, run_id=run_id, shard=shard,
                 )
                 async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
                     stats.bus = bus.stats
