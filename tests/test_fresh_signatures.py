@@ -18,17 +18,14 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError
-from sim.inference import PoolConfig, open_pool
-from sim.mqtt import BrokerAddress
 from sim.protocol.admission import Admission
 from sim.protocol.bounds import InputBounds
 from sim.protocol.router import Router
 from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, load_run_key, new_nonce, refusal
 from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
-from sim.shard import Shard, ShardContext, VirtualClock
+from sim.shard import Shard, VirtualClock
 from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics
@@ -36,6 +33,7 @@ from sim.wire.barrier import Hello, Join, TickDone, decode_barrier, encode_barri
 from sim.wire.events import EventBatch, Speech, decode_say, encode_batch, event_id
 from tests.helpers import REPO, MosquittoProcess, eventually
 from tests.memory_broker import MemoryBroker
+from tests.memory_shard import memory_shard
 
 VILLAGE = str(REPO / "scenarios" / "village.toml")
 KEY = RunKey(b"0123456789abcdef0123456789abcdef")
@@ -97,15 +95,9 @@ async def keyed_shard(broker: MemoryBroker, tmp_path: Path, key: RunKey, stop: a
     """Shard 0 of 2 of the village on the in-memory broker, with a bound run key."""
     scenario = load_scenario(VILLAGE)
     config = RunConfig(scenario=VILLAGE, run_id="mem", ticks=5, shard="0/2")
-    bus_config = BusConfig(broker=BrokerAddress(), run="mem", shard="0", run_key=key)
-    async with (
-        open_store(tmp_path / "flood.db", keep_tail=False) as store,
-        open_pool(PoolConfig()) as pool,
-        open_bus(bus_config, transport=broker.transport()) as bus,
-    ):
-        stats = RunStats(shard="0")
-        stats.bus = bus.stats
-        yield Shard(ShardContext(scenario, config, "mem", 7, bus, pool, store, stats, clock=broker.clock), stop)
+    async with memory_shard(broker, scenario, config, tmp_path / "flood.db", RunStats(shard="0"), stop, run_key=key,
+                            seed=7) as shard:
+        yield shard
 
 
 async def test_a_join_replayed_3000_times_is_served_once(tmp_path: Path) -> None:

@@ -26,15 +26,14 @@ from typing import Any
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.bus import BusConfig, LocalBroker, open_bus
+from sim.bus import LocalBroker
 from sim.errors import ConfigError, InferenceError
-from sim.inference import InferenceRequest, PoolConfig, Reply, open_pool
+from sim.inference import InferenceRequest, Reply
 from sim.memory import WorkingMemory, WorkingMemoryConfig
-from sim.mqtt import BrokerAddress
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import MemoryConfigOf, RunConfig, RunStats, Shard, ShardContext, hot_limit
-from sim.store import RunSettings, open_store
+from sim.shard import MemoryConfigOf, RunConfig, RunStats, open_shard
+from sim.store import RunSettings, Store
 
 __all__ = ["Executed", "execute"]
 
@@ -105,6 +104,7 @@ async def execute(
         backend=backend if live else settings.backend, backend_options=dict(backend_options or {}) if live else {},
         bots=settings.bots, bot_rate=settings.bot_rate, retain_memories=settings.retain_memories,
         inference_timeout=settings.inference_timeout, fact_guard=settings.fact_guard,
+        inference_process=False,  # the pool answers from the record, in this process
     )
     records = recording.records
     limit = end if fork_at is None else fork_at
@@ -113,7 +113,6 @@ async def execute(
         record = records.get(request.id)
         return record if record is not None and record.tick < limit else None
 
-    pool_config = PoolConfig.from_run(config, run_id=identity.run_id)
     stats, stop = RunStats(), asyncio.Event()
     started = time.perf_counter()
     broker = LocalBroker()
@@ -124,16 +123,16 @@ async def execute(
                                          model=RunSettings.model_named(config.backend_options), tick_ms=0)
         if live else msgspec.structs.replace(settings, end_tick=end, tick_ms=0),
     )
-    async with (
-        open_store(out, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
-        open_pool(pool_config, backend=None if live else _Unrecorded(), recorded=recorded) as pool,
-        open_bus(BusConfig(broker=BrokerAddress(), run=identity.run_id, shard="0"),
-                 transport=broker.transport()) as bus,
-    ):
+
+    async def keep_identity(store: Store) -> None:
         await store.keep_identity(claim, recording.scenario)
-        ctx = ShardContext(scenario, config, identity.run_id, identity.seed, bus, pool, store, stats,
-                           memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory))
-        shard = Shard(ctx, stop, recorded=recording.inputs)
+
+    async with open_shard(
+        config, scenario, run_id=identity.run_id, seed=identity.seed, db=out, stats=stats, stop=stop,
+        transport=broker.transport(), claim=keep_identity, backend=None if live else _Unrecorded(),
+        recorded=recorded, inputs=recording.inputs,
+        memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory),
+    ) as shard:
         await shard.start()
         ticking = time.perf_counter()
         async with _reporting(progress, stats, end):

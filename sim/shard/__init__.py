@@ -2,10 +2,10 @@
 
     stats = await run(RunConfig(scenario="scenarios/village.toml", ticks=20))   # one shard, as a process
 
-    shard = Shard(ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, clock=clock), stop)
-    await shard.start()
-    await shard.step(shard.next_tick)        # one whole tick: inputs, turns, publish, barrier, perceive, commit
-    await shard.run(until=shard.end)         # the rest, paced by tick_ms
+    async with open_shard(config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop) as shard:
+        await shard.start()
+        await shard.step(shard.next_tick)    # one whole tick: inputs, turns, publish, barrier, perceive, commit
+        await shard.run(until=shard.end)     # the rest, paced by tick_ms
 
 The modules, one job each:
 - `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
@@ -27,7 +27,8 @@ The modules, one job each:
   shard that executes it again (sim.replay);
 - `_trust`: the run key and the trust announcements at start;
 - `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
-- `_process`: `run(config)`, the process wiring around a Shard.
+- `_wiring`: `open_shard(...)`, a Shard with its store, bus, pool and context, assembled in one place;
+- `_process`: `run(config)`, the broker and the signals around `open_shard`.
 """
 
 from sim.shard._clock import Clock, SystemClock, VirtualClock
@@ -41,12 +42,14 @@ from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStats
+from sim.shard._wiring import Claim, open_shard
 
 __all__ = [
     "AGENT_KINDS",
     "PLAYER_KINDS",
     "Agent",
     "AgentContext",
+    "Claim",
     "Clock",
     "MemoryConfigOf",
     "PausedCollector",
@@ -64,6 +67,7 @@ __all__ = [
     "assign_places",
     "create_agents",
     "hot_limit",
+    "open_shard",
     "parse_shard",
     "run",
     "shard_npcs",

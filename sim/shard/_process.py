@@ -1,4 +1,4 @@
-"""One shard as a process: `run(config)` wires the broker, store, bus, pool and signals around a Shard.
+"""One shard as a process: `run(config)` puts the broker and the signals around a shard (sim.shard._wiring).
 
 In order: the scenario is parsed off the loop, the broker opened (or started), then the
 store (its one writer: sim.store), which must belong to this run (sim.shard._instance);
@@ -26,9 +26,7 @@ from pathlib import Path
 import msgspec
 
 from sim.broker import BrokerInfo, open_broker
-from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
-from sim.inference import PoolConfig, open_pool
 from sim.metrics import Metrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
@@ -41,12 +39,10 @@ from sim.shard._config import (
     hot_limit,
     memory_config,
     parse_shard,
-    pool_transport,
 )
-from sim.shard._context import ShardContext, agent_kinds
+from sim.shard._context import agent_kinds
 from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._layout import ShardLayout
-from sim.shard._shard import Shard
 from sim.shard._startup import (
     PausedCollector,
     StartupPhase,
@@ -56,7 +52,8 @@ from sim.shard._startup import (
 )
 from sim.shard._stats import RunStats
 from sim.shard._trust import announce_trust, run_key_for
-from sim.store import RunIdentity, Store, open_store
+from sim.shard._wiring import open_shard
+from sim.store import RunIdentity, Store
 from sim.wire import topics
 
 __all__ = ["run"]
@@ -125,32 +122,23 @@ async def _run(
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         async with _workdir() as workdir:
             db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
-            async with (
-                open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
-                open_broker(config.broker, tls=config.broker_tls) as broker,
-            ):
-                check_resume(config, db, store)
-                stats.broker = f"{broker.kind} {broker.url}"
-                stats.broker_address = broker.address
-                stats.viewer = broker.viewer
-                run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
-                announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
-                bus_config = BusConfig(
-                    broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
-                    run_key=run_key,
-                )
-                pool_config = PoolConfig.from_run(
-                    config, transport=pool_transport(config, len(layout.specs)), broker=broker.address,
-                    run_key=run_key, run_id=run_id, shard=shard,
-                )
-                async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
-                    stats.bus = bus.stats
-                    if metrics is not None:
-                        metrics.watch_pool(pool.statistics)
-                        metrics.watch_bus(bus.stats)
-                    ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
-                                       layout=layout)
-                    one = Shard(ctx, stop)
+            async with open_broker(config.broker, tls=config.broker_tls) as broker:
+
+                async def claim_run(store: Store) -> RunKey | None:
+                    """The store belongs to this run: the run key is bound to its nonce, and announced."""
+                    check_resume(config, db, store)
+                    stats.broker = f"{broker.kind} {broker.url}"
+                    stats.broker_address = broker.address
+                    stats.viewer = broker.viewer
+                    run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
+                    announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+                    return run_key
+
+                async with open_shard(
+                    config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop,
+                    broker=broker.address, protocol=broker.protocol, claim=claim_run, layout=layout,
+                    metrics=metrics, clock=clock,
+                ) as one:
                     await one.start()
                     collector.start_up_done()
                     stats.startup_progress.enter(StartupPhase.RUNNING)
@@ -163,9 +151,9 @@ async def _run(
                     try:
                         await one.run(until=one.end)
                     finally:
-                        stats.inference_resends = pool.statistics().resent
+                        stats.inference_resends = one.ctx.pool.statistics().resent
                         if stop.is_set():
-                            bus.hurry(_STOPPING_FLUSH)
+                            one.ctx.bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()
 
 
