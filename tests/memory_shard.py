@@ -45,7 +45,8 @@ async def memory_shard(
     async def bound(_store: Store) -> RunKey | None:
         return run_key
 
-    in_process = msgspec.structs.replace(config, inference_process=False)
+    in_process = msgspec.structs.replace(
+        config, inference=msgspec.structs.replace(config.inference, placement="in-process"))
     async with open_shard(
         in_process, scenario, run_id=config.run_id or "mem", seed=scenario.scenario.seed if seed is None else seed,
         db=db, stats=stats, stop=stop, transport=broker.transport(), claim=bound, clock=broker.clock,

@@ -25,7 +25,7 @@ from sim.protocol.router import Router
 from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, load_run_key, new_nonce, refusal
 from sim.runner import RunConfig, RunStats, run
 from sim.scenario import load_scenario
-from sim.shard import Shard, VirtualClock
+from sim.shard import BrokerConfig, RecordConfig, Shard, VirtualClock
 from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics
@@ -135,7 +135,7 @@ async def test_a_forged_join_with_another_shard_count_does_not_stop_a_run_on_an_
     mosquitto: MosquittoProcess,
 ) -> None:
     stop, ready = asyncio.Event(), asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="open", ticks=40, tick_ms=25)
+    config = RunConfig(scenario=VILLAGE, run_id="open", ticks=40, tick_ms=25, broker=BrokerConfig(url=mosquitto.url))
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -158,8 +158,10 @@ async def ghost_run(mosquitto: MosquittoProcess, db: Path, key_file: Path, *, re
     """
     stop, ready = asyncio.Event(), asyncio.Event()
     stats = RunStats()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="ghost", ticks=400, tick_ms=25, db=str(db),
-                       run_key_file=str(key_file))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="ghost", ticks=400, tick_ms=25,
+        broker=BrokerConfig(url=mosquitto.url, run_key_file=str(key_file)), record=RecordConfig(db=str(db)),
+    )
     inbox = topics.agent_inbox("ghost", "innkeeper")
     waiting_for = {"visitor"} if replay is not None else {"visitor", "ghost"}
     async with asyncio.TaskGroup() as group:
@@ -239,9 +241,10 @@ async def test_shards_of_a_keyed_run_share_its_nonce_after_a_late_start_and_a_re
     dbs = [tmp_path / f"s{i}.db" for i in range(2)]
     key = RunKey(key_file.read_bytes().strip())
 
-    def config(i: int, until: int, **more: object) -> RunConfig:
-        return RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="pair", shard=f"{i}/2", until_tick=until,
-                         db=str(dbs[i]), run_key_file=str(key_file), **more)  # type: ignore[arg-type]
+    def config(i: int, until: int, *, resume: bool = False) -> RunConfig:
+        return RunConfig(scenario=VILLAGE, broker=BrokerConfig(url=mosquitto.url, run_key_file=str(key_file)),
+                         run_id="pair", shard=f"{i}/2", until_tick=until,
+                         record=RecordConfig(db=str(dbs[i]), resume=resume))
 
     hellos: list[Hello] = []
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
@@ -273,7 +276,9 @@ async def test_shards_of_a_keyed_run_share_its_nonce_after_a_late_start_and_a_re
 
 
 def test_kept_messages_this_start_cannot_send_again_stop_a_resume_naming_the_key() -> None:
-    config = RunConfig(scenario=VILLAGE, db="tw.db", run_key_file="second.key", resume=True)
+    config = RunConfig(
+        scenario=VILLAGE, broker=BrokerConfig(run_key_file="second.key"), record=RecordConfig(db="tw.db", resume=True),
+    )
     mine = KEY.for_run(new_nonce())
     sealed = [(4, "t", mine.sign("t", b"\x91\x00"))]
     assert kept_messages(sealed, mine, config) == sealed

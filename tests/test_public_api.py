@@ -62,8 +62,9 @@ PACKAGES: dict[str, set[str]] = {
         "records_of", "what_if", "write_plot",
     },
     "sim.shard": {
-        "AGENT_KINDS", "Agent", "AgentContext", "Claim", "Clock", "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector",
-        "Player", "RecordedInputs", "RunConfig", "RunStats", "Shard",
+        "AGENT_KINDS", "Agent", "AgentContext", "BrokerConfig", "Claim", "Clock", "InferenceConfig", "Limits",
+        "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Placement", "Player", "RecordConfig", "RecordedInputs",
+        "RunConfig", "RunStats", "Shard",
         "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
         "assign_places", "create_agents", "hot_limit", "open_shard", "parse_shard", "run", "shard_npcs",
     },

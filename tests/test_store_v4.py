@@ -23,7 +23,7 @@ import pytest
 from sim.errors import ConfigError
 from sim.inference import contradicted_fact
 from sim.memory import Fact
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, run
 from sim.store import SCHEMA_VERSION, open_reader, open_store
 from sim.store.sql import BULK, INSERT, bulk_parameters
 from sim.wire.events import Notice, Speech
@@ -119,8 +119,11 @@ async def test_a_schema_3_store_migrates_resumes_and_continues_to_the_golden_aud
         assert conn.execute("PRAGMA user_version").fetchone() == (3,)
     written_before = {line.split("\t")[0] for line in audit_lines([db])}  # by renderer 2
     village = str(REPO / "scenarios" / "village.toml")
-    stats = await run(RunConfig(scenario=village, broker=mosquitto.url, run_id="golden", until_tick=120,
-                                db=str(db), resume=True, fact_guard="tests.first_fact_guard:contradicted_fact"))
+    stats = await run(RunConfig(
+        scenario=village, run_id="golden", until_tick=120, broker=BrokerConfig(url=mosquitto.url),
+        inference=InferenceConfig(fact_guard="tests.first_fact_guard:contradicted_fact"),
+        record=RecordConfig(db=str(db), resume=True),
+    ))
     assert (stats.first_tick, stats.tick) == (61, 119)
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
@@ -150,8 +153,10 @@ async def test_a_schema_3_store_of_several_shards_is_refused_with_a_reason(tmp_p
     db = tmp_path / "village.db"
     shutil.copy(SCHEMA_3, db)
     village = str(REPO / "scenarios" / "village.toml")
-    config = RunConfig(scenario=village, broker="auto", run_id="golden", until_tick=70, db=str(db), resume=True,
-                       shard="0/2")
+    config = RunConfig(
+        scenario=village, run_id="golden", until_tick=70, shard="0/2", broker=BrokerConfig(url="auto"),
+        record=RecordConfig(db=str(db), resume=True),
+    )
     with pytest.raises(ConfigError, match="written before schema 4, when shards held NPCs by id"):
         await run(config)
     with open_reader(db) as reader:  # refused before it was claimed: it still resumes on one shard

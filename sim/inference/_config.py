@@ -24,7 +24,7 @@ def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
 
 
 class RunInference(Protocol):
-    """What a run's configuration says about its inferences (sim.shard's RunConfig has it).
+    """What a run's configuration says about its inferences (sim.shard's InferenceConfig is one).
 
     A protocol, not the run's configuration itself: sim.inference sits below the shard
     that holds that configuration and never imports it (docs/architecture.md, layers).

@@ -32,7 +32,7 @@ from sim.inference import InferenceRequest, Reply
 from sim.memory import WorkingMemory, WorkingMemoryConfig
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import MemoryConfigOf, RunConfig, RunStats, open_shard
+from sim.shard import InferenceConfig, MemoryConfigOf, RecordConfig, RunConfig, RunStats, open_shard
 from sim.store import RunSettings, Store
 
 __all__ = ["Executed", "execute"]
@@ -99,12 +99,15 @@ async def execute(
     if alter is not None:
         scenario = alter(scenario)
     live = fork_at is not None
-    config = RunConfig(
-        scenario=str(recording.paths[0]), run_id=identity.run_id, seed=identity.seed, until_tick=end, db=str(out),
+    inference = InferenceConfig(
         backend=backend if live else settings.backend, backend_options=dict(backend_options or {}) if live else {},
-        bots=settings.bots, bot_rate=settings.bot_rate, retain_memories=settings.retain_memories,
+        placement="in-process",  # the pool answers from the record, in this process
         inference_timeout=settings.inference_timeout, fact_guard=settings.fact_guard,
-        inference_process=False,  # the pool answers from the record, in this process
+    )
+    config = RunConfig(
+        scenario=str(recording.paths[0]), run_id=identity.run_id, seed=identity.seed, until_tick=end,
+        bots=settings.bots, bot_rate=settings.bot_rate, inference=inference,
+        record=RecordConfig(db=str(out), retain_memories=settings.retain_memories),
     )
     records = recording.records
     limit = end if fork_at is None else fork_at
@@ -118,9 +121,9 @@ async def execute(
     broker = LocalBroker()
     claim = msgspec.structs.replace(
         identity, shard="0/1", nonce=secrets.token_hex(16),
-        settings=msgspec.structs.replace(settings, end_tick=end, backend=config.backend,
-                                         backend_options=config.backend_options,
-                                         model=RunSettings.model_named(config.backend_options), tick_ms=0)
+        settings=msgspec.structs.replace(settings, end_tick=end, backend=inference.backend,
+                                         backend_options=inference.backend_options,
+                                         model=RunSettings.model_named(inference.backend_options), tick_ms=0)
         if live else msgspec.structs.replace(settings, end_tick=end, tick_ms=0),
     )
 

@@ -8,7 +8,8 @@
         await shard.run(until=shard.end)     # the rest, paced by tick_ms
 
 The modules, one job each:
-- `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
+- `_config`: `RunConfig` in its parts (broker, inference and its placement, limits, record) and what
+  follows from it (shards, their NPCs, the hot window);
 - `_places`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display and the summary read;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
@@ -32,7 +33,17 @@ The modules, one job each:
 """
 
 from sim.shard._clock import Clock, SystemClock, VirtualClock
-from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
+from sim.shard._config import (
+    BrokerConfig,
+    InferenceConfig,
+    Limits,
+    Placement,
+    RecordConfig,
+    RunConfig,
+    hot_limit,
+    parse_shard,
+    shard_npcs,
+)
 from sim.shard._context import AgentContext, MemoryConfigOf, ShardContext
 from sim.shard._dice import ambient_roll
 from sim.shard._places import assign_places
@@ -49,11 +60,16 @@ __all__ = [
     "PLAYER_KINDS",
     "Agent",
     "AgentContext",
+    "BrokerConfig",
     "Claim",
     "Clock",
+    "InferenceConfig",
+    "Limits",
     "MemoryConfigOf",
     "PausedCollector",
+    "Placement",
     "Player",
+    "RecordConfig",
     "RecordedInputs",
     "RunConfig",
     "RunStats",

@@ -93,13 +93,13 @@ class ShardContext:
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        window = max(config.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
+        window = max(config.record.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
             npc_location=self.npc_location,
-            keep_dialogue=config.keep_dialogue, trace_prompts=config.trace_prompts,
+            keep_dialogue=config.record.keep_dialogue, trace_prompts=config.record.trace_prompts,
         )
         self.tick = 0
 
@@ -238,7 +238,7 @@ class AgentContext:
             agent_id=spec.id,
             tick=tick,
             memory=memory,
-            deadline=shard.clock.wall() + shard.config.inference_timeout,
+            deadline=shard.clock.wall() + shard.config.inference.inference_timeout,
             priority=priority,
             fallback_lines=tuple(spec.fallback_lines),
             seed=shard.seed,

@@ -121,8 +121,8 @@ async def _run(
         stats.run_id = run_id
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         async with _workdir() as workdir:
-            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
-            async with open_broker(config.broker, tls=config.broker_tls) as broker:
+            db = Path(config.record.db) if config.record.db else workdir / f"{run_id}.shard{shard}.db"
+            async with open_broker(config.broker.url, tls=config.broker.tls) as broker:
 
                 async def claim_run(store: Store) -> RunKey | None:
                     """The store belongs to this run: the run key is bound to its nonce, and announced."""
@@ -131,7 +131,7 @@ async def _run(
                     stats.broker_address = broker.address
                     stats.viewer = broker.viewer
                     run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
-                    announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
+                    announce_trust(broker, run_id, run_key, workdir if config.inference.placement == "remote" else None)
                     return run_key
 
                 async with open_shard(
@@ -162,7 +162,8 @@ async def _bound_run_key(
 ) -> RunKey | None:
     """The run key (sim.shard._trust), bound to the nonce of the run the store belongs to
     (sim.shard._instance: chosen by shard 0, learnt from it by the others)."""
-    key = run_key_for(config.run_key_file, broker, Path(config.db) if config.db else None)
+    db = config.record.db
+    key = run_key_for(config.broker.run_key_file, broker, Path(db) if db else None)
     index, count = parse_shard(config.shard)
 
     async def learn() -> bytes:

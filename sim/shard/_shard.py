@@ -103,14 +103,14 @@ class Shard:
         self.outside: list[tuple[str, PlayerInputMessage]] = []
         self.world_updates: list[WorldStateMessage] = []  # shard 0: taken into its next TickDone
         self.world_due: dict[str, str] | None = None  # applied at the start of the next tick
-        last = self.store.last_tick if self.config.resume else None
+        last = self.store.last_tick if self.config.record.resume else None
         self.first = 0 if last is None else last + 1
         self.next_tick = self.first
         ticks = self.config.ticks if self.config.ticks is not None else ctx.scenario.scenario.ticks
         self.end = self.config.until_tick if self.config.until_tick is not None else self.first + ticks
         self._session = secrets.token_hex(8)  # names this process's Joins (sim.wire.barrier.Join)
         self.barrier = self._barrier(self.count, self.first)
-        self._workers = 2 * self.config.concurrency  # the pool always has turns waiting to order
+        self._workers = 2 * self.config.inference.concurrency  # the pool always has turns waiting to order
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
         self._admission = Admission()
         # outside input is journaled as it arrives, stamped with the tick that takes it
@@ -153,7 +153,7 @@ class Shard:
             await bus.listen_world_state()
         await self._rejoin()
         stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
-        if self.index == 0 and not self.config.resume and ctx.scenario.world:
+        if self.index == 0 and not self.config.record.resume and ctx.scenario.world:
             world = WorldStateMessage(state={w.key: w.value for w in ctx.scenario.world}, tick=self.first)
             await bus.publish_world_state(world)
         await self._status()
@@ -322,7 +322,7 @@ class Shard:
         arrivals first), within its bound, or in a re-execution what the run took at this tick,
         with the numbers it gave them."""
         inputs = self._held_inputs.pop(tick, []) + self.outside
-        taken = limit_player_inputs(inputs, self.config.bounds.player_inputs_per_tick, self.bus)
+        taken = limit_player_inputs(inputs, self.config.limits.bounds.player_inputs_per_tick, self.bus)
         self.outside.clear()
         if self.recorded is not None:
             return [i for i in self.recorded.inputs.get(tick, ()) if i[2] in self.local]
@@ -405,7 +405,7 @@ class Shard:
                     self.stats.awaiting, self.stats.awaiting_since = awaiting, started
                     await self._status(awaiting=awaiting, since=since)
                 waited = now - started
-                if waited >= self.config.echo_timeout and not warned:
+                if waited >= self.config.limits.echo_timeout and not warned:
                     warned = True
                     self.stats.stalls += 1
                     log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
@@ -446,9 +446,9 @@ class Shard:
         await self.store.keep_pending(Pending(mail=self.bus.waiting_mail(tick), world=self.world_due))
         await self.store.sync_arrivals()  # what this tick took is on the disk before it commits
         self._committing = await self.store.queue_end_tick(tick)
-        if self.config.retain_memories is not None:
+        if self.config.record.retain_memories is not None:
             await self._committed()
-            self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)
+            self.stats.memories_pruned += await self.store.prune_memories(self.config.record.retain_memories)
         if tick % 10 == 0:
             await self._status()
 

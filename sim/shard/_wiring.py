@@ -75,9 +75,9 @@ async def open_shard(
     address = broker or BrokerAddress()
     async with open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store:
         run_key = None if claim is None else await claim(store)
-        bus_config = BusConfig(broker=address, run=run_id, shard=shard, protocol=protocol, bounds=config.bounds,
+        bus_config = BusConfig(broker=address, run=run_id, shard=shard, protocol=protocol, bounds=config.limits.bounds,
                                run_key=run_key)
-        pool_config = PoolConfig.from_run(config, transport=pool_transport(config, len(layout.specs)),
+        pool_config = PoolConfig.from_run(config.inference, transport=pool_transport(config, len(layout.specs)),
                                           broker=address, run_key=run_key, run_id=run_id, shard=shard)
         async with (
             open_bus(bus_config, transport=transport) as bus,
