@@ -25,7 +25,7 @@ from typing import Any
 
 from sim.generate import write_scenario
 from sim.resources import broker_config_dir
-from sim.shard import RunConfig, RunStarted, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStarted, run
 
 
 def _free_port() -> int:
@@ -60,8 +60,9 @@ def measure(world: Path, url: str, shards: int, ticks: int, tmp: Path) -> list[d
     procs = []
     for i in range(shards):
         config = RunConfig(
-            scenario=str(world), broker=url, run_id=f"bench{shards}", until_tick=ticks, shard=f"{i}/{shards}",
-            db=str(tmp / f"bench{shards}-{i}.db"), concurrency=256,
+            scenario=str(world), run_id=f"bench{shards}", until_tick=ticks, shard=f"{i}/{shards}",
+            broker=BrokerConfig(url=url), inference=InferenceConfig(concurrency=256),
+            record=RecordConfig(db=str(tmp / f"bench{shards}-{i}.db")),
         )
         proc = spawn.Process(target=_shard, args=(config, results))
         proc.start()

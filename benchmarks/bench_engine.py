@@ -62,7 +62,17 @@ from sim.generate import write_scenario
 from sim.inference import InferenceRequest
 from sim.memory import build_working_memory
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.shard import PausedCollector, RunConfig, RunStarted, RunStats, run
+from sim.shard import (
+    BrokerConfig,
+    InferenceConfig,
+    PausedCollector,
+    Placement,
+    RecordConfig,
+    RunConfig,
+    RunStarted,
+    RunStats,
+    run,
+)
 from sim.store import open_reader
 from sim.store.records import RecordPacker, unpack_keys
 from sim.wire.inference import encode_request
@@ -70,6 +80,7 @@ from sim.wire.inference import encode_request
 HEADING = "The engine at scale"
 SERVING = {"auto": "the default, a worker process from 1,000 NPCs", "process": "a worker process",
            "inprocess": "in the shard's process"}
+PLACEMENT: dict[str, Placement] = {"auto": "auto", "process": "process", "inprocess": "in-process"}
 WORLDS = {"10k": (10_000, 100, 20), "100k": (100_000, 1_000, 5)}  # NPCs, locations, ticks
 TARGETS = {
     "ticks/s 10k": 4.0, "ticks/s 100k": 0.5, "barrier ms": 50.0, "KB per NPC 100k": 5.0, "floor ratio": 4.0,
@@ -98,8 +109,11 @@ async def engine_run(scenario: Path, ticks: int, db: Path, *, serving: str = "au
         marks.update(ready=time.perf_counter(), rss_ready=process.memory_info().rss, cpu=time.process_time(),
                      children_cpu=children_cpu())
 
-    config = RunConfig(scenario=str(scenario), broker="auto", ticks=ticks, run_id="bench", db=str(db),
-                       inference_process={"auto": None, "process": True, "inprocess": False}[serving])
+    config = RunConfig(
+        scenario=str(scenario), ticks=ticks, run_id="bench", broker=BrokerConfig(url="auto"),
+        inference=InferenceConfig(placement=PLACEMENT[serving]),
+        record=RecordConfig(db=str(db)),
+    )
     stats = await run(config, on_ready=ready)
     run_s = time.perf_counter() - marks["ready"]
     assert stats.bus is not None
@@ -172,14 +186,16 @@ async def bytes_run(npcs: int, locations: int, ticks: int, shards: int, tmp: Pat
     async with open_broker("auto") as broker:
         os.environ[ENV_USERNAME] = broker.address.username or ""
         os.environ[ENV_PASSWORD] = broker.address.password or ""
-        configs = [RunConfig(scenario=str(scenario), broker=broker.url, ticks=ticks, run_id="bytes",
-                             shard=f"{i}/{shards}", db=str(tmp / f"bytes-{i}.db")) for i in range(shards)]
+        configs = [RunConfig(
+            scenario=str(scenario), ticks=ticks, run_id="bytes", shard=f"{i}/{shards}",
+            broker=BrokerConfig(url=broker.url), record=RecordConfig(db=str(tmp / f"bytes-{i}.db")),
+        ) for i in range(shards)]
         stats = [RunStats() for _ in configs]
         await asyncio.gather(*(run(c, stats=s) for c, s in zip(configs, stats, strict=True)))
     per_shard = []
     for config, s in zip(configs, stats, strict=True):
-        assert s.bus is not None and config.db is not None
-        local_bytes = s.bus.events_local * mean_event_bytes(Path(config.db))
+        assert s.bus is not None and config.record.db is not None
+        local_bytes = s.bus.events_local * mean_event_bytes(Path(config.record.db))
         per_shard.append({"broker": s.bus.bytes_in, "local_events": s.bus.events_local, "local": local_bytes})
     return {"npcs": npcs, "shards": shards, "ticks": ticks, "per_shard": per_shard}
 

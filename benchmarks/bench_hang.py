@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks._report import machine_line, write_section
-from sim.shard import RunConfig, run
+from sim.shard import InferenceConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,8 +41,10 @@ async def measure(ticks: int, inference_timeout: float) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             db = Path(tmp) / "hang.db"
             config = RunConfig(
-                scenario=str(REPO / "scenarios" / "village.toml"), ticks=ticks, db=str(db), backend="openai",
-                backend_options={"base_url": f"http://127.0.0.1:{port}/v1"}, inference_timeout=inference_timeout,
+                scenario=str(REPO / "scenarios" / "village.toml"), ticks=ticks,
+                inference=InferenceConfig(backend="openai", backend_options={"base_url": f"http://127.0.0.1:{port}/v1"},
+                                          inference_timeout=inference_timeout),
+                record=RecordConfig(db=str(db)),
             )
             started = time.monotonic()
             stats = await run(config)

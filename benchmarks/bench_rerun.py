@@ -24,7 +24,7 @@ from benchmarks._report import machine_line, write_section
 from benchmarks.bench_scale import measure
 from sim.generate import write_scenario
 from sim.replay import compare, execute, load_recording
-from sim.shard import RunConfig
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig
 
 HEADING = "Re-execution of a recorded run"
 
@@ -34,8 +34,10 @@ async def main(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_scenario(Path(tmp) / "world.toml", npcs=args.npcs, locations=args.locations, seed=1)
         db = Path(tmp) / "original.db"
-        _, stats, original_s = await measure(RunConfig(scenario=str(path), broker="auto", ticks=ticks, run_id="rerun",
-                                                       concurrency=256, db=str(db)))
+        _, stats, original_s = await measure(RunConfig(
+            scenario=str(path), ticks=ticks, run_id="rerun", broker=BrokerConfig(url="auto"),
+            inference=InferenceConfig(concurrency=256), record=RecordConfig(db=str(db)),
+        ))
         started = time.perf_counter()
         recording = await asyncio.to_thread(load_recording, [db])
         load_s = time.perf_counter() - started

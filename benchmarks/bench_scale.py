@@ -27,7 +27,7 @@ import psutil
 
 from benchmarks._report import machine_line, write_section
 from sim.generate import write_scenario
-from sim.shard import RunConfig, RunStarted, RunStats, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStarted, RunStats, run
 
 HEADING = "100,000 NPCs (issue 11)"
 TARGET_EVENTS_PER_S = 20_000
@@ -88,13 +88,18 @@ async def main(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_scenario(Path(tmp) / "world.toml", npcs=npcs, locations=locations, seed=1)
         db = Path(tmp) / "scale.db"
-        base = RunConfig(scenario=str(path), broker="auto", ticks=ticks, run_id="scale", concurrency=256, db=str(db))
+        base = RunConfig(
+            scenario=str(path), ticks=ticks, run_id="scale", broker=BrokerConfig(url="auto"),
+            inference=InferenceConfig(concurrency=256), record=RecordConfig(db=str(db)),
+        )
         fresh, stats, run_s = await measure(base)
         resumed = None
         if args.resume_check:
             resumed, _, _ = await measure(
-                RunConfig(scenario=str(path), broker="auto", ticks=1, run_id="scale", concurrency=256, db=str(db),
-                          resume=True),
+                RunConfig(
+                    scenario=str(path), ticks=1, run_id="scale", broker=BrokerConfig(url="auto"),
+                    inference=InferenceConfig(concurrency=256), record=RecordConfig(db=str(db), resume=True),
+                ),
                 stop_when_ready=True,
             )
     ticks_run = stats.ticks_done

@@ -36,7 +36,7 @@ from sim.audit import encode_record
 from sim.broker import free_port
 from sim.generate import write_scenario
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.shard import RunConfig, RunStarted, RunStats, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStarted, RunStats, run
 from sim.store import open_reader
 from sim.view import LiveView, build_app, open_view_server, open_view_thread
 from sim.wire.trace import encode_trace, trace_of
@@ -100,7 +100,10 @@ async def measure(seconds: float, workdir: Path) -> tuple[list[dict[str, float]]
     """The run alone, then watched by the view on the run's loop, on its own thread, in its own process."""
     scenario = write_scenario(workdir / "big.toml", npcs=10_000, locations=100, seed=0)
     db = workdir / "big.db"
-    config = RunConfig(scenario=str(scenario), broker="auto", run_id="big", ticks=1_000_000, db=str(db))
+    config = RunConfig(
+        scenario=str(scenario), run_id="big", ticks=1_000_000, broker=BrokerConfig(url="auto"),
+        record=RecordConfig(db=str(db)),
+    )
     stats, stop, ready = RunStats(), asyncio.Event(), asyncio.Event()
     started: list[RunStarted] = []
     view = LiveView()

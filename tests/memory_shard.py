@@ -12,12 +12,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from sim.bus import BusConfig, open_bus
-from sim.inference import PoolConfig, open_pool
-from sim.mqtt import BrokerAddress
+import msgspec
+
+from sim.protocol.seal import RunKey
 from sim.scenario import Scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock
-from sim.store import open_store
+from sim.shard import RunConfig, RunStats, Shard, VirtualClock, open_shard
+from sim.store import Store
 from tests.memory_broker import MemoryBroker
 
 __all__ = ["PacingClock", "memory_shard"]
@@ -37,17 +37,18 @@ class PacingClock(VirtualClock):
 
 @contextlib.asynccontextmanager
 async def memory_shard(
-    broker: MemoryBroker, scenario: Scenario, config: RunConfig, db: Path, stats: RunStats, stop: asyncio.Event
+    broker: MemoryBroker, scenario: Scenario, config: RunConfig, db: Path, stats: RunStats, stop: asyncio.Event,
+    *, run_key: RunKey | None = None, seed: int | None = None,
 ) -> AsyncIterator[Shard]:
-    """A Shard on the in-memory broker, with its store and an in-process pool."""
-    index = config.shard.split("/")[0]
-    bus_config = BusConfig(broker=BrokerAddress(), run="mem", shard=index)
-    async with (
-        open_store(db, keep_tail=False) as store,
-        open_pool(PoolConfig()) as pool,
-        open_bus(bus_config, transport=broker.transport()) as bus,
-    ):
-        stats.bus = bus.stats
-        ctx = ShardContext(scenario, config, "mem", scenario.scenario.seed, bus, pool, store, stats,
-                           clock=broker.clock)
-        yield Shard(ctx, stop)
+    """A Shard on the in-memory broker, with its store and an in-process pool; `run_key` seals the bus."""
+
+    async def bound(_store: Store) -> RunKey | None:
+        return run_key
+
+    in_process = msgspec.structs.replace(
+        config, inference=msgspec.structs.replace(config.inference, placement="in-process"))
+    async with open_shard(
+        in_process, scenario, run_id=config.run_id or "mem", seed=scenario.scenario.seed if seed is None else seed,
+        db=db, stats=stats, stop=stop, transport=broker.transport(), claim=bound, clock=broker.clock,
+    ) as shard:
+        yield shard

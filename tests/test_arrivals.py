@@ -12,7 +12,7 @@ import pytest
 
 from sim.protocol.outside import PlayerArrival, WorldArrival
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, RunStats, VirtualClock
+from sim.shard import RecordConfig, RunConfig, RunStats, VirtualClock
 from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
 from tests.helpers import VILLAGE, eventually
@@ -74,8 +74,8 @@ async def test_an_input_a_tick_took_before_it_was_cut_short_is_taken_again_at_th
             stop.set()
             assert await shard.step(3) is False  # it took its inputs, then stopped before its turns
         assert read_arrivals(db, 2) == [PlayerArrival(tick=3, player="visitor", to="innkeeper", text=text)]
-        async with memory_shard(broker, scenario, msgspec.structs.replace(config, resume=True), db, RunStats(),
-                                asyncio.Event()) as shard:
+        resumed = msgspec.structs.replace(config, record=RecordConfig(resume=True))
+        async with memory_shard(broker, scenario, resumed, db, RunStats(), asyncio.Event()) as shard:
             await shard.start()
             assert shard.next_tick == 3
             for tick in range(3, 8):

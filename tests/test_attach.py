@@ -19,7 +19,7 @@ import pytest
 from sim.attach import RunFile, find_run, local_runs, published
 from sim.cli import main
 from sim.mqtt import BrokerAddress
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RunConfig, run
 from tests.helpers import NPCSIM, VILLAGE, MosquittoProcess, env_for
 
 pytestmark = pytest.mark.mosquitto
@@ -153,8 +153,9 @@ async def test_subscribe_all_decodes_every_topic_of_the_run(mosquitto: Mosquitto
     try:
         async with asyncio.timeout(30):
             assert (await sub.stderr.readline()).startswith(b"connected to ")
-        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="all", ticks=4,
-                            run_key_file=str(key)))
+        await run(RunConfig(
+            scenario=VILLAGE, run_id="all", ticks=4, broker=BrokerConfig(url=mosquitto.url, run_key_file=str(key)),
+        ))
         seen: dict[str, dict[str, object]] = {}
         async with asyncio.timeout(30):
             while not {"barrier", "say"} <= {t.split("/")[2] if "/say" not in t else "say" for t in seen}:

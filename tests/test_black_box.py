@@ -14,7 +14,7 @@ from sim.audit import attempt_prompt, make_record
 from sim.cli import main
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from sim.memory import WorkingMemoryConfig, build_working_memory
-from sim.shard import RunConfig, hot_limit, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, hot_limit, run
 from sim.store import Writer, open_reader, open_store
 from tests.audit_records import store_instead
 from tests.fake_openai import FakeOpenAI, open_fake_openai
@@ -163,8 +163,11 @@ async def test_village_against_a_server_answering_empty_every_other_call(
     db = tmp_path / "village.db"
     async with open_fake_openai(reply="Four copper, friend.") as server:
         server.script = ["empty", "ok"] * 1000
-        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="empties", ticks=8, db=str(db),
-                           backend="openai", backend_options={"base_url": server.base_url}, concurrency=1)
+        config = RunConfig(
+            scenario=VILLAGE, run_id="empties", ticks=8, broker=BrokerConfig(url=mosquitto.url),
+            inference=InferenceConfig(backend="openai", backend_options={"base_url": server.base_url}, concurrency=1),
+            record=RecordConfig(db=str(db)),
+        )
         stats = await run(config)
         sent = ["\n\n".join(m["content"] for m in r["body"]["messages"]) for r in server.requests]
     assert stats.inferences > 0
@@ -192,9 +195,12 @@ async def test_a_hanging_server_is_a_counted_failure_that_opens_the_circuit(
     db = tmp_path / "hang.db"
     async with open_fake_openai() as server:
         server.default = "hang"
-        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="hang", ticks=6, db=str(db),
-                           backend="openai", backend_options={"base_url": server.base_url, "breaker_failures": 2},
-                           inference_timeout=2.0)
+        config = RunConfig(
+            scenario=VILLAGE, run_id="hang", ticks=6, broker=BrokerConfig(url=mosquitto.url),
+            inference=InferenceConfig(backend="openai", inference_timeout=2.0,
+                                      backend_options={"base_url": server.base_url, "breaker_failures": 2}),
+            record=RecordConfig(db=str(db)),
+        )
         stats = await run(config)
     assert stats.inferences > 0 and stats.fallbacks == stats.inferences
     with open_reader(db) as reader:
@@ -212,8 +218,10 @@ async def test_over_budget_prompts_are_counted_logged_once_per_npc_and_listed(
     scenario.write_text(Path(VILLAGE).read_text() + "\n[memory]\nmax_context_chars = 100\n")  # noqa: ASYNC240 - setup
     db = tmp_path / "tight.db"
     with caplog.at_level(logging.WARNING, logger="sim.shard"):
-        stats = await run(RunConfig(scenario=str(scenario), broker=mosquitto.url, run_id="tight", ticks=6,
-                                    db=str(db)))
+        stats = await run(RunConfig(
+            scenario=str(scenario), run_id="tight", ticks=6, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(db=str(db)),
+        ))
     assert stats.over_budget == stats.inferences > 0
     logged = [r.getMessage().split(":")[0] for r in caplog.records if "over budget" in r.getMessage()]
     assert logged and len(logged) == len(set(logged))  # once per NPC
@@ -275,7 +283,10 @@ def test_run_config_refuses_what_the_cli_refuses(field: str, value: float) -> No
     from sim.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be"):
-        RunConfig(scenario=VILLAGE, **{field: value})
+        if field in InferenceConfig.__struct_fields__:
+            RunConfig(scenario=VILLAGE, inference=InferenceConfig(**{field: value}))
+        else:
+            RunConfig(scenario=VILLAGE, **{field: value})
 
 
 async def test_read_timeout_must_stay_below_the_inference_timeout() -> None:

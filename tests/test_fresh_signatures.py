@@ -18,16 +18,13 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError
-from sim.inference import PoolConfig, open_pool
-from sim.mqtt import BrokerAddress
 from sim.protocol.admission import Admission
 from sim.protocol.bounds import InputBounds
 from sim.protocol.router import Router
 from sim.protocol.seal import OTHER_RUN, UNSIGNED, RunKey, load_run_key, new_nonce, refusal
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, Shard, VirtualClock, run
 from sim.shard._instance import kept_messages
 from sim.store import open_reader, open_store
 from sim.wire import topics
@@ -35,6 +32,7 @@ from sim.wire.barrier import Hello, Join, TickDone, decode_barrier, encode_barri
 from sim.wire.events import EventBatch, Speech, decode_say, encode_batch, event_id
 from tests.helpers import REPO, MosquittoProcess, eventually
 from tests.memory_broker import MemoryBroker
+from tests.memory_shard import memory_shard
 
 VILLAGE = str(REPO / "scenarios" / "village.toml")
 KEY = RunKey(b"0123456789abcdef0123456789abcdef")
@@ -96,15 +94,9 @@ async def keyed_shard(broker: MemoryBroker, tmp_path: Path, key: RunKey, stop: a
     """Shard 0 of 2 of the village on the in-memory broker, with a bound run key."""
     scenario = load_scenario(VILLAGE)
     config = RunConfig(scenario=VILLAGE, run_id="mem", ticks=5, shard="0/2")
-    bus_config = BusConfig(broker=BrokerAddress(), run="mem", shard="0", run_key=key)
-    async with (
-        open_store(tmp_path / "flood.db", keep_tail=False) as store,
-        open_pool(PoolConfig()) as pool,
-        open_bus(bus_config, transport=broker.transport()) as bus,
-    ):
-        stats = RunStats(shard="0")
-        stats.bus = bus.stats
-        yield Shard(ShardContext(scenario, config, "mem", 7, bus, pool, store, stats, clock=broker.clock), stop)
+    async with memory_shard(broker, scenario, config, tmp_path / "flood.db", RunStats(shard="0"), stop, run_key=key,
+                            seed=7) as shard:
+        yield shard
 
 
 async def test_a_join_replayed_3000_times_is_served_once(tmp_path: Path) -> None:
@@ -142,7 +134,7 @@ async def test_a_forged_join_with_another_shard_count_does_not_stop_a_run_on_an_
     mosquitto: MosquittoProcess,
 ) -> None:
     stop, ready = asyncio.Event(), asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="open", ticks=40, tick_ms=25)
+    config = RunConfig(scenario=VILLAGE, run_id="open", ticks=40, tick_ms=25, broker=BrokerConfig(url=mosquitto.url))
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -165,8 +157,10 @@ async def ghost_run(mosquitto: MosquittoProcess, db: Path, key_file: Path, *, re
     """
     stop, ready = asyncio.Event(), asyncio.Event()
     stats = RunStats()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="ghost", ticks=400, tick_ms=25, db=str(db),
-                       run_key_file=str(key_file))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="ghost", ticks=400, tick_ms=25,
+        broker=BrokerConfig(url=mosquitto.url, run_key_file=str(key_file)), record=RecordConfig(db=str(db)),
+    )
     inbox = topics.agent_inbox("ghost", "innkeeper")
     waiting_for = {"visitor"} if replay is not None else {"visitor", "ghost"}
     async with asyncio.TaskGroup() as group:
@@ -246,9 +240,10 @@ async def test_shards_of_a_keyed_run_share_its_nonce_after_a_late_start_and_a_re
     dbs = [tmp_path / f"s{i}.db" for i in range(2)]
     key = RunKey(key_file.read_bytes().strip())
 
-    def config(i: int, until: int, **more: object) -> RunConfig:
-        return RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="pair", shard=f"{i}/2", until_tick=until,
-                         db=str(dbs[i]), run_key_file=str(key_file), **more)  # type: ignore[arg-type]
+    def config(i: int, until: int, *, resume: bool = False) -> RunConfig:
+        return RunConfig(scenario=VILLAGE, broker=BrokerConfig(url=mosquitto.url, run_key_file=str(key_file)),
+                         run_id="pair", shard=f"{i}/2", until_tick=until,
+                         record=RecordConfig(db=str(dbs[i]), resume=resume))
 
     hellos: list[Hello] = []
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
@@ -280,7 +275,9 @@ async def test_shards_of_a_keyed_run_share_its_nonce_after_a_late_start_and_a_re
 
 
 def test_kept_messages_this_start_cannot_send_again_stop_a_resume_naming_the_key() -> None:
-    config = RunConfig(scenario=VILLAGE, db="tw.db", run_key_file="second.key", resume=True)
+    config = RunConfig(
+        scenario=VILLAGE, broker=BrokerConfig(run_key_file="second.key"), record=RecordConfig(db="tw.db", resume=True),
+    )
     mine = KEY.for_run(new_nonce())
     sealed = [(4, "t", mine.sign("t", b"\x91\x00"))]
     assert kept_messages(sealed, mine, config) == sealed

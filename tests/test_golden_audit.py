@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sim.generate import write_scenario
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
 from tests.golden import GOLDEN, REGENERATE, audit_lines
 from tests.helpers import REPO, MosquittoProcess
 
@@ -30,8 +30,10 @@ pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 async def run_world(scenario: str, tmp_path: Path, broker: str, shards: int, until: int) -> list[Path]:
     dbs = [tmp_path / f"golden-{i}of{shards}.db" for i in range(shards)]
     configs = [
-        RunConfig(scenario=scenario, broker=broker, run_id="golden", until_tick=until, shard=f"{i}/{shards}",
-                  db=str(db))
+        RunConfig(
+            scenario=scenario, run_id="golden", until_tick=until, shard=f"{i}/{shards}",
+            broker=BrokerConfig(url=broker), record=RecordConfig(db=str(db)),
+        )
         for i, db in enumerate(dbs)
     ]
     stats = [RunStats() for _ in configs]

@@ -16,9 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sim.cli import build_parser
+from sim.cli.run import run_command
 from sim.errors import ConfigError
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
-from sim.shard import RunConfig
+from sim.shard import InferenceConfig, Placement, RunConfig
 from sim.shard._config import WORKER_PROCESS_NPCS, pool_transport
 from tests.helpers import eventually
 from tests.inference_helpers import make_request
@@ -163,11 +165,15 @@ def test_which_shards_serve_in_a_worker_process(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
     assert pool_transport(config, WORKER_PROCESS_NPCS) == "process"
     assert pool_transport(config, WORKER_PROCESS_NPCS - 1) == "inprocess"
-    assert pool_transport(RunConfig(scenario="x.toml", inference_process=True), 3) == "process"
-    assert pool_transport(RunConfig(scenario="x.toml", inference_process=False), 10**6) == "inprocess"
-    assert pool_transport(RunConfig(scenario="x.toml", remote_workers=True), 10**6) == "mqtt"
+
+    def placed(placement: Placement) -> RunConfig:
+        return RunConfig(scenario="x.toml", inference=InferenceConfig(placement=placement))
+
+    assert pool_transport(placed("process"), 3) == "process"
+    assert pool_transport(placed("in-process"), 10**6) == "inprocess"
+    assert pool_transport(placed("remote"), 10**6) == "mqtt"
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
     assert pool_transport(config, 10**6) == "inprocess"  # one CPU: nothing to gain
     with pytest.raises(ConfigError, match="--remote-workers and --inference-process"):
-        RunConfig(scenario="x.toml", remote_workers=True, inference_process=True)
+        run_command(build_parser().parse_args(["run", "x.toml", "--remote-workers", "--inference-process"]))
 

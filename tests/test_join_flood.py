@@ -18,7 +18,7 @@ import aiomqtt
 import pytest
 
 from sim.protocol.admission import Resends
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import BrokerConfig, RunConfig, RunStats, run
 from sim.wire import topics
 from sim.wire.barrier import Join, TickDone, decode_barrier, encode_barrier
 from tests.helpers import VILLAGE, MosquittoProcess, elapse, eventually
@@ -49,7 +49,9 @@ async def test_a_flood_of_forged_joins_makes_a_bounded_number_of_resends(
     mosquitto: MosquittoProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sim.shard")
-    configs = [RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id=RUN, ticks=TICKS, tick_ms=25, shard=f"{i}/2")
+    configs = [RunConfig(
+        scenario=VILLAGE, run_id=RUN, ticks=TICKS, tick_ms=25, shard=f"{i}/2", broker=BrokerConfig(url=mosquitto.url),
+    )
                for i in range(2)]
     stats = [RunStats() for _ in configs]
     ready = [asyncio.Event() for _ in configs]

@@ -13,7 +13,7 @@ from sim.errors import ConfigError
 from sim.inference import PoolStatistics
 from sim.loadtest import Progress
 from sim.metrics import Metrics, serve_metrics
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RunConfig, run
 from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
 
 EXPECTED = {
@@ -64,7 +64,7 @@ def ok(families: Families) -> float:
 async def test_metrics_are_scraped_during_a_run(mosquitto: MosquittoProcess) -> None:
     metrics = Metrics()
     stop = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="m1", ticks=100_000, tick_ms=50)
+    config = RunConfig(scenario=VILLAGE, run_id="m1", ticks=100_000, tick_ms=50, broker=BrokerConfig(url=mosquitto.url))
     with serve_metrics(metrics, 0) as port:
         async with asyncio.TaskGroup() as group:
             job = group.create_task(run(config, stop=stop, metrics=metrics))

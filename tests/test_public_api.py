@@ -61,10 +61,11 @@ PACKAGES: dict[str, set[str]] = {
         "records_of", "what_if", "write_plot",
     },
     "sim.shard": {
-        "AGENT_KINDS", "Agent", "AgentContext", "Clock", "PLAYER_KINDS", "PausedCollector", "Player", "RecordedInputs",
+        "AGENT_KINDS", "Agent", "AgentContext", "BrokerConfig", "Claim", "Clock", "InferenceConfig", "Limits",
+        "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Placement", "Player", "RecordConfig", "RecordedInputs",
         "RunConfig", "RunStarted", "RunStats", "Shard",
         "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
-        "assign_places", "create_agents", "hot_limit", "parse_shard", "run", "shard_npcs",
+        "assign_places", "create_agents", "hot_limit", "open_shard", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
         "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",

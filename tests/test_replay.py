@@ -21,7 +21,7 @@ import pytest
 
 from sim.replay import compare, execute, fork_report, load_recording, records_of
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import RunConfig, RunStats, ambient_roll, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, ambient_roll, run
 from sim.store import open_reader
 from sim.wire import topics
 from tests.audit_records import store_instead
@@ -40,8 +40,10 @@ async def original(mosquitto: MosquittoProcess, tmp_path: Path, shards: int = 1)
     run_id = f"orig{shards}"
     dbs = [tmp_path / f"{run_id}-{i}.db" for i in range(shards)]
     stats = [RunStats() for _ in dbs]
-    configs = [RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id=run_id, until_tick=END, tick_ms=60,
-                         shard=f"{i}/{shards}", db=str(db)) for i, db in enumerate(dbs)]
+    configs = [RunConfig(
+        scenario=VILLAGE, run_id=run_id, until_tick=END, tick_ms=60, shard=f"{i}/{shards}",
+        broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
+    ) for i, db in enumerate(dbs)]
     async with asyncio.TaskGroup() as group:
         jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
         await eventually(lambda: min(s.tick for s in stats) >= 5, what="the run under way", within=120)
@@ -214,7 +216,10 @@ async def test_bad_inputs_each_get_one_line(
     assert "report a what-if" in await refused("--db", str(db), "--json", str(tmp_path / "w.json"))
     assert "executes nothing" in await refused("--db", str(db), "--set", "max_context_chars=700", "--out", "x.db")
     other = tmp_path / "other.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="other", ticks=3, db=str(other)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="other", ticks=3, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(other)),
+    ))
     assert "belongs to run other" in await refused("--db", str(db), "--db", str(other))
     tampered = tmp_path / "tampered.db"
     tampered.write_bytes(db.read_bytes())
@@ -259,8 +264,10 @@ async def test_retries_and_fallbacks_are_answered_attempt_by_attempt(
     """Rejected replies, their retries and the fallbacks they end in: each attempt given back in order."""
     db = tmp_path / "retries.db"
     script = ["*waves*", "Good evening.", "*nods*", "*shrugs*"]  # a retry that works, then one that does not
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="retries", until_tick=40, db=str(db),
-                        backend_options={"script": script}))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="retries", until_tick=40, broker=BrokerConfig(url=mosquitto.url),
+        inference=InferenceConfig(backend_options={"script": script}), record=RecordConfig(db=str(db)),
+    ))
     with open_reader(db) as reader:
         records = list(reader.audit_records())
     assert any(len(r.attempts) == 2 and not r.fallback for r in records), "no retry that worked"

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from tests.helpers import VILLAGE, MosquittoProcess, audit
@@ -26,9 +26,14 @@ async def test_a_retained_player_input_is_ignored_and_counted_at_every_start(
 ) -> None:
     db = tmp_path / "kept.db"
     await retain(mosquitto, topics.player_input("kept", "visitor"), b'{"to": "innkeeper", "text": "Kept for ever"}')
-    first = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="kept", ticks=4, db=str(db)))
-    again = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="kept", ticks=4, db=str(db),
-                                resume=True))
+    first = await run(RunConfig(
+        scenario=VILLAGE, run_id="kept", ticks=4, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
+    again = await run(RunConfig(
+        scenario=VILLAGE, run_id="kept", ticks=4, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db), resume=True),
+    ))
     for stats in (first, again):
         assert stats.bus is not None and stats.bus.refused.get("retained player input") == 1
     async with open_store(db) as store:
@@ -40,9 +45,9 @@ async def test_a_retained_player_input_is_ignored_and_counted_at_every_start(
 async def test_a_retained_world_state_of_an_earlier_run_does_not_change_a_fresh_run(
     mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def config(db: Path, **more: object) -> RunConfig:
-        return RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="crown", ticks=30, db=str(db),
-                         **more)  # type: ignore[arg-type]
+    def config(db: Path, *, resume: bool = False) -> RunConfig:
+        return RunConfig(scenario=VILLAGE, broker=BrokerConfig(url=mosquitto.url), run_id="crown", ticks=30,
+                         record=RecordConfig(db=str(db), resume=resume))
 
     earlier = await run(config(tmp_path / "earlier.db"))  # leaves the scenario's world state retained
     assert earlier.bus is not None and "retained world state" not in earlier.bus.refused

@@ -11,7 +11,7 @@ import pytest
 
 from sim import broker as broker_module
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
 from sim.wire import topics
 from sim.wire.events import decode_say
 from tests.helpers import VILLAGE, MosquittoProcess, SmallNpc, ended, eventually, small_world, start_npcsim
@@ -40,7 +40,10 @@ async def test_village_answers_every_scripted_input(mosquitto: MosquittoProcess)
     async with asyncio.TaskGroup() as group:
         listener = group.create_task(listen(ready))
         await ready.wait()
-        stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="v1", ticks=16, keep_dialogue=True))
+        stats = await run(RunConfig(
+            scenario=VILLAGE, run_id="v1", ticks=16, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(keep_dialogue=True),
+        ))
         await eventually(lambda: len(said) >= stats.lines, what=f"the {stats.lines} lines said, heard")
         listener.cancel()
     assert_every_input_answered(stats)
@@ -53,7 +56,7 @@ async def test_village_answers_every_scripted_input(mosquitto: MosquittoProcess)
 async def test_outside_client_talks_to_an_npc(mosquitto: MosquittoProcess) -> None:
     stop = asyncio.Event()
     ready = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="v2", ticks=500, tick_ms=20)
+    config = RunConfig(scenario=VILLAGE, run_id="v2", ticks=500, tick_ms=20, broker=BrokerConfig(url=mosquitto.url))
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -75,7 +78,10 @@ async def test_outside_client_talks_to_an_npc(mosquitto: MosquittoProcess) -> No
 
 async def test_malformed_payloads_leave_the_run_going(mosquitto: MosquittoProcess) -> None:
     ready = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="v3", ticks=20, tick_ms=30, keep_dialogue=True)
+    config = RunConfig(
+        scenario=VILLAGE, run_id="v3", ticks=20, tick_ms=30, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(keep_dialogue=True),
+    )
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -96,7 +102,10 @@ async def test_malformed_payloads_leave_the_run_going(mosquitto: MosquittoProces
 async def test_same_seed_gives_identical_dialogue(mosquitto: MosquittoProcess) -> None:
     runs = []
     for run_id in ("d1", "d1"):
-        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id=run_id, ticks=20, seed=3, keep_dialogue=True)
+        config = RunConfig(
+            scenario=VILLAGE, run_id=run_id, ticks=20, seed=3, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(keep_dialogue=True),
+        )
         stats = await run(config)
         runs.append([(s.tick, s.agent, s.to, s.text, s.inference_id) for s in stats.dialogue])
     assert runs[0] == runs[1]
@@ -106,7 +115,10 @@ async def test_same_seed_gives_identical_dialogue(mosquitto: MosquittoProcess) -
 
 async def test_embedded_broker_runs_the_village(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker_module, "find_mosquitto", lambda: None)
-    stats = await run(RunConfig(scenario=VILLAGE, broker="auto", run_id="emb", ticks=15, keep_dialogue=True))
+    stats = await run(RunConfig(
+        scenario=VILLAGE, run_id="emb", ticks=15, broker=BrokerConfig(url="auto"),
+        record=RecordConfig(keep_dialogue=True),
+    ))
     assert stats.broker.startswith("embedded")
     assert_every_input_answered(stats)
 

@@ -17,7 +17,7 @@ import pytest
 
 from sim.cli import main
 from sim.errors import ConfigError
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from tests.helpers import (
     VILLAGE,
@@ -113,14 +113,16 @@ async def test_a_resume_of_another_run_is_refused_naming_both(
     mosquitto: MosquittoProcess, tmp_path: Path, change: dict[str, object], expected: str
 ) -> None:
     db = tmp_path / "v.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, ticks=3, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, ticks=3, broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
+    ))
     before = audit(db)
     if change.get("scenario") == "edited":
         edited = tmp_path / "village.toml"
         edited.write_text(EDITED)
         change = {"scenario": str(edited)}
-    config = RunConfig(**{"scenario": VILLAGE, "broker": mosquitto.url, "ticks": 3, "db": str(db), "resume": True,
-                          **change})
+    config = RunConfig(**{"scenario": VILLAGE, "ticks": 3, **change}, broker=BrokerConfig(url=mosquitto.url),
+                       record=RecordConfig(db=str(db), resume=True))
     with pytest.raises(ConfigError) as refused:
         await run(config)
     with open_reader(db) as reader:
@@ -134,13 +136,18 @@ async def test_a_store_from_before_identities_is_resumed_and_claimed(
     mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "old.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="old", ticks=3, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="old", ticks=3, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
     with sqlite3.connect(db) as conn:
         conn.execute("DELETE FROM run")
     conn.close()
     caplog.set_level(logging.WARNING)
-    again = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="old", ticks=3, db=str(db),
-                                resume=True))
+    again = await run(RunConfig(
+        scenario=VILLAGE, run_id="old", ticks=3, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db), resume=True),
+    ))
     assert (again.first_tick, again.tick) == (3, 5)
     assert "holds no run identity (an older npcsim wrote it): it now belongs to run old seed 7" in caplog.text
     with open_reader(db) as reader:

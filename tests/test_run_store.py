@@ -13,7 +13,7 @@ from sim.cli import main
 from sim.errors import ConfigError
 from sim.generate import generate_scenario
 from sim.protocol.outside import OutsideInput
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, InferenceConfig, Limits, RecordConfig, RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.events import decode_say
@@ -24,7 +24,10 @@ pytestmark = pytest.mark.mosquitto
 
 async def test_run_records_every_inference_and_resumes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     db = tmp_path / "village.db"
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="kept", ticks=8, db=str(db))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="kept", ticks=8, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     first = await run(config)
     assert first.inferences > 0
     with open_reader(db) as reader:
@@ -34,8 +37,10 @@ async def test_run_records_every_inference_and_resumes(mosquitto: MosquittoProce
     with pytest.raises(ConfigError, match=r"already holds this run up to tick 7: pass --resume"):
         await run(config)
 
-    second = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="kept", ticks=6, db=str(db),
-                                 resume=True))
+    second = await run(RunConfig(
+        scenario=VILLAGE, run_id="kept", ticks=6, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db), resume=True),
+    ))
     assert (second.first_tick, second.tick) == (8, 13)
     with open_reader(db) as reader:
         assert reader.last_tick() == 13
@@ -47,8 +52,10 @@ async def test_run_records_every_inference_and_resumes(mosquitto: MosquittoProce
 
 async def test_resume_without_a_database_is_refused(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--resume: .* holds no committed tick"):
-        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, ticks=2, db=str(tmp_path / "new.db"),
-                            resume=True))
+        await run(RunConfig(
+            scenario=VILLAGE, ticks=2, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(db=str(tmp_path / "new.db"), resume=True),
+        ))
 
 
 async def test_game_system_sets_world_state_over_mqtt(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
@@ -56,7 +63,10 @@ async def test_game_system_sets_world_state_over_mqtt(mosquitto: MosquittoProces
     db = tmp_path / "world.db"
     stop = asyncio.Event()
     ready = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="w1", ticks=400, tick_ms=20, db=str(db))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="w1", ticks=400, tick_ms=20, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -94,9 +104,12 @@ async def test_village_runs_against_an_openai_compatible_server(mosquitto: Mosqu
 
     db = tmp_path / "openai.db"
     async with open_fake_openai(reply="Aye, the forge is hot today.") as server:
-        stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="oa", ticks=6, db=str(db),
-                                    backend="openai", backend_options={"base_url": server.base_url, "model": "fake-1"},
-                                    keep_dialogue=True))
+        stats = await run(RunConfig(
+            scenario=VILLAGE, run_id="oa", ticks=6, broker=BrokerConfig(url=mosquitto.url),
+            inference=InferenceConfig(backend="openai",
+                                      backend_options={"base_url": server.base_url, "model": "fake-1"}),
+            record=RecordConfig(db=str(db), keep_dialogue=True),
+        ))
         prompts = [r["body"]["messages"][0]["content"] for r in server.requests]
     assert stats.inferences > 0 and stats.fallbacks == 0
     assert {say.text for say in stats.dialogue} == {"Aye, the forge is hot today."}
@@ -111,7 +124,10 @@ async def test_outside_input_is_stored_with_its_tick(mosquitto: MosquittoProcess
     db = tmp_path / "inputs.db"
     stop = asyncio.Event()
     ready = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="in1", ticks=500, tick_ms=20, db=str(db))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="in1", ticks=500, tick_ms=20, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stop=stop, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -132,19 +148,29 @@ async def test_outside_input_is_stored_with_its_tick(mosquitto: MosquittoProcess
 
 async def test_resume_to_a_horizon(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     db = tmp_path / "horizon.db"
-    base = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="h1", until_tick=8, db=str(db))
+    base = RunConfig(
+        scenario=VILLAGE, run_id="h1", until_tick=8, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     first = await run(base)
     assert (first.first_tick, first.tick) == (0, 7)
-    again = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="h1", until_tick=14, db=str(db),
-                                resume=True))
+    again = await run(RunConfig(
+        scenario=VILLAGE, run_id="h1", until_tick=14, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db), resume=True),
+    ))
     assert (again.first_tick, again.tick) == (8, 13)
-    done = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="h1", until_tick=14, db=str(db),
-                               resume=True))
+    done = await run(RunConfig(
+        scenario=VILLAGE, run_id="h1", until_tick=14, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db), resume=True),
+    ))
     assert (done.first_tick, done.tick, done.inferences) == (14, 13, 0)
     with open_reader(db) as reader:
         assert reader.last_tick() == 13
     with pytest.raises(ConfigError, match="--ticks 3 and --until-tick 14: give one of them"):
-        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, ticks=3, until_tick=14, db=str(db)))
+        await run(RunConfig(
+            scenario=VILLAGE, ticks=3, until_tick=14, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(db=str(db)),
+        ))
 
 
 async def test_retention_prunes_memories_but_no_prompt_changes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
@@ -157,8 +183,10 @@ async def test_retention_prunes_memories_but_no_prompt_changes(mosquitto: Mosqui
     pruned_rows = 0
     for db, retain in ((full, None), (pruned, 32)):
         for resume in (False, True):
-            stats = await run(RunConfig(scenario=busy, broker=mosquitto.url, run_id="r", ticks=5, db=str(db),
-                                        retain_memories=retain, resume=resume))
+            stats = await run(RunConfig(
+                scenario=busy, run_id="r", ticks=5, broker=BrokerConfig(url=mosquitto.url),
+                record=RecordConfig(db=str(db), retain_memories=retain, resume=resume),
+            ))
             pruned_rows += stats.memories_pruned
     assert pruned_rows > 0
 
@@ -202,4 +230,4 @@ def test_the_run_overrides_the_scenarios_budget(
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith(f"npcsim run: error: argument {flag}: must be"), err
     with pytest.raises(ConfigError, match="--max-context-chars must be a whole number >= 1, got 0"):
-        RunConfig(scenario=VILLAGE, max_context_chars=0)
+        RunConfig(scenario=VILLAGE, limits=Limits(max_context_chars=0))

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import BrokerConfig, InferenceConfig, Limits, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_status
@@ -52,11 +52,11 @@ def config(world: str, tmp_path: Path, broker: str, shard: str, **kw: object) ->
     index = shard.split("/")[0]
     return RunConfig(
         scenario=scenario_path(world, tmp_path),
-        broker=broker,
+        broker=BrokerConfig(url=broker),
         run_id=RUN,
         until_tick=HORIZON[world],
         shard=shard,
-        db=str(tmp_path / f"{world}-{shard.replace('/', 'of')}-{index}.db"),
+        record=RecordConfig(db=str(tmp_path / f"{world}-{shard.replace('/', 'of')}-{index}.db")),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -80,7 +80,7 @@ async def run_shards(
         await asyncio.gather(*jobs)
     for s in stats:
         assert s.tick == HORIZON[world] - 1, f"shard {s.shard} stopped at tick {s.tick}"
-    return [Path(c.db) for c in configs if c.db], stats
+    return [Path(c.record.db) for c in configs if c.record.db], stats
 
 
 async def reference(world: str, tmp_path: Path, mosquitto: MosquittoProcess) -> AuditSet:
@@ -124,7 +124,7 @@ async def test_three_shards(world: str, mosquitto: MosquittoProcess, tmp_path: P
 @WORLDS
 async def test_two_shards_serving_in_worker_processes(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
-    dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 2, inference_process=True)
+    dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 2, inference=InferenceConfig(placement="process"))
     assert_same(world, expected, audit_set(dbs), "2 shards, each serving in a worker process")
 
 
@@ -141,7 +141,8 @@ async def test_a_shard_started_seconds_later(world: str, mosquitto: MosquittoPro
         assert stats[0].tick == 0, "shard 0 ran ahead without shard 1"
         second = group.create_task(run(configs[1], stats=stats[1]))
         await asyncio.gather(first, second)
-    assert_same(world, expected, audit_set([Path(c.db) for c in configs if c.db]), "2 shards, one 2 s late")
+    dbs = [Path(c.record.db) for c in configs if c.record.db]
+    assert_same(world, expected, audit_set(dbs), "2 shards, one 2 s late")
 
 
 @WORLDS
@@ -156,7 +157,8 @@ async def test_broker_down_longer_than_the_echo_timeout(
         await elapse(2.5)  # the subject: the broker stays down longer than the echo timeout (1 s)
         await asyncio.to_thread(mosquitto.start)
 
-    dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60, echo_timeout=1.0)
+    dbs, stats = await run_shards(world, tmp_path, mosquitto.url, 2, during=outage, tick_ms=60,
+                                  limits=Limits(echo_timeout=1.0))
     assert all(s.bus.reconnects >= 1 and s.stalls >= 1 for s in stats), "the outage did not hit the run"
     assert_same(world, expected, audit_set(dbs), "2 shards, broker down 2.5 s (echo timeout 1 s)")
 

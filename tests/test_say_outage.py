@@ -22,7 +22,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_say
@@ -85,8 +85,10 @@ async def test_every_line_said_reaches_a_persistent_subscriber_across_an_outage(
     broker.start()
     try:
         listener = Listener(broker.port)
-        configs = [RunConfig(scenario=VILLAGE, broker=broker.url, run_id=RUN, ticks=TICKS, tick_ms=60, shard=f"{i}/2",
-                             echo_timeout=1.0, db=str(tmp_path / f"say-{i}.db")) for i in range(2)]
+        configs = [RunConfig(
+            scenario=VILLAGE, run_id=RUN, ticks=TICKS, tick_ms=60, shard=f"{i}/2", broker=BrokerConfig(url=broker.url),
+            limits=Limits(echo_timeout=1.0), record=RecordConfig(db=str(tmp_path / f"say-{i}.db")),
+        ) for i in range(2)]
         stats = [RunStats() for _ in configs]
         async with asyncio.TaskGroup() as group:
             listening = group.create_task(listener.listen())
@@ -100,7 +102,7 @@ async def test_every_line_said_reaches_a_persistent_subscriber_across_an_outage(
             await asyncio.gather(*jobs)
             said = set()
             for c in configs:
-                with open_reader(Path(str(c.db))) as reader:
+                with open_reader(Path(str(c.record.db))) as reader:
                     said |= {r.id for r in reader.audit_records()}
             with contextlib.suppress(AssertionError):  # the comparison below says what is missing
                 await eventually(lambda: said <= set(listener.received), what="every line said", within=20)

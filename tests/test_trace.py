@@ -8,7 +8,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.trace import TRACE_DROPPED, TraceMessage, decode_roster, decode_traces
@@ -35,8 +35,10 @@ async def test_every_inference_is_traced_like_its_audit_record(
     async with asyncio.TaskGroup() as group:
         listener = group.create_task(listen())
         await ready.wait()
-        config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="tr",
-                           ticks=10, db=str(db), trace_prompts=prompts)
+        config = RunConfig(
+            scenario=VILLAGE, run_id="tr", ticks=10, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(db=str(db), trace_prompts=prompts),
+        )
         stats = await run(config)
         await eventually(lambda: len(traces) >= stats.inferences, what=f"the {stats.inferences} traces, heard")
         listener.cancel()

@@ -22,7 +22,7 @@ from sim.cli.run import summary_rows
 from sim.inference import InferenceResult, RemoteWorker, WorkerConfig, encode_result
 from sim.mqtt import BrokerAddress
 from sim.protocol.seal import load_run_key
-from sim.shard import RunConfig, RunStats, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import EventBatch, Notice, Speech, encode_batch
@@ -67,8 +67,10 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
             await read_until(worker.stdout, b"ready")
             stats = RunStats()
             ready = asyncio.Event()
-            config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="sec", ticks=40,
-                               tick_ms=50, remote_workers=True, db=str(db))
+            config = RunConfig(
+                scenario=VILLAGE, run_id="sec", ticks=40, tick_ms=50, broker=BrokerConfig(url=broker.url_for("shard")),
+                inference=InferenceConfig(placement="remote"), record=RecordConfig(db=str(db)),
+            )
             async with asyncio.TaskGroup() as group:
                 job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
                 await ready.wait()
@@ -102,8 +104,10 @@ async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path:
                                            name="w"))
         stats = RunStats()
         ready = asyncio.Event()
-        config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="atk", ticks=30, tick_ms=100,
-                           remote_workers=True, db=str(db))
+        config = RunConfig(
+            scenario=VILLAGE, run_id="atk", ticks=30, tick_ms=100, broker=BrokerConfig(url=broker.url_for("shard")),
+            inference=InferenceConfig(placement="remote"), record=RecordConfig(db=str(db)),
+        )
         forged_notice = Notice(id="atk:guard_captain:5:0", tick=5, text=FORGED)
         forged_speech = Speech(id="atk:guard_captain:6:0", tick=6, speaker="guard_captain", text=FORGED,
                                to="snack_machine")
@@ -201,13 +205,14 @@ async def test_the_broker_restarted_mid_run_under_remote_workers(
 async def test_an_anonymous_broker_is_announced_once_unless_a_run_key_is_given(
     mosquitto: MosquittoProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="anon", ticks=2))
+    await run(RunConfig(scenario=VILLAGE, run_id="anon", ticks=2, broker=BrokerConfig(url=mosquitto.url)))
     assert caplog.text.count("can forge internal events") == 1
     caplog.clear()
     key = tmp_path / "run.key"
     key.write_text("0123456789abcdef0123456789abcdef\n")
-    stats = await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="keyed", ticks=4,
-                                run_key_file=str(key)))
+    stats = await run(RunConfig(
+        scenario=VILLAGE, run_id="keyed", ticks=4, broker=BrokerConfig(url=mosquitto.url, run_key_file=str(key)),
+    ))
     assert "can forge" not in caplog.text
     assert stats.bus.events_delivered > 0 and not stats.bus.refused  # its own signed batches pass
 
@@ -230,8 +235,10 @@ async def test_remote_workers_join_a_private_auto_broker_with_the_logged_login_a
     require_mosquitto()
     stats = RunStats()
     ready = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker="auto", run_id="joined", ticks=30, tick_ms=100,
-                       remote_workers=True, inference_timeout=5.0)
+    config = RunConfig(
+        scenario=VILLAGE, run_id="joined", ticks=30, tick_ms=100, broker=BrokerConfig(url="auto"),
+        inference=InferenceConfig(placement="remote", inference_timeout=5.0),
+    )
     async with asyncio.TaskGroup() as group:
         job = group.create_task(run(config, stats=stats, on_ready=lambda _: ready.set()))
         await ready.wait()
@@ -257,7 +264,10 @@ async def test_pre_empted_ids_on_an_anonymous_broker_silence_nobody(
     db = tmp_path / "preempt.db"
     stats = RunStats()
     ready = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="pre", ticks=30, tick_ms=20, db=str(db))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="pre", ticks=30, tick_ms=20, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     future_ids = [f"pre:{npc}:{tick}:{seq}" for npc in ("guard_captain", "snack_machine")
                   for tick in range(30) for seq in range(1, 31)]
     notices = tuple(Notice(id=i, tick=0, text="shh") for i in future_ids)
@@ -289,8 +299,10 @@ async def test_no_escape_sequence_reaches_the_say_topic_or_the_audit(
 ) -> None:
     """A model that echoes the player's escape sequences, or answers with its own (the issue's): cleaned."""
     db = tmp_path / "esc.db"
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="esc", ticks=100_000, tick_ms=50, db=str(db),
-                       backend_options={"script": [reply]})
+    config = RunConfig(
+        scenario=VILLAGE, run_id="esc", ticks=100_000, tick_ms=50, broker=BrokerConfig(url=mosquitto.url),
+        inference=InferenceConfig(backend_options={"script": [reply]}), record=RecordConfig(db=str(db)),
+    )
     said: list[dict[str, object]] = []
     stop, ready = asyncio.Event(), asyncio.Event()
     escape = _ESCAPE

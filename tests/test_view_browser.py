@@ -26,7 +26,7 @@ import pytest
 from sim.memory import TruncationExplanation
 from sim.mqtt import BrokerAddress
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED
@@ -76,8 +76,10 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
     browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
     db = tmp_path / "run.db"
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="web",
-                       ticks=100_000, tick_ms=150, db=str(db))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="web", ticks=100_000, tick_ms=150, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     view = LiveView(player="tester")  # the operator's choice (--as-player): the page cannot change it
     stop, ready = asyncio.Event(), asyncio.Event()
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
@@ -198,8 +200,10 @@ async def test_stored_run_page_moves_with_the_tick_slider(
     browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
     db = tmp_path / "done.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="old",
-                        ticks=12, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="old", ticks=12, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
     stored = StoredRun(db)
     with open_reader(db) as reader:  # a tick at which someone spoke, after the first one
         target = sorted({r.tick for r in reader.audit_records()})[1]
@@ -338,8 +342,10 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
                                                        tmp_path: Path) -> None:
     """The innkeeper at --max-context-chars 700: the limit, split and after, reasons, the dropped, the hover."""
     db = tmp_path / "tight.db"
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="tight",
-                       ticks=100_000, tick_ms=100, db=str(db), max_context_chars=700)
+    config = RunConfig(
+        scenario=VILLAGE, run_id="tight", ticks=100_000, tick_ms=100, broker=BrokerConfig(url=mosquitto.url),
+        limits=Limits(max_context_chars=700), record=RecordConfig(db=str(db)),
+    )
     view = LiveView(player="tester")  # the operator's choice (--as-player)
     stop, ready = asyncio.Event(), asyncio.Event()
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
@@ -415,7 +421,10 @@ async def test_the_stored_view_shows_places_names_recipients_and_player_lines(
     browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
     db = tmp_path / "done.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="old", ticks=14, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="old", ticks=14, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
     stored = StoredRun(db, load_scenario(VILLAGE))
     source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
     async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
@@ -455,8 +464,10 @@ async def test_compare_shows_two_memories_side_by_side_with_the_changes_marked(
     """`npcsim view --db wide.db --compare tight.db`: the NPC panel marks what the tighter run lost."""
     dbs = (tmp_path / "wide.db", tmp_path / "tight.db")
     for db, budget in zip(dbs, (None, 700), strict=True):
-        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="cmp", ticks=12, db=str(db),
-                            max_context_chars=budget))
+        await run(RunConfig(
+            scenario=VILLAGE, run_id="cmp", ticks=12, broker=BrokerConfig(url=mosquitto.url),
+            limits=Limits(max_context_chars=budget), record=RecordConfig(db=str(db)),
+        ))
     memories = []
     for db in dbs:  # the newest snapshot of the snack machine in each store, rebuilt here
         with open_reader(db) as reader:

@@ -16,7 +16,7 @@ import pytest
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, RunModel, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire import topics
@@ -97,7 +97,10 @@ async def test_the_view_port_in_use_is_one_config_error() -> None:
 @pytest.mark.mosquitto
 async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     db = tmp_path / "run.db"
-    config = RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="lv", ticks=100_000, tick_ms=100, db=str(db))
+    config = RunConfig(
+        scenario=VILLAGE, run_id="lv", ticks=100_000, tick_ms=100, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    )
     view = LiveView(player="web")
     stop, ready = asyncio.Event(), asyncio.Event()
     async with open_view_server(build_app(view.source()), "127.0.0.1", 0) as url, asyncio.TaskGroup() as group:
@@ -145,7 +148,10 @@ async def _refused(client: httpx.AsyncClient) -> int:
 @pytest.mark.mosquitto
 async def test_stored_view_replays_a_finished_run_by_tick(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     db = tmp_path / "done.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="st", ticks=12, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="st", ticks=12, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
     stored = StoredRun(db)
     source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
     with open_reader(db) as reader:
@@ -226,8 +232,10 @@ async def test_live_view_logs_in_as_viewer_on_the_shipped_acl(tmp_path: Path) ->
     from tests.secured import secured_broker
 
     with secured_broker() as broker:
-        config = RunConfig(scenario=VILLAGE, broker=broker.url_for("shard"), run_id="acl", ticks=100_000,
-                           tick_ms=100)
+        config = RunConfig(
+            scenario=VILLAGE, run_id="acl", ticks=100_000, tick_ms=100,
+            broker=BrokerConfig(url=broker.url_for("shard")),
+        )
         viewer, player = LiveView(), LiveView()
         stop, ready = asyncio.Event(), asyncio.Event()
         async with asyncio.TaskGroup() as group:

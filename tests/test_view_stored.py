@@ -10,7 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from tests.helpers import VILLAGE, MosquittoProcess
@@ -19,7 +19,10 @@ from tests.helpers import VILLAGE, MosquittoProcess
 @pytest.fixture
 async def village_db(mosquitto: MosquittoProcess, tmp_path: Path) -> Path:
     db = tmp_path / "village.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="st", ticks=14, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="st", ticks=14, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
     return db
 
 
@@ -70,8 +73,10 @@ async def two_budgets(mosquitto: MosquittoProcess, tmp_path: Path) -> tuple[Path
     """The same village run twice: at the scenario's budget and at 700 characters."""
     dbs = (tmp_path / "wide.db", tmp_path / "tight.db")
     for db, budget in zip(dbs, (None, 700), strict=True):
-        await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="cmp", ticks=12, db=str(db),
-                            max_context_chars=budget))
+        await run(RunConfig(
+            scenario=VILLAGE, run_id="cmp", ticks=12, broker=BrokerConfig(url=mosquitto.url),
+            limits=Limits(max_context_chars=budget), record=RecordConfig(db=str(db)),
+        ))
     return dbs
 
 

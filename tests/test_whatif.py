@@ -20,7 +20,7 @@ from sim.audit import AuditRecord
 from sim.cli import main
 from sim.memory import build_working_memory
 from sim.replay import CATEGORIES, parse_overrides, what_if
-from sim.shard import RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from tests.audit_records import random_record
 from tests.helpers import VILLAGE, MosquittoProcess
@@ -31,7 +31,10 @@ BUDGETS = (600, 900)
 @pytest.fixture
 async def village_db(mosquitto: MosquittoProcess, tmp_path: Path) -> Path:
     db = tmp_path / "village.db"
-    await run(RunConfig(scenario=VILLAGE, broker=mosquitto.url, run_id="wi", ticks=30, db=str(db)))
+    await run(RunConfig(
+        scenario=VILLAGE, run_id="wi", ticks=30, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+    ))
     return db
 
 

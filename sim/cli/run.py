@@ -29,7 +29,19 @@ from sim.cli.subscribe import say_record
 from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError
 from sim.generate import write_scenario
-from sim.shard import RunConfig, RunStarted, RunStats, StartupPhase, parse_shard, run
+from sim.shard import (
+    BrokerConfig,
+    InferenceConfig,
+    Limits,
+    Placement,
+    RecordConfig,
+    RunConfig,
+    RunStarted,
+    RunStats,
+    StartupPhase,
+    parse_shard,
+    run,
+)
 
 __all__ = ["register", "summary_rows"]
 
@@ -174,34 +186,45 @@ def _check_shards(args: argparse.Namespace) -> None:
         )
 
 
+def _placement(args: argparse.Namespace) -> Placement:
+    """Where the inferences are served, from --remote-workers and --[no-]inference-process."""
+    if args.remote_workers and args.inference_process:
+        raise ConfigError("--remote-workers and --inference-process: inferences go to one or the other")
+    if args.remote_workers:
+        return "remote"
+    if args.inference_process is None:
+        return "auto"
+    return "process" if args.inference_process else "in-process"
+
+
 def run_command(args: argparse.Namespace) -> int:
     _check_shards(args)
     config = RunConfig(
         scenario=args.scenario,
-        broker=args.broker,
-        broker_tls=tls_files(args),
-        run_key_file=args.run_key_file,
+        shard=args.shard,
+        seed=args.seed,
+        run_id=args.run_id,
         ticks=args.ticks,
         until_tick=args.until_tick,
         tick_ms=args.tick_ms,
-        seed=args.seed,
-        run_id=args.run_id,
-        db=args.db,
-        backend=args.backend,
-        backend_options=backend_options(args),
-        remote_workers=args.remote_workers,
-        inference_process=args.inference_process,
-        concurrency=args.concurrency,
-        shard=args.shard,
-        resume=args.resume,
         bots=args.bots,
-        inference_timeout=args.inference_timeout,
-        keep_dialogue=(args.dialogue or args.follow) and not args.quiet,
-        trace_prompts=not args.no_trace_prompt,
-        retain_memories=args.retain_memories,
-        max_context_chars=args.max_context_chars,
-        max_context_tokens=args.max_context_tokens,
-        fact_guard=args.fact_guard,
+        broker=BrokerConfig(url=args.broker, tls=tls_files(args), run_key_file=args.run_key_file),
+        inference=InferenceConfig(
+            backend=args.backend,
+            backend_options=backend_options(args),
+            placement=_placement(args),
+            concurrency=args.concurrency,
+            inference_timeout=args.inference_timeout,
+            fact_guard=args.fact_guard,
+        ),
+        limits=Limits(max_context_chars=args.max_context_chars, max_context_tokens=args.max_context_tokens),
+        record=RecordConfig(
+            db=args.db,
+            resume=args.resume,
+            retain_memories=args.retain_memories,
+            keep_dialogue=(args.dialogue or args.follow) and not args.quiet,
+            trace_prompts=not args.no_trace_prompt,
+        ),
     )
     out = Out(flush=True)
     banner = Out(sys.stderr)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -11,7 +12,7 @@ from sim.mqtt import BrokerAddress, ReconnectPolicy
 from sim.protocol.seal import RunKey
 from sim.wire import topics
 
-__all__ = ["PoolConfig", "WorkerConfig"]
+__all__ = ["PoolConfig", "RunInference", "WorkerConfig"]
 
 Transport = Literal["inprocess", "process", "mqtt"]
 
@@ -20,6 +21,29 @@ def _positive(name: str, value: object, *, allow_float: bool = False) -> None:
     kinds: tuple[type, ...] = (int, float) if allow_float else (int,)
     if isinstance(value, bool) or not isinstance(value, int | float) or not isinstance(value, kinds) or value <= 0:
         raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+
+
+class RunInference(Protocol):
+    """What a run's configuration says about its inferences (sim.shard's InferenceConfig is one).
+
+    A protocol, not the run's configuration itself: sim.inference sits below the shard
+    that holds that configuration and never imports it (docs/architecture.md, layers).
+    """
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def backend_options(self) -> Mapping[str, Any]: ...
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def inference_timeout(self) -> float: ...
+
+    @property
+    def fact_guard(self) -> str: ...
 
 
 class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -53,6 +77,19 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     shard: str = "0"
     group: str = "workers"
     fact_guard: str = ""
+
+    @classmethod
+    def from_run(
+        cls, run: RunInference, *, transport: Transport = "inprocess", broker: BrokerAddress | None = None,
+        run_key: RunKey | None = None, run_id: str = "run", shard: str = "0",
+    ) -> PoolConfig:
+        """A run's pool: as many requests in flight as its `concurrency`, whatever the transport
+        (`transport`, `broker`, `run_key`, `run_id` and `shard` say where they are served)."""
+        return cls(
+            backend=run.backend, options=dict(run.backend_options), concurrency=run.concurrency,
+            max_in_flight=run.concurrency, timeout=run.inference_timeout, fact_guard=run.fact_guard,
+            transport=transport, broker=broker or BrokerAddress(), run_key=run_key, run_id=run_id, shard=shard,
+        )
 
     def __post_init__(self) -> None:
         _positive("concurrency", self.concurrency)

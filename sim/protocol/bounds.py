@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class InputBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The defaults suit a chat-like game; operators raise them per run (RunConfig.bounds)."""
+    """The defaults suit a chat-like game; operators raise them per run (RunConfig.limits.bounds)."""
 
     player_text_chars: int = 500
     player_inputs_per_tick: int = 3

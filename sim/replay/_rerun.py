@@ -26,15 +26,14 @@ from typing import Any
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, InferenceError
-from sim.inference import InferenceRequest, PoolConfig, Reply, open_pool
+from sim.inference import InferenceRequest, Reply
 from sim.memory import WorkingMemory, WorkingMemoryConfig
-from sim.mqtt import BrokerAddress, LocalBroker
+from sim.mqtt import LocalBroker
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, hot_limit
-from sim.store import RunSettings, open_store
+from sim.shard import InferenceConfig, MemoryConfigOf, RecordConfig, RunConfig, RunStats, open_shard
+from sim.store import RunSettings, Store
 
 __all__ = ["Executed", "execute"]
 
@@ -100,11 +99,15 @@ async def execute(
     if alter is not None:
         scenario = alter(scenario)
     live = fork_at is not None
-    config = RunConfig(
-        scenario=str(recording.paths[0]), run_id=identity.run_id, seed=identity.seed, until_tick=end, db=str(out),
+    inference = InferenceConfig(
         backend=backend if live else settings.backend, backend_options=dict(backend_options or {}) if live else {},
-        bots=settings.bots, bot_rate=settings.bot_rate, retain_memories=settings.retain_memories,
+        placement="in-process",  # the pool answers from the record, in this process
         inference_timeout=settings.inference_timeout, fact_guard=settings.fact_guard,
+    )
+    config = RunConfig(
+        scenario=str(recording.paths[0]), run_id=identity.run_id, seed=identity.seed, until_tick=end,
+        bots=settings.bots, bot_rate=settings.bot_rate, inference=inference,
+        record=RecordConfig(db=str(out), retain_memories=settings.retain_memories),
     )
     records = recording.records
     limit = end if fork_at is None else fork_at
@@ -113,41 +116,50 @@ async def execute(
         record = records.get(request.id)
         return record if record is not None and record.tick < limit else None
 
-    pool_config = PoolConfig(backend=config.backend, options=config.backend_options, concurrency=config.concurrency,
-                             max_in_flight=config.concurrency, timeout=config.inference_timeout,
-                             fact_guard=config.fact_guard)
     stats, stop = RunStats(), asyncio.Event()
     started = time.perf_counter()
     broker = LocalBroker()
     claim = msgspec.structs.replace(
         identity, shard="0/1", nonce=secrets.token_hex(16),
-        settings=msgspec.structs.replace(settings, end_tick=end, backend=config.backend,
-                                         backend_options=config.backend_options,
-                                         model=RunSettings.model_named(config.backend_options), tick_ms=0)
+        settings=msgspec.structs.replace(settings, end_tick=end, backend=inference.backend,
+                                         backend_options=inference.backend_options,
+                                         model=RunSettings.model_named(inference.backend_options), tick_ms=0)
         if live else msgspec.structs.replace(settings, end_tick=end, tick_ms=0),
     )
-    async with (
-        open_store(out, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
-        open_pool(pool_config, backend=None if live else _Unrecorded(), recorded=recorded) as pool,
-        open_bus(BusConfig(broker=BrokerAddress(), run=identity.run_id, shard="0"),
-                 transport=broker.transport()) as bus,
-    ):
+
+    async def keep_identity(store: Store) -> None:
         await store.keep_identity(claim, recording.scenario)
-        ctx = ShardContext(scenario, config, identity.run_id, identity.seed, bus, pool, store, stats)
-        shard = Shard(ctx, stop, source=recording.inputs)
+
+    async with open_shard(
+        config, scenario, run_id=identity.run_id, seed=identity.seed, db=out, stats=stats, stop=stop,
+        transport=broker.transport(), claim=keep_identity, backend=None if live else _Unrecorded(),
+        recorded=recorded, inputs=recording.inputs,
+        memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory),
+    ) as shard:
         await shard.start()
         ticking = time.perf_counter()
         async with _reporting(progress, stats, end):
-            if fork_at is not None and fork_memory is not None:
-                await shard.run(until=fork_at)
-                recorded_memory = ctx.memory_config
-                ctx.memory_config_of = lambda agent: fork_memory(recorded_memory, agent)
             await shard.run(until=end)
         ticked = time.perf_counter() - ticking
         await shard.go_offline()
     return Executed(out=out, end=end, seconds=time.perf_counter() - started, tick_seconds=ticked,
                     inferences=stats.inferences,
                     fallbacks=stats.fallbacks, over_budget=stats.over_budget)
+
+
+def _forked_memory(
+    recorded: WorkingMemoryConfig, fork_at: int | None,
+    fork_memory: Callable[[WorkingMemoryConfig, str], WorkingMemoryConfig] | None,
+) -> MemoryConfigOf | None:
+    """Each NPC's working-memory config: the recorded one, and `fork_memory`'s from `fork_at` on."""
+    if fork_at is None or fork_memory is None:
+        return None
+    at = fork_at
+
+    def config_of(npc: str, tick: int) -> WorkingMemoryConfig:
+        return fork_memory(recorded, npc) if tick >= at else recorded
+
+    return config_of
 
 
 def _check_new(out: Path) -> None:

@@ -2,13 +2,14 @@
 
     stats = await run(RunConfig(scenario="scenarios/village.toml", ticks=20))   # one shard, as a process
 
-    shard = Shard(ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, clock=clock), stop)
-    await shard.start()
-    await shard.step(shard.next_tick)        # one whole tick: inputs, turns, publish, barrier, perceive, commit
-    await shard.run(until=shard.end)         # the rest, paced by tick_ms
+    async with open_shard(config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop) as shard:
+        await shard.start()
+        await shard.step(shard.next_tick)    # one whole tick: inputs, turns, publish, barrier, perceive, commit
+        await shard.run(until=shard.end)     # the rest, paced by tick_ms
 
 The modules, one job each:
-- `_config`: `RunConfig` and what follows from it (shards, their NPCs, the hot window);
+- `_config`: `RunConfig` in its parts (broker, inference and its placement, limits, record) and what
+  follows from it (shards, their NPCs, the hot window);
 - `_places`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display, the summary and the metrics read; `RunStarted`;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
@@ -31,12 +32,23 @@ The modules, one job each:
   again (sim.replay);
 - `_trust`: the run key and the trust announcements at start;
 - `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
-- `_process`: `run(config)`, the process wiring around a Shard.
+- `_wiring`: `open_shard(...)`, a Shard with its store, bus, pool and context, assembled in one place;
+- `_process`: `run(config)`, the broker and the signals around `open_shard`.
 """
 
 from sim.shard._clock import Clock, SystemClock, VirtualClock
-from sim.shard._config import RunConfig, hot_limit, parse_shard, shard_npcs
-from sim.shard._context import AgentContext, ShardContext
+from sim.shard._config import (
+    BrokerConfig,
+    InferenceConfig,
+    Limits,
+    Placement,
+    RecordConfig,
+    RunConfig,
+    hot_limit,
+    parse_shard,
+    shard_npcs,
+)
+from sim.shard._context import AgentContext, MemoryConfigOf, ShardContext
 from sim.shard._dice import ambient_roll
 from sim.shard._places import assign_places
 from sim.shard._process import run
@@ -45,15 +57,23 @@ from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._shard import Shard
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStarted, RunStats
+from sim.shard._wiring import Claim, open_shard
 
 __all__ = [
     "AGENT_KINDS",
     "PLAYER_KINDS",
     "Agent",
     "AgentContext",
+    "BrokerConfig",
+    "Claim",
     "Clock",
+    "InferenceConfig",
+    "Limits",
+    "MemoryConfigOf",
     "PausedCollector",
+    "Placement",
     "Player",
+    "RecordConfig",
     "RecordedInputs",
     "RunConfig",
     "RunStarted",
@@ -68,6 +88,7 @@ __all__ = [
     "assign_places",
     "create_agents",
     "hot_limit",
+    "open_shard",
     "parse_shard",
     "run",
     "shard_npcs",

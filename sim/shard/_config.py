@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -24,6 +24,11 @@ from sim.store import HOT_LIMIT, Store
 __all__ = [
     "MAX_SHARDS",
     "WORKER_PROCESS_NPCS",
+    "BrokerConfig",
+    "InferenceConfig",
+    "Limits",
+    "Placement",
+    "RecordConfig",
     "RunConfig",
     "check_resume",
     "check_shards",
@@ -42,71 +47,124 @@ MAX_SHARDS = 1024
 (`--shard 0/100000000` took 15.7 GB before it could say anything)."""
 
 
-class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
-    scenario: str
-    broker: str = "auto"
-    broker_tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
-    bounds: InputBounds = msgspec.field(default_factory=InputBounds)
-    run_key_file: str | None = None
-    ticks: int | None = None
-    until_tick: int | None = None  # run up to and including tick until_tick - 1 (not with `ticks`)
-    tick_ms: int = 0
-    seed: int | None = None
-    run_id: str | None = None
-    db: str | None = None
-    backend: str = "scripted"
-    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
-    remote_workers: bool = False
-    # serve inferences in a worker process of the shard's (None: when it holds >= WORKER_PROCESS_NPCS NPCs
-    # and the machine has a second CPU for it)
-    inference_process: bool | None = None
-    shard: str = "0/1"
-    resume: bool = False
-    concurrency: int = 64
-    bots: int = 0
-    bot_rate: float = 0.1
-    echo_timeout: float = 5.0  # a barrier held longer than this is logged as a stall
-    shutdown_timeout: float = 10.0
-    inference_timeout: float = 30.0
-    keep_dialogue: bool = False
-    trace_prompts: bool = True  # the trace topic carries each prompt (off: report and digest only)
-    retain_memories: int | None = None  # prune memories past each agent's newest N per category; None keeps all
-    max_context_chars: int | None = None  # overrides the scenario's [memory] limit for this run (memory_config)
-    max_context_tokens: int | None = None  # likewise, a limit in tokens
-    fact_guard: str = ""  # the output check's fact guard, `module:attribute` ("": the built-in one)
-
-    def __post_init__(self) -> None:
-        """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        minimum = {"ticks": 1, "until_tick": 1, "tick_ms": 0, "concurrency": 1, "bots": 0, "retain_memories": 1,
-                   "max_context_chars": 1, "max_context_tokens": 1}
-        for name, low in minimum.items():
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
-        for name in ("inference_timeout", "echo_timeout", "shutdown_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
-        if self.remote_workers and self.inference_process:
-            raise ConfigError("--remote-workers and --inference-process: inferences go to one or the other")
-        if self.ticks is not None and self.until_tick is not None:
-            raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
-        parse_shard(self.shard)
-
+Placement = Literal["auto", "in-process", "process", "remote"]
+"""Where a shard's inferences are served: on its event loop ("in-process"), in a worker process
+of its own ("process"), by remote workers through the broker ("remote", `npcsim worker`), or
+"auto": a worker process when the shard holds WORKER_PROCESS_NPCS NPCs or more and the machine
+has a second CPU for it, in-process otherwise."""
 
 WORKER_PROCESS_NPCS = 1_000
 """A shard holding this many NPCs serves its inferences in a worker process by default (when the
 machine has a second CPU): below it, a run's turns are too few to pay for the process's start."""
 
 
+def _check_whole(part: msgspec.Struct, minimum: dict[str, int]) -> None:
+    for name, low in minimum.items():
+        value = getattr(part, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
+
+
+def _check_seconds(part: msgspec.Struct, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(part, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+
+
+class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the run's messages go: the broker's URL ("auto": one npcsim starts), its TLS files,
+    and the file of the run key that seals what the shards tell each other."""
+
+    url: str = "auto"
+    tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
+    run_key_file: str | None = None
+
+
+class InferenceConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Which backend answers, where (`placement`), how many at once, and how long one may take.
+
+    Its field names are those sim.inference's `PoolConfig.from_run` reads (`RunInference`).
+    `fact_guard` is the output check's fact guard, `module:attribute` ("": the built-in one).
+    """
+
+    backend: str = "scripted"
+    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    placement: Placement = "auto"
+    concurrency: int = 64
+    inference_timeout: float = 30.0
+    fact_guard: str = ""
+
+    def __post_init__(self) -> None:
+        _check_whole(self, {"concurrency": 1})
+        _check_seconds(self, ("inference_timeout",))
+        if self.placement not in get_args(Placement):
+            raise ConfigError(f"placement must be one of {get_args(Placement)}, got {self.placement!r}")
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """The run's bounds: on outside input, on a barrier's wait before it is logged as a stall,
+    and the run's overrides of the scenario's [memory] limits (`memory_config`)."""
+
+    bounds: InputBounds = msgspec.field(default_factory=InputBounds)
+    echo_timeout: float = 5.0
+    max_context_chars: int | None = None
+    max_context_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_whole(self, {"max_context_chars": 1, "max_context_tokens": 1})
+        _check_seconds(self, ("echo_timeout",))
+
+
+class RecordConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What the run keeps and tells: its store (`db`; None: a temporary file), whether it
+    continues the store's run, how many memories of each category each agent keeps (None: all),
+    whether the dialogue is kept for printing, and whether the trace carries each prompt."""
+
+    db: str | None = None
+    resume: bool = False
+    retain_memories: int | None = None
+    keep_dialogue: bool = False
+    trace_prompts: bool = True
+
+    def __post_init__(self) -> None:
+        _check_whole(self, {"retain_memories": 1})
+
+
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What runs (the scenario, this shard of it, the seed, the ticks, the bots) and its parts:
+    the broker, the inference, the limits and what is recorded."""
+
+    scenario: str
+    shard: str = "0/1"
+    seed: int | None = None
+    run_id: str | None = None
+    ticks: int | None = None
+    until_tick: int | None = None  # run up to and including tick until_tick - 1 (not with `ticks`)
+    tick_ms: int = 0
+    bots: int = 0
+    bot_rate: float = 0.1
+    broker: BrokerConfig = msgspec.field(default_factory=BrokerConfig)
+    inference: InferenceConfig = msgspec.field(default_factory=InferenceConfig)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    record: RecordConfig = msgspec.field(default_factory=RecordConfig)
+
+    def __post_init__(self) -> None:
+        """The library's boundary: the same values the CLI refuses are refused here, by option name."""
+        _check_whole(self, {"ticks": 1, "until_tick": 1, "tick_ms": 0, "bots": 0})
+        if self.ticks is not None and self.until_tick is not None:
+            raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
+        parse_shard(self.shard)
+
+
 def pool_transport(config: RunConfig, npcs: int) -> Literal["inprocess", "process", "mqtt"]:
     """Where a shard of `npcs` NPCs has its inferences served (`PoolConfig.transport`)."""
-    if config.remote_workers:
+    placement = config.inference.placement
+    if placement == "remote":
         return "mqtt"
-    wanted = config.inference_process
-    if wanted is None:
-        wanted = npcs >= WORKER_PROCESS_NPCS and len(os.sched_getaffinity(0)) > 1
-    return "process" if wanted else "inprocess"
+    if placement == "auto":
+        placement = "process" if npcs >= WORKER_PROCESS_NPCS and len(os.sched_getaffinity(0)) > 1 else "in-process"
+    return "process" if placement == "process" else "inprocess"
 
 
 def parse_shard(value: str) -> tuple[int, int]:
@@ -136,9 +194,8 @@ def check_shards(config: RunConfig, scenario: Scenario) -> None:
 def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
     """Shard i of n's NPCs, in id order: those standing at the places it holds.
 
-    Since issue 20 a shard holds whole places (sim.shard._places: balanced by NPC count, a
-    function of the scenario and n only), no longer every n-th NPC by id, so that everyone
-    who hears a line at a place is on the same shard.
+    A shard holds whole places (sim.shard._places: balanced by NPC count, a function of the
+    scenario and n only), so that everyone who hears a line at a place is on the same shard.
     """
     owner = assign_places(scenario, count)
     return sorted((spec for spec in scenario.npcs if owner[spec.location] == index), key=lambda s: s.id)
@@ -148,7 +205,7 @@ def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
     """The scenario's working-memory config with the run's overrides (`--max-context-chars`,
     `--max-context-tokens`); a combination the config refuses is a ConfigError naming it."""
     overrides = {name: value for name in ("max_context_chars", "max_context_tokens")
-                 if (value := getattr(config, name)) is not None}
+                 if (value := getattr(config.limits, name)) is not None}
     return msgspec.structs.replace(scenario.memory, **overrides) if overrides else scenario.memory
 
 
@@ -163,9 +220,9 @@ def default_run_id(scenario: Scenario, seed: int) -> str:
 
 def check_resume(config: RunConfig, db: Path, store: Store) -> None:
     """A database holding ticks is continued only when asked, never silently reused."""
-    if config.resume and store.last_tick is None:
+    if config.record.resume and store.last_tick is None:
         raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
-    if not config.resume and store.last_tick is not None:
+    if not config.record.resume and store.last_tick is not None:
         raise ConfigError(
             f"--db {db} already holds this run up to tick {store.last_tick}: "
             "pass --resume to continue it, or give another file"
@@ -175,8 +232,9 @@ def check_resume(config: RunConfig, db: Path, store: Store) -> None:
 def check_retention(config: RunConfig, limit: int) -> None:
     """Retention never reaches into what a working memory can use (sim/store/_retention.py);
     checked before anything starts, so a refused run leaves no file behind."""
-    if config.retain_memories is not None and config.retain_memories < limit:
+    retain = config.record.retain_memories
+    if retain is not None and retain < limit:
         raise ConfigError(
             f"--retain-memories must be at least the store's hot window ({limit} items per category),"
-            f" got {config.retain_memories}"
+            f" got {retain}"
         )

@@ -2,8 +2,9 @@
 
 `ShardContext` holds the run's identity and the shard's parts (scenario, config, bus,
 pool, store, stats, metrics, clock, the tick's outbox, the recorder, its layout (its NPCs
-and their kinds, who stands where: sim.shard._layout), the perception of its places);
-the shard, its recorder and its agents' contexts share it. `state(spec)` is an NPC's
+and their kinds' names, who stands where: sim.shard._layout), its agent kinds resolved
+from those names (`agent_kinds`, through sim.shard._registry), the perception of its
+places); the shard, its recorder and its agents' contexts share it. `state(spec)` is an NPC's
 state as a working memory is built from it: the store's hot state with what it heard at
 its place merged in (sim.shard._perception).
 
@@ -21,12 +22,13 @@ its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
-from typing import overload
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, overload
 
 import msgspec
 
 from sim.bus import Bus
+from sim.errors import ConfigError
 from sim.inference import InferenceRequest, Pool, Priority
 from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.metrics import MetricsSink, NullMetrics
@@ -35,14 +37,18 @@ from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
 from sim.shard._config import RunConfig
 from sim.shard._layout import ShardLayout
-from sim.shard._perception import Perception
+from sim.shard._perception import EpisodeOf, Perception
 from sim.shard._recorder import Recorder, Spoken
+from sim.shard._registry import AGENT_KINDS, Agent, resolve
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import AnyEvent, SayMessage, Speech, event_id
 
-__all__ = ["AgentContext", "ShardContext"]
+__all__ = ["AgentContext", "AgentFactory", "AgentKind", "MemoryConfigOf", "ShardContext", "agent_kinds"]
+
+MemoryConfigOf = Callable[[str, int], WorkingMemoryConfig]
+"""An NPC's working-memory config at a tick, (npc, tick) -> config: a fork changes it from a tick on (sim.replay)."""
 
 _NO_METRICS = NullMetrics()  # keeps nothing, so one instance serves every shard without metrics
 
@@ -51,6 +57,8 @@ class ShardContext:
     """The run's identity and one shard's parts; `agent_context(spec)` makes an agent's handle.
 
     `tick` is the tick being stepped (the shard sets it as each tick begins).
+    `memory_config_of` gives each NPC's working-memory config at a tick; by default the
+    scenario's, for every NPC at every tick.
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class ShardContext:
         *,
         clock: Clock | None = None,
         layout: ShardLayout | None = None,
+        memory_config_of: MemoryConfigOf | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = config
@@ -81,20 +90,18 @@ class ShardContext:
         self.layout = layout or ShardLayout(scenario, config.shard, seed)
         self.shard = str(self.layout.index)
         self.specs = self.layout.specs
-        self.kinds = self.layout.kinds
-        self.memory_config = scenario.memory
-        # Each NPC's working-memory config: the run's, unless a fork changes it (sim.replay).
-        self.memory_config_of: Callable[[str], WorkingMemoryConfig] = lambda _agent: self.memory_config
+        self.kinds = agent_kinds(self.layout.kinds)
+        self.memory_config_of = memory_config_of or (lambda _npc, _tick: scenario.memory)
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        window = max(config.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
+        window = max(config.record.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
             npc_location=self.npc_location,
-            keep_dialogue=config.keep_dialogue, trace_prompts=config.trace_prompts,
+            keep_dialogue=config.record.keep_dialogue, trace_prompts=config.record.trace_prompts,
         )
         self.tick = 0
 
@@ -114,6 +121,32 @@ class ShardContext:
         own = self.store.state(spec.id)
         episodic = self.perception.episodic(spec.id, spec.location, own.episodic, self.kinds[spec.kind].episode_of)
         return own if episodic is own.episodic else msgspec.structs.replace(own, episodic=episodic)
+
+
+AgentFactory = Callable[[NpcSpec, "AgentContext"], Agent]
+
+
+class AgentKind(NamedTuple):
+    """A kind of agent: how to build one for a turn, and what one remembers of an event."""
+
+    build: AgentFactory
+    episode_of: EpisodeOf
+
+
+def agent_kinds(named: Mapping[str, str]) -> dict[str, AgentKind]:
+    """The kinds `named` (kind, to the NPC that names it) as `AGENT_KINDS` resolves them;
+    ConfigError names the NPC of an unknown or incomplete kind."""
+    kinds: dict[str, AgentKind] = {}
+    for kind, npc in named.items():
+        path = AGENT_KINDS.get(kind)
+        if path is None:
+            raise ConfigError(f"npc {npc!r}: unknown kind {kind!r}; known: {sorted(AGENT_KINDS)}")
+        build = resolve(path)
+        episode_of = getattr(build, "episode_of", None)  # resolved once: the same function for every NPC
+        if not callable(episode_of):
+            raise ConfigError(f"npc {npc!r}: kind {kind!r} ({path}) has no episode_of(event, addressed)")
+        kinds[kind] = AgentKind(build, episode_of)
+    return kinds
 
 
 class AgentContext:
@@ -195,7 +228,7 @@ class AgentContext:
         shard, spec = self._shard, self.spec
         tick = shard.tick
         state = shard.state(spec)
-        config = shard.memory_config_of(spec.id)
+        config = shard.memory_config_of(spec.id, tick)
         memory = build_working_memory(state, said, config)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
@@ -207,7 +240,7 @@ class AgentContext:
             agent_id=spec.id,
             tick=tick,
             memory=memory,
-            deadline=shard.clock.wall() + shard.config.inference_timeout,
+            deadline=shard.clock.wall() + shard.config.inference.inference_timeout,
             priority=priority,
             fallback_lines=tuple(spec.fallback_lines),
             seed=shard.seed,

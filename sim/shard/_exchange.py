@@ -120,7 +120,7 @@ class BarrierWait:
                     stats.awaiting, stats.awaiting_since = awaiting, started
                     await self._status.say(awaiting=awaiting, since=since)
                 waited = now - started
-                if waited >= ctx.config.echo_timeout and not warned:
+                if waited >= ctx.config.limits.echo_timeout and not warned:
                     warned = True
                     stats.stalls += 1
                     log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)

@@ -55,14 +55,14 @@ def run_claim(config: RunConfig, *, run_id: str, seed: int, scenario: Scenario, 
     """The identity this start claims (its nonce still empty): from the config and the scenario
     read (with the run's overrides), with the settings a re-execution needs (sim.replay)."""
     index, count = parse_shard(config.shard)
-    options = dict(config.backend_options)
+    options = dict(config.inference.backend_options)
     end = config.until_tick if config.until_tick is not None else (
         config.ticks if config.ticks is not None else scenario.scenario.ticks)
     settings = RunSettings(
         memory=scenario.memory, end_tick=end, tick_ms=config.tick_ms, bots=config.bots, bot_rate=config.bot_rate,
-        inference_timeout=config.inference_timeout, backend=config.backend, backend_options=options,
-        model=RunSettings.model_named(options), remote_workers=config.remote_workers,
-        retain_memories=config.retain_memories, fact_guard=config.fact_guard,
+        inference_timeout=config.inference.inference_timeout, backend=config.inference.backend, backend_options=options,
+        model=RunSettings.model_named(options), remote_workers=config.inference.placement == "remote",
+        retain_memories=config.record.retain_memories, fact_guard=config.inference.fact_guard,
     )
     return RunIdentity(
         run_id=run_id, seed=seed, scenario=scenario.scenario.name, scenario_sha256=sha256, shard=f"{index}/{count}",
@@ -79,7 +79,7 @@ async def claim_store(
     stored = store.identity
     if stored is not None:
         if not stored.same_run(claim):
-            option = "--resume" if config.resume else "--db"
+            option = "--resume" if config.record.resume else "--db"
             scenario = stored.scenario_sha256 != claim.scenario_sha256
             raise ConfigError(
                 f"{option}: {store.path} belongs to {stored.describe(scenario=scenario)}, "
@@ -97,10 +97,10 @@ async def claim_store(
 
 def run_key_source(config: RunConfig) -> str:
     """The run key of this start, in words, for errors (never the key itself)."""
-    if config.run_key_file is not None:
-        return f"--run-key-file {config.run_key_file}"
-    if config.db is not None:
-        return f"the run key kept in {config.db}.key"
+    if config.broker.run_key_file is not None:
+        return f"--run-key-file {config.broker.run_key_file}"
+    if config.record.db is not None:
+        return f"the run key kept in {config.record.db}.key"
     return "the run key made for this start"
 
 
@@ -115,7 +115,7 @@ def kept_messages(
         if (key is None and not sealed) or (key is not None and key.open(topic, payload) is not None):
             usable.append((tick, topic, payload))
             continue
-        db = config.db or "the store"
+        db = config.record.db or "the store"
         if key is None:
             raise ConfigError(
                 f"--resume: what {db} kept of tick {tick} is sealed with a run key, and this start has none: "

@@ -1,4 +1,4 @@
-"""A shard's layout: its NPCs, their places and kinds, who stands where, and the dice table.
+"""A shard's layout: its NPCs, their places and kinds' names, who stands where, and the dice table.
 
 All of it follows from the scenario, `--shard i/n` and the seed alone, and at 1,000,000
 NPCs it takes seconds to build, so a shard process builds it once, off the event loop (in
@@ -11,7 +11,6 @@ from __future__ import annotations
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._config import parse_shard, shard_npcs
 from sim.shard._dice import AmbientDice
-from sim.shard._registry import AgentKind, agent_kinds
 
 __all__ = ["ShardLayout"]
 
@@ -26,7 +25,11 @@ class ShardLayout:
         self.by_id = {spec.id: spec for spec in self.specs}
         """This shard's NPCs by id (the scenario's own index of all NPCs is never built)."""
         self.local = self.by_id.keys()
-        self.kinds: dict[str, AgentKind] = agent_kinds(self.specs)
+        self.kinds: dict[str, str] = {}
+        """Each kind this shard's NPCs name, to the first NPC naming it (the one an error names);
+        plain names: the context resolves them to classes (sim.shard._context)."""
+        for spec in self.specs:
+            self.kinds.setdefault(spec.kind, spec.id)
         self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
         """Every NPC of the run (in any shard), to where it stands."""
         everyone: dict[str, list[str]] = {}

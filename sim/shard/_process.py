@@ -1,4 +1,4 @@
-"""One shard as a process: `run(config)` wires the broker, store, bus, pool and signals around a Shard.
+"""One shard as a process: `run(config)` puts the broker and the signals around a shard (sim.shard._wiring).
 
 In order: the scenario is parsed off the loop, the broker opened (or started), then the
 store (its one writer: sim.store), which must belong to this run (sim.shard._instance);
@@ -26,9 +26,7 @@ from pathlib import Path
 import msgspec
 
 from sim.broker import BrokerInfo, open_broker
-from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError, single_error
-from sim.inference import PoolConfig, open_pool
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
@@ -41,12 +39,10 @@ from sim.shard._config import (
     hot_limit,
     memory_config,
     parse_shard,
-    pool_transport,
 )
-from sim.shard._context import ShardContext
+from sim.shard._context import agent_kinds
 from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._layout import ShardLayout
-from sim.shard._shard import Shard
 from sim.shard._startup import (
     PausedCollector,
     StartupPhase,
@@ -56,7 +52,8 @@ from sim.shard._startup import (
 )
 from sim.shard._stats import RunStarted, RunStats
 from sim.shard._trust import announce_trust, run_key_for
-from sim.store import RunIdentity, Store, open_store
+from sim.shard._wiring import open_shard
+from sim.store import RunIdentity, Store
 from sim.wire import topics
 
 __all__ = ["run"]
@@ -115,6 +112,7 @@ async def _run(
         check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
         layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
+        agent_kinds(layout.kinds)  # an unknown kind is refused before anything opens: no file is left behind
         run_id = config.run_id if config.run_id is not None else default_run_id(scenario, seed)
         try:
             topics.run_root(run_id)
@@ -124,40 +122,22 @@ async def _run(
         stats.run_id = run_id
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         async with _workdir() as workdir:
-            db = Path(config.db) if config.db else workdir / f"{run_id}.shard{shard}.db"
-            async with (
-                open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store,
-                open_broker(config.broker, tls=config.broker_tls) as broker,
-            ):
-                check_resume(config, db, store)
-                stats.broker = f"{broker.kind} {broker.url}"
-                run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
-                announce_trust(broker, run_id, run_key, workdir if config.remote_workers else None)
-                bus_config = BusConfig(
-                    broker=broker.address, run=run_id, shard=shard, protocol=broker.protocol, bounds=config.bounds,
-                    run_key=run_key,
-                )
-                pool_config = PoolConfig(
-                    backend=config.backend,
-                    options=dict(config.backend_options),
-                    concurrency=config.concurrency,
-                    max_in_flight=config.concurrency,
-                    timeout=config.inference_timeout,
-                    transport=pool_transport(config, len(layout.specs)),
-                    broker=broker.address,
-                    run_key=run_key,
-                    run_id=run_id,
-                    shard=shard,
-                    fact_guard=config.fact_guard,
-                )
-                async with open_bus(bus_config) as bus, open_pool(pool_config) as pool:
-                    stats.bus = bus.stats
-                    metrics.watch_run(stats)
-                    metrics.watch_pool(pool.statistics)
-                    metrics.watch_bus(bus.stats)
-                    ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
-                                       layout=layout)
-                    one = Shard(ctx, stop)
+            db = Path(config.record.db) if config.record.db else workdir / f"{run_id}.shard{shard}.db"
+            async with open_broker(config.broker.url, tls=config.broker.tls) as broker:
+
+                async def claim_run(store: Store) -> RunKey | None:
+                    """The store belongs to this run: the run key is bound to its nonce, and announced."""
+                    check_resume(config, db, store)
+                    stats.broker = f"{broker.kind} {broker.url}"
+                    run_key = await _bound_run_key(config, broker, store, claim, clock, text.data)
+                    announce_trust(broker, run_id, run_key, workdir if config.inference.placement == "remote" else None)
+                    return run_key
+
+                async with open_shard(
+                    config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop,
+                    broker=broker.address, protocol=broker.protocol, claim=claim_run, layout=layout,
+                    metrics=metrics, clock=clock,
+                ) as one:
                     await one.start()
                     collector.start_up_done()
                     stats.startup_progress.enter(StartupPhase.RUNNING)
@@ -170,9 +150,9 @@ async def _run(
                     try:
                         await one.run(until=one.end)
                     finally:
-                        stats.inference_resends = pool.statistics().resent
+                        stats.inference_resends = one.ctx.pool.statistics().resent
                         if stop.is_set():
-                            bus.hurry(_STOPPING_FLUSH)
+                            one.ctx.bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()
 
 
@@ -181,7 +161,8 @@ async def _bound_run_key(
 ) -> RunKey | None:
     """The run key (sim.shard._trust), bound to the nonce of the run the store belongs to
     (sim.shard._instance: chosen by shard 0, learnt from it by the others)."""
-    key = run_key_for(config.run_key_file, broker, Path(config.db) if config.db else None)
+    db = config.record.db
+    key = run_key_for(config.broker.run_key_file, broker, Path(db) if db else None)
     index, count = parse_shard(config.shard)
 
     async def learn() -> bytes:

@@ -69,7 +69,7 @@ class Shard:
         self.config, self.bus, self.store, self.stats, self.clock = ctx.config, ctx.bus, ctx.store, ctx.stats, ctx.clock
         layout = ctx.layout
         self.index, self.count = layout.index, layout.count
-        last = self.store.last_tick if self.config.resume else None
+        last = self.store.last_tick if self.config.record.resume else None
         self.first = 0 if last is None else last + 1
         self.next_tick = self.first
         ticks = self.config.ticks if self.config.ticks is not None else ctx.scenario.scenario.ticks
@@ -81,7 +81,7 @@ class Shard:
         self.world = WorldState()
         self.source: InputSource = source or LiveInputs(
             self.store, self.bus, self.world, local=layout.local, takes_world=self.index == 0, tick=self.first,
-            per_tick=self.config.bounds.player_inputs_per_tick,
+            per_tick=self.config.limits.bounds.player_inputs_per_tick,
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
         self.intake = Intake(ctx, self.barrier, self.peers, self.source)
@@ -119,7 +119,7 @@ class Shard:
             await bus.listen_world_state()
         await self.intake.rejoin()
         stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
-        if self.index == 0 and not self.config.resume and ctx.scenario.world:
+        if self.index == 0 and not self.config.record.resume and ctx.scenario.world:
             world = WorldStateMessage(state={w.key: w.value for w in ctx.scenario.world}, tick=self.first)
             await bus.publish_world_state(world)
         await self.status.say()
@@ -221,8 +221,8 @@ class Shard:
         record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(),
                             pending=Pending(mail=self.bus.waiting_mail(tick), world=self.world.due))
         self._committing = await self.store.commit_tick(tick, record)
-        if self.config.retain_memories is not None:
+        if self.config.record.retain_memories is not None:
             await self._committed()
-            self.stats.memories_pruned += await self.store.prune_memories(self.config.retain_memories)
+            self.stats.memories_pruned += await self.store.prune_memories(self.config.record.retain_memories)
         if tick % 10 == 0:
             await self.status.say()

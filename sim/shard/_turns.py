@@ -31,7 +31,7 @@ class Turns:
 
     def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
         self._ctx, self._stop = ctx, stop
-        self._workers = 2 * ctx.config.concurrency  # the pool always has turns waiting to order
+        self._workers = 2 * ctx.config.inference.concurrency  # the pool always has turns waiting to order
 
     async def take(self, tick: int) -> bool:
         """Every turn of `tick` taken; False when asked to stop first."""

@@ -16,15 +16,13 @@ import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
-from sim.bus import BusConfig, open_bus
-from sim.inference import PoolConfig, open_pool
-from sim.mqtt import BrokerAddress
 from sim.protocol.received import PlayerInputReceived, WorldStateReceived
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock
-from sim.store import open_reader, open_store
+from sim.shard import RunConfig, RunStats, VirtualClock
+from sim.store import open_reader
 from sim.wire.events import PlayerInputMessage, WorldStateMessage
 from tests.memory_broker import MemoryBroker
+from tests.memory_shard import memory_shard
 
 __all__ = ["AuditSet", "RecordedInput", "audit_set", "calm_run", "recorded_inputs", "world_ticks"]
 
@@ -84,14 +82,7 @@ async def calm_run(
     loaded = load_scenario(scenario)
     async with asyncio.TaskGroup() as group:
         server = group.create_task(broker.serve())
-        async with (
-            open_store(db, keep_tail=False) as store,
-            open_pool(PoolConfig()) as pool,
-            open_bus(BusConfig(broker=BrokerAddress(), run=run_id, shard="0"), transport=broker.transport()) as bus,
-        ):
-            stats.bus = bus.stats
-            ctx = ShardContext(loaded, config, run_id, loaded.scenario.seed, bus, pool, store, stats, clock=clock)
-            shard = Shard(ctx, asyncio.Event())
+        async with memory_shard(broker, loaded, config, db, stats, asyncio.Event()) as shard:
             await shard.start()
             for tick in range(until_tick):
                 for _, _, player, agent, text in sorted(by_tick.get(tick, [])):
