@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 
 import msgspec
@@ -176,14 +177,11 @@ def render(figures: list[Figures], llama: str, args: argparse.Namespace) -> str:
         f"{f.added_p50_ms:.2f} | {f.added_p99_ms:.2f} | {f.fallbacks} |"
         for f in figures
     )
-    import aiomqtt
-    import httpx
-
     return f"""## {HEADING}
 
 Command: `.venv/bin/python benchmarks/bench_inference.py --write docs/benchmarks.md`
 Machine: 2 cores, Python {platform.python_version()} ({platform.machine()}), msgspec {msgspec.__version__},
-aiomqtt {aiomqtt.__version__}, httpx {httpx.__version__}, Mosquitto from broker-config/dev.conf.
+aiomqtt {version("aiomqtt")}, httpx {version("httpx")}, Mosquitto from broker-config/dev.conf.
 
 Scripted backend with a fixed {args.delay_ms:.0f} ms delay and K = {args.slots} slots: the bound is
 K / delay = {args.slots / (args.delay_ms / 1000):.0f} requests/s, computed in the same run. {args.agents}

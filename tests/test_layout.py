@@ -1,9 +1,12 @@
 """The layout's rules, read from the code: no import circle, no reach into another package's
-private modules, agents that reach the engine only through their context, child processes
-started by `sim.helper` only, tests that wait for conditions rather than for a fixed time.
+private modules, agents that reach the engine only through their context, aiomqtt only in
+the one MQTT layer (sim.mqtt), child processes started by `sim.helper` only, no module over
+400 lines nor class over 250 (a room that grew past its job), tests that wait for
+conditions rather than for a fixed time.
 
 Every `import` and `from ... import` of sim, agents and benchmarks is read with `ast`, those
-inside functions too; those under `if TYPE_CHECKING:` are left aside (they never run). An
+inside functions too, and those under `if TYPE_CHECKING:` for the circles (a circle that
+only type checking closes is still one module needing the other both ways). An
 import of `a.b` loads the package `a` first, but that implicit edge is not counted: every
 submodule would otherwise form a circle with its package's `__init__`.
 """
@@ -22,6 +25,9 @@ AGENT_ALLOWED = ("sim.shard", "sim.wire", "sim.memory", "sim.scenario")
 PROCESS_STARTERS = {"sim.helper", "sim.broker"}
 """The modules that start child processes: npcsim's own (`sim.helper`) and Mosquitto (`sim.broker`)."""
 PROCESS_MODULES = ("multiprocessing", "subprocess", "concurrent.futures.process")
+MQTT_LAYER = "sim.mqtt"
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 250
 SLEEPS_ALLOWED = ("tests/helpers.py", "tests/faults/")
 """Where tests may sleep for a literal time: `elapse` in the helpers, and the fault harness,
 whose outages and delays are what it injects."""
@@ -55,10 +61,11 @@ def _package_of(module: str) -> str:
     return module if path.name == "__init__.py" else module.rpartition(".")[0]
 
 
-def imports(module: str) -> Iterator[tuple[str, str, int]]:
-    """(target module, imported name or "", line) for every import `module` makes."""
+def imports(module: str, *, type_checking: bool = False) -> Iterator[tuple[str, str, int]]:
+    """(target module, imported name or "", line) for every import `module` makes; those under
+    `if TYPE_CHECKING:` too with `type_checking`."""
     tree = ast.parse(MODULES[module].read_text())
-    hidden = _type_checking_only(tree)
+    hidden = set() if type_checking else _type_checking_only(tree)
     for node in ast.walk(tree):
         if id(node) in hidden:
             continue
@@ -75,9 +82,9 @@ def imports(module: str) -> Iterator[tuple[str, str, int]]:
                 yield base, alias.name, node.lineno
 
 
-def edges(module: str) -> Iterator[tuple[str, str, int]]:
+def edges(module: str, *, type_checking: bool = False) -> Iterator[tuple[str, str, int]]:
     """(target module, imported name, line) for imports of modules of this repository."""
-    for base, name, line in imports(module):
+    for base, name, line in imports(module, type_checking=type_checking):
         if name and f"{base}.{name}" in MODULES:
             yield f"{base}.{name}", "", line
         elif base in MODULES:
@@ -85,7 +92,7 @@ def edges(module: str) -> Iterator[tuple[str, str, int]]:
 
 
 def test_no_import_circle() -> None:
-    graph = {m: sorted({t for t, _, _ in edges(m) if t != m}) for m in MODULES}
+    graph = {m: sorted({t for t, _, _ in edges(m, type_checking=True) if t != m}) for m in MODULES}
     circles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the path, 2: done
     path: list[str] = []
@@ -186,6 +193,34 @@ def test_tests_wait_for_conditions_not_for_a_literal_time() -> None:
                        "VirtualClock), or, where the time itself is the subject, helpers.elapse:\n" + "\n".join(wrong))
 
 
+def test_aiomqtt_only_in_the_mqtt_layer() -> None:
+    """One MQTT connection layer: every other module reaches a broker through sim.mqtt."""
+    outside = [
+        f"{MODULES[module].relative_to(REPO)}:{line}"
+        for module in sorted(MODULES)
+        if not (module == MQTT_LAYER or module.startswith(MQTT_LAYER + "."))
+        for target, _, line in imports(module, type_checking=True)
+        if target == "aiomqtt" or target.startswith("aiomqtt.")
+    ]
+    assert not outside, "aiomqtt imported outside sim.mqtt:\n" + "\n".join(outside)
+
+
+def oversized(source: str) -> Iterator[str]:
+    """A module over MAX_MODULE_LINES lines, a class over MAX_CLASS_LINES: more than one job."""
+    if (lines := source.count("\n")) > MAX_MODULE_LINES:
+        yield f"{lines} lines"
+    for node in ast.walk(ast.parse(source)):
+        size = (node.end_lineno or node.lineno) - node.lineno + 1 if isinstance(node, ast.ClassDef) else 0
+        if isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+            yield f"{node.lineno}: class {node.name}, {size} lines"
+
+
+def test_rooms_are_sized_by_their_job() -> None:
+    big = [f"{MODULES[m].relative_to(REPO)}: {what}" for m in sorted(MODULES) if m.startswith(("sim", "agents"))
+           for what in oversized(MODULES[m].read_text())]
+    assert not big, "rooms past their job:\n" + "\n".join(big)
+
+
 def test_the_rules_see_what_they_are_about() -> None:
     """The reader finds imports inside functions and skips TYPE_CHECKING ones (else the tests above prove nothing)."""
     assert len(MODULES) > 80
@@ -194,6 +229,9 @@ def test_the_rules_see_what_they_are_about() -> None:
     hidden = _type_checking_only(source)
     names = [a.name for n in ast.walk(source) if isinstance(n, ast.Import) and id(n) not in hidden for a in n.names]
     assert sorted(names) == ["x", "z"]
+    big = "class A:\n" + "    x = 1\n" * MAX_CLASS_LINES
+    assert list(oversized(big)) == [f"1: class A, {MAX_CLASS_LINES + 1} lines"]
+    assert list(oversized("x = 1\n" * (MAX_MODULE_LINES + 1))) == [f"{MAX_MODULE_LINES + 1} lines"]
     assert _private_owner("sim.memory._build") == "sim.memory" and _private_owner("sim.memory.render") is None
     sleeps = ast.parse("import time\nfrom asyncio import sleep as nap\ntime.sleep(0.3)\nnap(1)\n"
                        "asyncio.sleep(0)\nasyncio.sleep(delay=2)\nclock.sleep(5)\ntime.sleep(s)\n")
