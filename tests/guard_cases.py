@@ -1,6 +1,6 @@
 """Hand-written cases for the built-in fact guard: (fact, line, whether the line denies the fact).
 
-Every case found in issue 22 is here (marked), with restatements that must pass and denials
+Every case found when the guard was reviewed is here (marked), with restatements that must pass and denials
 in every common form that must not, facts that begin with a negation both ways, and a long
 fact restated in part (a line bounded to max_line_chars ends in "…").
 """
@@ -23,7 +23,7 @@ BRIDGE = "The old bridge is broken."
 GATE = "The east gate is locked."
 
 CASES: list[tuple[str, str, bool]] = [
-    # --- found in issue 22 -----------------------------------------------------------------
+    # --- found in review -----------------------------------------------------------------
     (PRICES, "As everyone here knows, Every snack costs money; nothing is ever free.", False),
     (NO_SNACK, "No snack is free.", False),
     (NO_SNACK, "Everything is free today!", True),

@@ -1,5 +1,5 @@
 """broker-config/auth.conf and acl on a real Mosquitto: every role may publish and read
-exactly what DESIGN.md's trust boundary says; anonymous clients are refused."""
+exactly what docs/operations.md ("Who may publish and read what") says; anonymous clients are refused."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from sim.cli.run import run_command
 from sim.errors import ConfigError
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from sim.shard import InferenceConfig, Placement, RunConfig
-from sim.shard._config import WORKER_PROCESS_NPCS, pool_transport
+from sim.shard._run_config import WORKER_PROCESS_NPCS, pool_transport
 from tests.helpers import eventually
 from tests.inference_helpers import make_request
 

@@ -1,5 +1,5 @@
 """The village over 200 ticks, in-process (the in-memory broker, virtual time): the NPCs'
-memories are worth keeping and the scripted dialogue shows them at work (issue 22).
+memories are worth keeping and the scripted dialogue shows them at work.
 
 What every prompt of the run holds: no item twice in a category (a belief refreshed is
 not copied), no memory that quotes a quote, and the scenario author's belief of the snack

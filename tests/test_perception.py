@@ -1,6 +1,6 @@
 """Shared perception against the rule it replaces: one episode per listener per event heard.
 
-The engine before issue 20 gave every NPC at a place its own copy of every event said
+The simple rule gives every NPC at a place its own copy of every event said
 there (but its own lines), and its state held the newest `hot_limit` of all it had. Now a
 place keeps one log, trimmed by the window rule, and a listener's episodic memory is
 merged from it when needed. A small reference model of the old rule checks, over random
@@ -47,7 +47,7 @@ def random_ticks(seed: int, ticks: int, *, talkative: str | None = None) -> list
 
 
 def old_rule(listener: str, history: list[AnyEvent], private: list[Episode], limit: int) -> tuple[Episode, ...]:
-    """The engine before issue 20: one episode per event heard (its own lines skipped), with
+    """The simple rule: one episode per event heard (its own lines skipped), with
     the private ones; the newest `limit` in recency order."""
     heard = [NpcAgent.episode_of(e, isinstance(e, Speech) and e.to == listener) for e in history
              if not (isinstance(e, Speech) and e.speaker == listener)]

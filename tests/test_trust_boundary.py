@@ -1,4 +1,4 @@
-"""The trust boundary on a real Mosquitto with the shipped auth.conf and acl (DESIGN.md).
+"""The trust boundary on a real Mosquitto with the shipped auth.conf and acl (docs/operations.md, "Security").
 
 Every npcsim process logs in (run, worker, subscribe, loadtest); a player may publish only
 its own input; each attack found on the anonymous broker is refused by the broker or

@@ -1,4 +1,4 @@
-"""Untrusted text is data, never structure (DESIGN.md, "Rendering untrusted text")."""
+"""Untrusted text is data, never structure (docs/working-memory.md, "Untrusted text is inert")."""
 
 from __future__ import annotations
 

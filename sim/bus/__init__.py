@@ -17,7 +17,7 @@ the broker through a `sim.mqtt.Transport` (MQTT by default; `sim.mqtt.LocalBroke
 the buses of one process without a broker).
 """
 
-from sim.bus._bus import Bus, BusConfig, BusEvent, Connected, open_bus
+from sim.bus._endpoint import Bus, BusConfig, BusEvent, Connected, open_bus
 from sim.protocol.mailbox import Mailbox
 from sim.protocol.router import BusStats
 

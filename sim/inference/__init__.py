@@ -9,16 +9,16 @@ backend here (`_serve`, with `_output` and `_fallback`), in a worker process of 
 pool's (`_local`, `_local_worker`), or the MQTT link (`_link`) to
 remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
 the pool's checks (`_replies`); a re-execution serves each request on its record's
-attempts (`open_pool(..., recorded=...)`). `_config` and `_counters` hold the configuration and the
+attempts (`open_pool(..., recorded=...)`). `_pool_config` and `_counters` hold the configuration and the
 statistics; `backends` the backends. See docs/inference.md.
 """
 
-from sim.inference._config import PoolConfig, WorkerConfig
 from sim.inference._counters import PoolStatistics
 from sim.inference._fallback import GENERIC_LINES, fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact, load_fact_guard
 from sim.inference._output import Verdict, clean_line, judge
 from sim.inference._pool import Pool, open_pool
+from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
 from sim.inference._worker import RemoteWorker
 from sim.inference.backends import BACKENDS, Backend, Reply, open_backend

@@ -21,9 +21,9 @@ import uuid
 
 from sim.errors import BrokerError
 from sim.inference._batch import LINGER, MAX_ITEMS, BatchSender, read_batch
-from sim.inference._config import WorkerConfig
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._guard import FactGuard, load_fact_guard
+from sim.inference._pool_config import WorkerConfig
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
 from sim.mqtt import LastWill, Link, MqttTransport, Transport

@@ -8,9 +8,9 @@
         await shard.run(until=shard.end)     # the rest, paced by tick_ms
 
 The modules, one job each:
-- `_config`: `RunConfig` in its parts (broker, inference and its placement, limits, record) and what
+- `_run_config`: `RunConfig` in its parts (broker, inference and its placement, limits, record) and what
   follows from it (shards, their NPCs, the hot window);
-- `_places`: which shard holds which place (whole places, balanced by NPC count);
+- `_place_shares`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display, the summary and the metrics read; `RunStarted`;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
 - `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, who stands where, the
@@ -27,7 +27,7 @@ The modules, one job each:
 - `_intake`: what the bus hands over, to the part that owns it;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_parse_child`: the helper process that parses a large scenario for `_startup`;
-- `_shard`: `Shard`, the tick loop: its six phases, start, resume;
+- `_loop`: `Shard`, the tick loop: its six phases, start, resume;
 - `_recorded`: `RecordedInputs`, the input source of a shard that executes a recorded run
   again (sim.replay);
 - `_trust`: the run key and the trust announcements at start;
@@ -37,7 +37,14 @@ The modules, one job each:
 """
 
 from sim.shard._clock import Clock, SystemClock, VirtualClock
-from sim.shard._config import (
+from sim.shard._context import AgentContext, MemoryConfigOf, ShardContext
+from sim.shard._dice import ambient_roll
+from sim.shard._loop import Shard
+from sim.shard._place_shares import assign_places
+from sim.shard._process import run
+from sim.shard._recorded import RecordedInputs
+from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
+from sim.shard._run_config import (
     BrokerConfig,
     InferenceConfig,
     Limits,
@@ -48,13 +55,6 @@ from sim.shard._config import (
     parse_shard,
     shard_npcs,
 )
-from sim.shard._context import AgentContext, MemoryConfigOf, ShardContext
-from sim.shard._dice import ambient_roll
-from sim.shard._places import assign_places
-from sim.shard._process import run
-from sim.shard._recorded import RecordedInputs
-from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
-from sim.shard._shard import Shard
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStarted, RunStats
 from sim.shard._wiring import Claim, open_shard

@@ -35,11 +35,11 @@ from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import RunConfig
 from sim.shard._layout import ShardLayout
 from sim.shard._perception import EpisodeOf, Perception
 from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
+from sim.shard._run_config import RunConfig
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
 from sim.wire import topics
@@ -117,7 +117,7 @@ class ShardContext:
 
     def state(self, spec: NpcSpec) -> NpcState:
         """The NPC's state now: its own hot state, with the place's log it heard merged into
-        its episodic memory (what the engine before issue 20 kept as one copy per listener)."""
+        its episodic memory (one copy per place, not per listener)."""
         own = self.store.state(spec.id)
         episodic = self.perception.episodic(spec.id, spec.location, own.episodic, self.kinds[spec.kind].episode_of)
         return own if episodic is own.episodic else msgspec.structs.replace(own, episodic=episodic)

@@ -35,7 +35,7 @@ from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transp
 from sim.protocol.seal import RunKey, new_nonce, sealed_nonce
 from sim.scenario import Scenario
 from sim.shard._clock import Clock
-from sim.shard._config import RunConfig, parse_shard
+from sim.shard._run_config import RunConfig, parse_shard
 from sim.store import RunIdentity, RunSettings, Store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Welcome, decode_barrier, encode_barrier

@@ -9,8 +9,8 @@ builds it itself when given none (tests, embedders).
 from __future__ import annotations
 
 from sim.scenario import NpcSpec, Scenario
-from sim.shard._config import parse_shard, shard_npcs
 from sim.shard._dice import AmbientDice
+from sim.shard._run_config import parse_shard, shard_npcs
 
 __all__ = ["ShardLayout"]
 

@@ -9,11 +9,10 @@ event's memory for everyone it was not addressed to is made once and shared by a
 them.
 
 A listener's episodic memory, when it is needed (it speaks), is the newest `limit` of its
-private episodes (what it was given, what reached its inbox, older stores' per-listener
-rows) merged with the newest `limit` events of its place's window that it did not say
-itself: exactly the newest `limit` of everything the engine before issue 20 had it
-remember one episode at a time, so the working memory and the audit's state snapshot
-are the same, byte for byte.
+private episodes (what it was given, what reached its inbox) merged with the newest
+`limit` events of its place's window that it did not say itself: exactly the newest
+`limit` of what it would remember if every event heard were its own episode, so the
+working memory and the audit's state snapshot are the same, byte for byte.
 
 Mail is what is addressed: an event of the log said to a listener there becomes that
 listener's mail for the next tick (it answers, takes it into its dialogue, believes that

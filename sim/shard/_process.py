@@ -30,7 +30,10 @@ from sim.errors import ConfigError, single_error
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._config import (
+from sim.shard._context import agent_kinds
+from sim.shard._instance import claim_store, learn_run_nonce, run_claim
+from sim.shard._layout import ShardLayout
+from sim.shard._run_config import (
     RunConfig,
     check_resume,
     check_retention,
@@ -40,9 +43,6 @@ from sim.shard._config import (
     memory_config,
     parse_shard,
 )
-from sim.shard._context import agent_kinds
-from sim.shard._instance import claim_store, learn_run_nonce, run_claim
-from sim.shard._layout import ShardLayout
 from sim.shard._startup import (
     PausedCollector,
     StartupPhase,

@@ -89,9 +89,9 @@ class PausedCollector:
 
     Start-up allocates millions of long-lived objects (the parsed scenario, hot state,
     agents, their tasks); each allocation burst triggers full collections that scan all of
-    them again, which made start-up at 100,000 NPCs spend more time in the collector than
-    in its own work. `start_up_done` moves everything alive into the permanent generation
-    (`gc.freeze`), so tick-time collections never scan it, and collects from then on with
+    them again, which can take start-up longer than its own work. `start_up_done` moves
+    everything alive into the permanent generation (`gc.freeze`), so tick-time collections
+    never scan it, and collects from then on with
     a first generation of `TICK_THRESHOLD` allocations instead of 700: a tick allocates
     hundreds of thousands of objects that refcounting frees (states, memories, requests,
     records) and that the default made the collector scan thousands of times a tick, for
@@ -120,7 +120,7 @@ class PausedCollector:
     ) -> None:
         # Through the permanent generation into the oldest: a start-up stopped before
         # `start_up_done` leaves millions of objects in the first generation, and the first
-        # collection after `gc.enable` would scan them all (1.6 s at a million NPCs).
+        # collection after `gc.enable` would scan them all.
         gc.freeze()
         gc.unfreeze()
         gc.set_threshold(*self._thresholds)
@@ -145,8 +145,8 @@ async def load_scenario_in_thread(path: str | Path) -> tuple[Scenario, ScenarioT
     regular file of at most MAX_SCENARIO_BYTES, or a bundled scenario): nothing is parsed
     before. Those bytes are parsed in the thread too or, past `CHILD_PARSE_BYTES`, in a
     helper process (`sim.helper`): the parser (rtoml, then msgspec) holds the GIL for the whole of each of
-    its two calls, 12 s at a million NPCs, during which a thread would leave the loop no
-    turn at all (a SIGTERM would wait for it). The child is handed the bytes read (so what
+    its two calls, seconds for a large world, during which a thread would leave the loop
+    no turn at all (a SIGTERM would wait for it). The child is handed the bytes read (so what
     is parsed is what was hashed) and hands the scenario back in chunks of NPCs, each
     decoded between two turns of the loop.
     """

@@ -1,4 +1,4 @@
-"""The run's side of the trust boundary (DESIGN.md, "Trust boundary") at start-up.
+"""The run's side of the trust boundary (docs/operations.md, "Security") at start-up.
 
 - `run_key_for`: the run key from `--run-key-file`, or, for `--broker auto`, the one kept
   next to the store (`tw.db.key`, mode 0600: made at the first start, read at every

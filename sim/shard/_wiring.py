@@ -27,11 +27,11 @@ from sim.mqtt import BrokerAddress, Transport
 from sim.protocol.seal import RunKey
 from sim.scenario import Scenario
 from sim.shard._clock import Clock
-from sim.shard._config import RunConfig, hot_limit, pool_transport
 from sim.shard._context import MemoryConfigOf, ShardContext
 from sim.shard._inputs import InputSource
 from sim.shard._layout import ShardLayout
-from sim.shard._shard import Shard
+from sim.shard._loop import Shard
+from sim.shard._run_config import RunConfig, hot_limit, pool_transport
 from sim.shard._stats import RunStats
 from sim.store import Store, open_store
 

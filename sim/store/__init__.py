@@ -9,13 +9,13 @@ store belongs to (`Store.identity`, `StoreReader.run_identity`).
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.store._arrivals import arrivals_path, read_arrivals
 from sim.store._authority import Writer
+from sim.store._database import HOT_LIMIT, Store, StoreStatistics, open_store
 from sim.store._identity import RunIdentity, RunSettings
 from sim.store._places import PlaceRows
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._resume import Pending, Resume, TickRecord
 from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
-from sim.store._store import HOT_LIMIT, Store, StoreStatistics, open_store
 
 __all__ = [
     "HOT_LIMIT",

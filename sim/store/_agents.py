@@ -1,7 +1,7 @@
 """Each agent's state with authority: loaded or created, written, and kept in memory.
 
 Every write is checked (`_authority`), updates the agent's hot state at once (so `state()`
-never queries) and queues one row for the writer task. `Store` (sim.store._store) is this
+never queries) and queues one row for the writer task. `Store` (sim.store._database) is this
 with the run's parts beside it: its identity, the places' logs, the audit, the ticks.
 """
 

@@ -19,7 +19,7 @@ been taken at, so a resume could not take it at the same tick.
 Each record is appended with one write(2): once it returns the kernel has it, and a
 kill -9 of the process loses nothing after that (`sync` flushes the file to the disk, for
 a machine that loses power: the shard calls it before the tick that takes an input can
-commit). What paho acknowledged but the bus had not read yet (microseconds) can still go.
+commit). What paho acknowledged but the bus had not read yet (a moment) can still go.
 Records are a 4-byte length and msgpack; a torn last record is dropped, counted, logged.
 """
 

@@ -1,4 +1,4 @@
-"""Who may write what, enforced in the store, not by convention (DESIGN.md, "The state model").
+"""Who may write what, enforced in the store, not by convention (docs/store.md, "Authority").
 
 | category | who may write |
 |---|---|

@@ -1,7 +1,7 @@
 """Feed a `RunModel` from a live run's MQTT topics, and speak to NPCs as a player.
 
-The viewer reads public topics, the trace and the roster only (DESIGN.md, "Trust
-boundary"), and publishes nothing but the input of the one player its operator named. It
+The viewer reads public topics, the trace and the roster only (docs/operations.md,
+"Security"), and publishes nothing but the input of the one player its operator named. It
 connects through a `sim.mqtt.Transport` like every npcsim client: login from the URL or
 the environment, TLS, the one reconnect policy; it waits for its broker as long as it
 takes. A publish the broker refuses (an ACL that does not let this login speak as that

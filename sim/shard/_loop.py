@@ -102,7 +102,7 @@ class Shard:
         await bus.listen_barrier()  # first: every batch is counted
         stats.agents = await create_agents(self.store, ctx.scenario, ctx.specs, stats.startup_progress)
         stats.startup_progress.enter(StartupPhase.SUBSCRIBING)
-        specs = ctx.specs  # the roster of a million NPCs takes a second to build: off the loop
+        specs = ctx.specs  # the roster of a large world is built off the loop
         npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),
                                "npcsim-roster")
         await bus.publish_roster(RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))

@@ -18,7 +18,7 @@ from sim.memory import WorkingMemoryConfig
 from sim.mqtt import TlsFiles
 from sim.protocol.bounds import InputBounds
 from sim.scenario import NpcSpec, Scenario
-from sim.shard._places import assign_places
+from sim.shard._place_shares import assign_places
 from sim.store import HOT_LIMIT, Store
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
 
 MAX_SHARDS = 1024
 """Shards of one run at most: each holds every other's barrier state, so the count is bounded
-(`--shard 0/100000000` took 15.7 GB before it could say anything)."""
+(a count of millions would exhaust memory before it could say anything)."""
 
 
 Placement = Literal["auto", "in-process", "process", "remote"]
@@ -194,7 +194,7 @@ def check_shards(config: RunConfig, scenario: Scenario) -> None:
 def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
     """Shard i of n's NPCs, in id order: those standing at the places it holds.
 
-    A shard holds whole places (sim.shard._places: balanced by NPC count, a function of the
+    A shard holds whole places (sim.shard._place_shares: balanced by NPC count, a function of the
     scenario and n only), so that everyone who hears a line at a place is on the same shard.
     """
     owner = assign_places(scenario, count)
