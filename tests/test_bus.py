@@ -46,9 +46,9 @@ async def test_batch_round_trip(mosquitto: MosquittoProcess) -> None:
         assert bus.arrived.is_set()
         assert bus.take_events() == [Connected(again=False), BatchArrived("0", 0, topic, 3)]
         assert not bus.arrived.is_set() and bus.take_events() == []
-        [(place, events)] = bus.take_place_events(0)  # once for the place, whoever listens there
+        [(place, events)] = bus.mail.take_place_events(0)  # once for the place, whoever listens there
         assert place == "sq" and [e.text for e in events] == ["line 1", "line 2", "line 3"]
-        assert bus.stats.events_delivered == 6 and bus.take_place_events(0) == []
+        assert bus.stats.events_delivered == 6 and bus.mail.take_place_events(0) == []
 
 
 async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) -> None:
@@ -59,7 +59,7 @@ async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) 
             for _ in range(3):
                 await client.publish(topics.location_events("r", "sq"), payload, qos=1)
         await eventually(lambda: bus.stats.messages_in == 3, what="the three deliveries")
-        assert [len(events) for _, events in bus.take_place_events(0)] == [2]
+        assert [len(events) for _, events in bus.mail.take_place_events(0)] == [2]
         assert bus.stats.duplicates == 4
 
 
@@ -81,7 +81,7 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
         inputs = [e for e in bus.take_events() if not isinstance(e, Connected)]
         assert inputs == [PlayerInputReceived("p", PlayerInputMessage(to="b", text="hi"))]
         assert bus.stats.malformed == {"location events": 4, "inbox": 4, "player input": 4}
-        assert len(bus.mailbox("b")) == 0
+        assert len(bus.mail.mailbox("b")) == 0
 
 
 async def test_outbox_full_during_outage_raises(mosquitto: MosquittoProcess) -> None:
@@ -110,7 +110,7 @@ async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
         await send(bus, outbox, 0)
         mosquitto.start()
         await eventually(lambda: bus.stats.messages_in == 1, what="the batch sent during the outage")
-        assert [len(events) for _, events in bus.take_place_events(0)] == [1]
+        assert [len(events) for _, events in bus.mail.take_place_events(0)] == [1]
         assert bus.stats.reconnects >= 1
         assert [e for e in bus.take_events() if isinstance(e, Connected)][:2] == [
             Connected(again=False), Connected(again=True)

@@ -256,10 +256,10 @@ async def agent_world(tmp_path: Path) -> AsyncIterator[tuple[ShardContext, Memor
 async def test_an_npc_answers_what_came_before_its_tick_and_keeps_the_rest(tmp_path: Path) -> None:
     async with agent_world(tmp_path) as (ctx, broker):
         a = NpcAgent(ctx.scenario.npcs[0], ctx.agent_context(ctx.scenario.npcs[0]))
-        box = ctx.bus.mailbox("a")
+        box = ctx.bus.mail.mailbox("a")
         box.put(Speech(id="p:2", tick=2, speaker="visitor", to="a", text="Hello?", from_player=True))
         box.put(Speech(id="p:3", tick=3, speaker="visitor", to="a", text="Still there?", from_player=True))
-        assert ctx.bus.mail_holders(2) == [] and ctx.bus.mail_holders(3) == ["a"]
+        assert ctx.bus.mail.mail_holders(2) == [] and ctx.bus.mail.mail_holders(3) == ["a"]
         ctx.tick = 3
         await a.step(3, False)
         await ctx.bus.wait_sent()

@@ -8,8 +8,8 @@
         await bus.publish(topic, payload)                 # queued, sent in order
         await clock.wait(bus.arrived, 0.5)                # something to act on came in
         for event in bus.take_events(): ...               # BatchArrived, BarrierReceived, ..., Connected
-        bus.take_place_events(tick)                       # the places' events, for their logs
-        bus.take_mail("blacksmith", tick)                 # its inbox
+        bus.mail.take_place_events(tick)                  # the places' events, for their logs
+        bus.mail.take_mail("blacksmith", tick)            # its inbox
 
 What arrives is decided by `sim.protocol.router.Router` (sans-I/O: routes, intakes,
 mailboxes, de-duplication, bounds): a place's events wait in its intake until the shard
@@ -40,7 +40,6 @@ from sim.bus._traces import TraceBatches
 from sim.errors import single_error
 from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.bounds import InputBounds
-from sim.protocol.mailbox import Mailbox
 from sim.protocol.received import PlayerInputReceived, Received, WorldStateReceived
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
@@ -93,6 +92,9 @@ class Bus:
             bounds=config.bounds, run_key=config.run_key,
         )
         self.stats = self._router.stats
+        self.mail = self._router.mail
+        """What arrived for this shard's places and NPCs, until the shard takes it (its
+        places' events after the barrier, each NPC's inbox mail at its turn)."""
         self._filters: list[str] = []
         self._events: collections.deque[BusEvent] = collections.deque()
         self.arrived = asyncio.Event()
@@ -107,18 +109,7 @@ class Bus:
             max_bytes=config.trace_batch_bytes, linger=config.trace_linger,
         )
 
-    # --- mailboxes, routes and what arrived -------------------------------------------
-
-    def mailbox(self, agent: str) -> Mailbox:
-        return self._router.mail.mailbox(agent)
-
-    def mail_holders(self, before: int) -> list[str]:
-        """The agents with mail of a tick earlier than `before`, in id order."""
-        return self._router.mail.mail_holders(before)
-
-    def take_mail(self, agent: str, before: int) -> list[AnyEvent]:
-        """The agent's mail of ticks earlier than `before`, sorted by (tick, id)."""
-        return self._router.mail.take_mail(agent, before)
+    # --- routes and what arrived -------------------------------------------
 
     @property
     def connected(self) -> bool:
@@ -135,18 +126,6 @@ class Bus:
     def drop_batches_before(self, tick: int) -> None:
         """Batches of earlier ticks are re-sends of what was perceived: their events are dropped."""
         self._router.drop_batches_before(tick)
-
-    def take_place_events(self, up_to: int) -> list[tuple[str, list[AnyEvent]]]:
-        """Each place's events of ticks up to `up_to`, sorted by (tick, id), for its log."""
-        return self._router.mail.take_place_events(up_to)
-
-    def waiting_mail(self, up_to: int) -> list[tuple[str, AnyEvent]]:
-        """Every (agent, event) waiting in a mailbox, of ticks up to `up_to`."""
-        return self._router.mail.waiting_mail(up_to)
-
-    def restore_mail(self, mail: Iterable[tuple[str, AnyEvent]]) -> None:
-        """Put (agent, event) mail back in the mailboxes (a resumed shard's)."""
-        self._router.mail.restore_mail(mail)
 
     async def listen_location(self, location: str, agents: Iterable[str]) -> None:
         """Take the events at `location` (heard there by these agents) into its intake."""

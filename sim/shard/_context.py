@@ -179,7 +179,7 @@ class AgentContext:
         """
         shard, spec = self._shard, self.spec
         heard = shard.perception.take_mail(spec.id)
-        inbox = shard.bus.take_mail(spec.id, tick)
+        inbox = shard.bus.mail.take_mail(spec.id, tick)
         episode_of = shard.kinds[spec.kind].episode_of
         for event in inbox:
             if not (isinstance(event, Speech) and event.speaker == spec.id):

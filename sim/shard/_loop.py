@@ -147,7 +147,7 @@ class Shard:
             await checkpoint()
         perception.stored()
         pending = await resume.pending()
-        self.bus.restore_mail(pending.mail)
+        self.bus.mail.restore_mail(pending.mail)
         self.world.due = pending.world
 
     # --- the ticks -----------------------------------------------------------------------
@@ -209,7 +209,7 @@ class Shard:
         the store as one row per place (with the tick from which the place's log is needed,
         when its window moved); what was said to an NPC there is its mail for the next tick."""
         perception = self.ctx.perception
-        for n, (place, events) in enumerate(self.bus.take_place_events(tick), start=1):
+        for n, (place, events) in enumerate(self.bus.mail.take_place_events(tick), start=1):
             await self.store.add_place_events(place, tick, events, since=perception.perceive(place, events))
             if n % _PLACE_SLICE == 0:
                 await checkpoint()
@@ -219,7 +219,7 @@ class Shard:
         every 10 ticks."""
         self.bus.report_overflow(tick)
         record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(),
-                            pending=Pending(mail=self.bus.waiting_mail(tick), world=self.world.due))
+                            pending=Pending(mail=self.bus.mail.waiting_mail(tick), world=self.world.due))
         self._committing = await self.store.commit_tick(tick, record)
         if self.config.record.retain_memories is not None:
             await self._committed()

@@ -42,7 +42,7 @@ class Turns:
                 return False
             fallen += dice.roll(tick, start, start + _DICE_SLICE)
             await checkpoint()
-        mailed = sorted({*ctx.bus.mail_holders(tick), *ctx.perception.mail_holders()})
+        mailed = sorted({*ctx.bus.mail.mail_holders(tick), *ctx.perception.mail_holders()})
         ambient = set(fallen)
         woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
         woken.update((agent, True) for agent in fallen)
