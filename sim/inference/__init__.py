@@ -4,17 +4,17 @@
         result = await pool.infer(request)      # never raises for a backend failure
 
 The request and result types are wire types (`sim.wire.inference`), re-exported here.
-Inside: the pool's slots (`_pool`) call one `Dispatch` (`_dispatch`): serving on a
-backend here (`_serve`, with `_output` and `_fallback`), in a worker process of the
-pool's (`_local`, `_local_worker`), or the MQTT link (`_link`) to
-remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
+Inside: the pool's slots (`_pool`) call one `Dispatch`, which answers with the fallback
+when anything fails (`_dispatch`): serving on a backend here (`_serve`, with `_output`),
+in a worker process of the pool's (`_local`, `_local_worker`), or the MQTT link (`_link`)
+to remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
 the pool's checks (`_replies`); a re-execution serves each request on its record's
-attempts (`open_pool(..., recorded=...)`). `_pool_config` and `_counters` hold the configuration and the
-statistics; `backends` the backends. See docs/inference.md.
+attempts (`open_pool(..., recorded=...)`). `_pool_config` and `_counters` hold the
+configuration and the statistics; `backends` the backends. See docs/inference.md.
 """
 
 from sim.inference._counters import PoolStatistics
-from sim.inference._fallback import GENERIC_LINES, fallback_line
+from sim.inference._dispatch import GENERIC_LINES, fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact, load_fact_guard
 from sim.inference._output import Verdict, clean_line, judge
 from sim.inference._pool import Pool, open_pool

@@ -40,8 +40,7 @@ from sim.backoff import Backoff, BackoffPolicy
 from sim.errors import BrokerError, single_error
 from sim.inference._batch import LINGER, MAX_ITEMS, BatchSender, read_batch
 from sim.inference._counters import Counters, LogOnce
-from sim.inference._dispatch import Dispatch
-from sim.inference._fallback import fallback_result
+from sim.inference._dispatch import Dispatch, fallback_result
 from sim.inference._guard import FactGuard
 from sim.inference._pool_config import PoolConfig
 from sim.inference._replies import reply_problem

@@ -28,8 +28,7 @@ import msgspec
 from sim.errors import ConfigError, single_error
 from sim.helper import FRAME_ITEMS, Helper
 from sim.inference._counters import Counters
-from sim.inference._dispatch import Dispatch
-from sim.inference._fallback import fallback_result
+from sim.inference._dispatch import Dispatch, fallback_result
 from sim.inference._pool_config import PoolConfig
 from sim.wire.batch import encode_batch
 from sim.wire.inference import InferenceRequest, InferenceResult

@@ -25,8 +25,7 @@ import msgspec
 from sim.audit import Attempt, AuditRecord
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
-from sim.inference._dispatch import Dispatch
-from sim.inference._fallback import fallback_result
+from sim.inference._dispatch import Dispatch, fallback_result
 from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._link import open_mqtt_dispatch
 from sim.inference._local import open_local_dispatch

@@ -19,7 +19,7 @@ must give a reply the pool could have produced itself from the request it sent:
 from __future__ import annotations
 
 from sim.audit import Attempt
-from sim.inference._fallback import fallback_line
+from sim.inference._dispatch import fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import judge
 from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES

@@ -19,7 +19,7 @@ import msgspec
 from sim.audit import Attempt
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, OverBudgetError, RejectedOutputError
 from sim.inference._counters import Counters, LogOnce
-from sim.inference._fallback import fallback_result
+from sim.inference._dispatch import fallback_result
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import Verdict, judge
 from sim.inference.backends import Backend
