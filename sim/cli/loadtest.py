@@ -14,10 +14,9 @@ from pathlib import Path
 import msgspec
 from rich.live import Live
 
-from sim.cli._backend import add_backend_arguments, backend_options
 from sim.cli._observe import add_metrics_argument, metrics_served
+from sim.cli._options import add_backend_arguments, backend_options, milliseconds, seconds, whole
 from sim.cli._terminal import Out
-from sim.cli._values import milliseconds, seconds, whole
 from sim.errors import ConfigError
 from sim.loadtest import (
     Builder,

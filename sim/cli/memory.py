@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
+from sim.cli._options import whole
 from sim.cli._terminal import Out
 from sim.cli._truncation import dropped_json, print_truncation
-from sim.cli._values import whole
 from sim.errors import ConfigError
 from sim.memory import (
     NpcState,

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.cli import _whatif
-from sim.cli._backend import add_backend_arguments, backend_options
+from sim.cli._options import add_backend_arguments, backend_options, whole
 from sim.cli._terminal import printable
-from sim.cli._values import whole
 from sim.errors import ConfigError
 from sim.replay import (
     ForkReport,

@@ -20,11 +20,18 @@ from rich.table import Table
 
 from sim.cli import bundled
 from sim.cli._attach import attach_lines, published_run
-from sim.cli._backend import add_backend_arguments, backend_options
-from sim.cli._broker import add_broker_arguments, tls_files
 from sim.cli._observe import ViewOptions, add_metrics_argument, metrics_served, port_number, run_observed
+from sim.cli._options import (
+    add_backend_arguments,
+    add_broker_arguments,
+    add_fact_guard_argument,
+    backend_options,
+    run_id,
+    seconds,
+    tls_files,
+    whole,
+)
 from sim.cli._terminal import Out
-from sim.cli._values import add_fact_guard_argument, run_id, seconds, whole
 from sim.cli.subscribe import say_record
 from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError

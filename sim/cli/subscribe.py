@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from sim.cli._attach import local_broker
-from sim.cli._broker import add_broker_arguments, broker_address, tls_files
+from sim.cli._options import add_broker_arguments, broker_address, tls_files
 from sim.cli._terminal import Out, Piece, json_line
 from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.seal import unchecked_body

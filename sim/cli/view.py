@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.cli._attach import local_broker, no_local_run
-from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import port_number
+from sim.cli._options import add_broker_arguments, broker_address, player_name, run_id
 from sim.cli._terminal import Out
-from sim.cli._values import player_name, run_id
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.scenario import load_scenario

@@ -6,11 +6,19 @@ import argparse
 import asyncio
 import signal
 
-from sim.cli._backend import add_backend_arguments, backend_options
-from sim.cli._broker import add_broker_arguments, broker_address
 from sim.cli._observe import add_metrics_argument, metrics_served
+from sim.cli._options import (
+    add_backend_arguments,
+    add_broker_arguments,
+    add_fact_guard_argument,
+    backend_options,
+    broker_address,
+    run_id,
+    seconds,
+    segment,
+    whole,
+)
 from sim.cli._terminal import Out
-from sim.cli._values import add_fact_guard_argument, run_id, seconds, segment, whole
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 from sim.protocol.seal import load_run_key

