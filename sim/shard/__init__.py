@@ -21,15 +21,14 @@ The modules, one job each:
 - `_recorder`: audit records, traces, metrics and counters of every line said;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
-- `_inputs`: the tick's inputs (phase 1), `InputSource` and the live one, `WorldState`;
+- `_inputs`: the tick's inputs (phase 1), `InputSource`, the live one and a recorded run's
+  (`RecordedInputs`, for sim.replay), `WorldState`;
 - `_turns`: the tick's turns (phase 2), taken by a bounded set of workers;
 - `_exchange`: publish and the barrier (phases 3 and 4), the status topic;
 - `_intake`: what the bus hands over, to the part that owns it;
 - `_startup`: start-up at scale (parse off the loop, agents in chunks, progress);
 - `_parse_child`: the helper process that parses a large scenario for `_startup`;
 - `_loop`: `Shard`, the tick loop: its six phases, start, resume;
-- `_recorded`: `RecordedInputs`, the input source of a shard that executes a recorded run
-  again (sim.replay);
 - `_trust`: the run key and the trust announcements at start;
 - `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
 - `_wiring`: `open_shard(...)`, a Shard with its store, bus, pool and context, assembled in one place;
@@ -39,10 +38,10 @@ The modules, one job each:
 from sim.shard._clock import Clock, SystemClock, VirtualClock
 from sim.shard._context import AgentContext, MemoryConfigOf, ShardContext
 from sim.shard._dice import ambient_roll
+from sim.shard._inputs import RecordedInputs
 from sim.shard._loop import Shard
 from sim.shard._place_shares import assign_places
 from sim.shard._process import run
-from sim.shard._recorded import RecordedInputs
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._run_config import (
     BrokerConfig,

@@ -7,7 +7,10 @@ arrived before this point, each stored with the tick that takes it.
 
 Where outside input and world changes come from is an `InputSource`: `LiveInputs` takes
 what arrives on the bus (journaled as it arrives, held to its per-tick bound, a resume's
-journal first); a re-execution takes what the recorded run took (sim.shard._recorded).
+journal first); a re-execution takes what the recorded run took (`RecordedInputs`: the
+store keeps each outside input and world-state change with the tick it took effect at, and
+a shard given these takes them at those ticks, with the numbers the run gave them, and
+nothing that arrives on its bus, so the run is executed again exactly).
 The tick calls either the same way. `WorldState` holds the world-state changes in one
 place: what arrived, what a resume's journal held, what is due next tick.
 """
@@ -31,7 +34,7 @@ from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import PlayerInputMessage, Speech, event_id
 
-__all__ = ["InputSource", "LiveInputs", "TickInputs", "WorldState"]
+__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "TickInputs", "WorldState"]
 
 _WORLD_SLICE = 20_000  # NPCs whose world state is set between two yields
 
@@ -137,6 +140,33 @@ class LiveInputs:
         taken = limit_player_inputs(arrived, self._per_tick, self._bus)
         return [OutsideInput(seq=seq, player=player, to=message.to, text=message.text)
                 for seq, (player, message) in enumerate(taken)]
+
+
+class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """The input source of a re-execution: `inputs[tick]`, the outside inputs the run took
+    at that tick, in seq order (every shard's: each shard takes its own NPCs'); `world[tick]`,
+    the keys and values set at the start of that tick."""
+
+    inputs: dict[int, list[OutsideInput]] = {}
+    world: dict[int, dict[str, str]] = {}
+
+    def journal(self, event: PlayerInputReceived | WorldStateReceived) -> None:
+        pass  # nothing live is taken, so nothing is journaled
+
+    def receive(self, event: PlayerInputReceived | WorldStateReceived) -> None:
+        pass
+
+    def close_inputs(self, tick: int) -> None:
+        pass
+
+    def close_world(self, tick: int) -> None:
+        pass
+
+    def world_at(self, tick: int, announced: dict[str, str] | None) -> dict[str, str] | None:
+        return self.world.get(tick)
+
+    def inputs_at(self, tick: int) -> list[OutsideInput]:
+        return self.inputs.get(tick, [])
 
 
 class TickInputs:
