@@ -21,7 +21,18 @@ from jsonschema import Draft7Validator
 
 from sim.shard import BrokerConfig, RunConfig, run
 from sim.wire import topics
-from sim.wire.contract import CHANNELS, MARKDOWN_BEGIN, MARKDOWN_END, asyncapi, channel_of, markdown, message_schema
+from sim.wire.contract import (
+    CHANNELS,
+    GAME,
+    MARKDOWN_BEGIN,
+    MARKDOWN_END,
+    PLAYER,
+    SERVER,
+    asyncapi,
+    channel_of,
+    markdown,
+    message_schema,
+)
 from sim.wire.events import (
     PlayerInputMessage,
     SayMessage,
@@ -96,6 +107,41 @@ def test_each_channel_says_its_address_parameters_publishers_and_mqtt_flags() ->
         concrete = channel.topic(*(f"x{i}" for i, _ in enumerate(channel.parameters)))
         assert channel_of(concrete) is channel
         assert topics.parse(concrete) is not None and topics.parse(concrete).kind == channel.kind  # type: ignore[union-attr]
+
+
+def acl_allows(login: str | None, access: str, topic: str) -> bool:
+    """Whether broker-config/acl lets `login` (None: anonymous) `access` ("read", "write") `topic`."""
+    rules: list[tuple[str, str]] = []
+    section: str | None = None  # the lines before the first `user` are the anonymous clients'
+    for line in (REPO / "broker-config" / "acl").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["user"]:
+            section = words[1]
+        elif words[:1] == ["topic"] and section == login:
+            rules.append((words[1], words[2]))
+        elif words[:1] == ["pattern"] and login is not None:
+            rules.append((words[1], words[2].replace("%u", login)))
+    return any(access in granted and _matches(topic_filter, topic) for granted, topic_filter in rules)
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    pattern = "/".join("[^/]+" if level == "+" else ".*" if level == "#" else re.escape(level)
+                       for level in topic_filter.split("/"))
+    return re.fullmatch(pattern, topic) is not None
+
+
+def test_the_shipped_acl_grants_what_the_contract_says() -> None:
+    logins = {SERVER: "shard", GAME: "game", PLAYER: "alice"}
+    for channel in CHANNELS:
+        topic = channel.topic(*("alice" if p == "player" else "r" if p == "run" else "a" for p in channel.parameters))
+        for role in channel.publishers:
+            assert acl_allows(logins[role], "write", topic), (role.name, topic)
+        everyone = channel.readers.startswith("every client")
+        assert acl_allows(None, "read", topic) == everyone == acl_allows("alice", "read", topic), topic
+        assert acl_allows("viewer", "read", topic) == (everyone or "`viewer`" in channel.readers), topic
+    assert acl_allows(None, "write", topics.player_input("r", "alice"))
+    assert not acl_allows("alice", "write", topics.player_input("r", "bob"))
+    assert not acl_allows(None, "read", topics.trace("r", "0"))
 
 
 def test_internal_topics_are_no_part_of_the_contract() -> None:

@@ -69,6 +69,8 @@ PLAYER = Role("a player", "receive",
               "`player/{player}/input` only; anonymous clients too, where the broker lets them in)")
 GAME = Role("the game system", "receive", "the game system (broker login `game`)")
 
+EVERYONE = "every client: each login, and anonymous ones where the broker lets them in"
+
 PARAMETERS = {
     "run": "The run's id (`npcsim run --run-id`; by default the scenario's name and seed, e.g. `village-7`).",
     "agent": "An NPC's id: 1-128 characters of A-Z a-z 0-9 _ . -",
@@ -110,7 +112,7 @@ class Channel:
 CHANNELS: tuple[Channel, ...] = (
     Channel(
         "say", topics.agent_say, SayMessage, (SERVER,), retained=False,
-        readers="anyone: anonymous clients and every login",
+        readers=EVERYONE,
         summary="What an NPC said, one message per line, from the shard that holds the NPC. `to` is the "
                 "player or NPC it answered (null: said to the room); `inference_id` names the inference, "
                 "and its trace.",
@@ -123,20 +125,20 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "world-state", topics.world_state, WorldStateMessage, (GAME, SERVER), retained=True,
-        readers="anyone: anonymous clients and every login",
+        readers=EVERYONE,
         summary="The world state as the game system sets it (shard 0 publishes the scenario's world at a fresh "
                 "start). Each live change reaches every NPC at the same tick, with the game system's "
                 "authority; a retained state is not applied again.",
     ),
     Channel(
         "status", topics.status, StatusMessage, (SERVER,), retained=True,
-        readers="anyone: anonymous clients and every login",
+        readers=EVERYONE,
         summary="A shard's liveness: `state` online or offline (also its last will), and while the tick "
                 "barrier holds it, what it awaits (`awaiting`) and since when (`since`, Unix time).",
     ),
     Channel(
         "roster", topics.roster, RosterMessage, (SERVER,), retained=True,
-        readers="anyone: anonymous clients and every login",
+        readers=EVERYONE,
         summary="A shard's NPCs as `[id, name, location]`, published at its start: how a viewer that "
                 "connects late learns the world.",
     ),
@@ -220,8 +222,8 @@ def asyncapi(version: str) -> dict[str, Any]:
             operations[f"{role.action}-{channel.name}"] = {
                 "action": role.action,
                 "channel": {"$ref": f"#/channels/{channel.name}"},
-                "description": f"Published by {role.description}"
-                               f"{'' if role is SERVER else '; the server takes it'}.",
+                "description": f"Published by {role.description}; "
+                               f"{'read by ' + channel.readers if role is SERVER else 'the server takes it'}.",
                 "messages": [{"$ref": f"#/channels/{channel.name}/messages/{channel.name}"}],
                 "bindings": {"mqtt": {"qos": QOS, "retain": channel.retained, "bindingVersion": MQTT_BINDING_VERSION}},
             }
