@@ -175,6 +175,15 @@ def test_the_schemas_accept_what_the_encoders_write() -> None:
         assert not problems(name, json.loads(encode_json(message))), name
 
 
+def test_a_fixed_length_array_is_said_in_draft_07() -> None:
+    """msgspec's 2020-12 `prefixItems` (a roster entry `[id, name, location]`) is draft-07's `items` list."""
+    assert "prefixItems" not in json.dumps(DOCUMENT)
+    assert len(DOCUMENT["components"]["schemas"]["RosterEntry"]["items"]) == 3
+    assert not problems("roster", {"run": "r", "shard": "0", "npcs": [["a", "Ann", "inn"]]})
+    assert problems("roster", {"run": "r", "shard": "0", "npcs": [["a", 5, "inn"]]})
+    assert problems("roster", {"run": "r", "shard": "0", "npcs": [["a", "Ann"]]})
+
+
 FORGED = [
     ("player-input", {"to": "innkeeper"}),
     ("player-input", {"to": "innkeeper", "text": ""}),

@@ -71,14 +71,16 @@ GAME = Role("the game system", "receive", "the game system (broker login `game`)
 
 EVERYONE = "every client: each login, and anonymous ones where the broker lets them in"
 
+_NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
 PARAMETERS = {
     "run": "The run's id (`npcsim run --run-id`; by default the scenario's name and seed, e.g. `village-7`).",
-    "agent": "An NPC's id: 1-128 characters of A-Z a-z 0-9 _ . -",
-    "player": "A player's id: 1-128 characters of A-Z a-z 0-9 _ . -, and not the login of an internal role "
+    "agent": f"An NPC's id: {_NAME_RULE}.",
+    "player": f"A player's id: {_NAME_RULE}, and not the login of an internal role "
               f"({', '.join(f'`{r}`' for r in sorted(topics.ROLE_LOGINS))}).",
     "shard": "A shard's index in its run, as in `npcsim run --shard i/n` (`0` for a run of one shard).",
-    "location": "A place's id: 1-128 characters of A-Z a-z 0-9 _ . -",
+    "location": f"A place's id: {_NAME_RULE}.",
 }
+"""What each `{name}` of an address is (AsyncAPI's parameters)."""
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,10 @@ class Channel:
 
     @property
     def kind(self) -> topics.TopicKind:
-        """What `topics.parse` says a topic of this channel is: the topic function's name."""
-        kind: topics.TopicKind = self.topic.__name__  # type: ignore[assignment]
-        return kind
+        """What `topics.parse` says a topic of this channel is."""
+        parsed = topics.parse(self.address)
+        assert parsed is not None, f"{self.address}: a topic that topics.parse does not read"
+        return parsed.kind
 
     @property
     def parameters(self) -> tuple[str, ...]:
