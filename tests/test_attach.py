@@ -224,3 +224,18 @@ def test_subscribe_without_a_local_run_says_where_it_tries(tmp_path: Path, monke
     address, look = broker_for(build_parser().parse_args(["subscribe", "--run", "nowhere"]), Out(note))
     assert (address.url, look) == ("mqtt://127.0.0.1:1883", True)  # the run is still to be looked for there
     assert note.getvalue() == "no run nowhere on a private broker of this machine; trying mqtt://127.0.0.1:1883\n"
+
+
+def test_the_viewer_password_is_printed_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert main(["run", VILLAGE, "--ticks", "1", "--show-password"]) == 0
+    shown = re.search(r"read-only login viewer / (\S+): mosquitto_sub .* -u viewer -P (\S+) ", capsys.readouterr().err)
+    assert shown is not None and shown.group(1) == shown.group(2)
+    shared = tmp_path / "npcsim"  # a run directory others may enter: no file is kept there, the password unsaid
+    shared.mkdir()
+    shared.chmod(0o755)
+    assert main(["run", VILLAGE, "--ticks", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "read-only login viewer, its PASSWORD shown by npcsim run --show-password" in err
+    assert "-u viewer -P PASSWORD " in err

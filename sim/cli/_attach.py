@@ -38,7 +38,7 @@ PROBE_S = 2.0
 
 def attach_lines(started: RunStarted, password_at: Path | None, *, show_password: bool = False) -> list[str]:
     """What a started run prints so that others can watch it: the viewer's password is named
-    by its file `password_at` (printed only with `show_password`, or when there is no file)."""
+    by its file `password_at`, and printed only with `show_password`."""
     run_id = started.stats.run_id
     run = shlex.quote(run_id)
     say = shlex.quote(f"{topics.run_root(run_id)}/agent/+/say")
@@ -51,13 +51,16 @@ def attach_lines(started: RunStarted, password_at: Path | None, *, show_password
         ]
     plain = viewer.with_login(None, None).url
     login, what = "", "no login needed"
-    if viewer.username is not None and (show_password or password_at is None):
+    if viewer.username is not None and show_password:
         secret = shlex.quote(viewer.password or "")
         login = f" -u {viewer.username} -P {secret}"
         what = f"read-only login {viewer.username} / {secret}"
-    elif viewer.username is not None:
+    elif viewer.username is not None and password_at is not None:
         login = f' -u {viewer.username} -P "$(cat {shlex.quote(str(password_at))})"'
         what = f"read-only login {viewer.username}, its password in {password_at}"
+    elif viewer.username is not None:  # no private directory to keep it in
+        login = f" -u {viewer.username} -P PASSWORD"
+        what = f"read-only login {viewer.username}, its PASSWORD shown by npcsim run --show-password"
     return [
         f"attach: npcsim subscribe --run {run}  (or npcsim view --run {run}: both find this run's private broker)",
         f"attach: broker {plain}, {what}: mosquitto_sub -h {viewer.host} -p {viewer.port}{login} -v -t {say}",
