@@ -28,11 +28,11 @@ from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.shard import RunStarted
 from sim.wire import topics
 
-__all__ = ["PROBE_S", "attach_lines", "check_run", "local_broker", "local_login", "no_local_run", "published_run"]
+__all__ = ["attach_lines", "check_run", "local_broker", "local_login", "no_local_run", "published_run"]
 
 log = logging.getLogger(__name__)
 
-PROBE_S = 2.0
+_PROBE_S = 2.0
 """How long a broker may take to connect, and then to hand over the retained statuses."""
 
 
@@ -120,20 +120,20 @@ def no_local_run(option: str, run: str) -> ConfigError:
 
 async def check_run(address: BrokerAddress, run: str, *, name: str) -> None:
     """The broker knows run `run` (a shard of it left its retained status), or a ConfigError
-    naming the runs it knows; a broker not reached within PROBE_S is a BrokerError."""
+    naming the runs it knows; a broker not reached within _PROBE_S seconds is a BrokerError."""
     known: set[str] = set()
 
     async def session(link: Link) -> None:
         await link.subscribe([f"{topics.ROOT}/+/status/+"])
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(PROBE_S):
+            async with asyncio.timeout(_PROBE_S):
                 async for topic, _, _ in link.messages():
                     if (status := topics.parse(topic)) is not None:
                         known.add(status.run)
                     if run in known:
                         return
 
-    await MqttTransport(address, name=name, policy=ReconnectPolicy(patience=PROBE_S)).run(session)
+    await MqttTransport(address, name=name, policy=ReconnectPolicy(patience=_PROBE_S)).run(session)
     if run not in known:
         there = f"runs there: {', '.join(sorted(known))}" if known else "it knows of no run"
         raise ConfigError(f"--run {run}: no such run on {address.url} (no shard of it left a status there; {there})")

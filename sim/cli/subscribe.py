@@ -3,13 +3,13 @@
 Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
 and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. A run found on no
 broker is an error within seconds (a run leaves its retained status on its broker), and
-two runs of one id on this machine an error listing them; `--wait` waits for the run to
-start instead. Where it connected
-goes to standard error at once; standard output holds only the lines (or, with `--json`,
-one JSON object per line). `--all` is for debugging: every topic of the run, the public
-ones as the JSON they are, the internal ones decoded from msgpack to JSON, a signed
-payload's signature taken off (not checked). On a private broker the viewer may read the
-public topics, the trace and player input, so that is what `--all` shows there.
+two runs of one id on this machine are an error listing them; `--wait` waits for the run
+to start instead. Where it connected goes to standard error at once; standard output
+holds only the lines (or, with `--json`, one JSON object per line). `--all` is for
+debugging: every topic of the run, the public ones as the JSON they are, the internal
+ones decoded from msgpack to JSON, a signed payload's signature taken off (not checked).
+On a private broker the viewer may read the public topics, the trace and player input, so
+that is what `--all` shows there.
 """
 
 from __future__ import annotations
