@@ -23,6 +23,7 @@ import pytest
 
 from sim.memory import Fact, build_working_memory
 from sim.mqtt import LocalBroker
+from sim.protocol.outside import GameFact
 from sim.scenario import load_scenario
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, VirtualClock, run
 from sim.store import open_reader, read_arrivals
@@ -31,6 +32,7 @@ from sim.wire.events import ErrorMessage, SayMessage, decode_error, decode_say
 from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
 from tests.memory_broker import MemoryBroker
 from tests.memory_shard import memory_shard
+from tests.secured import SecuredBroker, password, secured_broker
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
@@ -251,3 +253,53 @@ async def test_each_refused_message_gets_one_error_reply_with_its_code_and_a_flo
     game = by_topic.pop(topics.game_error(run_id))
     assert sorted(e.code for e in game) == sorted([*(code for _, _, code in BAD_GAME), "unknown_location"])
     assert by_topic == {}
+
+
+def logged_in(broker: SecuredBroker, user: str) -> aiomqtt.Client:
+    return aiomqtt.Client("127.0.0.1", broker.port, username=user, password=password(user),
+                          protocol=aiomqtt.ProtocolVersion.V5)
+
+
+async def test_with_logins_a_player_reads_only_its_own_errors_and_cannot_publish_the_game_topics(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "acl.db"
+    run_id = "acl"
+    got: dict[str, list[tuple[str, ErrorMessage]]] = {"alice": [], "bob": []}
+    with secured_broker() as broker:
+        stats = RunStats()
+        config = RunConfig(scenario=VILLAGE, run_id=run_id, until_tick=30, tick_ms=60,
+                           broker=BrokerConfig(url=broker.url_for("shard")), record=RecordConfig(db=str(db)))
+        async with logged_in(broker, "alice") as alice, logged_in(broker, "bob") as bob, \
+                logged_in(broker, "game") as game:
+
+            async def read(name: str, player: aiomqtt.Client) -> None:
+                async for message in player.messages:
+                    got[name].append((message.topic.value, decode_error(bytes(message.payload))))  # type: ignore[arg-type]
+
+            readers = []
+            for name, player in (("alice", alice), ("bob", bob)):
+                await player.subscribe(f"{topics.run_root(run_id)}/player/+/error", qos=1)
+                readers.append(asyncio.create_task(read(name, player)))
+            async with asyncio.TaskGroup() as group:
+                job = group.create_task(run(config, stats=stats))
+                await eventually(lambda: stats.tick >= 3, what="the run under way", within=60)
+                await alice.publish(topics.game_event(run_id), json.dumps({"location": "inn", "text": "FORGED"}),
+                                    qos=1)
+                await alice.publish(topics.game_fact(run_id), json.dumps({"id": "forged", "text": "FORGED"}), qos=1)
+                await alice.publish(topics.player_presence(run_id, "alice"), b'{"location": "inn"}', qos=1)
+                await game.publish(topics.game_fact(run_id), json.dumps({"id": "real", "text": "The well is dry."}),
+                                   qos=1)
+                await bob.publish(topics.player_input(run_id, "bob"), b'{"to": "nobody", "text": "Hi", "id": "b1"}',
+                                  qos=1)
+                await eventually(lambda: got["bob"], what="bob's error", within=60)
+                await alice.publish(topics.player_input(run_id, "alice"), b"{", qos=1)
+                await eventually(lambda: got["alice"], what="alice's error", within=60)  # bob's would have come first
+                await job
+            for reader in readers:
+                reader.cancel()
+    assert [(t, e.code, e.id) for t, e in got["bob"]] == [(topics.player_error(run_id, "bob"), "unknown_npc", "b1")]
+    assert [(t, e.code) for t, e in got["alice"]] == [(topics.player_error(run_id, "alice"), "not_json")]
+    with open_reader(db) as reader:
+        taken = [i for _, i in reader.all_inputs()]
+    assert taken == [GameFact(seq=taken[0].seq, npc=None, id="real", text="The well is dry.")]  # none of alice's
