@@ -1,4 +1,5 @@
-"""What the router hands back for a message: one typed event, plain data (sim.protocol.router).
+"""What the router hands back for a message: one typed event, plain data (sim.protocol.router),
+and `refused`, how a refusal is made.
 
 Location and inbox events go to the agents' mailboxes inside the router (that is routing);
 everything the shard itself must act on comes back from `Router.receive` as one of these,

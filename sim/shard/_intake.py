@@ -61,14 +61,12 @@ class Intake:
                     unknown = self._unknown(event)
                     if unknown is None:
                         self._source.receive(event)
-                    elif ctx.layout.index == 0:
-                        kind = "player input to an unknown NPC" if unknown.error.code == "unknown_npc" \
-                            and unknown.player is not None else f"game input: {unknown.error.code}"
-                        bus.count_malformed(kind, unknown.error.topic, ValueError(unknown.error.message))
-                        await self._answer(unknown)
+                    elif self._answers(None):
+                        kind, refusal = unknown
+                        bus.count_malformed(kind, refusal.error.topic, ValueError(refusal.error.message))
+                        await self._answer(refusal)
                 case InputRefused(npc=npc):
-                    owned = npc is not None and npc in ctx.npc_location
-                    if (npc in ctx.layout.local) if owned else ctx.layout.index == 0:
+                    if self._answers(npc):
                         await self._answer(event)
                 case WorldStateReceived(message=message, retained=True):
                     self._retained_world_state(message)
@@ -89,25 +87,37 @@ class Intake:
             await bus.publish(topic, payload)
         await bus.publish_barrier(self._barrier.join())
 
+    def _answers(self, npc: str | None) -> bool:
+        """Whether this shard answers a refused message naming `npc`: the shard that owns the
+        NPC, shard 0 for what no shard owns (no NPC, an unknown one)."""
+        ctx = self._ctx
+        if npc is not None and npc in ctx.npc_location:
+            return npc in ctx.layout.local
+        return ctx.layout.index == 0
+
     def _unknown(
         self, event: PlayerInputReceived | PresenceReceived | GameEventReceived | GameFactReceived
-    ) -> InputRefused | None:
-        """The refusal of an input naming an NPC or place the run does not have, or None."""
+    ) -> tuple[str, InputRefused] | None:
+        """The kind counted and the refusal of an input naming an NPC or place the run does
+        not have, or None."""
         ctx, run = self._ctx, self._ctx.run_id
         match event:
             case PlayerInputReceived(player=player, message=message) if message.to not in ctx.npc_location:
-                return refused("unknown_npc", topics.player_input(run, player), f"no NPC {message.to!r} in this run",
-                               player=player, input_id=message.id)
+                return "player input to an unknown NPC", refused(
+                    "unknown_npc", topics.player_input(run, player), f"no NPC {message.to!r} in this run",
+                    player=player, input_id=message.id)
             case GameFactReceived(message=message) if message.npc is not None and message.npc not in ctx.npc_location:
-                return refused("unknown_npc", topics.game_fact(run), f"no NPC {message.npc!r} in this run",
-                               input_id=message.id)
+                return "game fact for an unknown NPC", refused(
+                    "unknown_npc", topics.game_fact(run), f"no NPC {message.npc!r} in this run", input_id=message.id)
             case GameEventReceived(message=message) if message.location not in ctx.locations:
-                return refused("unknown_location", topics.game_event(run), f"no place {message.location!r} in this run")
+                return "game event at an unknown place", refused(
+                    "unknown_location", topics.game_event(run), f"no place {message.location!r} in this run")
             case PresenceReceived(player=player, message=message) if (
                 message.location is not None and message.location not in ctx.locations
             ):
-                return refused("unknown_location", topics.player_presence(run, player),
-                               f"no place {message.location!r} in this run")
+                return "presence at an unknown place", refused(
+                    "unknown_location", topics.player_presence(run, player),
+                    f"no place {message.location!r} in this run")
         return None
 
     async def _answer(self, refusal: InputRefused) -> None:
