@@ -111,8 +111,9 @@ class InputSource(Protocol):
 
 class LiveInputs:
     """Outside input from the bus: journaled with the tick that takes it (sim.store's arrivals),
-    held to its per-tick bound, numbered in the order taken; what a resume's journal held
-    for a tick comes first. `takes_world`: shard 0, which announces world-state changes."""
+    held to its per-tick bound (the excess refused, `take_refused`), numbered in the order
+    taken; what a resume's journal held for a tick comes first. `journal` stamps each
+    arrival and says which this shard takes (its NPCs' and places', shard 0 the world state)."""
 
     def __init__(self, store: Store, bus: Bus, world: WorldState, *, journal: OutsideJournal, per_tick: int) -> None:
         self._store, self._bus, self._world = store, bus, world
