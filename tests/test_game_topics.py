@@ -151,7 +151,9 @@ async def test_correlation_events_and_facts_survive_resume_and_replay(
     assert msgspec.json.encode(replayed[said.inference_id]) == msgspec.json.encode(said)
 
 
-async def test_an_event_at_the_inn_is_in_the_innkeepers_memory_and_prompt_the_tick_after(tmp_path: Path) -> None:
+async def test_an_event_is_in_the_memory_and_prompt_of_those_there_the_tick_after_and_a_present_player_overheard(
+    tmp_path: Path,
+) -> None:
     clock = VirtualClock(autojump=0.005)
     broker = MemoryBroker(1, clock, max_delay=0.0)
     scenario = load_scenario(VILLAGE)
@@ -165,10 +167,18 @@ async def test_an_event_at_the_inn_is_in_the_innkeepers_memory_and_prompt_the_ti
                 assert await shard.step(tick)
             broker.accept(topics.game_event("mem"), json.dumps({"location": "inn", "text": EVENT}).encode())
             broker.accept(topics.game_fact("mem"), json.dumps({"id": "bard", "text": FACT}).encode())
-            await eventually(lambda: len(read_arrivals(db, 1)) == 2, what="both in the journal")
+            broker.accept(topics.player_presence("mem", "visitor"), b'{"location": "square"}')
+            await eventually(lambda: len(read_arrivals(db, 1)) == 3, what="all three in the journal")
             assert await shard.step(2)
             states = {spec.id: shard.ctx.state(spec) for spec in shard.ctx.specs}
+            said = {"to": "guard_captain", "text": "Open the gate!", "id": "g1"}
+            broker.accept(topics.player_input("mem", "visitor"), json.dumps(said).encode())
+            await eventually(lambda: len(read_arrivals(db, 2)) == 1, what="the input in the journal")
+            assert await shard.step(3)
+            overheard = [e.text for spec in shard.ctx.specs if spec.id == "snack_machine"
+                         for e in shard.ctx.state(spec).episodic if "Open the gate!" in e.text]
         server.cancel()
+    assert overheard == ["visitor said to guard_captain: \"Open the gate!\""]  # standing there, it is overheard
     innkeeper = states["innkeeper"]
     assert [(e.tick, e.significance) for e in innkeeper.episodic if e.text == EVENT] == [(2, 0.5)]
     assert all(EVENT not in (e.text for e in s.episodic) for npc, s in states.items() if npc != "innkeeper")
