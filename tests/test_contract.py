@@ -26,6 +26,7 @@ from sim.wire.contract import (
     GAME,
     MARKDOWN_BEGIN,
     MARKDOWN_END,
+    OWN_PLAYER,
     PLAYER,
     SERVER,
     asyncapi,
@@ -136,9 +137,14 @@ def test_the_shipped_acl_grants_what_the_contract_says() -> None:
         topic = channel.topic(*("alice" if p == "player" else "r" if p == "run" else "a" for p in channel.parameters))
         for role in channel.publishers:
             assert acl_allows(logins[role], "write", topic), (role.name, topic)
+        if channel.readers == OWN_PLAYER:
+            assert acl_allows("alice", "read", topic) and acl_allows(None, "read", topic), topic
+            assert not acl_allows("bob", "read", topic) and not acl_allows("viewer", "read", topic), topic
+            continue
         everyone = channel.readers.startswith("every client")
         assert acl_allows(None, "read", topic) == everyone == acl_allows("alice", "read", topic), topic
         assert acl_allows("viewer", "read", topic) == (everyone or "`viewer`" in channel.readers), topic
+        assert acl_allows("game", "read", topic) == (everyone or "`game`" in channel.readers), topic
     assert acl_allows(None, "write", topics.player_input("r", "alice"))
     assert not acl_allows("alice", "write", topics.player_input("r", "bob"))
     assert not acl_allows(None, "read", topics.trace("r", "0"))
@@ -316,7 +322,14 @@ async def test_what_a_real_run_publishes_fits_the_contract(mosquitto: MosquittoP
             await client.publish(topics.player_input(run_id, "visitor"),
                                  b'{"to": "innkeeper", "text": "A room, please."}', qos=1)
             await client.publish(topics.world_state(run_id), b'{"state": {"weather": "rain"}}', qos=1)
+            # the game system's topics, and one refused message on each error topic
+            await client.publish(topics.player_presence(run_id, "visitor"), b'{"location": "inn"}', qos=1)
+            await client.publish(topics.game_event(run_id), b'{"location": "inn", "text": "A cart arrives."}', qos=1)
+            await client.publish(topics.game_fact(run_id), b'{"id": "cart", "text": "A cart came today."}', qos=1)
+            await client.publish(topics.game_event(run_id), b'{"location": "moon", "text": "x"}', qos=1)
+            await client.publish(topics.player_input(run_id, "visitor"), b'{"to": "nobody", "text": "Hi"}', qos=1)
             await eventually(lambda: seen("say", lambda m: m["to"] == "visitor"), what="the innkeeper's answer")
+            await eventually(lambda: seen("player-error") and seen("game-error"), what="both errors")
             stop.set()
             await job
             await eventually(lambda: seen("status", lambda m: m["state"] == "offline") and seen("trace"),

@@ -95,7 +95,8 @@ MODULES: dict[str, set[str]] = {
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
     "sim.wire.contract": {
-        "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "PLAYER",
+        "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "OWN_PLAYER",
+        "PLAYER",
         "SERVER", "Channel", "Role", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
         "message_schema",
     },

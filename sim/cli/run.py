@@ -177,6 +177,8 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
             ("mailbox overflow dropped", bus.mailbox_overflow),
         ]
         rows += [(f"refused: {kind}", n) for kind, n in sorted(bus.refused.items())]
+        if bus.error_replies or bus.errors_held:
+            rows += [("error replies sent", bus.error_replies), ("error replies held back", bus.errors_held)]
     rows.append(("stopped by signal", "yes" if stats.stopped_by_signal else "no"))
     return [(name, str(value)) for name, value in rows]
 

@@ -23,7 +23,16 @@ from typing import Any, Literal
 import msgspec
 
 from sim.wire import topics
-from sim.wire.events import PlayerInputMessage, SayMessage, StatusMessage, WorldStateMessage
+from sim.wire.events import (
+    ErrorMessage,
+    GameEventMessage,
+    GameFactMessage,
+    PlayerInputMessage,
+    PresenceMessage,
+    SayMessage,
+    StatusMessage,
+    WorldStateMessage,
+)
 from sim.wire.trace import RosterMessage, TraceMessage
 
 __all__ = [
@@ -33,6 +42,7 @@ __all__ = [
     "MARKDOWN_BEGIN",
     "MARKDOWN_END",
     "MQTT_BINDING_VERSION",
+    "OWN_PLAYER",
     "PLAYER",
     "SERVER",
     "Channel",
@@ -70,6 +80,8 @@ PLAYER = Role("a player", "receive",
 GAME = Role("the game system", "receive", "the game system (broker login `game`)")
 
 EVERYONE = "every client: each login, and anonymous ones where the broker lets them in"
+OWN_PLAYER = ("that player's own login alone (and anonymous clients, where the broker lets them in: they may "
+              "write any player's input too)")
 
 _NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
 PARAMETERS = {
@@ -118,13 +130,49 @@ CHANNELS: tuple[Channel, ...] = (
         readers=EVERYONE,
         summary="What an NPC said, one message per line, from the shard that holds the NPC. `to` is the "
                 "player or NPC it answered (null: said to the room); `inference_id` names the inference, "
-                "and its trace.",
+                "and its trace. An answer to a player has `in_reply_to` = the player and `reply_to` = the "
+                "`id` of its input (null without one); a line to an NPC or to no one has both null.",
     ),
     Channel(
         "player-input", topics.player_input, PlayerInputMessage, (PLAYER,), retained=False,
         readers="the server; the `viewer` login",
         summary="A player's words to an NPC. The shard holding `to` answers on that NPC's `say` with `to` = "
-                "the player; a retained input is never taken, and input over its bounds is refused whole.",
+                "the player and `reply_to` = the input's `id` (optional, chosen by the client); a retained "
+                "input is never taken, and input over its bounds is refused whole, with an `error`.",
+    ),
+    Channel(
+        "player-error", topics.player_error, ErrorMessage, (SERVER,), retained=False,
+        readers=OWN_PLAYER,
+        summary="Why a player's input was refused: one message for each refused input (at most 10 a client "
+                "in 10 seconds, then one `rate_limited`), from one shard. `code` is stable (the schema "
+                "lists them), `id` the input's id when it could be read, `topic` where the input was sent.",
+    ),
+    Channel(
+        "presence", topics.player_presence, PresenceMessage, (GAME,), retained=False,
+        readers="the server",
+        summary="Where a live player stands, as the game system says (null: nowhere). From the tick that "
+                "takes it, what the player says to an NPC standing at that place is said there: every NPC "
+                "there overhears it and remembers it, not only the addressee.",
+    ),
+    Channel(
+        "game-event", topics.game_event, GameEventMessage, (GAME,), retained=False,
+        readers="the server",
+        summary="Something happened at a place: the shard holding the place makes it a notice there at the "
+                "tick that takes it, and every NPC there has it in its memory, and in its prompt, from the "
+                "next tick.",
+    ),
+    Channel(
+        "game-fact", topics.game_fact, GameFactMessage, (GAME,), retained=False,
+        readers="the server",
+        summary="A canonical fact added with the game system's authority, to NPC `npc` or to every NPC "
+                "(null): in every later prompt of the NPC, never truncated. Add-only: an id an NPC holds "
+                "already is refused (`exists`).",
+    ),
+    Channel(
+        "game-error", topics.game_error, ErrorMessage, (SERVER,), retained=False,
+        readers="the `game` login",
+        summary="Why a message of the game system (`world/state`, `game/event`, `game/fact`, presence) was "
+                "refused, as on `player/{player}/error`.",
     ),
     Channel(
         "world-state", topics.world_state, WorldStateMessage, (GAME, SERVER), retained=True,
