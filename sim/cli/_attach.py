@@ -3,8 +3,9 @@
 A run on a broker npcsim started (`--broker auto`) is on a random port with generated
 logins: it prints the broker's URL with the read-only `viewer` login (the shipped ACL's
 role: public topics, the trace, player input) and keeps a run file (sim.attach), so that
-`npcsim subscribe --run ID` and `npcsim view --run ID` find it without `--broker`. A run on
-an external broker prints the commands with that broker's URL (never its password).
+`npcsim subscribe --run ID` and `npcsim view --run ID` find it without `--broker`, and its
+MQTT-over-WebSockets address for browser clients. A run on an external broker prints the
+commands with that broker's URL (never its password).
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def attach_lines(started: RunStarted) -> list[str]:
     if viewer.username is not None:
         login = f" -u {viewer.username} -P {viewer.password}"
         what = f"read-only login {viewer.username} / {viewer.password}"
-    return [
+    lines = [
         f"attach: npcsim subscribe --run {run}  (or npcsim view --run {run}: both find this run's private broker)",
         f"attach: broker {plain}, {what}: mosquitto_sub -h {viewer.host} -p {viewer.port}{login} -v -t {say}",
     ]
+    if started.broker.ws_url is not None:
+        lines.append(f"attach: web clients: {started.broker.ws_url} (MQTT over WebSockets, same logins; "
+                     "examples/web, docs/integrate.md)")
+    return lines
 
 
 @contextlib.contextmanager
