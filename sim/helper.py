@@ -66,6 +66,7 @@ class Helper:
         self.process = process
         self._stdin = process.stdin
         self._stdout = process.stdout
+        self._end: asyncio.Task[int] | None = None
 
     @classmethod
     async def start(cls, module: str, config: bytes, *, what: str) -> Helper:
@@ -100,7 +101,15 @@ class Helper:
 
     async def ended(self) -> int:
         """Its exit code, once it has ended; frames not read are dropped (the asyncio process
-        ends only with its pipes, and a reader paused on a full buffer would never see its end)."""
+        ends only with its pipes, and a reader paused on a full buffer would never see its end).
+
+        One reaping task however many wait for it, shielded: a waiter cancelled (a timeout, a
+        sibling's failure) leaves it to finish, so the child is always waited for."""
+        if self._end is None:
+            self._end = asyncio.ensure_future(self._reap())
+        return await asyncio.shield(self._end)
+
+    async def _reap(self) -> int:
         while await self._stdout.read(1 << 16):
             pass
         return await self.process.wait()
@@ -110,13 +119,19 @@ class Helper:
         self._stdin.close()
 
     async def stop(self) -> None:
-        """Close its stdin (it ends at once), then wait a little and kill it if it has not."""
+        """Close its stdin (it ends at once), then wait a little and kill it if it has not.
+
+        Cancelled while it waits (its owner's sibling failed), it kills the child and reaps it
+        before the cancellation goes on: a child is never left running unwaited."""
         self.end_input()
         try:
             async with asyncio.timeout(_STOP_WAIT):
                 await self.ended()
         except TimeoutError:
             await self.abort()
+        except BaseException:
+            await self.abort()
+            raise
 
     async def abort(self) -> int:
         """Kill it now (a stop request while it works); its exit code once it has ended."""

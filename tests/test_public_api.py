@@ -94,6 +94,11 @@ MODULES: dict[str, set[str]] = {
         "token_sizes",
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
+    "sim.wire.contract": {
+        "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "PLAYER",
+        "SERVER", "Channel", "Role", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
+        "message_schema",
+    },
     "sim.wire.trace": {
         "RosterEntry", "RosterMessage", "TRACE_DROPPED", "TraceAttempt", "TraceMessage", "decode_roster",
         "decode_traces", "encode_roster", "encode_trace", "trace_of",
