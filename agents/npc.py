@@ -7,9 +7,10 @@ place or its inbox, with a significance; a line is remembered in the speaker's o
 its dialogue, with the belief that the speaker wants to talk to it: one per speaker,
 refreshed to the newest tick (the store replaces a belief written again under its id), so
 the author's beliefs are pushed out only by newer ones. It answers every player who
-addressed it, else the first NPC who did (while the exchange is short), else says something
-to a neighbour. It reaches the engine only through its `AgentContext`: `speak` is one call,
-and what a line goes through is the engine's business.
+addressed it (its answer carries the id the player's client gave the input), else the first
+NPC who did (while the exchange is short), else says something to a neighbour. It reaches
+the engine only through its `AgentContext`: `speak` is one call, and what a line goes
+through is the engine's business.
 
 Nothing it decides depends on state carried between ticks outside the store: its dice are a
 function of (seed, id, tick) and its sequence numbers restart each tick, so a run resumed
@@ -80,7 +81,8 @@ class NpcAgent:
         if npc_reply is not None:
             replies.append(npc_reply)
         for heard in replies:
-            await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1)
+            await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1,
+                                  reply_to=heard.input_id)
         if not replies and ambient:
             others = self._ctx.neighbours()
             if others:

@@ -19,6 +19,7 @@ import aiomqtt
 import msgspec
 import pytest
 
+from sim.protocol.outside import OutsideInput, Taken
 from sim.replay import compare, execute, fork_report, load_recording, records_of
 from sim.scenario import Scenario, parse_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, ambient_roll, run
@@ -60,8 +61,8 @@ async def replay_cli(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
     return await asyncio.to_thread(npcsim_in_process, capsys, *args)
 
 
-def held(dbs: list[Path]) -> tuple[list[tuple[int, int, str, str, str]], dict[int, dict[str, str]]]:
-    inputs: list[tuple[int, int, str, str, str]] = []
+def held(dbs: list[Path]) -> tuple[list[tuple[int, Taken]], dict[int, dict[str, str]]]:
+    inputs: list[tuple[int, Taken]] = []
     world: dict[int, dict[str, str]] = {}
     for db in dbs:
         with open_reader(db) as reader:
@@ -75,7 +76,8 @@ async def test_a_village_run_with_outside_input_and_a_world_change_replays_ident
 ) -> None:
     dbs = await original(mosquitto, tmp_path)
     inputs, world = held(dbs)
-    assert [(p, a) for _, _, p, a, _ in inputs] == [("visitor", "innkeeper")], "the outside input was not taken"
+    assert [(i.player, i.to) for _, i in inputs if isinstance(i, OutsideInput)] == [("visitor", "innkeeper")], \
+        "the outside input was not taken"
     assert any(state == {"weather": "a storm from the north"} for state in world.values()), world
     with open_reader(dbs[0]) as reader:
         records = len(list(reader.audit_records()))

@@ -95,6 +95,8 @@ class ShardContext:
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        self.locations = self._location_topics.keys()
+        """Every place of the run, in any shard."""
         window = max(config.record.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
@@ -219,11 +221,13 @@ class AgentContext:
 
     # --- speaking ------------------------------------------------------------------------
 
-    async def speak(self, to: str, said: str, turn: int) -> str:
+    async def speak(self, to: str, said: str, turn: int, *, reply_to: str | None = None) -> str:
         """Answer `said` (what `to` said, or an ambient prompt) to `to`; returns the line said.
 
-        `turn` counts the replies of an exchange: 0 is ambient chatter, 1 an answer.
-        Never raises for a model failure: the pool's fallback line is said then.
+        `turn` counts the replies of an exchange: 0 is ambient chatter, 1 an answer. The `say`
+        of an answer to a player names the player (`in_reply_to`) and carries `reply_to`, the
+        id its client gave the input (`Speech.input_id`). Never raises for a model failure:
+        the pool's fallback line is said then.
         """
         shard, spec = self._shard, self.spec
         tick = shard.tick
@@ -249,7 +253,8 @@ class AgentContext:
             config=config,
         )
         result = await shard.pool.infer(request)
-        say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id)
+        say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id,
+                         reply_to=reply_to if player else None, in_reply_to=to if player else None)
         await shard.bus.publish_say(say)
         shard.outbox.emit(
             shard.location_topic(spec.location),

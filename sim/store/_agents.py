@@ -50,6 +50,11 @@ class AgentStore:
         entry = self._hot_for(agent_id).world.get(key)
         return None if entry is None else entry.value
 
+    def fact_text(self, agent_id: str, fact_id: str) -> str | None:
+        """The text of one of the agent's canonical facts, from memory (no state built)."""
+        fact = self._hot_for(agent_id).facts.get(fact_id)
+        return None if fact is None else fact.text
+
     def state(self, agent_id: str) -> NpcState:
         """The agent's own bounded hot state, from memory; built once per change.
 

@@ -20,7 +20,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _USER_VERSION_OFFSET = 60
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py.
 SCHEMA: tuple[str, ...] = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
@@ -52,8 +52,8 @@ SCHEMA: tuple[str, ...] = (
     " line TEXT NOT NULL, record BLOB NOT NULL)",
     "CREATE INDEX audit_agent ON audit (agent, tick)",
     "CREATE INDEX audit_tick ON audit (tick)",
-    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
-    " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
+    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, input TEXT NOT NULL,"
+    " PRIMARY KEY (tick, seq)) WITHOUT ROWID",
     "CREATE TABLE world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
 )
 
