@@ -80,6 +80,14 @@ async def test_the_page_asks_a_live_run_and_shows_the_answer(browser: Any, page:
         answers = texts(browser, "#questions li.answered .answer")
         assert [a.split(":")[0] for a in answers] == ["blacksmith", "innkeeper"], answers
         assert texts(browser, "#errors li") == []
+
+        # Past the page's own limit (a client that skips it): the run refuses it, and says so.
+        await asyncio.to_thread(browser.execute_script,
+                                "document.getElementById('question').removeAttribute('maxlength')")
+        await ask_on_page(browser, "innkeeper", "x" * 600)
+        problem = await on_page("the run's error", lambda: texts(browser, "#questions li.failed .problem"))
+        assert problem[0].startswith("too_long: "), problem
+        assert texts(browser, "#errors li") == problem
         await asyncio.to_thread(browser.save_screenshot, str(tmp_path / "web-example.png"))
         if target := os.environ.get("NPCSIM_WEB_SCREENSHOT"):
             shutil.copyfile(tmp_path / "web-example.png", target)
@@ -142,12 +150,12 @@ async def test_the_page_matches_by_reply_to_shows_errors_and_keeps_payloads_as_t
 
         await ask_on_page(browser, "smith", "A sword?")
         second = await next_input(run, "smith", "A sword?")
-        await run.publish(f"{R}/player/tester/error", error("refused", "4 inputs this tick (bound 3)", id=second),
-                          qos=1)
-        await run.publish(f"{R}/player/tester/error", error("malformed", "not JSON"), qos=1)
+        await run.publish(f"{R}/player/tester/error", error("rate_limited", "4 inputs this tick (bound 3)",
+                                                            id=second), qos=1)
+        await run.publish(f"{R}/player/tester/error", error("not_json", "the payload is not JSON"), qos=1)
         await on_page("both errors", lambda: len(css(browser, "#errors li")) == 2)
-        refused = f"refused: 4 inputs this tick (bound 3) (question {second})"
-        assert texts(browser, "#errors li") == [refused, "malformed: not JSON"]
+        refused = f"rate_limited: 4 inputs this tick (bound 3) (question {second})"
+        assert texts(browser, "#errors li") == [refused, "not_json: the payload is not JSON"]
         assert texts(browser, f'#questions li.failed[data-id="{second}"] .problem') == [refused]
 
         # A line without reply_to answers the oldest open question to that NPC from this player.
@@ -170,18 +178,39 @@ async def test_the_python_game_asks_every_npc_of_a_live_run_and_prints_the_answe
 ) -> None:
     proc = await start_npcsim("run", VILLAGE, "--broker", mosquitto.url, "--ticks", "100000", "--tick-ms", "100",
                               "--quiet", stdout=asyncio.subprocess.DEVNULL)
+    replies: dict[str, str] = {}  # reply_to -> the NPC, of the lines said to the tester
     try:
-        played = await game("--broker", mosquitto.url, "--run", "village-7", "--player", "tester", "--wait", "20")
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher, asyncio.TaskGroup() as group:
+            await watcher.subscribe("npcsim/village-7/agent/+/say", qos=1)
+
+            async def watch() -> None:
+                async for message in watcher.messages:
+                    say = json.loads(bytes(message.payload))  # type: ignore[arg-type]
+                    if say.get("in_reply_to") == "tester":
+                        replies[say["reply_to"]] = say["agent"]
+
+            watching = group.create_task(watch())
+            played = await game("--broker", mosquitto.url, "--run", "village-7", "--player", "tester", "--wait", "20")
+            refused = await game("--broker", mosquitto.url, "--run", "village-7", "--player", "tester",
+                                 "--npc", "innkeeper", "--text", "x" * 600, "--wait", "20")
+            watching.cancel()
     finally:
         end = await ended(proc, terminate=True)
     assert end.code == 0, end.err
     assert played.code == 0, (played.out, played.err)
     lines = played.out.splitlines()
     assert lines[0] == "roster: 4 NPCs: blacksmith, guard_captain, innkeeper, snack_machine"
-    answered = [re.fullmatch(r"answer \w+-q(\d) <- (\w+): .+", line) for line in lines if line.startswith("answer ")]
-    assert [(m.group(1), m.group(2)) for m in answered if m] == [
-        ("1", "blacksmith"), ("2", "guard_captain"), ("3", "innkeeper"), ("4", "snack_machine")]
+    answered = [re.fullmatch(r"answer (\w+-q\d) <- (\w+): .+", line) for line in lines if line.startswith("answer ")]
+    pairs = [(m.group(1), m.group(2)) for m in answered if m]
+    assert [npc for _, npc in pairs] == ["blacksmith", "guard_captain", "innkeeper", "snack_machine"]
+    assert {id_: replies.get(id_) for id_, _ in pairs} == dict(pairs)  # each answer is the run's reply to that id
     assert lines[-1] == "4 of 4 answered, 0 refused"
+
+    assert refused.code == 1, (refused.out, refused.err)
+    asked, error, summary = refused.out.splitlines()[1:]
+    asked_id = asked.split()[1]
+    assert re.fullmatch(rf"error {re.escape(asked_id)}: too_long: .+", error), refused.out
+    assert summary == "0 of 1 answered, 1 refused"
 
 
 async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malformed_messages(
@@ -200,7 +229,8 @@ async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malf
             await run.publish(f"{R}/agent/innkeeper/say", say("innkeeper", "tester", "Welcome.", reply_to=first,
                                                               in_reply_to="tester"), qos=1)
             second = await next_input(run, "smith", "Hello?")
-            await run.publish(f"{R}/player/tester/error", error("refused", "the forge is closed", id=second), qos=1)
+            await run.publish(f"{R}/player/tester/error", error("unknown_npc", "no NPC smith here", id=second),
+                              qos=1)
     ran = played.result()
     assert ran.code == 1, (ran.out, ran.err)  # a question was refused
     assert ran.out.splitlines() == [
@@ -208,7 +238,7 @@ async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malf
         f"asked {first} -> innkeeper: Hello?",
         f"answer {first} <- innkeeper: Welcome.",
         f"asked {second} -> smith: Hello?",
-        f"error {second}: refused: the forge is closed",
+        f"error {second}: unknown_npc: no NPC smith here",
         "1 of 2 answered, 1 refused",
     ]
     assert "ignored a message on npcsim/r/roster/1: not JSON" in ran.err
