@@ -157,6 +157,11 @@ async def test_the_page_matches_by_reply_to_shows_errors_and_keeps_payloads_as_t
         refused = f"rate_limited: 4 inputs this tick (bound 3) (question {second})"
         assert texts(browser, "#errors li") == [refused, "not_json: the payload is not JSON"]
         assert texts(browser, f'#questions li.failed[data-id="{second}"] .problem') == [refused]
+        for n in range(150):  # a flood: the page keeps the newest 100
+            await run.publish(f"{R}/player/tester/error", error("schema", f"flood {n}"), qos=1)
+        last = ["schema: flood 149"]
+        await on_page("the flood's last error", lambda: texts(browser, "#errors li:last-child") == last)
+        assert len(css(browser, "#errors li")) == 100
 
         # A line without reply_to answers the oldest open question to that NPC from this player.
         await ask_on_page(browser, "smith", "Still there?")

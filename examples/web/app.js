@@ -8,6 +8,7 @@
   const NAME = /^[A-Za-z0-9_.-]{1,128}$/; // the rule of every id in npcsim (run, player, NPC)
   const $ = (id) => document.getElementById(id);
   const session = Math.random().toString(36).slice(2, 8); // question ids stay unique across reloads
+  const ERRORS_SHOWN = 100; // the newest errors: a flood of them cannot grow the page without end
 
   let client = null;
   let sent = 0;
@@ -29,9 +30,9 @@
 
   function ignore(topic, why) {
     ignored += 1;
-    console.warn(`npcsim example: ignored a message on ${topic}: ${why}`);
+    if (ignored <= 20) console.warn(`npcsim example: ignored a message on ${topic}: ${why}`);
     $("ignored").hidden = false;
-    $("ignored").textContent = `ignored ${ignored} malformed message(s); the browser console says which`;
+    $("ignored").textContent = `ignored ${ignored} malformed message(s); the browser console names the first 20`;
   }
 
   function connect(broker, run, player, username, password) {
@@ -131,6 +132,7 @@
     const id = typeof error.id === "string" ? error.id : null;
     const line = `${error.code}: ${error.message}${id ? ` (question ${id})` : ""}`;
     $("errors").append(element("li", "", line));
+    while ($("errors").children.length > ERRORS_SHOWN) $("errors").firstElementChild.remove();
     const question = id === null ? undefined : pending.get(id);
     if (question) {
       pending.delete(id);
