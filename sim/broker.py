@@ -133,7 +133,7 @@ async def open_broker(
     port = _other_free_port(ws)
     binary = find_mosquitto()
     if binary is not None:
-        async with _mosquitto(binary, port, ws) as info:
+        async with _mosquitto(binary, port, ws, ws_asked=ws_port is not None) as info:
             yield info
     else:
         async with _embedded(port, ws) as info:
@@ -161,11 +161,11 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return setup
 
 
-def _private_files(directory: Path, port: int, ws_port: int, logins: dict[str, str]) -> Path:
+def _private_files(directory: Path, port: int, ws_port: int | None, logins: dict[str, str]) -> Path:
     """Write the config, the password file and the ACL for a private Mosquitto; returns the config.
 
-    The WebSocket listener shares the logins and the ACL: Mosquitto's settings are global
-    unless `per_listener_settings` is on, and the shipped files leave it off.
+    The WebSocket listener (None: none) shares the logins and the ACL: Mosquitto's settings
+    are global unless `per_listener_settings` is on, and the shipped files leave it off.
     """
     passwords = directory / "passwords"
     passwords.write_text("".join(mosquitto_password_line(user, pw) for user, pw in logins.items()))
@@ -173,8 +173,9 @@ def _private_files(directory: Path, port: int, ws_port: int, logins: dict[str, s
     acl.write_text((BROKER_CONFIG / "acl").read_text())
     config = directory / "mosquitto.conf"
     body = (BROKER_CONFIG / "dev.conf").read_text()
+    websockets = "" if ws_port is None else f"listener {ws_port} 127.0.0.1\nprotocol websockets\n"
     config.write_text(
-        f"listener {port} 127.0.0.1\nlistener {ws_port} 127.0.0.1\nprotocol websockets\n{body}\n"
+        f"listener {port} 127.0.0.1\n{websockets}{body}\n"
         f"# private: generated logins for the shard, worker and viewer roles, the shipped ACL\n"
         f"password_file {passwords}\nacl_file {acl}\nuser {pwd.getpwuid(os.geteuid()).pw_name}\n"
     )
@@ -183,37 +184,57 @@ def _private_files(directory: Path, port: int, ws_port: int, logins: dict[str, s
     return config
 
 
+_NO_WEBSOCKETS = "Websockets support not available"  # what a Mosquitto built without them says at start
+
+
 @asynccontextmanager
-async def _mosquitto(binary: str, port: int, ws_port: int) -> AsyncIterator[BrokerInfo]:
+async def _mosquitto(binary: str, port: int, ws_port: int, *, ws_asked: bool) -> AsyncIterator[BrokerInfo]:
+    """A private Mosquitto; one built without WebSockets runs without them, unless `ws_asked`."""
     logins = {role: secrets.token_urlsafe(24) for role in ("shard", "worker", "viewer")}
+    ws: int | None = ws_port
     with tempfile.TemporaryDirectory(prefix="npcsim-broker-") as directory:
-        config = _private_files(Path(directory), port, ws_port, logins)
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "-c",
-            str(config),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
         try:
-            await _wait_listening(proc, port)
-            await _wait_listening(proc, ws_port)
-        except BaseException:
-            await asyncio.shield(_stop(proc))
-            raise
+            proc = await _start_mosquitto(binary, _private_files(Path(directory), port, ws, logins), port, ws)
+        except BrokerError as exc:
+            if ws_asked or _NO_WEBSOCKETS not in str(exc):
+                raise
+            log.warning("this mosquitto (%s) has no WebSocket support: the run has no ws:// address for "
+                        "browser clients (--broker mqtt://... to a broker with one serves them)", binary)
+            ws = None
+            proc = await _start_mosquitto(binary, _private_files(Path(directory), port, ws, logins), port, ws)
     # Mosquitto has read its files: they are gone before the run starts.
     try:
-        log.info("started mosquitto (pid %d) on 127.0.0.1:%d, WebSockets on %d", proc.pid, port, ws_port)
+        log.info("started mosquitto (pid %d) on 127.0.0.1:%d%s", proc.pid, port,
+                 "" if ws is None else f", WebSockets on {ws}")
         local = BrokerAddress(host="127.0.0.1", port=port)
         yield BrokerInfo(
             address=local.with_login("shard", logins["shard"]),
             worker=local.with_login("worker", logins["worker"]),
             protocol=5, kind="mosquitto", pid=proc.pid, acl=True,
-            viewer=local.with_login("viewer", logins["viewer"]), ws_url=_ws_url(ws_port),
+            viewer=local.with_login("viewer", logins["viewer"]), ws_url=None if ws is None else _ws_url(ws),
         )
     finally:
         await asyncio.shield(_stop(proc))
+
+
+async def _start_mosquitto(binary: str, config: Path, port: int, ws_port: int | None) -> asyncio.subprocess.Process:
+    """Mosquitto on `config`, once it listens on its ports; stopped again if it does not."""
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        "-c",
+        str(config),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
+    try:
+        for listening in (port, ws_port):
+            if listening is not None:
+                await _wait_listening(proc, listening)
+    except BaseException:
+        await asyncio.shield(_stop(proc))
+        raise
+    return proc
 
 
 async def _wait_listening(proc: asyncio.subprocess.Process, port: int) -> None:

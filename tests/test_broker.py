@@ -167,6 +167,31 @@ async def test_auto_websocket_port_in_use_is_one_clear_error() -> None:
                 pass
 
 
+def mosquitto_without_websockets(directory: Path) -> str:
+    """A mosquitto as a build without WebSockets behaves: it refuses a `protocol websockets` config."""
+    script = directory / "mosquitto"
+    script.write_text(f"""#!/bin/sh
+if grep -q "protocol websockets" "$2"; then echo "1: Error: Websockets support not available." >&2; exit 3; fi
+exec {require_mosquitto()} "$@"
+""")
+    script.chmod(0o755)
+    return str(script)
+
+
+async def test_auto_runs_without_websockets_on_a_mosquitto_built_without_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(broker_module, "find_mosquitto", lambda: mosquitto_without_websockets(tmp_path))
+    async with open_broker("auto") as info:
+        assert info.kind == "mosquitto" and info.ws_url is None
+        async with open_client(info.address):
+            pass
+    assert "has no WebSocket support" in caplog.text
+    with pytest.raises(BrokerError, match="Websockets support not available"):  # asked for: an error
+        async with open_broker("auto", ws_port=free_port()):
+            pass
+
+
 async def test_embedded_broker_serves_websockets_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker_module, "find_mosquitto", lambda: None)
     async with open_broker("auto") as info:
