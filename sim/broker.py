@@ -129,6 +129,8 @@ async def open_broker(
         return
     if tls is not None and tls.any:
         raise ConfigError("--ca-file/--cert-file/--key-file apply to an mqtts:// broker, not to --broker auto")
+    if ws_port is not None:
+        _check_free(ws_port)
     ws = free_port() if ws_port is None else ws_port
     port = _other_free_port(ws)
     binary = find_mosquitto()
@@ -138,6 +140,17 @@ async def open_broker(
     else:
         async with _embedded(port, ws) as info:
             yield info
+
+
+def _check_free(port: int) -> None:
+    """--ws-port's port is free on loopback (else the broker would fail, or a start-up check
+    could take whoever holds it for the broker)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as brokers bind: a closed port's TIME_WAIT is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"--ws-port {port}: 127.0.0.1:{port} is taken ({exc.strerror})") from None
 
 
 def _other_free_port(taken: int) -> int:

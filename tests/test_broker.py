@@ -162,7 +162,7 @@ async def test_auto_websocket_port_in_use_is_one_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(BrokerError, match="mosquitto exited at start"):
+        with pytest.raises(ConfigError, match=rf"--ws-port {port}: 127\.0\.0\.1:{port} is taken"):
             async with open_broker("auto", ws_port=port):
                 pass
 
