@@ -23,6 +23,8 @@ from urllib.parse import urlencode
 import aiomqtt
 import pytest
 
+from sim import broker as broker_module
+from sim.broker import open_broker
 from tests.browser import css, on_page
 from tests.helpers import IN_CI, REPO, VILLAGE, MosquittoProcess, Ran, ended, env_for, read_until, start_npcsim
 
@@ -170,6 +172,27 @@ async def test_the_page_matches_by_reply_to_shows_errors_and_keeps_payloads_as_t
         answer = f'#questions li[data-id="{third}"] .answer'
         assert await on_page("the answer by NPC and player", lambda: texts(browser, answer)) == ["smith: Aye."]
         assert len({first, second, third}) == 3
+
+
+async def test_the_page_works_on_the_embedded_broker(
+    browser: Any, page: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Mosquitto, `--broker auto` is amqtt (MQTT 3.1.1): the page speaks that too."""
+    monkeypatch.setattr(broker_module, "find_mosquitto", lambda: None)
+    async with open_broker("auto") as info, aiomqtt.Client(
+        "127.0.0.1", info.address.port, protocol=aiomqtt.ProtocolVersion.V311
+    ) as run:
+        assert info.kind == "embedded" and info.ws_url is not None
+        await run.subscribe(f"{R}/player/+/input", qos=1)
+        await publish_rosters(run)
+        await asyncio.to_thread(browser.get, page_url(page, info.ws_url, "r", "tester"))
+        await on_page("the two NPCs", lambda: len(css(browser, "#npcs li")) == 2)
+        await ask_on_page(browser, "smith", "A sword?")
+        asked = await next_input(run, "smith", "A sword?")
+        await run.publish(f"{R}/agent/smith/say", say("smith", "tester", "Tomorrow.", reply_to=asked,
+                                                      in_reply_to="tester"), qos=1)
+        answer = f'#questions li[data-id="{asked}"] .answer'
+        assert await on_page("the answer", lambda: texts(browser, answer)) == ["smith: Tomorrow."]
 
 
 async def game(*args: str, within: float = 90) -> Ran:
