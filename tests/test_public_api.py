@@ -39,8 +39,8 @@ PACKAGES: dict[str, set[str]] = {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
         "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
         "TimelinePoint", "TruncationFigures", "TruncationTally", "ViolationRecord", "agent_id", "default_processes",
-        "generate_state", "knee_concurrency", "print_result", "profile_of", "progress_view", "require_matplotlib",
-        "run_loadtest", "write_plot",
+        "generate_state", "knee_concurrency", "profile_of", "progress_view", "require_matplotlib",
+        "result_sections", "run_loadtest", "write_plot", "Cell", "Section",
     },
     "sim.memory": {
         "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",

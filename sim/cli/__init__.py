@@ -88,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NpcsimError as exc:
         print(f"npcsim: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a command that does not stop in order on Ctrl-C (`run` does): one line
+        print("npcsim: interrupted", file=sys.stderr)
         return 130
     except (BrokenPipeError, BaseExceptionGroup) as exc:
         if not closed_pipe(exc):

@@ -291,16 +291,17 @@ class TickInputs:
 
 
 async def _apply_world_state(store: Store, agents: Iterable[str], state: dict[str, str]) -> int:
-    """Set what the game system changed, with its authority; returns how many entries changed.
+    """Set what the game system changed, with its authority; returns how many of its keys
+    changed something (a key set anew counts once, however many NPCs hold it).
 
     Every NPC is looked at (each holds its own world state), in slices between yields."""
-    changed = 0
+    changed: set[str] = set()
     entries = sorted(state.items())
     for n, agent in enumerate(agents, start=1):
         for key, value in entries:
             if store.world_value(agent, key) != value:
                 await store.set_world(agent, WorldFact(key=key, value=value), writer=Writer.GAME)
-                changed += 1
+                changed.add(key)
         if n % _WORLD_SLICE == 0:
             await checkpoint()
-    return changed
+    return len(changed)
