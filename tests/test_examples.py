@@ -286,3 +286,9 @@ async def test_the_python_game_refuses_bad_values_in_one_line(args: tuple[str, .
     ran = await game(*(part for item in base.items() for part in item), within=30)
     assert ran.code == 2 and ran.out == ""
     assert complaint in ran.err.splitlines()[-1], ran.err
+
+
+async def test_the_python_game_says_in_one_line_that_the_broker_is_not_there() -> None:
+    ran = await game("--broker", "mqtt://127.0.0.1:1", "--run", "r", "--player", "p", within=30)
+    assert ran.code == 1 and ran.out == ""
+    assert ran.err.splitlines() == ["127.0.0.1:1: [Errno 111] Connection refused"]
