@@ -18,6 +18,7 @@ from sim import broker as broker_module
 from sim.broker import free_port, open_broker
 from sim.errors import BrokerError, ConfigError
 from sim.mqtt import open_client
+from sim.shard import BrokerConfig
 from tests.helpers import VILLAGE, ended, read_until, require_mosquitto, start_npcsim
 
 pytestmark = pytest.mark.mosquitto
@@ -154,6 +155,12 @@ async def test_auto_websocket_port_is_the_one_asked_for_and_only_for_auto() -> N
     with pytest.raises(ConfigError, match="--ws-port applies to --broker auto"):
         async with open_broker("mqtt://127.0.0.1:1883", ws_port=wanted):
             pass
+
+
+@pytest.mark.parametrize("port", [0, 65536, True, "9001"])
+def test_a_library_websocket_port_out_of_range_is_one_line(port: object) -> None:
+    with pytest.raises(ConfigError, match="--ws-port must be"):
+        BrokerConfig(ws_port=port)  # type: ignore[arg-type]
 
 
 async def test_auto_websocket_port_in_use_is_one_clear_error() -> None:
