@@ -254,8 +254,8 @@ async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malf
             await run.publish(f"{R}/agent/innkeeper/say", b"\xff not json", qos=1)
             await run.publish(f"{R}/agent/innkeeper/say", say("innkeeper", "other", "Not yours.", reply_to=first,
                                                               in_reply_to="other"), qos=1)
-            await run.publish(f"{R}/agent/innkeeper/say", say("innkeeper", "tester", "Welcome.", reply_to=first,
-                                                              in_reply_to="tester"), qos=1)
+            await run.publish(f"{R}/agent/innkeeper/say", say("innkeeper", "tester", "Welcome.\x1b[2J\u202e",
+                                                              reply_to=first, in_reply_to="tester"), qos=1)
             second = await next_input(run, "smith", "Hello?")
             await run.publish(f"{R}/player/tester/error", error("unknown_npc", "no NPC smith here", id=second),
                               qos=1)
@@ -264,7 +264,7 @@ async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malf
     assert ran.out.splitlines() == [
         "roster: 2 NPCs: innkeeper, smith",
         f"asked {first} -> innkeeper: Hello?",
-        f"answer {first} <- innkeeper: Welcome.",
+        f"answer {first} <- innkeeper: Welcome.\\u001b[2J\\u202e",  # escapes: nothing drives the terminal
         f"asked {second} -> smith: Hello?",
         f"error {second}: unknown_npc: no NPC smith here",
         "1 of 2 answered, 1 refused",

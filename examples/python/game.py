@@ -18,6 +18,7 @@ import re
 import secrets
 import ssl
 import sys
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,11 @@ def broker_url(text: str) -> Broker:
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else os.environ.get("NPCSIM_MQTT_PASSWORD")
     return Broker(parts.hostname, port, username, password if username else None, parts.scheme == "mqtts")
+
+
+def shown(text: str) -> str:
+    """`text` with control and invisible characters as escapes: a line off the network cannot drive the terminal."""
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
 
 
 def name(text: str) -> str:
@@ -114,7 +120,7 @@ class Game:
 
     def ignore(self, topic: str, why: str) -> None:
         if not self.ignored[why]:
-            print(f"ignored a message on {topic}: {why} (each later one is only counted)", file=sys.stderr)
+            print(f"ignored a message on {shown(topic)}: {why} (each later one is only counted)", file=sys.stderr)
         self.ignored[why] += 1
 
     def roster(self, topic: str, shard: str, message: dict[str, Any]) -> None:
@@ -138,7 +144,7 @@ class Game:
         if question is None or question.npc != agent:
             return
         question.answered = True
-        print(f"answer {question.id} <- {agent}: {text}", flush=True)
+        print(f"answer {question.id} <- {agent}: {shown(text)}", flush=True)
 
     def failed(self, topic: str, error: dict[str, Any]) -> None:
         code, text, id_ = error.get("code"), error.get("message"), error.get("id")
@@ -147,7 +153,7 @@ class Game:
         question = self.questions.get(id_) if isinstance(id_, str) else None
         if question is not None:
             question.failed = True
-        print(f"error {id_ if question else '-'}: {code}: {text}", flush=True)
+        print(f"error {id_ if question else '-'}: {shown(code)}: {shown(text)}", flush=True)
 
 
 async def next_message(client: aiomqtt.Client, within: float) -> aiomqtt.Message | None:
