@@ -4,8 +4,9 @@ A run on a broker npcsim started (`--broker auto`) is on a random port with gene
 logins: it prints the broker's URL with the read-only `viewer` login (the shipped ACL's
 role: public topics, the trace, player input) and the file holding that login's password
 (the password itself only with `--show-password`), and keeps a run file (sim.attach), so
-that `npcsim subscribe --run ID` and `npcsim view --run ID` find it without `--broker`. A
-run on an external broker prints the commands with that broker's URL (never its password).
+that `npcsim subscribe --run ID` and `npcsim view --run ID` find it without `--broker`; it
+also prints its MQTT-over-WebSockets address for browser clients. A run on an external
+broker prints the commands with that broker's URL (never its password).
 
 A watcher names a run by its id: none of that id is an error naming the runs there are, and
 two runs of one id on this machine (each on its own private broker) are an error listing
@@ -61,10 +62,14 @@ def attach_lines(started: RunStarted, password_at: Path | None, *, show_password
     elif viewer.username is not None:  # no private directory to keep it in
         login = f" -u {viewer.username} -P PASSWORD"
         what = f"read-only login {viewer.username}, its PASSWORD shown by npcsim run --show-password"
-    return [
+    lines = [
         f"attach: npcsim subscribe --run {run}  (or npcsim view --run {run}: both find this run's private broker)",
         f"attach: broker {plain}, {what}: mosquitto_sub -h {viewer.host} -p {viewer.port}{login} -v -t {say}",
     ]
+    if started.broker.ws_url is not None:
+        lines.append(f"attach: web clients: {started.broker.ws_url} (MQTT over WebSockets, same logins; "
+                     "examples/web, docs/integrate.md)")
+    return lines
 
 
 @contextlib.contextmanager

@@ -57,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     add_broker_arguments(cmd, default="auto", auto=True)
+    cmd.add_argument("--ws-port", type=port_number, default=None, metavar="PORT",
+                     help="--broker auto: its MQTT-over-WebSockets port on loopback, for browser clients "
+                     "(default: a free port; the run prints it)")
     horizon = cmd.add_mutually_exclusive_group()
     horizon.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     horizon.add_argument("--until-tick", type=whole(1), default=None, metavar="T",
@@ -220,7 +223,8 @@ def run_command(args: argparse.Namespace) -> int:
         until_tick=args.until_tick,
         tick_ms=args.tick_ms,
         bots=args.bots,
-        broker=BrokerConfig(url=args.broker, tls=tls_files(args), run_key_file=args.run_key_file),
+        broker=BrokerConfig(url=args.broker, tls=tls_files(args), run_key_file=args.run_key_file,
+                            ws_port=args.ws_port),
         inference=InferenceConfig(
             backend=args.backend,
             backend_options=backend_options(args),

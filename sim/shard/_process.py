@@ -125,7 +125,7 @@ async def _run(
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         async with _workdir() as workdir:
             db = Path(config.record.db) if config.record.db else workdir / f"{run_id}.shard{shard}.db"
-            async with open_broker(config.broker.url, tls=config.broker.tls) as broker:
+            async with open_broker(config.broker.url, tls=config.broker.tls, ws_port=config.broker.ws_port) as broker:
 
                 async def claim_run(store: Store) -> RunKey | None:
                     """The store belongs to this run: the run key is bound to its nonce, and announced."""

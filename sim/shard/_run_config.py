@@ -75,11 +75,18 @@ def _check_seconds(part: msgspec.Struct, names: tuple[str, ...]) -> None:
 
 class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Where the run's messages go: the broker's URL ("auto": one npcsim starts), its TLS files,
-    and the file of the run key that seals what the shards tell each other."""
+    the file of the run key that seals what the shards tell each other, and the WebSocket
+    port of a broker npcsim starts (None: a free one)."""
 
     url: str = "auto"
     tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
     run_key_file: str | None = None
+    ws_port: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_whole(self, {"ws_port": 1})
+        if self.ws_port is not None and self.ws_port > 65535:
+            raise ConfigError(f"--ws-port must be a port number 1-65535, got {self.ws_port}")
 
 
 class InferenceConfig(msgspec.Struct, frozen=True, kw_only=True):
