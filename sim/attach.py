@@ -5,7 +5,9 @@ generated logins, so nobody could find it from outside. While it runs it keeps a
 file in the user's run directory (`$XDG_RUNTIME_DIR/npcsim/`, or else `npcsim-{uid}/` in
 the temp directory: a directory of mode 0700 owned by the user) with the run id, the
 broker's URL and the read-only viewer login, mode 0600, and beside it the viewer's password
-alone (`password_file`, mode 0600): the run prints that file's path, never the password.
+alone (`password_file`, mode 0600): the run prints that file's path, never the password. The
+game system's password (the `game` login: world state, game events and facts, presence) is
+kept the same way, in `game_password_file`, and only there.
 `npcsim subscribe --run ID` and `npcsim view --run ID` without `--broker` read the run file.
 Both files go when the run ends (the directory too, when it is empty); those left by a
 killed run name a process that no longer exists and are ignored (and removed).
@@ -34,7 +36,7 @@ import psutil
 
 from sim.mqtt import BrokerAddress
 
-__all__ = ["RunFile", "find_runs", "local_runs", "password_file", "published", "runs_dir"]
+__all__ = ["RunFile", "find_runs", "game_password_file", "local_runs", "password_file", "published", "runs_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,16 @@ def password_file(run_file: Path) -> Path:
     return run_file.with_suffix(".password")
 
 
+def game_password_file(run_file: Path) -> Path:
+    """The file beside a run file that holds the game system's password alone (mode 0600)."""
+    return run_file.with_suffix(".game-password")
+
+
+def _remove(run_file: Path) -> None:
+    for path in (run_file, password_file(run_file), game_password_file(run_file)):
+        path.unlink(missing_ok=True)
+
+
 def _write_private(path: Path, data: bytes) -> None:
     """`data` in a new file of mode 0600 at `path`; readers never see half a file."""
     partial = path.with_suffix(".part")
@@ -103,10 +115,11 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def published(entry: RunFile, directory: Path | None = None) -> Iterator[Path | None]:
+def published(entry: RunFile, directory: Path | None = None, *, game_password: str | None = None
+              ) -> Iterator[Path | None]:
     """Keep `entry` (for this process) in the run directory for the block, its viewer's
-    password also in `password_file(path)`; yields its path, or None when there is no
-    private directory to keep it in."""
+    password also in `password_file(path)` and the game system's in `game_password_file(path)`;
+    yields its path, or None when there is no private directory to keep it in."""
     directory = directory or runs_dir()
     if not _private(directory, create=True):
         yield None
@@ -125,10 +138,11 @@ def published(entry: RunFile, directory: Path | None = None) -> Iterator[Path | 
     try:
         if entry.password is not None:
             _write_private(secret, entry.password.encode())
+        if game_password is not None:
+            _write_private(game_password_file(path), game_password.encode())
         yield path
     finally:
-        path.unlink(missing_ok=True)
-        secret.unlink(missing_ok=True)
+        _remove(path)
         with contextlib.suppress(OSError):  # the last run leaves nothing behind; another's files keep it
             directory.rmdir()
 
@@ -161,8 +175,7 @@ def local_runs(directory: Path | None = None) -> list[RunFile]:
         if _alive(entry):
             found.append(entry)
         else:
-            path.unlink(missing_ok=True)
-            password_file(path).unlink(missing_ok=True)
+            _remove(path)
     return sorted(found, key=lambda e: e.started, reverse=True)
 
 

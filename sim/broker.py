@@ -4,15 +4,17 @@
         broker.address          # the shard's login (sim.mqtt.BrokerAddress)
         broker.worker           # the remote workers' login
         broker.viewer           # a read-only login for watchers, when npcsim started the broker
+        broker.game             # the game system's login, when npcsim started the broker
         broker.url              # printable: never holds a password
         broker.ws_url           # ws://127.0.0.1:PORT: MQTT over WebSockets, when npcsim started the broker
 
 `auto` starts a private Mosquitto child on a free loopback port when `mosquitto` is on
 PATH. It is private by default: it installs the shipped ACL (broker-config/acl) with a
-password file holding fresh random passwords for the roles `shard`, `worker` and `viewer`,
-so that an anonymous local client can at most read the public topics and publish player
-input. The viewer's login is the one a run hands out to watchers (`npcsim subscribe` and
-`npcsim view` find it, sim.attach): it reads, and publishes only as player `viewer`. The
+password file holding fresh random passwords for the roles `shard`, `worker`, `viewer` and
+`game`, so that an anonymous local client can at most read the public topics and publish
+player input. The viewer's login is the one a run hands out to watchers (`npcsim subscribe`
+and `npcsim view` find it, sim.attach): it reads, and publishes only as player `viewer`; the
+game system's is handed to the game (sim.attach keeps it in a file of the user's). The
 broker's files live in a directory of their own that is removed as soon as Mosquitto has read them
 (it reads them once at start), so nothing is left behind even after `kill -9` of the run.
 
@@ -74,6 +76,8 @@ class BrokerInfo:
     Mosquitto); for an external broker it cannot know, and for the embedded one it is False.
     `viewer` is the login watchers of a broker npcsim started attach with (read-only on the
     private Mosquitto; no login on the embedded broker); None for an external broker.
+    `game` is the game system's login on such a broker (world state, game events and facts,
+    players' presence): the one login a game's own process needs besides the players'.
     `ws_url` is the private broker's MQTT-over-WebSockets address; None for an external one.
     """
 
@@ -84,6 +88,7 @@ class BrokerInfo:
     pid: int | None = None
     acl: bool = False
     viewer: BrokerAddress | None = None
+    game: BrokerAddress | None = None
     ws_url: str | None = None
 
     @property
@@ -189,7 +194,7 @@ def _private_files(directory: Path, port: int, ws_port: int | None, logins: dict
     websockets = "" if ws_port is None else f"listener {ws_port} 127.0.0.1\nprotocol websockets\n"
     config.write_text(
         f"listener {port} 127.0.0.1\n{websockets}{body}\n"
-        f"# private: generated logins for the shard, worker and viewer roles, the shipped ACL\n"
+        f"# private: generated logins for the shard, worker, viewer and game roles, the shipped ACL\n"
         f"password_file {passwords}\nacl_file {acl}\nuser {pwd.getpwuid(os.geteuid()).pw_name}\n"
     )
     for path in (passwords, acl, config):
@@ -203,7 +208,7 @@ _NO_WEBSOCKETS = "Websockets support not available"  # what a Mosquitto built wi
 @asynccontextmanager
 async def _mosquitto(binary: str, port: int, ws_port: int, *, ws_asked: bool) -> AsyncIterator[BrokerInfo]:
     """A private Mosquitto; one built without WebSockets runs without them, unless `ws_asked`."""
-    logins = {role: secrets.token_urlsafe(24) for role in ("shard", "worker", "viewer")}
+    logins = {role: secrets.token_urlsafe(24) for role in ("shard", "worker", "viewer", "game")}
     ws: int | None = ws_port
     with tempfile.TemporaryDirectory(prefix="npcsim-broker-") as directory:
         try:
@@ -224,7 +229,8 @@ async def _mosquitto(binary: str, port: int, ws_port: int, *, ws_asked: bool) ->
             address=local.with_login("shard", logins["shard"]),
             worker=local.with_login("worker", logins["worker"]),
             protocol=5, kind="mosquitto", pid=proc.pid, acl=True,
-            viewer=local.with_login("viewer", logins["viewer"]), ws_url=None if ws is None else _ws_url(ws),
+            viewer=local.with_login("viewer", logins["viewer"]), game=local.with_login("game", logins["game"]),
+            ws_url=None if ws is None else _ws_url(ws),
         )
     finally:
         await asyncio.shield(_stop(proc))
@@ -323,6 +329,6 @@ async def _embedded(port: int, ws_port: int) -> AsyncIterator[BrokerInfo]:
     try:
         address = BrokerAddress(host="127.0.0.1", port=port)
         yield BrokerInfo(address=address, worker=address, protocol=311, kind="embedded", viewer=address,
-                         ws_url=_ws_url(ws_port))
+                         game=address, ws_url=_ws_url(ws_port))
     finally:
         await asyncio.shield(broker.shutdown())

@@ -53,11 +53,17 @@ def test_a_private_run_prints_how_to_attach_and_subscribe_finds_it(tmp_path: Pat
                     found, printed = _read_until(shard.stderr, r"attach: broker (mqtt://127\.0\.0\.1:\d+), "
                                                                r"read-only login viewer, its password in (\S+):")
                     url, secret = found.group(1), Path(found.group(2))
+                    game_line, more = _read_until(shard.stderr, r"attach: the game system's login game, its password "
+                                                                r"in (\S+) ")
+                    printed += more
+                    game_secret = Path(game_line.group(1))
                     (entry,) = local_runs(runs)
                     assert (entry.run, entry.url, entry.username) == ("village-7", url, "viewer")
                     assert entry.password and secret.read_text() == entry.password
-                    assert secret.parent == runs and f'-P "$(cat {secret})"' in printed[-1]
-                    assert not any(entry.password in line for line in printed)
+                    assert secret.parent == runs and f'-P "$(cat {secret})"' in printed[-2]
+                    game_password = game_secret.read_text()
+                    assert game_secret.parent == runs and f'-P "$(cat {game_secret})"' in printed[-1]
+                    assert not any(entry.password in line or game_password in line for line in printed)
                     assert runs.stat().st_mode & 0o777 == 0o700
                     assert all(p.stat().st_mode & 0o777 == 0o600 for p in runs.iterdir())
 
@@ -71,6 +77,8 @@ def test_a_private_run_prints_how_to_attach_and_subscribe_finds_it(tmp_path: Pat
 
                     # the login in the file is read-only: it reads what is said
                     asyncio.run(_said_as_viewer(url, entry.password))
+                    # the game system's login publishes its topics and reads its errors
+                    asyncio.run(_refused_as_game(url, game_password))
                 finally:
                     shard.send_signal(signal.SIGINT)
                     shard.wait(timeout=60)
@@ -87,6 +95,17 @@ async def _said_as_viewer(url: str, password: str) -> None:
         async with asyncio.timeout(30):
             async for message in c.messages:
                 assert json.loads(bytes(message.payload))["run"] == "village-7"  # type: ignore[arg-type]
+                return
+
+
+async def _refused_as_game(url: str, password: str) -> None:
+    address = BrokerAddress.parse(url)
+    async with aiomqtt.Client(address.host, address.port, username="game", password=password) as c:
+        await c.subscribe("npcsim/village-7/game/error", qos=1)
+        await c.publish("npcsim/village-7/game/event", b'{"location": "moon", "text": "A comet."}', qos=1)
+        async with asyncio.timeout(30):
+            async for message in c.messages:
+                assert json.loads(bytes(message.payload))["code"] == "unknown_location"  # type: ignore[arg-type]
                 return
 
 

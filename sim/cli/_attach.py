@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
-from sim.attach import RunFile, find_runs, local_runs, password_file, published
+from sim.attach import RunFile, find_runs, game_password_file, local_runs, password_file, published
 from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.shard import RunStarted
@@ -37,9 +37,10 @@ _PROBE_S = 2.0
 """How long a broker may take to connect, and then to hand over the retained statuses."""
 
 
-def attach_lines(started: RunStarted, password_at: Path | None, *, show_password: bool = False) -> list[str]:
-    """What a started run prints so that others can watch it: the viewer's password is named
-    by its file `password_at`, and printed only with `show_password`."""
+def attach_lines(started: RunStarted, run_file: Path | None, *, show_password: bool = False) -> list[str]:
+    """What a started run prints so that others can watch it, and the game system publish to
+    it: each password is named by its file beside `run_file`, and printed only with
+    `show_password`."""
     run_id = started.stats.run_id
     run = shlex.quote(run_id)
     say = shlex.quote(f"{topics.run_root(run_id)}/agent/+/say")
@@ -51,31 +52,44 @@ def attach_lines(started: RunStarted, password_at: Path | None, *, show_password
             f"any MQTT client: mosquitto_sub -h {address.host} -p {address.port} -v -t {say}"
         ]
     plain = viewer.with_login(None, None).url
-    login, what = "", "no login needed"
-    if viewer.username is not None and show_password:
-        secret = shlex.quote(viewer.password or "")
-        login = f" -u {viewer.username} -P {secret}"
-        what = f"read-only login {viewer.username} / {secret}"
-    elif viewer.username is not None and password_at is not None:
-        login = f' -u {viewer.username} -P "$(cat {shlex.quote(str(password_at))})"'
-        what = f"read-only login {viewer.username}, its password in {password_at}"
-    elif viewer.username is not None:  # no private directory to keep it in
-        login = f" -u {viewer.username} -P PASSWORD"
-        what = f"read-only login {viewer.username}, its PASSWORD shown by npcsim run --show-password"
+    login, what = _login(viewer, "read-only login", None if run_file is None else password_file(run_file),
+                         show_password)
     lines = [
         f"attach: npcsim subscribe --run {run}  (or npcsim view --run {run}: both find this run's private broker)",
         f"attach: broker {plain}, {what}: mosquitto_sub -h {viewer.host} -p {viewer.port}{login} -v -t {say}",
     ]
+    game = started.broker.game
+    if game is not None and game.username is not None:
+        login, what = _login(game, "the game system's login", None if run_file is None else
+                             game_password_file(run_file), show_password)
+        event = shlex.quote(topics.game_event(run_id))
+        lines.append(f"attach: {what} (world state, game events and facts, presence): mosquitto_pub -h {game.host} "
+                     f"-p {game.port}{login} -t {event} -m '{{\"location\": \"...\", \"text\": \"...\"}}'")
     if started.broker.ws_url is not None:
         lines.append(f"attach: web clients: {started.broker.ws_url} (MQTT over WebSockets, same logins; "
                      "examples/web, docs/integrate.md)")
     return lines
 
 
+def _login(address: BrokerAddress, role: str, secret_at: Path | None, show: bool) -> tuple[str, str]:
+    """A login's mosquitto_* options and its description: the password itself only when `show`,
+    else the file that holds it (`secret_at`), else how to see it."""
+    if address.username is None:
+        return "", "no login needed"
+    if show:
+        secret = shlex.quote(address.password or "")
+        return f" -u {address.username} -P {secret}", f"{role} {address.username} / {secret}"
+    if secret_at is not None:
+        return (f' -u {address.username} -P "$(cat {shlex.quote(str(secret_at))})"',
+                f"{role} {address.username}, its password in {secret_at}")
+    return (f" -u {address.username} -P PASSWORD",
+            f"{role} {address.username}, its PASSWORD shown by npcsim run --show-password")
+
+
 @contextlib.contextmanager
 def published_run(started: RunStarted) -> Iterator[Path | None]:
-    """The run file of a run on a broker npcsim started, for the block; yields the file of
-    its viewer's password (None for an external broker, or when no file could be kept)."""
+    """The run file of a run on a broker npcsim started, for the block, with its passwords'
+    files beside it; yields its path (None for an external broker, or when no file could be kept)."""
     with contextlib.ExitStack() as stack:
         viewer, stats = started.broker.viewer, started.stats
         kept = None
@@ -83,10 +97,11 @@ def published_run(started: RunStarted) -> Iterator[Path | None]:
             entry = RunFile(run=stats.run_id, shard=stats.shard, url=viewer.with_login(None, None).url,
                             username=viewer.username, password=viewer.password)
             try:
-                kept = stack.enter_context(published(entry))
+                game = started.broker.game
+                kept = stack.enter_context(published(entry, game_password=None if game is None else game.password))
             except OSError as exc:
                 log.warning("cannot keep the run file (subscribe and view need --broker then): %s", exc)
-        yield password_file(kept) if kept is not None and viewer is not None and viewer.password else None
+        yield kept
 
 
 def _one(run: str, found: list[RunFile]) -> RunFile | None:

@@ -86,8 +86,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="print nothing but errors (no display, no summary)")
     cmd.add_argument("--show-password", action="store_true",
-                     help="--broker auto: print the watchers' read-only password in the attach line "
-                     "(by default the line names the file, mode 0600, that holds it)")
+                     help="--broker auto: print the watchers' read-only password and the game system's in the "
+                     "attach lines (by default each line names the file, mode 0600, that holds it)")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
     cmd.add_argument("--follow", action="store_true", help="print each line as it is said (no live display)")
     cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
@@ -249,9 +249,9 @@ def run_command(args: argparse.Namespace) -> int:
 
         def ready(started: RunStarted) -> None:
             """The run has started: say how to attach, and let `subscribe`/`view` find a private broker."""
-            password_at = published.enter_context(published_run(started))
+            run_file = published.enter_context(published_run(started))
             if not args.quiet:
-                for line in attach_lines(started, password_at, show_password=args.show_password):
+                for line in attach_lines(started, run_file, show_password=args.show_password):
                     banner.record(line)
 
         with metrics_served(args.metrics_port, banner) as metrics:
