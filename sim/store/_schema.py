@@ -20,7 +20,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _USER_VERSION_OFFSET = 60
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py.
 SCHEMA: tuple[str, ...] = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
@@ -45,7 +45,7 @@ SCHEMA: tuple[str, ...] = (
     " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
     "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
     "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
-    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
+    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL, event TEXT NOT NULL)",
     "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
     "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
     " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
