@@ -74,10 +74,11 @@ def _budget_name(chars: int, tokens: int | None) -> str:
 
 
 def truncation_table(r: LoadTestResult) -> Table:
-    """Per category and budget: how often it was cut, items kept/dropped, how full its budget was."""
+    """Per category and budget: how often it was cut, items kept/dropped/duplicate, how full its budget was."""
     table = Table(title="truncation per category", caption="cut: share of snapshots that lost an item; "
+                  "duplicate: memories a kept line says already; "
                   "used: mean share of the category's budget (mandatory: of the limit)", show_edge=False)
-    for column in ("category", "budget", "cut", "kept", "dropped", "used"):
+    for column in ("category", "budget", "cut", "kept", "dropped", "duplicate", "used"):
         table.add_column(column, justify="left" if column in ("category", "budget") else "right")
     named: list[tuple[str, TruncationFigures]] = [
         (_budget_name(b.max_context_chars, b.max_context_tokens), b.truncation) for b in r.budgets
@@ -87,10 +88,11 @@ def truncation_table(r: LoadTestResult) -> Table:
             c: CategoryTruncation = getattr(figures, category)
             table.add_row(
                 category if j == 0 else "", name, f"{c.cut_fraction:.0%}", f"{c.kept_mean:.1f}",
-                f"{c.dropped_mean:.1f}", f"{c.used_fraction_mean:.0%}", end_section=j == len(named) - 1,
+                f"{c.dropped_mean:.1f}", f"{c.duplicate_mean:.1f}", f"{c.used_fraction_mean:.0%}",
+                end_section=j == len(named) - 1,
             )
     for j, (name, figures) in enumerate(named):
-        table.add_row("over budget" if j == 0 else "", name, f"{figures.over_budget_fraction:.1%}", "", "", "")
+        table.add_row("over budget" if j == 0 else "", name, f"{figures.over_budget_fraction:.1%}", "", "", "", "")
     return table
 
 
