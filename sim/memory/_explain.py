@@ -188,7 +188,7 @@ def _explain_category(
         DroppedItem(category=name, tick=_tick(item), text=_text(item), reason=reason or "budget")
         for item in reversed(items[first : row.dropped])
     )
-    room = len(duplicates) if most_dropped is None else max(most_dropped - len(dropped), 0)
+    room = len(duplicates) if most_dropped is None else min(max(most_dropped - len(dropped), 0), len(duplicates))
     shown = duplicates[len(duplicates) - room :] if room else ()
     dropped += tuple(
         DroppedItem(category=name, tick=_tick(item), text=_text(item), reason="duplicate") for item in reversed(shown)
