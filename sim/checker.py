@@ -5,10 +5,9 @@ re-renders the prompt from the kept items with the format functions of the publi
 `sim.memory.render` (it checks the builder's choices, not the format of each piece), and
 measures sizes on the rendered text. It derives the candidates on its own too: the
 memories left once those whose event a line of the dialogue's cap records are set aside.
-The builder's report is only checked against what
-the checker measured (an `over_budget` flag is legitimate only when the mandatory content
-really exceeds the limit). Tests use it as the oracle; `npcsim loadtest` runs it on every
-snapshot.
+The builder's report is only checked against what the checker measured (an `over_budget`
+flag is legitimate only when the mandatory content really exceeds the limit). Tests use it
+as the oracle; `npcsim loadtest` runs it on every snapshot.
 """
 
 from __future__ import annotations

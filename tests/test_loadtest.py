@@ -16,7 +16,7 @@ from sim.cli.loadtest import loadtest_command
 from sim.errors import NpcsimError
 from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
 from sim.memory import WorkingMemoryConfig, build_working_memory
-from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build
+from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build, say_twice
 from tests.helpers import npcsim_in_process
 
 RESULT_KEYS = {
@@ -72,7 +72,7 @@ async def test_small_sweep_has_no_violations_and_sane_figures() -> None:
     assert result.peak_rss_mb > 0
 
 
-@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2")])
+@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2"), (say_twice, "I8")])
 def test_broken_builder_is_caught_and_exits_1(
     builder: object, invariant: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
