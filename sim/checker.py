@@ -1,12 +1,13 @@
-"""An independent checker of the working-memory invariants (docs/working-memory.md, I1-I7).
+"""An independent checker of the working-memory invariants (docs/working-memory.md, I1-I8).
 
 It trusts nothing the builder says about itself: it sorts the state's items on its own,
 re-renders the prompt from the kept items with the format functions of the public
 `sim.memory.render` (it checks the builder's choices, not the format of each piece), and
-measures sizes on the rendered text. The builder's report is only checked against what
-the checker measured (an `over_budget` flag is legitimate only when the mandatory content
-really exceeds the limit). Tests use it as the oracle; `npcsim loadtest` runs it on every
-snapshot.
+measures sizes on the rendered text. It derives the candidates on its own too: the
+memories left once those whose event a line of the dialogue's cap records are set aside.
+The builder's report is only checked against what the checker measured (an `over_budget`
+flag is legitimate only when the mandatory content really exceeds the limit). Tests use it
+as the oracle; `npcsim loadtest` runs it on every snapshot.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
     "canonical_facts": lambda f: (f.id, f.text),
     "world_state": lambda w: (w.key, w.value),
     "beliefs": lambda b: (b.tick, b.id, b.text, b.confidence),
-    "episodic": lambda e: (e.tick, e.id, e.text, e.significance),
-    "dialogue": lambda d: (d.tick, d.seq, d.speaker, d.text),
+    "episodic": lambda e: (e.tick, e.id, e.text, e.significance, e.event or ""),
+    "dialogue": lambda d: (d.tick, d.seq, d.speaker, d.text, d.event or ""),
 }
 
 
@@ -65,12 +66,21 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
     return cached
 
 
+def _candidates(history: Mapping[str, list[Any]], max_dialogue_lines: int) -> dict[str, list[Any]]:
+    """The items a working memory chooses from: without a memory that a line among the
+    dialogue's newest `max_dialogue_lines` records (the line says it)."""
+    dialogue = history["dialogue"]
+    lines = dialogue[max(len(dialogue) - max_dialogue_lines, 0) :] if max_dialogue_lines > 0 else []
+    said = {line.event for line in lines if line.event is not None}
+    return {**history, "episodic": [e for e in history["episodic"] if e.event is None or e.event not in said]}
+
+
 def check_working_memory(
     state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory
 ) -> list[Violation]:
     """Every invariant the snapshot breaks; empty when it is sound."""
     out: list[Violation] = []
-    history = _history(state)
+    history = _candidates(_history(state), config.max_dialogue_lines)
     kept = {name: list(getattr(wm, name)) for name in RENDER_ORDER}
     always = {
         "canonical_facts": config.always_include_canonical_facts,
@@ -88,13 +98,19 @@ def check_working_memory(
             return False
         return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
 
-    # I3: each category is the newest contiguous run of its items, within its cap.
+    # I3: each category is the newest contiguous run of its candidates, within its cap.
     for name in RENDER_ORDER:
         items, k = history[name], len(kept[name])
         if k > len(items) or kept[name] != items[len(items) - k :]:
-            out.append(Violation("I3", f"{name}: kept items are not the newest contiguous run of the state's"))
+            out.append(Violation("I3", f"{name}: kept items are not the newest contiguous run of the candidates"))
         if name in caps and k > caps[name]:
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
+
+    # I8: nothing said twice: no kept memory records the event of a kept line.
+    said = {line.event for line in kept["dialogue"] if line.event is not None}
+    for episode in kept["episodic"]:
+        if episode.event is not None and episode.event in said:
+            out.append(Violation("I8", f"memory {episode.id!r} is said again by a kept line of the dialogue"))
 
     prompt = wm.prompt
     rule = render_rule(wm.prohibition)

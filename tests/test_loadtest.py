@@ -21,7 +21,7 @@ from sim.cli.loadtest import loadtest_command
 from sim.errors import NpcsimError
 from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
 from sim.memory import WorkingMemoryConfig, build_working_memory
-from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build
+from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build, say_twice
 from tests.helpers import NPCSIM, env_for, eventually_sync, npcsim_in_process
 
 RESULT_KEYS = {
@@ -77,7 +77,7 @@ async def test_small_sweep_has_no_violations_and_sane_figures() -> None:
     assert result.peak_rss_mb > 0
 
 
-@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2")])
+@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2"), (say_twice, "I8")])
 def test_broken_builder_is_caught_and_exits_1(
     builder: object, invariant: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -184,7 +184,7 @@ def test_in_a_pipe_the_result_is_plain_lines(tmp_path: Path) -> None:
     assert not any(char in done.stdout for char in "━│┃╇\x1b")
     assert lines[0] == "figure\tvalue" and "invariant violations\t0" in lines
     assert "latency (ms)\tp50\tp95\tp99\tmax\tsamples" in lines
-    assert "category\tbudget\tcut\tkept\tdropped\tused" in lines
+    assert "category\tbudget\tcut\tkept\tdropped\tduplicate\tused" in lines
     assert any(line.startswith("2,000 ch\t4\t") for line in lines)  # the sweep's rows
     assert all("\t" in line for line in lines[:-1]) and "knee" in lines[-1]
 

@@ -16,6 +16,7 @@ from sim.memory import (
     WorkingMemoryConfig,
     WorldFact,
     build_working_memory,
+    distinct,
     explain_truncation,
     render,
 )
@@ -26,9 +27,10 @@ CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs
 FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
 
-def _next_cost(state: NpcState, name: str, kept: int) -> int:
-    """What adding the category's next (newest dropped) item to the prompt would cost, in characters."""
-    section = render.rendered(state).sections[render.RENDER_ORDER.index(name)]
+def _next_cost(state: NpcState, name: str, kept: int, config: WorkingMemoryConfig) -> int:
+    """What adding the category's next (newest dropped) candidate to the prompt would cost, in characters."""
+    candidates = distinct(state, config.max_dialogue_lines).state
+    section = render.rendered(candidates).sections[render.RENDER_ORDER.index(name)]
     line = section.lines[len(section.lines) - kept - 1]
     return len(line) + (len(section.header) if kept == 0 else 0)
 
@@ -41,17 +43,19 @@ def test_dropped_counts_equal_the_report_and_every_reason_holds(state: NpcState,
     assert explained == explain_truncation(state, said, config)  # rebuilt, the same
     for name in CATEGORIES:
         row, why = getattr(report, name), getattr(explained, name)
-        assert len(why.dropped) == row.dropped and why.kept == row.kept and why.used == row.used, name
+        assert len(why.dropped) == row.dropped + row.duplicate and why.kept == row.kept and why.used == row.used
+        assert why.duplicate == row.duplicate and (row.duplicate == 0 or name == "episodic"), name
         assert {d.category for d in why.dropped} <= {name}
         assert (why.reason is None) == (row.dropped == 0)
-        assert all(d.reason == why.reason for d in why.dropped)
+        assert all(d.reason == why.reason for d in why.dropped[: row.dropped])
+        assert all(d.reason == "duplicate" for d in why.dropped[row.dropped :])
         if why.reason == "over_budget":
             assert report.over_budget
         elif why.reason == "cap":
             assert why.cap is not None and row.kept >= why.cap
         elif why.reason == "budget":
             assert why.cap is None or row.kept < why.cap
-            cost = _next_cost(state, name, row.kept)
+            cost = _next_cost(state, name, row.kept, config)
             if name in FLEXIBLE and not config.redistribute_unused:
                 assert row.used + cost > why.split, name  # it did not fit the category's share
             else:
@@ -75,7 +79,7 @@ def test_dropped_counts_equal_the_report_with_tokens(state: NpcState, said: str,
     explained = explain_truncation(state, said, config, memory)
     for name in CATEGORIES:
         row, why = getattr(memory.report, name), getattr(explained, name)
-        assert len(why.dropped) == row.dropped, name
+        assert len(why.dropped) == row.dropped + row.duplicate, name
         assert why.used_tokens == row.used_tokens
         if why.reason == "cap":
             assert why.cap is not None and row.kept >= why.cap

@@ -347,7 +347,8 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
             delta = why.final - why.split
             assert table[name]["split"] == str(why.split), name
             assert table[name]["final"] == (f"{why.final} ({delta:+d})" if delta else str(why.final)), name
-            assert table[name]["reason"] == (why.reason or ""), name
+            reasons = [r for r in (why.reason, "duplicate" if why.duplicate else None) if r]
+            assert table[name]["reason"] == ", ".join(reasons), name
         assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(explanation)
 
         from selenium.webdriver import ActionChains

@@ -120,6 +120,8 @@ def _report(dbs: list[str], records: int, variants: list[Variant], tallies: list
                 "recorded_prompt_chars_mean": _mean(t.recorded_chars, t.inferences),
                 "over_budget": t.over_budget,
                 "recorded_over_budget": t.recorded_over_budget,
+                "duplicate": t.duplicate,
+                "recorded_duplicate": t.recorded_duplicate,
                 "canonical_facts_present_percent": _percent(t.facts_present, t.facts),
                 "world_state_present_percent": _percent(t.world_present, t.world),
                 "examples": [msgspec.to_builtins(c) for c in t.examples],
@@ -145,10 +147,11 @@ def _item_text(item: dict[str, Any]) -> str:
 def _print(out: Out, tallies: list[Tally], examples: int) -> None:
     out.table(
         ("variant", "inferences", "prompts changed", "items lost", "items gained", "mean chars (recorded)",
-         "max chars", "over budget (recorded)", "facts present", "world present"),
+         "max chars", "over budget (recorded)", "duplicate (recorded)", "facts present", "world present"),
         [(t.label, str(t.inferences), str(t.prompts_changed), str(sum(t.lost.values())), str(sum(t.gained.values())),
           f"{_mean(t.chars, t.inferences):g} ({_mean(t.recorded_chars, t.inferences):g})", str(t.chars_max),
-          f"{t.over_budget} ({t.recorded_over_budget})", _present(t.facts_present, t.facts),
+          f"{t.over_budget} ({t.recorded_over_budget})", f"{t.duplicate} ({t.recorded_duplicate})",
+          _present(t.facts_present, t.facts),
           _present(t.world_present, t.world)) for t in tallies],
         title="what-if with the recorded replies", header=True, whole=("variant",),
         right=("inferences", "prompts changed", "items lost", "items gained", "max chars"),

@@ -103,7 +103,7 @@ def _budget_name(chars: int, tokens: int | None) -> str:
 
 
 def _truncation_section(r: LoadTestResult) -> Section:
-    """Per category and budget: how often it was cut, items kept/dropped, how full its budget was."""
+    """Per category and budget: how often it was cut, items kept/dropped/duplicate, how full its budget was."""
     named: list[tuple[str, TruncationFigures]] = [
         (_budget_name(b.max_context_chars, b.max_context_tokens), b.truncation) for b in r.budgets
     ]
@@ -112,12 +112,13 @@ def _truncation_section(r: LoadTestResult) -> Section:
         for name, figures in named:
             c: CategoryTruncation = getattr(figures, category)
             rows.append((category, name, f"{c.cut_fraction:.0%}", f"{c.kept_mean:.1f}", f"{c.dropped_mean:.1f}",
-                         f"{c.used_fraction_mean:.0%}"))
+                         f"{c.duplicate_mean:.1f}", f"{c.used_fraction_mean:.0%}"))
     for name, figures in named:
-        rows.append(("over budget", name, f"{figures.over_budget_fraction:.1%}", "", "", ""))
-    return Section("truncation per category", ("category", "budget", "cut", "kept", "dropped", "used"), rows,
-                   right=("cut", "kept", "dropped", "used"),
+        rows.append(("over budget", name, f"{figures.over_budget_fraction:.1%}", "", "", "", ""))
+    return Section("truncation per category", ("category", "budget", "cut", "kept", "dropped", "duplicate", "used"),
+                   rows, right=("cut", "kept", "dropped", "duplicate", "used"),
                    caption="cut: share of snapshots that lost an item; "
+                   "duplicate: memories a kept line says already; "
                    "used: mean share of the category's budget (mandatory: of the limit)")
 
 

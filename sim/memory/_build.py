@@ -3,7 +3,8 @@
 `build_working_memory` is a pure function: same state, input and config give the same
 bytes. Sizes are exact because the prompt is a concatenation of pieces whose sizes the
 rendering computed once per state (see `sim.memory.render.rendered`); what each category
-keeps is chosen in `sim.memory._selection`.
+keeps is chosen in `sim.memory._selection`, among the candidates `sim.memory._duplicates`
+leaves: no item that another one already says.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
 from sim.memory._budget import WorkingMemoryConfig, token_counter
+from sim.memory._duplicates import distinct
 from sim.memory._selection import (
     ALWAYS,
     BELIEFS,
@@ -38,6 +40,10 @@ __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working
 class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
     """What one category was given and what it kept; sizes in characters (and tokens).
 
+    `dropped` counts the items truncation left out (cap, budget, over budget); `duplicate`
+    the memories left out before selection because a candidate line of the dialogue says
+    them already (`sim.memory._duplicates`): kept + dropped + duplicate is the state's count.
+
     `budget` is the category's share of the flexible budget (for a truncatable
     always-include category: what was left); `used` may exceed it when unused budget
     was redistributed.
@@ -47,6 +53,7 @@ class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
     used: int
     kept: int
     dropped: int
+    duplicate: int = 0
     budget_tokens: int | None = None
     used_tokens: int | None = None
 
@@ -129,6 +136,8 @@ def build_working_memory(
     budget, so flexible items make room for it.
     """
     cfg = _DEFAULT_CONFIG if config is None else config
+    candidates = distinct(state, cfg.max_dialogue_lines)
+    state = candidates.state  # from here on, what is chosen from
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))
     always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
@@ -173,6 +182,8 @@ def build_working_memory(
         prompt_tokens = count(prompt)
 
     reports = [_category_report(category) for category in categories]
+    if candidates.duplicates:
+        reports[EPISODIC] = msgspec.structs.replace(reports[EPISODIC], duplicate=len(candidates.duplicates))
     report = TruncationReport(
         limit_chars=cfg.max_context_chars,
         limit_tokens=cfg.max_context_tokens,

@@ -5,11 +5,13 @@ state, the input and the config (and of the working memory built from them, rebu
 not given), so audit records keep the report they always kept and whoever holds a record
 (the CLI, the view, a test) can explain it the same way.
 
-Reasons, per category. The kept items are the newest contiguous run (I3), so every item
-older than the first one dropped shares that item's reason:
+Reasons, per category. The kept items are the newest contiguous run of the candidates
+(I3), so every candidate older than the first one dropped shares that item's reason:
 - `cap`: the category's count cap was reached;
 - `budget`: the next item did not fit what was left of the budget (characters or tokens);
 - `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept.
+A memory that a candidate line of the dialogue says already was never a candidate
+(`sim.memory._duplicates`): its reason is `duplicate`.
 
 Budgets, per category: `split` is its share of the flexible budget (limit minus mandatory
 content) as the fixed split gives it; `final` is what it had once redistribution was done.
@@ -31,13 +33,14 @@ import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
+from sim.memory._duplicates import distinct
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
            "explain_truncation"]
 
-DropReason = Literal["cap", "budget", "over_budget"]
-DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget")
+DropReason = Literal["cap", "budget", "over_budget", "duplicate"]
+DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget", "duplicate")
 
 # The report's order; the categories with a count cap and a share.
 _CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
@@ -65,10 +68,12 @@ class DroppedItem(msgspec.Struct, frozen=True, kw_only=True):
 class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
 
-    `dropped` is newest first: the first one is the item that did not fit or passed the cap.
-    `reason` is None when nothing was dropped. `kept_items` are the kept items' texts (as a
-    dropped item's), newest first. `mandatory`: always included (canonical facts and world
-    state with their `always_include_*` flag), it takes what it needs before the split.
+    `dropped` is newest first: the first one is the item that did not fit or passed the cap;
+    after those, the duplicates (reason `duplicate`), newest first. `reason` is the
+    truncation's, None when truncation dropped nothing; `duplicate` counts the duplicates.
+    `kept_items` are the kept items' texts (as a dropped item's), newest first. `mandatory`:
+    always included (canonical facts and world state with their `always_include_*` flag),
+    it takes what it needs before the split.
     """
 
     split: int
@@ -78,6 +83,7 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     cap: int | None
     reason: DropReason | None
     dropped: tuple[DroppedItem, ...]
+    duplicate: int = 0
     kept_items: tuple[str, ...] = ()
     mandatory: bool = False
     split_tokens: int | None = None
@@ -132,11 +138,13 @@ def explain_truncation(
     `memory` is that working memory when the caller has it (it is rebuilt otherwise); it
     must have been built from these arguments: the explanation reads its report and takes
     the dropped items from `state`. `most_dropped` names only that many
-    dropped items per category, the newest (a trace, after every inference, needs no more).
+    dropped items per category, the first of its `dropped` (a trace, after every inference,
+    needs no more).
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
         memory = build_working_memory(state, player_input, cfg)
+    candidates = distinct(state, cfg.max_dialogue_lines)
     report = memory.report
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
@@ -145,8 +153,9 @@ def explain_truncation(
         flexible_tokens = report.limit_tokens - report.mandatory_tokens
     categories: dict[str, CategoryExplanation] = {}
     for name in _CATEGORIES:
-        categories[name] = _explain_category(name, getattr(report, name), getattr(state, name), cfg, over,
-                                             most_dropped)
+        duplicates = candidates.duplicates if name == "episodic" else ()
+        categories[name] = _explain_category(name, getattr(report, name), getattr(candidates.state, name),
+                                             duplicates, cfg, over, most_dropped)
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -167,8 +176,8 @@ def explain_truncation(
 
 
 def _explain_category(
-    name: str, row: CategoryReport, items: tuple[Item, ...], cfg: WorkingMemoryConfig, over: bool,
-    most_dropped: int | None,
+    name: str, row: CategoryReport, items: tuple[Item, ...], duplicates: tuple[Item, ...], cfg: WorkingMemoryConfig,
+    over: bool, most_dropped: int | None,
 ) -> CategoryExplanation:
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
     reason: DropReason | None = None
@@ -178,6 +187,11 @@ def _explain_category(
     dropped = tuple(
         DroppedItem(category=name, tick=_tick(item), text=_text(item), reason=reason or "budget")
         for item in reversed(items[first : row.dropped])
+    )
+    room = len(duplicates) if most_dropped is None else min(max(most_dropped - len(dropped), 0), len(duplicates))
+    shown = duplicates[len(duplicates) - room :] if room else ()
+    dropped += tuple(
+        DroppedItem(category=name, tick=_tick(item), text=_text(item), reason="duplicate") for item in reversed(shown)
     )
     kept_items = tuple(_text(item) for item in reversed(items[row.dropped :]))
     mandatory = name not in _FLEXIBLE and getattr(cfg, _ALWAYS_FLAGS[name])
@@ -194,8 +208,8 @@ def _explain_category(
         final_tokens = row.used_tokens
     return CategoryExplanation(
         split=split, final=final, used=row.used, kept=row.kept, cap=cap, reason=reason, dropped=dropped,
-        kept_items=kept_items, mandatory=mandatory, split_tokens=split_tokens, final_tokens=final_tokens,
-        used_tokens=row.used_tokens,
+        duplicate=len(duplicates), kept_items=kept_items, mandatory=mandatory, split_tokens=split_tokens,
+        final_tokens=final_tokens, used_tokens=row.used_tokens,
     )
 
 

@@ -3,9 +3,12 @@
 The world unfolds exactly as recorded, so the state snapshot an audit record holds is
 what that model call would have been given under any budget; `build_working_memory` of
 it with the variant's config is what the call would have seen, and no model, shard or
-broker is needed. Kept items are always a category's newest, so what a variant lost or
+broker is needed. Kept items are always a category's newest candidates
+(`sim.memory.distinct`: no memory that a candidate line says), so what a variant lost or
 gained against the original is the run of items between the two kept counts (the
-original's are the record's report).
+original's are the record's report) when both have the same candidates, and otherwise
+the difference of the two kept runs (a variant with another `max_dialogue_lines`).
+`duplicate` counts the memories a variant left out because a line of the dialogue says them.
 
 `what_if(records, variants, examples)` folds a run of records into one `Tally` per
 variant; tallies of consecutive runs `add` up, so the pass spreads over processes
@@ -15,6 +18,7 @@ tallies as the load test draws its own (`--plot`, extra `plot`).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from typing import Any
 import msgspec
 
 from sim.audit import AuditRecord, prompt_sha256
-from sim.memory import CategoryReport, TruncationReport, WorkingMemoryConfig, build_working_memory
+from sim.memory import CategoryReport, NpcState, TruncationReport, WorkingMemoryConfig, build_working_memory, distinct
 from sim.replay._overrides import Variant
 
 __all__ = ["CATEGORIES", "Change", "Tally", "what_if", "write_plot"]
@@ -68,6 +72,8 @@ class Tally(msgspec.Struct, kw_only=True):
     recorded_chars: int = 0
     over_budget: int = 0
     recorded_over_budget: int = 0
+    duplicate: int = 0  # memories left out because a line of the dialogue says them
+    recorded_duplicate: int = 0
     facts: int = 0  # canonical facts in the snapshots
     facts_present: int = 0
     world: int = 0
@@ -94,6 +100,8 @@ class Tally(msgspec.Struct, kw_only=True):
         self.facts_present += later.facts_present
         self.world += later.world
         self.world_present += later.world_present
+        self.duplicate += later.duplicate
+        self.recorded_duplicate += later.recorded_duplicate
         merged = sorted([*self.examples, *later.examples], key=Change.order)
         self.examples = _first(merged, examples)
 
@@ -152,42 +160,65 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
             tally.recorded_chars += report.prompt_chars
             tally.over_budget += new.over_budget
             tally.recorded_over_budget += report.over_budget
+            tally.duplicate += new.episodic.duplicate
+            tally.recorded_duplicate += report.episodic.duplicate
             tally.facts += facts
             tally.facts_present += len(memory.canonical_facts)
             tally.world += world
             tally.world_present += len(memory.world_state)
             if changed:
-                _count_changes(tally, record, new, examples, taken[n])
+                _count_changes(tally, record, (new, config), examples, taken[n])
     return tallies
 
 
+def _newest(state: NpcState, category: str, k: int) -> tuple[Any, ...]:
+    items: tuple[Any, ...] = getattr(state, category)
+    return items[len(items) - k :] if k else ()
+
+
+def _missing(ours: tuple[Any, ...], theirs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The items of `ours` that `theirs` does not hold (as many times as it holds them), in order."""
+    left = collections.Counter(theirs)
+    out = []
+    for item in ours:
+        if left[item]:
+            left[item] -= 1
+        else:
+            out.append(item)
+    return tuple(out)
+
+
 def _count_changes(
-    tally: Tally, record: AuditRecord, new: TruncationReport, examples: int, taken: dict[tuple[str, str], int]
+    tally: Tally, record: AuditRecord, variant: tuple[TruncationReport, WorkingMemoryConfig], examples: int,
+    taken: dict[tuple[str, str], int],
 ) -> None:
+    new, config = variant
+    was = distinct(record.state, record.config.max_dialogue_lines).state
+    now = distinct(record.state, config.max_dialogue_lines).state
     lost_here = gained_here = 0
     for category in CATEGORIES:
         before, after = _kept(record.report, category), _kept(new, category)
-        if before == after:
+        if before == after and was is now:
             continue
-        items: tuple[Any, ...] = getattr(record.state, category)
-        n = len(items)
-        if after < before:
-            kind, moved = "lost", items[n - before : n - after]
-            tally.lost[category] += len(moved)
-            lost_here += len(moved)
-        else:
-            kind, moved = "gained", items[n - after : n - before]
-            tally.gained[category] += len(moved)
-            gained_here += len(moved)
-        room = examples - taken.get((category, kind), 0)
-        if room > 0:
-            shown = moved[:room]
-            taken[(category, kind)] = taken.get((category, kind), 0) + len(shown)
-            tally.examples.extend(
-                Change(record=record.id, agent=record.agent_id, tick=record.tick, category=category, change=kind,
-                       item=msgspec.to_builtins(item))
-                for item in shown
-            )
+        kept_before, kept_after = _newest(was, category, before), _newest(now, category, after)
+        for kind, moved in (("lost", _missing(kept_before, kept_after)), ("gained", _missing(kept_after, kept_before))):
+            if not moved:
+                continue
+            if kind == "lost":
+                tally.lost[category] += len(moved)
+                lost_here += len(moved)
+            else:
+                tally.gained[category] += len(moved)
+                gained_here += len(moved)
+            room = examples - taken.get((category, kind), 0)
+            if room > 0:
+                shown = moved[:room]
+                taken[(category, kind)] = taken.get((category, kind), 0) + len(shown)
+                tally.examples.extend(
+                    Change(record=record.id, agent=record.agent_id, tick=record.tick, category=category, change=kind,
+                           item=msgspec.to_builtins(item))
+                    for item in shown
+                )
     if lost_here or gained_here:
         counts = tally.npcs.setdefault(record.agent_id, [0, 0])
         counts[0] += lost_here

@@ -112,7 +112,7 @@ class StoreReader:
             "canonical_facts": "SELECT agent, id, text FROM facts",
             "world_state": "SELECT agent, key, value FROM world",
             "beliefs": "SELECT agent, tick, id, text, confidence FROM beliefs",
-            "dialogue": "SELECT agent, tick, seq, speaker, text FROM dialogue",
+            "dialogue": "SELECT agent, tick, seq, speaker, text, event FROM dialogue",
             "heard": "SELECT a.agent, h.tick, h.items FROM heard AS h JOIN agent_keys AS a ON a.n = h.agent",
             "place_events": "SELECT 'place:' || place, tick, items FROM place_events",
         }

@@ -45,7 +45,7 @@ SCHEMA: tuple[str, ...] = (
     " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
     "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
     "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
-    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
+    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL, event TEXT NOT NULL)",
     "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
     "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
     " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"

@@ -61,7 +61,7 @@ INSERT: dict[RowKind, str] = {
     "place_window": "INSERT INTO place_windows (place, since) VALUES (?, ?)"
     " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
-    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
+    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text, event) VALUES (?, ?, ?, ?, ?, ?)",
     "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "input": "INSERT OR REPLACE INTO inputs (tick, seq, input) VALUES (?, ?, ?)",
@@ -149,7 +149,7 @@ def _recent(table: str, columns: str, order: str) -> str:
 
 RECENT: dict[Literal["beliefs", "dialogue"], str] = {
     "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
-    "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
+    "dialogue": _recent("dialogue", "tick, seq, speaker, text, event", "tick, seq, speaker, text, event"),
 }
 
 # Heard rows hold several items each, so the newest `limit` rows by tick hold at least
