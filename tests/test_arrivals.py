@@ -10,11 +10,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sim.protocol.outside import InputArrival, OutsideInput, WorldArrival
+from sim.protocol.outside import InputArrival, WorldArrival
 from sim.scenario import load_scenario
 from sim.shard import RecordConfig, RunConfig, RunStats, VirtualClock
 from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
+from sim.wire.inputs import OutsideInput
 from tests.helpers import VILLAGE, eventually
 from tests.memory_broker import MemoryBroker
 from tests.memory_shard import memory_shard

@@ -20,9 +20,10 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.protocol.outside import InputArrival, OutsideInput
+from sim.protocol.outside import InputArrival
 from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
+from sim.wire.inputs import OutsideInput
 from tests.helpers import VILLAGE, MosquittoProcess, audit, committed_tick, eventually, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(400)]
