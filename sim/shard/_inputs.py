@@ -10,13 +10,14 @@ there), the game system's events (a `Notice` at the place) and canonical facts (
 the game system's authority; a fact id an NPC holds already is refused).
 
 Where outside input and world changes come from is an `InputSource`: `LiveInputs` takes
-what arrives on the bus (journaled as it arrives, held to its per-tick bound, a resume's
-journal first); a re-execution takes what the recorded run took (`RecordedInputs`: the
-store keeps each outside input and world-state change with the tick it took effect at, and
-a shard given these takes them at those ticks, with the numbers the run gave them, and
-nothing that arrives on its bus, so the run is executed again exactly).
+what arrives on the bus (journaled and held for its tick as it arrives, held to its
+per-tick bound; a resume's journal for the ticks not committed); a re-execution takes what
+the recorded run took (`RecordedInputs`: the store keeps each outside input and world-state
+change with the tick it took effect at, and a shard given these takes them at those ticks,
+with the numbers the run gave them, and nothing that arrives on its bus, so the run is
+executed again exactly).
 The tick calls either the same way. `RunWideInputs` holds what every shard applies at the
-same tick in one place: what arrived, what a resume's journal held, what is due next tick.
+same tick in one place: what arrived for each tick's TickDone, what is due next tick.
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ import msgspec
 from sim.bus import Bus
 from sim.memory import Fact, WorldFact
 from sim.protocol.bounds import limit_player_inputs
-from sim.protocol.outside import InputArrival, OutsideJournal, RunWideArrival, WorldArrival, taken_of
-from sim.protocol.received import InputRefused, Outside, WorldStateReceived, refused
+from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
+from sim.protocol.received import InputRefused, Outside, refused
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._registry import Player
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import Notice, Speech, event_id
-from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken, is_run_wide
+from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
 
 __all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideInputs", "TickInputs"]
 
@@ -47,44 +48,33 @@ _OUTSIDE_SEQ = 1_000_000  # an outside input's event is numbered after every lin
 
 class RunWideInputs:
     """What every shard applies at the same tick (world-state changes, players' presence,
-    facts for every NPC) as one shard holds it: what arrived (shard 0 announces it in its
-    next TickDone), what a resume's journal held for a tick, and what is due at the start of
-    the next tick (the barrier's, or what the last commit left)."""
+    facts for every NPC) as one shard holds it: what arrived for each tick's TickDone (shard
+    0 announces it there), and what is due at the start of the next tick (the barrier's, or
+    what the last commit left)."""
 
     def __init__(self) -> None:
-        self._world: list[dict[str, str]] = []
-        self._inputs: list[RunWide] = []
-        self._held_world: dict[int, list[dict[str, str]]] = {}
-        self._held_inputs: dict[int, list[RunWide]] = {}
+        self._world: dict[int, list[dict[str, str]]] = {}
+        self._inputs: dict[int, list[RunWide]] = {}
         self.world: dict[str, str] | None = None
         """The world-state changes due at the start of the next tick."""
         self.inputs: tuple[RunWide, ...] = ()
         """The presence and facts for every NPC due at the next tick, in the order shard 0 took them."""
 
-    def arrive(self, arrived: dict[str, str] | RunWide) -> None:
-        if isinstance(arrived, dict):
-            self._world.append(arrived)
-        else:
-            self._inputs.append(arrived)
-
     def hold(self, arrival: WorldArrival | RunWideArrival) -> None:
-        """What arrived for a tick's TickDone before a resume (the arrivals journal)."""
+        """What arrived for the TickDone of the tick it is stamped with."""
         match arrival:
             case WorldArrival(tick=tick, state=state):
-                self._held_world.setdefault(tick, []).append(state)
+                self._world.setdefault(tick, []).append(state)
             case RunWideArrival(tick=tick, input=taken):
-                self._held_inputs.setdefault(tick, []).append(taken)
+                self._inputs.setdefault(tick, []).append(taken)
 
     def announce(self, tick: int) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
-        """What the TickDone of `tick` announces: what was held for it, then what arrived, in
-        the order they came (of the world state, the later key wins; None when nothing changed)."""
+        """What the TickDone of `tick` announces: what arrived for it, in the order it came (of
+        the world state, the later key wins; None when nothing changed)."""
         world: dict[str, str] = {}
-        for state in self._held_world.pop(tick, []) + self._world:
+        for state in self._world.pop(tick, []):
             world.update(state)
-        inputs = tuple(self._held_inputs.pop(tick, []) + self._inputs)
-        self._world.clear()
-        self._inputs.clear()
-        return world or None, inputs
+        return world or None, tuple(self._inputs.pop(tick, []))
 
     def take_due(self) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
         due = self.world, self.inputs
@@ -96,10 +86,7 @@ class InputSource(Protocol):
     """Where a tick's outside input and world-state changes come from."""
 
     def journal(self, event: Outside) -> None:
-        """An outside input, as the bus receives it (before the tick that takes it)."""
-
-    def receive(self, event: Outside) -> None:
-        """An outside input, as the tick takes what the bus queued (kept if this shard takes it)."""
+        """An outside input, as the bus receives it: kept for the tick that takes it, if this shard takes it."""
 
     def close_inputs(self, tick: int) -> None:
         """Tick `tick` takes the input that arrived until now; what arrives later is the next one's."""
@@ -119,43 +106,39 @@ class InputSource(Protocol):
 
 
 class LiveInputs:
-    """Outside input from the bus: journaled with the tick that takes it (sim.store's arrivals),
-    held to its per-tick bound (the excess refused, `take_refused`), numbered in the order
-    taken; what a resume's journal held for a tick comes first. `journal` stamps each
-    arrival and says which this shard takes (its NPCs' and places'; shard 0 what every
-    shard applies, which goes into `run_wide` until its TickDone announces it)."""
+    """Outside input from the bus, as it arrives: stamped with the tick that takes it (its
+    input phase, or its TickDone: `OutsideJournal`, which also says which this shard takes),
+    journaled with that stamp (sim.store's arrivals) and held for that tick (what every
+    shard applies in `run_wide`, until shard 0's TickDone announces it); held to its
+    per-tick bound (the excess refused, `take_refused`), numbered in the order taken.
+
+    A resumed shard holds what its journal kept for the ticks not committed, and stamps what
+    arrives from then on for the tick after its first: the first tick takes exactly what it
+    took before the kill, so what it may have sent then (batches, a TickDone the other
+    shards acted on) is sent again the same."""
 
     def __init__(self, store: Store, bus: Bus, run_wide: RunWideInputs, *, journal: OutsideJournal,
                  per_tick: int) -> None:
         self._store, self._bus, self._run_wide = store, bus, run_wide
         self._stamps = journal
         self._per_tick = per_tick
-        self._arrived: list[Taken] = []
         self._held: dict[int, list[Taken]] = {}
         self._refused: list[InputRefused] = []
         for arrival in store.arrivals.pending:  # a tick cut short (kill -9) takes them again
-            match arrival:
-                case InputArrival(tick=at, input=taken):
-                    self._held.setdefault(at, []).append(taken)
-                case WorldArrival() | RunWideArrival():
-                    run_wide.hold(arrival)
+            self._hold(arrival)
 
     def journal(self, event: Outside) -> None:
-        arrival = self._stamps.stamp(event)
+        arrival = self._stamps.stamp(event)  # None: another shard's, or a retained world state
         if arrival is not None:
             self._store.arrivals.add(arrival)
+            self._hold(arrival)
 
-    def receive(self, event: Outside) -> None:
-        if not self._stamps.takes(event):
-            return  # another shard's, or a retained world state (never applied: sim.shard._intake counts it)
-        if isinstance(event, WorldStateReceived):
-            self._run_wide.arrive(dict(event.message.state))
-            return
-        taken = taken_of(event)
-        if is_run_wide(taken):
-            self._run_wide.arrive(taken)
-        else:
-            self._arrived.append(taken)
+    def _hold(self, arrival: Arrival) -> None:
+        match arrival:
+            case InputArrival(tick=tick, input=taken):
+                self._held.setdefault(tick, []).append(taken)
+            case WorldArrival() | RunWideArrival():
+                self._run_wide.hold(arrival)
 
     def close_inputs(self, tick: int) -> None:
         self._stamps.inputs_taken(tick)
@@ -167,8 +150,7 @@ class LiveInputs:
         return announced
 
     def inputs_at(self, tick: int, announced: tuple[RunWide, ...]) -> list[Taken]:
-        arrived = [*announced, *self._held.pop(tick, []), *self._arrived]
-        self._arrived.clear()
+        arrived = [*announced, *self._held.pop(tick, [])]
         taken, over = limit_player_inputs(arrived, self._per_tick)
         for player_input in over:
             why = f"more than {self._per_tick} inputs in one tick"
@@ -194,9 +176,6 @@ class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
 
     def journal(self, event: Outside) -> None:
         pass  # nothing live is taken, so nothing is journaled
-
-    def receive(self, event: Outside) -> None:
-        pass
 
     def close_inputs(self, tick: int) -> None:
         pass

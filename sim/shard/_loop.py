@@ -81,14 +81,15 @@ class Shard:
         self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self.bus.is_routed, tick=self.first,
                                trusted=trusted, session=secrets.token_hex(8))
         self.run_wide = RunWideInputs()
+        # resumed: the first tick takes what the journal kept for it, what arrives now is the next one's
         journal = OutsideJournal(layout.local, layout.places, ctx.locations, shard_zero=self.index == 0,
-                                 tick=self.first)
+                                 tick=self.first if last is None else self.first + 1)
         self.source: InputSource = source or LiveInputs(
             self.store, self.bus, self.run_wide, journal=journal,
             per_tick=self.config.limits.bounds.player_inputs_per_tick,
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
-        self.intake = Intake(ctx, self.barrier, self.peers, self.source)
+        self.intake = Intake(ctx, self.barrier, self.peers)
         self.status = Status(ctx, self.first)
         self.inputs = TickInputs(ctx, self.source, self.run_wide, self.intake.take)
         self.turns = Turns(ctx, stop)
