@@ -1,5 +1,5 @@
 """The arrivals journal (sim.store._arrivals): kept until its tick commits, read back whole or not at all,
-and taken again at its tick by a resumed shard."""
+and taken again at its tick by a resumed shard, which sends again what it sent for that tick."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sim.protocol.outside import InputArrival, OutsideInput, WorldArrival
+from sim.protocol.outside import InputArrival, RunWideArrival, WorldArrival
 from sim.scenario import load_scenario
-from sim.shard import RecordConfig, RunConfig, RunStats, VirtualClock
+from sim.shard import RecordConfig, RunConfig, RunStats, Shard, VirtualClock
 from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
+from sim.wire.barrier import TickDone, decode_barrier
+from sim.wire.inputs import GameFact, OutsideInput, Presence
 from tests.helpers import VILLAGE, eventually
 from tests.memory_broker import MemoryBroker
 from tests.memory_shard import memory_shard
@@ -92,3 +94,58 @@ async def test_an_input_a_tick_took_before_it_was_cut_short_is_taken_again_at_th
     with open_reader(db) as reader:
         assert any(text in r.player_input for r in reader.audit_records() if r.agent_id == "innkeeper")
     assert read_arrivals(db, None) == []
+
+
+def tick_done(shard: Shard, tick: int) -> TickDone:
+    """The TickDone the shard sent for `tick` (what it keeps for re-sending)."""
+    [done] = [m for topic, payload in shard.barrier.kept(tick) if topic == topics.barrier("mem", "0")
+              if isinstance(m := decode_barrier(payload), TickDone) and m.tick == tick]
+    return done
+
+
+async def test_a_tick_cut_short_after_its_tickdone_announces_the_same_again_and_later_arrivals_wait(
+    tmp_path: Path,
+) -> None:
+    """Tick 3 took a presence and a fact for every NPC into its TickDone, sent it (the other
+    shards may act on it) and was cut short before its commit. The resumed shard sends the
+    same TickDone for tick 3, and a presence that arrives once it is back is the next tick's,
+    though tick 3's TickDone is not sent yet: what the other shards may have taken is not changed."""
+    clock = VirtualClock(autojump=0.005)
+    broker = MemoryBroker(1, clock, max_delay=0.0)
+    scenario = load_scenario(VILLAGE)
+    db = tmp_path / "cut.db"
+    fact = GameFact(npc=None, id="bard", text="A bard sings at the inn.")
+    async with asyncio.TaskGroup() as group:
+        server = group.create_task(broker.serve())
+        config = RunConfig(scenario=VILLAGE, run_id="mem", until_tick=12)
+        async with memory_shard(broker, scenario, config, db, RunStats(), asyncio.Event()) as shard:
+            await shard.start()
+            for tick in range(3):
+                assert await shard.step(tick)
+            broker.accept(topics.player_presence("mem", "visitor"), b'{"location": "inn"}')
+            broker.accept(topics.game_fact("mem"), msgspec.json.encode({"id": fact.id, "text": fact.text}))
+            await eventually(lambda: len(read_arrivals(db, 2)) == 2, what="both in the journal")
+            shard.ctx.tick = 3  # tick 3's phases up to its TickDone, then no commit (a kill -9)
+            await shard.inputs.take(3)
+            assert await shard.turns.take(3)
+            await shard.publisher.publish(3)
+            sent = tick_done(shard, 3)
+        visitor = Presence(player="visitor", location="inn")
+        assert sent.inputs == (visitor, fact)
+        resumed = msgspec.structs.replace(config, record=RecordConfig(resume=True))
+        async with memory_shard(broker, scenario, resumed, db, RunStats(), asyncio.Event()) as shard:
+            await shard.start()
+            assert shard.next_tick == 3
+            broker.accept(topics.player_presence("mem", "pilgrim"), b'{"location": "square"}')
+            pilgrim = Presence(player="pilgrim", location="square")
+            await eventually(lambda: RunWideArrival(tick=4, input=pilgrim) in read_arrivals(db, 2),
+                             what="the pilgrim's presence journaled for tick 4's TickDone")
+            for tick in range(3, 6):
+                assert await shard.step(tick)
+                if tick == 3:
+                    assert tick_done(shard, 3) == sent
+        server.cancel()
+    with open_reader(db) as reader:
+        assert [(tick, t) for tick, t in reader.all_inputs()] == [
+            (4, msgspec.structs.replace(visitor, seq=0)), (4, msgspec.structs.replace(fact, seq=1)),
+            (5, pilgrim)]

@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from sim.protocol.barrier import Barrier
 from sim.wire.barrier import Join, TickDone, decode_barrier, encode_barrier
+from sim.wire.inputs import GameFact, Presence
 
 TOPICS = ("loc/a", "loc/b", "agent/x/inbox", "agent/y/inbox")
 
@@ -82,6 +83,33 @@ def test_wire_format_rejects_junk() -> None:
     for junk in (b"", b"\xc1", encode_barrier(done)[:-1], msgspec.msgpack.encode({"type": "done", "shard": "x"})):
         with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
             decode_barrier(junk)
+
+
+def test_only_shard_zeros_tickdone_says_what_every_shard_applies_next_tick() -> None:
+    """Shard 0's `world` and `inputs` are announced; another shard's, forged or not, are not."""
+    presence, fact = Presence(player="alice", location="inn"), GameFact(npc=None, id="war", text="War broke out")
+    b = Barrier("1", ["0", "1"], lambda t: True)
+    b.done_received(TickDone(shard="1", shards=2, tick=0, batches={}, inputs=(fact,), world={"king": "dead"}))
+    assert b.announced(0) is None  # nothing from shard 0 yet
+    zero = TickDone(shard="0", shards=2, tick=0, batches={}, world={"king": "alive"}, inputs=(presence, fact))
+    b.done_received(decode_barrier(encode_barrier(zero)))
+    assert b.announced(0) == zero
+    b.finish(0)
+    b.advance(0)
+    assert b.announced(0) is None  # forgotten once passed: read before advance
+
+
+@pytest.mark.parametrize("inputs", [
+    [{"type": "presence", "player": "not a name", "location": "inn"}],
+    [{"type": "fact", "npc": None, "id": "f", "text": ""}],
+    [{"type": "fact", "npc": None, "id": "f", "text": "x" * 4001}],
+    [{"type": "input", "player": "p", "to": "innkeeper", "text": "a player's input is no run-wide input"}],
+    [{"type": "presence", "player": "p", "location": "inn", "seq": -1}],
+])
+def test_a_tickdone_with_malformed_run_wide_inputs_is_refused_whole(inputs: list[dict[str, object]]) -> None:
+    forged = {"type": "done", "shard": "0", "shards": 2, "tick": 0, "batches": {}, "inputs": inputs}
+    with pytest.raises(msgspec.ValidationError):
+        decode_barrier(msgspec.msgpack.encode(forged))
 
 
 def test_a_peer_with_another_shard_count_is_named_not_waited_for() -> None:

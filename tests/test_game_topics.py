@@ -23,12 +23,12 @@ import pytest
 
 from sim.memory import Fact, build_working_memory
 from sim.mqtt import LocalBroker
-from sim.protocol.outside import GameFact
 from sim.scenario import load_scenario
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, VirtualClock, run
 from sim.store import open_reader, read_arrivals
 from sim.wire import topics
 from sim.wire.events import ErrorMessage, SayMessage, decode_error, decode_say
+from sim.wire.inputs import GameFact
 from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
 from tests.memory_broker import MemoryBroker
 from tests.memory_shard import memory_shard
@@ -169,12 +169,13 @@ async def test_an_event_is_in_the_memory_and_prompt_of_those_there_the_tick_afte
             broker.accept(topics.game_fact("mem"), json.dumps({"id": "bard", "text": FACT}).encode())
             broker.accept(topics.player_presence("mem", "visitor"), b'{"location": "square"}')
             await eventually(lambda: len(read_arrivals(db, 1)) == 3, what="all three in the journal")
-            assert await shard.step(2)
-            states = {spec.id: shard.ctx.state(spec) for spec in shard.ctx.specs}
+            assert await shard.step(2)  # takes the event; its TickDone the fact and the presence
+            before = {spec.id: shard.ctx.state(spec).canonical_facts for spec in shard.ctx.specs}
             said = {"to": "guard_captain", "text": "Open the gate!", "id": "g1"}
             broker.accept(topics.player_input("mem", "visitor"), json.dumps(said).encode())
             await eventually(lambda: len(read_arrivals(db, 2)) == 1, what="the input in the journal")
-            assert await shard.step(3)
+            assert await shard.step(3)  # every shard applies the fact and the presence, then the input
+            states = {spec.id: shard.ctx.state(spec) for spec in shard.ctx.specs}
             overheard = [e.text for spec in shard.ctx.specs if spec.id == "snack_machine"
                          for e in shard.ctx.state(spec).episodic if "Open the gate!" in e.text]
         server.cancel()
@@ -182,6 +183,7 @@ async def test_an_event_is_in_the_memory_and_prompt_of_those_there_the_tick_afte
     innkeeper = states["innkeeper"]
     assert [(e.tick, e.significance) for e in innkeeper.episodic if e.text == EVENT] == [(2, 0.5)]
     assert all(EVENT not in (e.text for e in s.episodic) for npc, s in states.items() if npc != "innkeeper")
+    assert all(Fact(id="bard", text=FACT) not in facts for facts in before.values())  # not before tick 3
     assert all(Fact(id="bard", text=FACT) in s.canonical_facts for s in states.values())  # a fact for every NPC
     prompt = build_working_memory(innkeeper, "visitor: Who sings?", scenario.memory).prompt  # tick 3's
     assert EVENT in prompt and FACT in prompt

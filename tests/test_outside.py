@@ -5,16 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sim.protocol.outside import (
-    GameEvent,
-    GameFact,
-    InputArrival,
-    OutsideInput,
-    OutsideJournal,
-    Presence,
-    Taken,
-    WorldArrival,
-)
+from sim.protocol.outside import InputArrival, OutsideJournal, RunWideArrival, WorldArrival
 from sim.protocol.received import (
     GameEventReceived,
     GameFactReceived,
@@ -29,6 +20,7 @@ from sim.wire.events import (
     PresenceMessage,
     WorldStateMessage,
 )
+from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, Taken
 
 
 def said(to: str, text: str = "hello", player: str = "p", input_id: str | None = None) -> PlayerInputReceived:
@@ -39,9 +31,9 @@ def world(retained: bool = False, **state: str) -> WorldStateReceived:
     return WorldStateReceived(WorldStateMessage(state=state), retained=retained)
 
 
-def journal_of(*, takes_world: bool = True, tick: int = 0) -> OutsideJournal:
+def journal_of(*, shard_zero: bool = True, tick: int = 0) -> OutsideJournal:
     """Shard with NPC innkeeper at the inn; the run also has the forge (another shard's)."""
-    return OutsideJournal({"innkeeper"}, {"inn"}, {"inn", "forge"}, takes_world=takes_world, tick=tick)
+    return OutsideJournal({"innkeeper"}, {"inn"}, {"inn", "forge"}, shard_zero=shard_zero, tick=tick)
 
 
 def test_player_input_is_stamped_with_the_open_tick_until_that_tick_takes_it() -> None:
@@ -57,30 +49,43 @@ def test_world_state_moves_on_with_the_tickdone_not_with_the_inputs() -> None:
     journal = journal_of(tick=4)
     journal.inputs_taken(4)  # the tick's inputs are taken; its TickDone still takes world state
     assert journal.stamp(world(king="dead")) == WorldArrival(tick=4, state={"king": "dead"})
-    journal.world_taken(4)
+    journal.done_taken(4)
     assert journal.stamp(world(king="alive")) == WorldArrival(tick=5, state={"king": "alive"})
 
 
-def test_the_game_systems_inputs_are_stamped_like_player_input() -> None:
+def test_an_event_and_a_fact_for_one_npc_are_stamped_like_player_input() -> None:
     journal = journal_of(tick=2)
     event = GameEventReceived(GameEventMessage(location="inn", text="A fire", significance=0.8))
-    fact = GameFactReceived(GameFactMessage(id="war", text="War broke out"))
-    presence = PresenceReceived("alice", PresenceMessage(location="forge"))
-    assert [journal.stamp(e) for e in (event, fact, presence)] == [
+    fact = GameFactReceived(GameFactMessage(npc="innkeeper", id="cellar", text="The cellar flooded"))
+    assert [journal.stamp(e) for e in (event, fact)] == [
         InputArrival(tick=2, input=GameEvent(location="inn", text="A fire", significance=0.8)),
-        InputArrival(tick=2, input=GameFact(npc=None, id="war", text="War broke out")),
-        InputArrival(tick=2, input=Presence(player="alice", location="forge")),
+        InputArrival(tick=2, input=GameFact(npc="innkeeper", id="cellar", text="The cellar flooded")),
     ]
 
 
+def test_presence_and_a_fact_for_every_npc_move_on_with_shard_zeros_tickdone() -> None:
+    journal = journal_of(tick=2)
+    fact = GameFactReceived(GameFactMessage(id="war", text="War broke out"))
+    presence = PresenceReceived("alice", PresenceMessage(location="forge"))
+    journal.inputs_taken(2)  # tick 2 took its inputs; its TickDone still takes what every shard applies
+    assert [journal.stamp(e) for e in (fact, presence)] == [
+        RunWideArrival(tick=2, input=GameFact(npc=None, id="war", text="War broke out")),
+        RunWideArrival(tick=2, input=Presence(player="alice", location="forge")),
+    ]
+    journal.done_taken(2)
+    assert journal.stamp(presence) == RunWideArrival(tick=3, input=Presence(player="alice", location="forge"))
+
+
 def test_what_this_shard_does_not_take_is_not_journaled() -> None:
-    journal = journal_of(takes_world=False)
+    journal = journal_of(shard_zero=False)
     assert journal.stamp(said("smith")) is None  # another shard's NPC
     assert journal.stamp(world(king="dead")) is None  # shard 0 takes world state
+    assert journal.stamp(GameFactReceived(GameFactMessage(id="war", text="x"))) is None  # and facts for every NPC
+    assert journal.stamp(PresenceReceived("alice", PresenceMessage(location="inn"))) is None  # and presence
     assert journal_of().stamp(world(True, king="dead")) is None
     assert journal.stamp(GameEventReceived(GameEventMessage(location="forge", text="x"))) is None  # another's place
     assert journal.stamp(GameFactReceived(GameFactMessage(npc="smith", id="f", text="x"))) is None
-    assert journal.stamp(PresenceReceived("alice", PresenceMessage(location="moon"))) is None  # no such place
+    assert journal_of().stamp(PresenceReceived("alice", PresenceMessage(location="moon"))) is None  # no such place
 
 
 def test_an_outside_input_is_a_named_value_that_orders_by_seq() -> None:

@@ -19,12 +19,12 @@ import aiomqtt
 import msgspec
 import pytest
 
-from sim.protocol.outside import OutsideInput, Taken
 from sim.replay import compare, execute, fork_report, load_recording, records_of
 from sim.scenario import Scenario, parse_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, ambient_roll, run
 from sim.store import open_reader
 from sim.wire import topics
+from sim.wire.inputs import OutsideInput, Taken
 from tests.audit_records import store_instead
 from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
 

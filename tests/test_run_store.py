@@ -14,11 +14,11 @@ from sim.audit import AuditRecord
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.generate import generate_scenario
-from sim.protocol.outside import OutsideInput
 from sim.shard import BrokerConfig, InferenceConfig, Limits, RecordConfig, RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.events import decode_say
+from sim.wire.inputs import OutsideInput
 from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
 
 pytestmark = pytest.mark.mosquitto

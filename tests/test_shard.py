@@ -22,14 +22,16 @@ from sim.bus import BusConfig, open_bus
 from sim.errors import ConfigError
 from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
+from sim.protocol.outside import RunWideArrival, WorldArrival
 from sim.scenario import load_scenario, parse_scenario
 from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, ambient_roll
 from sim.shard._dice import AmbientDice
-from sim.shard._inputs import WorldState
+from sim.shard._inputs import RunWideInputs
 from sim.store import Writer, open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import TickDone, decode_barrier
 from sim.wire.events import Speech, decode_say
+from sim.wire.inputs import GameFact, Presence
 from tests.helpers import VILLAGE, SmallNpc, eventually, generated_world, npcsim_in_process, small_world
 from tests.memory_broker import MemoryBroker
 from tests.memory_shard import PacingClock, memory_shard
@@ -310,16 +312,19 @@ def test_a_bad_until_tick_is_one_line(value: str, capsys: pytest.CaptureFixture[
         RunConfig(scenario=VILLAGE, until_tick=0)
 
 
-def test_world_state_is_held_in_one_place_and_announced_once() -> None:
-    """What a resume held for a tick comes before what arrived, the later key winning; what
-    the barrier made due is taken once, at the start of the next tick."""
-    world = WorldState()
-    world.hold(3, {"king": "dead", "weather": "rain"})
-    world.arrive({"king": "alive"})
-    assert world.announce(2) == {"king": "alive"}  # nothing held for tick 2
-    world.arrive({"weather": "snow"})
-    assert world.announce(3) == {"king": "dead", "weather": "snow"}
-    assert world.announce(4) is None
-    world.due = {"weather": "fog"}
-    assert world.take_due() == {"weather": "fog"}
-    assert world.take_due() is None
+def test_what_every_shard_applies_is_held_in_one_place_and_announced_once() -> None:
+    """What arrived for a tick's TickDone is announced there, in the order it came, the later
+    key winning; what the barrier made due is taken once, at the start of the next tick."""
+    held = RunWideInputs()
+    held.hold(WorldArrival(tick=3, state={"king": "dead", "weather": "rain"}))
+    held.hold(WorldArrival(tick=2, state={"king": "alive"}))
+    held.hold(RunWideArrival(tick=3, input=Presence(player="p", location="inn")))
+    assert held.announce(2) == ({"king": "alive"}, ())
+    held.hold(WorldArrival(tick=3, state={"weather": "snow"}))
+    held.hold(RunWideArrival(tick=3, input=GameFact(npc=None, id="f", text="x")))
+    assert held.announce(3) == ({"king": "dead", "weather": "snow"},
+                                (Presence(player="p", location="inn"), GameFact(npc=None, id="f", text="x")))
+    assert held.announce(4) == (None, ())
+    held.world, held.inputs = {"weather": "fog"}, (Presence(player="p", location=None),)
+    assert held.take_due() == ({"weather": "fog"}, (Presence(player="p", location=None),))
+    assert held.take_due() == (None, ())

@@ -10,7 +10,7 @@ import pytest
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, build_working_memory
-from sim.protocol.outside import InputArrival, OutsideInput
+from sim.protocol.outside import InputArrival
 from sim.store import (
     HOT_LIMIT,
     SCHEMA_VERSION,
@@ -21,6 +21,7 @@ from sim.store import (
     open_store,
     read_arrivals,
 )
+from sim.wire.inputs import OutsideInput
 from tests.helpers import eventually, fingerprint
 from tests.store_states import village_state
 

@@ -154,9 +154,11 @@ class Bus:
         """Queue a WorldStateReceived for the retained world state and every change within bounds."""
         await self._subscribe([self._router.route_world_state()])
 
-    async def listen_game(self) -> None:
-        """Queue the game system's events and facts and players' presence within bounds."""
-        await self._subscribe(self._router.route_game())
+    async def listen_game(self, *, presence: bool) -> None:
+        """Queue the game system's events and facts within bounds, and players' presence when
+        `presence` (shard 0: every shard applies it at the tick shard 0's TickDone says)."""
+        unwanted = None if presence else topics.player_presence_all(self.config.run)
+        await self._subscribe([f for f in self._router.route_game() if f != unwanted])
 
     async def listen_barrier(self) -> None:
         """Queue every shard's barrier messages (sim.protocol.barrier); every batch is reported anyway."""

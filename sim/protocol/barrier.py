@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sim.wire.barrier import BarrierMessage, Join, TickDone
+from sim.wire.inputs import RunWide
 
 __all__ = ["Barrier", "summarise"]
 
@@ -141,10 +142,10 @@ class Barrier:
                 missing.append(f"{lacking} batch(es) from shard {shard}")
         return missing
 
-    def world(self, tick: int) -> dict[str, str] | None:
-        """The world-state changes shard 0 took during `tick` (read before `advance`)."""
-        done = self._done.get(tick, {}).get(self.shards[0])
-        return None if done is None else done.world
+    def announced(self, tick: int) -> TickDone | None:
+        """Shard 0's TickDone of `tick` (read before `advance`): what every shard applies at
+        `tick + 1`, its `world` and `inputs`."""
+        return self._done.get(tick, {}).get(self.shards[0])
 
     def advance(self, tick: int) -> None:
         """The barrier for `tick` passed: wait for `tick + 1`, forget what no one can need."""
@@ -165,10 +166,12 @@ class Barrier:
         if events is not None:
             self._published.setdefault(tick, {})[topic] = events
 
-    def finish(self, tick: int, world: dict[str, str] | None = None) -> TickDone:
-        """This shard's TickDone for `tick`, listing the batches kept for it; counted here too."""
+    def finish(self, tick: int, world: dict[str, str] | None = None, inputs: tuple[RunWide, ...] = ()) -> TickDone:
+        """This shard's TickDone for `tick`, listing the batches kept for it (shard 0's with
+        what every shard applies next tick); counted here too."""
         batches = dict(sorted(self._published.get(tick, {}).items()))
-        done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches, world=world)
+        done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches, world=world,
+                        inputs=inputs)
         self.done_received(done)  # our own batches on routed topics still have to come back
         return done
 

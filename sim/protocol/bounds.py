@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from sim.protocol.outside import OutsideInput, Taken
 from sim.wire.events import ErrorMessage, GameEventMessage, GameFactMessage, PlayerInputMessage, WorldStateMessage
+from sim.wire.inputs import OutsideInput, Taken
 
 __all__ = [
     "ErrorReplies", "InputBounds", "Refusals", "game_text_problem", "limit_player_inputs", "player_input_problem",

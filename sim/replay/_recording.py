@@ -17,9 +17,9 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import ConfigError, StoreError
-from sim.protocol.outside import GameFact, Presence, Taken
 from sim.shard import RecordedInputs, parse_shard
 from sim.store import RunIdentity, RunSettings, StoreReader, open_reader
+from sim.wire.inputs import Taken, is_run_wide
 
 __all__ = ["Recording", "load_recording"]
 
@@ -69,7 +69,7 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
             if index == 0:
                 world = changes
             for tick, taken in reader.all_inputs():
-                if index == 0 or not _every_shards(taken):
+                if index == 0 or not is_run_wide(taken):  # every store holds the run-wide ones alike
                     inputs.setdefault(tick, []).append(taken)
             records.update((r.id, r) for r in reader.audit_records())
     _, count = parse_shard(next(iter(found.values()))[1].shard)
@@ -113,12 +113,6 @@ def _replayable(path: Path, reader: StoreReader) -> tuple[RunIdentity, bytes, di
     if hashlib.sha256(scenario).hexdigest() != identity.scenario_sha256:
         raise StoreError(f"{path}: the scenario's text it holds is not the one its run read (SHA-256 differs)")
     return identity, scenario, world
-
-
-def _every_shards(taken: Taken) -> bool:
-    """Whether every shard took `taken` (a player's presence, a fact for every NPC): the
-    re-execution, one shard, takes shard 0's."""
-    return isinstance(taken, Presence) or (isinstance(taken, GameFact) and taken.npc is None)
 
 
 def _same_run(a: RunIdentity, b: RunIdentity) -> bool:

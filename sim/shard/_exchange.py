@@ -2,8 +2,9 @@
 
 `Publisher.publish(tick)`: the tick's outbox, one batch per topic. A batch for this shard's
 own places or NPCs is delivered here from the objects (no broker, no echo to wait for);
-the others are sealed and published; then the shard's TickDone, listing those (with the
-world-state changes shard 0 took), and everything published is kept for re-sending.
+the others are sealed and published; then the shard's TickDone, listing those (shard 0's
+with what every shard applies next tick: the world-state changes, players' presence and
+facts for every NPC it took), and everything published is kept for re-sending.
 
 `BarrierWait.wait(tick)`: until every shard finished the tick and every batch of it a peer
 published for this shard arrived (none to wait for on one shard). Meanwhile it acts on
@@ -25,7 +26,7 @@ from sim.protocol.admission import Peers
 from sim.protocol.barrier import Barrier, summarise
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
-from sim.shard._inputs import InputSource, WorldState
+from sim.shard._inputs import InputSource, RunWideInputs
 from sim.wire.events import StatusMessage
 
 __all__ = ["BarrierWait", "Publisher", "Status"]
@@ -56,9 +57,9 @@ class Status:
 class Publisher:
     """Phase 3 of a shard's tick."""
 
-    def __init__(self, ctx: ShardContext, barrier: Barrier, source: InputSource, world: WorldState,
+    def __init__(self, ctx: ShardContext, barrier: Barrier, source: InputSource, run_wide: RunWideInputs,
                  take_events: TakeEvents) -> None:
-        self._ctx, self._barrier, self._source, self._world = ctx, barrier, source, world
+        self._ctx, self._barrier, self._source, self._run_wide = ctx, barrier, source, run_wide
         self._take_events = take_events
 
     async def publish(self, tick: int) -> None:
@@ -75,9 +76,9 @@ class Publisher:
             sealed = outbox.seal(tick, batch)
             await bus.publish(sealed.topic, sealed.payload)
             barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
-        self._source.close_world(tick)  # shard 0: the world-state changes that arrived until now
+        self._source.close_done(tick)  # shard 0: what every shard applies that arrived until now
         await self._take_events()
-        topic, payload = await bus.publish_barrier(barrier.finish(tick, self._world.announce(tick)))
+        topic, payload = await bus.publish_barrier(barrier.finish(tick, *self._run_wide.announce(tick)))
         barrier.keep(tick, topic, payload)
 
 
@@ -85,9 +86,9 @@ class BarrierWait:
     """Phase 4 of a shard's tick; `first` is the shard's first tick (it also waits for the
     other shards to start, so its wait is not counted)."""
 
-    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers, world: WorldState, status: Status,
+    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers, run_wide: RunWideInputs, status: Status,
                  take_events: TakeEvents, *, stop: asyncio.Event, first: int) -> None:
-        self._ctx, self._barrier, self._peers, self._world, self._status = ctx, barrier, peers, world, status
+        self._ctx, self._barrier, self._peers, self._run_wide, self._status = ctx, barrier, peers, run_wide, status
         self._take_events, self._stop, self._first = take_events, stop, first
 
     async def wait(self, tick: int) -> bool:
@@ -103,7 +104,9 @@ class BarrierWait:
             if barrier.conflict is not None:
                 raise ConfigError(f"--shard {ctx.config.shard}: {barrier.conflict}")
             if barrier.passed(tick):
-                self._world.due = barrier.world(tick)
+                zero = barrier.announced(tick)  # shard 0's TickDone: what every shard applies next tick
+                if zero is not None:
+                    self._run_wide.world, self._run_wide.inputs = zero.world, zero.inputs
                 break
             now = clock.now()
             if now >= look:

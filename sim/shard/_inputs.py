@@ -1,21 +1,23 @@
 """The tick's first phase: what comes from outside the NPCs, as events.
 
-A tick takes, in this order: the world-state changes due at its start (announced by shard
-0's TickDone of the tick before, so every shard sets them at the same tick), its scripted
-and bot players' inputs (functions of seed and tick) and the outside clients' input that
-arrived before this point, each stored with the tick that takes it: players' input (to an
-NPC's inbox, or overheard at its place when the game system says the player stands there),
-players' presence, the game system's events (a `Notice` at the place) and canonical facts
-(added with the game system's authority; a fact id an NPC holds already is refused).
+A tick takes, in this order: the world-state changes due at its start, its scripted and
+bot players' inputs (functions of seed and tick), the players' presence and the facts for
+every NPC due (these three announced by shard 0's TickDone of the tick before, so every
+shard takes them at the same tick), and the outside clients' input for this shard that
+arrived before this point; each is stored with the tick that takes it: players' input (to
+an NPC's inbox, or overheard at its place when the game system says the player stands
+there), the game system's events (a `Notice` at the place) and canonical facts (added with
+the game system's authority; a fact id an NPC holds already is refused).
 
 Where outside input and world changes come from is an `InputSource`: `LiveInputs` takes
-what arrives on the bus (journaled as it arrives, held to its per-tick bound, a resume's
-journal first); a re-execution takes what the recorded run took (`RecordedInputs`: the
-store keeps each outside input and world-state change with the tick it took effect at, and
-a shard given these takes them at those ticks, with the numbers the run gave them, and
-nothing that arrives on its bus, so the run is executed again exactly).
-The tick calls either the same way. `WorldState` holds the world-state changes in one
-place: what arrived, what a resume's journal held, what is due next tick.
+what arrives on the bus (journaled and held for its tick as it arrives, held to its
+per-tick bound; a resume's journal for the ticks not committed); a re-execution takes what
+the recorded run took (`RecordedInputs`: the store keeps each outside input and world-state
+change with the tick it took effect at, and a shard given these takes them at those ticks,
+with the numbers the run gave them, and nothing that arrives on its bus, so the run is
+executed again exactly).
+The tick calls either the same way. `RunWideInputs` holds what every shard applies at the
+same tick in one place: what arrived for each tick's TickDone, what is due next tick.
 """
 
 from __future__ import annotations
@@ -28,59 +30,55 @@ import msgspec
 from sim.bus import Bus
 from sim.memory import Fact, WorldFact
 from sim.protocol.bounds import limit_player_inputs
-from sim.protocol.outside import (
-    GameEvent,
-    GameFact,
-    InputArrival,
-    OutsideInput,
-    OutsideJournal,
-    Presence,
-    Taken,
-    WorldArrival,
-    taken_of,
-)
-from sim.protocol.received import InputRefused, Outside, WorldStateReceived, refused
+from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
+from sim.protocol.received import InputRefused, Outside, refused
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._registry import Player
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import Notice, Speech, event_id
+from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
 
-__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "TickInputs", "WorldState"]
+__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideInputs", "TickInputs"]
 
 _WORLD_SLICE = 20_000  # NPCs whose world state or facts are set between two yields
 _OUTSIDE_SEQ = 1_000_000  # an outside input's event is numbered after every line its speaker says in a tick
 
 
-class WorldState:
-    """The run's world-state changes as one shard holds them: what arrived (shard 0 announces
-    it in its next TickDone), what a resume's journal held for a tick, and what is due at
-    the start of the next tick (the barrier's, or what the last commit left)."""
+class RunWideInputs:
+    """What every shard applies at the same tick (world-state changes, players' presence,
+    facts for every NPC) as one shard holds it: what arrived for each tick's TickDone (shard
+    0 announces it there), and what is due at the start of the next tick (the barrier's, or
+    what the last commit left)."""
 
     def __init__(self) -> None:
-        self._arrived: list[dict[str, str]] = []
-        self._held: dict[int, list[dict[str, str]]] = {}
-        self.due: dict[str, str] | None = None
+        self._world: dict[int, list[dict[str, str]]] = {}
+        self._inputs: dict[int, list[RunWide]] = {}
+        self.world: dict[str, str] | None = None
+        """The world-state changes due at the start of the next tick."""
+        self.inputs: tuple[RunWide, ...] = ()
+        """The presence and facts for every NPC due at the next tick, in the order shard 0 took them."""
 
-    def arrive(self, state: dict[str, str]) -> None:
-        self._arrived.append(state)
+    def hold(self, arrival: WorldArrival | RunWideArrival) -> None:
+        """What arrived for the TickDone of the tick it is stamped with."""
+        match arrival:
+            case WorldArrival(tick=tick, state=state):
+                self._world.setdefault(tick, []).append(state)
+            case RunWideArrival(tick=tick, input=taken):
+                self._inputs.setdefault(tick, []).append(taken)
 
-    def hold(self, tick: int, state: dict[str, str]) -> None:
-        """A change that arrived for `tick` before a resume (the arrivals journal)."""
-        self._held.setdefault(tick, []).append(state)
-
-    def announce(self, tick: int) -> dict[str, str] | None:
-        """What the TickDone of `tick` announces: what was held for it, then what arrived, in
-        the order they came, the later key winning; None when nothing changed."""
+    def announce(self, tick: int) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
+        """What the TickDone of `tick` announces: what arrived for it, in the order it came (of
+        the world state, the later key wins; None when nothing changed)."""
         world: dict[str, str] = {}
-        for state in self._held.pop(tick, []) + self._arrived:
+        for state in self._world.pop(tick, []):
             world.update(state)
-        self._arrived.clear()
-        return world or None
+        return world or None, tuple(self._inputs.pop(tick, []))
 
-    def take_due(self) -> dict[str, str] | None:
-        due, self.due = self.due, None
+    def take_due(self) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
+        due = self.world, self.inputs
+        self.world, self.inputs = None, ()
         return due
 
 
@@ -88,72 +86,71 @@ class InputSource(Protocol):
     """Where a tick's outside input and world-state changes come from."""
 
     def journal(self, event: Outside) -> None:
-        """An outside input, as the bus receives it (before the tick that takes it)."""
-
-    def receive(self, event: Outside) -> None:
-        """An outside input, as the tick takes what the bus queued (kept if this shard takes it)."""
+        """An outside input, as the bus receives it: kept for the tick that takes it, if this shard takes it."""
 
     def close_inputs(self, tick: int) -> None:
         """Tick `tick` takes the input that arrived until now; what arrives later is the next one's."""
 
-    def close_world(self, tick: int) -> None:
-        """The TickDone of `tick` takes the world state that arrived until now."""
+    def close_done(self, tick: int) -> None:
+        """The TickDone of `tick` takes what every shard applies that arrived until now."""
 
     def world_at(self, tick: int, announced: dict[str, str] | None) -> dict[str, str] | None:
         """The world-state changes set at the start of `tick` (`announced`: by the barrier)."""
 
-    def inputs_at(self, tick: int) -> list[Taken]:
-        """The outside inputs `tick` takes, numbered."""
+    def inputs_at(self, tick: int, announced: tuple[RunWide, ...]) -> list[Taken]:
+        """The outside inputs `tick` takes, numbered: the run-wide ones first (`announced`: by
+        the barrier), then this shard's own."""
 
     def take_refused(self) -> list[InputRefused]:
         """The inputs refused since the last call (over the per-tick bound), to be answered."""
 
 
 class LiveInputs:
-    """Outside input from the bus: journaled with the tick that takes it (sim.store's arrivals),
-    held to its per-tick bound (the excess refused, `take_refused`), numbered in the order
-    taken; what a resume's journal held for a tick comes first. `journal` stamps each
-    arrival and says which this shard takes (its NPCs' and places', shard 0 the world state)."""
+    """Outside input from the bus, as it arrives: stamped with the tick that takes it (its
+    input phase, or its TickDone: `OutsideJournal`, which also says which this shard takes),
+    journaled with that stamp (sim.store's arrivals) and held for that tick (what every
+    shard applies in `run_wide`, until shard 0's TickDone announces it); held to its
+    per-tick bound (the excess refused, `take_refused`), numbered in the order taken.
 
-    def __init__(self, store: Store, bus: Bus, world: WorldState, *, journal: OutsideJournal, per_tick: int) -> None:
-        self._store, self._bus, self._world = store, bus, world
+    A resumed shard holds what its journal kept for the ticks not committed, and stamps what
+    arrives from then on for the tick after its first: the first tick takes exactly what it
+    took before the kill, so what it may have sent then (batches, a TickDone the other
+    shards acted on) is sent again the same."""
+
+    def __init__(self, store: Store, bus: Bus, run_wide: RunWideInputs, *, journal: OutsideJournal,
+                 per_tick: int) -> None:
+        self._store, self._bus, self._run_wide = store, bus, run_wide
         self._stamps = journal
         self._per_tick = per_tick
-        self._arrived: list[Taken] = []
         self._held: dict[int, list[Taken]] = {}
         self._refused: list[InputRefused] = []
         for arrival in store.arrivals.pending:  # a tick cut short (kill -9) takes them again
-            match arrival:
-                case InputArrival(tick=at, input=taken):
-                    self._held.setdefault(at, []).append(taken)
-                case WorldArrival(tick=at, state=state):
-                    world.hold(at, state)
+            self._hold(arrival)
 
     def journal(self, event: Outside) -> None:
-        arrival = self._stamps.stamp(event)
+        arrival = self._stamps.stamp(event)  # None: another shard's, or a retained world state
         if arrival is not None:
             self._store.arrivals.add(arrival)
+            self._hold(arrival)
 
-    def receive(self, event: Outside) -> None:
-        if not self._stamps.takes(event):
-            return  # another shard's, or a retained world state (never applied: sim.shard._intake counts it)
-        if isinstance(event, WorldStateReceived):
-            self._world.arrive(dict(event.message.state))
-        else:
-            self._arrived.append(taken_of(event))
+    def _hold(self, arrival: Arrival) -> None:
+        match arrival:
+            case InputArrival(tick=tick, input=taken):
+                self._held.setdefault(tick, []).append(taken)
+            case WorldArrival() | RunWideArrival():
+                self._run_wide.hold(arrival)
 
     def close_inputs(self, tick: int) -> None:
         self._stamps.inputs_taken(tick)
 
-    def close_world(self, tick: int) -> None:
-        self._stamps.world_taken(tick)
+    def close_done(self, tick: int) -> None:
+        self._stamps.done_taken(tick)
 
     def world_at(self, tick: int, announced: dict[str, str] | None) -> dict[str, str] | None:
         return announced
 
-    def inputs_at(self, tick: int) -> list[Taken]:
-        arrived = self._held.pop(tick, []) + self._arrived
-        self._arrived.clear()
+    def inputs_at(self, tick: int, announced: tuple[RunWide, ...]) -> list[Taken]:
+        arrived = [*announced, *self._held.pop(tick, [])]
         taken, over = limit_player_inputs(arrived, self._per_tick)
         for player_input in over:
             why = f"more than {self._per_tick} inputs in one tick"
@@ -170,8 +167,9 @@ class LiveInputs:
 
 class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
     """The input source of a re-execution: `inputs[tick]`, the outside inputs the run took
-    at that tick, in seq order (every shard's: each shard takes its own NPCs'); `world[tick]`,
-    the keys and values set at the start of that tick."""
+    at that tick, in seq order (every shard's: each shard takes its own NPCs'; the run-wide
+    ones once, every shard's store holds the same); `world[tick]`, the keys and values set
+    at the start of that tick."""
 
     inputs: dict[int, list[Taken]] = {}
     world: dict[int, dict[str, str]] = {}
@@ -179,19 +177,16 @@ class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
     def journal(self, event: Outside) -> None:
         pass  # nothing live is taken, so nothing is journaled
 
-    def receive(self, event: Outside) -> None:
-        pass
-
     def close_inputs(self, tick: int) -> None:
         pass
 
-    def close_world(self, tick: int) -> None:
+    def close_done(self, tick: int) -> None:
         pass
 
     def world_at(self, tick: int, announced: dict[str, str] | None) -> dict[str, str] | None:
         return self.world.get(tick)
 
-    def inputs_at(self, tick: int) -> list[Taken]:
+    def inputs_at(self, tick: int, announced: tuple[RunWide, ...]) -> list[Taken]:
         return self.inputs.get(tick, [])
 
     def take_refused(self) -> list[InputRefused]:
@@ -202,17 +197,20 @@ class TickInputs:
     """Phase 1: the world-state changes due, the players' inputs and the outside inputs of a
     tick, as events in its outbox (and in the store, with the tick that takes them)."""
 
-    def __init__(self, ctx: ShardContext, source: InputSource, world: WorldState,
+    def __init__(self, ctx: ShardContext, source: InputSource, run_wide: RunWideInputs,
                  take_events: Callable[[], Awaitable[None]]) -> None:
         """`take_events`: what the bus queued, acted on (sim.shard._intake)."""
-        self._ctx, self._source, self._world, self._take_events = ctx, source, world, take_events
+        self._ctx, self._source, self._run_wide, self._take_events = ctx, source, run_wide, take_events
         self.players: list[Player] = []  # shard 0's scripted and bot players (set at start)
         self.presence: dict[str, str] = {}
         """Where each outside player stands, as the game system said (kept with each tick's commit)."""
+        self.run_wide_facts: set[str] = set()
+        """The ids of the facts for every NPC taken so far (the store's, read again on resume)."""
 
     async def take(self, tick: int) -> None:
         ctx, stats, store = self._ctx, self._ctx.stats, self._ctx.store
-        world = self._source.world_at(tick, self._world.take_due())
+        due_world, due_inputs = self._run_wide.take_due()
+        world = self._source.world_at(tick, due_world)
         if world:
             stats.world_changes += await _apply_world_state(store, (s.id for s in ctx.specs), world)
             await store.resume.record_world(tick, world)
@@ -222,7 +220,7 @@ class TickInputs:
                 stats.player_inputs += 1
         self._source.close_inputs(tick)  # what arrived until now is this tick's input
         await self._take_events()
-        for taken in self._source.inputs_at(tick):
+        for taken in self._source.inputs_at(tick, due_inputs):
             if await self._take(tick, taken):
                 await store.resume.record_input(tick, taken)
         for refusal in self._source.take_refused():
@@ -256,25 +254,41 @@ class TickInputs:
         return True
 
     async def _add_fact(self, fact: GameFact) -> bool:
-        """Add a canonical fact to its NPC (or every NPC of the shard) with the game system's
-        authority; refused, with nothing added, when one of them holds its id already."""
+        """Add a canonical fact with the game system's authority: to its NPC, refused when the
+        NPC holds its id already; or to every NPC of the shard that does not hold its id yet
+        (one that does keeps its own), refused when a fact for every NPC had that id.
+
+        Each refusal follows from what every layout of the run holds alike (the NPC's facts,
+        the facts for every NPC, which every shard takes at the same tick), so the run is the
+        same on any number of shards; one shard answers it (the NPC's, or shard 0)."""
         ctx, store = self._ctx, self._ctx.store
         local = ctx.layout.local
-        if fact.npc is not None and fact.npc not in local:
-            return False
-        agents = [fact.npc] if fact.npc is not None else [s.id for s in ctx.specs]
-        holder = next((a for a in agents if store.fact_text(a, fact.id) is not None), None)
-        if holder is not None:
-            if fact.npc is not None or ctx.layout.index == 0:  # one reply: the NPC's shard, or shard 0
-                why = f"NPC {holder!r} holds a fact {fact.id!r} already; canonical facts are add-only"
-                await self._answer(refused("exists", topics.game_fact(ctx.run_id), why, input_id=fact.id))
-            ctx.bus.refuse("game fact that exists", topics.game_fact(ctx.run_id), f"fact {fact.id!r}")
-            return False
+        if fact.npc is not None:
+            if fact.npc not in local:
+                return False
+            if store.fact_text(fact.npc, fact.id) is not None:
+                await self._refuse_fact(fact, f"NPC {fact.npc!r} holds a fact {fact.id!r} already", answer=True)
+                return False
+            agents = [fact.npc]
+        else:
+            if fact.id in self.run_wide_facts:
+                await self._refuse_fact(fact, f"a fact {fact.id!r} for every NPC was added already",
+                                        answer=ctx.layout.index == 0)
+                return False
+            self.run_wide_facts.add(fact.id)
+            agents = [s.id for s in ctx.specs if store.fact_text(s.id, fact.id) is None]
         for n, agent in enumerate(agents, start=1):
             await store.add_fact(agent, Fact(id=fact.id, text=fact.text), writer=Writer.GAME)
             if n % _WORLD_SLICE == 0:
                 await checkpoint()
         return True
+
+    async def _refuse_fact(self, fact: GameFact, why: str, *, answer: bool) -> None:
+        """Count a refused fact on this shard; `answer`: this shard answers it (`exists`)."""
+        ctx, topic = self._ctx, topics.game_fact(self._ctx.run_id)
+        if answer:
+            await self._answer(refused("exists", topic, f"{why}; canonical facts are add-only", input_id=fact.id))
+        ctx.bus.refuse("game fact that exists", topic, f"fact {fact.id!r}")
 
     async def _answer(self, refusal: InputRefused) -> None:
         ctx = self._ctx

@@ -3,10 +3,12 @@
 The bus queues what the shard must act on as events (sim.protocol.received); `Intake.take`
 hands each to the part that owns it: batches and TickDones to the barrier, peers' Joins
 and Hellos to `Peers` (sim.protocol.admission: each served once, re-sends rate-limited,
-shard 0's Welcomes), outside input to the tick's input source, and a reconnection makes
-the shard re-send what it keeps (`rejoin`). A refused outside message is answered on its
-client's error topic by one shard of the run: the one that owns the NPC it names, shard 0
-for what no shard owns (an unknown NPC or place, a payload that could not be read).
+shard 0's Welcomes), and a reconnection makes the shard re-send what it keeps (`rejoin`).
+Outside input went to the tick's input source as the bus received it (`Bus.keep_outside`);
+here what names an NPC or place the run does not have is refused. A refused outside
+message is answered on its client's error topic by one shard of the run: the one that owns
+the NPC it names, shard 0 for what no shard owns (an unknown NPC or place, a payload that
+could not be read).
 A retained world state is never applied: a fresh run is not changed by what an earlier one
 left on the broker, and a resumed one holds what it applied; it is counted when it
 differs from the world of this shard's NPCs.
@@ -30,7 +32,6 @@ from sim.protocol.received import (
 )
 from sim.protocol.router import retained_why
 from sim.shard._context import ShardContext
-from sim.shard._inputs import InputSource
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, TickDone, Welcome
 from sim.wire.events import WorldStateMessage
@@ -41,15 +42,15 @@ __all__ = ["Intake"]
 class Intake:
     """Takes what the bus queued and hands it on; `rejoin` after (re)connecting."""
 
-    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers, source: InputSource) -> None:
-        self._ctx, self._barrier, self._peers, self._source = ctx, barrier, peers, source
+    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers) -> None:
+        self._ctx, self._barrier, self._peers = ctx, barrier, peers
 
     async def take(self) -> None:
         """Act on everything the bus queued until now (taken at once, before any await)."""
         ctx, barrier, bus = self._ctx, self._barrier, self._ctx.bus
         rejoin = False
         for event in bus.take_events():
-            match event:
+            match event:  # a live world state is the input source's already (Bus.keep_outside)
                 case BatchArrived(shard=shard, tick=tick, topic=topic, events=events):
                     barrier.batch_received(shard, tick, topic, events)
                 case BarrierReceived(message=TickDone() as done):
@@ -59,9 +60,7 @@ class Intake:
                     ctx.stats.resends_folded = self._peers.resends.folded
                 case PlayerInputReceived() | PresenceReceived() | GameEventReceived() | GameFactReceived():
                     unknown = self._unknown(event)
-                    if unknown is None:
-                        self._source.receive(event)
-                    elif self._answers(None):
+                    if unknown is not None and self._answers(None):
                         kind, refusal = unknown
                         bus.count_malformed(kind, refusal.error.topic, ValueError(refusal.error.message))
                         await self._answer(refusal)
@@ -70,8 +69,6 @@ class Intake:
                         await self._answer(event)
                 case WorldStateReceived(message=message, retained=True):
                     self._retained_world_state(message)
-                case WorldStateReceived():
-                    self._source.receive(event)
                 case Connected(again=again):
                     rejoin = rejoin or again
         if rejoin:

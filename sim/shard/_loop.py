@@ -23,8 +23,9 @@ the tick is not committed. `run(until)` steps tick after tick, paced by `tick_ms
 clock, writing each tick's commit while the next tick's inputs and turns are taken.
 
 Resume (`--resume`) finds in the store what the last committed tick left for the next:
-the places' logs and the mail said there to this shard's NPCs, the inbox mail, the
-world-state changes due, the outside input journaled for a tick that never committed; it
+the places' logs and the mail said there to this shard's NPCs, the inbox mail, what every
+shard applies next (world-state changes, presence, facts for every NPC), the outside input
+journaled for a tick that never committed; it
 re-sends what it published in that tick (what this start's run key opens:
 sim.shard._instance) and the `say` lines the broker had not acknowledged when it
 committed, and joins the run at the next one (Join), the others re-sending theirs.
@@ -42,7 +43,7 @@ from sim.protocol.outside import OutsideJournal
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._exchange import BarrierWait, Publisher, Status
-from sim.shard._inputs import InputSource, LiveInputs, TickInputs, WorldState
+from sim.shard._inputs import InputSource, LiveInputs, RunWideInputs, TickInputs
 from sim.shard._instance import kept_messages
 from sim.shard._intake import Intake
 from sim.shard._registry import players
@@ -79,20 +80,21 @@ class Shard:
         trusted = bus_config.run_key is not None or bus_config.broker.username is not None
         self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self.bus.is_routed, tick=self.first,
                                trusted=trusted, session=secrets.token_hex(8))
-        self.world = WorldState()
-        journal = OutsideJournal(layout.local, layout.places, ctx.locations, takes_world=self.index == 0,
-                                 tick=self.first)
+        self.run_wide = RunWideInputs()
+        # resumed: the first tick takes what the journal kept for it, what arrives now is the next one's
+        journal = OutsideJournal(layout.local, layout.places, ctx.locations, shard_zero=self.index == 0,
+                                 tick=self.first if last is None else self.first + 1)
         self.source: InputSource = source or LiveInputs(
-            self.store, self.bus, self.world, journal=journal,
+            self.store, self.bus, self.run_wide, journal=journal,
             per_tick=self.config.limits.bounds.player_inputs_per_tick,
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
-        self.intake = Intake(ctx, self.barrier, self.peers, self.source)
+        self.intake = Intake(ctx, self.barrier, self.peers)
         self.status = Status(ctx, self.first)
-        self.inputs = TickInputs(ctx, self.source, self.world, self.intake.take)
+        self.inputs = TickInputs(ctx, self.source, self.run_wide, self.intake.take)
         self.turns = Turns(ctx, stop)
-        self.publisher = Publisher(ctx, self.barrier, self.source, self.world, self.intake.take)
-        self.barrier_wait = BarrierWait(ctx, self.barrier, self.peers, self.world, self.status, self.intake.take,
+        self.publisher = Publisher(ctx, self.barrier, self.source, self.run_wide, self.intake.take)
+        self.barrier_wait = BarrierWait(ctx, self.barrier, self.peers, self.run_wide, self.status, self.intake.take,
                                         stop=stop, first=self.first)
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
 
@@ -118,7 +120,7 @@ class Shard:
                                           bot_rate=self.config.bot_rate)
         bus.keep_outside(self.source.journal)
         await bus.listen_player_input()
-        await bus.listen_game()
+        await bus.listen_game(presence=self.index == 0)
         if self.index == 0:
             await bus.listen_world_state()
         await self.intake.rejoin()
@@ -134,8 +136,8 @@ class Shard:
 
     async def _restore(self) -> None:
         """On resume: what the last committed tick left for the next one, from the store: the
-        places' logs (and what was said there to this shard's NPCs), the inboxes' mail, the
-        world-state changes due, and what the shard sent (to re-send, what this start's key
+        places' logs (and what was said there to this shard's NPCs), the inboxes' mail, what
+        every shard applies next tick, and what the shard sent (to re-send, what this start's key
         opens; the others re-send theirs when it joins: docs/topics.md, "The tick barrier")."""
         last = self.first - 1
         if last < 0:
@@ -152,8 +154,9 @@ class Shard:
         perception.stored()
         pending = await resume.pending()
         self.bus.mail.restore_mail(pending.mail)
-        self.world.due = pending.world
+        self.run_wide.world, self.run_wide.inputs = pending.world, pending.run_wide
         self.inputs.presence = dict(pending.presence)
+        self.inputs.run_wide_facts = await resume.run_wide_facts()
 
     # --- the ticks -----------------------------------------------------------------------
 
@@ -224,8 +227,8 @@ class Shard:
         every 10 ticks."""
         self.bus.report_overflow(tick)
         record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(),
-                            pending=Pending(mail=self.bus.mail.waiting_mail(tick), world=self.world.due,
-                                            presence=dict(self.inputs.presence)))
+                            pending=Pending(mail=self.bus.mail.waiting_mail(tick), world=self.run_wide.world,
+                                            run_wide=self.run_wide.inputs, presence=dict(self.inputs.presence)))
         self._committing = await self.store.commit_tick(tick, record)
         if self.config.record.retain_memories is not None:
             await self._committed()

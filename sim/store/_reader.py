@@ -24,11 +24,12 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import SchemaError, StoreError
-from sim.protocol.outside import Taken
 from sim.store._identity import RunIdentity, decode_identity
 from sim.store._resume import decode_taken
 from sim.store._schema import check_file, check_version
 from sim.store.records import COLUMNS, read_packed, unpack_keys, unpack_record
+from sim.store.sql import SELECT_ALL_INPUTS
+from sim.wire.inputs import Taken
 
 __all__ = ["AuditSummary", "StoreReader", "open_reader"]
 
@@ -87,7 +88,7 @@ class StoreReader:
 
     def all_inputs(self) -> list[tuple[int, Taken]]:
         """Every outside input with the tick that took it, in (tick, seq) order."""
-        rows = self._query("SELECT tick, input FROM inputs ORDER BY tick, seq")
+        rows = self._query(SELECT_ALL_INPUTS)
         try:
             return [(int(t), decode_taken(str(x))) for t, x in rows]  # type: ignore[call-overload]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -18,9 +18,9 @@ import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
-from sim.protocol.outside import Taken
 from sim.store._writer import BatchWriter
 from sim.store.sql import (
+    SELECT_ALL_INPUTS,
     SELECT_INPUTS,
     SELECT_LAST_TICK,
     SELECT_PENDING,
@@ -29,6 +29,7 @@ from sim.store.sql import (
     fetch,
 )
 from sim.wire.events import AnyEvent
+from sim.wire.inputs import GameFact, RunWide, Taken
 
 __all__ = ["Pending", "Resume", "TickRecord", "decode_taken", "read_last_tick"]
 
@@ -38,6 +39,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
 
     mail: list[tuple[str, AnyEvent]] = []  # (agent, event) waiting in inboxes
     world: dict[str, str] | None = None  # world-state changes that take effect then
+    run_wide: tuple[RunWide, ...] = ()  # presence and facts for every NPC taken then (shard 0's TickDone)
     presence: dict[str, str] = {}  # where each outside player stands
 
 
@@ -97,6 +99,15 @@ class Resume:
             return [decode_taken(text) for (text,) in rows]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: unreadable: an outside input of tick {tick}: {exc}") from exc
+
+    async def run_wide_facts(self) -> set[str]:
+        """The ids of the facts for every NPC the committed ticks took."""
+        rows = await fetch(self._conn, SELECT_ALL_INPUTS, ())
+        try:
+            taken = [decode_taken(text) for (_, text) in rows]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: unreadable: an outside input: {exc}") from exc
+        return {t.id for t in taken if isinstance(t, GameFact) and t.npc is None}
 
     async def keep(self, record: TickRecord) -> None:
         """Queue what the tick replaces: what was sent, the unacknowledged says, what is pending."""

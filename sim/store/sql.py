@@ -29,6 +29,7 @@ __all__ = [
     "RECENT",
     "REPLACED_BELIEF",
     "SELECT_AGENT_KEYS",
+    "SELECT_ALL_INPUTS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
     "SELECT_PENDING",
@@ -163,6 +164,7 @@ HEARD_RECENT = (
 ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each(?))"
 
 SELECT_INPUTS = "SELECT input FROM inputs WHERE tick = ? ORDER BY seq"
+SELECT_ALL_INPUTS = "SELECT tick, input FROM inputs ORDER BY tick, seq"
 SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
 SELECT_SAYS = "SELECT value FROM meta WHERE key = 'says'"
 SELECT_RUN = "SELECT identity FROM run WHERE id = 0"

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import msgspec
 
+from sim.wire.inputs import RunWide
+
 __all__ = ["BarrierMessage", "Hello", "Join", "TickDone", "Welcome", "decode_barrier", "encode_barrier"]
 
 _Tick = Annotated[int, msgspec.Meta(ge=0)]
@@ -22,8 +24,10 @@ class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Shard `shard` finished `tick`; `batches` maps each topic it published to for that tick
     to the number of events in that batch (one batch per topic and tick).
 
-    Shard 0 alone takes the game system's world-state changes; `world` carries those it
-    took during `tick`, and every shard applies them at tick + 1, the same tick everywhere.
+    Shard 0 alone takes what every shard applies: `world` carries the game system's
+    world-state changes it took during `tick`, `inputs` the players' presence and the facts
+    for every NPC, in the order taken; every shard applies them at tick + 1, the same tick
+    everywhere.
     """
 
     shard: _Shard
@@ -31,6 +35,7 @@ class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tick: _Tick
     batches: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
     world: dict[str, str] | None = None
+    inputs: tuple[RunWide, ...] = ()
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="join", tag_field="type"):

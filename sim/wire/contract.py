@@ -150,9 +150,10 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         "presence", topics.player_presence, PresenceMessage, (GAME,), retained=False,
         readers="the server",
-        summary="Where a live player stands, as the game system says (null: nowhere). From the tick that "
-                "takes it, what the player says to an NPC standing at that place is said there: every NPC "
-                "there overhears it and remembers it, not only the addressee.",
+        summary="Where a live player stands, as the game system says (null: nowhere). It takes effect at "
+                "the same tick on every shard, like a world-state change; from then on, what the player says "
+                "to an NPC standing at that place is said there: every NPC there overhears it and "
+                "remembers it, not only the addressee.",
     ),
     Channel(
         "game-event", topics.game_event, GameEventMessage, (GAME,), retained=False,
@@ -165,8 +166,10 @@ CHANNELS: tuple[Channel, ...] = (
         "game-fact", topics.game_fact, GameFactMessage, (GAME,), retained=False,
         readers="the server",
         summary="A canonical fact added with the game system's authority, to NPC `npc` or to every NPC "
-                "(null): in every later prompt of the NPC, never truncated. Add-only: an id an NPC holds "
-                "already is refused (`exists`).",
+                "(null: at the same tick on every shard, like a world-state change): in every later prompt "
+                "of the NPC, never truncated. Add-only: a fact for an NPC that holds its id already is "
+                "refused (`exists`), as is a fact for every NPC whose id one for every NPC had before; an "
+                "NPC that holds the id of a fact for every NPC keeps its own.",
     ),
     Channel(
         "game-error", topics.game_error, ErrorMessage, (SERVER,), retained=False,

@@ -87,9 +87,9 @@ async def calm_run(
             await shard.start()
             for tick in range(until_tick):
                 for _, _, player, agent, text in sorted(by_tick.get(tick, [])):
-                    shard.source.receive(PlayerInputReceived(player, PlayerInputMessage(to=agent, text=text)))
+                    shard.source.journal(PlayerInputReceived(player, PlayerInputMessage(to=agent, text=text)))
                 for key, value in changes.get(tick, []):
-                    shard.source.receive(WorldStateReceived(WorldStateMessage(state={key: value})))
+                    shard.source.journal(WorldStateReceived(WorldStateMessage(state={key: value})))
                 assert await shard.step(tick), f"the calm run stopped at tick {tick}"
         server.cancel()
     return audit_set([db])

@@ -1,0 +1,69 @@
+"""What a tick takes from outside besides the world state, as it is kept and carried: in the
+arrivals journal, in the store's `inputs` table, and (the run-wide ones) in shard 0's TickDone.
+
+`seq` numbers a tick's inputs in the order the tick took them: first the run-wide ones
+(`RunWide`: a player's presence, a fact for every NPC), in the order shard 0's TickDone
+lists them, then the shard's own (its NPCs' and places'). A re-execution takes the same
+with the same numbers (sim.shard's `RecordedInputs`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, TypeGuard
+
+import msgspec
+
+from sim.wire.events import Name, Text
+
+__all__ = ["GameEvent", "GameFact", "OutsideInput", "Presence", "RunWide", "Taken", "is_run_wide"]
+
+_Seq = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class OutsideInput(msgspec.Struct, frozen=True, kw_only=True, order=True, tag="input"):
+    """A player's input to NPC `to`; `id` is the one its client gave it (or None). Ordered by seq first."""
+
+    seq: _Seq = 0
+    player: str
+    to: str
+    text: str
+    id: str | None = None
+
+
+class Presence(msgspec.Struct, frozen=True, kw_only=True, tag="presence"):
+    """Player `player` stands at `location` from this tick on (None: nowhere)."""
+
+    seq: _Seq = 0
+    player: Name
+    location: Name | None
+
+
+class GameEvent(msgspec.Struct, frozen=True, kw_only=True, tag="event"):
+    """Something happened at `location`: a Notice there."""
+
+    seq: _Seq = 0
+    location: str
+    text: str
+    significance: float
+
+
+class GameFact(msgspec.Struct, frozen=True, kw_only=True, tag="fact"):
+    """A canonical fact for NPC `npc`, or for every NPC when None."""
+
+    seq: _Seq = 0
+    npc: Name | None
+    id: Name
+    text: Text
+
+
+Taken = OutsideInput | Presence | GameEvent | GameFact
+"""What a tick takes from outside besides the world state."""
+
+RunWide = Presence | GameFact
+"""What every shard takes at the same tick (a presence; a fact whose `npc` is None): shard 0
+takes it into its TickDone, every shard applies it at the next tick."""
+
+
+def is_run_wide(taken: Taken) -> TypeGuard[RunWide]:
+    """Whether every shard takes `taken` (a player's presence, a fact for every NPC)."""
+    return isinstance(taken, Presence) or (isinstance(taken, GameFact) and taken.npc is None)
