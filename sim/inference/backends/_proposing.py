@@ -33,7 +33,7 @@ __all__ = ["structured_reply"]
 
 _ADDRESSED = re.compile(r"([A-Za-z0-9_.-]+): (.+)", re.DOTALL)
 _SENTENCES = re.compile(r"[^.!?\n]+")
-_NAME = re.compile(r"\bmy name is ([A-Za-z][\w'-]*(?: [A-Z][\w'-]*)?)", re.IGNORECASE)
+_NAME = re.compile(r"(?i:\bmy name is) ([A-Za-z][\w'-]*(?: [A-Z][\w'-]*)?)")  # a second name: capitalised
 _FEELING = re.compile(r"\bi (hate|love|like|fear|trust|distrust|admire|despise) ((?:the |a |an )?[\w' -]+)",
                       re.IGNORECASE)
 _ASK = re.compile(r"\b(?:give me|can i have|could i have|may i have|i want)\s+(?:a |an |the |some |your )?([\w' -]+)",
