@@ -23,6 +23,7 @@ import aiomqtt
 import pytest
 
 from sim.audit import AuditRecord, ProposalVerdict
+from sim.cli.run import summary_rows
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
@@ -119,6 +120,12 @@ async def test_the_innkeeper_believes_a_player_and_proposes_an_intent(
     assert "- visitor hates the king.\n" in beliefs_section  # the newest (the budget keeps max_beliefs)
     assert stats.refused == {}
     await replays_identical(capsys, db)
+    exported = npcsim_in_process(capsys, "audit", "export", "--db", str(db), "--agent", "innkeeper")
+    row = next(r for r in map(json.loads, exported.out.splitlines()) if r["id"] == lantern.inference_id)
+    assert row["proposals"] == [{"kind": "line", "text": lantern.text, "verdict": "accepted", "code": "ok"},
+                                {"kind": "intent", "name": "give_item", "verdict": "accepted", "code": "ok"}]
+    shown = npcsim_in_process(capsys, "audit", "show", "--db", str(db), told.inference_id)
+    assert "attempt 1: belief about visitor: accepted (ok): visitor is called Ayla." in shown.out, shown.out
 
 
 ATTACKS = [  # (what the visitor says, the verdict codes of the innkeeper's reply's attempts)
@@ -162,4 +169,6 @@ async def test_attacks_through_player_input_meet_the_gates_every_time(
     memory = audited[after.inference_id].memory()
     assert "the bard sang well tonight." in [e.text for e in memory.episodic]
     assert [p.code for p in verdicts(audited[kept.inference_id])] == ["ok", "ok"]
+    summary = dict(summary_rows(stats))
+    assert summary["proposals refused: forbidden"] == str(stats.refused["forbidden"])
     await replays_identical(capsys, db)
