@@ -10,8 +10,9 @@ must give a reply the pool could have produced itself from the request it sent:
 - attempts (they go into the audit) that are the calls serving would have made: at most
   one retry, each prompt a backend's fixed prefix and the request's working memory as the
   backend receives it (the retry's rebuilt with the prohibition output handling gives for
-  the first reply), each verdict the one output handling gives for its raw response, all
-  of bounded size.
+  the first reply), each verdict (and, under the NPC's output policy, each proposal's) the
+  one output handling gives for its raw response, all of bounded size; a structured reply's
+  line the one its raw reply gives.
 
 `reply_problem` says why a reply is refused, or None. Sans-I/O.
 """
