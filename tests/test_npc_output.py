@@ -118,7 +118,7 @@ async def test_the_innkeeper_believes_a_player_and_proposes_an_intent(
     assert {"visitor is called Ayla.", "visitor hates the king."} <= {b.text for b in record.state.beliefs}
     beliefs_section = record.memory().prompt.split("## Beliefs\n", 1)[1].split("\n## ", 1)[0]
     assert "- visitor hates the king.\n" in beliefs_section  # the newest (the budget keeps max_beliefs)
-    assert stats.refused == {}
+    assert stats.verdicts == {}
     await replays_identical(capsys, db)
     exported = npcsim_in_process(capsys, "audit", "export", "--db", str(db), "--agent", "innkeeper")
     row = next(r for r in map(json.loads, exported.out.splitlines()) if r["id"] == lantern.inference_id)
@@ -161,7 +161,7 @@ async def test_attacks_through_player_input_meet_the_gates_every_time(
         assert not any(p.kind != "line" and p.verdict == "accepted" for p in verdicts(record))
         assert "cellar key" not in answer.text.lower() and "alive" not in answer.text.lower()
     for code in {c for _, c in ATTACKS}:
-        assert stats.refused[code] >= 2 * sum(c == code for _, c in ATTACKS)
+        assert stats.verdicts[code] >= 2 * sum(c == code for _, c in ATTACKS)
     with open_reader(db) as reader:
         state = reader.final_state()["innkeeper"]
     assert sorted(row[0] for row in state["canonical_facts"]) == ["f-debt", "f-king", "f-mayor", "f-saved"]
@@ -170,5 +170,5 @@ async def test_attacks_through_player_input_meet_the_gates_every_time(
     assert "the bard sang well tonight." in [e.text for e in memory.episodic]
     assert [p.code for p in verdicts(audited[kept.inference_id])] == ["ok", "ok"]
     summary = dict(summary_rows(stats))
-    assert summary["proposals refused: forbidden"] == str(stats.refused["forbidden"])
+    assert summary["gate verdicts: forbidden"] == str(stats.verdicts["forbidden"])
     await replays_identical(capsys, db)

@@ -14,11 +14,11 @@ from sim.audit import OutputPolicy
 from sim.errors import ScenarioError
 from sim.inference import PoolConfig, open_pool, reply_problem
 from sim.inference.backends.scripted import ScriptedBackend
-from sim.output import REPLY_SCHEMA, accepted
+from sim.output import REPLY_SCHEMA, SCHEMA_RULE, accepted
 from sim.scenario import load_scenario, parse_scenario
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE
-from tests.inference_helpers import make_request
+from tests.inference_helpers import ScriptBackend, make_request
 
 POLICY = OutputPolicy(structured=True, forbidden=("cellar key",), intents={"give_item": {"item": "string"}})
 REPLY = json.dumps({"say": "Aye, a room for you.", "beliefs": [{"about": "traveller", "text": "traveller is tired.",
@@ -111,3 +111,19 @@ def test_the_output_fields_are_checked_when_the_scenario_loads(extra: str, messa
     with pytest.raises(ScenarioError, match=message) as error:
         parse_scenario(BASE + extra, source="t.toml")
     assert "tobin" in str(error.value) and "\n" not in str(error.value)
+
+
+async def test_a_broken_reply_is_retried_told_the_schema_then_its_say_is_said_else_the_fallback() -> None:
+    request = msgspec.structs.replace(make_request(), output=POLICY)
+    backend = ScriptBackend(["Sure! Here you go:", '{"say": "Welcome in.", "beliefs": [{"about": "p1", "te'])
+    async with open_pool(PoolConfig(concurrency=1), backend=backend) as pool:
+        salvaged = await pool.infer(request)
+    assert backend.prohibitions == [None, SCHEMA_RULE]
+    assert (salvaged.line, salvaged.fallback) == ("Welcome in.", False)
+    assert [[(p.kind, p.code) for p in a.proposals] for a in salvaged.attempts] == [[("line", "parse")],
+                                                                                  [("line", "salvaged")]]
+    assert reply_problem(request, salvaged, 200) is None
+    async with open_pool(PoolConfig(concurrency=1), backend=ScriptBackend(["No.", "Still no JSON."])) as pool:
+        refused = await pool.infer(request)
+    assert refused.fallback and refused.fallback_reason == "rejected"
+    assert [a.problem for a in refused.attempts] == ["parse: not JSON (Expecting value at character 0)"] * 2

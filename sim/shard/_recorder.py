@@ -4,8 +4,9 @@ An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder 
 rest, in this order: the over-budget count (docs/working-memory.md: counted, and logged
 once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
 kept), the audit record in the store (enough to rebuild the exact context the model saw),
-the metrics, and the trace for viewers. Every proposal the gates refused, in every attempt,
-is counted by its verdict code (`RunStats.refused`) and logged.
+the metrics, and the trace for viewers. Every verdict of the gates but "ok", in every
+attempt (a refusal, or a reply repaired to its `say`), is counted by its code
+(`RunStats.verdicts`) and logged.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Recorder:
         self._stats.lines += 1
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
-        self._count_refusals(say.agent, result)
+        self._count_verdicts(say.agent, result)
         record = make_record(
             id=say.inference_id,
             run_id=self._run_id,
@@ -108,13 +109,13 @@ class Recorder:
                          prompts=self._trace_prompts, memory=spoken.memory)
         await self._bus.publish_trace(trace)
 
-    def _count_refusals(self, agent: str, result: InferenceResult) -> None:
+    def _count_verdicts(self, agent: str, result: InferenceResult) -> None:
         for n, attempt in enumerate(result.attempts, 1):
             for verdict in attempt.proposals:
-                if verdict.verdict == "rejected":
-                    self._stats.refused[verdict.code] = self._stats.refused.get(verdict.code, 0) + 1
-                    log.info("%s: attempt %d of %s: %s %r refused (%s): %s", agent, n, result.id, verdict.kind,
-                             verdict.text[:80], verdict.code, verdict.detail)
+                if verdict.code != "ok":
+                    self._stats.verdicts[verdict.code] = self._stats.verdicts.get(verdict.code, 0) + 1
+                    log.info("%s: attempt %d of %s: %s %r %s (%s): %s", agent, n, result.id, verdict.kind,
+                             verdict.text[:80], verdict.verdict, verdict.code, verdict.detail)
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:
