@@ -283,3 +283,15 @@ def test_beliefs_are_kept_by_subject_and_text_the_newest_few_per_subject() -> No
     assert len(mine) == BELIEFS_PER_SUBJECT
     assert sorted(b.tick for b in mine) == [5, 6, 7]  # the newest kept
     assert len(kept) == BELIEFS_PER_SUBJECT + 1
+
+
+def test_a_flood_of_proposals_keeps_the_first_few_and_a_verdict_for_each() -> None:
+    flood = [belief(f"p1 likes song {n}.") for n in range(200)]
+    memories = [{"text": "x" * 10_000, "significance": 0.5}, {"text": "y", "significance": 10**400}]
+    verdicts = gate(flood, memories, {"name": "give_item", "args": {f"a{n}": n for n in range(100)}})
+    codes = [v.code for v in verdicts]
+    assert codes[:3] == ["ok"] * 3 and set(codes[3:200]) == {"bounds"}
+    assert codes[200:] == ["bounds", "schema", "schema"]
+    assert verdicts[-1].args == {} and len(verdicts[-1].text) <= MAX_PROPOSAL_CHARS  # a refused intent kept bounded
+    (long_about,) = gate([belief("p1 is tall.", about="p" * 500)])
+    assert long_about.code == "schema"

@@ -127,3 +127,12 @@ async def test_a_broken_reply_is_retried_told_the_schema_then_its_say_is_said_el
         refused = await pool.infer(request)
     assert refused.fallback and refused.fallback_reason == "rejected"
     assert [a.problem for a in refused.attempts] == ["parse: not JSON (Expecting value at character 0)"] * 2
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "process"])
+async def test_a_worker_process_gives_the_same_verdicts(transport: str) -> None:
+    request = msgspec.structs.replace(make_request(said="p1: My name is Ayla. Can I have a lantern?"), output=POLICY)
+    async with open_pool(PoolConfig(concurrency=1, transport=transport)) as pool:  # type: ignore[arg-type]
+        result = await pool.infer(request)
+    assert [(p.kind, p.code, p.text) for p in result.attempts[-1].proposals][1:] == [
+        ("belief", "ok", "p1 is called Ayla."), ("intent", "ok", "give_item")]
