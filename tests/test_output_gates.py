@@ -256,11 +256,15 @@ def test_whatever_is_proposed_what_passes_keeps_every_rule(beliefs: list[Any], m
 
 
 @given(st.lists(items, max_size=4), st.lists(items, max_size=4), intents, texts)
-def test_a_reply_judged_twice_gives_the_same_verdicts(beliefs: list[Any], memories: list[Any], intent: Any,
-                                                      say: str) -> None:
+def test_a_reply_judged_twice_gives_the_same_verdicts_and_its_line_keeps_the_rules(
+    beliefs: list[Any], memories: list[Any], intent: Any, say: str,
+) -> None:
     raw = json.dumps({"say": say, "beliefs": beliefs, "remember": memories, "intent": intent})
     first = judge_reply(raw, memory(), 200, contradicted_fact, POLICY)
     assert first == judge_reply(raw, memory(), 200, contradicted_fact, POLICY)
+    assert first.proposals[0].kind == "line" and (first.proposals[0].verdict == "accepted") == (first.problem is None)
+    if first.problem is None:  # a line said reveals nothing forbidden and denies no fact
+        assert forbidden_phrase(first.line, POLICY.forbidden) is None and contradicted_fact(first.line, FACTS) is None
 
 
 # --- what passes becomes ------------------------------------------------------------------------
