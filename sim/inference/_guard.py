@@ -6,9 +6,10 @@ the built-in one and the default: rules over words, no model, cheap on every lin
 it catches and what needs a stronger guard is in docs/inference.md ("The fact guard").
 
 How it reads a text (the fact and the line alike):
-1. Normalise: NFKC, characters that show nothing removed (`sim.text.UNSEEN`: a zero-width
-   mark or soft hyphen inside a word must not hide it), look-alike letters (Cyrillic,
-   Greek) mapped to the Latin ones, accents dropped, case folded, apostrophes straightened.
+1. Normalise (`sim.text.fold`, as the knowledge boundaries do): NFKC, characters that
+   show nothing removed (`sim.text.UNSEEN`: a zero-width mark or soft hyphen inside a word
+   must not hide it), look-alike letters (Cyrillic, Greek) mapped to the Latin ones,
+   accents dropped, case folded, apostrophes straightened.
 2. Rewrite phrases: idioms that carry a "no" without denying anything ("no doubt", "don't
    forget", "make no mistake") become clause breaks; "it is false that", "it is not true
    that", "it's a lie that" and "no longer" become one "not".
