@@ -10,7 +10,9 @@ Every attempt of an inference is kept (`attempts`): the exact text the model was
 (for the chat endpoint, the messages' contents in order, joined by a blank line), its raw
 reply (None when none came) and why it was rejected (None when accepted). A retry's
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
-checks every attempt byte for byte too.
+checks every attempt byte for byte too. An attempt keeps the gates' verdict on each part of
+its reply (`proposals`), and the record the NPC's `output` policy they applied: `replay`
+with a `GateCheck` runs the gates again and compares.
 
 A record names the `renderer` that made its prompt (1 when absent). This npcsim has one,
 `RENDERER_VERSION`: a record made by another is refused in one line when it is rebuilt
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import msgspec
 
@@ -43,8 +45,13 @@ from sim.memory import (
 
 __all__ = [
     "RECORD_VERSION",
+    "Arg",
+    "ArgType",
     "Attempt",
     "AuditRecord",
+    "GateCheck",
+    "OutputPolicy",
+    "ProposalVerdict",
     "ReplayResult",
     "ReplayTally",
     "attempt_prompt",
@@ -60,8 +67,46 @@ __all__ = [
 # A request parameter: a scalar, or a list of them (stop sequences).
 Param = str | int | float | bool | None | list[str | int | float | bool | None]
 
-RECORD_VERSION = 2
-"""2: records carry `attempts` and `renderer`."""
+RECORD_VERSION = 3
+"""2: records carry `attempts` and `renderer`; 3: attempts carry `proposals`, records their `output` policy."""
+
+Arg = str | int | float | bool  # an intent's argument
+ArgType = Literal["string", "integer", "number", "boolean"]  # what an intent's argument may be
+
+
+class OutputPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What an NPC may say and propose, as its scenario's author wrote it (docs/npc-output.md).
+
+    `structured`: a structured reply, not a line; `forbidden`: phrases it must never reveal;
+    `intents`: those it may propose, with their arguments' types; `max_beliefs`,
+    `max_memories`: at most this many a turn. The request carries it to the worker, the
+    record keeps it for replaying the gates (sim.output applies it).
+    """
+
+    structured: bool = False
+    forbidden: tuple[str, ...] = ()
+    intents: dict[str, dict[str, ArgType]] = {}
+    max_beliefs: int = 3
+    max_memories: int = 3
+
+
+class ProposalVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """One part of a reply and what the gates made of it (sim.output, docs/npc-output.md).
+
+    `kind` is "line", "belief", "memory" or "intent"; `text` the line, the belief's or the
+    memory's text (cleaned), or the intent's name; `verdict` "accepted" or "rejected";
+    `code` the first gate that refused it ("ok" when accepted), `detail` why. `about`,
+    `weight` (confidence or significance, clamped) and `args` are the proposal's other fields.
+    """
+
+    kind: str
+    text: str
+    verdict: str
+    code: str
+    detail: str = ""
+    about: str = ""
+    weight: float = 0.0
+    args: dict[str, Arg] = {}
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,7 +114,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
 
     `prompt` is `prefix` + the working memory's text in `form` ("text": the prompt; "chat":
     the messages' contents joined by a blank line); the memory is the record's, rebuilt
-    with `prohibition`. `problem` is None when the reply was accepted.
+    with `prohibition`. `problem` is None when the reply was accepted. `proposals` are the
+    gates' verdicts on the reply's parts (none for an NPC without an output policy).
     """
 
     prompt: str
@@ -78,6 +124,7 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     prohibition: str | None = None
     form: str = "text"
     prefix: str = ""
+    proposals: tuple[ProposalVerdict, ...] = ()
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,6 +156,7 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     attempts: tuple[Attempt, ...] = ()
     renderer: int = 1
     version: int = 1
+    output: OutputPolicy | None = None
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
         """The working memory of this record (or of its retry with `prohibition`), rebuilt;
@@ -159,11 +207,17 @@ class ReplayTally(msgspec.Struct, kw_only=True):
             self.first = later.first
 
 
-def replay_records(records: Iterable[AuditRecord]) -> ReplayTally:
-    """Replay every record, in order."""
+GateCheck = Callable[["AuditRecord", WorkingMemory], str]
+"""Re-runs the gates on a record's attempts, given its working memory: the first verdict that
+differs from the recorded one, or "" (sim.inference.gate_difference: the gates need output
+handling and the fact guard, which live above this module)."""
+
+
+def replay_records(records: Iterable[AuditRecord], gates: GateCheck | None = None) -> ReplayTally:
+    """Replay every record, in order (with `gates`, their gates' verdicts too)."""
     tally = ReplayTally()
     for record in records:
-        result = replay(record)
+        result = replay(record, gates)
         tally.records += 1
         tally.attempts += result.attempts
         if not result.ok:
@@ -245,8 +299,9 @@ def decode_record(data: bytes, *, where: str = "audit record") -> AuditRecord:
         raise StoreError(f"{where}: cannot decode the stored record: {exc}") from exc
 
 
-def replay(record: AuditRecord) -> ReplayResult:
-    """Rebuild the record's working memory and compare it byte for byte.
+def replay(record: AuditRecord, gates: GateCheck | None = None) -> ReplayResult:
+    """Rebuild the record's working memory and compare it byte for byte; with `gates`, re-run
+    the gates on every attempt's reply and compare their verdicts.
 
     Never raises for a drift: a config that no longer builds (e.g. over budget with
     policy "raise") is a difference too, so one bad record does not stop a replay run. A
@@ -262,6 +317,8 @@ def replay(record: AuditRecord) -> ReplayResult:
     got_prompt = prompt_sha256(wm)
     got_encoding = encoding_sha256(wm)
     difference = _first_difference(record, wm, got_prompt, got_encoding) or _attempt_difference(record, wm)
+    if not difference and gates is not None:
+        difference = gates(record, wm)
     return ReplayResult(
         record_id=record.id,
         ok=not difference,

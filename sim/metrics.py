@@ -49,6 +49,7 @@ class RunCounts(Protocol):
     over_budget: int
     resends: int
     resends_folded: int
+    verdicts: dict[str, int]
 
 
 class MetricsSink(Protocol):
@@ -155,6 +156,11 @@ def _run_families(run: RunCounts) -> Iterator[Any]:
     yield CounterMetricFamily("npcsim_barrier_joins_folded",
                               "Peers' Joins folded into a later re-send (at most one per peer per second).",
                               value=run.resends_folded)
+    verdicts = CounterMetricFamily("npcsim_gate_verdicts", "The gates' verdicts on structured replies but ok, by code.",
+                                   labels=["code"])
+    for code, count in sorted(run.verdicts.items()):
+        verdicts.add_metric([code], count)
+    yield verdicts
     yield GaugeMetricFamily("npcsim_agents", "Agents in this process.", value=run.agents)
     last = run.first_tick + run.ticks_done - 1 if run.ticks_done else 0
     yield GaugeMetricFamily("npcsim_tick", "The last tick completed.", value=last)

@@ -23,11 +23,12 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 import rtoml
 
+from sim.audit import ArgType, OutputPolicy
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.protocol.bounds import InputBounds, world_state_problem
@@ -53,6 +54,7 @@ MAX_SCENARIO_BYTES = 1_000_000_000
 
 Tick = Annotated[int, msgspec.Meta(ge=0)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Phrase = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -72,7 +74,12 @@ class LocationSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
 
 
 class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One NPC: where it stands, who it is, and the state it starts with."""
+    """One NPC: where it stands, who it is, and the state it starts with.
+
+    `output`, `forbidden` and `intents` are its output policy (docs/npc-output.md): a line or
+    a structured reply, the phrases it must never reveal, the intents it may propose with
+    their arguments' types.
+    """
 
     id: Name
     name: str
@@ -86,6 +93,16 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     episodic: list[Episode] = []
     beliefs: list[Belief] = []
     dialogue: list[Line] = []
+    output: Literal["line", "structured"] = "line"
+    forbidden: list[Phrase] = []
+    intents: dict[Name, dict[Name, ArgType]] = {}
+
+    def policy(self) -> OutputPolicy | None:
+        """What its replies are held to; None for a line with nothing forbidden (as every NPC before)."""
+        if self.output == "line" and not self.forbidden:
+            return None
+        return OutputPolicy(structured=self.output == "structured", forbidden=tuple(self.forbidden),
+                            intents=self.intents)
 
 
 class PlayerInput(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -328,6 +345,8 @@ def _check_references(scenario: Scenario, source: str) -> None:
         npc_ids.add(npc.id)
         if npc.location not in locations:
             raise ScenarioError(f"{_npc_at(source, npc, i)}, field location: unknown location {npc.location!r}")
+        if npc.intents and npc.output != "structured":
+            raise ScenarioError(f"{_npc_at(source, npc, i)}, field intents: intents need output = \"structured\"")
         for field, ids in (
             ("facts", [f.id for f in npc.facts]),
             ("episodic", [e.id for e in npc.episodic]),

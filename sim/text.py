@@ -27,8 +27,11 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
+import unicodedata
 
-__all__ = ["CONTROLS", "INVISIBLE", "LINE_BREAKS", "UNSEEN", "remove_invisible", "remove_unseen", "without_controls"]
+__all__ = [
+    "CONTROLS", "INVISIBLE", "LINE_BREAKS", "UNSEEN", "fold", "remove_invisible", "remove_unseen", "without_controls",
+]
 
 _ZERO_WIDTH = "\u180e\u200b-\u200d\u2060-\u2064\ufeff"
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
@@ -79,3 +82,32 @@ def without_controls(text: str) -> str:
     """
     text = _ESCAPE_SEQUENCE.sub("", text).replace("\t", " ")
     return remove_invisible(_CONTROLS_IN_LINES.sub("", text))
+
+
+# Letters that look like Latin ones (Unicode's confusables for the Latin alphabet, the
+# common part): Cyrillic and Greek, lower and upper case.
+_LOOKALIKE = str.maketrans({
+    # Cyrillic (and the Latin script's own g-like U+0261)
+    "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0441": "c", "\u0445": "x", "\u0443": "y",
+    "\u0456": "i", "\u0457": "i", "\u0458": "j", "\u0455": "s", "\u0501": "d", "\u051b": "q", "\u051d": "w",
+    "\u04bb": "h", "\u04cf": "l", "\u0261": "g", "\u0410": "A", "\u0412": "B", "\u0415": "E", "\u041a": "K",
+    "\u041c": "M", "\u041d": "H", "\u041e": "O", "\u0420": "P", "\u0421": "C", "\u0422": "T", "\u0425": "X",
+    "\u0423": "Y", "\u0406": "I", "\u0408": "J", "\u0405": "S", "\u050c": "G",
+    # Greek
+    "\u03b1": "a", "\u03bf": "o", "\u03b5": "e", "\u03c1": "p", "\u03b9": "i", "\u03bd": "v", "\u03ba": "k",
+    "\u03c4": "t", "\u03c5": "u", "\u03c7": "x", "\u0391": "A", "\u0392": "B", "\u0395": "E", "\u0396": "Z",
+    "\u0397": "H", "\u0399": "I", "\u039a": "K", "\u039c": "M", "\u039d": "N", "\u039f": "O", "\u03a1": "P",
+    "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
+})
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2032": "'", "`": "'"})
+
+
+def fold(text: str) -> str:
+    """`text` as it is compared, never kept: NFKC, `UNSEEN` removed, look-alike Cyrillic and Greek
+    letters mapped to the Latin ones, accents dropped, case folded, apostrophes straightened
+    (the fact guard reads words this way, the knowledge boundaries match phrases so)."""
+    if text.isascii():  # nothing to compose, remove, map or strip of accents
+        return text.casefold().translate(_APOSTROPHES)
+    text = remove_unseen(unicodedata.normalize("NFKC", text)).translate(_LOOKALIKE)
+    text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+    return text.casefold().translate(_APOSTROPHES)

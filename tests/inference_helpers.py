@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from sim.inference import InferenceRequest, Priority, RemoteWorker, Reply
 from sim.memory import (
@@ -68,7 +69,7 @@ class ScriptBackend:
         self.fail = fail
         self.prohibitions: list[str | None] = []
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         self.prohibitions.append(memory.prohibition)
         if self.fail is not None:
             raise self.fail

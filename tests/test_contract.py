@@ -320,7 +320,7 @@ async def test_what_a_real_run_publishes_fits_the_contract(mosquitto: MosquittoP
 
             listener = group.create_task(listen())
             await client.publish(topics.player_input(run_id, "visitor"),
-                                 b'{"to": "innkeeper", "text": "A room, please."}', qos=1)
+                                 b'{"to": "innkeeper", "text": "A room, please. Can I have a lantern?"}', qos=1)
             await client.publish(topics.world_state(run_id), b'{"state": {"weather": "rain"}}', qos=1)
             # the game system's topics, and one refused message on each error topic
             await client.publish(topics.player_presence(run_id, "visitor"), b'{"location": "inn"}', qos=1)
@@ -329,6 +329,7 @@ async def test_what_a_real_run_publishes_fits_the_contract(mosquitto: MosquittoP
             await client.publish(topics.game_event(run_id), b'{"location": "moon", "text": "x"}', qos=1)
             await client.publish(topics.player_input(run_id, "visitor"), b'{"to": "nobody", "text": "Hi"}', qos=1)
             await eventually(lambda: seen("say", lambda m: m["to"] == "visitor"), what="the innkeeper's answer")
+            await eventually(lambda: seen("intent"), what="the innkeeper's intent")
             await eventually(lambda: seen("player-error") and seen("game-error"), what="both errors")
             stop.set()
             await job

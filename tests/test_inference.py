@@ -7,6 +7,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 import pytest
@@ -258,7 +260,7 @@ class GatedBackend:
         self.gate = asyncio.Event()
         self.served: list[str] = []
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         self.served.append(memory.agent_id)
         await self.gate.wait()
         return Reply(text=f"{memory.agent_id} speaks.", model=self.model)

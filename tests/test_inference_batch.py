@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import aiomqtt
 import msgspec
@@ -186,7 +188,7 @@ class SlowForOne:
         self.slow_agent = slow_agent
         self.release = asyncio.Event()
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         if memory.agent_id == self.slow_agent:
             await self.release.wait()
         return Reply(text=f"{memory.agent_id} speaks.", model=self.model)

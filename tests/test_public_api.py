@@ -30,7 +30,7 @@ PACKAGES: dict[str, set[str]] = {
         "BACKENDS", "Backend", "FactGuard", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
         "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
         "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result", "fallback_line",
-        "judge", "load_fact_guard", "open_backend", "open_pool", "reply_problem",
+        "judge", "load_fact_guard", "open_backend", "open_pool", "reply_problem", "gate_difference", "judge_reply",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "convert_options", "open_backend",
@@ -52,6 +52,11 @@ PACKAGES: dict[str, set[str]] = {
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",
         "ReconnectPolicy", "TlsFiles", "Transport", "open_client", "redact", "stay_connected", "topic_matches",
+    },
+    "sim.output": {
+        "BELIEFS_PER_SUBJECT", "CODES", "MAX_ARG_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "SCHEMA_RULE", "Guard",
+        "OutputPolicy", "ProposalVerdict", "RawReply", "accepted", "belief_of", "clean_text", "forbidden_phrase",
+        "gate_proposals", "memory_of", "read_reply", "rejected", "say_part",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
@@ -83,7 +88,8 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "ReplayTally", "attempt_prompt",
+        "Arg", "ArgType", "Attempt", "AuditRecord", "GateCheck", "OutputPolicy", "ProposalVerdict", "RECORD_VERSION",
+        "ReplayResult", "ReplayTally", "attempt_prompt",
         "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
         "replay_records",
     },

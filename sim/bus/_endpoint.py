@@ -45,12 +45,22 @@ from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, encode_barrier
-from sim.wire.events import AnyEvent, ErrorMessage, SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.events import (
+    AnyEvent,
+    ErrorMessage,
+    IntentMessage,
+    SayMessage,
+    StatusMessage,
+    WorldStateMessage,
+    encode_json,
+)
 from sim.wire.trace import RosterMessage, TraceMessage, encode_roster, encode_trace
 
 __all__ = ["Bus", "BusConfig", "BusEvent", "Connected", "open_bus"]
 
 log = logging.getLogger(__name__)
+
+_SPOKEN = ("agent_say", "agent_intent")  # what an NPC said or proposed: kept with its tick until acknowledged
 
 
 class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -209,6 +219,9 @@ class Bus:
     async def publish_say(self, message: SayMessage) -> None:
         await self.publish(topics.agent_say(self.config.run, message.agent), encode_json(message))
 
+    async def publish_intent(self, message: IntentMessage) -> None:
+        await self.publish(topics.agent_intent(self.config.run, message.agent), encode_json(message))
+
     async def publish_error(self, player: str | None, error: ErrorMessage, now: float) -> None:
         """Tell a client why its message was refused: player `player` on its `error` topic, the
         game system (None) on `game/error`; at most a bounded number per client and window
@@ -254,13 +267,13 @@ class Bus:
         self._closing_flush = min(self._closing_flush, seconds)
 
     def unsent_says(self) -> list[tuple[str, bytes]]:
-        """The `say` messages the broker has not acknowledged yet (in flight, to be retried, or
-        queued), as (topic, payload): what a shard keeps with its tick, to send again after
-        a kill -9 (a subscriber de-duplicates by inference id)."""
+        """The `say` and `intent` messages the broker has not acknowledged yet (in flight, to be
+        retried, or queued), as (topic, payload): what a shard keeps with its tick, to send
+        again after a kill -9 (a subscriber de-duplicates by inference id)."""
         waiting = self._sender.waiting()
         run = self._router.run
         return [(topic, payload) for topic, payload, _, _ in waiting
-                if (parsed := topics.parse(topic)) is not None and parsed.kind == "agent_say" and parsed.run == run]
+                if (parsed := topics.parse(topic)) is not None and parsed.kind in _SPOKEN and parsed.run == run]
 
     async def wait_sent(self) -> None:
         """Send the traces waiting for their batch, then wait until the outbox is empty

@@ -2,10 +2,12 @@
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
-its raw reply, why it was rejected) and every item truncation dropped; `replay` rebuilds and
-checks every attempt, in worker processes over record ranges (`--jobs`, every core by
-default; the output is the same for any number); `export` writes each record with its `attempts` list and its `dropped`
-list (derived from the record's snapshot: what truncation left out, and why). The one write
+its raw reply, why it was rejected, each proposal's verdict) and every item truncation
+dropped; `replay` rebuilds and checks every attempt and runs the gates again on its reply
+(`sim.inference.gate_difference`), in worker processes over record ranges (`--jobs`, every
+core by default; the output is the same for any number); `export` writes each record with
+its `attempts` list, its `proposals` (the said reply's parts: kind, text or name, verdict,
+code) and its `dropped` list (derived from the record's snapshot: what truncation left out, and why). The one write
 is `export --rotate`, which deletes the records it has exported, once the export is on disk.
 
 What a record holds came from the run (players' words, models' replies): it is printed
@@ -15,6 +17,7 @@ through `sim.cli._terminal`, escaped, and in a pipe one record per line with ful
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import os
 import sys
@@ -29,6 +32,7 @@ from sim.audit import AuditRecord, ReplayTally, replay, replay_records
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
+from sim.inference import gate_difference
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
 
@@ -119,6 +123,29 @@ def _raw(text: str | None) -> str:
     return "(none)" if text is None else text or "(empty)"
 
 
+def _print_proposals(out: Out, record: AuditRecord) -> None:
+    """Each attempt's parts (the line, beliefs, memories, the intent) and the gates' verdicts."""
+    rows = [(str(n), p.kind, p.about or "", p.text if p.kind != "intent" else f"{p.text} {json_line(p.args)}",
+             p.verdict, p.code, p.detail)
+            for n, a in enumerate(record.attempts, 1) for p in a.proposals]
+    if not rows:
+        return
+    if out.terminal:
+        out.table(("#", "kind", "about", "text", "verdict", "code", "why"), rows, title="proposals", fold=True)
+        return
+    for number, kind, about, text, verdict, code, why in rows:
+        out.record(f"attempt {number}: {kind}{f' about {about}' if about else ''}: {verdict} ({code}): ", text,
+                   f" {why}" if why else "")
+
+
+def _export_proposals(record: AuditRecord) -> list[dict[str, object]]:
+    """The said reply's parts as `audit export` gives them: kind, text (an intent: name), verdict, code."""
+    if not record.attempts:
+        return []
+    return [{"kind": p.kind, "name" if p.kind == "intent" else "text": p.text, "verdict": p.verdict, "code": p.code}
+            for p in record.attempts[-1].proposals]
+
+
 def _print_attempts(out: Out, record: AuditRecord) -> None:
     """Every attempt: the exact text given, the raw reply, and why it was rejected."""
     rows = []
@@ -140,7 +167,7 @@ def show_command(args: argparse.Namespace) -> int:
     with open_reader(args.db) as reader:
         record = reader.audit_record(args.id)
     wm = record.memory()
-    result = replay(record)
+    result = replay(record, gate_difference)
     prompt = record.prompt if record.prompt is not None else wm.prompt
     source = "recorded" if record.prompt is not None else "rebuilt from the recorded state"
     out.block(f"{record.id}: {record.agent_id} at tick {record.tick} (prompt {source})", prompt)
@@ -159,6 +186,7 @@ def show_command(args: argparse.Namespace) -> int:
     ], whole=("field",))
     if record.attempts:
         _print_attempts(out, record)
+        _print_proposals(out, record)
     else:
         out.record("no attempts recorded (a stale request, or a record written before attempts were kept)")
     return 0
@@ -168,7 +196,8 @@ def replay_command(args: argparse.Namespace) -> int:
     out = Out()
     check_jobs(args.jobs)
     tally = ReplayTally()
-    for part in map_spans(replay_records, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
+    replaying = functools.partial(replay_records, gates=gate_difference)
+    for part in map_spans(replaying, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
         tally.add(part)
     if tally.first is None:
         out.record(f"replayed {tally.records} records: all byte-identical ({tally.attempts} attempts checked)")
@@ -218,6 +247,7 @@ def export_command(args: argparse.Namespace) -> int:
         # A closed pipe (`| head`) raises BrokenPipeError here: sim.cli.main ends quietly.
         for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
             row = msgspec.to_builtins(record)
+            row["proposals"] = _export_proposals(record)
             row["dropped"] = dropped_json(record.explanation())
             # on standard output (maybe a terminal) the run's text is escaped, as JSON escapes: same data
             out.write((json_line(row).encode() if args.out is None else encoder.encode(row)) + b"\n")

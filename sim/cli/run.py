@@ -170,6 +170,7 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
     ]
     if stats.memories_pruned:
         rows.append(("memory rows pruned", stats.memories_pruned))
+    rows += [(f"gate verdicts: {code}", n) for code, n in sorted(stats.verdicts.items())]
     if bus is not None:
         rows += [
             ("events delivered", bus.events_delivered),

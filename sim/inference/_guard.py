@@ -6,9 +6,10 @@ the built-in one and the default: rules over words, no model, cheap on every lin
 it catches and what needs a stronger guard is in docs/inference.md ("The fact guard").
 
 How it reads a text (the fact and the line alike):
-1. Normalise: NFKC, characters that show nothing removed (`sim.text.UNSEEN`: a zero-width
-   mark or soft hyphen inside a word must not hide it), look-alike letters (Cyrillic,
-   Greek) mapped to the Latin ones, accents dropped, case folded, apostrophes straightened.
+1. Normalise (`sim.text.fold`, as the knowledge boundaries do): NFKC, characters that
+   show nothing removed (`sim.text.UNSEEN`: a zero-width mark or soft hyphen inside a word
+   must not hide it), look-alike letters (Cyrillic, Greek) mapped to the Latin ones,
+   accents dropped, case folded, apostrophes straightened.
 2. Rewrite phrases: idioms that carry a "no" without denying anything ("no doubt", "don't
    forget", "make no mistake") become clause breaks; "it is false that", "it is not true
    that", "it's a lie that" and "no longer" become one "not".
@@ -38,13 +39,12 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Protocol, cast
 
 from sim.errors import ConfigError
 from sim.memory import Fact
-from sim.text import remove_unseen
+from sim.text import fold
 
 __all__ = ["FactGuard", "contradicted_fact", "load_fact_guard"]
 
@@ -56,23 +56,6 @@ class FactGuard(Protocol):
 
 
 _NEG = "\x00not"  # a negation, as a token no word can be
-
-# Letters that look like Latin ones (Unicode's confusables for the Latin alphabet, the
-# common part): Cyrillic and Greek, lower and upper case.
-_LOOKALIKE = str.maketrans({
-    # Cyrillic (and the Latin script's own g-like U+0261)
-    "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0441": "c", "\u0445": "x", "\u0443": "y",
-    "\u0456": "i", "\u0457": "i", "\u0458": "j", "\u0455": "s", "\u0501": "d", "\u051b": "q", "\u051d": "w",
-    "\u04bb": "h", "\u04cf": "l", "\u0261": "g", "\u0410": "A", "\u0412": "B", "\u0415": "E", "\u041a": "K",
-    "\u041c": "M", "\u041d": "H", "\u041e": "O", "\u0420": "P", "\u0421": "C", "\u0422": "T", "\u0425": "X",
-    "\u0423": "Y", "\u0406": "I", "\u0408": "J", "\u0405": "S", "\u050c": "G",
-    # Greek
-    "\u03b1": "a", "\u03bf": "o", "\u03b5": "e", "\u03c1": "p", "\u03b9": "i", "\u03bd": "v", "\u03ba": "k",
-    "\u03c4": "t", "\u03c5": "u", "\u03c7": "x", "\u0391": "A", "\u0392": "B", "\u0395": "E", "\u0396": "Z",
-    "\u0397": "H", "\u0399": "I", "\u039a": "K", "\u039c": "M", "\u039d": "N", "\u039f": "O", "\u03a1": "P",
-    "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
-})
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2032": "'", "`": "'"})
 
 # Phrases that carry a negation word but deny nothing: a clause break instead.
 _IDIOMS = re.compile(
@@ -183,14 +166,6 @@ _OPPOSITE_OF: dict[str, frozenset[str]] = {
 }
 
 
-def _normalise(text: str) -> str:
-    if text.isascii():  # nothing to compose, remove, map or strip of accents
-        return text.casefold().translate(_APOSTROPHES)
-    text = remove_unseen(unicodedata.normalize("NFKC", text)).translate(_LOOKALIKE)
-    text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
-    return text.casefold().translate(_APOSTROPHES)
-
-
 def _tokens(words: Iterable[str], person: dict[str, str]) -> list[str]:
     """Words of one clause as tokens: negations as _NEG, skippable words dropped, lemmas."""
     out: list[str] = []
@@ -222,7 +197,7 @@ def _adverb(word: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _clauses(text: str, *, fact: bool) -> tuple[tuple[str, ...], ...]:
-    text = _normalise(text).replace("no one", "noone")
+    text = fold(text).replace("no one", "noone")
     text = _DENIALS.sub(" not ", _IDIOMS.sub(" , ", text))
     clauses = (_clause(part, fact=fact) for part in _BREAKS.split(text))
     return tuple(c for c in clauses if c)

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from sim.audit import ProposalVerdict
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.memory import QUOTE_MARKS, WorkingMemory
 from sim.text import without_controls
@@ -39,11 +40,15 @@ _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
-    """The cleaned line and, when it is rejected, why and what to forbid on the retry."""
+    """The cleaned line and, when it is rejected, why (`code`, sim.output's verdict codes, and
+    `problem`) and what to forbid on the retry. `proposals`: the gates' verdicts on each part
+    of a reply judged under an output policy (sim.inference._structured)."""
 
     line: str
     problem: str | None = None
     prohibition: str | None = None
+    code: str = "ok"
+    proposals: tuple[ProposalVerdict, ...] = ()
 
 
 def _strip_speakers(text: str, speakers: Iterable[str]) -> str:
@@ -108,12 +113,14 @@ def judge(raw: str, memory: WorkingMemory, max_chars: int, guard: FactGuard = co
     speakers = {line.speaker for line in memory.dialogue}
     line = clean_line(raw, memory.agent_id, max_chars, speakers)
     if not line:
-        return Verdict(line="", problem="empty", prohibition="Answer with one short spoken line, in character.")
+        return Verdict(line="", problem="empty", prohibition="Answer with one short spoken line, in character.",
+                       code="empty")
     fact = guard(line, memory.canonical_facts)
     if fact is not None:
         return Verdict(
             line=line,
             problem=f"negates canonical fact {fact.id!r}",
             prohibition=f"Never deny or contradict this fact: {fact.text}",
+            code="canonical_fact",
         )
     return Verdict(line=line)

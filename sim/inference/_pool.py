@@ -17,8 +17,9 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import msgspec
 
@@ -192,7 +193,7 @@ class RecordedBackend:
         self._attempts: Iterator[Attempt] = iter(record.attempts)
         self._made = 0
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         self._made += 1
         attempt = next(self._attempts, None)
         if attempt is None:

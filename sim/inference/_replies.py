@@ -10,8 +10,9 @@ must give a reply the pool could have produced itself from the request it sent:
 - attempts (they go into the audit) that are the calls serving would have made: at most
   one retry, each prompt a backend's fixed prefix and the request's working memory as the
   backend receives it (the retry's rebuilt with the prohibition output handling gives for
-  the first reply), each verdict the one output handling gives for its raw response, all
-  of bounded size.
+  the first reply), each verdict (and, under the NPC's output policy, each proposal's) the
+  one output handling gives for its raw response, all of bounded size; a structured reply's
+  line the one its raw reply gives.
 
 `reply_problem` says why a reply is refused, or None. Sans-I/O.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 from sim.audit import Attempt
 from sim.inference._dispatch import fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact
-from sim.inference._output import judge
+from sim.inference._structured import judge_reply
 from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES
 from sim.memory import OverBudgetError, WorkingMemory, build_working_memory
 from sim.wire.inference import InferenceRequest, InferenceResult
@@ -50,12 +51,15 @@ def reply_problem(
         expected = fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines)
         return None if result.line == expected else "a fallback line that is not the NPC's fallback line"
     memory = _memory_of_last(request, result.attempts, max_line_chars, guard)
-    verdict = judge(result.line, memory, max_line_chars, guard)
-    if verdict.problem is not None:
-        return verdict.problem
-    if verdict.line != result.line:
-        return f"a line that output handling would change ({len(result.line)} characters)"
-    if raw is not None and judge(raw, memory, max_line_chars, guard).line != result.line:
+    if request.output is None or not request.output.structured:  # a structured line is judged from its raw reply
+        verdict = judge_reply(result.line, memory, max_line_chars, guard, request.output)
+        if verdict.problem is not None:
+            return verdict.problem
+        if verdict.line != result.line:
+            return f"a line that output handling would change ({len(result.line)} characters)"
+    elif raw is None:
+        return "a structured reply's line without its raw reply"
+    if raw is not None and judge_reply(raw, memory, max_line_chars, guard, request.output).line != result.line:
         return "a raw response that does not clean to the line"
     if result.attempts and (result.attempts[-1].raw_response != raw or result.attempts[-1].problem is not None):
         return "a last attempt that is not the reply"
@@ -68,7 +72,7 @@ def _retry_memory(
     """The retry's working memory serving would build after `first` was rejected, if any."""
     if request.state is None or request.config is None or first.raw_response is None:
         return None
-    prohibition = judge(first.raw_response, request.memory, max_line_chars, guard).prohibition
+    prohibition = judge_reply(first.raw_response, request.memory, max_line_chars, guard, request.output).prohibition
     if prohibition is None:
         return None
     try:
@@ -107,8 +111,9 @@ def _attempts_problem(
         if attempt.raw_response is not None:
             if len(attempt.raw_response) > MAX_RAW_REPLY_CHARS:
                 return f"attempt {n}: raw response of {len(attempt.raw_response)} characters"
-            if judge(attempt.raw_response, memory, max_line_chars, guard).problem != attempt.problem:
+            verdict = judge_reply(attempt.raw_response, memory, max_line_chars, guard, request.output)
+            if verdict.problem != attempt.problem or verdict.proposals != attempt.proposals:
                 return f"attempt {n}: a verdict that output handling does not give"
-        elif attempt.problem is None or len(attempt.problem) > _MAX_PROBLEM_CHARS:
+        elif attempt.problem is None or len(attempt.problem) > _MAX_PROBLEM_CHARS or attempt.proposals:
             return f"attempt {n}: no raw response, and no (or an oversized) reason"
     return None

@@ -4,7 +4,9 @@ Drop it when stale, call the backend within the time left, keep a bounded excerp
 raw output (`raw_excerpt`), clean and judge it, retry once with a prohibition when the
 output is rejected (a working memory rebuilt with the prohibition inside the budget), and
 answer with the fallback line whenever anything fails: `serve` never raises for a backend
-failure. Every call is kept as an `Attempt`.
+failure. Every call is kept as an `Attempt`. Under an NPC's output policy the backend is
+asked for a structured reply (`REPLY_SCHEMA`) and each attempt is judged, and its proposals
+gated, by `judge_reply` (sim.inference._structured); the attempt keeps every verdict.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, Ov
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import fallback_result
 from sim.inference._guard import FactGuard, contradicted_fact
-from sim.inference._output import Verdict, judge
+from sim.inference._output import Verdict
+from sim.inference._structured import judge_reply
 from sim.inference.backends import Backend
 from sim.memory import WorkingMemory, build_working_memory
+from sim.output import REPLY_SCHEMA
 from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["RAW_EXCERPT_CHARS", "retry_memory", "serve"]
@@ -107,6 +111,8 @@ async def serve(
         log.debug("dropped stale request %s of %s (%.3fs past its deadline)", request.id, request.agent_id, -left)
         return fallback_result(request, "stale", backend=backend.name, model=backend.model, worker=worker)
     limit = min(time_limit, left)
+    policy = request.output
+    schema = REPLY_SCHEMA if policy is not None and policy.structured else None
     attempts: list[Attempt] = []
     in_flight: Attempt | None = None
     raw: str | None = None
@@ -117,10 +123,11 @@ async def serve(
             memory: WorkingMemory | None = request.memory
             while memory is not None:
                 in_flight = _attempt(backend, memory)
-                reply = await backend.generate(memory)
+                reply = await backend.generate(memory, schema)
                 raw = raw_excerpt(reply.text)
-                verdict = judge(raw, memory, max_line_chars, guard)
-                attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem))
+                verdict = judge_reply(raw, memory, max_line_chars, guard, policy)
+                attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem,
+                                                        proposals=verdict.proposals))
                 in_flight = None
                 if verdict.problem is None:
                     return InferenceResult(

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ class _Unrecorded:
     prompt_form = "text"
     prompt_prefix = ""
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         raise InferenceError("the recorded run made no such inference")
 
 

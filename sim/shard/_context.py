@@ -14,10 +14,11 @@ look at who is at its place, and `speak`. It never hands out the bus or the stor
 made for one turn and dropped after it.
 
 `speak(to, said, turn)` is one act: build the working memory from the agent's state (when it
-answers a line, without that line and its memory: they are the input), ask
-the pool (a player's turn-1 answer first, ambient chatter last), publish the `say` line,
-emit the `Speech` at the agent's place (the others hear it next tick), store the line in
-its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
+answers a line, without that line and its memory: they are the input), ask the pool (a
+player's turn-1 answer first, ambient chatter last) under the NPC's output policy, publish
+the `say` line, emit the `Speech` at the agent's place (the others hear it next tick), store
+the line in its dialogue, apply what passed the gates (its beliefs, memories and intent:
+sim.shard._proposals), and give the recorder the rest (audit, trace, metrics, counters).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from sim.scenario import NpcSpec, Scenario
 from sim.shard._clock import Clock, SystemClock
 from sim.shard._layout import ShardLayout
 from sim.shard._perception import EpisodeOf, Perception
+from sim.shard._proposals import apply_proposals
 from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
 from sim.shard._run_config import RunConfig
@@ -257,6 +259,7 @@ class AgentContext:
             shard=shard.shard,
             state=state,
             config=config,
+            output=spec.policy(),
         )
         result = await shard.pool.infer(request)
         say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id,
@@ -269,7 +272,10 @@ class AgentContext:
         )
         await shard.store.add_line(spec.id, Line(tick=tick, speaker=spec.id, text=result.line, seq=seq,
                                                  event=inference_id), writer=Writer.NPC)
-        spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result)
+        await apply_proposals(shard.store, shard.bus, run_id=shard.run_id, state=state, result=result,
+                              reply_to=say.reply_to)
+        spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result,
+                        output=request.output)
         await shard.recorder.record(spoken)
         return result.line
 

@@ -4,7 +4,9 @@ An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder 
 rest, in this order: the over-budget count (docs/working-memory.md: counted, and logged
 once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
 kept), the audit record in the store (enough to rebuild the exact context the model saw),
-the metrics, and the trace for viewers.
+the metrics, and the trace for viewers. Every verdict of the gates but "ok", in every
+attempt (a refusal, or a reply repaired to its `say`), is counted by its code
+(`RunStats.verdicts`) and logged.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from sim.audit import make_record
+from sim.audit import OutputPolicy, make_record
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
@@ -33,7 +35,8 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     """One line said: the `say` message published, and how it came about.
 
     `heard` is the input the working memory was built for (the audit's player input),
-    `state` the state it was built from, `config` the working-memory config it was built with.
+    `state` the state it was built from, `config` the working-memory config it was built with,
+    `output` the NPC's output policy the reply was judged under.
     """
 
     say: SayMessage
@@ -42,6 +45,7 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     config: WorkingMemoryConfig
     memory: WorkingMemory
     result: InferenceResult
+    output: OutputPolicy | None = None
 
 
 class Recorder:
@@ -79,6 +83,7 @@ class Recorder:
         self._stats.lines += 1
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
+        self._count_verdicts(say.agent, result)
         record = make_record(
             id=say.inference_id,
             run_id=self._run_id,
@@ -96,12 +101,21 @@ class Recorder:
             fallback_reason=result.fallback_reason,
             timings=result.timings,
             attempts=result.attempts,
+            output=spoken.output,
         )
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
                          prompts=self._trace_prompts, memory=spoken.memory)
         await self._bus.publish_trace(trace)
+
+    def _count_verdicts(self, agent: str, result: InferenceResult) -> None:
+        for n, attempt in enumerate(result.attempts, 1):
+            for verdict in attempt.proposals:
+                if verdict.code != "ok":
+                    self._stats.verdicts[verdict.code] = self._stats.verdicts.get(verdict.code, 0) + 1
+                    log.info("%s: attempt %d of %s: %s %r %s (%s): %s", agent, n, result.id, verdict.kind,
+                             verdict.text[:80], verdict.verdict, verdict.code, verdict.detail)
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:

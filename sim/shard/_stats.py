@@ -52,6 +52,7 @@ class RunStats:
     stopped_by_signal: bool = False
     startup_progress: StartupProgress = field(default_factory=StartupProgress)
     dialogue: list[SayMessage] = field(default_factory=list)
+    verdicts: dict[str, int] = field(default_factory=dict)  # the gates' verdicts but "ok", by code (docs/npc-output.md)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from sim.wire.events import (
     ErrorMessage,
     GameEventMessage,
     GameFactMessage,
+    IntentMessage,
     PlayerInputMessage,
     PresenceMessage,
     SayMessage,
@@ -132,6 +133,15 @@ CHANNELS: tuple[Channel, ...] = (
                 "player or NPC it answered (null: said to the room); `inference_id` names the inference, "
                 "and its trace. An answer to a player has `in_reply_to` = the player and `reply_to` = the "
                 "`id` of its input (null without one); a line to an NPC or to no one has both null.",
+    ),
+    Channel(
+        "intent", topics.agent_intent, IntentMessage, (SERVER,), retained=False,
+        readers=EVERYONE,
+        summary="What an NPC proposes the game do, from the shard that holds the NPC: an intent on the "
+                "NPC's allow-list (its scenario's `intents`), with the arguments the allow-list types, that "
+                "passed every gate (docs/npc-output.md). The game acts on it or not: a model never changes "
+                "the world. `inference_id` names the inference, as on `say`; `reply_to` is the `id` of the "
+                "player input it answered (null when none).",
     ),
     Channel(
         "player-input", topics.player_input, PlayerInputMessage, (PLAYER,), retained=False,

@@ -24,6 +24,7 @@ __all__ = [
     "EventBatch",
     "GameEventMessage",
     "GameFactMessage",
+    "IntentMessage",
     "Name",
     "Notice",
     "PlayerInputMessage",
@@ -36,6 +37,7 @@ __all__ = [
     "decode_error",
     "decode_game_event",
     "decode_game_fact",
+    "decode_intent",
     "decode_player_input",
     "decode_presence",
     "decode_world_state",
@@ -118,6 +120,21 @@ class SayMessage(msgspec.Struct, frozen=True, kw_only=True):
     inference_id: str
     reply_to: str | None = None
     in_reply_to: str | None = None
+
+
+class IntentMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """What an NPC proposes the game do, on its public `intent` topic: an intent on its
+    allow-list, with the arguments the allow-list types, that passed every gate
+    (docs/npc-output.md). `inference_id` names the inference (and its `say`); `reply_to`
+    is the `id` of the player input it answered (null when none)."""
+
+    run: str
+    agent: str
+    tick: int
+    name: str
+    args: dict[str, str | int | float | bool]
+    inference_id: str
+    reply_to: str | None = None
 
 
 class PlayerInputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -219,6 +236,7 @@ _json = msgspec.json.Encoder()
 _batch = msgspec.msgpack.Decoder(EventBatch)
 _player_input = msgspec.json.Decoder(PlayerInputMessage)
 _say = msgspec.json.Decoder(SayMessage)
+_intent = msgspec.json.Decoder(IntentMessage)
 _status = msgspec.json.Decoder(StatusMessage)
 _world = msgspec.json.Decoder(WorldStateMessage)
 _presence = msgspec.json.Decoder(PresenceMessage)
@@ -232,8 +250,8 @@ def encode_batch(batch: EventBatch) -> bytes:
 
 
 JsonMessage = (
-    SayMessage | StatusMessage | PlayerInputMessage | WorldStateMessage | PresenceMessage | GameEventMessage
-    | GameFactMessage | ErrorMessage
+    SayMessage | IntentMessage | StatusMessage | PlayerInputMessage | WorldStateMessage | PresenceMessage
+    | GameEventMessage | GameFactMessage | ErrorMessage
 )
 
 
@@ -252,6 +270,10 @@ def decode_player_input(data: bytes) -> PlayerInputMessage:
 
 def decode_say(data: bytes) -> SayMessage:
     return _say.decode(data)
+
+
+def decode_intent(data: bytes) -> IntentMessage:
+    return _intent.decode(data)
 
 
 def decode_status(data: bytes) -> StatusMessage:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from sim.audit import Attempt
+from sim.audit import Attempt, OutputPolicy
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 
 __all__ = [
@@ -50,6 +50,8 @@ class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     `state` and `config` are what `memory` was built from: a worker rebuilds the memory
     with a prohibition from them when it retries a rejected reply, so the retry is a
     working memory inside the same budget. Without them a rejected reply is not retried.
+    `output` is the NPC's output policy (a structured reply, forbidden phrases, intents:
+    sim.output), None for a plain line.
     """
 
     id: str
@@ -64,6 +66,7 @@ class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     shard: str = "0"
     state: NpcState | None = None
     config: WorkingMemoryConfig | None = None
+    output: OutputPolicy | None = None
 
 
 class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,6 +1,6 @@
 """The MQTT topic scheme (docs/topics.md): one function per topic, and `parse`, their inverse.
 
-Public topics (say, player input, presence and errors, world state, the game system's
+Public topics (say, intent, player input, presence and errors, world state, the game system's
 events and facts, status) carry JSON; internal ones msgpack.
 Topics are built and read here only, so that what a shard publishes and what it takes
 cannot drift apart.
@@ -19,6 +19,7 @@ __all__ = [
     "TopicKind",
     "agent_inbox",
     "agent_inbox_all",
+    "agent_intent",
     "agent_say",
     "barrier",
     "barrier_all",
@@ -87,6 +88,11 @@ def agent_inbox(run: str, agent: str) -> str:
 
 def agent_say(run: str, agent: str) -> str:
     return f"{run_root(run)}/agent/{check_segment('agent', agent)}/say"
+
+
+def agent_intent(run: str, agent: str) -> str:
+    """What an NPC proposes the game do (JSON): the game acts on it or not; the model changes nothing."""
+    return f"{run_root(run)}/agent/{check_segment('agent', agent)}/intent"
 
 
 def player_input(run: str, player: str) -> str:
@@ -183,9 +189,9 @@ def roster(run: str, shard: str) -> str:
 
 
 TopicKind = Literal[
-    "location_events", "agent_inbox", "agent_say", "player_input", "player_presence", "player_error", "world_state",
-    "game_event", "game_fact", "game_error", "infer_request", "infer_response", "infer_worker", "status", "barrier",
-    "trace", "roster",
+    "location_events", "agent_inbox", "agent_say", "agent_intent", "player_input", "player_presence", "player_error",
+    "world_state", "game_event", "game_fact", "game_error", "infer_request", "infer_response", "infer_worker", "status",
+    "barrier", "trace", "roster",
 ]
 """What a topic is: the name of the function above that builds it."""
 
@@ -219,6 +225,8 @@ def parse(topic: str) -> Topic | None:
             kind = "agent_inbox"
         case ["agent", name, "say"]:
             kind = "agent_say"
+        case ["agent", name, "intent"]:
+            kind = "agent_intent"
         case ["player", name, "input"]:
             kind = "player_input"
         case ["player", name, "presence"]:

@@ -60,8 +60,11 @@ class Backend(Protocol):
     prompt_form: str
     prompt_prefix: str
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
-        """One raw reply. Raises InferenceError (or a subclass) on failure; never partial text."""
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
+        """One raw reply. Raises InferenceError (or a subclass) on failure; never partial text.
+
+        `schema`: the JSON Schema the reply must keep (a structured reply, sim.output), which
+        the backend asks its server to enforce the way that server can; None for a line."""
         ...
 
 

@@ -11,8 +11,10 @@ thread; there is one model instance, and a lock serialises the calls to it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import threading
@@ -91,8 +93,9 @@ class LlamaCppBackend:
             "stop": list(options.stop),
         }
 
-    def _complete(self, prompt: str) -> dict[str, Any]:
+    def _complete(self, prompt: str, schema: str | None) -> dict[str, Any]:
         o = self._options
+        grammar = None if schema is None else _grammar(schema)
         with self._thread_lock:
             result: dict[str, Any] = self._llama.create_completion(
                 prompt,
@@ -102,14 +105,16 @@ class LlamaCppBackend:
                 repeat_penalty=o.repeat_penalty,
                 seed=o.seed,
                 stop=list(o.stop),
+                grammar=grammar,
             )
         return result
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         prompt = self.prompt_prefix + memory.prompt
+        schema_text = None if schema is None else json.dumps(schema, sort_keys=True)
         async with self._lock:
             try:
-                result = await asyncio.to_thread(self._complete, prompt)
+                result = await asyncio.to_thread(self._complete, prompt, schema_text)
             except (ValueError, RuntimeError) as exc:
                 raise InferenceError(f"llama.cpp ({self.model}) failed: {exc}") from exc
         text = result["choices"][0]["text"]
@@ -119,6 +124,14 @@ class LlamaCppBackend:
     def close(self) -> None:
         with self._thread_lock:
             self._llama.close()
+
+
+@functools.lru_cache(maxsize=8)
+def _grammar(schema: str) -> Any:
+    """llama.cpp's grammar for a JSON Schema (one schema, compiled once): a structured reply."""
+    from llama_cpp import LlamaGrammar
+
+    return LlamaGrammar.from_json_schema(schema, verbose=False)
 
 
 @asynccontextmanager

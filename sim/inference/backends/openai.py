@@ -168,7 +168,9 @@ class OpenAIBackend:
         self.prompt_form = "chat" if options.endpoint == "chat" else "text"
         self.prompt_prefix = ""
 
-    def _body(self, memory: WorkingMemory) -> dict[str, Any]:
+    def _body(self, memory: WorkingMemory, schema: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The request; a `schema` is `response_format` on the chat endpoint, llama-server's
+        `json_schema` on completions."""
         o = self._options
         body: dict[str, Any] = {"model": o.model, "max_tokens": o.max_tokens, "temperature": o.temperature}
         if o.stop:
@@ -177,10 +179,14 @@ class OpenAIBackend:
             body["messages"] = memory.messages()
         else:
             body["prompt"] = memory.prompt
+        if schema is not None and o.endpoint == "chat":
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "npc_reply", "schema": schema}}
+        elif schema is not None:
+            body["json_schema"] = schema
         return body
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
-        body = self._body(memory)
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
+        body = self._body(memory, schema)
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
         backoff = Backoff(self._options.backoff)
         async with self._slots:

@@ -20,7 +20,10 @@ that truncation dropped is never mentioned again. The choice is a function of th
   being capitalised), and a quotation it cites is one level deep (`sim.memory.quoted`).
 
 `delay_ms` makes it answer after a fixed delay (benchmarks); `script` replaces the reply
-by fixed texts used in turn (tests of output handling).
+by fixed texts used in turn (tests of output handling). Asked for a structured reply (a
+`schema`), it answers with that line as `say` and the proposals its rules read off what it
+was told (sim.inference.backends._proposing); `gullible` makes it propose whatever it is
+told, so that the gates are what tests attack.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from sim.inference.backends._base import Reply, convert_options
+from sim.inference.backends._proposing import structured_reply
 from sim.memory import QUOTE_MARKS, WorkingMemory, own_words, quoted
 
 __all__ = ["ScriptedBackend", "ScriptedOptions", "scripted_reply"]
@@ -81,6 +85,7 @@ _PHRASING = {
 class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     delay_ms: float = 0.0
     script: tuple[str, ...] = ()
+    gullible: bool = False
 
 
 class _Dice:
@@ -237,9 +242,16 @@ class ScriptedBackend:
         self._options = convert_options(self.name, options, ScriptedOptions)
         self._script = itertools.cycle(self._options.script) if self._options.script else None
         self._params: dict[str, Any] = {"delay_ms": self._options.delay_ms}
+        if self._options.gullible:
+            self._params["gullible"] = True
 
-    async def generate(self, memory: WorkingMemory) -> Reply:
+    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         if self._options.delay_ms > 0:
             await asyncio.sleep(self._options.delay_ms / 1000)
-        text = next(self._script) if self._script is not None else scripted_reply(memory)
+        if self._script is not None:
+            text = next(self._script)
+        elif schema is not None:
+            text = structured_reply(memory, scripted_reply(memory), gullible=self._options.gullible)
+        else:
+            text = scripted_reply(memory)
         return Reply(text=text, model=self.model, params=self._params, tokens=len(text.split()))

@@ -1,0 +1,42 @@
+"""What an accepted proposal becomes in the NPC's state: a belief keyed by its subject and
+text, or an episodic memory.
+
+A belief's id names its subject and a slot (`about:{subject}#{slot}`): the same belief
+again (its text folded alike) refreshes its slot, a new one about the same subject takes a
+free slot, and when the subject has `BELIEFS_PER_SUBJECT` already it replaces the oldest.
+The store keeps one belief per id, so a subject never holds more than that and the newest
+are the ones kept. Pure: the shard writes what these give with the NPC's authority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.audit import ProposalVerdict
+from sim.memory import Belief, Episode
+from sim.text import fold
+
+__all__ = ["BELIEFS_PER_SUBJECT", "belief_of", "memory_of"]
+
+BELIEFS_PER_SUBJECT = 3
+"""Beliefs kept about one subject from proposals, at most: the newest."""
+
+
+def belief_of(proposal: ProposalVerdict, beliefs: Sequence[Belief], tick: int) -> Belief:
+    """The belief an accepted belief proposal writes, given the NPC's beliefs now."""
+    prefix = f"about:{proposal.about}#"
+    mine = [b for b in beliefs if b.id.startswith(prefix)]
+    same = next((b for b in mine if fold(b.text) == fold(proposal.text)), None)
+    if same is not None:
+        slot = same.id
+    elif len(mine) < BELIEFS_PER_SUBJECT:
+        taken = {b.id for b in mine}
+        slot = next(f"{prefix}{n}" for n in range(BELIEFS_PER_SUBJECT + 1) if f"{prefix}{n}" not in taken)
+    else:
+        slot = min(mine, key=lambda b: (b.tick, b.id)).id
+    return Belief(id=slot, tick=tick, text=proposal.text, confidence=proposal.weight)
+
+
+def memory_of(proposal: ProposalVerdict, inference_id: str, n: int, tick: int) -> Episode:
+    """The episodic memory an accepted memory proposal writes: the `n`th of its inference."""
+    return Episode(id=f"mem:{inference_id}:{n}", tick=tick, text=proposal.text, significance=proposal.weight)

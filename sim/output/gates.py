@@ -1,0 +1,246 @@
+"""The gates every proposal of a structured reply passes, in order, each with its verdict code.
+
+1. `schema`: the proposal has its shape (a belief's `about` an id, its `text` a string, its
+   `confidence` a number; a memory's `text` and `significance`; an intent's `name` and
+   `args` object).
+2. `authority`: it never adds, changes or removes a canonical fact or a world-state entry: a
+   belief about a fact's id or a world-state key, or a text that poses as a fact or a
+   world-state entry ("Fact: ...", "## Canonical facts"), is refused. The store refuses
+   such a write anyway; the gate says why first.
+3. `canonical_fact`: the fact guard finds no kept canonical fact the text denies.
+4. `forbidden`: it reveals none of the phrases the author forbade the NPC (`forbidden_phrase`).
+5. `intent` / `intent_args`: an intent is on the NPC's allow-list, its arguments exactly
+   the allow-list's, each of its type.
+6. `bounds`: at most `max_beliefs` beliefs and `max_memories` memories a turn (the first
+   ones that passed), a text of 1 to `MAX_PROPOSAL_CHARS` characters once cleaned.
+
+A proposal refused is dropped alone, with its verdict; the first gate that refuses it
+names the code. Texts are cleaned before they are judged (controls, escapes, bidi marks
+removed, whitespace collapsed to one line: `sim.text`) and what passes is kept so; in a
+later prompt it is rendered inert like every untrusted text. Confidence and significance
+are clamped to [0, 1].
+
+Pure: the fact guard is a parameter (`Guard`), as in output handling.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Literal
+
+from sim.audit import Arg, OutputPolicy, ProposalVerdict
+from sim.memory import Fact
+from sim.text import fold, without_controls
+from sim.wire.events import is_name
+
+__all__ = [
+    "CODES",
+    "MAX_ARG_CHARS",
+    "MAX_PROPOSAL_CHARS",
+    "Guard",
+    "accepted",
+    "clean_text",
+    "forbidden_phrase",
+    "gate_proposals",
+    "rejected",
+]
+
+Guard = Callable[[str, Sequence[Fact]], Fact | None]
+"""A fact guard: the kept canonical fact a text denies, or None (sim.inference.FactGuard)."""
+
+CODES = ("ok", "parse", "salvaged", "empty", "schema", "authority", "canonical_fact", "forbidden", "intent",
+         "intent_args", "bounds")
+"""Every verdict code, stable: "ok" and "salvaged" accept, the others refuse (docs/npc-output.md)."""
+
+MAX_PROPOSAL_CHARS = 300
+"""A belief's or a memory's text, at most (characters, once cleaned)."""
+
+MAX_ARG_CHARS = 120
+"""An intent's string argument, at most."""
+
+_FORGED = re.compile(
+    r"^[\W_]*(?:(?:new|canonical|official|true|real|added)\s+)*(?:facts?|world[\s_-]*state)\s*[:=\-]"
+    r"|#+\s*(?:canonical\s+facts?|world\s+state)\b"
+)
+_WORDS = re.compile(r"[^\w]+")
+_MAX_ARGS = 16
+
+Kind = Literal["belief", "memory", "intent"]
+
+
+def clean_text(text: str) -> str:
+    """A proposal's text as it is judged and kept: no controls, one line, spaces collapsed."""
+    return " ".join(without_controls(text).split())
+
+
+def _compact(text: str) -> str:
+    return _WORDS.sub("", text).replace("_", "")
+
+
+def forbidden_phrase(text: str, phrases: Sequence[str]) -> str | None:
+    """The first forbidden phrase `text` contains, or None.
+
+    Both are folded (`sim.text.fold`: case, accents, look-alike letters, invisible marks)
+    and read as words; a phrase of six letters or more is also found with the spaces and
+    punctuation between its letters taken out ("s.w.o.r.d-fish" says "swordfish").
+    """
+    words = f" {' '.join(_WORDS.sub(' ', fold(text)).split())} "
+    compact = _compact(fold(text))
+    for phrase in phrases:
+        folded = " ".join(_WORDS.sub(" ", fold(phrase)).split())
+        if not folded:
+            continue
+        squeezed = folded.replace(" ", "")
+        if f" {folded} " in words or (len(squeezed) >= 6 and squeezed in compact):
+            return phrase
+    return None
+
+
+def accepted(kind: str, text: str, **fields: Any) -> ProposalVerdict:
+    return ProposalVerdict(kind=kind, text=text, verdict="accepted", code="ok", **fields)
+
+
+def rejected(kind: str, text: str, code: str, detail: str, **fields: Any) -> ProposalVerdict:
+    return ProposalVerdict(kind=kind, text=text, verdict="rejected", code=code, detail=detail, **fields)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, str | bool) or (isinstance(value, int | float) and _weight(value) is not None)
+
+
+def _weight(value: Any) -> float | None:
+    """A number clamped to [0, 1]; None for what is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return min(1.0, max(0.0, number)) if math.isfinite(number) else None
+
+
+def _shaped(kind: Kind, item: Any) -> ProposalVerdict:
+    """The proposal read with its shape (an accepted verdict, to be judged further), or `schema`."""
+    if kind == "intent":
+        args = item.get("args", {}) if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or set(item) - {"name", "args"} or not (
+                isinstance(args, dict) and len(args) <= _MAX_ARGS and all(_scalar(v) for v in args.values())):
+            return rejected(kind, clean_text(str(item))[:MAX_PROPOSAL_CHARS], "schema",
+                            f"an intent is {{\"name\": \"...\", \"args\": {{...}}}}, at most {_MAX_ARGS} "
+                            "arguments, each a string, a number or a boolean")
+        return accepted(kind, clean_text(item["name"])[:MAX_PROPOSAL_CHARS],
+                        args={clean_text(str(k))[:MAX_ARG_CHARS]: v[:MAX_PROPOSAL_CHARS] if isinstance(v, str) else v
+                              for k, v in args.items()})
+    weight_key = "confidence" if kind == "belief" else "significance"
+    keys = {"about", "text", weight_key} if kind == "belief" else {"text", weight_key}
+    if not isinstance(item, dict) or set(item) != keys or not isinstance(item.get("text"), str):
+        return rejected(kind, clean_text(str(item))[:MAX_PROPOSAL_CHARS], "schema",
+                        f"a {kind} has exactly {', '.join(sorted(keys))}")
+    text = clean_text(item["text"])
+    weight = _weight(item[weight_key])
+    if weight is None:
+        return rejected(kind, text, "schema", f"{weight_key} is not a number")
+    if kind == "belief":
+        about = item["about"]
+        if not isinstance(about, str) or not is_name(about):
+            return rejected(kind, text, "schema", "about is not an id (1-128 characters A-Z a-z 0-9 _ . -)")
+        return accepted(kind, text, about=about, weight=weight)
+    return accepted(kind, text, weight=weight)
+
+
+def _authority(p: ProposalVerdict, guarded: Collection[str]) -> str | None:
+    if p.about and p.about in guarded:
+        return f"about {p.about!r}: a canonical fact or world-state entry, which only the scenario and the game write"
+    if p.kind != "intent" and _FORGED.search(fold(p.text)):
+        return "poses as a canonical fact or world-state entry, which only the scenario and the game write"
+    return None
+
+
+def _intent(p: ProposalVerdict, policy: OutputPolicy) -> tuple[str, str] | None:
+    schema = policy.intents.get(p.text)
+    if schema is None:
+        allowed = ", ".join(sorted(policy.intents)) or "none"
+        return "intent", f"{p.text[:80]!r} is not on the allow-list ({allowed})"
+    if set(p.args) != set(schema):
+        return "intent_args", f"arguments {sorted(p.args)[:8]}, expected {sorted(schema)}"
+    for name, kind in schema.items():
+        problem = _arg_problem(p.args[name], kind)
+        if problem:
+            return "intent_args", f"argument {name!r}: {problem}"
+    return None
+
+
+def _arg_problem(value: Arg, kind: str) -> str:
+    if kind == "string":
+        if not isinstance(value, str):
+            return "not a string"
+        return "" if 0 < len(clean_text(value)) <= MAX_ARG_CHARS else f"1 to {MAX_ARG_CHARS} characters"
+    if kind == "boolean":
+        return "" if isinstance(value, bool) else "not a boolean"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"not {'an integer' if kind == 'integer' else 'a number'}"
+    if kind == "integer" and not isinstance(value, int):
+        return "not an integer"
+    return "" if math.isfinite(value) and abs(value) < 2**53 else "out of range"
+
+
+def _said(p: ProposalVerdict) -> str:
+    """What the proposal would reveal: its subject, its text, an intent's string arguments."""
+    return " ".join([p.about, p.text, *(v for v in p.args.values() if isinstance(v, str))])
+
+
+def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], policy: OutputPolicy,
+           guard: Guard, counts: dict[str, int]) -> ProposalVerdict:
+    """Gates 2 to 6 on a proposal of its shape: the first that refuses it, or accepted."""
+    why = _authority(p, guarded)
+    if why is not None:
+        return _refuse(p, "authority", why)
+    if p.kind != "intent" and (fact := guard(p.text, facts)) is not None:
+        return _refuse(p, "canonical_fact", f"denies canonical fact {fact.id!r}")
+    if (phrase := forbidden_phrase(_said(p), policy.forbidden)) is not None:
+        return _refuse(p, "forbidden", f"reveals forbidden phrase #{policy.forbidden.index(phrase) + 1}")
+    if p.kind == "intent" and (problem := _intent(p, policy)) is not None:
+        return _refuse(p, *problem)
+    limit = {"belief": policy.max_beliefs, "memory": policy.max_memories, "intent": 1}[p.kind]
+    if counts[p.kind] >= limit:
+        return _refuse(p, "bounds", f"over {limit} {p.kind} proposals a turn")
+    if p.kind != "intent" and not 0 < len(p.text) <= MAX_PROPOSAL_CHARS:
+        return _refuse(p, "bounds", f"a text of {len(p.text)} characters (1 to {MAX_PROPOSAL_CHARS})")
+    counts[p.kind] += 1
+    if p.kind == "intent":  # arguments kept cleaned, as every text that passes
+        return accepted(p.kind, p.text, args={k: clean_text(v) if isinstance(v, str) else v
+                                              for k, v in p.args.items()})
+    return p
+
+
+def _refuse(p: ProposalVerdict, code: str, detail: str) -> ProposalVerdict:
+    return rejected(p.kind, p.text, code, detail, about=p.about, weight=p.weight, args=p.args)
+
+
+def gate_proposals(
+    beliefs: Sequence[Any],
+    memories: Sequence[Any],
+    intent: Any,
+    *,
+    facts: Sequence[Fact],
+    guarded: Collection[str],
+    policy: OutputPolicy,
+    guard: Guard,
+) -> tuple[ProposalVerdict, ...]:
+    """Every proposal's verdict, in the reply's order (beliefs, memories, the intent).
+
+    `facts` are the canonical facts the working memory kept (the fact guard's), `guarded`
+    the ids no proposal may be about: every canonical fact's and world-state key of the NPC.
+    """
+    counts = {"belief": 0, "memory": 0, "intent": 0}
+    items: list[tuple[Kind, Any]] = [("belief", b) for b in beliefs] + [("memory", m) for m in memories]
+    if intent is not None:
+        items.append(("intent", intent))
+    verdicts = []
+    for kind, item in items:
+        shaped = _shaped(kind, item)
+        verdicts.append(shaped if shaped.verdict == "rejected"
+                        else _judge(shaped, facts, guarded, policy, guard, counts))
+    return tuple(verdicts)

@@ -1,0 +1,48 @@
+"""What passed the gates becomes the NPC's: beliefs and memories written with its authority,
+an intent published for the game.
+
+Only the accepted proposals of the reply that was said (the last attempt of a result that
+is not a fallback) are applied; what the gates refused is in the audit and the counts,
+never in the state. A belief is keyed by its subject and text (`sim.output.belief_of`), a
+memory becomes an episodic memory of the proposed significance, and an intent goes out on
+`npcsim/{run}/agent/{id}/intent`: the game decides what happens, the model changes nothing.
+"""
+
+from __future__ import annotations
+
+from sim.audit import ProposalVerdict
+from sim.bus import Bus
+from sim.inference import InferenceResult
+from sim.memory import NpcState
+from sim.output import belief_of, memory_of
+from sim.store import Store, Writer
+from sim.wire.events import IntentMessage
+
+__all__ = ["accepted_proposals", "apply_proposals"]
+
+
+def accepted_proposals(result: InferenceResult) -> tuple[ProposalVerdict, ...]:
+    """The proposals of the reply the NPC said that every gate accepted (none for a fallback)."""
+    if result.fallback or not result.attempts:
+        return ()
+    return tuple(p for p in result.attempts[-1].proposals if p.kind != "line" and p.verdict == "accepted")
+
+
+async def apply_proposals(
+    store: Store, bus: Bus, *, run_id: str, state: NpcState, result: InferenceResult, reply_to: str | None,
+) -> None:
+    """Write the accepted beliefs and memories of `result` to the NPC of `state`, publish its intent."""
+    agent, tick = state.agent_id, result.tick
+    beliefs = list(state.beliefs)
+    memories = 0
+    for proposal in accepted_proposals(result):
+        if proposal.kind == "belief":
+            belief = belief_of(proposal, beliefs, tick)
+            beliefs = [b for b in beliefs if b.id != belief.id] + [belief]
+            await store.add_belief(agent, belief, writer=Writer.NPC)
+        elif proposal.kind == "memory":
+            memories += 1
+            await store.add_episode(agent, memory_of(proposal, result.id, memories, tick), writer=Writer.NPC)
+        elif proposal.kind == "intent":
+            await bus.publish_intent(IntentMessage(run=run_id, agent=agent, tick=tick, name=proposal.text,
+                                                   args=proposal.args, inference_id=result.id, reply_to=reply_to))
