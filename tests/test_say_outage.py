@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from pathlib import Path
 
 import aiomqtt
@@ -42,6 +43,14 @@ def persistent_mosquitto(tmp_path: Path) -> MosquittoProcess:
     # into a test's private directory (started as anyone else, it stays that user)
     broker.config_path.write_text(f"{body}persistence_location {tmp_path}/\nautosave_interval 1\nuser root\n")
     return broker
+
+
+async def saved_since(tmp_path: Path, since: float) -> None:
+    """Until the broker has saved its state (its autosave, at most every two seconds) after
+    `since`: then a kill -9 keeps what it held at `since`, sessions and subscriptions."""
+    saved = tmp_path / "mosquitto.db"
+    await eventually(lambda: saved.exists() and saved.stat().st_mtime > since + 0.01,
+                     what="the broker saving its state", within=10)
 
 
 def kill_9(broker: MosquittoProcess) -> None:
@@ -93,7 +102,7 @@ async def test_every_line_said_reaches_a_persistent_subscriber_across_an_outage(
         async with asyncio.TaskGroup() as group:
             listening = group.create_task(listener.listen())
             await listener.subscribed.wait()
-            await elapse(1.5)  # the subject: connected before: the broker's autosave (every second) holds the session
+            await saved_since(tmp_path, time.time())  # the subject: the broker's saved state holds the session
             jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
             await eventually(lambda: min(s.tick for s in stats) >= 6, what="the run getting going", within=120)
             await asyncio.to_thread(broker.stop if how == "stop" else lambda: kill_9(broker))
@@ -150,7 +159,7 @@ async def test_lines_of_committed_ticks_still_in_the_outbox_are_sent_after_a_kil
         async with asyncio.TaskGroup() as group:
             listening = group.create_task(listener.listen())
             await listener.subscribed.wait()
-            await elapse(1.5)  # the subject: connected before: the broker's autosave (every second) holds the session
+            await saved_since(tmp_path, time.time())  # the subject: the broker's saved state holds the session
             proc = await shard()
             await eventually(lambda: committed_tick(db) >= 5, what="the run getting going", within=120)
             await asyncio.to_thread(broker.stop)
