@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: run test llm bench clean faults
+.PHONY: run test llm llama-server bench clean faults
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -34,6 +34,28 @@ $(VENV)/.installed-llm: pyproject.toml | $(PY)
 	touch $@
 
 llm: $(VENV)/.installed-llm
+
+# llama.cpp's own HTTP server, the reference real model server (tests/llama_server.py starts
+# it): built from the llama.cpp sources that llama-cpp-python's sdist vendors, the server
+# target only, for portable x86-64 like `llm`. The web UI is left out (its prebuilt assets
+# would be downloaded), and so is HTTPS. The binary is the stamp: delete it to rebuild.
+LLAMA_SERVER_SOURCE ?= 0.3.36
+LLAMA_SERVER_BUILD  := $(VENV)/llama-server-build
+LLAMA_SERVER_CMAKE_ARGS ?= $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+$(VENV)/bin/llama-server: | $(PY)
+	rm -rf $(LLAMA_SERVER_BUILD) && mkdir -p $(LLAMA_SERVER_BUILD)
+	$(PIP) download -q --no-binary :all: --no-deps \
+		llama-cpp-python==$(LLAMA_SERVER_SOURCE) -d $(LLAMA_SERVER_BUILD)
+	tar xzf $(LLAMA_SERVER_BUILD)/llama_cpp_python-$(LLAMA_SERVER_SOURCE).tar.gz -C $(LLAMA_SERVER_BUILD)
+	cmake -S $(LLAMA_SERVER_BUILD)/llama_cpp_python-$(LLAMA_SERVER_SOURCE)/vendor/llama.cpp \
+		-B $(LLAMA_SERVER_BUILD)/build $(LLAMA_SERVER_CMAKE_ARGS)
+	cmake --build $(LLAMA_SERVER_BUILD)/build --target llama-server -j2
+	cp $(LLAMA_SERVER_BUILD)/build/bin/llama-server $@
+	rm -rf $(LLAMA_SERVER_BUILD)
+
+llama-server: $(VENV)/bin/llama-server
 
 # The village at about a tick a second with the web view (its address is printed first) and
 # the dialogue in the terminal, until Ctrl-C. VIEW_PORT=8081 make run if 8080 is taken.
