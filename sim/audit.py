@@ -10,7 +10,10 @@ Every attempt of an inference is kept (`attempts`): the exact text the model was
 (for the chat endpoint, the messages' contents in order, joined by a blank line), its raw
 reply (None when none came) and why it was rejected (None when accepted). A retry's
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
-checks every attempt byte for byte too.
+checks every attempt byte for byte too. An attempt also keeps what the server said the call
+cost (`Usage`: prompt tokens, those of them reused from its cache, tokens generated, its own
+milliseconds) and which model answered (`ServedBy`), each field None where the server said
+nothing: never guessed.
 
 A record names the `renderer` that made its prompt (1 when absent). This npcsim has one,
 `RENDERER_VERSION`: a record made by another is refused in one line when it is rebuilt
@@ -47,6 +50,8 @@ __all__ = [
     "AuditRecord",
     "ReplayResult",
     "ReplayTally",
+    "ServedBy",
+    "Usage",
     "attempt_prompt",
     "decode_record",
     "encode_record",
@@ -60,8 +65,44 @@ __all__ = [
 # A request parameter: a scalar, or a list of them (stop sequences).
 Param = str | int | float | bool | None | list[str | int | float | bool | None]
 
-RECORD_VERSION = 2
-"""2: records carry `attempts` and `renderer`."""
+RECORD_VERSION = 3
+"""2: records carry `attempts` and `renderer`; 3: attempts carry `usage` and `served_by`."""
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What the server said one call cost; None where it said nothing.
+
+    `prompt_tokens` counts the whole prompt as the server tokenized it, `cached_tokens`
+    those of them it reused from its cache instead of evaluating them again (so
+    `prompt_tokens - cached_tokens` were evaluated). `prompt_ms` and `predicted_ms` are the
+    server's own times for evaluating the prompt and for generating.
+    """
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_ms: float | None = None
+    predicted_ms: float | None = None
+
+    @property
+    def evaluated_tokens(self) -> int | None:
+        """The prompt tokens the server evaluated: None unless it said both how many and how many were reused."""
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            return None
+        return self.prompt_tokens - self.cached_tokens
+
+
+class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
+    """Which model answered a call; None where the backend cannot say.
+
+    `model` is the server's own id for the model (an OpenAI-compatible reply's `model`),
+    `build` the server's build (llama.cpp's `build_info`, or a reply's `system_fingerprint`),
+    `sha256` the model file's digest where npcsim loaded the file itself (`llamacpp`).
+    """
+
+    model: str | None = None
+    build: str | None = None
+    sha256: str | None = None
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,7 +110,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
 
     `prompt` is `prefix` + the working memory's text in `form` ("text": the prompt; "chat":
     the messages' contents joined by a blank line); the memory is the record's, rebuilt
-    with `prohibition`. `problem` is None when the reply was accepted.
+    with `prohibition`. `problem` is None when the reply was accepted. `usage` and
+    `served_by` are None when no reply came.
     """
 
     prompt: str
@@ -78,6 +120,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     prohibition: str | None = None
     form: str = "text"
     prefix: str = ""
+    usage: Usage | None = None
+    served_by: ServedBy | None = None
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):

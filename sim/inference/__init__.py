@@ -21,7 +21,7 @@ from sim.inference._pool import Pool, open_pool
 from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
 from sim.inference._worker import RemoteWorker
-from sim.inference.backends import BACKENDS, Backend, Reply, open_backend
+from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend
 from sim.wire.inference import (
     InferenceRequest,
     InferenceResult,
@@ -47,6 +47,7 @@ __all__ = [
     "Reply",
     "Verdict",
     "WorkerConfig",
+    "check_context_window",
     "clean_line",
     "contradicted_fact",
     "decode_request",

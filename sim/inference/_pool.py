@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
-from sim.audit import Attempt, AuditRecord
+from sim.audit import Attempt, AuditRecord, ServedBy, Usage
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._dispatch import Dispatch, fallback_result
@@ -198,7 +198,8 @@ class RecordedBackend:
         if attempt is None:
             raise InferenceError(f"no recorded reply for attempt {self._made}")
         if attempt.raw_response is not None:
-            return Reply(text=attempt.raw_response, model=self.model, params=self._params)
+            return Reply(text=attempt.raw_response, model=self.model, params=self._params,
+                         usage=attempt.usage or Usage(), served_by=attempt.served_by or ServedBy())
         reason, _, detail = (attempt.problem or "backend_error: no reply").partition(": ")
         if reason == "timeout":
             raise BackendTimeoutError(detail)

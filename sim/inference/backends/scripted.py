@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from sim.audit import Usage
 from sim.inference.backends._base import Reply, convert_options
 from sim.memory import QUOTE_MARKS, WorkingMemory, own_words, quoted
 
@@ -242,4 +243,4 @@ class ScriptedBackend:
         if self._options.delay_ms > 0:
             await asyncio.sleep(self._options.delay_ms / 1000)
         text = next(self._script) if self._script is not None else scripted_reply(memory)
-        return Reply(text=text, model=self.model, params=self._params, tokens=len(text.split()))
+        return Reply(text=text, model=self.model, params=self._params, usage=Usage(completion_tokens=len(text.split())))

@@ -1,0 +1,105 @@
+"""What an OpenAI-compatible server reports besides the text: the call's cost, the model
+that answered, and (llama.cpp) its context window.
+
+Everything here comes from outside: a field that is missing, of the wrong type, negative,
+or too long to be a name is None, never guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import msgspec
+
+from sim.audit import ServedBy, Usage
+
+__all__ = ["count", "reported_usage", "served_by", "server_window"]
+
+log = logging.getLogger(__name__)
+
+_NAME_CHARS = 256  # the longest model id or build kept from a reply: a longer one is not a name
+
+
+def served_by(data: dict[str, Any]) -> ServedBy:
+    """The model a reply names (`model`) and the server's build (`system_fingerprint`)."""
+    return ServedBy(model=_name(data.get("model")), build=_name(data.get("system_fingerprint")))
+
+
+def reported_usage(data: dict[str, Any]) -> Usage:
+    """The call's cost as the reply states it: llama.cpp's `timings` first (its own count of
+    the prompt tokens evaluated and reused), else `usage`. A reused count above the prompt's
+    is not a count the server can mean: it is dropped."""
+    usage, timings = _object(data.get("usage")), _object(data.get("timings"))
+    prompt, cached = count(usage.get("prompt_tokens")), count(_object(usage.get("prompt_tokens_details"))
+                                                                 .get("cached_tokens"))
+    evaluated, reused = count(timings.get("prompt_n")), count(timings.get("cache_n"))
+    if evaluated is not None and reused is not None:
+        prompt, cached = evaluated + reused, reused
+    if prompt is not None and cached is not None and cached > prompt:
+        log.warning("a reply says %d of its %d prompt tokens were cached: cached tokens not recorded", cached, prompt)
+        cached = None
+    return Usage(
+        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=count(usage.get("completion_tokens")),
+        prompt_ms=_ms(timings.get("prompt_ms")), predicted_ms=_ms(timings.get("predicted_ms")),
+    )
+
+
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def count(value: object) -> int | None:
+    """A token count, or None when missing or not a whole number >= 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _ms(value: object) -> float | None:
+    """A duration in milliseconds, or None when missing or not a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        return None
+    return float(value)
+
+
+def _name(value: object) -> str | None:
+    """A model id or build as the server gave it, or None when missing, empty or too long to be one."""
+    return value if isinstance(value, str) and 0 < len(value) <= _NAME_CHARS else None
+
+
+async def server_window(base_url: str, wait_s: float) -> int | None:
+    """The context window of one of the server's slots, in tokens; None when it does not say.
+
+    llama.cpp answers `GET /props` (`default_generation_settings.n_ctx`) and `GET /slots`
+    (each slot's `n_ctx`) at its root, beside `/v1`. A server not reachable within `wait_s`
+    says nothing either: the backend's own retries and circuit breaker deal with a server
+    that is down.
+    """
+    root = base_url.rstrip("/").removesuffix("/v1")
+    async with httpx.AsyncClient(base_url=root, timeout=wait_s) as client:
+        for path, read in (("/props", _props_window), ("/slots", _slots_window)):
+            try:
+                response = await client.get(path)
+            except httpx.HTTPError as exc:
+                log.info("cannot ask %s%s for its context window: %s: %s", root, path, type(exc).__name__, exc)
+                return None
+            if response.status_code != 200:
+                continue
+            try:
+                window = read(msgspec.json.decode(response.content))
+            except msgspec.DecodeError:
+                window = None
+            if window is not None:
+                return window
+    return None
+
+
+def _props_window(props: object) -> int | None:
+    settings = _object(_object(props).get("default_generation_settings"))
+    return count(settings.get("n_ctx")) or None
+
+
+def _slots_window(slots: object) -> int | None:
+    if not isinstance(slots, list) or not slots:
+        return None
+    return count(_object(slots[0]).get("n_ctx")) or None

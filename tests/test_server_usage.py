@@ -1,0 +1,118 @@
+"""What a server says each call cost and which model answered, in the audit; and the context
+window a run's token budget must fit (the fake OpenAI-compatible server, real loopback HTTP).
+
+The same against llama.cpp's own server and a real model: tests/test_llama_server.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sim.audit import ServedBy, Usage
+from sim.errors import ConfigError
+from sim.inference import PoolConfig, check_context_window, open_pool
+from tests.fake_openai import FakeOpenAI, open_fake_openai
+from tests.helpers import VILLAGE, run_npcsim
+from tests.inference_helpers import make_request
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with open_fake_openai() as server:
+        yield server
+
+
+def config(fake: FakeOpenAI, **options: Any) -> PoolConfig:
+    base: dict[str, Any] = {"base_url": fake.base_url, "model": "fake-1", "retries": 0}
+    return PoolConfig(backend="openai", options={**base, **options}, concurrency=1, timeout=5.0)
+
+
+async def test_each_attempt_keeps_the_prompt_tokens_reused_and_the_model_that_answered(fake: FakeOpenAI) -> None:
+    async with open_pool(config(fake)) as pool:
+        first = await pool.infer(make_request(1))
+        again = await pool.infer(make_request(2))
+    (one,), (two,) = first.attempts, again.attempts
+    sent = " ".join(m["content"] for m in fake.requests[0]["body"]["messages"]).split()
+    assert one.usage == Usage(prompt_tokens=len(sent), cached_tokens=0, completion_tokens=6)
+    assert two.usage is not None and two.usage.prompt_tokens == len(sent)
+    assert two.usage.cached_tokens == len(sent) and two.usage.evaluated_tokens == 0  # the same prompt again
+    assert one.served_by == ServedBy(model="fake-1", build="fake-build-1")
+
+
+async def test_llama_cpp_timings_count_the_prompt_evaluated_and_reused(fake: FakeOpenAI) -> None:
+    fake.timings = {"prompt_n": 12, "cache_n": 30, "prompt_ms": 41.5, "predicted_n": 6, "predicted_ms": 120}
+    async with open_pool(config(fake, endpoint="completions")) as pool:
+        result = await pool.infer(make_request())
+    assert result.attempts[0].usage == Usage(
+        prompt_tokens=42, cached_tokens=30, completion_tokens=6, prompt_ms=41.5, predicted_ms=120.0
+    )
+
+
+@pytest.mark.parametrize(("usage", "timings", "expected"), [
+    ({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 11}}, None, Usage(prompt_tokens=10)),
+    ({"prompt_tokens": "10", "completion_tokens": -1, "prompt_tokens_details": [3]}, None, Usage()),
+    ({"prompt_tokens": True, "prompt_tokens_details": {"cached_tokens": 1.5}}, None, Usage()),
+    ({}, {"prompt_n": 5, "cache_n": None, "prompt_ms": "fast", "predicted_ms": -3}, Usage()),
+    ({}, {"prompt_n": 5, "cache_n": 2, "prompt_ms": [1]}, Usage(prompt_tokens=7, cached_tokens=2)),
+    ("none", "none", Usage()),
+])
+async def test_a_forged_or_malformed_usage_is_not_recorded(
+    fake: FakeOpenAI, usage: Any, timings: Any, expected: Usage
+) -> None:
+    """More tokens reused than the prompt had, counts that are not counts: None, never guessed."""
+    fake.usage, fake.timings = usage, timings
+    async with open_pool(config(fake)) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback and result.attempts[0].usage == expected
+
+
+async def test_a_model_name_or_build_too_long_to_be_one_is_not_recorded(fake: FakeOpenAI) -> None:
+    fake.fingerprint = "b" * 10_000
+    async with open_pool(config(fake, model="m" * 300)) as pool:
+        result = await pool.infer(make_request())
+    assert not result.fallback and result.attempts[0].served_by == ServedBy()
+
+
+async def test_no_reply_no_usage(fake: FakeOpenAI) -> None:
+    fake.default = "500"
+    async with open_pool(config(fake)) as pool:
+        result = await pool.infer(make_request())
+    assert result.fallback and result.attempts[0].usage is None and result.attempts[0].served_by is None
+
+
+async def test_a_token_budget_over_the_servers_window_is_refused(fake: FakeOpenAI) -> None:
+    fake.n_ctx = 512
+    options = {"base_url": fake.base_url, "max_tokens": 64}
+    await check_context_window("openai", options, 448)  # 448 + 64 fits exactly
+    with pytest.raises(ConfigError) as refused:
+        await check_context_window("openai", options, 449)
+    assert str(refused.value) == (
+        f"max_context_tokens 449 + max_tokens 64 = 513 tokens cannot fit the server's context window of 512 tokens "
+        f"per slot ({fake.base_url})"
+    )
+    assert fake.gets == ["/props", "/props"]
+
+
+async def test_without_a_token_budget_or_a_window_nothing_is_checked(fake: FakeOpenAI) -> None:
+    await check_context_window("openai", {"base_url": fake.base_url}, None)
+    assert fake.gets == []
+    await check_context_window("openai", {"base_url": fake.base_url}, 10**9)  # /props and /slots: 404
+    assert fake.gets == ["/props", "/slots"]
+    await check_context_window("openai", {"base_url": "http://127.0.0.1:1/v1"}, 10**9)  # nobody there
+
+
+async def test_a_run_over_the_servers_window_stops_before_it_starts_in_one_line(fake: FakeOpenAI) -> None:
+    fake.n_ctx = 256
+    ran = await asyncio.to_thread(
+        run_npcsim, "run", VILLAGE, "--backend", "openai", "--base-url", fake.base_url, "--max-context-tokens", "300",
+        "--ticks", "1", "--broker", "mqtt://127.0.0.1:1",
+    )
+    assert ran.code != 0 and not fake.requests
+    assert ran.err.strip().splitlines() == [
+        f"npcsim: error: max_context_tokens 300 + max_tokens 64 = 364 tokens cannot fit the server's context window "
+        f"of 256 tokens per slot ({fake.base_url})"
+    ]
