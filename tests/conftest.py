@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.helpers import IN_CI, MosquittoProcess, require_mosquitto
+from tests.llama_server import LlamaServer, require_llama_server
 
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile(
@@ -27,3 +28,14 @@ def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama.cpp's server with the bundled model, shared by a module's tests; stopped however they end."""
+    binary, model = require_llama_server()
+    server = LlamaServer(binary, model, tmp_path_factory.mktemp("llama-server") / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()

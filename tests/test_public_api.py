@@ -28,12 +28,14 @@ PACKAGES: dict[str, set[str]] = {
     "sim.cli": {"build_parser", "console", "main"},
     "sim.inference": {
         "BACKENDS", "Backend", "FactGuard", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
-        "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
-        "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result", "fallback_line",
-        "judge", "load_fact_guard", "open_backend", "open_pool", "reply_problem",
+        "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig",
+        "check_context_window", "clean_line", "contradicted_fact", "decode_request", "decode_result",
+        "encode_request", "encode_result", "fallback_line", "judge", "load_fact_guard", "open_backend", "open_pool",
+        "reply_problem",
     },
     "sim.inference.backends": {
-        "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "convert_options", "open_backend",
+        "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window", "convert_options",
+        "open_backend",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
@@ -83,8 +85,8 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "ReplayTally", "attempt_prompt",
-        "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+        "Attempt", "AuditRecord", "RECORD_VERSION", "ReplayResult", "ReplayTally", "ServedBy", "Usage",
+        "attempt_prompt", "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
         "replay_records",
     },
     "sim.memory.render": {

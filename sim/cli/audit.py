@@ -25,7 +25,7 @@ from typing import BinaryIO
 import msgspec
 from rich.syntax import Syntax
 
-from sim.audit import AuditRecord, ReplayTally, replay, replay_records
+from sim.audit import AuditRecord, ReplayTally, ServedBy, Usage, replay, replay_records
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
@@ -119,20 +119,45 @@ def _raw(text: str | None) -> str:
     return "(none)" if text is None else text or "(empty)"
 
 
+def _usage(usage: Usage | None) -> str:
+    """What the server said a call cost; "?" for each figure it did not say."""
+    if usage is None:
+        return "(no reply)"
+
+    def figure(value: float | None, unit: str = "") -> str:
+        return "?" if value is None else f"{value:,.1f}{unit}" if isinstance(value, float) else f"{value:,}{unit}"
+
+    return (f"prompt {figure(usage.prompt_tokens)} tokens ({figure(usage.cached_tokens)} cached), "
+            f"completion {figure(usage.completion_tokens)}; prompt {figure(usage.prompt_ms, ' ms')}, "
+            f"generation {figure(usage.predicted_ms, ' ms')}")
+
+
+def _served_by(served_by: ServedBy | None) -> str:
+    """Which model answered, as far as the backend said."""
+    if served_by is None:
+        return "(no reply)"
+    said = [f"{name} {value}" for name, value in msgspec.structs.asdict(served_by).items() if value is not None]
+    return ", ".join(said) or "(not said)"
+
+
 def _print_attempts(out: Out, record: AuditRecord) -> None:
-    """Every attempt: the exact text given, the raw reply, and why it was rejected."""
+    """Every attempt: the exact text given, the raw reply, why it was rejected, what the server said it cost."""
     rows = []
     for n, a in enumerate(record.attempts, 1):
         given = a.prompt if a.prohibition is None else f"[rule: {a.prohibition}]\n{a.prompt}"
-        rows.append((str(n), given, _raw(a.raw_response), a.problem or "accepted"))
+        rows.append((str(n), given, _raw(a.raw_response), a.problem or "accepted", _usage(a.usage),
+                     _served_by(a.served_by)))
     if out.terminal:
-        out.table(("#", "given to the model", "raw response", "problem"), rows, title="attempts", fold=True)
+        out.table(("#", "given to the model", "raw response", "problem", "usage", "served by"), rows,
+                  title="attempts", fold=True)
         return
     out.record(f"attempts: {len(rows)}")
-    for number, given, raw, problem in rows:  # in a pipe: the prompt as its lines, the rest one line each
+    for number, given, raw, problem, usage, served_by in rows:  # in a pipe: the prompt as lines, the rest a line each
         out.block(f"attempt {number}: given to the model", given)
         out.record(f"attempt {number}: raw response: ", raw)
         out.record(f"attempt {number}: problem: ", problem)
+        out.record(f"attempt {number}: usage: ", usage)
+        out.record(f"attempt {number}: served by: ", served_by)
 
 
 def show_command(args: argparse.Namespace) -> int:

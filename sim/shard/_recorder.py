@@ -2,9 +2,9 @@
 
 An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder does the
 rest, in this order: the over-budget count (docs/working-memory.md: counted, and logged
-once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
-kept), the audit record in the store (enough to rebuild the exact context the model saw),
-the metrics, and the trace for viewers.
+once per NPC), the run's counters (inferences, fallbacks, lines, the prompt tokens the
+model server evaluated and reused; the dialogue when kept), the audit record in the store
+(enough to rebuild the exact context the model saw), the metrics, and the trace for viewers.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class Recorder:
         self._stats.inferences += 1
         self._stats.fallbacks += result.fallback
         self._stats.lines += 1
+        self._count_prompt_tokens(result)
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
         record = make_record(
@@ -102,6 +103,14 @@ class Recorder:
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
                          prompts=self._trace_prompts, memory=spoken.memory)
         await self._bus.publish_trace(trace)
+
+    def _count_prompt_tokens(self, result: InferenceResult) -> None:
+        """The prompt tokens each call's server evaluated and reused, where it said both."""
+        for attempt in result.attempts:
+            usage = attempt.usage
+            if usage is not None and usage.evaluated_tokens is not None:
+                self._stats.prompt_tokens_evaluated += usage.evaluated_tokens
+                self._stats.prompt_tokens_cached += usage.cached_tokens or 0
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:
