@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sim.audit import ServedBy, Usage
+from sim.cli.run import summary_rows
 from sim.errors import ConfigError
 from sim.inference import PoolConfig, check_context_window, open_pool
+from sim.metrics import Metrics, serve_metrics
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
+from sim.store import open_reader
 from tests.fake_openai import FakeOpenAI, open_fake_openai
-from tests.helpers import VILLAGE, run_npcsim
+from tests.helpers import VILLAGE, MosquittoProcess, run_npcsim
 from tests.inference_helpers import make_request
+from tests.test_metrics import scrape
 
 
 @pytest.fixture
@@ -116,3 +123,36 @@ async def test_a_run_over_the_servers_window_stops_before_it_starts_in_one_line(
         f"npcsim: error: max_context_tokens 300 + max_tokens 64 = 364 tokens cannot fit the server's context window "
         f"of 256 tokens per slot ({fake.base_url})"
     ]
+
+
+@pytest.mark.mosquitto
+async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused(
+    fake: FakeOpenAI, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """The summary's and the metrics' counts are the audit's, over every attempt."""
+    db = tmp_path / "usage.db"
+    config = RunConfig(
+        scenario=VILLAGE, run_id="usage", ticks=12, broker=BrokerConfig(url=mosquitto.url),
+        record=RecordConfig(db=str(db)),
+        inference=InferenceConfig(backend="openai", backend_options={"base_url": fake.base_url, "retries": 0}),
+    )
+    metrics, stats = Metrics(), RunStats()
+    await run(config, stats=stats, metrics=metrics)
+    with open_reader(db) as reader:
+        usages = [a.usage for r in reader.audit_records() for a in r.attempts if a.usage is not None]
+    assert usages
+    cached = sum(u.cached_tokens or 0 for u in usages)
+    evaluated = sum(u.evaluated_tokens or 0 for u in usages)
+    assert cached > 0 and (stats.prompt_tokens_evaluated, stats.prompt_tokens_cached) == (evaluated, cached)
+    with serve_metrics(metrics, 0) as port:
+        async with httpx.AsyncClient() as client:
+            families = scrape((await client.get(f"http://127.0.0.1:{port}/metrics")).text)["npcsim_prompt_tokens"]
+    assert families[("npcsim_prompt_tokens_total", (("state", "evaluated"),))] == evaluated
+    assert families[("npcsim_prompt_tokens_total", (("state", "cached"),))] == cached
+    rows = dict(summary_rows(stats))
+    assert rows["prompt tokens evaluated"] == f"{evaluated:,}" and rows["prompt tokens reused (cache)"] == f"{cached:,}"
+    assert rows["prompt cache hit share"] == f"{100 * cached / (cached + evaluated):.1f}%"
+
+
+def test_a_run_whose_server_says_nothing_shows_no_prompt_token_rows() -> None:
+    assert not any(name.startswith("prompt") for name, _ in summary_rows(RunStats()))
