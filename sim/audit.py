@@ -104,6 +104,11 @@ class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
     build: str | None = None
     sha256: str | None = None
 
+    def differs(self, other: ServedBy) -> bool:
+        """Whether `other` is another model: a field both name differs (saying nothing differs in nothing)."""
+        pairs = zip(msgspec.structs.astuple(self), msgspec.structs.astuple(other), strict=True)
+        return any(a is not None and b is not None and a != b for a, b in pairs)
+
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     """One call to a backend: what the model was given, what came back, what was wrong.

@@ -9,8 +9,8 @@ memory whole, so that only the client's side of it costs memory). An "ok" answer
 reports `usage` (prompt tokens: the words of the prompt or messages; completion tokens: the
 words of the reply); `delay_s` holds every answer back, and `capacity` serves at most that
 many requests at a time (the rest wait), like a model server whose batch is full. With
-`n_ctx` set, `GET /props` says it as llama.cpp's server does (its context window per slot);
-unset, `/props` is a 404.
+`GET /props` names its build as llama.cpp's server does (`build_info`, the replies'
+`system_fingerprint`), and with `n_ctx` set its context window per slot.
 """
 
 from __future__ import annotations
@@ -130,8 +130,11 @@ class FakeOpenAI:
 
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
         self.gets.append(path)
-        if path == "/props" and self.n_ctx is not None:
-            status, payload = 200, json.dumps({"default_generation_settings": {"n_ctx": self.n_ctx}}).encode()
+        if path == "/props":
+            props: dict[str, Any] = {"build_info": self.fingerprint}
+            if self.n_ctx is not None:
+                props["default_generation_settings"] = {"n_ctx": self.n_ctx}
+            status, payload = 200, json.dumps(props).encode()
         else:
             status, payload = 404, b'{"error": "not found"}'
         await _send(writer, status, payload)

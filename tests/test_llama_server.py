@@ -90,6 +90,10 @@ async def test_every_prompt_token_is_evaluated_or_reused(
     assert cached > 0  # the NPCs' prompts share their start: the server's cache reuses it
     build = llama_server.get("/props")["build_info"]
     assert {a["served_by"]["build"] for r in exported(db) for a in r["attempts"]} == {build}
+    replay = await asyncio.to_thread(run_npcsim, "audit", "replay", "--db", str(db), "--jobs", "1",
+                                     "--backend", "openai", "--base-url", llama_server.base_url)
+    assert replay.code == 0, replay.err
+    assert "every record that names its model was answered by the one openai serves now" in replay.out
 
 
 async def test_a_token_budget_over_the_servers_window_is_refused(llama_server: LlamaServer) -> None:

@@ -35,7 +35,7 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window", "convert_options",
-        "open_backend",
+        "open_backend", "served_now",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",

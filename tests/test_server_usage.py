@@ -7,6 +7,7 @@ The same against llama.cpp's own server and a real model: tests/test_llama_serve
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from sim.audit import ServedBy, Usage
 from sim.cli.run import summary_rows
 from sim.errors import ConfigError
 from sim.inference import PoolConfig, check_context_window, open_pool
+from sim.inference.backends.llamacpp import served_now
 from sim.metrics import Metrics, serve_metrics
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
@@ -126,10 +128,11 @@ async def test_a_run_over_the_servers_window_stops_before_it_starts_in_one_line(
 
 
 @pytest.mark.mosquitto
-async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused(
+async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused_and_replay_names_another_model(
     fake: FakeOpenAI, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
-    """The summary's and the metrics' counts are the audit's, over every attempt."""
+    """The summary's and the metrics' counts are the audit's, over every attempt; `audit replay`
+    given the backend says which records another model answered than the one it serves now."""
     db = tmp_path / "usage.db"
     config = RunConfig(
         scenario=VILLAGE, run_id="usage", ticks=12, broker=BrokerConfig(url=mosquitto.url),
@@ -139,7 +142,10 @@ async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused(
     metrics, stats = Metrics(), RunStats()
     await run(config, stats=stats, metrics=metrics)
     with open_reader(db) as reader:
-        usages = [a.usage for r in reader.audit_records() for a in r.attempts if a.usage is not None]
+        attempts = [a for r in reader.audit_records() for a in r.attempts]
+        records = sum(1 for _ in reader.audit_records())
+        first_id = next(iter(reader.audit_records())).id
+    usages = [a.usage for a in attempts if a.usage is not None]
     assert usages
     cached = sum(u.cached_tokens or 0 for u in usages)
     evaluated = sum(u.evaluated_tokens or 0 for u in usages)
@@ -153,6 +159,36 @@ async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused(
     assert rows["prompt tokens evaluated"] == f"{evaluated:,}" and rows["prompt tokens reused (cache)"] == f"{cached:,}"
     assert rows["prompt cache hit share"] == f"{100 * cached / (cached + evaluated):.1f}%"
 
+    first = attempts[0]
+    assert first.usage is not None and first.usage.prompt_tokens is not None
+    show = await asyncio.to_thread(run_npcsim, "audit", "show", "--db", str(db), first_id)
+    assert show.code == 0, show.err
+    assert (f"attempt 1: usage: prompt {first.usage.prompt_tokens:,} tokens ({first.usage.cached_tokens:,} cached), "
+            "completion 6; prompt ? ms, generation ? ms") in show.out.splitlines()
+    assert "attempt 1: served by: model default, build fake-build-1" in show.out.splitlines()
+
+    replay = ("audit", "replay", "--db", str(db), "--jobs", "1", "--backend", "openai", "--base-url", fake.base_url)
+    same = await asyncio.to_thread(run_npcsim, *replay)
+    assert same.code == 0, same.err
+    said = "every record that names its model was answered by the one openai serves now (build fake-build-1)"
+    assert said in same.out
+    fake.fingerprint = "fake-build-2"  # the server was rebuilt since the run
+    other = await asyncio.to_thread(run_npcsim, *replay)
+    assert other.code == 0 and "all byte-identical" in other.out
+    assert f"{records} of {records} records were answered by another model than the one openai serves now" in other.out
+    assert "served by model default, build fake-build-1; now: build fake-build-2" in other.out
+
 
 def test_a_run_whose_server_says_nothing_shows_no_prompt_token_rows() -> None:
     assert not any(name.startswith("prompt") for name, _ in summary_rows(RunStats()))
+
+
+def test_the_llamacpp_backend_names_its_model_file_by_its_digest(tmp_path: Path) -> None:
+    weights = tmp_path / "tiny-model.gguf"
+    weights.write_bytes(b"GGUF" + bytes(range(256)) * 5000)
+    said = served_now({"model_path": str(weights)})
+    assert said == ServedBy(model="tiny-model", sha256=hashlib.sha256(weights.read_bytes()).hexdigest())
+    assert said.differs(ServedBy(model="tiny-model", sha256="0" * 64))
+    assert not said.differs(ServedBy(model="tiny-model")) and not said.differs(ServedBy(build="b1"))
+    with pytest.raises(ConfigError, match="is not a file"):
+        served_now({"model_path": str(tmp_path / "missing.gguf")})

@@ -4,7 +4,9 @@ Every command opens the file read-only (`sim.store.open_reader`): auditing never
 what is audited. `show` prints every attempt of an inference (what the model was given,
 its raw reply, why it was rejected) and every item truncation dropped; `replay` rebuilds and
 checks every attempt, in worker processes over record ranges (`--jobs`, every core by
-default; the output is the same for any number); `export` writes each record with its `attempts` list and its `dropped`
+default; the output is the same for any number), and, given a backend (`--backend openai
+--base-url ...`, `--backend llamacpp`), says which records another model answered than the
+one it serves now; `export` writes each record with its `attempts` list and its `dropped`
 list (derived from the record's snapshot: what truncation left out, and why). The one write
 is `export --rotate`, which deletes the records it has exported, once the export is on disk.
 
@@ -15,6 +17,7 @@ through `sim.cli._terminal`, escaped, and in a pipe one record per line with ful
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gzip
 import os
 import sys
@@ -26,9 +29,11 @@ import msgspec
 from rich.syntax import Syntax
 
 from sim.audit import AuditRecord, ReplayTally, ServedBy, Usage, replay, replay_records
+from sim.cli._options import add_backend_arguments, backend_options
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
+from sim.inference.backends import served_now
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
 
@@ -61,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.add_argument("--agent", default=None, help="only this agent")
     rep.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
                      help="worker processes over record ranges (default: every core); the output does not depend on it")
+    add_backend_arguments(rep, delay=False)
     rep.set_defaults(func=replay_command)
 
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
@@ -124,12 +130,12 @@ def _usage(usage: Usage | None) -> str:
     if usage is None:
         return "(no reply)"
 
-    def figure(value: float | None, unit: str = "") -> str:
-        return "?" if value is None else f"{value:,.1f}{unit}" if isinstance(value, float) else f"{value:,}{unit}"
+    def figure(value: float | None) -> str:
+        return "?" if value is None else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
 
     return (f"prompt {figure(usage.prompt_tokens)} tokens ({figure(usage.cached_tokens)} cached), "
-            f"completion {figure(usage.completion_tokens)}; prompt {figure(usage.prompt_ms, ' ms')}, "
-            f"generation {figure(usage.predicted_ms, ' ms')}")
+            f"completion {figure(usage.completion_tokens)}; prompt {figure(usage.prompt_ms)} ms, "
+            f"generation {figure(usage.predicted_ms)} ms")
 
 
 def _served_by(served_by: ServedBy | None) -> str:
@@ -189,12 +195,34 @@ def show_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _other_models(args: argparse.Namespace, out: Out, records: int) -> None:
+    """With a backend given: the records some other model answered than the one it serves now."""
+    if args.backend == "scripted":
+        return
+    now = asyncio.run(served_now(args.backend, backend_options(args)))
+    count, first = 0, None
+    with open_reader(args.db) as reader:
+        for record in reader.audit_records(args.agent):
+            said = next((a.served_by for a in record.attempts if a.served_by and a.served_by.differs(now)), None)
+            if said is not None:
+                count += 1
+                first = first or (record.id, said)
+    if first is None:
+        out.record(f"every record that names its model was answered by the one {args.backend} serves now "
+                   f"({_served_by(now)})")
+        return
+    out.record((f"{count} of {records} records were answered by another model than the one {args.backend} serves "
+                "now", "bold yellow"))
+    out.record(f"first: record {first[0]}, served by {_served_by(first[1])}; now: {_served_by(now)}")
+
+
 def replay_command(args: argparse.Namespace) -> int:
     out = Out()
     check_jobs(args.jobs)
     tally = ReplayTally()
     for part in map_spans(replay_records, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
         tally.add(part)
+    _other_models(args, out, tally.records)
     if tally.first is None:
         out.record(f"replayed {tally.records} records: all byte-identical ({tally.attempts} attempts checked)")
         return 0

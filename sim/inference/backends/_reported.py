@@ -1,5 +1,5 @@
 """What an OpenAI-compatible server reports besides the text: the call's cost, the model
-that answered, and (llama.cpp) its context window.
+that answered, the model it serves now, and (llama.cpp) its context window.
 
 Everything here comes from outside: a field that is missing, of the wrong type, negative,
 or too long to be a name is None, never guessed.
@@ -8,16 +8,20 @@ or too long to be a name is None, never guessed.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
 
 from sim.audit import ServedBy, Usage
+from sim.errors import ConfigError
 
-__all__ = ["count", "reported_usage", "served_by", "server_window"]
+__all__ = ["count", "model_now", "reported_usage", "served_by", "server_window"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _NAME_CHARS = 256  # the longest model id or build kept from a reply: a longer one is not a name
 
@@ -75,22 +79,45 @@ async def server_window(base_url: str, wait_s: float) -> int | None:
     says nothing either: the backend's own retries and circuit breaker deal with a server
     that is down.
     """
-    root = base_url.rstrip("/").removesuffix("/v1")
-    async with httpx.AsyncClient(base_url=root, timeout=wait_s) as client:
-        for path, read in (("/props", _props_window), ("/slots", _slots_window)):
-            try:
-                response = await client.get(path)
-            except httpx.HTTPError as exc:
-                log.info("cannot ask %s%s for its context window: %s: %s", root, path, type(exc).__name__, exc)
-                return None
+    root = _root(base_url)
+    try:
+        return await _first_answer(wait_s, ((f"{root}/props", _props_window), (f"{root}/slots", _slots_window)))
+    except httpx.HTTPError as exc:
+        log.info("cannot ask %s for its context window: %s: %s", root, type(exc).__name__, exc)
+        return None
+
+
+async def model_now(base_url: str, wait_s: float) -> ServedBy:
+    """The model the server serves now, named as its replies name it: llama.cpp's `GET /props`
+    (`model_alias`, `build_info`), else the first of `GET {base_url}/models`. A ConfigError
+    when the server cannot be reached."""
+    root = _root(base_url)
+    asks = ((f"{root}/props", _props_model), (f"{base_url.rstrip('/')}/models", _listed_model))
+    try:
+        return await _first_answer(wait_s, asks) or ServedBy()
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot ask {root} which model it serves: {type(exc).__name__}: {exc}") from exc
+
+
+def _root(base_url: str) -> str:
+    """The server's root, where llama.cpp answers beside its OpenAI-compatible `/v1`."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+async def _first_answer(wait_s: float, asks: Iterable[tuple[str, Callable[[object], T | None]]]) -> T | None:
+    """The first of `asks` (a URL to GET, and what to read of its JSON) that gives something;
+    raises httpx.HTTPError when the server cannot be reached."""
+    async with httpx.AsyncClient(timeout=wait_s) as client:
+        for url, read in asks:
+            response = await client.get(url)
             if response.status_code != 200:
                 continue
             try:
-                window = read(msgspec.json.decode(response.content))
+                answer = read(msgspec.json.decode(response.content))
             except msgspec.DecodeError:
-                window = None
-            if window is not None:
-                return window
+                answer = None
+            if answer is not None:
+                return answer
     return None
 
 
@@ -103,3 +130,17 @@ def _slots_window(slots: object) -> int | None:
     if not isinstance(slots, list) or not slots:
         return None
     return count(_object(slots[0]).get("n_ctx")) or None
+
+
+def _props_model(props: object) -> ServedBy | None:
+    props = _object(props)
+    said = ServedBy(model=_name(props.get("model_alias")), build=_name(props.get("build_info")))
+    return None if said == ServedBy() else said
+
+
+def _listed_model(models: object) -> ServedBy | None:
+    listed = _object(models).get("data")
+    if not isinstance(listed, list) or not listed:
+        return None
+    model = _name(_object(listed[0]).get("id"))
+    return None if model is None else ServedBy(model=model)

@@ -32,7 +32,10 @@ from sim.errors import ConfigError, InferenceError
 from sim.inference.backends._base import FEW_SHOT, Reply, convert_options
 from sim.memory import WorkingMemory
 
-__all__ = ["LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "missing_requirement", "open_llamacpp"]
+__all__ = [
+    "LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "file_sha256", "missing_requirement", "open_llamacpp",
+    "served_now",
+]
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +143,8 @@ class LlamaCppBackend:
             self._llama.close()
 
 
-@asynccontextmanager
-async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBackend]:
-    """Load the model in a thread (it takes a moment) and free it however the block ends."""
-    opts = convert_options("llamacpp", options, LlamaCppOptions)
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise ConfigError("backend 'llamacpp' needs the extra llm: pip install 'npcsim[llm]'") from exc
+def _model_path(opts: LlamaCppOptions) -> Path:
+    """The model file the options name, or the bundled one; a ConfigError when there is none."""
     path = Path(opts.model_path) if opts.model_path else bundled_model_path()
     if path is None:
         raise ConfigError(
@@ -156,6 +153,24 @@ async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBac
         )
     if not path.is_file():
         raise ConfigError(f"backend 'llamacpp' options: model_path {str(path)!r} is not a file")
+    return path
+
+
+def served_now(options: Mapping[str, Any]) -> ServedBy:
+    """The model file the options name now, as a reply names it: its name and SHA-256."""
+    path = _model_path(convert_options("llamacpp", options, LlamaCppOptions))
+    return ServedBy(model=path.stem, sha256=file_sha256(path.resolve()))
+
+
+@asynccontextmanager
+async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBackend]:
+    """Load the model in a thread (it takes a moment) and free it however the block ends."""
+    opts = convert_options("llamacpp", options, LlamaCppOptions)
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError("backend 'llamacpp' needs the extra llm: pip install 'npcsim[llm]'") from exc
+    path = _model_path(opts)
     try:
         llama = await asyncio.to_thread(
             llama_cpp.Llama, model_path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads or os.cpu_count() or 1,

@@ -42,13 +42,17 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
+from sim.audit import ServedBy
 from sim.backoff import Backoff, BackoffPolicy
 from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError
 from sim.inference.backends._base import Reply, convert_options
-from sim.inference.backends._reported import reported_usage, served_by, server_window
+from sim.inference.backends._reported import model_now, reported_usage, served_by, server_window
 from sim.memory import WorkingMemory
 
-__all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "check_server_window", "open_openai", "reply_bound"]
+__all__ = [
+    "CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "check_server_window", "open_openai", "reply_bound",
+    "served_now",
+]
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +313,12 @@ async def check_server_window(options: Mapping[str, Any], budget_tokens: int | N
             f"max_context_tokens {budget_tokens} + max_tokens {opts.max_tokens} = {budget_tokens + opts.max_tokens} "
             f"tokens cannot fit the server's context window of {window} tokens per slot ({opts.base_url})"
         )
+
+
+async def served_now(options: Mapping[str, Any]) -> ServedBy:
+    """The model the server serves now, as its replies would name it (a ConfigError when it cannot be asked)."""
+    opts = convert_options("openai", options, OpenAIOptions)
+    return await model_now(opts.base_url, opts.connect_timeout)
 
 
 @asynccontextmanager
