@@ -28,7 +28,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -69,6 +69,10 @@ RECORD_VERSION = 3
 """2: records carry `attempts` and `renderer`; 3: attempts carry `usage` and `served_by`."""
 
 
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Millis = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     """What the server said one call cost; None where it said nothing.
 
@@ -78,16 +82,17 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     server's own times for evaluating the prompt and for generating.
     """
 
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    prompt_ms: float | None = None
-    predicted_ms: float | None = None
+    prompt_tokens: Count | None = None
+    cached_tokens: Count | None = None
+    completion_tokens: Count | None = None
+    prompt_ms: Millis | None = None
+    predicted_ms: Millis | None = None
 
     @property
     def evaluated_tokens(self) -> int | None:
-        """The prompt tokens the server evaluated: None unless it said both how many and how many were reused."""
-        if self.prompt_tokens is None or self.cached_tokens is None:
+        """The prompt tokens the server evaluated: None unless it said how many and how many of
+        them were reused (no more than there were)."""
+        if self.prompt_tokens is None or self.cached_tokens is None or self.cached_tokens > self.prompt_tokens:
             return None
         return self.prompt_tokens - self.cached_tokens
 

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from sim.audit import ServedBy, Usage
 from sim.cli.run import summary_rows
 from sim.errors import ConfigError
-from sim.inference import PoolConfig, check_context_window, open_pool
+from sim.inference import PoolConfig, check_context_window, decode_result, open_pool
 from sim.inference.backends.llamacpp import served_now
 from sim.metrics import Metrics, serve_metrics
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
@@ -192,3 +193,20 @@ def test_the_llamacpp_backend_names_its_model_file_by_its_digest(tmp_path: Path)
     assert not said.differs(ServedBy(model="tiny-model")) and not said.differs(ServedBy(build="b1"))
     with pytest.raises(ConfigError, match="is not a file"):
         served_now({"model_path": str(tmp_path / "missing.gguf")})
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": -5}, {"cached_tokens": -1}, {"prompt_ms": -0.5},
+                                   {"completion_tokens": 1.5}])
+def test_a_remote_result_with_counts_that_are_not_counts_is_refused_on_the_wire(usage: dict[str, Any]) -> None:
+    """A remote worker's result is decoded with the audit's types: a forged usage is a malformed message."""
+    forged = msgspec.msgpack.encode({
+        "id": "x", "agent_id": "a", "tick": 1, "line": "Aye.", "raw_response": "Aye.", "backend": "openai",
+        "model": "m", "attempts": [{"prompt": "p", "raw_response": "Aye.", "usage": usage}],
+    })
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.attempts\[0\]\.usage\."):
+        decode_result(forged)
+
+
+def test_more_tokens_reused_than_the_prompt_had_are_no_tokens_evaluated() -> None:
+    assert Usage(prompt_tokens=3, cached_tokens=5).evaluated_tokens is None
+    assert Usage(prompt_tokens=5, cached_tokens=5).evaluated_tokens == 0
