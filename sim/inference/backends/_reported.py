@@ -17,7 +17,7 @@ import msgspec
 from sim.audit import ServedBy, Usage
 from sim.errors import ConfigError
 
-__all__ = ["count", "model_now", "reported_usage", "served_by", "server_window"]
+__all__ = ["model_now", "reported_usage", "served_by", "server_window"]
 
 log = logging.getLogger(__name__)
 
@@ -36,25 +36,37 @@ def reported_usage(data: dict[str, Any]) -> Usage:
     the prompt tokens evaluated and reused), else `usage`. A reused count above the prompt's
     is not a count the server can mean: it is dropped."""
     usage, timings = _object(data.get("usage")), _object(data.get("timings"))
-    prompt, cached = count(usage.get("prompt_tokens")), count(_object(usage.get("prompt_tokens_details"))
+    prompt, cached = _count(usage.get("prompt_tokens")), _count(_object(usage.get("prompt_tokens_details"))
                                                                  .get("cached_tokens"))
-    evaluated, reused = count(timings.get("prompt_n")), count(timings.get("cache_n"))
+    evaluated, reused = _count(timings.get("prompt_n")), _count(timings.get("cache_n"))
     if evaluated is not None and reused is not None:
         prompt, cached = evaluated + reused, reused
     if prompt is not None and cached is not None and cached > prompt:
-        log.warning("a reply says %d of its %d prompt tokens were cached: cached tokens not recorded", cached, prompt)
+        _more_cached_than_prompt(cached, prompt)
         cached = None
     return Usage(
-        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=count(usage.get("completion_tokens")),
+        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=_count(usage.get("completion_tokens")),
         prompt_ms=_ms(timings.get("prompt_ms")), predicted_ms=_ms(timings.get("predicted_ms")),
     )
+
+
+_cached_over_prompt = 0  # replies of this process that said more tokens were cached than their prompt had
+
+
+def _more_cached_than_prompt(cached: int, prompt: int) -> None:
+    """Counted; logged the first time in a process (a server that always does it must not flood the log)."""
+    global _cached_over_prompt
+    _cached_over_prompt += 1
+    if _cached_over_prompt == 1:
+        log.warning("a reply says %d of its %d prompt tokens were cached: its cached tokens are not recorded "
+                    "(nor those of any other such reply; not logged again)", cached, prompt)
 
 
 def _object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def count(value: object) -> int | None:
+def _count(value: object) -> int | None:
     """A token count, or None when missing or not a whole number >= 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -123,13 +135,13 @@ async def _first_answer(wait_s: float, asks: Iterable[tuple[str, Callable[[objec
 
 def _props_window(props: object) -> int | None:
     settings = _object(_object(props).get("default_generation_settings"))
-    return count(settings.get("n_ctx")) or None
+    return _count(settings.get("n_ctx")) or None
 
 
 def _slots_window(slots: object) -> int | None:
     if not isinstance(slots, list) or not slots:
         return None
-    return count(_object(slots[0]).get("n_ctx")) or None
+    return _count(_object(slots[0]).get("n_ctx")) or None
 
 
 def _props_model(props: object) -> ServedBy | None:
