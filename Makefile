@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: run test llm bench clean faults web-example
+.PHONY: run test llm llama-server bench clean faults web-example
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,36 @@ $(VENV)/.installed-llm: pyproject.toml | $(PY)
 	touch $@
 
 llm: $(VENV)/.installed-llm
+
+# llama.cpp's own HTTP server, the reference real model server (tests/llama_server.py starts
+# it): built from the llama.cpp sources that llama-cpp-python's sdist vendors, the server
+# target only, for portable x86-64 like `llm`. The web UI is left out (its prebuilt assets
+# would be downloaded), and so is HTTPS. The binary is kept outside the clone, named by the
+# source's version and the build's options, as pip keeps llama-cpp-python's wheel: a fresh
+# clone copies it instead of building again (about ten minutes on two cores).
+LLAMA_SERVER_SOURCE ?= 0.3.36
+LLAMA_SERVER_CMAKE_ARGS ?= $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+LLAMA_SERVER_CACHE ?= $(HOME)/.cache/npcsim
+LLAMA_SERVER_KEY   := $(LLAMA_SERVER_SOURCE)-$(shell echo '$(LLAMA_SERVER_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_SERVER_BUILT := $(LLAMA_SERVER_CACHE)/llama-server-$(LLAMA_SERVER_KEY)
+LLAMA_SERVER_BUILD := $(LLAMA_SERVER_CACHE)/build-$(LLAMA_SERVER_KEY)
+LLAMA_SERVER_TREE  := $(LLAMA_SERVER_BUILD)/llama_cpp_python-$(LLAMA_SERVER_SOURCE)/vendor/llama.cpp
+$(LLAMA_SERVER_BUILT): | $(PY)
+	rm -rf $(LLAMA_SERVER_BUILD) && mkdir -p $(LLAMA_SERVER_BUILD)
+	$(PIP) download -q --no-binary :all: --no-deps \
+		llama-cpp-python==$(LLAMA_SERVER_SOURCE) -d $(LLAMA_SERVER_BUILD)
+	tar xzf $(LLAMA_SERVER_BUILD)/llama_cpp_python-$(LLAMA_SERVER_SOURCE).tar.gz -C $(LLAMA_SERVER_BUILD)
+	cmake -S $(LLAMA_SERVER_TREE) -B $(LLAMA_SERVER_BUILD)/build $(LLAMA_SERVER_CMAKE_ARGS)
+	cmake --build $(LLAMA_SERVER_BUILD)/build --target llama-server -j2
+	cp $(LLAMA_SERVER_BUILD)/build/bin/llama-server $@.new && mv $@.new $@
+	rm -rf $(LLAMA_SERVER_BUILD)
+
+$(VENV)/bin/llama-server: $(LLAMA_SERVER_BUILT) | $(PY)
+	cp $< $@
+
+llama-server: $(VENV)/bin/llama-server
 
 # The village at about a tick a second with the web view (its address is printed first) and
 # the dialogue in the terminal, until Ctrl-C. VIEW_PORT=8081 make run if 8080 is taken.

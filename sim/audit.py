@@ -12,7 +12,10 @@ reply (None when none came) and why it was rejected (None when accepted). A retr
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
 checks every attempt byte for byte too. An attempt keeps the gates' verdict on each part of
 its reply (`proposals`), and the record the NPC's `output` policy they applied: `replay`
-with a `GateCheck` runs the gates again and compares.
+with a `GateCheck` runs the gates again and compares. An attempt also keeps what the server
+said the call cost (`Usage`: prompt tokens, those of them reused from its cache, tokens
+generated, its own milliseconds) and which model answered (`ServedBy`), each field None
+where the server said nothing: never guessed.
 
 A record names the `renderer` that made its prompt (1 when absent). This npcsim has one,
 `RENDERER_VERSION`: a record made by another is refused in one line when it is rebuilt
@@ -27,7 +30,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -42,16 +45,14 @@ from sim.memory import (
     build_working_memory,
     explain_truncation,
 )
+from sim.output.policy import OutputPolicy, ProposalVerdict
+from sim.wire.served import ServedBy, Usage
 
 __all__ = [
     "RECORD_VERSION",
-    "Arg",
-    "ArgType",
     "Attempt",
     "AuditRecord",
     "GateCheck",
-    "OutputPolicy",
-    "ProposalVerdict",
     "ReplayResult",
     "ReplayTally",
     "attempt_prompt",
@@ -68,46 +69,8 @@ __all__ = [
 Param = str | int | float | bool | None | list[str | int | float | bool | None]
 
 RECORD_VERSION = 3
-"""2: records carry `attempts` and `renderer`; 3: attempts carry `proposals`, records their `output` policy."""
-
-Arg = str | int | float | bool  # an intent's argument
-ArgType = Literal["string", "integer", "number", "boolean"]  # what an intent's argument may be
-
-
-class OutputPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What an NPC may say and propose, as its scenario's author wrote it (docs/npc-output.md).
-
-    `structured`: a structured reply, not a line; `forbidden`: phrases it must never reveal;
-    `intents`: those it may propose, with their arguments' types; `max_beliefs`,
-    `max_memories`: at most this many a turn. The request carries it to the worker, the
-    record keeps it for replaying the gates (sim.output applies it).
-    """
-
-    structured: bool = False
-    forbidden: tuple[str, ...] = ()
-    intents: dict[str, dict[str, ArgType]] = {}
-    max_beliefs: int = 3
-    max_memories: int = 3
-
-
-class ProposalVerdict(msgspec.Struct, frozen=True, kw_only=True):
-    """One part of a reply and what the gates made of it (sim.output, docs/npc-output.md).
-
-    `kind` is "line", "belief", "memory" or "intent"; `text` the line, the belief's or the
-    memory's text (cleaned), or the intent's name; `verdict` "accepted" or "rejected";
-    `code` the first gate that refused it ("ok" when accepted), `detail` why. `about`,
-    `weight` (confidence or significance, clamped) and `args` are the proposal's other fields.
-    """
-
-    kind: str
-    text: str
-    verdict: str
-    code: str
-    detail: str = ""
-    about: str = ""
-    weight: float = 0.0
-    args: dict[str, Arg] = {}
-
+"""2: records carry `attempts` and `renderer`; 3: attempts carry `proposals`, `usage` and `served_by`,
+records their `output` policy."""
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     """One call to a backend: what the model was given, what came back, what was wrong.
@@ -115,7 +78,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     `prompt` is `prefix` + the working memory's text in `form` ("text": the prompt; "chat":
     the messages' contents joined by a blank line); the memory is the record's, rebuilt
     with `prohibition`. `problem` is None when the reply was accepted. `proposals` are the
-    gates' verdicts on the reply's parts (none for an NPC without an output policy).
+    gates' verdicts on the reply's parts (none for an NPC without an output policy). `usage`
+    and `served_by` are None when no reply came.
     """
 
     prompt: str
@@ -125,6 +89,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     form: str = "text"
     prefix: str = ""
     proposals: tuple[ProposalVerdict, ...] = ()
+    usage: Usage | None = None
+    served_by: ServedBy | None = None
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):

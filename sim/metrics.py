@@ -50,6 +50,8 @@ class RunCounts(Protocol):
     resends: int
     resends_folded: int
     verdicts: dict[str, int]
+    prompt_tokens_evaluated: int
+    prompt_tokens_cached: int
 
 
 class MetricsSink(Protocol):
@@ -161,6 +163,13 @@ def _run_families(run: RunCounts) -> Iterator[Any]:
     for code, count in sorted(run.verdicts.items()):
         verdicts.add_metric([code], count)
     yield verdicts
+    prompt_tokens = CounterMetricFamily(
+        "npcsim_prompt_tokens", "Prompt tokens the model server evaluated or reused from its cache, as it said.",
+        labels=["state"],
+    )
+    prompt_tokens.add_metric(["evaluated"], run.prompt_tokens_evaluated)
+    prompt_tokens.add_metric(["cached"], run.prompt_tokens_cached)
+    yield prompt_tokens
     yield GaugeMetricFamily("npcsim_agents", "Agents in this process.", value=run.agents)
     last = run.first_tick + run.ticks_done - 1 if run.ticks_done else 0
     yield GaugeMetricFamily("npcsim_tick", "The last tick completed.", value=last)

@@ -28,9 +28,9 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 import rtoml
 
-from sim.audit import ArgType, OutputPolicy
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
+from sim.output import ArgType, OutputPolicy
 from sim.protocol.bounds import InputBounds, world_state_problem
 from sim.resources import bundled_scenario, scenario_names
 from sim.wire.events import Name, WorldStateMessage

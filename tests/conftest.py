@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 
 from tests.browser import chromium
 from tests.helpers import IN_CI, MosquittoProcess, require_mosquitto
+from tests.llama_server import LlamaServer, require_llama_server
 
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile(
@@ -36,3 +37,14 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     """A headless Chromium (tests/browser.py) for one test; it quits however the test ends."""
     with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama.cpp's server with the bundled model, shared by a module's tests; stopped however they end."""
+    binary, model = require_llama_server()
+    server = LlamaServer(binary, model, tmp_path_factory.mktemp("llama-server") / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()

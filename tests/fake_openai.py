@@ -8,7 +8,9 @@ reply text is `huge_chars` long, sent in chunks without a Content-Length and nev
 memory whole, so that only the client's side of it costs memory). An "ok" answer
 reports `usage` (prompt tokens: the words of the prompt or messages; completion tokens: the
 words of the reply); `delay_s` holds every answer back, and `capacity` serves at most that
-many requests at a time (the rest wait), like a model server whose batch is full.
+many requests at a time (the rest wait), like a model server whose batch is full. With
+`GET /props` names its build as llama.cpp's server does (`build_info`, the replies'
+`system_fingerprint`), and with `n_ctx` set its context window per slot.
 """
 
 from __future__ import annotations
@@ -32,9 +34,14 @@ class FakeOpenAI:
         self.modes: list[str] = []
         self.port = 0
         self.usage: dict[str, Any] | None = None  # replaces the computed `usage` when set
+        self.timings: dict[str, Any] | None = None  # llama.cpp's `timings` of a reply, when set
         self.delay_s = 0.0
         self.capacity: int | None = None
         self.huge_chars = 50 * 1024 * 1024
+        self.n_ctx: int | None = None
+        self.gets: list[str] = []  # the paths asked with GET (`requests` holds the POSTs)
+        self.fingerprint = "fake-build-1"
+        self._last_prompt: list[str] = []
         self._busy: asyncio.Semaphore | None = None
         self._handlers: set[asyncio.Task[None]] = set()
 
@@ -66,6 +73,9 @@ class FakeOpenAI:
     async def _respond(
         self, writer: asyncio.StreamWriter, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> None:
+        if method == "GET":
+            await self._get(writer, path)
+            return
         mode = self._next_mode()
         self.modes.append(mode)
         request = json.loads(body) if body else {}
@@ -89,12 +99,12 @@ class FakeOpenAI:
             else:
                 choice = {"index": 0, "text": reply}
             prompt = request.get("prompt") or " ".join(m.get("content", "") for m in request.get("messages", []))
-            usage = self.usage if self.usage is not None else {
-                "prompt_tokens": len(prompt.split()), "completion_tokens": len(reply.split())
+            usage = self.usage if self.usage is not None else self._usage(prompt.split(), reply)
+            answer = {
+                "id": "cmpl-1", "model": request.get("model", ""), "system_fingerprint": self.fingerprint,
+                "choices": [choice], "usage": usage,
             }
-            payload = json.dumps(
-                {"id": "cmpl-1", "model": request.get("model", ""), "choices": [choice], "usage": usage}
-            ).encode()
+            payload = json.dumps(answer if self.timings is None else {**answer, "timings": self.timings}).encode()
         elif mode == "429":
             status, extra, payload = 429, {"Retry-After": self.retry_after}, b'{"error": "slow down"}'
         elif mode == "500":
@@ -103,10 +113,31 @@ class FakeOpenAI:
             payload = b"{not json"
         else:
             raise AssertionError(f"unknown mode {mode!r}")
-        head = [f"HTTP/1.1 {status} X", "Content-Type: application/json", f"Content-Length: {len(payload)}"]
-        head += [f"{k}: {v}" for k, v in extra.items()]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
+        await _send(writer, status, payload, extra)
+
+    def _usage(self, words: list[str], reply: str) -> dict[str, Any]:
+        """Tokens are words; those at the start that the previous prompt had too count as cached."""
+        cached = 0
+        for mine, theirs in zip(words, self._last_prompt, strict=False):
+            if mine != theirs:
+                break
+            cached += 1
+        self._last_prompt = words
+        return {
+            "prompt_tokens": len(words), "completion_tokens": len(reply.split()),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
+        self.gets.append(path)
+        if path == "/props":
+            props: dict[str, Any] = {"build_info": self.fingerprint}
+            if self.n_ctx is not None:
+                props["default_generation_settings"] = {"n_ctx": self.n_ctx}
+            status, payload = 200, json.dumps(props).encode()
+        else:
+            status, payload = 404, b'{"error": "not found"}'
+        await _send(writer, status, payload)
 
     async def _send_huge(self, writer: asyncio.StreamWriter, path: str) -> None:
         """A chunked 200 whose reply text is "Aye. " and `huge_chars` of "x", 1 MiB at a time."""
@@ -133,6 +164,13 @@ class FakeOpenAI:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _send(writer: asyncio.StreamWriter, status: int, payload: bytes, extra: dict[str, str] | None = None) -> None:
+    head = [f"HTTP/1.1 {status} X", "Content-Type: application/json", f"Content-Length: {len(payload)}"]
+    head += [f"{k}: {v}" for k, v in (extra or {}).items()]
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    await writer.drain()
 
 
 @contextlib.asynccontextmanager

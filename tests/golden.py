@@ -2,8 +2,8 @@
 
 Each audit record becomes one line: its id, the SHA-256 of its prompt, of the working
 memory's encoding, of the state snapshot and of every attempt, the fallback reason and the
-line said. Everything a model saw or said is in those digests; only the timings are left
-out (they are wall-clock).
+line said. Everything a model saw or said is in those digests; the timings and what the
+server reported about each call (its usage and times, the model that answered) are left out.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from sim.audit import Attempt
 from sim.store import open_reader
 
 __all__ = ["AUDIT_COLUMNS", "GOLDEN", "REGENERATE", "audit_lines"]
@@ -26,6 +27,12 @@ AUDIT_COLUMNS = ("id", "prompt", "encoding", "state", "attempts", "fallback", "l
 """What each tab-separated field of an audit line is."""
 
 _ENCODER = msgspec.msgpack.Encoder()
+_REPORTED = ("usage", "served_by")
+"""An attempt's fields the server reported, not what the model saw or said."""
+
+
+def _seen_and_said(attempts: tuple[Attempt, ...]) -> list[dict[str, object]]:
+    return [{k: v for k, v in msgspec.structs.asdict(a).items() if k not in _REPORTED} for a in attempts]
 
 
 def _sha(data: bytes) -> str:
@@ -38,7 +45,7 @@ def audit_lines(dbs: list[Path]) -> list[str]:
     for db in dbs:
         with open_reader(db) as reader:
             for r in reader.audit_records():
-                attempts = _sha(_ENCODER.encode(r.attempts))
+                attempts = _sha(_ENCODER.encode(_seen_and_said(r.attempts)))
                 state = _sha(_ENCODER.encode(r.state))
                 lines.append("\t".join([
                     r.id, r.prompt_sha256[:16], r.encoding_sha256[:16], state, attempts,

@@ -71,6 +71,7 @@ __all__ = [
     "run_npcsim",
     "small_world",
     "start_npcsim",
+    "terminate",
 ]
 
 T = TypeVar("T")
@@ -189,6 +190,17 @@ def require_mosquitto() -> str:
     return path
 
 
+def terminate(proc: subprocess.Popen[bytes], within: float = 5.0) -> None:
+    """SIGTERM a child that still runs, and SIGKILL it when it has not ended within `within` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=within)
+
+
 class MosquittoProcess:
     """A private Mosquitto from broker-config/ that a test can stop and start again; it also
     speaks MQTT over WebSockets on `ws_port`, for browser clients."""
@@ -247,13 +259,8 @@ class MosquittoProcess:
         self.proc = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        if self.proc is not None:
+            terminate(self.proc)
         if self.proc is not None and self.proc.stderr:
             self.proc.stderr.close()
         self.proc = None

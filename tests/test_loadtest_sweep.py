@@ -67,6 +67,7 @@ def test_sweep_names_the_knee_of_a_saturated_server(
     for point in sweep:
         assert point["inferences"] == 8 and point["fallbacks"] == 0
         assert point["prompt_tokens_per_s"] > 0 and point["completion_tokens_per_s"] > 0
+        assert 0 < point["prompt_cache_share"] < 1  # the prompts share their start: the server's cache reuses it
         latency = point["latency"]
         assert latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     # Concurrency 2 fills the server; beyond it requests only queue there.
@@ -84,6 +85,7 @@ def test_a_server_without_usable_usage_gives_no_token_rates(server: FakeOpenAI, 
     assert _loadtest(server, out, "--concurrency", "1,4") == 0
     for point in json.loads(out.read_text())["sweep"]:
         assert point["prompt_tokens_per_s"] is None and point["completion_tokens_per_s"] is None
+        assert point["prompt_cache_share"] is None
         assert point["fallbacks"] == 0 and point["inferences"] == 12
 
 

@@ -23,6 +23,7 @@ EXPECTED = {
     "npcsim_retries": "counter",
     "npcsim_over_budget_snapshots": "counter",
     "npcsim_gate_verdicts": "counter",
+    "npcsim_prompt_tokens": "counter",
     "npcsim_malformed_messages": "counter",
     "npcsim_reconnects": "counter",
     "npcsim_barrier_resends": "counter",

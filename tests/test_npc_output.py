@@ -22,8 +22,9 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from sim.audit import AuditRecord, ProposalVerdict
+from sim.audit import AuditRecord
 from sim.cli.run import summary_rows
+from sim.output import ProposalVerdict
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.audit import OutputPolicy, ProposalVerdict
 from sim.inference import contradicted_fact, judge_reply
 from sim.memory import Belief, Fact, NpcState, WorkingMemoryConfig, WorldFact, build_working_memory
 from sim.output import (
@@ -18,6 +17,8 @@ from sim.output import (
     CODES,
     MAX_PROPOSAL_CHARS,
     SCHEMA_RULE,
+    OutputPolicy,
+    ProposalVerdict,
     RawReply,
     accepted,
     belief_of,

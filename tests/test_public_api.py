@@ -28,12 +28,14 @@ PACKAGES: dict[str, set[str]] = {
     "sim.cli": {"build_parser", "console", "main"},
     "sim.inference": {
         "BACKENDS", "Backend", "FactGuard", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
-        "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig", "clean_line",
-        "contradicted_fact", "decode_request", "decode_result", "encode_request", "encode_result", "fallback_line",
-        "judge", "load_fact_guard", "open_backend", "open_pool", "reply_problem", "gate_difference", "judge_reply",
+        "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig",
+        "check_context_window", "clean_line", "contradicted_fact", "decode_request", "decode_result",
+        "encode_request", "encode_result", "fallback_line", "gate_difference", "judge", "judge_reply",
+        "load_fact_guard", "open_backend", "open_pool", "reply_problem",
     },
     "sim.inference.backends": {
-        "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "convert_options", "open_backend",
+        "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window", "convert_options",
+        "open_backend", "served_now",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
@@ -54,7 +56,8 @@ PACKAGES: dict[str, set[str]] = {
         "ReconnectPolicy", "TlsFiles", "Transport", "open_client", "redact", "stay_connected", "topic_matches",
     },
     "sim.output": {
-        "BELIEFS_PER_SUBJECT", "CODES", "MAX_ARG_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "SCHEMA_RULE", "Guard",
+        "Arg", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "MAX_ARG_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA",
+        "SCHEMA_RULE", "Guard",
         "OutputPolicy", "ProposalVerdict", "RawReply", "accepted", "belief_of", "clean_text", "forbidden_phrase",
         "gate_proposals", "memory_of", "read_reply", "rejected", "say_part",
     },
@@ -88,8 +91,7 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Arg", "ArgType", "Attempt", "AuditRecord", "GateCheck", "OutputPolicy", "ProposalVerdict", "RECORD_VERSION",
-        "ReplayResult", "ReplayTally", "attempt_prompt",
+        "Attempt", "AuditRecord", "GateCheck", "RECORD_VERSION", "ReplayResult", "ReplayTally", "attempt_prompt",
         "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
         "replay_records",
     },

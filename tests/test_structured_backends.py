@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from sim.audit import OutputPolicy
 from sim.errors import ScenarioError
 from sim.inference import PoolConfig, open_pool, reply_problem
 from sim.inference.backends.scripted import ScriptedBackend
-from sim.output import REPLY_SCHEMA, SCHEMA_RULE, accepted
+from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, accepted
 from sim.scenario import load_scenario, parse_scenario
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE

@@ -2,12 +2,15 @@
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
-its raw reply, why it was rejected, each proposal's verdict) and every item truncation
-dropped; `replay` rebuilds and checks every attempt and runs the gates again on its reply
-(`sim.inference.gate_difference`), in worker processes over record ranges (`--jobs`, every
-core by default; the output is the same for any number); `export` writes each record with
-its `attempts` list, its `proposals` (the said reply's parts: kind, text or name, verdict,
-code) and its `dropped` list (derived from the record's snapshot: what truncation left out, and why). The one write
+its raw reply, why it was rejected, each proposal's verdict, what the server said the call
+cost) and every item truncation dropped; `replay` rebuilds and checks every attempt and runs
+the gates again on its reply (`sim.inference.gate_difference`), in worker processes over
+record ranges (`--jobs`, every core by default; the output is the same for any number), and,
+given a backend (`--backend openai --base-url ...`, `--backend llamacpp`), says which records
+another model answered than the one it serves now; `export` writes each record with its
+`attempts` list, its `proposals` (the said reply's parts: kind, text or name, verdict, code)
+and its `dropped` list (derived from the record's snapshot: what truncation left out, and
+why). The one write
 is `export --rotate`, which deletes the records it has exported, once the export is on disk.
 
 What a record holds came from the run (players' words, models' replies): it is printed
@@ -17,6 +20,7 @@ through `sim.cli._terminal`, escaped, and in a pipe one record per line with ful
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import gzip
 import os
@@ -29,12 +33,15 @@ import msgspec
 from rich.syntax import Syntax
 
 from sim.audit import AuditRecord, ReplayTally, replay, replay_records
+from sim.cli._options import add_backend_arguments, backend_options
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation
 from sim.errors import ConfigError, StoreError
 from sim.inference import gate_difference
+from sim.inference.backends import served_now
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
+from sim.wire.served import ServedBy, Usage
 
 __all__ = ["register"]
 
@@ -65,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.add_argument("--agent", default=None, help="only this agent")
     rep.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
                      help="worker processes over record ranges (default: every core); the output does not depend on it")
+    add_backend_arguments(rep, delay=False)
     rep.set_defaults(func=replay_command)
 
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
@@ -146,20 +154,45 @@ def _export_proposals(record: AuditRecord) -> list[dict[str, object]]:
             for p in record.attempts[-1].proposals]
 
 
+def _usage(usage: Usage | None) -> str:
+    """What the server said a call cost; "?" for each figure it did not say."""
+    if usage is None:
+        return "(no reply)"
+
+    def figure(value: float | None) -> str:
+        return "?" if value is None else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+
+    return (f"prompt {figure(usage.prompt_tokens)} tokens ({figure(usage.cached_tokens)} cached), "
+            f"completion {figure(usage.completion_tokens)}; prompt {figure(usage.prompt_ms)} ms, "
+            f"generation {figure(usage.predicted_ms)} ms")
+
+
+def _served_by(served_by: ServedBy | None) -> str:
+    """Which model answered, as far as the backend said."""
+    if served_by is None:
+        return "(no reply)"
+    said = [f"{name} {value}" for name, value in msgspec.structs.asdict(served_by).items() if value is not None]
+    return ", ".join(said) or "(not said)"
+
+
 def _print_attempts(out: Out, record: AuditRecord) -> None:
-    """Every attempt: the exact text given, the raw reply, and why it was rejected."""
+    """Every attempt: the exact text given, the raw reply, why it was rejected, what the server said it cost."""
     rows = []
     for n, a in enumerate(record.attempts, 1):
         given = a.prompt if a.prohibition is None else f"[rule: {a.prohibition}]\n{a.prompt}"
-        rows.append((str(n), given, _raw(a.raw_response), a.problem or "accepted"))
+        rows.append((str(n), given, _raw(a.raw_response), a.problem or "accepted", _usage(a.usage),
+                     _served_by(a.served_by)))
     if out.terminal:
-        out.table(("#", "given to the model", "raw response", "problem"), rows, title="attempts", fold=True)
+        out.table(("#", "given to the model", "raw response", "problem", "usage", "served by"), rows,
+                  title="attempts", fold=True)
         return
     out.record(f"attempts: {len(rows)}")
-    for number, given, raw, problem in rows:  # in a pipe: the prompt as its lines, the rest one line each
+    for number, given, raw, problem, usage, served_by in rows:  # in a pipe: the prompt as lines, the rest a line each
         out.block(f"attempt {number}: given to the model", given)
         out.record(f"attempt {number}: raw response: ", raw)
         out.record(f"attempt {number}: problem: ", problem)
+        out.record(f"attempt {number}: usage: ", usage)
+        out.record(f"attempt {number}: served by: ", served_by)
 
 
 def show_command(args: argparse.Namespace) -> int:
@@ -192,6 +225,27 @@ def show_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _other_models(args: argparse.Namespace, out: Out, records: int) -> None:
+    """With a backend given: the records some other model answered than the one it serves now."""
+    if args.backend == "scripted":
+        return
+    now = asyncio.run(served_now(args.backend, backend_options(args)))
+    count, first = 0, None
+    with open_reader(args.db) as reader:
+        for record in reader.audit_records(args.agent):
+            said = next((a.served_by for a in record.attempts if a.served_by and a.served_by.differs(now)), None)
+            if said is not None:
+                count += 1
+                first = first or (record.id, said)
+    if first is None:
+        out.record(f"every record that names its model was answered by the one {args.backend} serves now "
+                   f"({_served_by(now)})")
+        return
+    out.record((f"{count} of {records} records were answered by another model than the one {args.backend} serves "
+                "now", "bold yellow"))
+    out.record(f"first: record {first[0]}, served by {_served_by(first[1])}; now: {_served_by(now)}")
+
+
 def replay_command(args: argparse.Namespace) -> int:
     out = Out()
     check_jobs(args.jobs)
@@ -199,6 +253,7 @@ def replay_command(args: argparse.Namespace) -> int:
     replaying = functools.partial(replay_records, gates=gate_difference)
     for part in map_spans(replaying, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
         tally.add(part)
+    _other_models(args, out, tally.records)
     if tally.first is None:
         out.record(f"replayed {tally.records} records: all byte-identical ({tally.attempts} attempts checked)")
         return 0

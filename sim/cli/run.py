@@ -163,6 +163,7 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
         ("inferences", stats.inferences),
         ("fallback lines", stats.fallbacks),
         ("over-budget prompts", stats.over_budget),
+        *_prompt_token_rows(stats),
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
         ("barrier stalls", stats.stalls),
@@ -185,6 +186,18 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
             rows += [("error replies sent", bus.error_replies), ("error replies held back", bus.errors_held)]
     rows.append(("stopped by signal", "yes" if stats.stopped_by_signal else "no"))
     return [(name, str(value)) for name, value in rows]
+
+
+def _prompt_token_rows(stats: RunStats) -> list[tuple[str, object]]:
+    """What the model server said the prompts cost: none when it said nothing."""
+    total = stats.prompt_tokens_evaluated + stats.prompt_tokens_cached
+    if not total:
+        return []
+    return [
+        ("prompt tokens evaluated", f"{stats.prompt_tokens_evaluated:,}"),
+        ("prompt tokens reused (cache)", f"{stats.prompt_tokens_cached:,}"),
+        ("prompt cache hit share", f"{100 * stats.prompt_tokens_cached / total:.1f}%"),
+    ]
 
 
 def _print_summary(out: Out, stats: RunStats) -> None:

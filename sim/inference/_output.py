@@ -18,9 +18,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sim.audit import ProposalVerdict
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.memory import QUOTE_MARKS, WorkingMemory
+from sim.output.policy import ProposalVerdict
 from sim.text import without_controls
 
 __all__ = ["Verdict", "clean_line", "judge"]

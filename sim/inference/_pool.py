@@ -35,6 +35,7 @@ from sim.inference._serve import serve
 from sim.inference.backends import Backend, Reply, open_backend
 from sim.memory import WorkingMemory
 from sim.wire.inference import InferenceRequest, InferenceResult
+from sim.wire.served import ServedBy, Usage
 
 __all__ = ["Pool", "Slots", "open_pool"]
 
@@ -199,7 +200,8 @@ class RecordedBackend:
         if attempt is None:
             raise InferenceError(f"no recorded reply for attempt {self._made}")
         if attempt.raw_response is not None:
-            return Reply(text=attempt.raw_response, model=self.model, params=self._params)
+            return Reply(text=attempt.raw_response, model=self.model, params=self._params,
+                         usage=attempt.usage or Usage(), served_by=attempt.served_by or ServedBy())
         reason, _, detail = (attempt.problem or "backend_error: no reply").partition(": ")
         if reason == "timeout":
             raise BackendTimeoutError(detail)

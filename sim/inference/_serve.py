@@ -127,7 +127,8 @@ async def serve(
                 raw = raw_excerpt(reply.text)
                 verdict = judge_reply(raw, memory, max_line_chars, guard, policy)
                 attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem,
-                                                        proposals=verdict.proposals))
+                                                        proposals=verdict.proposals, usage=reply.usage,
+                                                        served_by=reply.served_by))
                 in_flight = None
                 if verdict.problem is None:
                     return InferenceResult(
@@ -140,10 +141,10 @@ async def serve(
                         model=reply.model,
                         params=reply.params,
                         timings={"backend_ms": (time.perf_counter() - started) * 1000},
-                        tokens=reply.tokens,
+                        tokens=reply.usage.completion_tokens,
                         worker=worker,
                         attempts=tuple(attempts),
-                        prompt_tokens=reply.prompt_tokens,
+                        prompt_tokens=reply.usage.prompt_tokens,
                     )
                 counters.rejected_outputs += 1
                 memory = retry_memory(request, memory, verdict)

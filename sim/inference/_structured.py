@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import msgspec
 
-from sim.audit import AuditRecord, OutputPolicy
+from sim.audit import AuditRecord
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import Verdict, judge
 from sim.memory import WorkingMemory
 from sim.output import SCHEMA_RULE, accepted, forbidden_phrase, gate_proposals, read_reply, rejected, say_part
+from sim.output.policy import OutputPolicy
 
 __all__ = ["FORBIDDEN_RULE", "gate_difference", "judge_reply"]
 

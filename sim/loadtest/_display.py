@@ -135,6 +135,7 @@ def _sweep_section(r: LoadTestResult) -> Section:
             _budget_name(p.max_context_chars, p.max_context_tokens), str(p.concurrency), f"{p.inferences_per_s:,.1f}",
             f"{f.p50_ms:.1f}/{f.p95_ms:.1f}/{f.p99_ms:.1f}", f"{p.fallbacks:,}",
             f"{rate(p.prompt_tokens_per_s)}/{rate(p.completion_tokens_per_s)}",
+            "-" if p.prompt_cache_share is None else f"{p.prompt_cache_share:.0%}",
         ))
     notes = []
     for b in r.budgets:
@@ -144,7 +145,7 @@ def _sweep_section(r: LoadTestResult) -> Section:
         else:
             notes.append(f"{name}: knee at concurrency {b.knee_concurrency}: beyond it, "
                          f"inferences/s rose by less than {KNEE_GAIN:.0%}")
-    columns = ("budget", "conc.", "inferences/s", "p50/p95/p99 ms", "fallbacks", "tokens/s in/out")
+    columns = ("budget", "conc.", "inferences/s", "p50/p95/p99 ms", "fallbacks", "tokens/s in/out", "cached")
     return Section("model-server sweep (inference latency: pool queue + backend)", columns, rows,
                    right=columns[1:], notes=tuple(notes))
 

@@ -35,11 +35,13 @@ log = logging.getLogger(__name__)
 
 
 class Answer(NamedTuple):
-    """What the round trip keeps of a result: fallback or not, and the tokens the backend reported."""
+    """What the round trip keeps of a result: fallback or not, and the tokens the backend
+    reported for the reply (`cached_tokens`: of its prompt tokens, those the server reused)."""
 
     fallback: bool
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None
 
 
 Infer = Callable[[WorkingMemory, int], Awaitable[Answer]]
@@ -112,7 +114,9 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                 shard="0",
             )
             result = await pool.infer(request)
-            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens)
+            usage = result.attempts[-1].usage if result.attempts else None
+            cached = None if usage is None else usage.cached_tokens
+            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, cached)
 
         yield infer
 

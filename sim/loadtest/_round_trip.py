@@ -68,7 +68,7 @@ async def requester(worker: int, run: Run, phase: Phase, infer: Infer, budget: R
         totals.rt_snapshots += 1
         totals.inferences += 1
         totals.fallbacks += answer.fallback
-        totals.add_tokens(answer.prompt_tokens, answer.completion_tokens)
+        totals.add_tokens(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)
         totals.count_snapshot(wm)
         if violations:
             totals.add_violations(violation_records(state.agent_id, said, violations, "round_trip"), len(violations))

@@ -124,6 +124,7 @@ async def run_loadtest(
                         else _rate(phase_totals.prompt_tokens, outcome.round_trip_s),
                         completion_tokens_per_s=None if phase_totals.completion_tokens is None
                         else _rate(phase_totals.completion_tokens, outcome.round_trip_s),
+                        prompt_cache_share=phase_totals.cache_share,
                     ))
             budgets.append(BudgetResult(
                 max_context_chars=memory.max_context_chars, max_context_tokens=memory.max_context_tokens,

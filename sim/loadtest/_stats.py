@@ -170,7 +170,9 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
 
     `latency` is the inference alone (queue at the pool plus the backend); the tokens/s
     are None unless the backend reported them (the openai backend: the server's `usage`;
-    the scripted backend counts the words of its reply as completion tokens).
+    the scripted backend counts the words of its reply as completion tokens);
+    `prompt_cache_share` is the share of the prompt tokens the server reused from its cache,
+    where it said so.
     """
 
     max_context_chars: int
@@ -183,6 +185,7 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     fallbacks: int
     prompt_tokens_per_s: float | None
     completion_tokens_per_s: float | None
+    prompt_cache_share: float | None = None
 
 
 class BudgetResult(msgspec.Struct, frozen=True, kw_only=True):

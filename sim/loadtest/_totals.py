@@ -25,6 +25,7 @@ class Totals:
         self.fallbacks = 0
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
         self.first_violations: list[ViolationRecord] = []
         self.build = Histogram()
         self.check = Histogram()
@@ -43,11 +44,20 @@ class Totals:
         if room > 0:
             self.first_violations.extend(records[:room])
 
-    def add_tokens(self, prompt: int | None, completion: int | None) -> None:
+    def add_tokens(self, prompt: int | None, completion: int | None, cached: int | None) -> None:
         if prompt is not None:
             self.prompt_tokens = (self.prompt_tokens or 0) + prompt
         if completion is not None:
             self.completion_tokens = (self.completion_tokens or 0) + completion
+        if cached is not None:
+            self.cached_tokens = (self.cached_tokens or 0) + cached
+
+    @property
+    def cache_share(self) -> float | None:
+        """The share of the prompt tokens the server reused from its cache, where it said both."""
+        if self.cached_tokens is None or not self.prompt_tokens:
+            return None
+        return self.cached_tokens / self.prompt_tokens
 
     def add_sweep(self, counts: SweepCounts) -> None:
         """Fold in one report of a sweep process."""
@@ -68,7 +78,7 @@ class Totals:
         self.inferences += other.inferences
         self.over_budget += other.over_budget
         self.fallbacks += other.fallbacks
-        self.add_tokens(other.prompt_tokens, other.completion_tokens)
+        self.add_tokens(other.prompt_tokens, other.completion_tokens, other.cached_tokens)
         self.add_violations(other.first_violations, other.violations)
         for mine, theirs in ((self.build, other.build), (self.check, other.check), (self.infer, other.infer),
                              (self.round_trip, other.round_trip)):

@@ -12,7 +12,6 @@ policy (`OutputPolicy`) and the verdicts (`ProposalVerdict`) are the audit's typ
 attempt; the shard applies what passed. Pure: no I/O. See docs/npc-output.md.
 """
 
-from sim.audit import OutputPolicy, ProposalVerdict
 from sim.output.apply import BELIEFS_PER_SUBJECT, belief_of, memory_of
 from sim.output.gates import (
     CODES,
@@ -25,9 +24,12 @@ from sim.output.gates import (
     gate_proposals,
     rejected,
 )
+from sim.output.policy import Arg, ArgType, OutputPolicy, ProposalVerdict
 from sim.output.reply import REPLY_SCHEMA, SCHEMA_RULE, RawReply, read_reply, say_part
 
 __all__ = [
+    "Arg",
+    "ArgType",
     "BELIEFS_PER_SUBJECT",
     "CODES",
     "MAX_ARG_CHARS",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.audit import ProposalVerdict
 from sim.memory import Belief, Episode
+from sim.output.policy import ProposalVerdict
 from sim.text import fold
 
 __all__ = ["BELIEFS_PER_SUBJECT", "belief_of", "memory_of"]

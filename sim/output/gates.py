@@ -30,8 +30,8 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
-from sim.audit import Arg, OutputPolicy, ProposalVerdict
 from sim.memory import Fact
+from sim.output.policy import Arg, OutputPolicy, ProposalVerdict
 from sim.text import fold, without_controls
 from sim.wire.events import is_name
 

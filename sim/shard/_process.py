@@ -27,6 +27,7 @@ import msgspec
 
 from sim.broker import BrokerInfo, open_broker
 from sim.errors import ConfigError, single_error
+from sim.inference import check_context_window
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
@@ -112,6 +113,9 @@ async def _run(
         check_retention(config, hot_limit(scenario.memory))
         check_resumable(config)
         check_shards(config, scenario)
+        if config.inference.placement != "remote":  # remote workers bring their own servers
+            await check_context_window(config.inference.backend, config.inference.backend_options,
+                                       scenario.memory.max_context_tokens)
         seed = scenario.scenario.seed if config.seed is None else config.seed
         layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
         agent_kinds(layout.kinds)  # an unknown kind is refused before anything opens: no file is left behind

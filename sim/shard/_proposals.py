@@ -10,11 +10,10 @@ memory becomes an episodic memory of the proposed significance, and an intent go
 
 from __future__ import annotations
 
-from sim.audit import ProposalVerdict
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState
-from sim.output import belief_of, memory_of
+from sim.output import ProposalVerdict, belief_of, memory_of
 from sim.store import Store, Writer
 from sim.wire.events import IntentMessage
 

@@ -2,11 +2,11 @@
 
 An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder does the
 rest, in this order: the over-budget count (docs/working-memory.md: counted, and logged
-once per NPC), the run's counters (inferences, fallbacks, lines; the dialogue when
-kept), the audit record in the store (enough to rebuild the exact context the model saw),
-the metrics, and the trace for viewers. Every verdict of the gates but "ok", in every
-attempt (a refusal, or a reply repaired to its `say`), is counted by its code
-(`RunStats.verdicts`) and logged.
+once per NPC), the run's counters (inferences, fallbacks, lines, the prompt tokens the
+model server evaluated and reused; the dialogue when kept), the audit record in the store
+(enough to rebuild the exact context the model saw), the metrics, and the trace for viewers.
+Every verdict of the gates but "ok", in every attempt (a refusal, or a reply repaired to
+its `say`), is counted by its code (`RunStats.verdicts`) and logged.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from collections.abc import Mapping
 
 import msgspec
 
-from sim.audit import OutputPolicy, make_record
+from sim.audit import make_record
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.metrics import MetricsSink
+from sim.output import OutputPolicy
 from sim.shard._stats import RunStats
 from sim.store import Store
 from sim.wire.events import SayMessage
@@ -81,6 +82,7 @@ class Recorder:
         self._stats.inferences += 1
         self._stats.fallbacks += result.fallback
         self._stats.lines += 1
+        self._count_prompt_tokens(result)
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
         self._count_verdicts(say.agent, result)
@@ -116,6 +118,14 @@ class Recorder:
                     self._stats.verdicts[verdict.code] = self._stats.verdicts.get(verdict.code, 0) + 1
                     log.info("%s: attempt %d of %s: %s %r %s (%s): %s", agent, n, result.id, verdict.kind,
                              verdict.text[:80], verdict.verdict, verdict.code, verdict.detail)
+
+    def _count_prompt_tokens(self, result: InferenceResult) -> None:
+        """The prompt tokens each call's server evaluated and reused, where it said both."""
+        for attempt in result.attempts:
+            usage = attempt.usage
+            if usage is not None and usage.evaluated_tokens is not None:
+                self._stats.prompt_tokens_evaluated += usage.evaluated_tokens
+                self._stats.prompt_tokens_cached += usage.cached_tokens or 0
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:

@@ -34,6 +34,8 @@ class RunStats:
     inferences: int = 0
     fallbacks: int = 0
     over_budget: int = 0  # working memories whose mandatory content alone exceeded the limit
+    prompt_tokens_evaluated: int = 0  # as the model server reported them (sim.audit.Usage), where it did
+    prompt_tokens_cached: int = 0  # reused from the server's cache instead of evaluated
     lines: int = 0
     player_inputs: int = 0
     stalls: int = 0

@@ -5,6 +5,7 @@
 - `sim.wire.barrier`: the tick barrier's TickDone and Join;
 - `sim.wire.trace`: the per-inference trace and a shard's roster, for viewers;
 - `sim.wire.inference`: inference requests and results (with their priority);
+- `sim.wire.served`: what a model server said of a call (its usage, the model that answered);
 - `sim.wire.batch`: many messages in one payload (the inference transport's batches);
 - `sim.wire.local`: the frames between a shard and its helper processes (`sim.helper`:
   the pool's worker, the scenario parser; pipes, not MQTT);

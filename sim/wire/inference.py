@@ -14,8 +14,9 @@ from typing import Any
 
 import msgspec
 
-from sim.audit import Attempt, OutputPolicy
+from sim.audit import Attempt
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.output import OutputPolicy
 
 __all__ = [
     "WORKER_OFFLINE",

@@ -24,6 +24,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.memory import TruncationExplanation, TruncationReport, WorkingMemory
+from sim.wire.served import Usage
 
 __all__ = [
     "TRACE_DROPPED",
@@ -40,12 +41,14 @@ __all__ = [
 
 
 class TraceAttempt(msgspec.Struct, frozen=True, kw_only=True):
-    """One call to the backend, as the audit's `Attempt` says, without its prompt (the size only)."""
+    """One call to the backend, as the audit's `Attempt` says, without its prompt (the size
+    only): `usage` is what the model server said the call cost (None when no reply came)."""
 
     prompt_chars: int
     raw_response: str | None = None
     problem: str | None = None
     prohibition: str | None = None
+    usage: Usage | None = None
 
 
 class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,7 +113,7 @@ def trace_of(
         prompt=record.prompt if prompts else None,
         attempts=tuple(
             TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
-                         prohibition=a.prohibition)
+                         prohibition=a.prohibition, usage=a.usage)
             for a in record.attempts
         ),
         explanation=_for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED if prompts else 0),

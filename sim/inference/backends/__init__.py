@@ -9,16 +9,45 @@ import; this package imports a backend only when it is opened.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from sim.errors import ConfigError
 from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Reply, convert_options
+from sim.wire.served import ServedBy
 
-__all__ = ["BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "convert_options", "open_backend"]
+__all__ = [
+    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "check_context_window", "convert_options",
+    "open_backend", "served_now",
+]
 
 BACKENDS = ("scripted", "openai", "llamacpp")
+
+
+async def check_context_window(name: str, options: Mapping[str, Any], budget_tokens: int | None) -> None:
+    """A ConfigError when the named backend's model cannot hold a working memory of
+    `budget_tokens` tokens and its reply; `openai` asks its server (a llama.cpp server says
+    its window), the others are not checked."""
+    if name == "openai":
+        from sim.inference.backends.openai import check_server_window
+
+        await check_server_window(options, budget_tokens)
+
+
+async def served_now(name: str, options: Mapping[str, Any]) -> ServedBy:
+    """Which model the named backend answers with now, as its replies name it (`audit replay`
+    compares it with each record's): `openai` asks its server, `llamacpp` reads its model file."""
+    if name == "openai":
+        from sim.inference.backends.openai import served_now as server_model
+
+        return await server_model(options)
+    if name == "llamacpp":
+        from sim.inference.backends.llamacpp import served_now as file_model
+
+        return await asyncio.to_thread(file_model, options)
+    return ServedBy()
 
 
 @asynccontextmanager

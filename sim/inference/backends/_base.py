@@ -16,6 +16,7 @@ import msgspec
 
 from sim.errors import ConfigError
 from sim.memory import WorkingMemory
+from sim.wire.served import ServedBy, Usage
 
 __all__ = ["FEW_SHOT", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "convert_options"]
 
@@ -38,13 +39,14 @@ PROMPT_PREFIXES = ("", FEW_SHOT)
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
-    """A backend's raw answer, before output handling; `tokens` counts the completion."""
+    """A backend's raw answer, before output handling, with what the call cost (`usage`) and
+    which model gave it (`served_by`) as far as the backend can say: the audit keeps both."""
 
     text: str
     model: str
     params: dict[str, Any] = msgspec.field(default_factory=dict)
-    tokens: int | None = None
-    prompt_tokens: int | None = None
+    usage: Usage = Usage()
+    served_by: ServedBy = ServedBy()
 
 
 class Backend(Protocol):

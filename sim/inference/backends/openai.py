@@ -13,6 +13,15 @@ not the size of its answer. A body over the bound is an `InferenceError` (counte
 backend error; the fallback line speaks), neither cut nor retried. The client asks for an
 uncompressed body, so the bound is on what the server sends.
 
+What a call cost and which model answered go into the audit as the server says them
+(`sim.audit.Usage`, `ServedBy`): llama.cpp's `timings` (`prompt_n` evaluated, `cache_n`
+reused from its cache, `prompt_ms`, `predicted_ms`), else `usage.prompt_tokens` and
+`usage.prompt_tokens_details.cached_tokens` (vLLM, OpenAI); the reply's `model` and
+`system_fingerprint`. A field that is missing or not a count is None, never guessed.
+
+`check_server_window` asks a llama.cpp server for the context window of one slot, so that a
+run refuses a token budget that cannot fit before it starts.
+
 Timeouts: `connect_timeout` for opening a connection, `read_timeout` for waiting on the
 server. The read timeout must be shorter than the caller's time limit (the pool's
 inference timeout): a server that hangs then ends in our own counted timeout, which feeds
@@ -36,9 +45,14 @@ import msgspec
 from sim.backoff import Backoff, BackoffPolicy
 from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError
 from sim.inference.backends._base import Reply, convert_options
+from sim.inference.backends._reported import model_now, reported_usage, served_by, server_window
 from sim.memory import WorkingMemory
+from sim.wire.served import ServedBy
 
-__all__ = ["CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "open_openai", "reply_bound"]
+__all__ = [
+    "CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "check_server_window", "open_openai", "reply_bound",
+    "served_now",
+]
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +207,7 @@ class OpenAIBackend:
             for attempt in range(self._options.retries + 1):
                 self.breaker.before(url)
                 try:
-                    text, tokens, prompt_tokens = await self._post(url, body)
+                    reply = await self._post(url, body)
                 except asyncio.CancelledError:
                     self.breaker.abandon()
                     raise
@@ -216,12 +230,10 @@ class OpenAIBackend:
                     self.breaker.success()  # the server answered; the answer was unusable
                     raise
                 self.breaker.success()
-                return Reply(
-                    text=text, model=self.model, params=self._params, tokens=tokens, prompt_tokens=prompt_tokens
-                )
+                return reply
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _post(self, url: str, body: dict[str, Any]) -> tuple[str, int | None, int | None]:
+    async def _post(self, url: str, body: dict[str, Any]) -> Reply:
         try:
             async with self._client.stream("POST", url, json=body) as response:
                 status = response.status_code
@@ -256,8 +268,8 @@ class OpenAIBackend:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _parse(self, url: str, content: bytes) -> tuple[str, int | None, int | None]:
-        """The reply's text, and its completion and prompt tokens where the server's `usage` gives them."""
+    def _parse(self, url: str, content: bytes) -> Reply:
+        """The reply's text, what the server said it cost, and which model it named."""
         try:
             data = msgspec.json.decode(content)
             choice = data["choices"][0]
@@ -266,15 +278,8 @@ class OpenAIBackend:
                 raise TypeError(f"text is {type(text).__name__}")
         except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
             raise InferenceError(f"POST {url}: malformed response ({exc}): {content[:200]!r}") from exc
-        usage = data.get("usage") if isinstance(data, dict) else None
-        usage = usage if isinstance(usage, dict) else {}
-        tokens, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
-        return text, _count(tokens), _count(prompt)
-
-
-def _count(value: object) -> int | None:
-    """A token count from `usage`, or None when missing or not a whole number >= 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+        return Reply(text=text, model=self.model, params=self._params, usage=reported_usage(data),
+                     served_by=served_by(data))
 
 
 def _timeouts(opts: OpenAIOptions, time_limit: float | None) -> httpx.Timeout:
@@ -292,6 +297,34 @@ def _timeouts(opts: OpenAIOptions, time_limit: float | None) -> httpx.Timeout:
             "so that a hanging server counts as a backend failure"
         )
     return httpx.Timeout(read, connect=min(opts.connect_timeout, read))
+
+
+async def check_server_window(options: Mapping[str, Any], budget_tokens: int | None) -> None:
+    """A ConfigError when a working memory of `budget_tokens` and a reply of `max_tokens`
+    cannot fit in one of the server's slots; nothing to check without a token budget, or
+    when the server does not say its window (a llama.cpp server does: `GET /props`).
+
+    The budget is counted with npcsim's token counter and the window with the model's
+    tokenizer: the check is of the configuration, not of each prompt."""
+    if budget_tokens is None:
+        return
+    opts = convert_options("openai", options, OpenAIOptions)
+    window = await server_window(opts.base_url, opts.connect_timeout)
+    if window is None:
+        log.info("%s does not say its context window (GET /props, /slots): the token budget is not checked "
+                 "against it", opts.base_url)
+        return
+    if budget_tokens + opts.max_tokens > window:
+        raise ConfigError(
+            f"max_context_tokens {budget_tokens} + max_tokens {opts.max_tokens} = {budget_tokens + opts.max_tokens} "
+            f"tokens cannot fit the server's context window of {window} tokens per slot ({opts.base_url})"
+        )
+
+
+async def served_now(options: Mapping[str, Any]) -> ServedBy:
+    """The model the server serves now, as its replies would name it (a ConfigError when it cannot be asked)."""
+    opts = convert_options("openai", options, OpenAIOptions)
+    return await model_now(opts.base_url, opts.connect_timeout)
 
 
 @asynccontextmanager

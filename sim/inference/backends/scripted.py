@@ -41,6 +41,7 @@ import msgspec
 from sim.inference.backends._base import Reply, convert_options
 from sim.inference.backends._proposing import structured_reply
 from sim.memory import QUOTE_MARKS, WorkingMemory, own_words, quoted
+from sim.wire.served import Usage
 
 __all__ = ["ScriptedBackend", "ScriptedOptions", "scripted_reply"]
 
@@ -254,4 +255,5 @@ class ScriptedBackend:
             text = structured_reply(memory, scripted_reply(memory), gullible=self._options.gullible)
         else:
             text = scripted_reply(memory)
-        return Reply(text=text, model=self.model, params=self._params, tokens=len(text.split()))
+        return Reply(text=text, model=self.model, params=self._params,
+                     usage=Usage(completion_tokens=len(text.split())))
