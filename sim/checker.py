@@ -5,8 +5,9 @@ re-renders the prompt from the kept items with the format functions of the publi
 `sim.memory.render` (it checks the builder's choices, not the format of each piece), and
 measures sizes on the rendered text. The builder's report is only checked against what
 the checker measured (an `over_budget` flag is legitimate only when the mandatory content
-really exceeds the limit). Tests use it as the oracle; `npcsim loadtest` runs it on every
-snapshot.
+really exceeds the limit). With `selection = "scored"` a category's order is the public
+`sim.memory.ranking` (it checks the choice made from the scores, not the scores' formula).
+Tests use it as the oracle; `npcsim loadtest` runs it on every snapshot.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, token_counter
+from sim.memory import NpcState, Relevance, WorkingMemory, WorkingMemoryConfig, ranking, token_counter
 from sim.memory.render import (
     CATEGORY_HEADERS,
     RENDER,
@@ -65,12 +66,27 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
     return cached
 
 
+def _orders(
+    state: NpcState, player_input: str, config: WorkingMemoryConfig, relevance: Relevance | None
+) -> dict[str, list[Any]]:
+    """Each category's items in the order it keeps them: newest first, or a scored selection's ranking."""
+    history = _history(state)
+    orders = {name: items[::-1] for name, items in history.items()}
+    if config.selection == "scored":
+        for name, rank in ranking(state, player_input, config, relevance).items():
+            items = getattr(state, name)
+            orders[name] = [items[p] for p in rank]
+    return orders
+
+
 def check_working_memory(
-    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory
+    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory,
+    relevance: Relevance | None = None,
 ) -> list[Violation]:
-    """Every invariant the snapshot breaks; empty when it is sound."""
+    """Every invariant the snapshot breaks; empty when it is sound (`relevance`: the one it was built with)."""
     out: list[Violation] = []
     history = _history(state)
+    orders = _orders(state, player_input, config, relevance)
     kept = {name: list(getattr(wm, name)) for name in RENDER_ORDER}
     always = {
         "canonical_facts": config.always_include_canonical_facts,
@@ -88,11 +104,12 @@ def check_working_memory(
             return False
         return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
 
-    # I3: each category is the newest contiguous run of its items, within its cap.
+    # I3: each category keeps the first items of its order (newest, or best ranked), rendered
+    # oldest first, within its cap.
     for name in RENDER_ORDER:
-        items, k = history[name], len(kept[name])
-        if k > len(items) or kept[name] != items[len(items) - k :]:
-            out.append(Violation("I3", f"{name}: kept items are not the newest contiguous run of the state's"))
+        order, k = orders[name], len(kept[name])
+        if k > len(order) or kept[name] != sorted(order[:k], key=_RECENCY[name]):
+            out.append(Violation("I3", f"{name}: kept items are not the first of the category's order"))
         if name in caps and k > caps[name]:
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
 
@@ -130,18 +147,18 @@ def check_working_memory(
     # I6: with redistribution, no next item could have been added.
     if config.redistribute_unused and not must_overflow:
         for name in RENDER_ORDER:
-            items, k = history[name], len(kept[name])
-            if always.get(name) or k >= len(items) or k >= caps.get(name, len(items)):
+            order, k = orders[name], len(kept[name])
+            if always.get(name) or k >= len(order) or k >= caps.get(name, len(order)):
                 continue
-            nxt = items[len(items) - k - 1]
+            nxt = order[k]
             if count is None:
                 # Adding an item inserts its line (and, into an empty section, the header).
                 grown = len(prompt) + len(RENDER[name](nxt)) + (len(CATEGORY_HEADERS[name]) if k == 0 else 0)
                 could = grown <= config.max_context_chars
             else:
                 candidate = dict(kept)
-                candidate[name] = [nxt, *kept[name]]
+                candidate[name] = sorted([nxt, *kept[name]], key=_RECENCY[name])
                 could = fits(_render(state, player_input, candidate, rule))
             if could:
-                out.append(Violation("I6", f"{name}: the next newest item would have fitted but was dropped"))
+                out.append(Violation("I6", f"{name}: the next item of its order would have fitted but was dropped"))
     return out

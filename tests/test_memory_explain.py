@@ -17,6 +17,7 @@ from sim.memory import (
     WorldFact,
     build_working_memory,
     explain_truncation,
+    ranking,
     render,
 )
 from sim.scenario import load_scenario
@@ -26,10 +27,13 @@ CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs
 FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
 
-def _next_cost(state: NpcState, name: str, kept: int) -> int:
-    """What adding the category's next (newest dropped) item to the prompt would cost, in characters."""
+def _next_cost(state: NpcState, said: str, config: WorkingMemoryConfig, name: str, kept: int) -> int:
+    """What adding the category's next item (the first dropped in its order: the newest, or the
+    best ranked) to the prompt would cost, in characters."""
     section = render.rendered(state).sections[render.RENDER_ORDER.index(name)]
-    line = section.lines[len(section.lines) - kept - 1]
+    n = len(section.lines)
+    scored = config.selection == "scored" and name in FLEXIBLE
+    line = section.lines[ranking(state, said, config)[name][kept] if scored else n - kept - 1]
     return len(line) + (len(section.header) if kept == 0 else 0)
 
 
@@ -51,7 +55,7 @@ def test_dropped_counts_equal_the_report_and_every_reason_holds(state: NpcState,
             assert why.cap is not None and row.kept >= why.cap
         elif why.reason == "budget":
             assert why.cap is None or row.kept < why.cap
-            cost = _next_cost(state, name, row.kept)
+            cost = _next_cost(state, said, config, name, row.kept)
             if name in FLEXIBLE and not config.redistribute_unused:
                 assert row.used + cost > why.split, name  # it did not fit the category's share
             else:

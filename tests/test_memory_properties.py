@@ -1,7 +1,8 @@
-"""Property tests of the working-memory invariants I1-I7 on random states.
+"""Property tests of the working-memory invariants I1-I7 on random states, for both selections.
 
 The independent checker (sim.checker) is the oracle for I1, I2, I3 and I6; I4, I5 and I7
-are asserted here directly. The CI profile runs 2,000 examples per invariant.
+are asserted here directly. The configs drawn use either selection ("recency" or
+"scored"), unless a test names one. The CI profile runs 2,000 examples per invariant.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.checker import check_working_memory
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, ranking
 from tests.strategies import configs, player_inputs, states
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,7 +83,8 @@ def test_i4_deterministic_across_hash_seeds() -> None:
         "s = load_scenario('scenarios/village.toml')\n"
         "h = hashlib.sha256()\n"
         "for n in s.npcs:\n"
-        "    for c in (WorkingMemoryConfig(), WorkingMemoryConfig(max_context_chars=600)):\n"
+        "    for c in (WorkingMemoryConfig(), WorkingMemoryConfig(max_context_chars=600),\n"
+        "              WorkingMemoryConfig(max_context_chars=600, selection='scored')):\n"
         "        h.update(msgspec.msgpack.encode(build_working_memory(s.initial_state(n.id), 'hi', c)))\n"
         "print(h.hexdigest())\n"
     )
@@ -151,8 +153,46 @@ def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> 
     return kept
 
 
-@given(states(), player_inputs, configs(redistribute=False))
+@given(states(), player_inputs, configs(redistribute=False, selection="recency"))
 def test_i7_seed_split_reproduced_without_redistribution(state: NpcState, said: str, config) -> None:
     config = msgspec.structs.replace(config, always_include_canonical_facts=True, always_include_world_state=True)
     wm = build_working_memory(state, said, config)
     assert {name: getattr(wm.report, name).kept for name in FLEXIBLE} == _seed_reference(state, said, config)
+
+
+@given(states(), player_inputs, configs(selection="scored"))
+def test_scored_keeps_the_top_of_its_ranking_in_time_order(state: NpcState, said: str, config) -> None:
+    """I3 restated, on its own: the kept items are the first of the ranking, rendered oldest first."""
+    wm = build_working_memory(state, said, config)
+    ranks = ranking(state, said, config)
+    for name in FLEXIBLE:
+        rank, kept = ranks[name], getattr(wm, name)
+        assert sorted(rank) == list(range(len(getattr(state, name))))  # a permutation of the items
+        items = getattr(state, name)
+        assert kept == tuple(items[p] for p in sorted(rank[: len(kept)])), name
+
+
+@given(states(), player_inputs, configs(selection="scored"))
+def test_scored_with_recency_alone_is_the_recency_selection(state: NpcState, said: str, config) -> None:
+    """Weights (w, 0, 0): the ranking is newest first (ties go to the newer), so the prompt is recency's."""
+    only_recency = msgspec.structs.replace(config, recency_weight=max(config.recency_weight, 0.5),
+                                           importance_weight=0.0, relevance_weight=0.0)
+    scored = build_working_memory(state, said, only_recency)
+    recency = build_working_memory(state, said, msgspec.structs.replace(only_recency, selection="recency"))
+    assert scored.prompt == recency.prompt
+    assert scored.report.selection == "scored" and recency.report.selection == "recency"
+
+
+def _given_scores(said: str, category: str, texts: tuple[str, ...]) -> list[float]:
+    """A stand-in for an embedding model: any deterministic function of the texts."""
+    return [(len(text) * 7 + len(said) + len(category)) % 11 / 10 for text in texts]
+
+
+@given(states(), player_inputs, configs(selection="scored"), st.randoms(use_true_random=False))
+def test_supplied_relevance_is_deterministic_and_sound(
+    state: NpcState, said: str, config, rng: random.Random
+) -> None:
+    first = build_working_memory(state, said, config, relevance=_given_scores)
+    again = build_working_memory(_shuffled(state, rng), said, config, relevance=_given_scores)
+    assert msgspec.msgpack.encode(first) == msgspec.msgpack.encode(again)
+    assert check_working_memory(state, said, config, first, relevance=_given_scores) == []

@@ -5,13 +5,16 @@ by piece (for whoever re-renders or measures a prompt on its own: the checker, t
 benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
 module of its own. `explain_truncation` names every item a working memory dropped and why,
 derived from the snapshot (the report it explains is all that audit records keep).
+`ranking` is a scored selection's order of each flexible category (`selection = "scored"`
+in the config; `Relevance` is the hook that supplies relevance scores instead of the
+lexical ones).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
 """
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import TOKENIZERS, WorkingMemoryConfig, token_counter
+from sim.memory._budget import SELECTIONS, TOKENIZERS, WorkingMemoryConfig, token_counter
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._explain import (
     DROP_REASONS,
@@ -22,6 +25,7 @@ from sim.memory._explain import (
     explain_truncation,
 )
 from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
+from sim.memory._scoring import Relevance, ranking
 from sim.memory._state import (
     Belief,
     Episode,
@@ -51,6 +55,8 @@ __all__ = [
     "OverBudgetError",
     "QUOTE_MARKS",
     "RENDERER_VERSION",
+    "Relevance",
+    "SELECTIONS",
     "TOKENIZERS",
     "TruncationExplanation",
     "TruncationReport",
@@ -66,6 +72,7 @@ __all__ = [
     "line_order",
     "own_words",
     "quoted",
+    "ranking",
     "render",
     "token_counter",
     "world_order",
