@@ -8,22 +8,27 @@ An item's score is
 
 `age` counts the ticks since the state's newest flexible item; `importance` is an episode's
 significance, a belief's confidence, `dialogue_importance` for a line; `relevance` is the
-Okapi BM25 score of the item's words against the words of the input and of the addressee
-(the NPC's id), divided by the category's best, so it lies in [0, 1]. A `Relevance`
+Okapi BM25 score of the item's words (a line's text, not its speaker) against the words of
+the input and of the addressee (the NPC's id), divided by what an item holding every such word at its best weight would
+score, so it lies in [0, 1]. A `Relevance`
 callable (an embedding model, say) may supply it instead. Ties go to the newer item, so
 the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
 
 Deterministic (I4): words are NFKC-normalised and case-folded; floats are combined in one
 fixed order (query words sorted), never through set or dict iteration order.
 
-Cost: a state is indexed once (each item's words, and for each word the items holding it
-with their BM25 weight) and cached on the state object like its rendering; a build looks up
-the input's words, adds the relevance of the few items they touch to the cached base scores
-and merges those items into the cached base order, stopping at the category's cap.
+Cost: a state is indexed once (each item's word counts, remembered per text) and cached on
+the state object like its rendering, and each word's items are found when first asked
+for and kept there too; a build looks up the input's words,
+adds the relevance of the items they touch to the cached base scores and merges those into
+the cached base order, stopping at the category's cap. Words in more than half of a
+category's items are left out (they tell none apart), so a build touches at most half of them
+per word of the input.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -57,32 +62,53 @@ def words(text: str) -> list[str]:
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _counts(text: str) -> tuple[dict[str, int], int]:
+    """Each word of a text with its count, and the number of words (never mutated: shared).
+    Remembered: an item recurs in the states of every NPC that heard it and every later turn."""
+    found = words(text)
+    return dict(Counter(found)), len(found)
+
+
+@functools.lru_cache(maxsize=1024)
+def _query(player_input: str, agent_id: str) -> tuple[str, ...]:
+    """The words relevance is measured against, in one fixed order (sorted)."""
+    return tuple(sorted(set(words(player_input)) | set(words(agent_id))))
+
+
 class _Index:
-    """One category's items as BM25 sees them, and its base scores per config."""
+    """One category's items as BM25 sees them, each word's items found when first asked
+    for, and its base scores per config."""
 
-    __slots__ = ("bases", "importance", "postings", "size", "ticks")
+    __slots__ = ("average", "bases", "counts", "found", "importance", "lengths", "size", "ticks")
 
-    def __init__(self, items: Sequence[Flexible], importance: list[float] | None) -> None:
-        """`importance` per item; None for dialogue, whose lines share the config's constant."""
-        self.size = len(items)
-        self.ticks = [item.tick for item in items]
+    def __init__(self, texts: Sequence[str], ticks: list[int], importance: list[float] | None) -> None:
+        """`texts`, `ticks` and `importance` per item; importance None for dialogue, whose
+        lines share the config's constant."""
+        self.size = len(texts)
+        self.ticks = ticks
         self.importance = importance
-        counts = [Counter(words(item_text(item))) for item in items]
-        lengths = [sum(c.values()) for c in counts]
-        average = sum(lengths) / len(lengths) if lengths else 0.0
-        found: dict[str, list[tuple[int, int]]] = {}
-        for position, c in enumerate(counts):
-            for word, tf in c.items():
-                found.setdefault(word, []).append((position, tf))
-        self.postings: dict[str, tuple[tuple[int, float], ...]] = {}
-        n = self.size
-        for word, hits in found.items():
-            idf = math.log(1.0 + (n - len(hits) + 0.5) / (len(hits) + 0.5))
-            self.postings[word] = tuple(
-                (p, idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * lengths[p] / average)))
-                for p, tf in hits
-            )
+        counted = [_counts(text) for text in texts]
+        self.counts = [c for c, _ in counted]
+        self.lengths = [length for _, length in counted]
+        self.average = sum(self.lengths) / self.size if self.size else 0.0
+        self.found: dict[str, list[tuple[float, int]]] = {}
         self.bases: dict[tuple[float, float, float, float], tuple[list[float], list[int]]] = {}
+
+    def hits(self, word: str) -> list[tuple[float, int]]:
+        """The items holding `word`, with its BM25 weight in each, best first; none for a word
+        in more than half the items (BM25's classic idf is negative there: it tells none apart)."""
+        found = self.found.get(word)
+        if found is None:
+            tfs = [(p, c[word]) for p, c in enumerate(self.counts) if word in c]
+            df, n, lengths, average = len(tfs), self.size, self.lengths, self.average
+            found = []
+            if 0 < 2 * df <= n:
+                idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+                found = sorted(((idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * lengths[p] / average)), p)
+                                for p, tf in tfs), reverse=True)
+            self.found[word] = found
+        return found
 
     def base(self, cfg: WorkingMemoryConfig, newest: int) -> tuple[list[float], list[int]]:
         """Recency and importance per item, and the positions in that order (best first)."""
@@ -104,9 +130,11 @@ def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
     cached: tuple[dict[str, _Index], int] | None = state.__dict__.get(_INDEX)
     if cached is None:
         indexes = {
-            "beliefs": _Index(state.beliefs, [b.confidence for b in state.beliefs]),
-            "episodic": _Index(state.episodic, [e.significance for e in state.episodic]),
-            "dialogue": _Index(state.dialogue, None),
+            "beliefs": _Index([b.text for b in state.beliefs], [b.tick for b in state.beliefs],
+                              [b.confidence for b in state.beliefs]),
+            "episodic": _Index([e.text for e in state.episodic], [e.tick for e in state.episodic],
+                               [e.significance for e in state.episodic]),
+            "dialogue": _Index([line.text for line in state.dialogue], [line.tick for line in state.dialogue], None),
         }
         newest = max((items[-1].tick for items in (state.beliefs, state.episodic, state.dialogue) if items),
                      default=0)
@@ -114,24 +142,14 @@ def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
     return cached
 
 
-def _lexical(index: _Index, query: Sequence[str]) -> dict[int, float]:
-    """BM25 of the touched items (the others score 0), divided by the best: in (0, 1]."""
-    raw: dict[int, float] = {}
-    for word in query:
-        for position, weight in index.postings.get(word, ()):
-            raw[position] = raw.get(position, 0.0) + weight
-    best = max(raw.values(), default=0.0)
-    return {p: score / best for p, score in raw.items()} if best > 0.0 else {}
-
-
-def _supplied(relevance: Relevance, player_input: str, name: str, items: Sequence[Flexible]) -> dict[int, float]:
+def _supplied(relevance: Relevance, player_input: str, name: str, items: Sequence[Flexible]) -> list[float]:
     scores = relevance(player_input, name, tuple(item_text(item) for item in items))
     if len(scores) != len(items):
         raise ConfigError(f"relevance: {len(scores)} scores for {len(items)} {name} items")
     for score in scores:
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
             raise ConfigError(f"relevance: a {name} score must be a number from 0 to 1, got {score!r}")
-    return {p: float(score) for p, score in enumerate(scores) if score > 0.0}
+    return [float(score) for score in scores]
 
 
 def ranking(
@@ -144,25 +162,37 @@ def ranking(
     """Per scored category, its items' positions in the state (oldest is 0), best first.
 
     `limits` stops a category's ranking after that many items (its cap): the top of the
-    whole ranking, as cheaply as the input's words allow.
+    whole ranking, the same positions in the same order, without sorting the rest.
     """
     indexes, newest = _indexes(state)
-    query = sorted(set(words(player_input)) | set(words(state.agent_id)))
+    query = _query(player_input, state.agent_id)
+    weight = cfg.relevance_weight
     ranked: dict[str, tuple[int, ...]] = {}
     for name in SCORED:
         index = indexes[name]
         scores, order = index.base(cfg, newest)
         limit = index.size if limits is None else min(limits[name], index.size)
-        if cfg.relevance_weight == 0.0:
-            touched: dict[int, float] = {}
-        elif relevance is not None:
-            touched = _supplied(relevance, player_input, name, getattr(state, name))
-        else:
-            touched = _lexical(index, query)
-        if not touched:
+        if weight == 0.0 or limit == 0:
             ranked[name] = tuple(order[:limit])
             continue
-        boosted = sorted(((-(scores[p] + cfg.relevance_weight * r), -p) for p, r in touched.items()))
-        rest = ((-scores[p], -p) for p in order if p not in touched)
-        ranked[name] = tuple(-p for _, p in itertools.islice(heapq.merge(boosted, rest), limit))
+        if relevance is not None:
+            given = _supplied(relevance, player_input, name, getattr(state, name))
+            totals = [base + weight * r for base, r in zip(scores, given, strict=True)]
+            ranked[name] = tuple(sorted(range(index.size), key=lambda p: (-totals[p], -p))[:limit])
+            continue
+        lists = [hits for word in query if (hits := index.hits(word))]
+        if not lists:
+            ranked[name] = tuple(order[:limit])
+            continue
+        norm = sum(hits[0][0] for hits in lists)  # every word at its best weight: relevance 1
+        raw: dict[int, float] = {}
+        for hits in lists:
+            for word_weight, p in hits:
+                raw[p] = raw.get(p, 0.0) + word_weight
+        scale = weight / norm
+        best = heapq.nsmallest(limit, [(-(scores[p] + scale * r), -p) for p, r in raw.items()])
+        untouched = itertools.islice((p for p in order if p not in raw), limit)
+        best.extend((-scores[p], -p) for p in untouched)
+        best.sort()
+        ranked[name] = tuple(-p for _, p in best[:limit])
     return ranked
