@@ -27,7 +27,7 @@ from rich.syntax import Syntax
 
 from sim.audit import AuditRecord, ReplayTally, replay, replay_records
 from sim.cli._terminal import Out, json_line, printable
-from sim.cli._truncation import dropped_json, print_truncation
+from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
@@ -218,6 +218,7 @@ def export_command(args: argparse.Namespace) -> int:
         # A closed pipe (`| head`) raises BrokenPipeError here: sim.cli.main ends quietly.
         for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
             row = msgspec.to_builtins(record)
+            row["report"] = report_json(record.report)
             row["dropped"] = dropped_json(record.explanation())
             # on standard output (maybe a terminal) the run's text is escaped, as JSON escapes: same data
             out.write((json_line(row).encode() if args.out is None else encoder.encode(row)) + b"\n")

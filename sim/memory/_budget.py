@@ -54,7 +54,7 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     half_life_ticks: float = 20.0
     recency_weight: float = 1.0
     importance_weight: float = 1.0
-    relevance_weight: float = 2.0
+    relevance_weight: float = 1.0
     dialogue_importance: float = 0.5
 
     def __post_init__(self) -> None:
