@@ -73,6 +73,12 @@ def _budget_name(chars: int, tokens: int | None) -> str:
     return f"{chars:,} ch" + (f"/{tokens:,} tok" if tokens else "")
 
 
+def _selection(figures: TruncationFigures) -> str:
+    """The selection that built the snapshots (each one's count if more than one did)."""
+    used = [(name, n) for name, n in figures.selections.items() if n]
+    return used[0][0] if len(used) == 1 else " + ".join(f"{name} {n:,}" for name, n in used) or "none built"
+
+
 def truncation_table(r: LoadTestResult) -> Table:
     """Per category and budget: how often it was cut, items kept/dropped, how full its budget was."""
     table = Table(title="truncation per category", caption="cut: share of snapshots that lost an item; "
@@ -80,7 +86,8 @@ def truncation_table(r: LoadTestResult) -> Table:
     for column in ("category", "budget", "cut", "kept", "dropped", "used"):
         table.add_column(column, justify="left" if column in ("category", "budget") else "right")
     named: list[tuple[str, TruncationFigures]] = [
-        (_budget_name(b.max_context_chars, b.max_context_tokens), b.truncation) for b in r.budgets
+        (f"{_budget_name(b.max_context_chars, b.max_context_tokens)}, {_selection(b.truncation)}", b.truncation)
+        for b in r.budgets
     ]
     for category in CATEGORIES:
         for j, (name, figures) in enumerate(named):

@@ -14,7 +14,7 @@ a quote (the NPC brain and the scripted backend both retell what was said).
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import SELECTIONS, TOKENIZERS, WorkingMemoryConfig, token_counter
+from sim.memory._budget import SELECTIONS, TOKENIZERS, Selection, WorkingMemoryConfig, token_counter
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._explain import (
     DROP_REASONS,
@@ -57,6 +57,7 @@ __all__ = [
     "RENDERER_VERSION",
     "Relevance",
     "SELECTIONS",
+    "Selection",
     "TOKENIZERS",
     "TruncationExplanation",
     "TruncationReport",
