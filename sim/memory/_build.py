@@ -220,7 +220,7 @@ def _kept(items: tuple[Any, ...], category: Category) -> tuple[Any, ...]:
     """The kept items, oldest first."""
     k = category.kept
     if category.rank is not None:
-        return tuple(items[p] for p in category.kept_positions())
+        return tuple([items[p] for p in category.kept_positions()])
     return items[len(items) - k :] if k else ()
 
 

@@ -114,7 +114,7 @@ class _Index:
         """Recency and importance per item, and the positions in that order (best first)."""
         key = (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance)
         found = self.bases.get(key)
-        if found is None:
+        if found is None:  # once per state and config
             importance = self.importance or [cfg.dialogue_importance] * self.size
             scores = [
                 cfg.recency_weight * 0.5 ** ((newest - tick) / cfg.half_life_ticks) + cfg.importance_weight * weight
@@ -180,7 +180,14 @@ def ranking(
             totals = [base + weight * r for base, r in zip(scores, given, strict=True)]
             ranked[name] = tuple(sorted(range(index.size), key=lambda p: (-totals[p], -p))[:limit])
             continue
-        lists = [hits for word in query if (hits := index.hits(word))]
+        found = index.found
+        lists = []
+        for word in query:
+            hits = found.get(word)
+            if hits is None:
+                hits = index.hits(word)
+            if hits:
+                lists.append(hits)
         if not lists:
             ranked[name] = tuple(order[:limit])
             continue
@@ -190,9 +197,9 @@ def ranking(
             for word_weight, p in hits:
                 raw[p] = raw.get(p, 0.0) + word_weight
         scale = weight / norm
-        best = heapq.nsmallest(limit, [(-(scores[p] + scale * r), -p) for p, r in raw.items()])
-        untouched = itertools.islice((p for p in order if p not in raw), limit)
-        best.extend((-scores[p], -p) for p in untouched)
+        touched = [(-(scores[p] + scale * r), -p) for p, r in raw.items()]
+        best = heapq.nsmallest(limit, touched) if len(touched) > 8 * limit else sorted(touched)[:limit]
+        best.extend((-scores[p], -p) for p in itertools.islice((p for p in order if p not in raw), limit))
         best.sort()
         ranked[name] = tuple(-p for _, p in best[:limit])
     return ranked

@@ -71,13 +71,13 @@ class Category:
         return self.kept >= min(self.cap, len(self.sums) - 1)
 
     def order_by(self, rank: tuple[int, ...]) -> None:
-        """Select in the order of `rank` instead of newest first (each item's size taken from
-        the newest-first running totals)."""
-        n = len(self.section.lines)
+        """Select in the order of `rank` instead of newest first."""
+        lines = self.section.lines
         self.rank = rank
-        self.sums = _ranked(self.section.newest_sums, n, rank)
+        self.sums = (0, *itertools.accumulate([len(lines[p]) for p in rank]))
         if self.token_sums is not None:
-            self.token_sums = _ranked(self.token_sums, n, rank)
+            sums, n = self.token_sums, len(lines)  # the item at position p is the (n - p)-th newest
+            self.token_sums = (0, *itertools.accumulate([sums[n - p] - sums[n - p - 1] for p in rank]))
 
     def kept_positions(self) -> list[int]:
         """The positions of the kept items in the state (the oldest is 0), oldest first."""
@@ -110,12 +110,6 @@ class Category:
         return room, token_room
 
 
-def _ranked(newest_sums: tuple[int, ...], n: int, rank: tuple[int, ...]) -> tuple[int, ...]:
-    """Running totals of the items' sizes in `rank`'s order; the item at position p is the
-    (n - p)-th newest."""
-    return (0, *itertools.accumulate(newest_sums[n - p] - newest_sums[n - p - 1] for p in rank))
-
-
 @dataclass(frozen=True, slots=True)
 class Frame:
     """What surrounds the sections: the head, a retry's rule section ("" otherwise) and the closing piece."""
@@ -134,7 +128,8 @@ class Frame:
                 pieces.append(section.text)
             elif k and category.rank is not None:
                 pieces.append(section.header)
-                pieces.extend(section.lines[p] for p in category.kept_positions())
+                lines = section.lines
+                pieces.extend([lines[p] for p in category.kept_positions()])
             elif k:
                 pieces.append(section.header)
                 pieces.extend(section.lines[n - k :])
