@@ -18,12 +18,10 @@ Deterministic (I4): words are NFKC-normalised and case-folded; floats are combin
 fixed order (query words sorted), never through set or dict iteration order.
 
 Cost: a state is indexed once (each item's word counts, remembered per text) and cached on
-the state object like its rendering, and each word's items are found when first asked
-for and kept there too; a build looks up the input's words,
-adds the relevance of the items they touch to the cached base scores and merges those into
-the cached base order, stopping at the category's cap. Words in more than half of a
-category's items are left out (they tell none apart), so a build touches at most half of them
-per word of the input.
+the state object like its rendering; an input's relevance is one pass of set
+intersections over the items (remembered per input, for the retry and the explanation that
+follow a build); a build adds the relevance of the items the input touches to the cached
+base scores and merges those into the cached base order, stopping at the category's cap.
 """
 
 from __future__ import annotations
@@ -77,10 +75,10 @@ def _query(player_input: str, agent_id: str) -> tuple[str, ...]:
 
 
 class _Index:
-    """One category's items as BM25 sees them, each word's items found when first asked
-    for, and its base scores per config."""
+    """One category's items as BM25 sees them (word counts), the relevance of each query
+    asked, and its base scores per config."""
 
-    __slots__ = ("average", "bases", "counts", "found", "importance", "lengths", "size", "ticks")
+    __slots__ = ("average", "bases", "counts", "importance", "lengths", "queries", "size", "ticks")
 
     def __init__(self, texts: Sequence[str], ticks: list[int], importance: list[float] | None) -> None:
         """`texts`, `ticks` and `importance` per item; importance None for dialogue, whose
@@ -92,22 +90,39 @@ class _Index:
         self.counts = [c for c, _ in counted]
         self.lengths = [length for _, length in counted]
         self.average = sum(self.lengths) / self.size if self.size else 0.0
-        self.found: dict[str, list[tuple[float, int]]] = {}
+        self.queries: dict[tuple[str, ...], tuple[dict[int, float], float]] = {}
         self.bases: dict[tuple[float, float, float, float], tuple[list[float], list[int]]] = {}
 
-    def hits(self, word: str) -> list[tuple[float, int]]:
-        """The items holding `word`, with its BM25 weight in each, best first; none for a word
-        in more than half the items (BM25's classic idf is negative there: it tells none apart)."""
-        found = self.found.get(word)
+    def relevance(self, query: tuple[str, ...]) -> tuple[dict[int, float], float]:
+        """The BM25 sum of each item the query's words touch, and what an item holding every
+        such word at its best weight would score (relevance 1); remembered per query, for
+        the retry and the explanation that follow a build.
+
+        A word in more than half the items is left out: BM25's classic idf is negative
+        there, it tells none of them apart (and it would touch most of them). Sums are taken
+        in the query's order (sorted), never a set's.
+        """
+        found = self.queries.get(query)
         if found is None:
-            tfs = [(p, c[word]) for p, c in enumerate(self.counts) if word in c]
-            df, n, lengths, average = len(tfs), self.size, self.lengths, self.average
-            found = []
-            if 0 < 2 * df <= n:
-                idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-                found = sorted(((idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * lengths[p] / average)), p)
-                                for p, tf in tfs), reverse=True)
-            self.found[word] = found
+            wanted = frozenset(query)
+            touched = [(p, words) for p, c in enumerate(self.counts) if (words := c.keys() & wanted)]
+            df = Counter(word for _, words in touched for word in words)
+            n, lengths, average = self.size, self.lengths, self.average
+            idf = {word: math.log(1.0 + (n - k + 0.5) / (k + 0.5)) for word, k in df.items() if 2 * k <= n}
+            raw: dict[int, float] = {}
+            best: dict[str, float] = {}
+            for p, held in touched:
+                c, total, norm_length = self.counts[p], 0.0, _K1 * (1.0 - _B + _B * lengths[p] / average)
+                for word in query:
+                    if word in held and word in idf:
+                        tf = c[word]
+                        weight = idf[word] * tf * (_K1 + 1.0) / (tf + norm_length)
+                        total += weight
+                        if weight > best.get(word, 0.0):
+                            best[word] = weight
+                if total > 0.0:
+                    raw[p] = total
+            found = self.queries[query] = (raw, sum(best[word] for word in query if word in best))
         return found
 
     def base(self, cfg: WorkingMemoryConfig, newest: int) -> tuple[list[float], list[int]]:
@@ -120,7 +135,7 @@ class _Index:
                 cfg.recency_weight * 0.5 ** ((newest - tick) / cfg.half_life_ticks) + cfg.importance_weight * weight
                 for tick, weight in zip(self.ticks, importance, strict=True)
             ]
-            order = sorted(range(self.size), key=lambda p: (-scores[p], -p))
+            order = [p for _, p in sorted(zip(scores, range(self.size), strict=True), reverse=True)]  # ties: the newer
             found = self.bases[key] = (scores, order)
         return found
 
@@ -178,24 +193,13 @@ def ranking(
         if relevance is not None:
             given = _supplied(relevance, player_input, name, getattr(state, name))
             totals = [base + weight * r for base, r in zip(scores, given, strict=True)]
-            ranked[name] = tuple(sorted(range(index.size), key=lambda p: (-totals[p], -p))[:limit])
+            best = sorted(zip(totals, range(index.size), strict=True), reverse=True)[:limit]  # ties: the newer
+            ranked[name] = tuple(p for _, p in best)
             continue
-        found = index.found
-        lists = []
-        for word in query:
-            hits = found.get(word)
-            if hits is None:
-                hits = index.hits(word)
-            if hits:
-                lists.append(hits)
-        if not lists:
+        raw, norm = index.relevance(query)
+        if not raw:
             ranked[name] = tuple(order[:limit])
             continue
-        norm = sum(hits[0][0] for hits in lists)  # every word at its best weight: relevance 1
-        raw: dict[int, float] = {}
-        for hits in lists:
-            for word_weight, p in hits:
-                raw[p] = raw.get(p, 0.0) + word_weight
         scale = weight / norm
         touched = [(-(scores[p] + scale * r), -p) for p, r in raw.items()]
         best = heapq.nsmallest(limit, touched) if len(touched) > 8 * limit else sorted(touched)[:limit]

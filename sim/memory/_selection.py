@@ -71,12 +71,16 @@ class Category:
         return self.kept >= min(self.cap, len(self.sums) - 1)
 
     def order_by(self, rank: tuple[int, ...]) -> None:
-        """Select in the order of `rank` instead of newest first."""
+        """Select in the order of `rank` instead of newest first (a rank that is the newest
+        first keeps the newest-first sizes: the same choice, computed once per state)."""
         lines = self.section.lines
+        n = len(lines)
+        if rank == tuple(range(n - 1, n - 1 - len(rank), -1)):
+            return
         self.rank = rank
         self.sums = (0, *itertools.accumulate([len(lines[p]) for p in rank]))
         if self.token_sums is not None:
-            sums, n = self.token_sums, len(lines)  # the item at position p is the (n - p)-th newest
+            sums = self.token_sums  # the item at position p is the (n - p)-th newest
             self.token_sums = (0, *itertools.accumulate([sums[n - p] - sums[n - p - 1] for p in rank]))
 
     def kept_positions(self) -> list[int]:
