@@ -18,16 +18,15 @@ Deterministic (I4): words are NFKC-normalised and case-folded; floats are combin
 fixed order (query words sorted), never through set or dict iteration order.
 
 Cost: a state is indexed once (each item's word counts, remembered per text) and cached on
-the state object like its rendering; an input's relevance is one pass of set
-intersections over the items (remembered per input, for the retry and the explanation that
-follow a build); a build adds the relevance of the items the input touches to the cached
-base scores and merges those into the cached base order, stopping at the category's cap.
+the state object like its rendering, with its base scores and order per config; an input's
+relevance is one pass of set intersections over the items, and the items it touches are
+sorted once (both remembered per input, for the retry and the explanation that follow a
+build); a build merges those with the base order, stopping at the category's cap.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 import math
 import re
@@ -78,7 +77,7 @@ class _Index:
     """One category's items as BM25 sees them (word counts), the relevance of each query
     asked, and its base scores per config."""
 
-    __slots__ = ("average", "bases", "counts", "importance", "lengths", "queries", "size", "ticks")
+    __slots__ = ("average", "bases", "boosts", "counts", "importance", "lengths", "queries", "size", "ticks")
 
     def __init__(self, texts: Sequence[str], ticks: list[int], importance: list[float] | None) -> None:
         """`texts`, `ticks` and `importance` per item; importance None for dialogue, whose
@@ -91,6 +90,7 @@ class _Index:
         self.lengths = [length for _, length in counted]
         self.average = sum(self.lengths) / self.size if self.size else 0.0
         self.queries: dict[tuple[str, ...], tuple[dict[int, float], float]] = {}
+        self.boosts: dict[tuple[tuple[str, ...], float, float, float, float, float], list[tuple[float, int]]] = {}
         self.bases: dict[tuple[float, float, float, float], tuple[list[float], list[int]]] = {}
 
     def relevance(self, query: tuple[str, ...]) -> tuple[dict[int, float], float]:
@@ -124,6 +124,21 @@ class _Index:
                     raw[p] = total
             found = self.queries[query] = (raw, sum(best[word] for word in query if word in best))
         return found
+
+    def boosted(
+        self, query: tuple[str, ...], cfg: WorkingMemoryConfig, scores: list[float]
+    ) -> tuple[dict[int, float], list[tuple[float, int]]]:
+        """The items the query touches (with their BM25 sums) and their sort keys, best first
+        (the negated score, then the negated position: ties go to the newer); remembered per
+        query and config."""
+        raw, norm = self.relevance(query)
+        key = (query, cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance,
+               cfg.relevance_weight)
+        found = self.boosts.get(key)
+        if found is None:
+            scale = cfg.relevance_weight / norm if raw else 0.0
+            found = self.boosts[key] = sorted((-(scores[p] + scale * r), -p) for p, r in raw.items())
+        return raw, found
 
     def base(self, cfg: WorkingMemoryConfig, newest: int) -> tuple[list[float], list[int]]:
         """Recency and importance per item, and the positions in that order (best first)."""
@@ -196,13 +211,11 @@ def ranking(
             best = sorted(zip(totals, range(index.size), strict=True), reverse=True)[:limit]  # ties: the newer
             ranked[name] = tuple(p for _, p in best)
             continue
-        raw, norm = index.relevance(query)
+        raw, boosted = index.boosted(query, cfg, scores)
         if not raw:
             ranked[name] = tuple(order[:limit])
             continue
-        scale = weight / norm
-        touched = [(-(scores[p] + scale * r), -p) for p, r in raw.items()]
-        best = heapq.nsmallest(limit, touched) if len(touched) > 8 * limit else sorted(touched)[:limit]
+        best = boosted[:limit]
         best.extend((-scores[p], -p) for p in itertools.islice((p for p in order if p not in raw), limit))
         best.sort()
         ranked[name] = tuple(-p for _, p in best[:limit])
