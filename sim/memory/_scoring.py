@@ -108,20 +108,23 @@ class _Index:
             touched = [(p, words) for p, c in enumerate(self.counts) if (words := c.keys() & wanted)]
             df = Counter(word for _, words in touched for word in words)
             n, lengths, average = self.size, self.lengths, self.average
-            idf = {word: math.log(1.0 + (n - k + 0.5) / (k + 0.5)) for word, k in df.items() if 2 * k <= n}
+            idf = {word: math.log(1.0 + (n - k + 0.5) / (k + 0.5))
+                   for word in query if 0 < 2 * (k := df.get(word, 0)) <= n}
+            telling = list(idf)  # in the query's order
             raw: dict[int, float] = {}
             best: dict[str, float] = {}
             for p, held in touched:
+                if held.isdisjoint(idf):
+                    continue
                 c, total, norm_length = self.counts[p], 0.0, _K1 * (1.0 - _B + _B * lengths[p] / average)
-                for word in query:
-                    if word in held and word in idf:
+                for word in telling:
+                    if word in held:
                         tf = c[word]
                         weight = idf[word] * tf * (_K1 + 1.0) / (tf + norm_length)
                         total += weight
                         if weight > best.get(word, 0.0):
                             best[word] = weight
-                if total > 0.0:
-                    raw[p] = total
+                raw[p] = total
             found = self.queries[query] = (raw, sum(best[word] for word in query if word in best))
         return found
 
