@@ -196,3 +196,16 @@ def test_supplied_relevance_is_deterministic_and_sound(
     again = build_working_memory(_shuffled(state, rng), said, config, relevance=_given_scores)
     assert msgspec.msgpack.encode(first) == msgspec.msgpack.encode(again)
     assert check_working_memory(state, said, config, first, relevance=_given_scores) == []
+
+
+@given(states(), player_inputs, configs(selection="scored"), st.integers(0, 30))
+def test_a_ranking_cut_at_a_limit_is_the_top_of_the_whole_ranking(
+    state: NpcState, said: str, config, limit: int
+) -> None:
+    """The builder ranks only up to each cap; the explanation and the checker rank everything."""
+    whole = ranking(state, said, config)
+    cut = ranking(state, said, config, limits=dict.fromkeys(FLEXIBLE, limit))
+    again = ranking(state, said, config)  # the per-input memory changes nothing
+    assert whole == again
+    for name in FLEXIBLE:
+        assert cut[name] == whole[name][:limit], name
