@@ -1,10 +1,11 @@
 # make run: set up and run the main job on embedded defaults.
 # make test: set up and pass the tests.
+# make web-example: the browser example's mqtt.js (examples/web; needs Node 20 and npm).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: run test llm bench clean faults
+.PHONY: run test llm bench clean faults web-example
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -42,7 +43,17 @@ run: $(VENV)/.installed-run
 	$(VENV)/bin/npcsim run scenarios/village.toml --broker auto --backend scripted --tick-ms 1000 \
 		--ticks 1000000000 --view $(VIEW_PORT) --follow
 
-test: $(VENV)/.installed-test
+# The browser example's mqtt.js, pinned by examples/web/package-lock.json: npm installs it
+# and the page's copy (vendor/, beside it) is the stamp. Nothing is fetched when the page runs.
+WEB := examples/web
+web-example: $(WEB)/vendor/mqtt.min.js
+
+$(WEB)/vendor/mqtt.min.js: $(WEB)/package.json $(WEB)/package-lock.json
+	cd $(WEB) && npm ci --ignore-scripts --no-audit --no-fund
+	mkdir -p $(WEB)/vendor
+	cp $(WEB)/node_modules/mqtt/dist/mqtt.min.js $@
+
+test: $(VENV)/.installed-test web-example
 	$(VENV)/bin/ruff check sim agents tests benchmarks
 	$(VENV)/bin/mypy sim agents
 	$(PY) -m pytest
@@ -51,7 +62,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_working_memory.py --write docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis $(WEB)/node_modules $(WEB)/vendor
 
 # Random fault schedules against real processes (tests/faults): SEEDS="1 2 3" or SEEDS=40
 # (seeds 1..40); FAULTS_ARGS="--world generated --shards 3" pins what every schedule draws.

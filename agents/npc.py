@@ -4,12 +4,12 @@ Each tick the shard wakes the NPCs that have mail or whose ambient dice fell
 (sim.shard.ambient_roll). `NpcAgent.episode_of` is what an NPC remembers of an event of its
 place or its inbox, with a significance; a line is remembered in the speaker's own words
 (`sim.memory.quoted`), so a retold line never nests quotes. A line said to it also goes into
-its dialogue, with the belief that the speaker wants to talk to it: one per speaker,
-refreshed to the newest tick (the store replaces a belief written again under its id), so
-the author's beliefs are pushed out only by newer ones. It answers every player who
-addressed it, else the first NPC who did (while the exchange is short), else says something
-to a neighbour. It reaches the engine only through its `AgentContext`: `speak` is one call,
-and what a line goes through is the engine's business.
+its dialogue; the line and the memory name the event they record, so a prompt says it once
+(`sim.memory.distinct`), and the line it answers is said once, as the input. It answers every
+player who addressed it (its answer carries the id the player's client gave the input), else
+the first NPC who did (while the exchange is short), else says something to a neighbour. It
+reaches the engine only through its `AgentContext`: `speak` is one call, and what a line goes
+through is the engine's business.
 
 Nothing it decides depends on state carried between ticks outside the store: its dice are a
 function of (seed, id, tick) and its sequence numbers restart each tick, so a run resumed
@@ -22,7 +22,7 @@ import hashlib
 import random
 
 from agents.personas import AMBIENT_PROMPTS
-from sim.memory import Belief, Episode, Line, quoted
+from sim.memory import Episode, Line, quoted
 from sim.scenario import NpcSpec
 from sim.shard import AgentContext
 from sim.wire.events import AnyEvent, Notice, Speech
@@ -57,13 +57,15 @@ class NpcAgent:
         """What an NPC remembers of an event it perceived (at its place or in its inbox):
         a notice as the game system told it; a line as who said it to whom, the more
         significant when said to it, the most when a player said it. The engine keeps one
-        such memory per event for everyone it was not addressed to."""
+        such memory per event for everyone it was not addressed to. The memory names its
+        event, as the line in the dialogue does."""
         if isinstance(event, Notice):
-            return Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance)
+            return Episode(id=f"ev:{event.id}", tick=event.tick, text=event.text, significance=event.significance,
+                           event=event.id)
         target = "me" if addressed else (event.to or "everyone")
         significance = 0.9 if addressed and event.from_player else 0.7 if addressed else 0.3
         text = f"{event.speaker} said to {target}: {quoted(event.text)}"
-        return Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance)
+        return Episode(id=f"ev:{event.id}", tick=event.tick, text=text, significance=significance, event=event.id)
 
     async def step(self, tick: int, ambient: bool) -> None:
         events = await self._ctx.mail(tick)
@@ -72,7 +74,7 @@ class NpcAgent:
         for event in events:
             if not isinstance(event, Speech) or event.speaker == self.id or event.to != self.id:
                 continue
-            await self._take_part(event, tick)
+            await self._hear(event, tick)
             if event.from_player:
                 replies.append(event)
             elif npc_reply is None and event.turn < MAX_NPC_TURNS:
@@ -80,7 +82,8 @@ class NpcAgent:
         if npc_reply is not None:
             replies.append(npc_reply)
         for heard in replies:
-            await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1)
+            await self._ctx.speak(heard.speaker, f"{heard.speaker}: {heard.text}", heard.turn + 1,
+                                  reply_to=heard.input_id, answering=heard.id)
         if not replies and ambient:
             others = self._ctx.neighbours()
             if others:
@@ -89,17 +92,8 @@ class NpcAgent:
                 prompt = rng.choice(AMBIENT_PROMPTS).format(other=other)
                 await self._ctx.speak(other, prompt, 0)
 
-    async def _take_part(self, event: Speech, tick: int) -> None:
-        """Said to it: a line of its dialogue (heard in this tick, numbered in its sequence)
-        and the belief that the speaker wants to talk to it, one per speaker (its id names
-        the speaker, not the tick: the newest replaces the last)."""
+    async def _hear(self, event: Speech, tick: int) -> None:
+        """Said to it: a line of its dialogue, heard in this tick, numbered in its sequence,
+        naming the event it was said in."""
         ctx = self._ctx
-        await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq()))
-        kind = "a player" if event.from_player else "a neighbour"
-        belief = Belief(
-            id=f"wants-to-talk:{event.speaker}",
-            tick=event.tick,
-            text=f"{event.speaker} ({kind}) wants to talk to me.",
-            confidence=0.8 if event.from_player else 0.6,
-        )
-        await ctx.remember(belief)
+        await ctx.remember(Line(tick=tick, speaker=event.speaker, text=event.text, seq=ctx.next_seq(), event=event.id))

@@ -4,14 +4,17 @@ A run whose broker npcsim started (`--broker auto`) listens on a random loopback
 generated logins, so nobody could find it from outside. While it runs it keeps a small
 file in the user's run directory (`$XDG_RUNTIME_DIR/npcsim/`, or else `npcsim-{uid}/` in
 the temp directory: a directory of mode 0700 owned by the user) with the run id, the
-broker's URL and the read-only viewer login, mode 0600. `npcsim subscribe --run ID` and
-`npcsim view --run ID` without `--broker` read it. The file goes when the run ends (the
-directory too, when it is empty); one left by a killed run names a process that no longer
-exists and is ignored (and removed).
+broker's URL and the read-only viewer login, mode 0600, and beside it the viewer's password
+alone (`password_file`, mode 0600): the run prints that file's path, never the password. The
+game system's password (the `game` login: world state, game events and facts, presence) is
+kept the same way, in `game_password_file`, and only there.
+`npcsim subscribe --run ID` and `npcsim view --run ID` without `--broker` read the run file.
+Both files go when the run ends (the directory too, when it is empty); those left by a
+killed run name a process that no longer exists and are ignored (and removed).
 
     with published(RunFile(run="village-7", shard="0", url=..., username="viewer", password=...)):
         ...                                  # the run
-    find_run("village-7")                    # another process: the RunFile, or None
+    find_runs("village-7")                   # another process: [the RunFile] (or none, or several)
 
 A directory that another user owns or can read is never used: it could hand out a login,
 or collect one.
@@ -33,7 +36,7 @@ import psutil
 
 from sim.mqtt import BrokerAddress
 
-__all__ = ["RunFile", "find_run", "local_runs", "published", "runs_dir"]
+__all__ = ["RunFile", "find_runs", "game_password_file", "local_runs", "password_file", "published", "runs_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +90,36 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
+def password_file(run_file: Path) -> Path:
+    """The file beside a run file that holds its viewer's password alone (mode 0600): what
+    the run prints instead of the password (`mosquitto_sub -P "$(cat FILE)"`)."""
+    return run_file.with_suffix(".password")
+
+
+def game_password_file(run_file: Path) -> Path:
+    """The file beside a run file that holds the game system's password alone (mode 0600)."""
+    return run_file.with_suffix(".game-password")
+
+
+def _remove(run_file: Path) -> None:
+    for path in (run_file, password_file(run_file), game_password_file(run_file)):
+        path.unlink(missing_ok=True)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """`data` in a new file of mode 0600 at `path`; readers never see half a file."""
+    partial = path.with_suffix(".part")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+        out.write(data)
+    os.replace(partial, path)
+
+
 @contextlib.contextmanager
-def published(entry: RunFile, directory: Path | None = None) -> Iterator[Path | None]:
-    """Keep `entry` (for this process) in the run directory for the block; yields its path, or
-    None when there is no private directory to keep it in."""
+def published(entry: RunFile, directory: Path | None = None, *, game_password: str | None = None
+              ) -> Iterator[Path | None]:
+    """Keep `entry` (for this process) in the run directory for the block, its viewer's
+    password also in `password_file(path)` and the game system's in `game_password_file(path)`;
+    yields its path, or None when there is no private directory to keep it in."""
     directory = directory or runs_dir()
     if not _private(directory, create=True):
         yield None
@@ -98,21 +127,22 @@ def published(entry: RunFile, directory: Path | None = None) -> Iterator[Path | 
     pid = os.getpid()
     entry = msgspec.structs.replace(entry, pid=pid, started=_start_time(pid) or 0.0)
     path = directory / f"{pid}-{secrets.token_hex(4)}.json"
-    partial = path.with_suffix(".part")
+    secret = password_file(path)
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        _write_private(path, msgspec.json.encode(entry))
     except FileNotFoundError:  # another run's end removed the empty directory just now
         if not _private(directory, create=True):
             yield None
             return
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(msgspec.json.encode(entry))
-    os.replace(partial, path)  # readers never see half a file
+        _write_private(path, msgspec.json.encode(entry))
     try:
+        if entry.password is not None:
+            _write_private(secret, entry.password.encode())
+        if game_password is not None:
+            _write_private(game_password_file(path), game_password.encode())
         yield path
     finally:
-        path.unlink(missing_ok=True)
+        _remove(path)
         with contextlib.suppress(OSError):  # the last run leaves nothing behind; another's files keep it
             directory.rmdir()
 
@@ -145,10 +175,11 @@ def local_runs(directory: Path | None = None) -> list[RunFile]:
         if _alive(entry):
             found.append(entry)
         else:
-            path.unlink(missing_ok=True)
+            _remove(path)
     return sorted(found, key=lambda e: e.started, reverse=True)
 
 
-def find_run(run: str, directory: Path | None = None) -> RunFile | None:
-    """The newest live run `run` on a private broker of this machine, or None."""
-    return next((entry for entry in local_runs(directory) if entry.run == run), None)
+def find_runs(run: str, directory: Path | None = None) -> list[RunFile]:
+    """The live runs called `run` on private brokers of this machine, newest first: one, none,
+    or (two runs started with the same id) several."""
+    return [entry for entry in local_runs(directory) if entry.run == run]

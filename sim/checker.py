@@ -1,13 +1,16 @@
-"""An independent checker of the working-memory invariants (docs/working-memory.md, I1-I7).
+"""An independent checker of the working-memory invariants (docs/working-memory.md, I1-I8).
 
 It trusts nothing the builder says about itself: it sorts the state's items on its own,
 re-renders the prompt from the kept items with the format functions of the public
 `sim.memory.render` (it checks the builder's choices, not the format of each piece), and
-measures sizes on the rendered text. The builder's report is only checked against what
-the checker measured (an `over_budget` flag is legitimate only when the mandatory content
-really exceeds the limit). With `selection = "scored"` a category's order is the public
-`sim.memory.ranking` (it checks the choice made from the scores, not the scores' formula).
-Tests use it as the oracle; `npcsim loadtest` runs it on every snapshot.
+measures sizes on the rendered text. It derives the candidates on its own too: the
+memories left once those whose event a candidate line of the dialogue records are set
+aside (the first `max_dialogue_lines` of its order). With `selection = "scored"` a
+category's order is the public `sim.memory.ranking` of the state, without those memories
+(it checks the choice made from the scores, not the scores' formula).
+The builder's report is only checked against what the checker measured (an `over_budget`
+flag is legitimate only when the mandatory content really exceeds the limit). Tests use it
+as the oracle; `npcsim loadtest` runs it on every snapshot.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {
     "canonical_facts": lambda f: (f.id, f.text),
     "world_state": lambda w: (w.key, w.value),
     "beliefs": lambda b: (b.tick, b.id, b.text, b.confidence),
-    "episodic": lambda e: (e.tick, e.id, e.text, e.significance),
-    "dialogue": lambda d: (d.tick, d.seq, d.speaker, d.text),
+    "episodic": lambda e: (e.tick, e.id, e.text, e.significance, e.event or ""),
+    "dialogue": lambda d: (d.tick, d.seq, d.speaker, d.text, d.event or ""),
 }
 
 
@@ -69,13 +72,17 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
 def _orders(
     state: NpcState, player_input: str, config: WorkingMemoryConfig, relevance: Relevance | None
 ) -> dict[str, list[Any]]:
-    """Each category's items in the order it keeps them: newest first, or a scored selection's ranking."""
-    history = _history(state)
-    orders = {name: items[::-1] for name, items in history.items()}
+    """Each category's candidates in the order it keeps them: newest first, or a scored
+    selection's ranking. A memory that a candidate line (among the first `max_dialogue_lines`
+    of the dialogue's order) records is no candidate: the line says it."""
+    orders = {name: items[::-1] for name, items in _history(state).items()}
     if config.selection == "scored":
         for name, rank in ranking(state, player_input, config, relevance).items():
             items = getattr(state, name)
             orders[name] = [items[p] for p in rank]
+    lines = orders["dialogue"][: max(config.max_dialogue_lines, 0)]
+    said = {line.event for line in lines if line.event is not None}
+    orders["episodic"] = [e for e in orders["episodic"] if e.event is None or e.event not in said]
     return orders
 
 
@@ -104,14 +111,20 @@ def check_working_memory(
             return False
         return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
 
-    # I3: each category keeps the first items of its order (newest, or best ranked), rendered
-    # oldest first, within its cap.
+    # I3: each category keeps the first of its candidates in its order (newest, or best
+    # ranked), rendered oldest first, within its cap.
     for name in RENDER_ORDER:
         order, k = orders[name], len(kept[name])
         if k > len(order) or kept[name] != sorted(order[:k], key=_RECENCY[name]):
-            out.append(Violation("I3", f"{name}: kept items are not the first of the category's order"))
+            out.append(Violation("I3", f"{name}: kept items are not the first candidates of its order"))
         if name in caps and k > caps[name]:
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
+
+    # I8: nothing said twice: no kept memory records the event of a kept line.
+    said = {line.event for line in kept["dialogue"] if line.event is not None}
+    for episode in kept["episodic"]:
+        if episode.event is not None and episode.event in said:
+            out.append(Violation("I8", f"memory {episode.id!r} is said again by a kept line of the dialogue"))
 
     prompt = wm.prompt
     rule = render_rule(wm.prohibition)

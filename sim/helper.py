@@ -15,14 +15,15 @@ code to that):
     await helper.abort()               # or kill it now (a stop request in the middle of its work)
 
 The parent writes a configuration frame first; the child answers with a `Hello` when it is
-ready, or with why it cannot start (`Helper.start` raises ConfigError with it). The end of
-its stdin ends the child, whether the parent closed it or died (kill -9): at once, or once
-the piece of work under way is done. On the
-child's side `helper_main` does the plumbing: frames go out on a copy of the original stdout,
-and stdout itself then points at stderr, so whatever the child's code prints cannot corrupt
-them; SIGINT is ignored (Ctrl-C in a terminal reaches the whole process group: the parent
-stops the child); what the child wrote reaches the parent before it exits; and it leaves
-without freeing its heap object by object.
+ready, or with why it cannot start (`Helper.start` raises ConfigError with it). The child
+runs in a session of its own, so that Ctrl-C in a terminal (SIGINT to the foreground
+process group) reaches the parent alone, even while the child is still starting: the
+parent stops the child. The end of its stdin ends the child, whether the parent closed it
+or died (kill -9): at once, or once the piece of work under way is done. On the child's
+side `helper_main` does the plumbing: frames go out on a copy of the original stdout, and
+stdout itself then points at stderr, so whatever the child's code prints cannot corrupt
+them; what the child wrote reaches the parent before it exits; and it leaves without
+freeing its heap object by object.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
@@ -66,6 +66,7 @@ class Helper:
         self.process = process
         self._stdin = process.stdin
         self._stdout = process.stdout
+        self._end: asyncio.Task[int] | None = None
 
     @classmethod
     async def start(cls, module: str, config: bytes, *, what: str) -> Helper:
@@ -73,6 +74,7 @@ class Helper:
         `what` when it cannot start."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         helper = cls(process)
         try:
@@ -100,7 +102,15 @@ class Helper:
 
     async def ended(self) -> int:
         """Its exit code, once it has ended; frames not read are dropped (the asyncio process
-        ends only with its pipes, and a reader paused on a full buffer would never see its end)."""
+        ends only with its pipes, and a reader paused on a full buffer would never see its end).
+
+        One reaping task however many wait for it, shielded: a waiter cancelled (a timeout, a
+        sibling's failure) leaves it to finish, so the child is always waited for."""
+        if self._end is None:
+            self._end = asyncio.ensure_future(self._reap())
+        return await asyncio.shield(self._end)
+
+    async def _reap(self) -> int:
         while await self._stdout.read(1 << 16):
             pass
         return await self.process.wait()
@@ -110,13 +120,19 @@ class Helper:
         self._stdin.close()
 
     async def stop(self) -> None:
-        """Close its stdin (it ends at once), then wait a little and kill it if it has not."""
+        """Close its stdin (it ends at once), then wait a little and kill it if it has not.
+
+        Cancelled while it waits (its owner's sibling failed), it kills the child and reaps it
+        before the cancellation goes on: a child is never left running unwaited."""
         self.end_input()
         try:
             async with asyncio.timeout(_STOP_WAIT):
                 await self.ended()
         except TimeoutError:
             await self.abort()
+        except BaseException:
+            await self.abort()
+            raise
 
     async def abort(self) -> int:
         """Kill it now (a stop request while it works); its exit code once it has ended."""
@@ -177,7 +193,6 @@ to the end."""
 
 def helper_main(serve: Serve) -> NoReturn:
     """The child's side: the pipes set up, `serve` run to the end of stdin, then exit at once."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     frames_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 

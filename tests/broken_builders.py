@@ -9,7 +9,7 @@ import msgspec
 
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory
 
-__all__ = ["drop_first_fact", "ignore_budget", "refuse_to_build"]
+__all__ = ["drop_first_fact", "ignore_budget", "refuse_to_build", "say_twice"]
 
 
 def drop_first_fact(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
@@ -23,6 +23,15 @@ def ignore_budget(state: NpcState, player_input: str, config: WorkingMemoryConfi
     """A broken builder: fills to ten times the limit (I2 must catch it)."""
     loose = msgspec.structs.replace(config, max_context_chars=config.max_context_chars * 10)
     return build_working_memory(state, player_input, loose)
+
+
+def say_twice(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:
+    """A broken builder: blind to the events, it keeps the memory of a kept line (I8 must catch it)."""
+    blind = msgspec.structs.replace(state, dialogue=tuple(msgspec.structs.replace(line, event=None)
+                                                          for line in state.dialogue))
+    memory = build_working_memory(blind, player_input, config)
+    lines = state.dialogue[len(state.dialogue) - len(memory.dialogue) :] if memory.dialogue else ()
+    return msgspec.structs.replace(memory, dialogue=lines)
 
 
 def refuse_to_build(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> WorkingMemory:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.browser import chromium
 from tests.helpers import IN_CI, MosquittoProcess, require_mosquitto
 
 settings.register_profile("dev", max_examples=200, deadline=None)
@@ -27,3 +29,10 @@ def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A headless Chromium (tests/browser.py) for one test; it quits however the test ends."""
+    with chromium(tmp_path / "chromium-profile") as driver:
+        yield driver

@@ -190,14 +190,18 @@ def require_mosquitto() -> str:
 
 
 class MosquittoProcess:
-    """A private Mosquitto from broker-config/ that a test can stop and start again."""
+    """A private Mosquitto from broker-config/ that a test can stop and start again; it also
+    speaks MQTT over WebSockets on `ws_port`, for browser clients."""
 
     def __init__(self, binary: str, workdir: Path, config: str = "dev.conf") -> None:
         self.binary = binary
         self.port = free_port()
+        self.ws_port = free_port()
         self.config_path = workdir / f"mosquitto-{self.port}.conf"
         body = (BROKER_CONFIG / config).read_text()
-        self.config_path.write_text(f"listener {self.port} 127.0.0.1\n{body}")
+        self.config_path.write_text(
+            f"listener {self.port} 127.0.0.1\nlistener {self.ws_port} 127.0.0.1\nprotocol websockets\n{body}"
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -207,6 +211,10 @@ class MosquittoProcess:
     @property
     def address(self) -> BrokerAddress:
         return BrokerAddress(host="127.0.0.1", port=self.port)
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.ws_port}"
 
     def start(self) -> None:
         self.proc = subprocess.Popen(

@@ -20,13 +20,15 @@ long_texts = st.one_of(texts, st.text(_ALPHABET, min_size=200, max_size=2500))
 ids = st.text("abcdefghij0123456789-", min_size=1, max_size=6)
 ticks = st.integers(min_value=0, max_value=50)
 unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+# A few event ids, so that memories and lines of one event meet (a line carries its memory).
+events = st.one_of(st.none(), st.sampled_from(["ev-1", "ev-2", "ev-3", "ev-4", "ev-5"]))
 
 facts = st.builds(Fact, ids, texts)
 worlds = st.builds(WorldFact, ids, texts)
-episodes = st.builds(Episode, ids, ticks, long_texts, unit)
+episodes = st.builds(Episode, ids, ticks, long_texts, unit, events)
 beliefs = st.builds(Belief, ids, ticks, long_texts, unit)
 lines = st.builds(Line, ticks, st.sampled_from(["player", "npc", "\u5c0f\u660e"]), long_texts,
-                  st.integers(min_value=0, max_value=3))
+                  st.integers(min_value=0, max_value=3), events)
 
 
 @st.composite

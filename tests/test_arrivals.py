@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sim.protocol.outside import PlayerArrival, WorldArrival
+from sim.protocol.outside import InputArrival, OutsideInput, WorldArrival
 from sim.scenario import load_scenario
 from sim.shard import RecordConfig, RunConfig, RunStats, VirtualClock
 from sim.store import arrivals_path, open_reader, open_store, read_arrivals
@@ -22,8 +22,9 @@ from tests.memory_shard import memory_shard
 
 async def test_arrivals_stay_until_their_tick_commits_and_a_reopened_store_has_them(tmp_path: Path) -> None:
     db = tmp_path / "tw.db"
-    first = PlayerArrival(tick=0, player="p", to="innkeeper", text="hello")
-    later = [WorldArrival(tick=1, state={"king": "dead"}), PlayerArrival(tick=2, player="q", to="smith", text="hi")]
+    first = InputArrival(tick=0, input=OutsideInput(player="p", to="innkeeper", text="hello"))
+    later = [WorldArrival(tick=1, state={"king": "dead"}),
+             InputArrival(tick=2, input=OutsideInput(player="q", to="smith", text="hi", id="q1"))]
     async with open_store(db) as store:
         for arrival in (first, *later):
             store.arrivals.add(arrival)
@@ -40,10 +41,11 @@ async def test_arrivals_stay_until_their_tick_commits_and_a_reopened_store_has_t
 @pytest.mark.parametrize("cut", [1, 4, 5, 20])
 async def test_a_torn_last_record_is_dropped_and_the_rest_read(cut: int, tmp_path: Path) -> None:
     db = tmp_path / "tw.db"
-    whole = PlayerArrival(tick=3, player="p", to="innkeeper", text="a whole record")
+    whole = InputArrival(tick=3, input=OutsideInput(player="p", to="innkeeper", text="a whole record"))
     async with open_store(db) as store:
         store.arrivals.add(whole)
-        store.arrivals.add(PlayerArrival(tick=3, player="p", to="innkeeper", text="cut short by a kill -9"))
+        last = OutsideInput(player="p", to="innkeeper", text="cut short by a kill -9")
+        store.arrivals.add(InputArrival(tick=3, input=last))
     path = arrivals_path(db)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - cut])  # the kill came in the middle of the last write
@@ -73,7 +75,8 @@ async def test_an_input_a_tick_took_before_it_was_cut_short_is_taken_again_at_th
             await eventually(lambda: read_arrivals(db, 2), what="the input in the journal")
             stop.set()
             assert await shard.step(3) is False  # it took its inputs, then stopped before its turns
-        assert read_arrivals(db, 2) == [PlayerArrival(tick=3, player="visitor", to="innkeeper", text=text)]
+        taken = OutsideInput(player="visitor", to="innkeeper", text=text)
+        assert read_arrivals(db, 2) == [InputArrival(tick=3, input=taken)]
         resumed = msgspec.structs.replace(config, record=RecordConfig(resume=True))
         async with memory_shard(broker, scenario, resumed, db, RunStats(), asyncio.Event()) as shard:
             await shard.start()
@@ -82,7 +85,8 @@ async def test_an_input_a_tick_took_before_it_was_cut_short_is_taken_again_at_th
                 assert await shard.step(tick)
         server.cancel()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT tick, player, agent, text FROM inputs").fetchall() == [
+        assert conn.execute("SELECT tick, "
+                 "input ->> 'player', input ->> 'to', input ->> 'text' FROM inputs").fetchall() == [
             (3, "visitor", "innkeeper", text)
         ]
     with open_reader(db) as reader:

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.attach import RunFile, find_run, local_runs, published
+from sim.attach import RunFile, find_runs, local_runs, password_file, published
 from sim.cli import main
 from sim.mqtt import BrokerAddress
 from sim.shard import BrokerConfig, RunConfig, run
@@ -39,49 +39,74 @@ def _read_until(stream: object, pattern: str, deadline_s: float = 60.0) -> tuple
 
 
 def test_a_private_run_prints_how_to_attach_and_subscribe_finds_it(tmp_path: Path) -> None:
+    """`subscribe --wait` started before the run waits for it, then finds its private broker;
+    the run names the file of the viewer's password and never prints the password."""
     env = env_for(tmp_path)
     runs = Path(env["XDG_RUNTIME_DIR"]) / "npcsim"
-    with subprocess.Popen([NPCSIM, "run", VILLAGE, "--ticks", "100000", "--tick-ms", "100"], cwd=tmp_path, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as shard:
+    with subprocess.Popen([NPCSIM, "subscribe", "--run", "village-7", "--wait"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as sub:
         try:
-            found, _ = _read_until(shard.stderr, r"attach: broker (mqtt://127\.0\.0\.1:\d+), read-only login "
-                                                 r"viewer / (\S+):")
-            url, password = found.group(1), found.group(2)
-            (entry,) = local_runs(runs)
-            assert (entry.run, entry.url, entry.username, entry.password) == ("village-7", url, "viewer", password)
-            assert (runs / f"{entry.pid}-x").parent.stat().st_mode & 0o777 == 0o700
-            assert all(p.stat().st_mode & 0o777 == 0o600 for p in runs.iterdir())
-
-            started = time.monotonic()
-            with subprocess.Popen([NPCSIM, "subscribe", "--run", "village-7"], cwd=tmp_path, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as sub:
+            _read_until(sub.stderr, r"^waiting for run village-7 to start on a private broker of this machine")
+            with subprocess.Popen([NPCSIM, "run", VILLAGE, "--ticks", "100000", "--tick-ms", "100"], cwd=tmp_path,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as shard:
                 try:
+                    found, printed = _read_until(shard.stderr, r"attach: broker (mqtt://127\.0\.0\.1:\d+), "
+                                                               r"read-only login viewer, its password in (\S+):")
+                    url, secret = found.group(1), Path(found.group(2))
+                    game_line, more = _read_until(shard.stderr, r"attach: the game system's login game, its password "
+                                                                r"in (\S+) ")
+                    printed += more
+                    game_secret = Path(game_line.group(1))
+                    (entry,) = local_runs(runs)
+                    assert (entry.run, entry.url, entry.username) == ("village-7", url, "viewer")
+                    assert entry.password and secret.read_text() == entry.password
+                    assert secret.parent == runs and f'-P "$(cat {secret})"' in printed[-2]
+                    game_password = game_secret.read_text()
+                    assert game_secret.parent == runs and f'-P "$(cat {game_secret})"' in printed[-1]
+                    assert not any(entry.password in line or game_password in line for line in printed)
+                    assert runs.stat().st_mode & 0o777 == 0o700
+                    assert all(p.stat().st_mode & 0o777 == 0o600 for p in runs.iterdir())
+
                     connected, _ = _read_until(sub.stderr, r"^connected to (\S+), waiting for lines")
                     assert connected.group(1) == url.replace("mqtt://", "mqtt://viewer@")
-                    assert time.monotonic() - started < 15
                     assert sub.stdout is not None
                     assert re.match(r"village-7 t +\d+ \w+", sub.stdout.readline())
-                finally:
                     sub.send_signal(signal.SIGINT)
                     sub.wait(timeout=30)
-            assert sub.returncode == 0
+                    assert sub.returncode == 0
 
-            # the printed login is read-only: it reads what is said, and may not speak as the shard
-            async def as_viewer() -> None:
-                address = BrokerAddress.parse(url).with_login("viewer", password)
-                async with aiomqtt.Client(address.host, address.port, username="viewer", password=password) as c:
-                    await c.subscribe("npcsim/village-7/agent/+/say", qos=1)
-                    async with asyncio.timeout(30):
-                        async for message in c.messages:
-                            assert json.loads(bytes(message.payload))["run"] == "village-7"  # type: ignore[arg-type]
-                            return
-
-            asyncio.run(as_viewer())
+                    # the login in the file is read-only: it reads what is said
+                    asyncio.run(_said_as_viewer(url, entry.password))
+                    # the game system's login publishes its topics and reads its errors
+                    asyncio.run(_refused_as_game(url, game_password))
+                finally:
+                    shard.send_signal(signal.SIGINT)
+                    shard.wait(timeout=60)
+            assert shard.returncode == 0
+            assert find_runs("village-7", runs) == [] and not runs.exists()  # both files removed with the run
         finally:
-            shard.send_signal(signal.SIGINT)
-            shard.wait(timeout=60)
-    assert shard.returncode == 0
-    assert find_run("village-7", runs) is None and not runs.exists()  # removed with the run
+            sub.kill()
+
+
+async def _said_as_viewer(url: str, password: str) -> None:
+    address = BrokerAddress.parse(url).with_login("viewer", password)
+    async with aiomqtt.Client(address.host, address.port, username="viewer", password=password) as c:
+        await c.subscribe("npcsim/village-7/agent/+/say", qos=1)
+        async with asyncio.timeout(30):
+            async for message in c.messages:
+                assert json.loads(bytes(message.payload))["run"] == "village-7"  # type: ignore[arg-type]
+                return
+
+
+async def _refused_as_game(url: str, password: str) -> None:
+    address = BrokerAddress.parse(url)
+    async with aiomqtt.Client(address.host, address.port, username="game", password=password) as c:
+        await c.subscribe("npcsim/village-7/game/error", qos=1)
+        await c.publish("npcsim/village-7/game/event", b'{"location": "moon", "text": "A comet."}', qos=1)
+        async with asyncio.timeout(30):
+            async for message in c.messages:
+                assert json.loads(bytes(message.payload))["code"] == "unknown_location"  # type: ignore[arg-type]
+                return
 
 
 def test_an_external_broker_run_prints_its_url_to_attach(mosquitto: MosquittoProcess,
@@ -97,13 +122,17 @@ def test_stale_and_foreign_run_files_are_ignored(tmp_path: Path) -> None:
     stale = RunFile(run="old", shard="0", url="mqtt://127.0.0.1:9", pid=2**22 + 7, started=1.0)
     runs.mkdir(mode=0o700)
     (runs / "1-dead.json").write_bytes(json.dumps({f: getattr(stale, f) for f in stale.__struct_fields__}).encode())
+    (runs / "1-dead.password").write_text("old")
     (runs / "2-junk.json").write_text("{not json")
-    with published(RunFile(run="live", shard="0", url="mqtt://127.0.0.1:9"), runs) as path:
+    with published(RunFile(run="live", shard="0", url="mqtt://127.0.0.1:9", username="viewer", password="pw"),
+                   runs) as path:
         assert path is not None and path.stat().st_mode & 0o777 == 0o600
-        assert find_run("old", runs) is None and not (runs / "1-dead.json").exists()
-        live = find_run("live", runs)
-        assert live is not None and live.pid == os.getpid()
-    assert find_run("live", runs) is None
+        assert password_file(path).read_text() == "pw" and password_file(path).stat().st_mode & 0o777 == 0o600
+        assert find_runs("old", runs) == [] and not (runs / "1-dead.json").exists()
+        assert not (runs / "1-dead.password").exists()
+        (live,) = find_runs("live", runs)
+        assert live.pid == os.getpid()
+    assert find_runs("live", runs) == [] and not password_file(path).exists()
     open_to_all = tmp_path / "open"
     open_to_all.mkdir(mode=0o755)
     open_to_all.chmod(0o755)
@@ -124,6 +153,39 @@ def test_view_and_subscribe_say_there_is_no_such_run(tmp_path: Path, mosquitto: 
     err = capsys.readouterr().err.strip()
     assert err == (f"npcsim: error: --run nosuch-run: no such run on {mosquitto.url} "
                    "(no shard of it left a status there; runs there: here)")
+    assert main(["subscribe", "--broker", mosquitto.url, "--run", "nosuch-run"]) == 2
+    assert capsys.readouterr().err.strip() == err
+
+
+def test_subscribe_to_a_run_that_is_nowhere_ends_saying_so(tmp_path: Path) -> None:
+    """No run of that id here, nor on the default broker (running or not): one error line, exit 2."""
+    done = subprocess.run([NPCSIM, "subscribe", "--run", "village-8"], cwd=tmp_path, env=env_for(tmp_path),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0] == "no run village-8 on a private broker of this machine; trying mqtt://127.0.0.1:1883"
+    assert lines[-1].startswith("npcsim: error: ") and "mqtt://127.0.0.1:1883" in lines[-1]
+
+
+def test_two_runs_of_one_id_are_an_error_listing_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Both are listed with their brokers; --broker of one picks it, with its viewer login."""
+    from sim.cli._attach import local_login
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    twin = [RunFile(run="twin", shard="0", url=f"mqtt://127.0.0.1:{port}", username="viewer", password=f"pw{port}")
+            for port in (9, 10)]
+    with published(twin[0]), published(twin[1]):
+        for command in ("subscribe", "view"):
+            assert main([command, "--run", "twin"]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("npcsim: error: --run twin: 2 runs of that id on this machine's private brokers: ")
+            assert "mqtt://127.0.0.1:9 (pid " in err and "mqtt://127.0.0.1:10 (pid " in err
+            assert err.rstrip().endswith("pick one with --broker URL") and len(err.splitlines()) == 1
+        picked = local_login(BrokerAddress.parse("mqtt://127.0.0.1:10", env={}), "twin")
+        assert (picked.username, picked.password) == ("viewer", "pw10")
+        other = local_login(BrokerAddress.parse("mqtt://127.0.0.1:11", env={}), "twin")
+        assert other.username is None
 
 
 def test_shards_of_a_run_on_private_brokers_are_refused_at_once(tmp_path: Path,
@@ -147,7 +209,7 @@ async def test_subscribe_all_decodes_every_topic_of_the_run(mosquitto: Mosquitto
     key = tmp_path / "run.key"
     key.write_text("k" * 32)
     sub = await asyncio.create_subprocess_exec(
-        NPCSIM, "subscribe", "--broker", mosquitto.url, "--run", "all", "--all", "--json",
+        NPCSIM, "subscribe", "--broker", mosquitto.url, "--run", "all", "--all", "--json", "--wait",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env_for(tmp_path))
     assert sub.stdout is not None and sub.stderr is not None
     try:
@@ -178,6 +240,21 @@ def test_subscribe_without_a_local_run_says_where_it_tries(tmp_path: Path, monke
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     note = io.StringIO()
-    address = broker_for(build_parser().parse_args(["subscribe", "--run", "nowhere"]), Out(note))
-    assert address.url == "mqtt://127.0.0.1:1883"
+    address, look = broker_for(build_parser().parse_args(["subscribe", "--run", "nowhere"]), Out(note))
+    assert (address.url, look) == ("mqtt://127.0.0.1:1883", True)  # the run is still to be looked for there
     assert note.getvalue() == "no run nowhere on a private broker of this machine; trying mqtt://127.0.0.1:1883\n"
+
+
+def test_the_viewer_password_is_printed_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert main(["run", VILLAGE, "--ticks", "1", "--show-password"]) == 0
+    shown = re.search(r"read-only login viewer / (\S+): mosquitto_sub .* -u viewer -P (\S+) ", capsys.readouterr().err)
+    assert shown is not None and shown.group(1) == shown.group(2)
+    shared = tmp_path / "npcsim"  # a run directory others may enter: no file is kept there, the password unsaid
+    shared.mkdir()
+    shared.chmod(0o755)
+    assert main(["run", VILLAGE, "--ticks", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "read-only login viewer, its PASSWORD shown by npcsim run --show-password" in err
+    assert "-u viewer -P PASSWORD " in err

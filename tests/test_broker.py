@@ -6,15 +6,19 @@ import asyncio
 import contextlib
 import os
 import re
+import socket
 from pathlib import Path
+from typing import Literal
 
 import aiomqtt
 import psutil
 import pytest
 
-from sim.broker import open_broker
-from sim.errors import ConfigError
+from sim import broker as broker_module
+from sim.broker import free_port, open_broker
+from sim.errors import BrokerError, ConfigError
 from sim.mqtt import open_client
+from sim.shard import BrokerConfig
 from tests.helpers import VILLAGE, ended, read_until, require_mosquitto, start_npcsim
 
 pytestmark = pytest.mark.mosquitto
@@ -25,6 +29,11 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def ws_port_of(url: str | None) -> int:
+    assert url is not None and url.startswith("ws://127.0.0.1:"), url
+    return int(url.rsplit(":", 1)[1])
 
 
 async def start_run(*extra: str, tmpdir: Path | None = None) -> tuple[asyncio.subprocess.Process, int]:
@@ -104,12 +113,17 @@ async def test_auto_leaves_no_mosquitto_and_no_broker_files_after_kill_9() -> No
     assert b"Traceback" not in await proc.stderr.read()
 
 
-async def test_auto_is_private_anonymous_clients_reach_only_public_topics_and_player_input() -> None:
+@pytest.mark.parametrize("transport", ["tcp", "websockets"])
+async def test_auto_is_private_anonymous_clients_reach_only_public_topics_and_player_input(
+    transport: Literal["tcp", "websockets"],
+) -> None:
+    """On either listener: a browser's way in (WebSockets) is no wider than the MQTT port."""
     require_mosquitto()
     async with open_broker("auto") as info:
         assert info.address.username == "shard" and info.worker.username == "worker" and info.acl
         assert info.address.password and info.address.password not in info.url
-        async with open_client(info.address) as shard, aiomqtt.Client("127.0.0.1", info.address.port) as anon:
+        port = info.address.port if transport == "tcp" else ws_port_of(info.ws_url)
+        async with open_client(info.address) as shard, aiomqtt.Client("127.0.0.1", port, transport=transport) as anon:
             await shard.subscribe("npcsim/r/#", qos=1)
             await anon.subscribe("npcsim/r/infer/req", qos=1)
             await anon.subscribe("npcsim/r/agent/+/say", qos=1)
@@ -127,5 +141,74 @@ async def test_auto_is_private_anonymous_clients_reach_only_public_topics_and_pl
                     assert message.topic.value == "npcsim/r/agent/a/say", message.topic
                     break
         with pytest.raises(aiomqtt.MqttError):
-            async with open_client(info.address.with_login("shard", "guessed")):
+            async with aiomqtt.Client("127.0.0.1", port, transport=transport, username="shard", password="guessed"):
                 pass
+
+
+async def test_auto_websocket_port_is_the_one_asked_for_and_only_for_auto() -> None:
+    require_mosquitto()
+    wanted = free_port()
+    async with open_broker("auto", ws_port=wanted) as info:
+        assert info.ws_url == f"ws://127.0.0.1:{wanted}"
+        async with aiomqtt.Client("127.0.0.1", wanted, transport="websockets"):
+            pass
+    with pytest.raises(ConfigError, match="--ws-port applies to --broker auto"):
+        async with open_broker("mqtt://127.0.0.1:1883", ws_port=wanted):
+            pass
+
+
+@pytest.mark.parametrize("port", [0, 65536, True, "9001"])
+def test_a_library_websocket_port_out_of_range_is_one_line(port: object) -> None:
+    with pytest.raises(ConfigError, match="--ws-port must be"):
+        BrokerConfig(ws_port=port)  # type: ignore[arg-type]
+
+
+async def test_auto_websocket_port_in_use_is_one_clear_error() -> None:
+    require_mosquitto()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"--ws-port {port}: 127\.0\.0\.1:{port} is taken"):
+            async with open_broker("auto", ws_port=port):
+                pass
+
+
+def mosquitto_without_websockets(directory: Path) -> str:
+    """A mosquitto as a build without WebSockets behaves: it refuses a `protocol websockets` config."""
+    script = directory / "mosquitto"
+    script.write_text(f"""#!/bin/sh
+if grep -q "protocol websockets" "$2"; then echo "1: Error: Websockets support not available." >&2; exit 3; fi
+exec {require_mosquitto()} "$@"
+""")
+    script.chmod(0o755)
+    return str(script)
+
+
+async def test_auto_runs_without_websockets_on_a_mosquitto_built_without_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(broker_module, "find_mosquitto", lambda: mosquitto_without_websockets(tmp_path))
+    async with open_broker("auto") as info:
+        assert info.kind == "mosquitto" and info.ws_url is None
+        async with open_client(info.address):
+            pass
+    assert "has no WebSocket support" in caplog.text
+    with pytest.raises(BrokerError, match="Websockets support not available"):  # asked for: an error
+        async with open_broker("auto", ws_port=free_port()):
+            pass
+
+
+async def test_embedded_broker_serves_websockets_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker_module, "find_mosquitto", lambda: None)
+    async with open_broker("auto") as info:
+        assert info.kind == "embedded"
+        port = ws_port_of(info.ws_url)
+        async with aiomqtt.Client("127.0.0.1", port, transport="websockets", protocol=aiomqtt.ProtocolVersion.V311) \
+                as browser, open_client(info.address, protocol=311) as shard:
+            await browser.subscribe("npcsim/r/agent/+/say", qos=1)
+            await shard.publish("npcsim/r/agent/a/say", b"public", qos=1)
+            async with asyncio.timeout(10):
+                async for message in browser.messages:
+                    assert message.payload == b"public"
+                    break

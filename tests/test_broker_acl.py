@@ -1,5 +1,7 @@
 """broker-config/auth.conf and acl on a real Mosquitto: every role may publish and read
-exactly what docs/operations.md ("Who may publish and read what") says; anonymous clients are refused."""
+exactly what docs/operations.md ("Who may publish and read what") says; anonymous clients are refused.
+Two players' logins: each reads its own errors only, and neither may publish the game
+system's topics (events, facts, presence)."""
 
 from __future__ import annotations
 
@@ -17,17 +19,19 @@ R = "npcsim/r"
 PUBLISH = {  # role -> topics it may publish; every role tries every topic
     "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "infer/req", "status/0", "world/state", "barrier/0"},
     "worker": {"infer/resp/0", "infer/worker/w"},
-    "game": {"world/state"},
+    "game": {"world/state", "game/event", "game/fact", "player/alice/presence"},
     "viewer": {"player/viewer/input"},
     "alice": {"player/alice/input"},
 }
-TOPICS = sorted({*(t for ts in PUBLISH.values() for t in ts), "player/bob/input", "trace/0", "roster/0"})
+TOPICS = sorted({*(t for ts in PUBLISH.values() for t in ts), "player/bob/input", "trace/0", "roster/0",
+                 "player/alice/error", "player/bob/error", "game/error"})
 PUBLIC = {"agent/a/say", "world/state", "status/0", "roster/0"}
 READ = {  # role -> topics it may read, of those the shard publishes: the public ones, and
     "worker": {*PUBLIC, "infer/req"},
-    "game": PUBLIC,
+    "game": {*PUBLIC, "game/error"},
     "viewer": {*PUBLIC, "trace/0", "player/bob/input", "player/alice/input", "player/viewer/input"},
-    "alice": PUBLIC,
+    "alice": {*PUBLIC, "player/alice/error"},  # its own errors, never bob's
+    "bob": {*PUBLIC, "player/bob/error"},
 }
 
 

@@ -12,7 +12,7 @@ from sim.errors import BrokerError, OutboxFullError
 from sim.memory import NpcState, WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress, ReconnectPolicy
 from sim.protocol.outbox import Outbox
-from sim.protocol.received import BatchArrived, PlayerInputReceived
+from sim.protocol.received import BatchArrived, InputRefused, PlayerInputReceived
 from sim.wire import topics
 from sim.wire.events import EventBatch, PlayerInputMessage, Speech, encode_batch
 from sim.wire.trace import TraceMessage, decode_traces, encode_trace
@@ -79,7 +79,12 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
             await client.publish(topics.player_input("r", "p"), b'{"to": "b", "text": "hi"}', qos=1)
         await eventually(lambda: bus.stats.messages_in == 13, what="the 13 messages")
         inputs = [e for e in bus.take_events() if not isinstance(e, Connected)]
-        assert inputs == [PlayerInputReceived("p", PlayerInputMessage(to="b", text="hi"))]
+        assert inputs[-1] == PlayerInputReceived("p", PlayerInputMessage(to="b", text="hi"))
+        # each refused input is handed on to be answered on the player's error topic
+        refused = [e for e in inputs[:-1] if isinstance(e, InputRefused)]
+        assert len(refused) == len(inputs) - 1 == 4
+        assert [e.error.code for e in refused] == ["not_json", "not_json", "schema", "schema"]
+        assert {e.player for e in refused} == {"p"}
         assert bus.stats.malformed == {"location events": 4, "inbox": 4, "player input": 4}
         assert len(bus.mail.mailbox("b")) == 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sim.protocol.outside import PlayerArrival
+from sim.protocol.outside import InputArrival, OutsideInput
 from sim.store import arrivals_path, open_reader, open_store, read_arrivals
 from sim.wire import topics
 from tests.helpers import VILLAGE, MosquittoProcess, audit, committed_tick, eventually, start_npcsim
@@ -35,7 +35,8 @@ WORLD = {"weather": "a storm from the north"}
 
 def stored_inputs(db: Path) -> list[tuple[int, str, str, str]]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT tick, player, agent, text FROM inputs ORDER BY tick, seq").fetchall()
+        rows = conn.execute("SELECT tick, "
+                 "input ->> 'player', input ->> 'to', input ->> 'text' FROM inputs ORDER BY tick, seq").fetchall()
     return [(int(t), str(p), str(a), str(x)) for t, p, a, x in rows]
 
 
@@ -80,7 +81,8 @@ async def test_input_delivered_in_a_killed_tick_is_stored_answered_and_taken_at_
         proc.kill()  # kill -9 as soon as the shard has them: its tick is not committed
         await proc.wait()
         killed_after = committed_tick(db)
-        stamps = {a.player: a.tick for a in arrived if isinstance(a, PlayerArrival)}
+        stamps = {a.input.player: a.tick for a in arrived
+                  if isinstance(a, InputArrival) and isinstance(a.input, OutsideInput)}
         assert all(a.tick > killed_after for a in arrived), (arrived, killed_after)  # no committed tick has them
         assert world_value(db, "innkeeper", "weather") is None
         proc = await npcsim_run(mosquitto, db, log, "--until-tick", str(HORIZON), "--resume")

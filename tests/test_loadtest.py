@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 
 import sim.loadtest
@@ -16,8 +21,8 @@ from sim.cli.loadtest import loadtest_command
 from sim.errors import NpcsimError
 from sim.loadtest import LoadTestConfig, generate_state, profile_of, run_loadtest
 from sim.memory import WorkingMemoryConfig, build_working_memory
-from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build
-from tests.helpers import npcsim_in_process
+from tests.broken_builders import drop_first_fact, ignore_budget, refuse_to_build, say_twice
+from tests.helpers import NPCSIM, env_for, eventually_sync, npcsim_in_process
 
 RESULT_KEYS = {
     "agents", "seed", "duration_s", "processes", "concurrency", "backend", "latency_ms", "broker",
@@ -72,7 +77,7 @@ async def test_small_sweep_has_no_violations_and_sane_figures() -> None:
     assert result.peak_rss_mb > 0
 
 
-@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2")])
+@pytest.mark.parametrize(("builder", "invariant"), [(drop_first_fact, "I1"), (ignore_budget, "I2"), (say_twice, "I8")])
 def test_broken_builder_is_caught_and_exits_1(
     builder: object, invariant: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -178,3 +183,44 @@ def test_plot_writes_a_png_of_real_curves(tmp_path: Path) -> None:
     timeline = json.loads(figures.read_text())["timeline"]
     # What the plot's curves are drawn from: points that move.
     assert len([p for p in timeline if p["snapshots_per_s"] > 0 and p["inferences_per_s"] > 0]) >= 2
+
+
+def test_in_a_pipe_the_result_is_plain_lines(tmp_path: Path) -> None:
+    """Through a pipe: no box drawing, no escape sequence, a header line and tab-separated rows."""
+    done = subprocess.run([NPCSIM, "loadtest", "--agents", "100", "--requests", "100", "--processes", "1",
+                           "--concurrency", "2,4"], capture_output=True, text=True, env=env_for(tmp_path),
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert not any(char in done.stdout for char in "━│┃╇\x1b")
+    assert lines[0] == "figure\tvalue" and "invariant violations\t0" in lines
+    assert "latency (ms)\tp50\tp95\tp99\tmax\tsamples" in lines
+    assert "category\tbudget\tcut\tkept\tdropped\tduplicate\tused" in lines
+    assert any(line.startswith("2,000 ch\t4\t") for line in lines)  # the sweep's rows
+    assert all("\t" in line for line in lines[:-1]) and "knee" in lines[-1]
+
+
+def test_ctrl_c_ends_a_loadtest_with_one_line_and_exit_130(tmp_path: Path) -> None:
+    """SIGINT to the process group, as a terminal's Ctrl-C, once the sweep process is up:
+    one line, exit code 130, no traceback, no child left."""
+    with subprocess.Popen([NPCSIM, "loadtest", "--agents", "200", "--duration", "60", "--processes", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path),
+                          start_new_session=True) as proc:
+        try:
+            children = eventually_sync(lambda: _sweep_processes(proc.pid), what="the sweep process running")
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "npcsim: interrupted\n")
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == []
+
+
+def _sweep_processes(pid: int) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):
+            if "sim.loadtest._sweep_worker" in child.cmdline():
+                found.append(child)
+    return found

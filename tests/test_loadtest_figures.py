@@ -22,7 +22,7 @@ from sim.loadtest import (
 from sim.memory import WorkingMemoryConfig, build_working_memory
 from tests.helpers import npcsim_in_process
 
-TRUNCATION_KEYS = {"cut_fraction", "kept_mean", "dropped_mean", "used_fraction_mean"}
+TRUNCATION_KEYS = {"cut_fraction", "kept_mean", "dropped_mean", "used_fraction_mean", "duplicate_mean"}
 DURATION_S = 5
 
 
@@ -65,6 +65,7 @@ def test_tally_matches_the_reports_it_was_given() -> None:
     assert dialogue.cut_fraction == round(sum(r.dialogue.dropped > 0 for r in reports) / n, 4)
     assert dialogue.kept_mean == round(sum(r.dialogue.kept for r in reports) / n, 3)
     assert dialogue.dropped_mean == round(sum(r.dialogue.dropped for r in reports) / n, 3)
+    assert figures.episodic.duplicate_mean == round(sum(r.episodic.duplicate for r in reports) / n, 3) > 0
     budgeted = [r.dialogue.used / r.dialogue.budget for r in reports if r.dialogue.budget > 0]
     assert dialogue.used_fraction_mean == round(sum(budgeted) / len(budgeted), 4)
     mandatory = figures.mandatory

@@ -16,6 +16,7 @@ from sim.memory import (
     WorkingMemoryConfig,
     WorldFact,
     build_working_memory,
+    distinct,
     explain_truncation,
     ranking,
     render,
@@ -28,13 +29,16 @@ FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
 
 def _next_cost(state: NpcState, said: str, config: WorkingMemoryConfig, name: str, kept: int) -> int:
-    """What adding the category's next item (the first dropped in its order: the newest, or the
-    best ranked) to the prompt would cost, in characters."""
-    section = render.rendered(state).sections[render.RENDER_ORDER.index(name)]
-    n = len(section.lines)
-    scored = config.selection == "scored" and name in FLEXIBLE
-    line = section.lines[ranking(state, said, config)[name][kept] if scored else n - kept - 1]
-    return len(line) + (len(section.header) if kept == 0 else 0)
+    """What adding the category's next candidate (the first dropped in its order: the newest, or
+    the best ranked) to the prompt would cost, in characters."""
+    orders = {n: getattr(state, n)[::-1] for n in CATEGORIES}
+    ranks = ranking(state, said, config) if config.selection == "scored" else {}
+    orders.update({n: tuple(getattr(state, n)[p] for p in rank) for n, rank in ranks.items()})
+    lines = orders["dialogue"][: config.max_dialogue_lines]
+    left_out = distinct(state, config.max_dialogue_lines, ranks.get("dialogue")).duplicates
+    assert {e.event for e in left_out} <= {line.event for line in lines}  # the candidate lines say them
+    order = [item for item in orders[name] if name != "episodic" or item not in left_out]
+    return len(render.RENDER[name](order[kept])) + (len(render.CATEGORY_HEADERS[name]) if kept == 0 else 0)
 
 
 @given(states(), player_inputs, configs())
@@ -45,10 +49,12 @@ def test_dropped_counts_equal_the_report_and_every_reason_holds(state: NpcState,
     assert explained == explain_truncation(state, said, config)  # rebuilt, the same
     for name in CATEGORIES:
         row, why = getattr(report, name), getattr(explained, name)
-        assert len(why.dropped) == row.dropped and why.kept == row.kept and why.used == row.used, name
+        assert len(why.dropped) == row.dropped + row.duplicate and why.kept == row.kept and why.used == row.used
+        assert why.duplicate == row.duplicate and (row.duplicate == 0 or name == "episodic"), name
         assert {d.category for d in why.dropped} <= {name}
         assert (why.reason is None) == (row.dropped == 0)
-        assert all(d.reason == why.reason for d in why.dropped)
+        assert all(d.reason == why.reason for d in why.dropped[: row.dropped])
+        assert all(d.reason == "duplicate" for d in why.dropped[row.dropped :])
         if why.reason == "over_budget":
             assert report.over_budget
         elif why.reason == "cap":
@@ -79,7 +85,7 @@ def test_dropped_counts_equal_the_report_with_tokens(state: NpcState, said: str,
     explained = explain_truncation(state, said, config, memory)
     for name in CATEGORIES:
         row, why = getattr(memory.report, name), getattr(explained, name)
-        assert len(why.dropped) == row.dropped, name
+        assert len(why.dropped) == row.dropped + row.duplicate, name
         assert why.used_tokens == row.used_tokens
         if why.reason == "cap":
             assert why.cap is not None and row.kept >= why.cap

@@ -1,8 +1,9 @@
-"""Property tests of the working-memory invariants I1-I7 on random states, for both selections.
+"""Property tests of the working-memory invariants I1-I8 on random states, for both selections.
 
-The independent checker (sim.checker) is the oracle for I1, I2, I3 and I6; I4, I5 and I7
-are asserted here directly. The configs drawn use either selection ("recency" or
-"scored"), unless a test names one. The CI profile runs 2,000 examples per invariant.
+The independent checker (sim.checker) is the oracle for I1, I2, I3, I6 and I8; I4, I5 and
+I7 are asserted here directly, and I8 once more on the prompt's text. The configs drawn use
+either selection ("recency" or "scored"), unless a test names one. The CI profile runs
+2,000 examples per invariant.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.checker import check_working_memory
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, ranking
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, distinct, ranking
 from tests.strategies import configs, player_inputs, states
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,7 +43,7 @@ def test_i2_prompt_within_budget_unless_flagged(state: NpcState, said: str, conf
 
 
 @given(states(), player_inputs, configs())
-def test_i3_newest_contiguous_run_within_caps(state: NpcState, said: str, config) -> None:
+def test_i3_first_of_the_order_within_caps(state: NpcState, said: str, config) -> None:
     assert violations(state, said, config, "I3") == []
 
 
@@ -51,8 +52,23 @@ def test_i6_maximal_with_redistribution(state: NpcState, said: str, config) -> N
     assert violations(state, said, config, "I6") == []
 
 
+@given(states(), player_inputs, configs())
+def test_i8_nothing_said_twice(state: NpcState, said: str, config) -> None:
+    assert violations(state, said, config, "I8") == []
+    wm = build_working_memory(state, said, config)
+    # by the events, apart from the checker: a kept line's memory is not in the prompt
+    said_by_lines = {line.event for line in wm.dialogue} - {None}
+    for episode in state.episodic:
+        if episode.event in said_by_lines:
+            assert episode not in wm.episodic
+    ranked = ranking(state, said, config)["dialogue"] if config.selection == "scored" else None
+    left_out = distinct(state, config.max_dialogue_lines, ranked).duplicates
+    assert wm.report.episodic.duplicate == len(left_out)
+    assert wm.report.episodic.kept + wm.report.episodic.dropped + len(left_out) == len(state.episodic)
+
+
 @given(states(max_items=8), player_inputs, configs(tokens=True))
-def test_token_budget_i1_i2_i3_i6(state: NpcState, said: str, config) -> None:
+def test_token_budget_i1_i2_i3_i6_i8(state: NpcState, said: str, config) -> None:
     wm = build_working_memory(state, said, config)
     assert check_working_memory(state, said, config, wm) == []
 
@@ -124,9 +140,10 @@ def test_i5_redistribution_contains_fixed_split_at_any_lower_limit(
 
 
 def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> dict[str, int]:
-    """The seed article's fixed split, written out plainly: counts kept per category."""
+    """The seed article's fixed split over the candidates, written out plainly: counts kept per category."""
     from sim.memory.render import CATEGORY_HEADERS, render_belief, render_episode, render_line
 
+    episodic = [e for e in state.episodic if e not in distinct(state, config.max_dialogue_lines).duplicates]
     mandatory_only = build_working_memory(
         NpcState(state.agent_id, state.system_prompt, state.canonical_facts, state.world_state), said, config
     )
@@ -135,7 +152,7 @@ def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> 
         return {name: 0 for name in FLEXIBLE}
     plan = {
         "dialogue": (remaining * config.dialogue_share, state.dialogue, render_line, config.max_dialogue_lines),
-        "episodic": (remaining * config.episodic_share, state.episodic, render_episode, config.max_episodic_memories),
+        "episodic": (remaining * config.episodic_share, episodic, render_episode, config.max_episodic_memories),
         "beliefs": (remaining * config.belief_share, state.beliefs, render_belief, config.max_beliefs),
     }
     kept = {}
@@ -162,14 +179,17 @@ def test_i7_seed_split_reproduced_without_redistribution(state: NpcState, said: 
 
 @given(states(), player_inputs, configs(selection="scored"))
 def test_scored_keeps_the_top_of_its_ranking_in_time_order(state: NpcState, said: str, config) -> None:
-    """I3 restated, on its own: the kept items are the first of the ranking, rendered oldest first."""
+    """I3 restated, on its own: the kept items are the first of the ranking, rendered oldest
+    first; a memory that one of the dialogue's first `max_dialogue_lines` lines says is passed over."""
     wm = build_working_memory(state, said, config)
     ranks = ranking(state, said, config)
+    left_out = distinct(state, config.max_dialogue_lines, ranks["dialogue"]).duplicates
     for name in FLEXIBLE:
         rank, kept = ranks[name], getattr(wm, name)
-        assert sorted(rank) == list(range(len(getattr(state, name))))  # a permutation of the items
         items = getattr(state, name)
-        assert kept == tuple(items[p] for p in sorted(rank[: len(kept)])), name
+        assert sorted(rank) == list(range(len(items)))  # a permutation of the items
+        chosen = [p for p in rank if name != "episodic" or items[p] not in left_out]
+        assert kept == tuple(items[p] for p in sorted(chosen[: len(kept)])), name
 
 
 @given(states(), player_inputs, configs(selection="scored"))

@@ -39,8 +39,8 @@ PACKAGES: dict[str, set[str]] = {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
         "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
         "TimelinePoint", "TruncationFigures", "TruncationTally", "ViolationRecord", "agent_id", "default_processes",
-        "generate_state", "knee_concurrency", "print_result", "profile_of", "progress_view", "require_matplotlib",
-        "run_loadtest", "write_plot",
+        "generate_state", "knee_concurrency", "profile_of", "progress_view", "require_matplotlib",
+        "result_sections", "run_loadtest", "write_plot", "Cell", "Section",
     },
     "sim.memory": {
         "Belief", "CategoryReport", "Episode", "Fact", "Line", "NpcState", "OverBudgetError", "RENDERER_VERSION",
@@ -48,6 +48,7 @@ PACKAGES: dict[str, set[str]] = {
         "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
+        "Distinct", "distinct", "leave_out_event",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",
@@ -94,6 +95,12 @@ MODULES: dict[str, set[str]] = {
         "token_sizes",
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
+    "sim.wire.contract": {
+        "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "OWN_PLAYER",
+        "PLAYER",
+        "SERVER", "Channel", "Role", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
+        "message_schema",
+    },
     "sim.wire.trace": {
         "RosterEntry", "RosterMessage", "TRACE_DROPPED", "TraceAttempt", "TraceMessage", "decode_roster",
         "decode_traces", "encode_roster", "encode_trace", "trace_of",

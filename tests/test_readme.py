@@ -3,9 +3,12 @@
 The convention the documents follow:
 
 - A ```console block holds examples to run: each line starting with `$ ` is a command (a
-  line ending in `\\` continues it); other lines are what it prints, or comments. Commands
-  of one document run in order, in one scratch directory of their own, with the package's
-  console script first on PATH (`npcsim` and `.venv/bin/npcsim` are it).
+  line ending in `\\` continues it); other lines are what it prints, or comments (`# ...`).
+  Commands of one document run in order, in one scratch directory of their own, with the
+  package's console script first on PATH (`npcsim` and `.venv/bin/npcsim` are it).
+- What a block shows a command print is checked: each line shown must be a line the command
+  printed (standard output and error), in the order shown; a line `...` stands for lines
+  left out (an abridged output), and other lines may be left out too.
 - A command ending in `&` runs in the background: it must be alive and have printed
   something before the next command runs, and be alive at the end of its block; then it
   gets SIGINT.
@@ -17,7 +20,9 @@ The convention the documents follow:
       load test than the reader is shown);
   `<!-- test: skip "MATCH": reason -->`: not run, for the reason given;
   `<!-- test: known-failure "MATCH": reason -->`: must still fail (non-zero or hanging for
-      30 s): when it passes, this test fails, so that the marker is removed.
+      30 s): when it passes, this test fails, so that the marker is removed;
+  `<!-- test: varies "MATCH": reason -->`: it runs, but what it prints is not compared with
+      what the block shows (figures that depend on timing, said in the reason).
 - Any other code block that holds commands (`npcsim`, `make`, `mosquitto_*`, `pip`, ...)
   must carry a skip marker with its reason: no example goes untested by oversight.
 
@@ -59,7 +64,9 @@ READY_TIMEOUT = 60.0  # a background or forever command has printed something
 KNOWN_FAILURE_TIMEOUT = 30.0
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_DIRECTIVE = re.compile(r'^<!-- test: (forever|replace|skip|known-failure)((?:\s+"[^"]*")*)\s*(?::\s*(.+?))?\s*-->$')
+_DIRECTIVE = re.compile(
+    r'^<!-- test: (forever|replace|skip|known-failure|varies)((?:\s+"[^"]*")*)\s*(?::\s*(.+?))?\s*-->$'
+)
 _QUOTED = re.compile(r'"([^"]*)"')
 _URL = re.compile(r"http://127\.0\.0\.1:\d+/\S*")
 
@@ -82,19 +89,26 @@ class Block:
     lines: list[str]
     directives: list[Directive] = field(default_factory=list)
 
-    def commands(self) -> list[str]:
-        found, pending = [], ""
+    def examples(self) -> list[tuple[str, list[str]]]:
+        """Each command with the lines the block shows it print (comments left out)."""
+        found: list[tuple[str, list[str]]] = []
+        pending = ""
         for line in self.lines:
             if pending:
                 pending += "\n" + line
             elif line.startswith("$ "):
                 pending = line[2:]
             else:
+                if found and line.strip() and not line.startswith("#"):
+                    found[-1][1].append(line)
                 continue
             if not pending.endswith("\\"):
-                found.append(pending)
+                found.append((pending, []))
                 pending = ""
         return found
+
+    def commands(self) -> list[str]:
+        return [command for command, _ in self.examples()]
 
     def has_commands(self) -> bool:
         first = next((ln.strip() for ln in self.lines if ln.strip() and not ln.strip().startswith("#")), "")
@@ -207,7 +221,8 @@ class Runner:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         return Running(command, proc, out)
 
-    def run(self, command: str, where: str) -> None:
+    def run(self, command: str, where: str) -> str:
+        """Run `command` to its end (exit 0); what it printed."""
         running = self.start(command)
         try:
             code = running.proc.wait(timeout=STEP_TIMEOUT)
@@ -215,6 +230,7 @@ class Runner:
             running.stop()
             pytest.fail(f"{where}: `{command}` did not end within {STEP_TIMEOUT:.0f} s:\n{running.printed()}")
         assert code == 0, f"{where}: `{command}` exited {code}:\n{running.printed()}"
+        return running.printed()
 
     def ready(self, running: Running, where: str) -> None:
         """Alive and printing (and answering on the web address it printed)."""
@@ -258,7 +274,7 @@ def run_document(document: str, scratch: Path, broker: MosquittoProcess) -> int:
         if block.language != "console":
             continue
         with runner.background() as started:
-            for written in block.commands():
+            for written, shown in block.examples():
                 where = block.where()
                 picked = [d for d in block.directives if d.picks(written)]
                 if any(d.kind == "skip" for d in picked):
@@ -286,8 +302,24 @@ def run_document(document: str, scratch: Path, broker: MosquittoProcess) -> int:
                     finally:
                         running.stop()
                 else:
-                    runner.run(command, where)
+                    printed = runner.run(command, where)
+                    if not any(d.kind == "varies" for d in picked):
+                        missing = unshown(shown, printed)
+                        assert missing is None, (f"{where}: `{written}` does not print the line shown\n  {missing}\n"
+                                                 f"it printed:\n{printed}")
     return ran
+
+
+def unshown(shown: list[str], printed: str) -> str | None:
+    """The first line of `shown` that `printed` does not hold in the order shown, or None
+    (`...` lines are left out of the comparison)."""
+    lines = iter(line.rstrip() for line in printed.splitlines())
+    for expected in shown:
+        if expected.strip() == "...":
+            continue
+        if not any(line == expected.rstrip() for line in lines):
+            return expected
+    return None
 
 
 # --- the tests ----------------------------------------------------------------------------------
@@ -326,7 +358,25 @@ def test_the_convention_is_read_as_documented() -> None:
     block = Block("x", 1, "console", ["$ npcsim one \\", "    --b", "output", "$ npcsim two &   # note"],
                   [Directive("skip", ["two"], "why")])
     assert block.commands() == ["npcsim one \\\n    --b", "npcsim two &   # note"]
+    assert block.examples()[0][1] == ["output"]
+    assert unshown(["a", "...", "c"], "a\nb\nc\n") is None and unshown(["c", "a"], "a\nb\nc\n") == "a"
     assert block.directives[0].picks("npcsim two") and not block.directives[0].picks("npcsim one")
     directive = _DIRECTIVE.match('<!-- test: replace "--agents 10000" "--agents 200" -->')
     assert directive is not None and _QUOTED.findall(directive.group(2)) == ["--agents 10000", "--agents 200"]
     assert _DIRECTIVE.match("<!-- test: skip: the suite itself -->") is not None
+
+
+def test_the_grep_of_the_readme_finds_lines(tmp_path: Path) -> None:
+    """The README's `npcsim run ... --follow | grep WORD`, as a shell runs it, finds lines, each with WORD."""
+    text = " ".join((REPO / "README.md").read_text().split())
+    found = re.search(r"`(npcsim run [^`|]*--follow \| grep ('[^']+'|\S+))`", text)
+    assert found is not None, "the README's grep example is gone"
+    command, word = found.group(1), found.group(2).strip("'")
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "XDG_RUNTIME_DIR": str(runs)}
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=STEP_TIMEOUT, check=False)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines, f"`{command}` found nothing:\n{done.stderr}"
+    assert all(word in line for line in lines)

@@ -19,6 +19,7 @@ import aiomqtt
 import msgspec
 import pytest
 
+from sim.protocol.outside import OutsideInput, Taken
 from sim.replay import compare, execute, fork_report, load_recording, records_of
 from sim.scenario import Scenario, parse_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, ambient_roll, run
@@ -32,11 +33,14 @@ pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 END = 60
 VISITOR = b'{"to": "innkeeper", "text": "Is the ale any good tonight?"}'
 WORLD = b'{"state": {"weather": "a storm from the north"}}'
+EVENT = b'{"location": "inn", "text": "The fire in the hearth goes out.", "significance": 0.7}'
+FACT = b'{"npc": "innkeeper", "id": "cellar", "text": "The cellar flooded in the storm."}'
 
 
 async def original(mosquitto: MosquittoProcess, tmp_path: Path, shards: int = 1) -> list[Path]:
-    """The village to END on `shards` shards, with a player's input and a world-state change
-    published while it runs (each after the run is under way)."""
+    """The village to END on `shards` shards, with a player's input, a world-state change, an
+    event at the inn and a fact for the innkeeper published while it runs (each after the
+    run is under way)."""
     run_id = f"orig{shards}"
     dbs = [tmp_path / f"{run_id}-{i}.db" for i in range(shards)]
     stats = [RunStats() for _ in dbs]
@@ -50,6 +54,8 @@ async def original(mosquitto: MosquittoProcess, tmp_path: Path, shards: int = 1)
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             await client.publish(topics.player_input(run_id, "visitor"), VISITOR, qos=1)
             await client.publish(topics.world_state(run_id), WORLD, qos=1)
+            await client.publish(topics.game_event(run_id), EVENT, qos=1)
+            await client.publish(topics.game_fact(run_id), FACT, qos=1)
         await asyncio.gather(*jobs)
     assert all(s.tick == END - 1 for s in stats), "the original stopped early (a slow machine: lower tick_ms)"
     return dbs
@@ -60,8 +66,8 @@ async def replay_cli(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
     return await asyncio.to_thread(npcsim_in_process, capsys, *args)
 
 
-def held(dbs: list[Path]) -> tuple[list[tuple[int, int, str, str, str]], dict[int, dict[str, str]]]:
-    inputs: list[tuple[int, int, str, str, str]] = []
+def held(dbs: list[Path]) -> tuple[list[tuple[int, Taken]], dict[int, dict[str, str]]]:
+    inputs: list[tuple[int, Taken]] = []
     world: dict[int, dict[str, str]] = {}
     for db in dbs:
         with open_reader(db) as reader:
@@ -75,7 +81,9 @@ async def test_a_village_run_with_outside_input_and_a_world_change_replays_ident
 ) -> None:
     dbs = await original(mosquitto, tmp_path)
     inputs, world = held(dbs)
-    assert [(p, a) for _, _, p, a, _ in inputs] == [("visitor", "innkeeper")], "the outside input was not taken"
+    assert [(i.player, i.to) for _, i in inputs if isinstance(i, OutsideInput)] == [("visitor", "innkeeper")], \
+        "the outside input was not taken"
+    assert {type(i).__name__ for _, i in inputs} == {"OutsideInput", "GameEvent", "GameFact"}
     assert any(state == {"weather": "a storm from the north"} for state in world.values()), world
     with open_reader(dbs[0]) as reader:
         records = len(list(reader.audit_records()))
@@ -90,7 +98,7 @@ async def test_a_three_shard_run_replays_identical_from_its_three_stores(
     mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dbs = await original(mosquitto, tmp_path, shards=3)
-    assert held(dbs)[0], "the outside input was not taken"
+    assert len(held(dbs)[0]) == 3, "the outside input, the event and the fact were not all taken"
     records = len(records_of(dbs))
     ran = await replay_cli(capsys, "replay", *(a for db in reversed(dbs) for a in ("--db", str(db))),
                             "--out", str(tmp_path / "again.db"))

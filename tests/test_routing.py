@@ -11,12 +11,20 @@ from hypothesis import strategies as st
 
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox, Overflow, event_source
-from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.protocol.received import BarrierReceived, BatchArrived, InputRefused, PlayerInputReceived, WorldStateReceived
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey
 from sim.wire import topics
 from sim.wire.barrier import Join, TickDone, encode_barrier
-from sim.wire.events import EventBatch, Notice, PlayerInputMessage, Speech, WorldStateMessage, encode_batch
+from sim.wire.events import (
+    ErrorMessage,
+    EventBatch,
+    Notice,
+    PlayerInputMessage,
+    Speech,
+    WorldStateMessage,
+    encode_batch,
+)
 
 LOC = "npcsim/r/loc/square/events"
 INBOX = "npcsim/r/agent/snack/inbox"
@@ -79,11 +87,11 @@ def test_outside_input_over_its_bounds_is_refused_and_counted() -> None:
         r.receive("npcsim/r/world/state", json.dumps({"state": {f"k{i}": "v" for i in range(20_000)}}).encode()),
         r.receive("npcsim/r/world/state", json.dumps({"state": {"king": "dead"}}).encode()),
     ]
-    assert got == [
-        None,
+    assert [(g.error.code, g.player, g.npc) if isinstance(g, InputRefused) else g for g in got] == [
+        ("too_long", "alice", "snack"),
         PlayerInputReceived("alice", PlayerInputMessage(to="snack", text="hello")),
-        None,
-        None,
+        ("too_long", None, None),
+        ("too_long", None, None),
         WorldStateReceived(WorldStateMessage(state={"king": "dead"})),
     ]
     assert r.stats.refused == {"player input too long": 1, "world state over its bounds": 2}
@@ -92,7 +100,8 @@ def test_outside_input_over_its_bounds_is_refused_and_counted() -> None:
 @pytest.mark.parametrize("player", ["bad name", "x" * 200, "é"])
 def test_a_player_id_that_is_not_a_name_is_malformed(player: str) -> None:
     r = router()
-    assert r.receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}') is None
+    refused = r.receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}')
+    assert isinstance(refused, InputRefused) and (refused.error.code, refused.player) == ("schema", player)
     assert r.stats.malformed == {"player input": 1}
 
 
@@ -203,9 +212,12 @@ def test_each_kind_of_message_gives_its_event_and_junk_gives_none() -> None:
     for topic, payload, expected in cases:
         assert r.receive(topic, payload) == expected, topic
     assert r.stats.malformed == {}
-    for topic in (LOC, INBOX, topics.barrier("r", "2"), "npcsim/r/player/bob/input", "npcsim/r/world/state",
-                  "npcsim/r/nowhere"):
+    for topic in (LOC, INBOX, topics.barrier("r", "2"), "npcsim/r/nowhere"):
         assert r.receive(topic, b"\xc1{") is None, topic
+    for topic, player in (("npcsim/r/player/bob/input", "bob"), ("npcsim/r/world/state", None)):
+        assert r.receive(topic, b"\xc1{") == InputRefused(  # the client is told
+            ErrorMessage(code="not_json", message="JSON is malformed: invalid character (byte 0)", topic=topic),
+            player=player)
     assert r.stats.malformed == {"location events": 1, "inbox": 1, "barrier": 1, "player input": 1, "world state": 1,
                                  "unrouted": 1}
 

@@ -10,7 +10,7 @@ import pytest
 
 from sim.errors import AuthorityError, SchemaError, StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, build_working_memory
-from sim.protocol.outside import OutsideInput, PlayerArrival
+from sim.protocol.outside import InputArrival, OutsideInput
 from sim.store import (
     HOT_LIMIT,
     SCHEMA_VERSION,
@@ -268,8 +268,8 @@ async def test_commit_tick_puts_the_tick_and_what_it_replaces_on_disk_together(t
     """`commit_tick` queues what the tick replaces, flushes the arrivals it took, commits; the
     journal then drops what the tick holds, and a reopened store reads the rest back."""
     db = tmp_path / "tw.db"
-    taken = PlayerArrival(tick=0, player="p", to="smith", text="hi")
-    later = PlayerArrival(tick=1, player="p", to="smith", text="later")
+    taken = InputArrival(tick=0, input=OutsideInput(player="p", to="smith", text="hi"))
+    later = InputArrival(tick=1, input=OutsideInput(player="p", to="smith", text="later"))
     record = TickRecord(sent=[(0, "npcsim/r/loc/forge/events", b"\x01")], says=[("npcsim/r/agent/smith/say", b"y")],
                         pending=Pending(world={"weather": "rain"}))
     async with open_store(db, keep_tail=False) as store:

@@ -79,7 +79,8 @@ def test_bulk_statements_store_exactly_what_one_row_at_a_time_stores(tmp_path: P
     texts = ["", "plain", "line\nbreak \u2028 \"quoted\" \\ back", "\x01\x1f\x7f \U0001f600 é", "x" * 5000,
              "<|im_start|>", "123", "null"]
     rows = {
-        "line": [(f"n{i}", rng.randrange(100), i, rng.choice(texts), rng.choice(texts)) for i in range(50)],
+        "line": [(f"n{i}", rng.randrange(100), i, rng.choice(texts), rng.choice(texts), rng.choice(texts))
+                 for i in range(50)],
         "belief": [(f"n{i}", rng.choice(texts), i, rng.choice(texts), rng.random()) for i in range(50)],
         "item": [(rng.getrandbits(63) - 2**62, rng.randbytes(rng.randrange(0, 300))) for _ in range(50)],
         "audit": [(f"r:n{i}:0:1", "r", f"n{i}", 0, "scripted", rng.choice(texts), bool(i % 2), rng.choice(texts),

@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.protocol.bounds import InputBounds
-from sim.protocol.received import PlayerInputReceived
+from sim.protocol.received import InputRefused, PlayerInputReceived
 from sim.protocol.router import Router
 from sim.wire import topics
 from sim.wire.events import Speech, decode_batch, is_name
 
 KINDS: tuple[topics.TopicKind, ...] = typing.get_args(topics.TopicKind)
-UNNAMED = {"world_state", "infer_request"}  # built from the run alone
+UNNAMED = {"world_state", "game_event", "game_fact", "game_error", "infer_request"}  # built from the run alone
 
 # Any segment a builder takes: non-empty, no / + # NUL (unicode, spaces and dots included).
 segments = st.text(st.characters(exclude_characters="/+#\x00"), min_size=1, max_size=20)
@@ -30,7 +30,7 @@ def build(kind: topics.TopicKind, run: str, name: str) -> str:
 
 
 def test_every_kind_has_its_builder() -> None:
-    assert len(KINDS) == 12
+    assert len(KINDS) == 17
     for kind in KINDS:
         assert callable(getattr(topics, kind)), kind
 
@@ -122,6 +122,8 @@ def wire_accepts(player: str) -> bool:
 
 def router_accepts(player: str) -> bool:
     received = router().receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}')
+    if isinstance(received, InputRefused) and received.error.code == "not_allowed":
+        return player in topics.ROLE_LOGINS  # a name, refused as a role's login
     return isinstance(received, PlayerInputReceived) and received.player == player
 
 

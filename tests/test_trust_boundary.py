@@ -61,7 +61,8 @@ async def test_run_worker_and_subscribe_log_in_and_players_speak_only_for_themse
         plain = f"mqtt://127.0.0.1:{broker.port}"
         worker = await start_npcsim("worker", "--broker", plain, "--run", "sec", "--name", "w1",
                                     env=broker.env_for("worker"))
-        viewer = await start_npcsim("subscribe", "--broker", plain, "--run", "sec", env=broker.env_for("alice"))
+        viewer = await start_npcsim("subscribe", "--broker", plain, "--run", "sec", "--wait",
+                                    env=broker.env_for("alice"))
         try:
             assert worker.stdout is not None and viewer.stdout is not None
             await read_until(worker.stdout, b"ready")

@@ -161,7 +161,7 @@ def test_token_budgets_hold_with_any_text_and_any_rule(
     assert check_working_memory(state, said, config, wm) == []
 
 
-@pytest.mark.parametrize("renderer", [1, 2])
+@pytest.mark.parametrize("renderer", [1, 2, 3])
 def test_a_record_of_an_earlier_renderer_is_refused_in_one_line(renderer: int) -> None:
     """Never rendered another way: this npcsim has one renderer."""
     state = snack_machine()
@@ -169,10 +169,10 @@ def test_a_record_of_an_earlier_renderer_is_refused_in_one_line(renderer: int) -
     config = WorkingMemoryConfig()
     record = make_record(id="old", run_id="r", state=state, player_input=said, config=config, tick=0,
                          memory=build_working_memory(state, said, config), backend="scripted", model="scripted")
-    assert record.renderer == RENDERER_VERSION == 3 and replay(record).ok
+    assert record.renderer == RENDERER_VERSION == 4 and replay(record).ok
     old = msgspec.structs.replace(record, renderer=renderer)
     refusal = (f"audit record 'old' was rendered by renderer {renderer}, by an earlier npcsim; this one has "
-               "renderer 3 only, so it cannot rebuild it: replay it with the npcsim that wrote it")
+               "renderer 4 only, so it cannot rebuild it: replay it with the npcsim that wrote it")
     for rebuild in (lambda: replay(old), old.memory, old.explanation):
         with pytest.raises(StoreError) as refused:
             rebuild()

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,46 +29,12 @@ from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED
-from tests.helpers import IN_CI, REPO, VILLAGE, MosquittoProcess, eventually
+from tests.browser import WAIT_S, css, on_page
+from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1500,950")
-WAIT_S = 60.0
 CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver")
-    if not (os.access(CHROMIUM, os.X_OK) and shutil.which(CHROMEDRIVER)):
-        if IN_CI:
-            pytest.fail("chromium and chromium-driver are not installed, and CI=true: .ci/run installs them")
-        pytest.skip("chromium or chromium-driver is not installed")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
-    try:
-        driver.set_page_load_timeout(WAIT_S)
-        yield driver
-    finally:
-        driver.quit()
-
-
-async def on_page(what: str, probe: Callable[[], Any]) -> Any:
-    """`eventually` for the page: `probe` runs in a thread (selenium blocks)."""
-    return await eventually(lambda: asyncio.to_thread(probe), what=what, within=WAIT_S, every=0.2)
-
-
-def css(driver: Any, selector: str) -> list[Any]:
-    return list(driver.find_elements("css selector", selector))
 
 
 async def test_page_shows_the_run_speaks_and_matches_the_audit(
@@ -383,7 +348,8 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
             delta = why.final - why.split
             assert table[name]["split"] == str(why.split), name
             assert table[name]["final"] == (f"{why.final} ({delta:+d})" if delta else str(why.final)), name
-            assert table[name]["reason"] == (why.reason or ""), name
+            reasons = [r for r in (why.reason, "duplicate" if why.duplicate else None) if r]
+            assert table[name]["reason"] == ", ".join(reasons), name
         assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(explanation)
 
         from selenium.webdriver import ActionChains

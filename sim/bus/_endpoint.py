@@ -39,13 +39,13 @@ from sim.bus._sender import Outgoing, Sender
 from sim.bus._traces import TraceBatches
 from sim.errors import single_error
 from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
-from sim.protocol.bounds import InputBounds
-from sim.protocol.received import PlayerInputReceived, Received, WorldStateReceived
+from sim.protocol.bounds import ErrorReplies, InputBounds
+from sim.protocol.received import Outside, Received
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, encode_barrier
-from sim.wire.events import AnyEvent, SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.events import AnyEvent, ErrorMessage, SayMessage, StatusMessage, WorldStateMessage, encode_json
 from sim.wire.trace import RosterMessage, TraceMessage, encode_roster, encode_trace
 
 __all__ = ["Bus", "BusConfig", "BusEvent", "Connected", "open_bus"]
@@ -103,7 +103,8 @@ class Bus:
                               broker=config.broker.url, stats=self.stats)
         self._closing_flush = config.publish_timeout
         self._connections = 0
-        self._keep_outside: Callable[[PlayerInputReceived | WorldStateReceived], None] | None = None
+        self._keep_outside: Callable[[Outside], None] | None = None
+        self._errors = ErrorReplies()
         self._traces = TraceBatches(
             topics.trace(config.run, config.shard), self._sender, max_items=config.trace_batch,
             max_bytes=config.trace_batch_bytes, linger=config.trace_linger,
@@ -153,6 +154,10 @@ class Bus:
         """Queue a WorldStateReceived for the retained world state and every change within bounds."""
         await self._subscribe([self._router.route_world_state()])
 
+    async def listen_game(self) -> None:
+        """Queue the game system's events and facts and players' presence within bounds."""
+        await self._subscribe(self._router.route_game())
+
     async def listen_barrier(self) -> None:
         """Queue every shard's barrier messages (sim.protocol.barrier); every batch is reported anyway."""
         await self._subscribe([self._router.route_barrier()])
@@ -168,8 +173,8 @@ class Bus:
         self._events.append(event)
         self.arrived.set()
 
-    def keep_outside(self, keep: Callable[[PlayerInputReceived | WorldStateReceived], None]) -> None:
-        """Call `keep` with each outside input (player input, world state) as it arrives, before
+    def keep_outside(self, keep: Callable[[Outside], None]) -> None:
+        """Call `keep` with each outside input (player input, world state, ...) as it arrives, before
         it is queued for the shard: the shard journals it then (sim.store._arrivals), not at
         its next phase boundary, which may be a whole tick of turns later."""
         self._keep_outside = keep
@@ -177,7 +182,7 @@ class Bus:
     def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
         event = self._router.receive(topic, payload, retained=retained)
         if event is not None:
-            if self._keep_outside is not None and isinstance(event, PlayerInputReceived | WorldStateReceived):
+            if self._keep_outside is not None and isinstance(event, Outside):
                 self._keep_outside(event)
             self._queue(event)
 
@@ -201,6 +206,19 @@ class Bus:
 
     async def publish_say(self, message: SayMessage) -> None:
         await self.publish(topics.agent_say(self.config.run, message.agent), encode_json(message))
+
+    async def publish_error(self, player: str | None, error: ErrorMessage, now: float) -> None:
+        """Tell a client why its message was refused: player `player` on its `error` topic, the
+        game system (None) on `game/error`; at most a bounded number per client and window
+        (sim.protocol.bounds.ErrorReplies), the rest counted."""
+        reply = self._errors.admit(player, error, now)
+        self.stats.errors_held = self._errors.held
+        if reply is None:
+            return
+        run = self.config.run
+        topic = topics.game_error(run) if player is None else topics.player_error(run, player)
+        self.stats.error_replies += 1
+        await self.publish(topic, encode_json(reply))
 
     async def publish_status(self, message: StatusMessage) -> None:
         await self.publish(topics.status(self.config.run, self.config.shard), encode_json(message), retain=True)

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sim import __version__
-from sim.cli import audit, loadtest, memory, replay, run, subscribe, view, worker
+from sim.cli import audit, contract, loadtest, memory, replay, run, subscribe, view, worker
 from sim.cli._terminal import closed_pipe, silence_stdout
 from sim.errors import NpcsimError
 
 __all__ = ["build_parser", "console", "main"]
 
 # Each module adds its sub-commands with `register(subparsers)`.
-COMMAND_GROUPS = [memory, run, subscribe, worker, audit, loadtest, view, replay]
+COMMAND_GROUPS = [memory, run, subscribe, worker, audit, loadtest, view, replay, contract]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NpcsimError as exc:
         print(f"npcsim: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a command that does not stop in order on Ctrl-C (`run` does): one line
+        print("npcsim: interrupted", file=sys.stderr)
         return 130
     except (BrokenPipeError, BaseExceptionGroup) as exc:
         if not closed_pipe(exc):

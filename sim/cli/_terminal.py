@@ -135,10 +135,6 @@ class Out:
         self.console = _Console(file=self.stream, force_terminal=self.terminal or None, highlight=False,
                                 emoji=False)
 
-    def wide_console(self) -> Console:
-        """A rich console that never wraps, for output drawn by rich elsewhere (the load test's tables)."""
-        return _Console(file=self.stream, width=100_000, highlight=False, emoji=False, no_color=True)
-
     def _plain(self, text: str) -> None:
         self.stream.write(text + "\n")
         if self._flush:

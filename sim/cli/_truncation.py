@@ -25,6 +25,7 @@ _REASONS = {
     "cap": "the count cap was reached",
     "budget": "did not fit what was left",
     "over_budget": "mandatory content took the whole limit",
+    "duplicate": "a kept line of the dialogue says it",
 }
 
 
@@ -32,15 +33,17 @@ def _report_rows(explanation: TruncationExplanation) -> list[tuple[str, ...]]:
     """One row per category: its budget as split and after redistribution, what it used, kept and dropped.
 
     Canonical facts and world state are mandatory (always included): they take what they
-    need, from the limit, before the split.
+    need, from the limit, before the split. The reason is truncation's, then `duplicate`
+    when memories were left out because the dialogue says them.
     """
     rows: list[tuple[str, ...]] = []
     for name in _CATEGORIES:
         row = getattr(explanation, name)
         delta = row.final - row.split
         after = "" if row.mandatory else f"{row.final} ({delta:+d})" if delta else str(row.final)
+        reasons = ", ".join(r for r in (row.reason, "duplicate" if row.duplicate else None) if r)
         rows.append((name, "mandatory" if row.mandatory else str(row.split), after, str(row.used), str(row.kept),
-                     str(len(row.dropped)), row.reason or ""))
+                     str(len(row.dropped)), reasons))
     return rows
 
 

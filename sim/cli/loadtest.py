@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -24,9 +25,9 @@ from sim.loadtest import (
     LoadTestResult,
     Progress,
     default_processes,
-    print_result,
     progress_view,
     require_matplotlib,
+    result_sections,
     run_loadtest,
     write_plot,
 )
@@ -152,20 +153,18 @@ def loadtest_command(args: argparse.Namespace) -> int:
     if args.plot is not None:
         require_matplotlib()
     out = Out()
-    console = out.console if out.terminal else out.wide_console()
     builder: Builder = args.builder
     latest: list[Progress] = []
-    with metrics_served(args.metrics_port, out) as metrics, \
-            Live(console=console, refresh_per_second=4, transient=True) as live:
+    with metrics_served(args.metrics_port, out) as metrics, _progress_line(out) as show_line:
         if metrics is not None:
             metrics.watch_loadtest(lambda: latest[-1] if latest else None)
 
         def show(progress: Progress) -> None:
             latest[:] = [progress]
-            live.update(progress_view(progress))
+            show_line(progress)
 
         result: LoadTestResult = asyncio.run(run_loadtest(config, builder=builder, on_progress=show))
-    print_result(console, result)
+    _print_result(out, result)
     if args.json is not None:
         args.json.write_bytes(_json.encode(result) + b"\n")
         out.record(f"figures written to {args.json}")
@@ -176,3 +175,24 @@ def loadtest_command(args: argparse.Namespace) -> int:
         out.record((f"{result.violations} invariant violation(s): priority truncation is broken", "bold red"))
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _progress_line(out: Out) -> Iterator[Callable[[Progress], None]]:
+    """The live progress line on a terminal (gone when the run ends); nothing in a pipe."""
+    if not out.terminal:
+        yield lambda _: None
+        return
+    with Live(console=out.console, refresh_per_second=4, transient=True) as live:
+        yield lambda progress: live.update(progress_view(progress))
+
+
+def _print_result(out: Out, result: LoadTestResult) -> None:
+    """The result's tables: drawn on a terminal; in a pipe a header line and one line per row."""
+    for n, section in enumerate(result_sections(result)):
+        if n:
+            out.blank()
+        out.table(section.columns, section.rows, title=section.title, caption=section.caption, right=section.right,
+                  header=True)
+        for note in section.notes:
+            out.record((note, "bold"))

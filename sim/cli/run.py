@@ -57,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     add_broker_arguments(cmd, default="auto", auto=True)
+    cmd.add_argument("--ws-port", type=port_number, default=None, metavar="PORT",
+                     help="--broker auto: its MQTT-over-WebSockets port on loopback, for browser clients "
+                     "(default: a free port; the run prints it)")
     horizon = cmd.add_mutually_exclusive_group()
     horizon.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     horizon.add_argument("--until-tick", type=whole(1), default=None, metavar="T",
@@ -82,6 +85,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
     cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="print nothing but errors (no display, no summary)")
+    cmd.add_argument("--show-password", action="store_true",
+                     help="--broker auto: print the watchers' read-only password and the game system's in the "
+                     "attach lines (by default each line names the file, mode 0600, that holds it)")
     cmd.add_argument("--dialogue", action="store_true", help="print the dialogue after the run")
     cmd.add_argument("--follow", action="store_true", help="print each line as it is said (no live display)")
     cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
@@ -174,6 +180,8 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
             ("mailbox overflow dropped", bus.mailbox_overflow),
         ]
         rows += [(f"refused: {kind}", n) for kind, n in sorted(bus.refused.items())]
+        if bus.error_replies or bus.errors_held:
+            rows += [("error replies sent", bus.error_replies), ("error replies held back", bus.errors_held)]
     rows.append(("stopped by signal", "yes" if stats.stopped_by_signal else "no"))
     return [(name, str(value)) for name, value in rows]
 
@@ -215,7 +223,8 @@ def run_command(args: argparse.Namespace) -> int:
         until_tick=args.until_tick,
         tick_ms=args.tick_ms,
         bots=args.bots,
-        broker=BrokerConfig(url=args.broker, tls=tls_files(args), run_key_file=args.run_key_file),
+        broker=BrokerConfig(url=args.broker, tls=tls_files(args), run_key_file=args.run_key_file,
+                            ws_port=args.ws_port),
         inference=InferenceConfig(
             backend=args.backend,
             backend_options=backend_options(args),
@@ -240,9 +249,9 @@ def run_command(args: argparse.Namespace) -> int:
 
         def ready(started: RunStarted) -> None:
             """The run has started: say how to attach, and let `subscribe`/`view` find a private broker."""
-            published.enter_context(published_run(started))
+            run_file = published.enter_context(published_run(started))
             if not args.quiet:
-                for line in attach_lines(started):
+                for line in attach_lines(started, run_file, show_password=args.show_password):
                     banner.record(line)
 
         with metrics_served(args.metrics_port, banner) as metrics:

@@ -1,12 +1,15 @@
 """`npcsim subscribe`: what NPCs say as it happens, or (`--all`) every message of a run.
 
 Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
-and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. Where it connected
-goes to standard error at once; standard output holds only the lines (or, with `--json`,
-one JSON object per line). `--all` is for debugging: every topic of the run, the public
-ones as the JSON they are, the internal ones decoded from msgpack to JSON, a signed
-payload's signature taken off (not checked). On a private broker the viewer may read the
-public topics, the trace and player input, so that is what `--all` shows there.
+and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. A run found on no
+broker is an error within seconds (a run leaves its retained status on its broker), and
+two runs of one id on this machine are an error listing them; `--wait` waits for the run
+to start instead. Where it connected goes to standard error at once; standard output
+holds only the lines (or, with `--json`, one JSON object per line). `--all` is for
+debugging: every topic of the run, the public ones as the JSON they are, the internal
+ones decoded from msgpack to JSON, a signed payload's signature taken off (not checked).
+On a private broker the viewer may read the public topics, the trace and player input, so
+that is what `--all` shows there.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from sim.cli._attach import local_broker
+from sim.cli._attach import check_run, local_broker, local_login
 from sim.cli._options import add_broker_arguments, broker_address, tls_files
 from sim.cli._terminal import Out, Piece, json_line
 from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
@@ -30,6 +33,7 @@ from sim.wire.events import SayMessage, decode_say
 __all__ = ["DEFAULT_BROKER", "broker_for", "register", "say_record", "subscribe_command"]
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+_WAIT_POLL_S = 0.25  # how often --wait looks for the run's file
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,26 +49,59 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub.add_argument("--all", action="store_true",
                      help="every topic of the run, decoded to JSON (internal msgpack too): for debugging")
     sub.add_argument("--json", action="store_true", help="JSON Lines: one object per line said (or message)")
+    sub.add_argument("--wait", action="store_true",
+                     help="wait for --run to start (on --broker, else on this machine's private brokers); "
+                     "without it, a run that is not there is an error within seconds")
     sub.set_defaults(func=subscribe_command)
 
 
-def broker_for(args: argparse.Namespace, note: Out) -> BrokerAddress:
-    """--broker; else the private broker of --run on this machine; else the default (said on `note`)."""
+def broker_for(args: argparse.Namespace, note: Out) -> tuple[BrokerAddress, bool]:
+    """Where to subscribe, and whether --run is still to be looked for there: --broker (with
+    the viewer login of --run when it is that run's private broker here); else the private
+    broker of --run on this machine (found); else the default, said on `note`."""
+    named = args.run != "+"
     if args.broker:
-        return broker_address(args)
-    if args.run != "+":
+        address = broker_address(args)
+        return (local_login(address, args.run) if named else address), named
+    if named:
         found = local_broker(args.run)
         if found is not None:
-            return found
+            return found, False
         note.record(f"no run {args.run} on a private broker of this machine; trying {DEFAULT_BROKER}")
-    return BrokerAddress.parse(DEFAULT_BROKER, tls=tls_files(args))
+    return BrokerAddress.parse(DEFAULT_BROKER, tls=tls_files(args)), named
+
+
+async def _located(args: argparse.Namespace, note: Out) -> BrokerAddress:
+    """Where --run is: a run that is nowhere is a ConfigError within seconds, unless --wait,
+    which waits for it (on --broker, else on this machine's private brokers)."""
+    if args.wait and not args.broker and args.run != "+":
+        return await _wait_for_local(args.run, note)
+    address, look = broker_for(args, note)
+    if look and not args.wait:
+        await check_run(address, args.run, name="subscribe")
+    return address
+
+
+async def _wait_for_local(run: str, note: Out) -> BrokerAddress:
+    """The private broker of run `run` on this machine, once the run has started."""
+    told = False
+    while (found := local_broker(run)) is None:
+        if not told:
+            note.record(f"waiting for run {run} to start on a private broker of this machine (Ctrl-C stops)")
+            told = True
+        await asyncio.sleep(_WAIT_POLL_S)
+    return found
 
 
 def subscribe_command(args: argparse.Namespace) -> int:
     note = Out(sys.stderr, flush=True)
-    address = broker_for(args, note)
+
+    async def located_then_subscribed() -> None:
+        address = await _located(args, note)
+        await _subscribe(address, args, Out(flush=True), note)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_subscribe(address, args, Out(flush=True), note))
+        asyncio.run(located_then_subscribed())
     return 0
 
 

@@ -20,21 +20,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.cli._attach import local_broker, no_local_run
+from sim.cli._attach import check_run, local_broker, local_login, no_local_run
 from sim.cli._observe import port_number
 from sim.cli._options import add_broker_arguments, broker_address, player_name, run_id
 from sim.cli._terminal import Out
 from sim.errors import ConfigError
-from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.scenario import load_scenario
-from sim.wire import topics
 
 if TYPE_CHECKING:  # imported when the command runs: aiohttp would slow every start of the CLI
     from sim.view import LiveView, ViewSource
 
 __all__ = ["add_view_arguments", "register", "view_command", "view_password"]
-
-_PROBE_S = 2.0  # how long retained statuses may take to arrive
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,8 +98,8 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
         raise ConfigError("view: give --run ID (and --broker URL for a run elsewhere) for a live run, "
                           "or --db FILE for a stored one")
     if args.broker:
-        args.address = broker_address(args)
-        asyncio.run(_check_run(args.address, args.run))
+        args.address = local_login(broker_address(args), args.run)
+        asyncio.run(check_run(args.address, args.run, name="view"))
     else:
         found = local_broker(args.run)
         if found is None:
@@ -111,26 +107,6 @@ def _source(args: argparse.Namespace) -> tuple[ViewSource, LiveView | None]:
         args.address = found
     live = LiveView(args.run, player=args.as_player)
     return live.source(), live
-
-
-async def _check_run(address: BrokerAddress, run: str) -> None:
-    """The broker knows run `run` (a shard's retained status), or a ConfigError naming the runs it knows."""
-    known: set[str] = set()
-
-    async def session(link: Link) -> None:
-        await link.subscribe([f"{topics.ROOT}/+/status/+"])
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_PROBE_S):
-                async for topic, _, _ in link.messages():
-                    if (status := topics.parse(topic)) is not None:
-                        known.add(status.run)
-                    if run in known:
-                        return
-
-    await MqttTransport(address, name="view", policy=ReconnectPolicy(patience=_PROBE_S)).run(session)
-    if run not in known:
-        there = f"runs there: {', '.join(sorted(known))}" if known else "it knows of no run"
-        raise ConfigError(f"--run {run}: no such run on {address.url} (no shard of it left a status there; {there})")
 
 
 def view_command(args: argparse.Namespace) -> int:

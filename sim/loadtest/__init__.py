@@ -9,7 +9,7 @@ counted (`_totals`), figures (`_stats`), truncation statistics (`_truncation`), 
 display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 """
 
-from sim.loadtest._display import print_result, progress_view
+from sim.loadtest._display import Cell, Section, progress_view, result_sections
 from sim.loadtest._plan import LoadTestConfig, default_processes
 from sim.loadtest._plot import require_matplotlib, write_plot
 from sim.loadtest._run import run_loadtest
@@ -34,6 +34,7 @@ __all__ = [
     "BudgetResult",
     "Builder",
     "CategoryTruncation",
+    "Cell",
     "Checker",
     "LatencyFigures",
     "LoadTestConfig",
@@ -45,14 +46,15 @@ __all__ = [
     "TimelinePoint",
     "TruncationFigures",
     "TruncationTally",
+    "Section",
     "ViolationRecord",
     "agent_id",
     "default_processes",
     "generate_state",
     "knee_concurrency",
-    "print_result",
     "profile_of",
     "progress_view",
+    "result_sections",
     "require_matplotlib",
     "run_loadtest",
     "write_plot",

@@ -80,11 +80,14 @@ def _items(
 
     facts = [Fact(id=f"f{i}", text=text()) for i in range(n_facts)]
     world = [WorldFact(key=f"k{i}", value=text()) for i in range(n_world)]
-    eps = [Episode(id=f"e{i}", tick=rng.randint(0, ticks), text=text(), significance=rng.random())
+    # a third of the memories are of a line of the dialogue (the line says it: a duplicate)
+    eps = [Episode(id=f"e{i}", tick=rng.randint(0, ticks), text=text(), significance=rng.random(),
+                   event=f"ev{i % n_lines}" if n_lines and i % 3 == 0 else None)
            for i in range(n_eps)]
     beliefs = [Belief(id=f"b{i}", tick=rng.randint(0, ticks), text=text(), confidence=rng.random())
                for i in range(n_beliefs)]
-    lines = [Line(tick=rng.randint(0, ticks), speaker=rng.choice(_SPEAKERS), text=text(), seq=rng.randint(0, 3))
+    lines = [Line(tick=rng.randint(0, ticks), speaker=rng.choice(_SPEAKERS), text=text(), seq=rng.randint(0, 3),
+                  event=f"ev{i}")
              for i in range(n_lines)]
     if long_in is not None:
         huge_text = _text(rng, long_len // 6, exotic)

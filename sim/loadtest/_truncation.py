@@ -8,6 +8,8 @@ canonical facts, world state, scaffolding):
   its budget or to its count cap; the mandatory part is never cut while the
   `always_include_*` flags are on);
 * `kept_mean`, `dropped_mean`: mean items kept and dropped per snapshot;
+* `duplicate_mean`: mean items left out per snapshot because a line of the dialogue says
+  them already (memories only; not a cut);
 * `used_fraction_mean`: mean of used / budget over the snapshots in which the category
   had a budget (> 0). With redistribution a category may use more than its share, so this
   can exceed 1. For the mandatory part the "budget" is the whole limit: it says how much
@@ -27,8 +29,9 @@ from sim.memory import SELECTIONS, CategoryReport, TruncationReport
 __all__ = ["CATEGORIES", "CategoryTruncation", "TallyWire", "TruncationFigures", "TruncationTally"]
 
 CATEGORIES = ("mandatory", "dialogue", "episodic", "beliefs")
-# Per category: snapshots cut, items kept, items dropped, sum of used fractions, snapshots with a budget.
-_FIELDS = 5
+# Per category: snapshots cut, items kept, items dropped, sum of used fractions, snapshots with a budget,
+# items left out as duplicates.
+_FIELDS = 6
 
 
 class CategoryTruncation(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,6 +39,7 @@ class CategoryTruncation(msgspec.Struct, frozen=True, kw_only=True):
     kept_mean: float
     dropped_mean: float
     used_fraction_mean: float
+    duplicate_mean: float
 
 
 class TruncationFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,18 +74,19 @@ class TruncationTally:
         self.sums = [0.0] * (_FIELDS * len(CATEGORIES))
         self.selections = [0] * len(SELECTIONS)
 
-    def _add(self, slot: int, cut: bool, kept: int, dropped: int, used: int, budget: int) -> None:
+    def _add(self, slot: int, cut: bool, kept: int, dropped: int, used: int, budget: int, duplicate: int = 0) -> None:
         base = slot * _FIELDS
         s = self.sums
         s[base] += cut
         s[base + 1] += kept
         s[base + 2] += dropped
+        s[base + 5] += duplicate
         if budget > 0:
             s[base + 3] += used / budget
             s[base + 4] += 1
 
     def _category(self, slot: int, report: CategoryReport) -> None:
-        self._add(slot, report.dropped > 0, report.kept, report.dropped, report.used, report.budget)
+        self._add(slot, report.dropped > 0, report.kept, report.dropped, report.used, report.budget, report.duplicate)
 
     def record(self, report: TruncationReport) -> None:
         self.snapshots += 1
@@ -116,12 +121,13 @@ class TruncationTally:
         n = max(self.snapshots, 1)
 
         def category(slot: int) -> CategoryTruncation:
-            cut, kept, dropped, used, budgeted = self.sums[slot * _FIELDS : (slot + 1) * _FIELDS]
+            cut, kept, dropped, used, budgeted, duplicate = self.sums[slot * _FIELDS : (slot + 1) * _FIELDS]
             return CategoryTruncation(
                 cut_fraction=round(cut / n, 4),
                 kept_mean=round(kept / n, 3),
                 dropped_mean=round(dropped / n, 3),
                 used_fraction_mean=round(used / budgeted, 4) if budgeted else 0.0,
+                duplicate_mean=round(duplicate / n, 3),
             )
 
         return TruncationFigures(

@@ -5,9 +5,11 @@ by piece (for whoever re-renders or measures a prompt on its own: the checker, t
 benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
 module of its own. `explain_truncation` names every item a working memory dropped and why,
 derived from the snapshot (the report it explains is all that audit records keep).
-`ranking` is a scored selection's order of each flexible category (`selection = "scored"`
-in the config; `Relevance` is the hook that supplies relevance scores instead of the
-lexical ones).
+`distinct` is the state a working memory chooses from: no memory that a line of its
+dialogue says already; `leave_out_event` the state a line is answered from (the line is
+the input). `ranking` is a scored selection's order of each flexible category among those
+candidates (`selection = "scored"` in the config; `Relevance` is the hook that supplies
+relevance scores instead of the lexical ones).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
 """
@@ -16,6 +18,7 @@ from sim.errors import OverBudgetError
 from sim.memory import render
 from sim.memory._budget import SELECTIONS, TOKENIZERS, Selection, WorkingMemoryConfig, token_counter
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
+from sim.memory._duplicates import Distinct, distinct, leave_out_event
 from sim.memory._explain import (
     DROP_REASONS,
     CategoryExplanation,
@@ -46,6 +49,7 @@ __all__ = [
     "CategoryExplanation",
     "CategoryReport",
     "DROP_REASONS",
+    "Distinct",
     "DropReason",
     "DroppedItem",
     "Episode",
@@ -66,10 +70,12 @@ __all__ = [
     "WorldFact",
     "belief_order",
     "build_working_memory",
+    "distinct",
     "episode_order",
     "explain_truncation",
     "fact_order",
     "inert",
+    "leave_out_event",
     "line_order",
     "own_words",
     "quoted",

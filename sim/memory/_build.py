@@ -3,7 +3,9 @@
 `build_working_memory` is a pure function: same state, input and config give the same
 bytes. Sizes are exact because the prompt is a concatenation of pieces whose sizes the
 rendering computed once per state (see `sim.memory.render.rendered`); what each category
-keeps is chosen in `sim.memory._selection`.
+keeps is chosen in `sim.memory._selection`, among the candidates `sim.memory._duplicates`
+leaves (no item that another one already says), in the order of the config's selection:
+newest first, or `sim.memory._scoring`'s ranking of those candidates.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
 from sim.memory._budget import Selection, WorkingMemoryConfig, token_counter
-from sim.memory._scoring import Relevance, ranking
+from sim.memory._scoring import Relevance, candidates
 from sim.memory._selection import (
     ALWAYS,
     BELIEFS,
@@ -39,6 +41,10 @@ __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working
 class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
     """What one category was given and what it kept; sizes in characters (and tokens).
 
+    `dropped` counts the items truncation left out (cap, budget, over budget); `duplicate`
+    the memories left out before selection because a candidate line of the dialogue says
+    them already (`sim.memory._duplicates`): kept + dropped + duplicate is the state's count.
+
     `budget` is the category's share of the flexible budget (for a truncatable
     always-include category: what was left); `used` may exceed it when unused budget
     was redistributed.
@@ -48,6 +54,7 @@ class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
     used: int
     kept: int
     dropped: int
+    duplicate: int = 0
     budget_tokens: int | None = None
     used_tokens: int | None = None
 
@@ -136,10 +143,12 @@ def build_working_memory(
     relevance scores (`sim.memory.Relevance`) instead of the lexical ones.
     """
     cfg = _DEFAULT_CONFIG if config is None else config
+    caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
+    chosen, ranks = candidates(state, player_input, cfg, relevance, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
+    state = chosen.state  # from here on, what is chosen from
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))
     always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
-    caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
     shares = (0.0, 0.0, cfg.belief_share, cfg.episodic_share, cfg.dialogue_share)
     categories = [
         Category(section, cap, flag, section.newest_sums, kept=len(section.lines) if flag else 0)
@@ -168,8 +177,7 @@ def build_working_memory(
         if cfg.on_overflow == "raise":
             raise OverBudgetError(_over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
     else:
-        if cfg.selection == "scored":
-            ranks = ranking(state, player_input, cfg, relevance, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
+        if ranks:
             for i in FLEXIBLE:
                 categories[i].order_by(ranks[RENDER_ORDER[i]])
         for i in FLEXIBLE:
@@ -184,6 +192,8 @@ def build_working_memory(
         prompt_tokens = count(prompt)
 
     reports = [_category_report(category) for category in categories]
+    if chosen.duplicates:
+        reports[EPISODIC] = msgspec.structs.replace(reports[EPISODIC], duplicate=len(chosen.duplicates))
     report = TruncationReport(
         limit_chars=cfg.max_context_chars,
         limit_tokens=cfg.max_context_tokens,

@@ -5,12 +5,15 @@ state, the input and the config (and of the working memory built from them, rebu
 not given), so audit records keep the report they always kept and whoever holds a record
 (the CLI, the view, a test) can explain it the same way.
 
-Reasons, per category. The kept items are the first of the category's order (I3): its
-newest, or with `selection = "scored"` its best ranked (`sim.memory.ranking`); so every
-item after the first one dropped in that order shares that item's reason:
+Reasons, per category. The kept items are the first of the candidates in the category's
+order (I3): its newest, or with `selection = "scored"` its best ranked
+(`sim.memory.ranking`); so every candidate after the first one dropped in that order
+shares that item's reason:
 - `cap`: the category's count cap was reached;
 - `budget`: the next item did not fit what was left of the budget (characters or tokens);
 - `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept.
+A memory that a candidate line of the dialogue says already was never a candidate
+(`sim.memory._duplicates`): its reason is `duplicate`.
 
 Budgets, per category: `split` is its share of the flexible budget (limit minus mandatory
 content) as the fixed split gives it; `final` is what it had once redistribution was done.
@@ -32,14 +35,14 @@ import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
-from sim.memory._scoring import SCORED, Relevance, ranking
+from sim.memory._scoring import SCORED, Relevance, candidates
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, item_text
 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
            "explain_truncation"]
 
-DropReason = Literal["cap", "budget", "over_budget"]
-DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget")
+DropReason = Literal["cap", "budget", "over_budget", "duplicate"]
+DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget", "duplicate")
 
 # The report's order; the categories with a count cap and a share.
 _CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
@@ -68,10 +71,11 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
 
     `dropped` is in the category's order, newest (or best ranked) first: the first one is
-    the item that did not fit or passed the cap. `reason` is None when nothing was dropped.
-    `kept_items` are the kept items' texts (as a dropped item's), newest first.
-    `mandatory`: always included (canonical facts and world state with their
-    `always_include_*` flag), it takes what it needs before the split.
+    the item that did not fit or passed the cap; after those, the duplicates (reason
+    `duplicate`), newest first. `reason` is the truncation's, None when truncation dropped
+    nothing; `duplicate` counts the duplicates. `kept_items` are the kept items' texts (as a
+    dropped item's), newest first. `mandatory`: always included (canonical facts and world
+    state with their `always_include_*` flag), it takes what it needs before the split.
     """
 
     split: int
@@ -81,6 +85,7 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     cap: int | None
     reason: DropReason | None
     dropped: tuple[DroppedItem, ...]
+    duplicate: int = 0
     kept_items: tuple[str, ...] = ()
     mandatory: bool = False
     split_tokens: int | None = None
@@ -136,25 +141,26 @@ def explain_truncation(
     `memory` is that working memory when the caller has it (it is rebuilt otherwise); it
     must have been built from these arguments: the explanation reads its report and takes
     the dropped items from `state`. `most_dropped` names only that many
-    dropped items per category, the first in its order (a trace, after every inference,
+    dropped items per category, the first of its `dropped` (a trace, after every inference,
     needs no more). `relevance` is the one the memory was built with, if any.
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
         memory = build_working_memory(state, player_input, cfg, relevance=relevance)
+    chosen, ranks = candidates(state, player_input, cfg, relevance)
     report = memory.report
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
     flexible_tokens = None
     if report.limit_tokens is not None and report.mandatory_tokens is not None:
         flexible_tokens = report.limit_tokens - report.mandatory_tokens
-    ranks = ranking(state, player_input, cfg, relevance) if report.selection == "scored" else {}
     categories: dict[str, CategoryExplanation] = {}
     for name in _CATEGORIES:
-        items: tuple[Item, ...] = getattr(state, name)
+        items: tuple[Item, ...] = getattr(chosen.state, name)
         order = ranks[name] if name in SCORED and ranks else range(len(items) - 1, -1, -1)
+        duplicates = chosen.duplicates if name == "episodic" else ()
         categories[name] = _explain_category(name, getattr(report, name), [items[p] for p in order],
-                                             getattr(memory, name), cfg, over, most_dropped)
+                                             getattr(memory, name), duplicates, cfg, over, most_dropped)
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -175,11 +181,12 @@ def explain_truncation(
 
 
 def _explain_category(
-    name: str, row: CategoryReport, ordered: list[Item], kept: tuple[Item, ...], cfg: WorkingMemoryConfig,
-    over: bool, most_dropped: int | None,
+    name: str, row: CategoryReport, ordered: list[Item], kept: tuple[Item, ...], duplicates: tuple[Item, ...],
+    cfg: WorkingMemoryConfig, over: bool, most_dropped: int | None,
 ) -> CategoryExplanation:
-    """`ordered`: the category's items in the order it keeps them (newest, or best ranked, first);
-    `kept`: the working memory's, oldest first."""
+    """`ordered`: the category's candidates in the order it keeps them (newest, or best ranked,
+    first); `kept`: the working memory's, oldest first; `duplicates`: the items left out
+    before selection, oldest first."""
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
     reason: DropReason | None = None
     if row.dropped:
@@ -188,6 +195,12 @@ def _explain_category(
     dropped = tuple(
         DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason=reason or "budget")
         for item in ordered[row.kept : end]
+    )
+    room = len(duplicates) if most_dropped is None else min(max(most_dropped - len(dropped), 0), len(duplicates))
+    shown = duplicates[len(duplicates) - room :] if room else ()
+    dropped += tuple(
+        DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason="duplicate")
+        for item in reversed(shown)
     )
     kept_items = tuple(item_text(item) for item in reversed(kept))
     mandatory = name not in _FLEXIBLE and getattr(cfg, _ALWAYS_FLAGS[name])
@@ -204,8 +217,8 @@ def _explain_category(
         final_tokens = row.used_tokens
     return CategoryExplanation(
         split=split, final=final, used=row.used, kept=row.kept, cap=cap, reason=reason, dropped=dropped,
-        kept_items=kept_items, mandatory=mandatory, split_tokens=split_tokens, final_tokens=final_tokens,
-        used_tokens=row.used_tokens,
+        duplicate=len(duplicates), kept_items=kept_items, mandatory=mandatory, split_tokens=split_tokens,
+        final_tokens=final_tokens, used_tokens=row.used_tokens,
     )
 
 

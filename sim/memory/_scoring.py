@@ -14,6 +14,10 @@ score, so it lies in [0, 1]. A `Relevance`
 callable (an embedding model, say) may supply it instead. Ties go to the newer item, so
 the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
 
+The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
+candidate lines (the first `max_dialogue_lines` of its ranking) say already
+(`sim.memory._duplicates`), and the memories' ranking is the whole one without them.
+
 Deterministic (I4): words are NFKC-normalised and case-folded; floats are combined in one
 fixed order (query words sorted), never through set or dict iteration order.
 
@@ -36,9 +40,10 @@ from collections.abc import Callable, Sequence
 
 from sim.errors import ConfigError
 from sim.memory._budget import WorkingMemoryConfig
+from sim.memory._duplicates import Distinct, distinct
 from sim.memory._state import Belief, Episode, Line, NpcState, item_text
 
-__all__ = ["SCORED", "Relevance", "ranking", "words"]
+__all__ = ["SCORED", "Relevance", "candidates", "ranking", "words"]
 
 SCORED = ("beliefs", "episodic", "dialogue")
 """The categories a scored selection ranks, in the prompt's order."""
@@ -223,3 +228,37 @@ def ranking(
         best.sort()
         ranked[name] = tuple(-p for _, p in best[:limit])
     return ranked
+
+
+def candidates(
+    state: NpcState,
+    player_input: str,
+    cfg: WorkingMemoryConfig,
+    relevance: Relevance | None = None,
+    limits: dict[str, int] | None = None,
+) -> tuple[Distinct, dict[str, tuple[int, ...]]]:
+    """What a working memory chooses from, and with a scored selection the order it chooses in.
+
+    Recency: the state without the memories its newest `max_dialogue_lines` lines say, and no
+    ranking (the order is newest first). Scored: the dialogue's candidate lines are the first
+    `max_dialogue_lines` of its ranking, and each category's ranking is of the candidates
+    (positions in the returned state, best first). `limits` as for `ranking`; the dialogue's
+    must be at least `max_dialogue_lines`.
+    """
+    if cfg.selection != "scored":
+        return distinct(state, cfg.max_dialogue_lines), {}
+    cap = max(cfg.max_dialogue_lines, 0)
+    first = ranking(state, player_input, cfg, relevance, None if limits is None else {**limits, "episodic": 0})
+    chosen = distinct(state, cap, first["dialogue"])
+    if limits is None:
+        ranks = first
+    else:  # the memories ranked as far as the cap reaches once the duplicates are passed over
+        wanted = min(limits["episodic"] + len(chosen.duplicates), len(state.episodic))
+        ranks = {**first, "episodic": ranking(state, player_input, cfg, relevance,
+                                              {"dialogue": 0, "beliefs": 0, "episodic": wanted})["episodic"]}
+    if chosen.duplicates:
+        left_out = {id(e) for e in chosen.duplicates}
+        where = {p: i for i, p in enumerate(p for p, e in enumerate(state.episodic) if id(e) not in left_out)}
+        episodic = tuple(where[p] for p in ranks["episodic"] if p in where)
+        ranks = {**ranks, "episodic": episodic if limits is None else episodic[: limits["episodic"]]}
+    return chosen, ranks

@@ -52,12 +52,14 @@ class WorldFact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Episode(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An episodic memory the NPC formed."""
+    """An episodic memory the NPC formed; `event` names the event it remembers, if any, so
+    that a line of dialogue recording the same event is known to say it already."""
 
     id: NonEmpty
     tick: Tick
     text: str
     significance: UnitInterval = 0.5
+    event: NonEmpty | None = None
 
 
 class Belief(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -70,12 +72,14 @@ class Belief(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Line(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One line of dialogue; `seq` orders lines said in the same tick."""
+    """One line of dialogue; `seq` orders lines said in the same tick; `event` names the
+    event it was said in, if known (an episode of that event says the same thing)."""
 
     tick: Tick
     speaker: str
     text: str
     seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    event: NonEmpty | None = None
 
 
 def fact_order(f: Fact) -> tuple[str, str]:
@@ -86,16 +90,16 @@ def world_order(w: WorldFact) -> tuple[str, str]:
     return (w.key, w.value)
 
 
-def episode_order(e: Episode) -> tuple[int, str, str, float]:
-    return (e.tick, e.id, e.text, e.significance)
+def episode_order(e: Episode) -> tuple[int, str, str, float, str]:
+    return (e.tick, e.id, e.text, e.significance, e.event or "")
 
 
 def belief_order(b: Belief) -> tuple[int, str, str, float]:
     return (b.tick, b.id, b.text, b.confidence)
 
 
-def line_order(line: Line) -> tuple[int, int, str, str]:
-    return (line.tick, line.seq, line.speaker, line.text)
+def line_order(line: Line) -> tuple[int, int, str, str, str]:
+    return (line.tick, line.seq, line.speaker, line.text, line.event or "")
 
 
 def item_text(item: Fact | WorldFact | Episode | Belief | Line) -> str:

@@ -21,9 +21,10 @@ Untrusted text (docs/working-memory.md, "Untrusted text is inert"): everything t
 not come from the scenario's author (world state, beliefs, memories, dialogue, the player input, the
 retry's prohibition) goes through `inert`, so it can neither break a line, start a section
 nor carry a chat-template marker. The author's system prompt, canonical facts and agent
-id are rendered verbatim. There is one rendering, `RENDERER_VERSION` (3: markers
+id are rendered verbatim. There is one rendering, `RENDERER_VERSION` (4: markers
 neutralised by their shape, zero-width and bidi controls removed; in the chat form, the
-system message holds only the author's text, `WorkingMemory.messages`). Audit records name
+system message holds only the author's text, `WorkingMemory.messages`; a memory that a
+line of the dialogue says already is not rendered, `sim.memory._duplicates`). Audit records name
 it, and one made by another rendering is refused on replay (sim.audit), never rendered
 another way.
 
@@ -86,7 +87,7 @@ TAIL_HEADER = "\n## Now\n"
 # The order of the sections in the prompt: static first, the most changing last.
 RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
 
-RENDERER_VERSION = 3
+RENDERER_VERSION = 4
 """The rendering of this npcsim; audit records name the one that made them."""
 
 # Line breaks of every kind (str.splitlines' set) become a visible "\n"; other control

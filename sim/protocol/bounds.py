@@ -4,20 +4,23 @@ Players and the game system reach the simulation only through public JSON topics
 anyone allowed on the broker can write. Over a bound a message is refused whole (never
 truncated), counted by kind for the summary, and logged once per kind. Per tick, each
 player is heard at most `player_inputs_per_tick` times (`limit_player_inputs`): the excess
-is refused too, never queued for later.
+is refused too (its client gets a `rate_limited` error), never queued for later.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
 
 import msgspec
 
-from sim.wire.events import PlayerInputMessage, WorldStateMessage
+from sim.protocol.outside import OutsideInput, Taken
+from sim.wire.events import ErrorMessage, GameEventMessage, GameFactMessage, PlayerInputMessage, WorldStateMessage
 
-__all__ = ["InputBounds", "Refusals", "limit_player_inputs", "player_input_problem", "world_state_problem"]
+__all__ = [
+    "ErrorReplies", "InputBounds", "Refusals", "game_text_problem", "limit_player_inputs", "player_input_problem",
+    "world_state_problem",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,7 @@ class InputBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     player_text_chars: int = 500
     player_inputs_per_tick: int = 3
+    game_text_chars: int = 1000
     world_keys: int = 64
     world_key_chars: int = 64
     world_value_chars: int = 256
@@ -36,6 +40,13 @@ def player_input_problem(message: PlayerInputMessage, bounds: InputBounds) -> st
     """Why this input is refused, or None."""
     if len(message.text) > bounds.player_text_chars:
         return f"text of {len(message.text)} characters (bound {bounds.player_text_chars})"
+    return None
+
+
+def game_text_problem(message: GameEventMessage | GameFactMessage, bounds: InputBounds) -> str | None:
+    """Why the game system's event or fact is refused, or None."""
+    if len(message.text) > bounds.game_text_chars:
+        return f"text of {len(message.text)} characters (bound {bounds.game_text_chars})"
     return None
 
 
@@ -63,21 +74,52 @@ class Refusals:
             log.warning("refused %s on %s: %s (logged once per kind, counted in the summary)", kind, where, why)
 
 
-class _Refuser(Protocol):
-    def refuse(self, kind: str, where: str, why: str) -> None: ...
-
-
-def limit_player_inputs(
-    inputs: Sequence[tuple[str, PlayerInputMessage]], per_tick: int, refuser: _Refuser
-) -> list[tuple[str, PlayerInputMessage]]:
-    """The first `per_tick` inputs of each player, in arrival order; the rest refused and counted."""
-    kept: list[tuple[str, PlayerInputMessage]] = []
+def limit_player_inputs(inputs: Sequence[Taken], per_tick: int) -> tuple[list[Taken], list[OutsideInput]]:
+    """The first `per_tick` inputs of each player, in arrival order, with the game system's
+    inputs (never limited here); and the players' inputs over the bound, to be refused."""
+    kept: list[Taken] = []
+    over: list[OutsideInput] = []
     seen: dict[str, int] = {}
-    for player, message in inputs:
-        seen[player] = seen.get(player, 0) + 1
-        if seen[player] <= per_tick:
-            kept.append((player, message))
-        else:
-            refuser.refuse("player inputs over the per-tick bound", f"player {player!r}",
-                           f"more than {per_tick} inputs in one tick")
-    return kept
+    for taken in inputs:
+        if isinstance(taken, OutsideInput):
+            seen[taken.player] = seen.get(taken.player, 0) + 1
+            if seen[taken.player] > per_tick:
+                over.append(taken)
+                continue
+        kept.append(taken)
+    return kept, over
+
+
+class ErrorReplies:
+    """Error replies to outside clients, bounded per client: at most `per_window` in a window
+    of `window` seconds, then one `rate_limited` error, then none until the window ends. A
+    flood costs a client a bounded number of replies, and `clients` clients in one window
+    at most are answered; what is held back is counted."""
+
+    def __init__(self, *, per_window: int = 10, window: float = 10.0, clients: int = 10_000) -> None:
+        self._per_window, self._window, self._clients = per_window, window, clients
+        self._windows: dict[str | None, tuple[float, int]] = {}  # client -> (window start, replies in it)
+        self.held = 0
+
+    def admit(self, client: str | None, error: ErrorMessage, now: float) -> ErrorMessage | None:
+        """The reply to send `client` (None: the game system) for `error` now, or None (held back)."""
+        start, sent = self._windows.get(client, (now, 0))
+        if now - start >= self._window:
+            start, sent = now, 0
+        if len(self._windows) >= self._clients and client not in self._windows:
+            self._forget_before(now - self._window)
+            if len(self._windows) >= self._clients:  # that many clients erring at once: none more answered
+                self.held += 1
+                return None
+        self._windows[client] = (start, sent + 1)
+        if sent < self._per_window:
+            return error
+        self.held += 1
+        if sent > self._per_window:
+            return None
+        why = f"more than {self._per_window} errors in {self._window:g} s: further errors are held back until then"
+        return ErrorMessage(code="rate_limited", message=why, topic=error.topic, id=error.id)
+
+    def _forget_before(self, cutoff: float) -> None:
+        """Drop the windows that ended (a flood of client ids keeps the table bounded)."""
+        self._windows = {c: w for c, w in self._windows.items() if w[0] > cutoff}

@@ -7,17 +7,20 @@ excess) until the shard appends them to the place's log after the tick's barrier
 (`take_place_events`): one copy per place, whoever listens there. Inbox events go to the
 addressee's mailbox, made when its first mail arrives. What the shard must act on comes
 back as one typed event (sim.protocol.received): every batch that arrived on a routed
-topic, every tick-barrier message, every player input and world state within bounds. Which of those the router
-takes at all is configured (`route_player_input`, `route_world_state`, `route_barrier`);
-a message on a topic it does not route is counted as unrouted. The bus feeds it from the
-connection; tests feed it bytes directly.
+topic, every tick-barrier message, every outside input within bounds (player input, world
+state, the game system's events and facts, players' presence). Which of those the router
+takes at all is configured (`route_player_input`, `route_world_state`, `route_game`,
+`route_barrier`); a message on a topic it does not route is counted as unrouted. The bus
+feeds it from the connection; tests feed it bytes directly.
 
 Malformed payloads are counted per kind and logged once per kind; outside input over its
-bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises, and
-neither gives an event. So is a retained `player/+/input` (the MQTT retain flag of the
-delivery, `retained`): what a broker kept from an earlier run, or from a `mosquitto_pub
--r`, is not taken again at every start. A retained `world/state` comes back marked as
-such: the shard does not apply it, and says so when it differs from its world.
+bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises. So is a
+retained `player/+/input` or `game/...` message (the MQTT retain flag of the delivery,
+`retained`): what a broker kept from an earlier run, or from a `mosquitto_pub -r`, is not
+taken again at every start. Each refused message on a public topic gives an `InputRefused`,
+the error its client is to get (`ErrorMessage`, with a stable code): the shard decides
+whether it is the one to answer. A retained `world/state` comes back marked as such: the
+shard does not apply it, and says so when it differs from its world.
 """
 
 from __future__ import annotations
@@ -29,13 +32,43 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from sim.protocol.bounds import InputBounds, Refusals, player_input_problem, world_state_problem
+from sim.protocol.bounds import (
+    InputBounds,
+    Refusals,
+    game_text_problem,
+    player_input_problem,
+    world_state_problem,
+)
 from sim.protocol.mailbox import Deliveries, Overflow
-from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, Received, WorldStateReceived
+from sim.protocol.received import (
+    BarrierReceived,
+    BatchArrived,
+    GameEventReceived,
+    GameFactReceived,
+    InputRefused,
+    PlayerInputReceived,
+    PresenceReceived,
+    Received,
+    WorldStateReceived,
+    error_code,
+    id_in,
+    refused,
+)
 from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
 from sim.wire.barrier import Hello, decode_barrier
-from sim.wire.events import AnyEvent, decode_batch, decode_player_input, decode_world_state, is_name
+from sim.wire.events import (
+    AnyEvent,
+    GameEventMessage,
+    GameFactMessage,
+    decode_batch,
+    decode_game_event,
+    decode_game_fact,
+    decode_player_input,
+    decode_presence,
+    decode_world_state,
+    is_name,
+)
 
 __all__ = ["BusStats", "Router", "retained_why"]
 
@@ -63,6 +96,9 @@ class BusStats:
     def mailbox_overflow(self) -> int:
         """Events dropped from full mailboxes, in total."""
         return self.overflow.total
+
+    error_replies: int = 0  # error replies published to outside clients
+    errors_held: int = 0  # error replies held back by the per-client rate
 
     @property
     def refused(self) -> dict[str, int]:
@@ -94,7 +130,7 @@ class Router:
         self._logged: set[str] = set()
         self.run = run
         self.world_topic = topics.world_state(run)
-        self._player_input = self._world_state = self._barrier = False
+        self._player_input = self._world_state = self._barrier = self._game = False
         # Batches of earlier ticks are re-sends whose events were perceived already (the
         # shard raises this to the tick whose barrier it waits for): they are dropped.
         self._stale_before = 0
@@ -141,6 +177,11 @@ class Router:
         self._world_state = True
         return self.world_topic
 
+    def route_game(self) -> list[str]:
+        """Take the game system's events, facts and players' presence; returns the topics to subscribe."""
+        self._game = True
+        return [topics.game_event(self.run), topics.game_fact(self.run), topics.player_presence_all(self.run)]
+
     def route_barrier(self) -> str:
         """Take every shard's barrier messages; returns the topic filter to subscribe."""
         self._barrier = True
@@ -182,7 +223,12 @@ class Router:
             if not retained:
                 return self._receive_player_input(topic, name, payload)
             self._refuse_retained("retained player input", topic)
-            return None
+            return refused("retained", topic, "a retained message: only live input is taken", player=name)
+        if self._game and kind in ("game_event", "game_fact", "player_presence"):
+            if not retained:
+                return self._receive_game(topic, kind, name, payload)
+            self._refuse_retained("retained game input", topic)
+            return refused("retained", topic, "a retained message: only live input is taken")
         if self._world_state and kind == "world_state":
             return self._receive_world_state(topic, payload, retained)
         if self._barrier and kind == "barrier":
@@ -258,31 +304,57 @@ class Router:
             return None
         return BarrierReceived(message)
 
-    def _receive_player_input(self, topic: str, player: str, payload: bytes) -> PlayerInputReceived | None:
+    def _receive_player_input(self, topic: str, player: str, payload: bytes) -> PlayerInputReceived | InputRefused:
         if not is_name(player):
-            self.count_malformed("player input", topic, ValueError(f"player id {player[:40]!r} is not a name"))
-            return None
+            why = f"player id {player[:40]!r} is not a name (1-128 of A-Z a-z 0-9 _ . -)"
+            self.count_malformed("player input", topic, ValueError(why))
+            return refused("schema", topic, why, player=player)
+        if player in topics.ROLE_LOGINS:
+            why = f"{player!r} is an internal role's login, not a player"
+            self.stats.refusals.refuse("player input as an internal role", topic, why)
+            return refused("not_allowed", topic, why, player=player)
         try:
             message = decode_player_input(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.DecodeError as exc:
             self.count_malformed("player input", topic, exc)
-            return None
+            return refused(error_code(exc), topic, str(exc), player=player, input_id=id_in(payload))
         problem = player_input_problem(message, self.bounds)
         if problem is not None:
             self.stats.refusals.refuse("player input too long", topic, problem)
-            return None
+            return refused("too_long", topic, problem, player=player, npc=message.to, input_id=message.id)
         return PlayerInputReceived(player, message)
 
-    def _receive_world_state(self, topic: str, payload: bytes, retained: bool) -> WorldStateReceived | None:
+    def _receive_game(
+        self, topic: str, kind: topics.TopicKind, player: str, payload: bytes
+    ) -> PresenceReceived | GameEventReceived | GameFactReceived | InputRefused:
+        """The game system's event, fact or a player's presence; a refusal's error is the game's."""
+        what = kind.replace("_", " ")
+        try:
+            if kind == "player_presence":
+                if not is_name(player):
+                    raise msgspec.ValidationError(f"player id {player[:40]!r} is not a name")
+                return PresenceReceived(player, decode_presence(payload))
+            message = decode_game_event(payload) if kind == "game_event" else decode_game_fact(payload)
+        except msgspec.DecodeError as exc:
+            self.count_malformed(what, topic, exc)
+            return refused(error_code(exc), topic, str(exc), input_id=id_in(payload) if kind == "game_fact" else None)
+        problem = game_text_problem(message, self.bounds)
+        if problem is not None:
+            self.stats.refusals.refuse(f"{what} too long", topic, problem)
+            fact_id = message.id if isinstance(message, GameFactMessage) else None
+            return refused("too_long", topic, problem, input_id=fact_id)
+        return GameEventReceived(message) if isinstance(message, GameEventMessage) else GameFactReceived(message)
+
+    def _receive_world_state(self, topic: str, payload: bytes, retained: bool) -> WorldStateReceived | InputRefused:
         try:
             world = decode_world_state(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.DecodeError as exc:
             self.count_malformed("world state", topic, exc)
-            return None
+            return refused(error_code(exc), topic, str(exc))
         problem = world_state_problem(world, self.bounds)
         if problem is not None:
             self.stats.refusals.refuse("world state over its bounds", topic, problem)
-            return None
+            return refused("too_long", topic, problem)
         return WorldStateReceived(world, retained)
 
 

@@ -17,7 +17,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import ConfigError, StoreError
-from sim.protocol.outside import OutsideInput
+from sim.protocol.outside import GameFact, Presence, Taken
 from sim.shard import RecordedInputs, parse_shard
 from sim.store import RunIdentity, RunSettings, StoreReader, open_reader
 
@@ -47,7 +47,7 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
         raise ConfigError("--db: give the store of the run (once per shard for a sharded run)")
     found: dict[int, tuple[Path, RunIdentity]] = {}
     records: dict[str, AuditRecord] = {}
-    inputs: dict[int, list[OutsideInput]] = {}
+    inputs: dict[int, list[Taken]] = {}
     world: dict[int, dict[str, str]] = {}
     scenario = b""  # the same in every store: the digest their identities share
     last: dict[Path, int | None] = {}
@@ -68,8 +68,9 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
             last[path] = reader.last_tick()
             if index == 0:
                 world = changes
-            for tick, seq, player, agent, text in reader.all_inputs():
-                inputs.setdefault(tick, []).append(OutsideInput(seq=seq, player=player, to=agent, text=text))
+            for tick, taken in reader.all_inputs():
+                if index == 0 or not _every_shards(taken):
+                    inputs.setdefault(tick, []).append(taken)
             records.update((r.id, r) for r in reader.audit_records())
     _, count = parse_shard(next(iter(found.values()))[1].shard)
     missing = [str(i) for i in range(count) if i not in found]
@@ -84,7 +85,7 @@ def load_recording(paths: Sequence[str | Path]) -> Recording:
     identity0 = found[0][1]
     assert identity0.settings is not None  # checked by _replayable
     for tick in inputs:
-        inputs[tick].sort()
+        inputs[tick].sort(key=lambda taken: taken.seq)
     return Recording(
         paths=tuple(found[i][0] for i in range(count)), identity=identity0, settings=identity0.settings,
         scenario=scenario, records=records, inputs=RecordedInputs(inputs=inputs, world=world),
@@ -112,6 +113,12 @@ def _replayable(path: Path, reader: StoreReader) -> tuple[RunIdentity, bytes, di
     if hashlib.sha256(scenario).hexdigest() != identity.scenario_sha256:
         raise StoreError(f"{path}: the scenario's text it holds is not the one its run read (SHA-256 differs)")
     return identity, scenario, world
+
+
+def _every_shards(taken: Taken) -> bool:
+    """Whether every shard took `taken` (a player's presence, a fact for every NPC): the
+    re-execution, one shard, takes shard 0's."""
+    return isinstance(taken, Presence) or (isinstance(taken, GameFact) and taken.npc is None)
 
 
 def _same_run(a: RunIdentity, b: RunIdentity) -> bool:

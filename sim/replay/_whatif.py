@@ -4,8 +4,11 @@ The world unfolds exactly as recorded, so the state snapshot an audit record hol
 what that model call would have been given under any budget; `build_working_memory` of
 it with the variant's config is what the call would have seen, and no model, shard or
 broker is needed. What a variant lost or gained against the original is the difference of
-the two kept sets: a recency selection's kept items are a category's newest, as many as the
-record's report says; a scored selection's are rebuilt from the record (its own config).
+the two kept sets. Both are chosen among the candidates (`sim.memory.distinct`: no memory
+that a candidate line of the dialogue says): a recency selection's kept items are the
+newest candidates, as many as the record's report says; a scored selection's are rebuilt
+from the record (its own config). `duplicate` counts the memories a variant left out
+because a line of the dialogue says them.
 
 `what_if(records, variants, examples)` folds a run of records into one `Tally` per
 variant; tallies of consecutive runs `add` up, so the pass spreads over processes
@@ -29,6 +32,7 @@ from sim.memory import (
     WorkingMemory,
     WorkingMemoryConfig,
     build_working_memory,
+    distinct,
 )
 from sim.replay._overrides import Variant
 
@@ -81,6 +85,8 @@ class Tally(msgspec.Struct, kw_only=True):
     recorded_chars: int = 0
     over_budget: int = 0
     recorded_over_budget: int = 0
+    duplicate: int = 0  # memories left out because a line of the dialogue says them
+    recorded_duplicate: int = 0
     facts: int = 0  # canonical facts in the snapshots
     facts_present: int = 0
     world: int = 0
@@ -109,6 +115,8 @@ class Tally(msgspec.Struct, kw_only=True):
         self.facts_present += later.facts_present
         self.world += later.world
         self.world_present += later.world_present
+        self.duplicate += later.duplicate
+        self.recorded_duplicate += later.recorded_duplicate
         for selection in SELECTIONS:
             self.selections[selection] += later.selections[selection]
             self.recorded_selections[selection] += later.recorded_selections[selection]
@@ -130,12 +138,12 @@ def _first(changes: Iterable[Change], limit: int) -> list[Change]:
 
 def _kept(record: AuditRecord, recorded: WorkingMemory | None, category: str) -> tuple[Any, ...]:
     """The items the recorded working memory kept: `recorded`'s when it was rebuilt (a scored
-    selection), else the newest, as many as the report says."""
+    selection), else the newest candidates, as many as the report says."""
     if recorded is not None:
         items: tuple[Any, ...] = getattr(recorded, category)
         return items
     section: CategoryReport = getattr(record.report, category)
-    items = getattr(record.state, category)
+    items = getattr(distinct(record.state, record.config.max_dialogue_lines).state, category)
     return items[len(items) - section.kept :] if section.kept else ()
 
 
@@ -188,6 +196,8 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
             tally.recorded_chars += report.prompt_chars
             tally.over_budget += new.over_budget
             tally.recorded_over_budget += report.over_budget
+            tally.duplicate += new.episodic.duplicate
+            tally.recorded_duplicate += report.episodic.duplicate
             tally.facts += facts
             tally.facts_present += len(memory.canonical_facts)
             tally.world += world

@@ -13,7 +13,8 @@ mail for the tick, remember what it perceived (with the NPC's authority in the s
 look at who is at its place, and `speak`. It never hands out the bus or the store. It is
 made for one turn and dropped after it.
 
-`speak(to, said, turn)` is one act: build the working memory from the agent's state, ask
+`speak(to, said, turn)` is one act: build the working memory from the agent's state (when it
+answers a line, without that line and its memory: they are the input), ask
 the pool (a player's turn-1 answer first, ambient chatter last), publish the `say` line,
 emit the `Speech` at the agent's place (the others hear it next tick), store the line in
 its dialogue, and give the recorder the rest (audit, trace, metrics, counters).
@@ -30,7 +31,7 @@ import msgspec
 from sim.bus import Bus
 from sim.errors import ConfigError
 from sim.inference import InferenceRequest, Pool, Priority
-from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, build_working_memory
+from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, build_working_memory, leave_out_event
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
@@ -95,6 +96,8 @@ class ShardContext:
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        self.locations = self._location_topics.keys()
+        """Every place of the run, in any shard."""
         window = max(config.record.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
@@ -219,15 +222,22 @@ class AgentContext:
 
     # --- speaking ------------------------------------------------------------------------
 
-    async def speak(self, to: str, said: str, turn: int) -> str:
+    async def speak(self, to: str, said: str, turn: int, *, reply_to: str | None = None,
+                    answering: str | None = None) -> str:
         """Answer `said` (what `to` said, or an ambient prompt) to `to`; returns the line said.
 
-        `turn` counts the replies of an exchange: 0 is ambient chatter, 1 an answer.
-        Never raises for a model failure: the pool's fallback line is said then.
+        `turn` counts the replies of an exchange: 0 is ambient chatter, 1 an answer. The `say`
+        of an answer to a player names the player (`in_reply_to`) and carries `reply_to`, the
+        id its client gave the input (`Speech.input_id`). `answering` is the id of the event
+        `said` was said in: its line and its memory are left out of the state, since `said` is
+        the input (a prompt says nothing twice). Never raises for a model failure: the pool's
+        fallback line is said then.
         """
         shard, spec = self._shard, self.spec
         tick = shard.tick
         state = shard.state(spec)
+        if answering is not None:
+            state = leave_out_event(state, answering)
         config = shard.memory_config_of(spec.id, tick)
         memory = build_working_memory(state, said, config)
         seq = self.next_seq()
@@ -249,15 +259,16 @@ class AgentContext:
             config=config,
         )
         result = await shard.pool.infer(request)
-        say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id)
+        say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id,
+                         reply_to=reply_to if player else None, in_reply_to=to if player else None)
         await shard.bus.publish_say(say)
         shard.outbox.emit(
             shard.location_topic(spec.location),
             Speech(id=inference_id, tick=tick, location=spec.location, speaker=spec.id, to=to, text=result.line,
                    turn=turn),
         )
-        await shard.store.add_line(spec.id, Line(tick=tick, speaker=spec.id, text=result.line, seq=seq),
-                                   writer=Writer.NPC)
+        await shard.store.add_line(spec.id, Line(tick=tick, speaker=spec.id, text=result.line, seq=seq,
+                                                 event=inference_id), writer=Writer.NPC)
         spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result)
         await shard.recorder.record(spoken)
         return result.line

@@ -4,9 +4,12 @@ The bus queues what the shard must act on as events (sim.protocol.received); `In
 hands each to the part that owns it: batches and TickDones to the barrier, peers' Joins
 and Hellos to `Peers` (sim.protocol.admission: each served once, re-sends rate-limited,
 shard 0's Welcomes), outside input to the tick's input source, and a reconnection makes
-the shard re-send what it keeps (`rejoin`). A retained world state is never applied: a
-fresh run is not changed by what an earlier one left on the broker, and a resumed one
-holds what it applied; it is counted when it differs from the world of this shard's NPCs.
+the shard re-send what it keeps (`rejoin`). A refused outside message is answered on its
+client's error topic by one shard of the run: the one that owns the NPC it names, shard 0
+for what no shard owns (an unknown NPC or place, a payload that could not be read).
+A retained world state is never applied: a fresh run is not changed by what an earlier one
+left on the broker, and a resumed one holds what it applied; it is counted when it
+differs from the world of this shard's NPCs.
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ from __future__ import annotations
 from sim.bus import Connected
 from sim.protocol.admission import Peers, Refused
 from sim.protocol.barrier import Barrier
-from sim.protocol.received import BarrierReceived, BatchArrived, PlayerInputReceived, WorldStateReceived
+from sim.protocol.received import (
+    BarrierReceived,
+    BatchArrived,
+    GameEventReceived,
+    GameFactReceived,
+    InputRefused,
+    PlayerInputReceived,
+    PresenceReceived,
+    WorldStateReceived,
+    refused,
+)
 from sim.protocol.router import retained_why
 from sim.shard._context import ShardContext
 from sim.shard._inputs import InputSource
@@ -44,12 +57,17 @@ class Intake:
                 case BarrierReceived(message=Join() | Hello() | Welcome() as request):
                     self._refuse(self._peers.receive(request, ctx.clock.now()))
                     ctx.stats.resends_folded = self._peers.resends.folded
-                case PlayerInputReceived(player=player, message=message):
-                    if message.to in ctx.layout.local:
+                case PlayerInputReceived() | PresenceReceived() | GameEventReceived() | GameFactReceived():
+                    unknown = self._unknown(event)
+                    if unknown is None:
                         self._source.receive(event)
-                    elif message.to not in ctx.npc_location:
-                        bus.count_malformed("player input to an unknown NPC", topics.player_input(ctx.run_id, player),
-                                            ValueError(f"no NPC {message.to!r} in this run"))
+                    elif self._answers(None):
+                        kind, refusal = unknown
+                        bus.count_malformed(kind, refusal.error.topic, ValueError(refusal.error.message))
+                        await self._answer(refusal)
+                case InputRefused(npc=npc):
+                    if self._answers(npc):
+                        await self._answer(event)
                 case WorldStateReceived(message=message, retained=True):
                     self._retained_world_state(message)
                 case WorldStateReceived():
@@ -68,6 +86,43 @@ class Intake:
         for topic, payload in self._barrier.kept(0):
             await bus.publish(topic, payload)
         await bus.publish_barrier(self._barrier.join())
+
+    def _answers(self, npc: str | None) -> bool:
+        """Whether this shard answers a refused message naming `npc`: the shard that owns the
+        NPC, shard 0 for what no shard owns (no NPC, an unknown one)."""
+        ctx = self._ctx
+        if npc is not None and npc in ctx.npc_location:
+            return npc in ctx.layout.local
+        return ctx.layout.index == 0
+
+    def _unknown(
+        self, event: PlayerInputReceived | PresenceReceived | GameEventReceived | GameFactReceived
+    ) -> tuple[str, InputRefused] | None:
+        """The kind counted and the refusal of an input naming an NPC or place the run does
+        not have, or None."""
+        ctx, run = self._ctx, self._ctx.run_id
+        match event:
+            case PlayerInputReceived(player=player, message=message) if message.to not in ctx.npc_location:
+                return "player input to an unknown NPC", refused(
+                    "unknown_npc", topics.player_input(run, player), f"no NPC {message.to!r} in this run",
+                    player=player, input_id=message.id)
+            case GameFactReceived(message=message) if message.npc is not None and message.npc not in ctx.npc_location:
+                return "game fact for an unknown NPC", refused(
+                    "unknown_npc", topics.game_fact(run), f"no NPC {message.npc!r} in this run", input_id=message.id)
+            case GameEventReceived(message=message) if message.location not in ctx.locations:
+                return "game event at an unknown place", refused(
+                    "unknown_location", topics.game_event(run), f"no place {message.location!r} in this run")
+            case PresenceReceived(player=player, message=message) if (
+                message.location is not None and message.location not in ctx.locations
+            ):
+                return "presence at an unknown place", refused(
+                    "unknown_location", topics.player_presence(run, player),
+                    f"no place {message.location!r} in this run")
+        return None
+
+    async def _answer(self, refusal: InputRefused) -> None:
+        ctx = self._ctx
+        await ctx.bus.publish_error(refusal.player, refusal.error, ctx.clock.now())
 
     def _refuse(self, refused: Refused | None) -> None:
         if refused is not None:

@@ -38,6 +38,7 @@ import secrets
 
 from sim.protocol.admission import Peers
 from sim.protocol.barrier import Barrier
+from sim.protocol.outside import OutsideJournal
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._exchange import BarrierWait, Publisher, Status
@@ -79,8 +80,10 @@ class Shard:
         self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self.bus.is_routed, tick=self.first,
                                trusted=trusted, session=secrets.token_hex(8))
         self.world = WorldState()
+        journal = OutsideJournal(layout.local, layout.places, ctx.locations, takes_world=self.index == 0,
+                                 tick=self.first)
         self.source: InputSource = source or LiveInputs(
-            self.store, self.bus, self.world, local=layout.local, takes_world=self.index == 0, tick=self.first,
+            self.store, self.bus, self.world, journal=journal,
             per_tick=self.config.limits.bounds.player_inputs_per_tick,
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
@@ -115,6 +118,7 @@ class Shard:
                                           bot_rate=self.config.bot_rate)
         bus.keep_outside(self.source.journal)
         await bus.listen_player_input()
+        await bus.listen_game()
         if self.index == 0:
             await bus.listen_world_state()
         await self.intake.rejoin()
@@ -149,6 +153,7 @@ class Shard:
         pending = await resume.pending()
         self.bus.mail.restore_mail(pending.mail)
         self.world.due = pending.world
+        self.inputs.presence = dict(pending.presence)
 
     # --- the ticks -----------------------------------------------------------------------
 
@@ -219,7 +224,8 @@ class Shard:
         every 10 ticks."""
         self.bus.report_overflow(tick)
         record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(),
-                            pending=Pending(mail=self.bus.mail.waiting_mail(tick), world=self.world.due))
+                            pending=Pending(mail=self.bus.mail.waiting_mail(tick), world=self.world.due,
+                                            presence=dict(self.inputs.presence)))
         self._committing = await self.store.commit_tick(tick, record)
         if self.config.record.retain_memories is not None:
             await self._committed()

@@ -15,8 +15,8 @@ private episodes (what it was given, what reached its inbox) merged with the new
 working memory and the audit's state snapshot are the same, byte for byte.
 
 Mail is what is addressed: an event of the log said to a listener there becomes that
-listener's mail for the next tick (it answers, takes it into its dialogue, believes that
-someone wants to talk to it); nobody else is woken by it.
+listener's mail for the next tick (it answers, takes it into its dialogue); nobody else is
+woken by it.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._layout import ShardLayout
 from sim.shard._run_config import (
     RunConfig,
+    check_resumable,
     check_resume,
     check_retention,
     check_shards,
@@ -109,6 +110,7 @@ async def _run(
         scenario, text = await load_scenario_in_thread(config.scenario)
         scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
         check_retention(config, hot_limit(scenario.memory))
+        check_resumable(config)
         check_shards(config, scenario)
         seed = scenario.scenario.seed if config.seed is None else config.seed
         layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
@@ -123,7 +125,7 @@ async def _run(
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         async with _workdir() as workdir:
             db = Path(config.record.db) if config.record.db else workdir / f"{run_id}.shard{shard}.db"
-            async with open_broker(config.broker.url, tls=config.broker.tls) as broker:
+            async with open_broker(config.broker.url, tls=config.broker.tls, ws_port=config.broker.ws_port) as broker:
 
                 async def claim_run(store: Store) -> RunKey | None:
                     """The store belongs to this run: the run key is bound to its nonce, and announced."""

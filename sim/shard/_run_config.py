@@ -1,7 +1,7 @@
 """A run's configuration and what follows from it alone: shards, their NPCs, the hot window.
 
 `RunConfig` is the library's boundary: the values the CLI refuses are refused here too, by
-option name. The checks that need the store or the scenario (`check_resume`,
+option name. The checks that need the store or the scenario (`check_resumable`,
 `check_retention`) run before anything starts, so a refused run leaves no file behind.
 """
 
@@ -19,7 +19,7 @@ from sim.mqtt import TlsFiles
 from sim.protocol.bounds import InputBounds
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._place_shares import assign_places
-from sim.store import HOT_LIMIT, Store
+from sim.store import HOT_LIMIT, Store, open_reader
 
 __all__ = [
     "MAX_SHARDS",
@@ -30,6 +30,7 @@ __all__ = [
     "Placement",
     "RecordConfig",
     "RunConfig",
+    "check_resumable",
     "check_resume",
     "check_shards",
     "check_retention",
@@ -74,11 +75,18 @@ def _check_seconds(part: msgspec.Struct, names: tuple[str, ...]) -> None:
 
 class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Where the run's messages go: the broker's URL ("auto": one npcsim starts), its TLS files,
-    and the file of the run key that seals what the shards tell each other."""
+    the file of the run key that seals what the shards tell each other, and the WebSocket
+    port of a broker npcsim starts (None: a free one)."""
 
     url: str = "auto"
     tls: TlsFiles = msgspec.field(default_factory=TlsFiles)
     run_key_file: str | None = None
+    ws_port: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_whole(self, {"ws_port": 1})
+        if self.ws_port is not None and self.ws_port > 65535:
+            raise ConfigError(f"--ws-port must be a port number 1-65535, got {self.ws_port}")
 
 
 class InferenceConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,10 +226,28 @@ def default_run_id(scenario: Scenario, seed: int) -> str:
     return f"{scenario.scenario.name}-{seed}"
 
 
+def check_resumable(config: RunConfig) -> None:
+    """`--resume` continues a store file that holds a committed tick; read (never written)
+    before anything opens, so that a refused resume creates no file."""
+    if not config.record.resume or not config.record.db:
+        return
+    db = Path(config.record.db)
+    if not db.is_file():
+        raise ConfigError(f"--resume: {db}: no such file (without --resume the run starts it)")
+    with open_reader(db) as reader:
+        if reader.last_tick() is None:
+            raise _nothing_to_resume(db)
+
+
+def _nothing_to_resume(db: Path) -> ConfigError:
+    return ConfigError(f"--resume: {db} holds no committed tick to continue from")
+
+
 def check_resume(config: RunConfig, db: Path, store: Store) -> None:
-    """A database holding ticks is continued only when asked, never silently reused."""
-    if config.record.resume and store.last_tick is None:
-        raise ConfigError(f"--resume: {db} holds no committed tick to continue from")
+    """A database holding ticks is continued only when asked, never silently reused; the
+    other half, a resume of what holds no tick, is `check_resumable`'s."""
+    if config.record.resume and store.last_tick is None:  # replaced since check_resumable read it
+        raise _nothing_to_resume(db)
     if not config.record.resume and store.last_tick is not None:
         raise ConfigError(
             f"--db {db} already holds this run up to tick {store.last_tick}: "

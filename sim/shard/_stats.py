@@ -41,7 +41,7 @@ class RunStats:
     barrier_ticks: int = 0
     awaiting: str = ""
     awaiting_since: float | None = None
-    world_changes: int = 0
+    world_changes: int = 0  # world-state keys set anew: one publish of one key counts 1, not once per NPC
     memories_pruned: int = 0  # rows deleted by --retain-memories
     resends: int = 0  # re-sends of kept barrier messages made for peers' Joins
     resends_folded: int = 0  # peers' Joins folded into a later re-send by the per-peer rate limit

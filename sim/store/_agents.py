@@ -50,6 +50,11 @@ class AgentStore:
         entry = self._hot_for(agent_id).world.get(key)
         return None if entry is None else entry.value
 
+    def fact_text(self, agent_id: str, fact_id: str) -> str | None:
+        """The text of one of the agent's canonical facts, from memory (no state built)."""
+        fact = self._hot_for(agent_id).facts.get(fact_id)
+        return None if fact is None else fact.text
+
     def state(self, agent_id: str) -> NpcState:
         """The agent's own bounded hot state, from memory; built once per change.
 
@@ -129,7 +134,7 @@ class AgentStore:
         rows.setdefault("episode", []).extend((agent_id, e.tick, episode_item(e)) for e in state.episodic)
         rows.setdefault("belief", []).extend((agent_id, b.id, b.tick, b.text, b.confidence) for b in state.beliefs)
         rows.setdefault("line", []).extend(
-            (agent_id, line.tick, line.seq, line.speaker, line.text) for line in state.dialogue
+            _line_row(agent_id, line) for line in state.dialogue
         )
 
     # -- writes ----------------------------------------------------------------------------
@@ -170,10 +175,15 @@ class AgentStore:
     async def add_line(self, agent_id: str, line: Line, *, writer: Writer) -> None:
         self._authority.check(agent_id, "dialogue", writer)
         self._hot_for(agent_id).add_line(line)
-        await self._writer.put("line", (agent_id, line.tick, line.seq, line.speaker, line.text))
+        await self._writer.put("line", _line_row(agent_id, line))
 
     def _hot_for(self, agent_id: str) -> Hot:
         hot = self._hot.get(agent_id)
         if hot is None:
             raise StoreError(f"{self._path}: agent {agent_id!r} is not loaded: call ensure_agent or load_agents first")
         return hot
+
+
+def _line_row(agent_id: str, line: Line) -> tuple[str, int, int, str, str, str]:
+    """A line's row; a line of no known event has "" (its place in the recency order, `line_order`)."""
+    return (agent_id, line.tick, line.seq, line.speaker, line.text, line.event or "")

@@ -125,8 +125,8 @@ async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: 
         loaded[agent].episodic = episodes[-limit:]
     for agent, bid, tick, text, confidence in beliefs:
         loaded[agent].beliefs.append(Belief(id=bid, tick=tick, text=text, confidence=confidence))
-    for agent, tick, seq, speaker, text in dialogue:
-        loaded[agent].dialogue.append(Line(tick=tick, seq=seq, speaker=speaker, text=text))
+    for agent, tick, seq, speaker, text, event in dialogue:
+        loaded[agent].dialogue.append(Line(tick=tick, seq=seq, speaker=speaker, text=text, event=event or None))
     return loaded
 
 

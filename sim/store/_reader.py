@@ -24,7 +24,9 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import SchemaError, StoreError
+from sim.protocol.outside import Taken
 from sim.store._identity import RunIdentity, decode_identity
+from sim.store._resume import decode_taken
 from sim.store._schema import check_file, check_version
 from sim.store.records import COLUMNS, read_packed, unpack_keys, unpack_record
 
@@ -83,10 +85,13 @@ class StoreReader:
         rows = self._query("SELECT data FROM scenario WHERE id = 0")
         return None if not rows else bytes(rows[0][0])  # type: ignore[call-overload]
 
-    def all_inputs(self) -> list[tuple[int, int, str, str, str]]:
-        """Every outside input as (tick, seq, player, agent, text), in (tick, seq) order."""
-        rows = self._query("SELECT tick, seq, player, agent, text FROM inputs ORDER BY tick, seq")
-        return [(int(t), int(q), str(p), str(a), str(x)) for t, q, p, a, x in rows]  # type: ignore[call-overload]
+    def all_inputs(self) -> list[tuple[int, Taken]]:
+        """Every outside input with the tick that took it, in (tick, seq) order."""
+        rows = self._query("SELECT tick, input FROM inputs ORDER BY tick, seq")
+        try:
+            return [(int(t), decode_taken(str(x))) for t, x in rows]  # type: ignore[call-overload]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: an outside input it holds is unreadable: {exc}") from exc
 
     def world_changes(self) -> dict[int, dict[str, str]]:
         """Each world-state change by the tick it took effect at."""
@@ -107,7 +112,7 @@ class StoreReader:
             "canonical_facts": "SELECT agent, id, text FROM facts",
             "world_state": "SELECT agent, key, value FROM world",
             "beliefs": "SELECT agent, tick, id, text, confidence FROM beliefs",
-            "dialogue": "SELECT agent, tick, seq, speaker, text FROM dialogue",
+            "dialogue": "SELECT agent, tick, seq, speaker, text, event FROM dialogue",
             "heard": "SELECT a.agent, h.tick, h.items FROM heard AS h JOIN agent_keys AS a ON a.n = h.agent",
             "place_events": "SELECT 'place:' || place, tick, items FROM place_events",
         }

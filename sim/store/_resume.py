@@ -18,7 +18,7 @@ import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
-from sim.protocol.outside import OutsideInput
+from sim.protocol.outside import Taken
 from sim.store._writer import BatchWriter
 from sim.store.sql import (
     SELECT_INPUTS,
@@ -30,7 +30,7 @@ from sim.store.sql import (
 )
 from sim.wire.events import AnyEvent
 
-__all__ = ["Pending", "Resume", "TickRecord", "read_last_tick"]
+__all__ = ["Pending", "Resume", "TickRecord", "decode_taken", "read_last_tick"]
 
 
 class Pending(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,6 +38,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
 
     mail: list[tuple[str, AnyEvent]] = []  # (agent, event) waiting in inboxes
     world: dict[str, str] | None = None  # world-state changes that take effect then
+    presence: dict[str, str] = {}  # where each outside player stands
 
 
 class TickRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +58,12 @@ _json = msgspec.json.Encoder()
 _sent_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, bytes]])
 _says_decoder = msgspec.msgpack.Decoder(list[tuple[str, bytes]])
 _pending_decoder = msgspec.msgpack.Decoder(Pending)
+_taken_decoder = msgspec.json.Decoder(Taken)
+
+
+def decode_taken(text: str | bytes) -> Taken:
+    """An outside input as the `inputs` table holds it (JSON, tagged by `type`)."""
+    return _taken_decoder.decode(text)
 
 
 async def read_last_tick(conn: aiosqlite.Connection) -> int | None:
@@ -75,18 +82,21 @@ class Resume:
         self._path = path
         self._writer = writer
 
-    async def record_input(self, tick: int, taken: OutsideInput) -> None:
+    async def record_input(self, tick: int, taken: Taken) -> None:
         """Queue one outside input as taking effect at `tick` (committed with that tick)."""
-        await self._writer.put("input", (tick, taken.seq, taken.player, taken.to, taken.text))
+        await self._writer.put("input", (tick, taken.seq, _json.encode(taken).decode()))
 
     async def record_world(self, tick: int, state: dict[str, str]) -> None:
         """Queue the world-state change that took effect at `tick` (committed with that tick)."""
         await self._writer.put("world_change", (tick, _json.encode(state).decode()))
 
-    async def inputs(self, tick: int) -> list[OutsideInput]:
+    async def inputs(self, tick: int) -> list[Taken]:
         """The committed outside inputs of `tick`, in seq order."""
         rows = await fetch(self._conn, SELECT_INPUTS, (tick,))
-        return [OutsideInput(seq=int(seq), player=str(p), to=str(a), text=str(t)) for seq, p, a, t in rows]
+        try:
+            return [decode_taken(text) for (text,) in rows]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{self._path}: unreadable: an outside input of tick {tick}: {exc}") from exc
 
     async def keep(self, record: TickRecord) -> None:
         """Queue what the tick replaces: what was sent, the unacknowledged says, what is pending."""

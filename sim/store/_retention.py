@@ -52,6 +52,6 @@ _PLACE_EVENTS = (
 PRUNE_SQL: tuple[tuple[str, str, bool], ...] = (
     ("heard", _HEARD, True),
     ("beliefs", _older_rows("beliefs", "tick, id, text, confidence"), True),
-    ("dialogue", _older_rows("dialogue", "tick, seq, speaker, text"), True),
+    ("dialogue", _older_rows("dialogue", "tick, seq, speaker, text, event"), True),
     ("place_events", _PLACE_EVENTS, False),
 )

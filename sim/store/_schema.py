@@ -20,7 +20,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _USER_VERSION_OFFSET = 60
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py.
 SCHEMA: tuple[str, ...] = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
@@ -45,15 +45,15 @@ SCHEMA: tuple[str, ...] = (
     " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
     "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
     "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
-    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL)",
+    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL, event TEXT NOT NULL)",
     "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
     "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
     " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
     " line TEXT NOT NULL, record BLOB NOT NULL)",
     "CREATE INDEX audit_agent ON audit (agent, tick)",
     "CREATE INDEX audit_tick ON audit (tick)",
-    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, player TEXT NOT NULL,"
-    " agent TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
+    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, input TEXT NOT NULL,"
+    " PRIMARY KEY (tick, seq)) WITHOUT ROWID",
     "CREATE TABLE world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
 )
 

@@ -61,10 +61,10 @@ INSERT: dict[RowKind, str] = {
     "place_window": "INSERT INTO place_windows (place, since) VALUES (?, ?)"
     " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
-    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text) VALUES (?, ?, ?, ?, ?)",
+    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text, event) VALUES (?, ?, ?, ?, ?, ?)",
     "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    "input": "INSERT OR REPLACE INTO inputs (tick, seq, player, agent, text) VALUES (?, ?, ?, ?, ?)",
+    "input": "INSERT OR REPLACE INTO inputs (tick, seq, input) VALUES (?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
     "run": "INSERT OR REPLACE INTO run (id, identity) VALUES (0, ?)",
     "world_change": "INSERT OR REPLACE INTO world_changes (tick, state) VALUES (?, ?)",
@@ -149,7 +149,7 @@ def _recent(table: str, columns: str, order: str) -> str:
 
 RECENT: dict[Literal["beliefs", "dialogue"], str] = {
     "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
-    "dialogue": _recent("dialogue", "tick, seq, speaker, text", "tick, seq, speaker, text"),
+    "dialogue": _recent("dialogue", "tick, seq, speaker, text, event", "tick, seq, speaker, text, event"),
 }
 
 # Heard rows hold several items each, so the newest `limit` rows by tick hold at least
@@ -162,7 +162,7 @@ HEARD_RECENT = (
 )
 ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each(?))"
 
-SELECT_INPUTS = "SELECT seq, player, agent, text FROM inputs WHERE tick = ? ORDER BY seq"
+SELECT_INPUTS = "SELECT input FROM inputs WHERE tick = ? ORDER BY seq"
 SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
 SELECT_SAYS = "SELECT value FROM meta WHERE key = 'says'"
 SELECT_RUN = "SELECT identity FROM run WHERE id = 0"

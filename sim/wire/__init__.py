@@ -9,6 +9,8 @@
 - `sim.wire.local`: the frames between a shard and its helper processes (`sim.helper`:
   the pool's worker, the scenario parser; pipes, not MQTT);
 - `sim.wire.topics`: one function per topic.
+- `sim.wire.contract`: the public topics as a contract (AsyncAPI 3.0, JSON Schemas), generated
+  from the topic functions and the types above.
 
 Pure: no I/O. Internal topics carry msgpack, public ones JSON.
 """

@@ -1,7 +1,8 @@
 """Wire types of the simulation bus and their module-level codecs.
 
 Internal topics (location events, inboxes) carry msgpack; public topics (say, player
-input, status) carry JSON so that `mosquitto_sub` can read them. Every event has an `id`
+input, presence, errors, the game system's topics, status) carry JSON so that
+`mosquitto_sub` can read them. Every event has an `id`
 that is unique in its run, so a QoS 1 redelivery is applied once.
 
 Event ids are built from (agent, tick, seq), not from a random source: the same run
@@ -11,22 +12,32 @@ gives the same ids, which keeps episodic memory ids (and so prompts) determinist
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 import msgspec
 
 __all__ = [
+    "ERROR_CODES",
     "AnyEvent",
+    "ErrorCode",
+    "ErrorMessage",
     "EventBatch",
+    "GameEventMessage",
+    "GameFactMessage",
     "Name",
     "Notice",
     "PlayerInputMessage",
+    "PresenceMessage",
     "SayMessage",
     "Speech",
     "StatusMessage",
     "WorldStateMessage",
     "decode_batch",
+    "decode_error",
+    "decode_game_event",
+    "decode_game_fact",
     "decode_player_input",
+    "decode_presence",
     "decode_world_state",
     "decode_say",
     "decode_status",
@@ -62,7 +73,8 @@ class Speech(_Event, tag="speech", frozen=True, kw_only=True, forbid_unknown_fie
 
     `to` is who was addressed (None: said to the room). `turn` counts the replies in an
     NPC-to-NPC exchange, so that two NPCs do not talk to each other forever.
-    `from_player` marks a player's input: the addressee always answers it.
+    `from_player` marks a player's input: the addressee always answers it; `input_id` is
+    the id its client gave it (`PlayerInputMessage.id`), which the answer's `say` carries.
     """
 
     speaker: Name
@@ -70,6 +82,7 @@ class Speech(_Event, tag="speech", frozen=True, kw_only=True, forbid_unknown_fie
     to: Name | None = None
     turn: Annotated[int, msgspec.Meta(ge=0)] = 0
     from_player: bool = False
+    input_id: Name | None = None
 
 
 class Notice(_Event, tag="notice", frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -91,7 +104,11 @@ class EventBatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class SayMessage(msgspec.Struct, frozen=True, kw_only=True):
-    """What an NPC said, on its public `say` topic."""
+    """What an NPC said, on its public `say` topic.
+
+    An answer to a player carries the player's id in `in_reply_to`, and the `id` its client
+    gave the input in `reply_to` (null when the input had none, or the line answers no player).
+    """
 
     run: str
     agent: str
@@ -99,13 +116,71 @@ class SayMessage(msgspec.Struct, frozen=True, kw_only=True):
     to: str | None
     text: str
     inference_id: str
+    reply_to: str | None = None
+    in_reply_to: str | None = None
 
 
 class PlayerInputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A player's input from an outside client: `{"to": "<npc id>", "text": "..."}`."""
+    """A player's input from an outside client: `{"to": "<npc id>", "text": "...", "id": "q1"}`.
+
+    `id` (optional, a name the client chooses) comes back in the answer's `say` as
+    `reply_to`, and in an error reply to this input.
+    """
 
     to: Name
     text: Text
+    id: Name | None = None
+
+
+class PresenceMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where a live player stands, as the game system says (`player/{player}/presence`):
+    `{"location": "inn"}`; null: nowhere. The NPCs at that place overhear what the player
+    says to one of them there."""
+
+    location: Name | None
+
+
+class GameEventMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Something happened at a place (`game/event`): everyone there perceives it next tick,
+    as a memory of the given significance (0 to 1)."""
+
+    location: Name
+    text: Text
+    significance: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
+
+
+class GameFactMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A canonical fact the game system adds (`game/fact`): to NPC `npc`, or to every NPC when
+    `npc` is null. Add-only: a fact id an NPC holds already is refused (`exists`)."""
+
+    id: Name
+    text: Text
+    npc: Name | None = None
+
+
+ErrorCode = Literal[
+    "not_json", "schema", "not_allowed", "unknown_npc", "unknown_location", "too_long", "rate_limited", "retained",
+    "exists",
+]
+"""Why a message on a public topic was refused (docs/topics.md, "Errors"):
+`not_json` (the payload is not JSON), `schema` (not the topic's fields and types, or a
+player id that is not a name), `not_allowed` (a player id that is an internal role's
+login), `unknown_npc`, `unknown_location`, `too_long` (over a
+bound of the run), `rate_limited` (over a rate; also the one reply when a client's errors
+are held back), `retained` (a retained message: only live ones are taken), `exists` (a
+fact id the NPC holds already)."""
+ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
+
+
+class ErrorMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Why a message was refused: on `player/{player}/error` for a player's input, on
+    `game/error` for the game system's topics (players' presence included). `topic` is where the refused
+    message was published, `id` the input's id when it had one that could be read."""
+
+    code: ErrorCode
+    message: Annotated[str, msgspec.Meta(max_length=300)]
+    topic: Annotated[str, msgspec.Meta(max_length=1000)]
+    id: Name | None = None
 
 
 class WorldStateMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -146,13 +221,23 @@ _player_input = msgspec.json.Decoder(PlayerInputMessage)
 _say = msgspec.json.Decoder(SayMessage)
 _status = msgspec.json.Decoder(StatusMessage)
 _world = msgspec.json.Decoder(WorldStateMessage)
+_presence = msgspec.json.Decoder(PresenceMessage)
+_game_event = msgspec.json.Decoder(GameEventMessage)
+_game_fact = msgspec.json.Decoder(GameFactMessage)
+_error = msgspec.json.Decoder(ErrorMessage)
 
 
 def encode_batch(batch: EventBatch) -> bytes:
     return _msgpack.encode(batch)
 
 
-def encode_json(message: SayMessage | StatusMessage | PlayerInputMessage | WorldStateMessage) -> bytes:
+JsonMessage = (
+    SayMessage | StatusMessage | PlayerInputMessage | WorldStateMessage | PresenceMessage | GameEventMessage
+    | GameFactMessage | ErrorMessage
+)
+
+
+def encode_json(message: JsonMessage) -> bytes:
     return _json.encode(message)
 
 
@@ -175,3 +260,19 @@ def decode_status(data: bytes) -> StatusMessage:
 
 def decode_world_state(data: bytes) -> WorldStateMessage:
     return _world.decode(data)
+
+
+def decode_presence(data: bytes) -> PresenceMessage:
+    return _presence.decode(data)
+
+
+def decode_game_event(data: bytes) -> GameEventMessage:
+    return _game_event.decode(data)
+
+
+def decode_game_fact(data: bytes) -> GameFactMessage:
+    return _game_fact.decode(data)
+
+
+def decode_error(data: bytes) -> ErrorMessage:
+    return _error.decode(data)

@@ -1,6 +1,7 @@
 """The MQTT topic scheme (docs/topics.md): one function per topic, and `parse`, their inverse.
 
-Public topics (say, player input, world state, status) carry JSON; internal ones msgpack.
+Public topics (say, player input, presence and errors, world state, the game system's
+events and facts, status) carry JSON; internal ones msgpack.
 Topics are built and read here only, so that what a shard publishes and what it takes
 cannot drift apart.
 """
@@ -23,6 +24,9 @@ __all__ = [
     "barrier_all",
     "check_player",
     "check_segment",
+    "game_error",
+    "game_event",
+    "game_fact",
     "infer_request",
     "infer_request_shared",
     "infer_response",
@@ -30,8 +34,11 @@ __all__ = [
     "infer_workers",
     "location_events",
     "parse",
+    "player_error",
     "player_input",
     "player_input_all",
+    "player_presence",
+    "player_presence_all",
     "roster",
     "run_root",
     "status",
@@ -84,6 +91,35 @@ def agent_say(run: str, agent: str) -> str:
 
 def player_input(run: str, player: str) -> str:
     return f"{run_root(run)}/player/{check_segment('player', player)}/input"
+
+
+def player_presence(run: str, player: str) -> str:
+    """Where a live player stands (the game system publishes it)."""
+    return f"{run_root(run)}/player/{check_segment('player', player)}/presence"
+
+
+def player_error(run: str, player: str) -> str:
+    """The errors of a player's refused input: only that player reads them."""
+    return f"{run_root(run)}/player/{check_segment('player', player)}/error"
+
+
+def player_presence_all(run: str) -> str:
+    return f"{run_root(run)}/player/+/presence"
+
+
+def game_event(run: str) -> str:
+    """Something happened at a place: the game system's narration."""
+    return f"{run_root(run)}/game/event"
+
+
+def game_fact(run: str) -> str:
+    """A canonical fact the game system adds at run time."""
+    return f"{run_root(run)}/game/fact"
+
+
+def game_error(run: str) -> str:
+    """The errors of the game system's refused messages."""
+    return f"{run_root(run)}/game/error"
 
 
 def agent_inbox_all(run: str) -> str:
@@ -147,15 +183,16 @@ def roster(run: str, shard: str) -> str:
 
 
 TopicKind = Literal[
-    "location_events", "agent_inbox", "agent_say", "player_input", "world_state", "infer_request",
-    "infer_response", "infer_worker", "status", "barrier", "trace", "roster",
+    "location_events", "agent_inbox", "agent_say", "player_input", "player_presence", "player_error", "world_state",
+    "game_event", "game_fact", "game_error", "infer_request", "infer_response", "infer_worker", "status", "barrier",
+    "trace", "roster",
 ]
 """What a topic is: the name of the function above that builds it."""
 
 
 class Topic(NamedTuple):
     """A topic read back (`parse`): its run, its kind, and the name in it (the place, agent,
-    player, shard or worker; "" for `world/state` and `infer/req`)."""
+    player, shard or worker; "" for `world/state`, `game/...` and `infer/req`)."""
 
     run: str
     kind: TopicKind
@@ -184,8 +221,18 @@ def parse(topic: str) -> Topic | None:
             kind = "agent_say"
         case ["player", name, "input"]:
             kind = "player_input"
+        case ["player", name, "presence"]:
+            kind = "player_presence"
+        case ["player", name, "error"]:
+            kind = "player_error"
         case ["world", "state"]:
             return Topic(run, "world_state")
+        case ["game", "event"]:
+            return Topic(run, "game_event")
+        case ["game", "fact"]:
+            return Topic(run, "game_fact")
+        case ["game", "error"]:
+            return Topic(run, "game_error")
         case ["infer", "req"]:
             return Topic(run, "infer_request")
         case ["infer", "resp", name]:

@@ -47,7 +47,8 @@ def recorded_inputs(dbs: list[Path]) -> list[RecordedInput]:
     rows: list[RecordedInput] = []
     for db in dbs:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-            rows += conn.execute("SELECT tick, seq, player, agent, text FROM inputs").fetchall()
+            rows += conn.execute("SELECT tick, seq, "
+                 "input ->> 'player', input ->> 'to', input ->> 'text' FROM inputs").fetchall()
     return sorted(rows)
 
 

@@ -12,7 +12,7 @@ that truncation dropped is never mentioned again. The choice is a function of th
   belief, memory) is drawn, then one of its items;
 - never a remark that repeats what was just said to it or what it said itself in the
   dialogue it kept, so two NPCs do not echo each other, nor one about the one it talks
-  to (`guard_captain wants to talk to me`, said to the guard captain), nor a memory
+  to (`guard_captain said to me: ...`, said to the guard captain), nor a memory
   whose quotation was already cut (a retelling of a retelling); and never, in its own
   words, a line it said before in that dialogue;
 - every remark is a whole sentence of its own, the item's text as written (a text that

@@ -137,7 +137,8 @@ async function older() {
 // sends none, and the page then shows the report alone.
 const ALL_CATEGORIES = ["canonical_facts", "world_state", ...CATEGORIES];
 const REASONS = { cap: "the count cap was reached", budget: "did not fit what was left",
-                  over_budget: "the mandatory content took the whole limit" };
+                  over_budget: "the mandatory content took the whole limit",
+                  duplicate: "a kept line of the dialogue says it" };
 
 function segmentItems(trace, name) {
   const r = trace.report, e = trace.explanation;
@@ -183,13 +184,14 @@ function bar(trace, chosen, newest) {
 }
 function budgetCells(name, trace) {
   const r = trace.report, e = trace.explanation, row = r[name];
-  const base = { used: row.used, kept: row.kept, dropped: row.dropped };
+  const base = { used: row.used, kept: row.kept, dropped: row.dropped + (row.duplicate || 0) };
   if (!e) return { ...base, split: row.budget, final: "", reason: "" };
   const x = e[name];
   if (x.mandatory) return { ...base, split: "mandatory", final: "", reason: "" };
   const delta = x.final - x.split;
   const final = delta ? x.final + " (" + (delta > 0 ? "+" : "") + delta + ")" : String(x.final);
-  return { ...base, split: x.split, final: final, reason: x.reason || "" };
+  const reason = [x.reason, x.duplicate ? "duplicate" : null].filter(Boolean).join(", ");
+  return { ...base, split: x.split, final: final, reason: reason };
 }
 function budgetTable(trace) {
   const r = trace.report, e = trace.explanation;
@@ -210,7 +212,7 @@ function budgetTable(trace) {
     tr.append(el("td", {}, name));
     for (const field of ["split", "final", "used", "kept", "dropped", "reason"]) {
       const td = el("td", { "data-field": field }, cells[field]);
-      if (field === "reason" && cells.reason) td.title = REASONS[cells.reason];
+      if (field === "reason" && cells.reason) td.title = cells.reason.split(", ").map(x => REASONS[x]).join("; ");
       tr.append(td);
     }
     body.append(tr);
@@ -233,7 +235,7 @@ function droppedList(trace) {
       list.append(li);
       shown += 1;
     }
-    const rest = r[c].dropped - items.length;
+    const rest = r[c].dropped + (r[c].duplicate || 0) - items.length;
     if (rest > 0) {
       const why = !e ? "" : items.length ? " older " + c + " items (npcsim audit show lists them)"
         : " " + c + " items (the run does not publish prompts)";
