@@ -22,15 +22,17 @@ Deterministic (I4): words are NFKC-normalised and case-folded; floats are combin
 fixed order (query words sorted), never through set or dict iteration order.
 
 Cost: a state is indexed once (each item's word counts, remembered per text) and cached on
-the state object like its rendering, with its base scores and order per config; an input's
-relevance is one pass of set intersections over the items, and the items it touches are
-sorted once (both remembered per input, for the retry and the explanation that follow a
-build); a build merges those with the base order, stopping at the category's cap.
+the state object like its rendering, with its base scores per config; an input's relevance
+is one pass over the items (most share no word with it, found without building a set),
+and a build takes the best items up to the category's cap from a heap, never sorting the
+rest (both remembered per input, config and cap, for the retry and the explanation that
+follow a build).
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import math
 import re
@@ -80,9 +82,9 @@ def _query(player_input: str, agent_id: str) -> tuple[str, ...]:
 
 class _Index:
     """One category's items as BM25 sees them (word counts), the relevance of each query
-    asked, and its base scores per config."""
+    asked, its base scores per config and its rankings per query, config and limit."""
 
-    __slots__ = ("average", "bases", "boosts", "counts", "importance", "lengths", "queries", "size", "ticks")
+    __slots__ = ("average", "bases", "counts", "df", "importance", "lengths", "queries", "ranked", "size", "ticks")
 
     def __init__(self, texts: Sequence[str], ticks: list[int], importance: list[float] | None) -> None:
         """`texts`, `ticks` and `importance` per item; importance None for dialogue, whose
@@ -94,9 +96,10 @@ class _Index:
         self.counts = [c for c, _ in counted]
         self.lengths = [length for _, length in counted]
         self.average = sum(self.lengths) / self.size if self.size else 0.0
+        self.df: Counter[str] | None = None
         self.queries: dict[tuple[str, ...], tuple[dict[int, float], float]] = {}
-        self.boosts: dict[tuple[tuple[str, ...], float, float, float, float, float], list[tuple[float, int]]] = {}
-        self.bases: dict[tuple[float, float, float, float], tuple[list[float], list[int]]] = {}
+        self.bases: dict[tuple[float, float, float, float], list[float]] = {}
+        self.ranked: dict[tuple[tuple[str, ...], _Weights, int | None], tuple[int, ...]] = {}
 
     def relevance(self, query: tuple[str, ...]) -> tuple[dict[int, float], float]:
         """The BM25 sum of each item the query's words touch, and what an item holding every
@@ -109,22 +112,22 @@ class _Index:
         """
         found = self.queries.get(query)
         if found is None:
-            wanted = frozenset(query)
-            touched = [(p, words) for p, c in enumerate(self.counts) if (words := c.keys() & wanted)]
-            df = Counter(word for _, words in touched for word in words)
+            if self.df is None:  # once per state: in how many items each word is
+                self.df = Counter(itertools.chain.from_iterable(self.counts))
+            df, counts = self.df, self.counts
             n, lengths, average = self.size, self.lengths, self.average
             idf = {word: math.log(1.0 + (n - k + 0.5) / (k + 0.5))
                    for word in query if 0 < 2 * (k := df.get(word, 0)) <= n}
             telling = list(idf)  # in the query's order
+            wanted = frozenset(telling)
             raw: dict[int, float] = {}
             best: dict[str, float] = {}
-            for p, held in touched:
-                if held.isdisjoint(idf):
-                    continue
-                c, total, norm_length = self.counts[p], 0.0, _K1 * (1.0 - _B + _B * lengths[p] / average)
+            touched = [p for p in range(n) if not wanted.isdisjoint(counts[p])] if wanted else []
+            for p in touched:
+                held, total, norm_length = counts[p], 0.0, _K1 * (1.0 - _B + _B * lengths[p] / average)
                 for word in telling:
                     if word in held:
-                        tf = c[word]
+                        tf = held[word]
                         weight = idf[word] * tf * (_K1 + 1.0) / (tf + norm_length)
                         total += weight
                         if weight > best.get(word, 0.0):
@@ -133,34 +136,49 @@ class _Index:
             found = self.queries[query] = (raw, sum(best[word] for word in query if word in best))
         return found
 
-    def boosted(
-        self, query: tuple[str, ...], cfg: WorkingMemoryConfig, scores: list[float]
-    ) -> tuple[dict[int, float], list[tuple[float, int]]]:
-        """The items the query touches (with their BM25 sums) and their sort keys, best first
-        (the negated score, then the negated position: ties go to the newer); remembered per
-        query and config."""
-        raw, norm = self.relevance(query)
-        key = (query, cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance,
-               cfg.relevance_weight)
-        found = self.boosts.get(key)
-        if found is None:
-            scale = cfg.relevance_weight / norm if raw else 0.0
-            found = self.boosts[key] = sorted((-(scores[p] + scale * r), -p) for p, r in raw.items())
-        return raw, found
-
-    def base(self, cfg: WorkingMemoryConfig, newest: int) -> tuple[list[float], list[int]]:
-        """Recency and importance per item, and the positions in that order (best first)."""
+    def base(self, cfg: WorkingMemoryConfig, newest: int) -> list[float]:
+        """Recency and importance per item: once per state and config."""
         key = (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance)
         found = self.bases.get(key)
-        if found is None:  # once per state and config
+        if found is None:
             importance = self.importance or [cfg.dialogue_importance] * self.size
-            scores = [
+            found = self.bases[key] = [
                 cfg.recency_weight * 0.5 ** ((newest - tick) / cfg.half_life_ticks) + cfg.importance_weight * weight
                 for tick, weight in zip(self.ticks, importance, strict=True)
             ]
-            order = [p for _, p in sorted(zip(scores, range(self.size), strict=True), reverse=True)]  # ties: the newer
-            found = self.bases[key] = (scores, order)
         return found
+
+    def top(self, query: tuple[str, ...], cfg: WorkingMemoryConfig, newest: int, limit: int | None) -> tuple[int, ...]:
+        """The positions of the `limit` best items (all with None), best first: by score, then
+        the newer first. Remembered per query, config and limit (a retry and an explanation
+        ask again)."""
+        key = (query, _weights(cfg), limit)
+        found = self.ranked.get(key)
+        if found is None:
+            totals = self.base(cfg, newest)
+            raw, norm = self.relevance(query) if cfg.relevance_weight != 0.0 else ({}, 0.0)
+            if raw:
+                scale, base = cfg.relevance_weight / norm, totals
+                totals = base.copy()
+                for p, r in raw.items():
+                    totals[p] = base[p] + scale * r
+            found = self.ranked[key] = _best(totals, limit)
+        return found
+
+
+_Weights = tuple[float, float, float, float, float]
+
+
+def _weights(cfg: WorkingMemoryConfig) -> _Weights:
+    return (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance,
+            cfg.relevance_weight)
+
+
+def _best(totals: list[float], limit: int | None) -> tuple[int, ...]:
+    """The positions of the `limit` highest totals (all with None), highest first; ties: the higher position."""
+    scored = zip(totals, range(len(totals)), strict=True)
+    best = sorted(scored, reverse=True) if limit is None else heapq.nlargest(limit, scored)
+    return tuple([p for _, p in best])
 
 
 def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
@@ -202,32 +220,26 @@ def ranking(
     `limits` stops a category's ranking after that many items (its cap): the top of the
     whole ranking, the same positions in the same order, without sorting the rest.
     """
+    return {name: _ranked(state, name, player_input, cfg, relevance, None if limits is None else limits[name])
+            for name in SCORED}
+
+
+def _ranked(
+    state: NpcState, name: str, player_input: str, cfg: WorkingMemoryConfig, relevance: Relevance | None,
+    limit: int | None,
+) -> tuple[int, ...]:
+    """One category's ranking, as `ranking` gives it."""
     indexes, newest = _indexes(state)
-    query = _query(player_input, state.agent_id)
+    index = indexes[name]
+    if limit == 0 or index.size == 0:
+        return ()
+    if limit is not None and limit >= index.size:
+        limit = None
+    if relevance is None or cfg.relevance_weight == 0.0:
+        return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
+    given = _supplied(relevance, player_input, name, getattr(state, name))
     weight = cfg.relevance_weight
-    ranked: dict[str, tuple[int, ...]] = {}
-    for name in SCORED:
-        index = indexes[name]
-        scores, order = index.base(cfg, newest)
-        limit = index.size if limits is None else min(limits[name], index.size)
-        if weight == 0.0 or limit == 0:
-            ranked[name] = tuple(order[:limit])
-            continue
-        if relevance is not None:
-            given = _supplied(relevance, player_input, name, getattr(state, name))
-            totals = [base + weight * r for base, r in zip(scores, given, strict=True)]
-            best = sorted(zip(totals, range(index.size), strict=True), reverse=True)[:limit]  # ties: the newer
-            ranked[name] = tuple(p for _, p in best)
-            continue
-        raw, boosted = index.boosted(query, cfg, scores)
-        if not raw:
-            ranked[name] = tuple(order[:limit])
-            continue
-        best = boosted[:limit]
-        best.extend((-scores[p], -p) for p in itertools.islice((p for p in order if p not in raw), limit))
-        best.sort()
-        ranked[name] = tuple(-p for _, p in best[:limit])
-    return ranked
+    return _best([base + weight * r for base, r in zip(index.base(cfg, newest), given, strict=True)], limit)
 
 
 def candidates(
@@ -247,18 +259,17 @@ def candidates(
     """
     if cfg.selection != "scored":
         return distinct(state, cfg.max_dialogue_lines), {}
-    cap = max(cfg.max_dialogue_lines, 0)
-    first = ranking(state, player_input, cfg, relevance, None if limits is None else {**limits, "episodic": 0})
-    chosen = distinct(state, cap, first["dialogue"])
-    if limits is None:
-        ranks = first
-    else:  # the memories ranked as far as the cap reaches once the duplicates are passed over
-        wanted = min(limits["episodic"] + len(chosen.duplicates), len(state.episodic))
-        ranks = {**first, "episodic": ranking(state, player_input, cfg, relevance,
-                                              {"dialogue": 0, "beliefs": 0, "episodic": wanted})["episodic"]}
+
+    def limit(name: str, more: int = 0) -> int | None:
+        return None if limits is None else limits[name] + more
+
+    beliefs = _ranked(state, "beliefs", player_input, cfg, relevance, limit("beliefs"))
+    lines = _ranked(state, "dialogue", player_input, cfg, relevance, limit("dialogue"))
+    chosen = distinct(state, cfg.max_dialogue_lines, lines)
+    # The memories ranked as far as the cap reaches once the duplicates are passed over.
+    episodic = _ranked(state, "episodic", player_input, cfg, relevance, limit("episodic", len(chosen.duplicates)))
     if chosen.duplicates:
         left_out = {id(e) for e in chosen.duplicates}
         where = {p: i for i, p in enumerate(p for p, e in enumerate(state.episodic) if id(e) not in left_out)}
-        episodic = tuple(where[p] for p in ranks["episodic"] if p in where)
-        ranks = {**ranks, "episodic": episodic if limits is None else episodic[: limits["episodic"]]}
-    return chosen, ranks
+        episodic = tuple([where[p] for p in episodic if p in where][: limit("episodic")])
+    return chosen, {"beliefs": beliefs, "episodic": episodic, "dialogue": lines}
