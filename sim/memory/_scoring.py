@@ -9,9 +9,9 @@ An item's score is
 `age` counts the ticks since the state's newest flexible item; `importance` is an episode's
 significance, a belief's confidence, `dialogue_importance` for a line; `relevance` is the
 Okapi BM25 score of the item's words (a line's text, not its speaker) against the words of
-the input and of the addressee (the NPC's id), divided by what an item holding every such word at its best weight would
-score, so it lies in [0, 1]. A `Relevance`
-callable (an embedding model, say) may supply it instead. Ties go to the newer item, so
+the input and of the addressee (the NPC's id), divided by what an item holding every such
+word at its best weight would score, so it lies in [0, 1]. A `Relevance` callable (an
+embedding model, say) may supply it instead. Ties go to the newer item, so
 the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
 
 The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
@@ -21,20 +21,20 @@ candidate lines (the first `max_dialogue_lines` of its ranking) say already
 Deterministic (I4): words are NFKC-normalised and case-folded; floats are combined in one
 fixed order (query words sorted), never through set or dict iteration order.
 
-Cost: a state is indexed once (each item's word counts, remembered per text) and cached on
-the state object like its rendering, with its base scores per config; an input's relevance
-is one pass over the items (most share no word with it, found without building a set),
-and a build takes the best items up to the category's cap from a heap, never sorting the
-rest (both remembered per input, config and cap, for the retry and the explanation that
-follow a build).
+Cost: a state is indexed once (each item's word counts, remembered per text, and in how
+many items each word is) and cached on the state object like its rendering, with its base
+scores per config; an input's relevance is one pass over the items (the items holding a
+telling word found without building a set, only those scored), and a build sorts the
+totals once, by a key, keeping the best up to the category's cap (remembered per input,
+config and cap, for the retry and the explanation that follow a build).
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 import math
+import operator
 import re
 import unicodedata
 from collections import Counter
@@ -58,6 +58,8 @@ _WORD = re.compile(r"\w+")
 _K1 = 1.2
 _B = 0.75
 _INDEX = "_npcsim_scoring"
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_TEXT, _TICK = operator.attrgetter("text"), operator.attrgetter("tick")
 Flexible = Episode | Belief | Line
 
 
@@ -92,9 +94,9 @@ class _Index:
         self.size = len(texts)
         self.ticks = ticks
         self.importance = importance
-        counted = [_counts(text) for text in texts]
-        self.counts = [c for c, _ in counted]
-        self.lengths = [length for _, length in counted]
+        counted = list(map(_counts, texts))
+        self.counts = list(map(_FIRST, counted))
+        self.lengths = list(map(_SECOND, counted))
         self.average = sum(self.lengths) / self.size if self.size else 0.0
         self.df: Counter[str] | None = None
         self.queries: dict[tuple[str, ...], tuple[dict[int, float], float]] = {}
@@ -122,7 +124,7 @@ class _Index:
             wanted = frozenset(telling)
             raw: dict[int, float] = {}
             best: dict[str, float] = {}
-            touched = [p for p in range(n) if not wanted.isdisjoint(counts[p])] if wanted else []
+            touched = list(itertools.compress(range(n), map(operator.not_, map(wanted.isdisjoint, counts))))
             for p in touched:
                 held, total, norm_length = counts[p], 0.0, _K1 * (1.0 - _B + _B * lengths[p] / average)
                 for word in telling:
@@ -175,22 +177,22 @@ def _weights(cfg: WorkingMemoryConfig) -> _Weights:
 
 
 def _best(totals: list[float], limit: int | None) -> tuple[int, ...]:
-    """The positions of the `limit` highest totals (all with None), highest first; ties: the higher position."""
-    scored = zip(totals, range(len(totals)), strict=True)
-    best = sorted(scored, reverse=True) if limit is None else heapq.nlargest(limit, scored)
-    return tuple([p for _, p in best])
+    """The positions of the `limit` highest totals (all with None), highest first; ties: the higher position
+    (a stable sort of the positions from the newest)."""
+    order = sorted(range(len(totals) - 1, -1, -1), key=totals.__getitem__, reverse=True)
+    return tuple(order if limit is None else order[:limit])
 
 
 def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
     """The state's category indexes and its newest flexible tick: computed once per state."""
     cached: tuple[dict[str, _Index], int] | None = state.__dict__.get(_INDEX)
     if cached is None:
+        beliefs, episodic, dialogue = state.beliefs, state.episodic, state.dialogue
         indexes = {
-            "beliefs": _Index([b.text for b in state.beliefs], [b.tick for b in state.beliefs],
-                              [b.confidence for b in state.beliefs]),
-            "episodic": _Index([e.text for e in state.episodic], [e.tick for e in state.episodic],
-                               [e.significance for e in state.episodic]),
-            "dialogue": _Index([line.text for line in state.dialogue], [line.tick for line in state.dialogue], None),
+            "beliefs": _Index(list(map(_TEXT, beliefs)), list(map(_TICK, beliefs)), [b.confidence for b in beliefs]),
+            "episodic": _Index(list(map(_TEXT, episodic)), list(map(_TICK, episodic)),
+                               [e.significance for e in episodic]),
+            "dialogue": _Index(list(map(_TEXT, dialogue)), list(map(_TICK, dialogue)), None),
         }
         newest = max((items[-1].tick for items in (state.beliefs, state.episodic, state.dialogue) if items),
                      default=0)
@@ -217,8 +219,8 @@ def ranking(
 ) -> dict[str, tuple[int, ...]]:
     """Per scored category, its items' positions in the state (oldest is 0), best first.
 
-    `limits` stops a category's ranking after that many items (its cap): the top of the
-    whole ranking, the same positions in the same order, without sorting the rest.
+    `limits` cuts a category's ranking after that many items (its cap): the top of the
+    whole ranking, the same positions in the same order.
     """
     return {name: _ranked(state, name, player_input, cfg, relevance, None if limits is None else limits[name])
             for name in SCORED}
