@@ -60,6 +60,7 @@ _B = 0.75
 _INDEX = "_npcsim_scoring"
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _TEXT, _TICK = operator.attrgetter("text"), operator.attrgetter("tick")
+_CONFIDENCE, _SIGNIFICANCE = operator.attrgetter("confidence"), operator.attrgetter("significance")
 Flexible = Episode | Belief | Line
 
 
@@ -144,8 +145,9 @@ class _Index:
         found = self.bases.get(key)
         if found is None:
             importance = self.importance or [cfg.dialogue_importance] * self.size
+            half_life, recency, weighted = cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight
             found = self.bases[key] = [
-                cfg.recency_weight * 0.5 ** ((newest - tick) / cfg.half_life_ticks) + cfg.importance_weight * weight
+                recency * 0.5 ** ((newest - tick) / half_life) + weighted * weight
                 for tick, weight in zip(self.ticks, importance, strict=True)
             ]
         return found
@@ -189,9 +191,9 @@ def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
     if cached is None:
         beliefs, episodic, dialogue = state.beliefs, state.episodic, state.dialogue
         indexes = {
-            "beliefs": _Index(list(map(_TEXT, beliefs)), list(map(_TICK, beliefs)), [b.confidence for b in beliefs]),
+            "beliefs": _Index(list(map(_TEXT, beliefs)), list(map(_TICK, beliefs)), list(map(_CONFIDENCE, beliefs))),
             "episodic": _Index(list(map(_TEXT, episodic)), list(map(_TICK, episodic)),
-                               [e.significance for e in episodic]),
+                               list(map(_SIGNIFICANCE, episodic))),
             "dialogue": _Index(list(map(_TEXT, dialogue)), list(map(_TICK, dialogue)), None),
         }
         newest = max((items[-1].tick for items in (state.beliefs, state.episodic, state.dialogue) if items),
