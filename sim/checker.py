@@ -4,7 +4,10 @@ It trusts nothing the builder says about itself: it sorts the state's items on i
 re-renders the prompt from the kept items with the format functions of the public
 `sim.memory.render` (it checks the builder's choices, not the format of each piece), and
 measures sizes on the rendered text. It derives the candidates on its own too: the
-memories left once those whose event a line of the dialogue's cap records are set aside.
+memories left once those whose event a candidate line of the dialogue records are set
+aside (the first `max_dialogue_lines` of its order). With `selection = "scored"` a
+category's order is the public `sim.memory.ranking` of the state, without those memories
+(it checks the choice made from the scores, not the scores' formula).
 The builder's report is only checked against what the checker measured (an `over_budget`
 flag is legitimate only when the mandatory content really exceeds the limit). Tests use it
 as the oracle; `npcsim loadtest` runs it on every snapshot.
@@ -17,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, token_counter
+from sim.memory import NpcState, Relevance, WorkingMemory, WorkingMemoryConfig, ranking, token_counter
 from sim.memory.render import (
     CATEGORY_HEADERS,
     RENDER,
@@ -66,21 +69,31 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
     return cached
 
 
-def _candidates(history: Mapping[str, list[Any]], max_dialogue_lines: int) -> dict[str, list[Any]]:
-    """The items a working memory chooses from: without a memory that a line among the
-    dialogue's newest `max_dialogue_lines` records (the line says it)."""
-    dialogue = history["dialogue"]
-    lines = dialogue[max(len(dialogue) - max_dialogue_lines, 0) :] if max_dialogue_lines > 0 else []
+def _orders(
+    state: NpcState, player_input: str, config: WorkingMemoryConfig, relevance: Relevance | None
+) -> dict[str, list[Any]]:
+    """Each category's candidates in the order it keeps them: newest first, or a scored
+    selection's ranking. A memory that a candidate line (among the first `max_dialogue_lines`
+    of the dialogue's order) records is no candidate: the line says it."""
+    orders = {name: items[::-1] for name, items in _history(state).items()}
+    if config.selection == "scored":
+        for name, rank in ranking(state, player_input, config, relevance).items():
+            items = getattr(state, name)
+            orders[name] = [items[p] for p in rank]
+    lines = orders["dialogue"][: max(config.max_dialogue_lines, 0)]
     said = {line.event for line in lines if line.event is not None}
-    return {**history, "episodic": [e for e in history["episodic"] if e.event is None or e.event not in said]}
+    orders["episodic"] = [e for e in orders["episodic"] if e.event is None or e.event not in said]
+    return orders
 
 
 def check_working_memory(
-    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory
+    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory,
+    relevance: Relevance | None = None,
 ) -> list[Violation]:
-    """Every invariant the snapshot breaks; empty when it is sound."""
+    """Every invariant the snapshot breaks; empty when it is sound (`relevance`: the one it was built with)."""
     out: list[Violation] = []
-    history = _candidates(_history(state), config.max_dialogue_lines)
+    history = _history(state)
+    orders = _orders(state, player_input, config, relevance)
     kept = {name: list(getattr(wm, name)) for name in RENDER_ORDER}
     always = {
         "canonical_facts": config.always_include_canonical_facts,
@@ -98,11 +111,12 @@ def check_working_memory(
             return False
         return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
 
-    # I3: each category is the newest contiguous run of its candidates, within its cap.
+    # I3: each category keeps the first of its candidates in its order (newest, or best
+    # ranked), rendered oldest first, within its cap.
     for name in RENDER_ORDER:
-        items, k = history[name], len(kept[name])
-        if k > len(items) or kept[name] != items[len(items) - k :]:
-            out.append(Violation("I3", f"{name}: kept items are not the newest contiguous run of the candidates"))
+        order, k = orders[name], len(kept[name])
+        if k > len(order) or kept[name] != sorted(order[:k], key=_RECENCY[name]):
+            out.append(Violation("I3", f"{name}: kept items are not the first candidates of its order"))
         if name in caps and k > caps[name]:
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
 
@@ -146,18 +160,18 @@ def check_working_memory(
     # I6: with redistribution, no next item could have been added.
     if config.redistribute_unused and not must_overflow:
         for name in RENDER_ORDER:
-            items, k = history[name], len(kept[name])
-            if always.get(name) or k >= len(items) or k >= caps.get(name, len(items)):
+            order, k = orders[name], len(kept[name])
+            if always.get(name) or k >= len(order) or k >= caps.get(name, len(order)):
                 continue
-            nxt = items[len(items) - k - 1]
+            nxt = order[k]
             if count is None:
                 # Adding an item inserts its line (and, into an empty section, the header).
                 grown = len(prompt) + len(RENDER[name](nxt)) + (len(CATEGORY_HEADERS[name]) if k == 0 else 0)
                 could = grown <= config.max_context_chars
             else:
                 candidate = dict(kept)
-                candidate[name] = [nxt, *kept[name]]
+                candidate[name] = sorted([nxt, *kept[name]], key=_RECENCY[name])
                 could = fits(_render(state, player_input, candidate, rule))
             if could:
-                out.append(Violation("I6", f"{name}: the next newest item would have fitted but was dropped"))
+                out.append(Violation("I6", f"{name}: the next item of its order would have fitted but was dropped"))
     return out

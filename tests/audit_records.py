@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sim.audit import AuditRecord, make_record
 from sim.memory import (
+    SELECTIONS,
     Belief,
     Episode,
     Fact,
@@ -58,6 +59,7 @@ def random_config(rng: random.Random) -> WorkingMemoryConfig:
         max_dialogue_lines=rng.choice([3, 10]),
         redistribute_unused=rng.random() < 0.7,
         always_include_world_state=rng.random() < 0.8,
+        selection=rng.choice(SELECTIONS),
     )
 
 

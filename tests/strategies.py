@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
+from sim.memory import SELECTIONS, Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 
 # ASCII words, combining marks, emoji, CJK, and the odd newline.
 _ALPHABET = st.sampled_from(
@@ -12,7 +12,10 @@ _ALPHABET = st.sampled_from(
      "\u0301", "\u0308", "\u20dd", "\U0001f600", "\U0001f44d", "\U0001f3fd", "\u732b", "\u738b",
      "\u6b7b", "\u00e9", "\u00df", "\u0416", "\n", "#"]
 )
-texts = st.text(_ALPHABET, min_size=0, max_size=60)
+# A few words shared by items and inputs, so that a scored selection finds relevance.
+_WORDS = st.lists(st.sampled_from(["gate", "siege", "Gate", "weather", "the", "bread", "smith", "\u738b"]),
+                  max_size=8).map(" ".join)
+texts = st.one_of(st.text(_ALPHABET, min_size=0, max_size=60), _WORDS)
 long_texts = st.one_of(texts, st.text(_ALPHABET, min_size=200, max_size=2500))
 ids = st.text("abcdefghij0123456789-", min_size=1, max_size=6)
 ticks = st.integers(min_value=0, max_value=50)
@@ -45,7 +48,12 @@ player_inputs = st.one_of(st.just(""), texts)
 
 
 @st.composite
-def configs(draw: st.DrawFn, *, tokens: bool = False, redistribute: bool | None = None) -> WorkingMemoryConfig:
+def configs(
+    draw: st.DrawFn, *, tokens: bool = False, redistribute: bool | None = None, selection: str | None = None
+) -> WorkingMemoryConfig:
+    """A config; `selection` None draws either selection (a scored one with drawn weights)."""
+    chosen = draw(st.sampled_from(SELECTIONS)) if selection is None else selection
+    weight = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.7])
     shares = draw(st.sampled_from([(0.60, 0.25, 0.15), (0.5, 0.3, 0.2), (0.0, 0.0, 1.0), (0.2, 0.2, 0.2), (1.0, 0, 0)]))
     return WorkingMemoryConfig(
         max_context_chars=draw(st.integers(min_value=0, max_value=3000)),
@@ -59,4 +67,10 @@ def configs(draw: st.DrawFn, *, tokens: bool = False, redistribute: bool | None 
         episodic_share=shares[1],
         belief_share=shares[2],
         redistribute_unused=draw(st.booleans()) if redistribute is None else redistribute,
+        selection=chosen,
+        half_life_ticks=draw(st.sampled_from([0.5, 3.0, 20.0, 1000.0])),
+        recency_weight=draw(weight),
+        importance_weight=draw(weight),
+        relevance_weight=draw(weight),
+        dialogue_importance=draw(unit),
     )

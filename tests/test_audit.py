@@ -100,6 +100,7 @@ async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pyte
         assert line.strip() in out
     shown = record.explanation().dropped()
     assert f"dropped ({len(shown)})" in out and shown and shown[0].text.split()[0] in out
+    assert f"{record.config.selection} selection, limit {record.config.max_context_chars} chars" in out
 
     target = tmp_path / "export.jsonl"
     assert main(["audit", "export", "--db", str(audit_db), "--out", str(target)]) == 0
@@ -110,10 +111,12 @@ async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pyte
     rows = [msgspec.json.decode(line) for line in target.read_bytes().splitlines()]
     for row, r in zip(rows, exported, strict=True):
         assert all(set(d) == {"category", "tick", "text", "reason"} for d in row["dropped"])
+        assert row["report"]["selection"] == r.report.selection == r.config.selection
         assert {d["reason"] for d in row["dropped"]} <= {"cap", "budget", "over_budget"}
         for name in ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs"):
             assert sum(d["category"] == name for d in row["dropped"]) == getattr(r.report, name).dropped
     assert sum(len(row["dropped"]) for row in rows) > RECORDS  # truncation dropped things: the test sees them
+    assert {row["report"]["selection"] for row in rows} == {"recency", "scored"}
     assert fingerprint(audit_db)[0] == before[0]
 
 

@@ -77,6 +77,27 @@ def test_memory_show_json_is_one_object_per_npc_and_budget(capsys: pytest.Captur
                                    "text": "The guard captain drank alone and said nothing."}
 
 
+PLANTED = "Watched the player hold the east gate against the raiders during the siege."
+
+
+def test_a_scored_selection_keeps_the_planted_memory_that_recency_drops(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled `gate` scenario: its [memory] selection is "scored"; `--selection recency` is the seed's."""
+    assert main(["memory", "show", "gate", "--json"]) == 0
+    scored = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main(["memory", "show", "gate", "--json", "--selection", "recency"]) == 0
+    recency = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row in scored:
+        assert row["report"]["selection"] == "scored" and f"- [tick 1] {PLANTED}\n" in row["prompt"], row["budget"]
+    for row in recency:
+        assert row["report"]["selection"] == "recency" and PLANTED not in row["prompt"]
+        assert {"category": "episodic", "tick": 1, "reason": "cap" if row["budget"] == "default" else "budget",
+                "text": PLANTED} in row["dropped"]
+    assert main(["memory", "show", "gate"]) == 0
+    out = capsys.readouterr().out
+    assert "gatekeeper: default budget (2000 chars, scored selection)" in out
+    assert "scored selection, limit 2000 chars: prompt" in out
+
+
 def test_memory_show_unknown_npc_and_broken_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["memory", "show", VILLAGE, "--npc", "dragon"]) == 2
     bad = tmp_path / "bad.toml"

@@ -67,6 +67,21 @@ def test_a_line_past_the_dialogue_cap_leaves_its_memory_in() -> None:
     assert check_working_memory(state, "hello", config, memory) == []
 
 
+def test_a_scored_selection_s_candidate_lines_are_the_top_of_its_ranking() -> None:
+    """Scored may keep an old line the input is about: its memory is then the duplicate, while
+    the memory of a newer line the ranking passes over is a candidate again."""
+    state = _state()
+    config = WorkingMemoryConfig(max_dialogue_lines=1, selection="scored", recency_weight=0.0,
+                                 importance_weight=0.0)
+    memory = build_working_memory(state, "guard_captain: ale?", config)
+    assert [line.event for line in memory.dialogue] == ["a"]  # the old line, not the newest
+    assert [e.id for e in memory.episodic] == ["e1", "ev:n", "ev:q"]
+    assert memory.report.episodic.duplicate == 1
+    explained = explain_truncation(state, "guard_captain: ale?", config, memory)
+    assert [(d.tick, d.reason) for d in explained.episodic.dropped] == [(5, "duplicate")]
+    assert check_working_memory(state, "guard_captain: ale?", config, memory) == []
+
+
 def test_the_line_answered_is_only_the_input() -> None:
     said = f"player: {QUESTION}"
     state = leave_out_event(_state(), "q")

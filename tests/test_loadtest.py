@@ -120,9 +120,20 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
     assert figures["violations"] == 0 and figures["snapshots"] == 500
 
 
+def test_a_scored_selection_is_checked_on_every_snapshot_and_named(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    code = main(["loadtest", "--agents", "100", "--requests", "500", "--concurrency", "0", "--processes", "1",
+                 "--selection", "scored", "--json", str(out)])
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert figures["violations"] == 0 and figures["snapshots"] == 500
+    assert figures["truncation"]["selections"] == {"recency": 0, "scored": 500}
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
+        (["--selection", "bm25"], "--selection"),
         (["--agents", "0"], "--agents"),
         (["--agents", "many"], "--agents"),
         (["--duration", "0"], "--duration"),

@@ -118,7 +118,7 @@ def test_json_of_budgets_and_a_concurrency_list(tmp_path: Path) -> None:
     assert figures["inferences"] == 160 and figures["violations"] == 0
     assert figures["max_context_chars"] == 600 and figures["concurrency"] == 2  # the first of each list
     for budget in figures["budgets"]:
-        assert set(budget["truncation"]) == {"snapshots", "over_budget_fraction", *CATEGORIES}
+        assert set(budget["truncation"]) == {"snapshots", "over_budget_fraction", "selections", *CATEGORIES}
         for category in CATEGORIES:
             assert set(budget["truncation"][category]) == TRUNCATION_KEYS
         assert budget["knee_concurrency"] in (2, None)

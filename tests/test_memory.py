@@ -172,3 +172,44 @@ def test_config_decoding_reports_the_path() -> None:
         msgspec.json.decode(b'{"max_beliefs": -1}', type=WorkingMemoryConfig)
     with pytest.raises(msgspec.ValidationError, match=r"unknown field `max_belief`"):
         msgspec.json.decode(b'{"max_belief": 1}', type=WorkingMemoryConfig)
+
+
+def _siege_state() -> NpcState:
+    episodes = [Episode("siege", 0, "Watched the player hold the east gate during the siege.", 0.9)]
+    episodes += [Episode(f"e{i:02}", i, f"The weather was mild on day {i}.", 0.2) for i in range(1, 40)]
+    return NpcState("guard", "You are the gate guard.", episodic=episodes)
+
+
+def test_scored_keeps_the_important_relevant_memory_that_recency_drops() -> None:
+    state, said = _siege_state(), "player: What happened at the east gate in the siege?"
+    recency = build_working_memory(state, said, WorkingMemoryConfig(max_context_chars=700))
+    scored = build_working_memory(state, said, WorkingMemoryConfig(max_context_chars=700, selection="scored"))
+    assert [e.id for e in recency.episodic] == ["e35", "e36", "e37", "e38", "e39"]
+    assert scored.episodic[0].id == "siege" and len(scored.episodic) == 5  # rendered in time order
+    assert scored.prompt.index("[tick 0]") < scored.prompt.index("[tick 39]")
+    assert (recency.report.selection, scored.report.selection) == ("recency", "scored")
+    # the encoding of a recency report is the seed's: the default selection is left out
+    assert b"selection" not in msgspec.msgpack.encode(recency.report)
+    assert b"scored" in msgspec.msgpack.encode(scored.report)
+
+
+def test_supplied_relevance_replaces_the_lexical_one_and_a_bad_one_is_one_line() -> None:
+    state, said = _siege_state(), "stranger: anything new?"
+    config = WorkingMemoryConfig(max_context_chars=700, selection="scored", importance_weight=0.0)
+    lexical = build_working_memory(state, said, config)
+    assert "siege" not in {e.id for e in lexical.episodic}  # no word of the input is in it
+
+    def embedding(said: str, category: str, texts: tuple[str, ...]) -> list[float]:
+        return [1.0 if "gate" in text else 0.0 for text in texts]
+
+    supplied = build_working_memory(state, said, config, relevance=embedding)
+    assert supplied.episodic[0].id == "siege"
+    for bad, message in (
+        (lambda s, c, t: [0.5], r"relevance: 1 scores for 40 episodic items"),
+        (lambda s, c, t: [2.0] * len(t), r"relevance: a beliefs score must be a number from 0 to 1, got 2\.0"),
+        (lambda s, c, t: [float("nan")] * len(t), r"a beliefs score must be a number from 0 to 1, got nan"),
+    ):
+        state_with_beliefs = msgspec.structs.replace(state, beliefs=(Belief("b", 1, "The gate holds.", 0.5),))
+        with pytest.raises(ConfigError, match=message) as refused:
+            build_working_memory(state_with_beliefs, said, config, relevance=bad)
+        assert "\n" not in str(refused.value)

@@ -18,6 +18,7 @@ from sim.memory import (
     build_working_memory,
     distinct,
     explain_truncation,
+    ranking,
     render,
 )
 from sim.scenario import load_scenario
@@ -27,12 +28,17 @@ CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs
 FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
 
-def _next_cost(state: NpcState, name: str, kept: int, config: WorkingMemoryConfig) -> int:
-    """What adding the category's next (newest dropped) candidate to the prompt would cost, in characters."""
-    candidates = distinct(state, config.max_dialogue_lines).state
-    section = render.rendered(candidates).sections[render.RENDER_ORDER.index(name)]
-    line = section.lines[len(section.lines) - kept - 1]
-    return len(line) + (len(section.header) if kept == 0 else 0)
+def _next_cost(state: NpcState, said: str, config: WorkingMemoryConfig, name: str, kept: int) -> int:
+    """What adding the category's next candidate (the first dropped in its order: the newest, or
+    the best ranked) to the prompt would cost, in characters."""
+    orders = {n: getattr(state, n)[::-1] for n in CATEGORIES}
+    ranks = ranking(state, said, config) if config.selection == "scored" else {}
+    orders.update({n: tuple(getattr(state, n)[p] for p in rank) for n, rank in ranks.items()})
+    lines = orders["dialogue"][: config.max_dialogue_lines]
+    left_out = distinct(state, config.max_dialogue_lines, ranks.get("dialogue")).duplicates
+    assert {e.event for e in left_out} <= {line.event for line in lines}  # the candidate lines say them
+    order = [item for item in orders[name] if name != "episodic" or item not in left_out]
+    return len(render.RENDER[name](order[kept])) + (len(render.CATEGORY_HEADERS[name]) if kept == 0 else 0)
 
 
 @given(states(), player_inputs, configs())
@@ -55,7 +61,7 @@ def test_dropped_counts_equal_the_report_and_every_reason_holds(state: NpcState,
             assert why.cap is not None and row.kept >= why.cap
         elif why.reason == "budget":
             assert why.cap is None or row.kept < why.cap
-            cost = _next_cost(state, name, row.kept, config)
+            cost = _next_cost(state, said, config, name, row.kept)
             if name in FLEXIBLE and not config.redistribute_unused:
                 assert row.used + cost > why.split, name  # it did not fit the category's share
             else:

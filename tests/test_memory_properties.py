@@ -1,7 +1,9 @@
-"""Property tests of the working-memory invariants I1-I8 on random states.
+"""Property tests of the working-memory invariants I1-I8 on random states, for both selections.
 
 The independent checker (sim.checker) is the oracle for I1, I2, I3, I6 and I8; I4, I5 and
-I7 are asserted here directly, and I8 once more on the prompt's text. The CI profile runs 2,000 examples per invariant.
+I7 are asserted here directly, and I8 once more on the prompt's text. The configs drawn use
+either selection ("recency" or "scored"), unless a test names one. The CI profile runs
+2,000 examples per invariant.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.checker import check_working_memory
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, distinct
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, distinct, ranking
 from tests.strategies import configs, player_inputs, states
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +43,7 @@ def test_i2_prompt_within_budget_unless_flagged(state: NpcState, said: str, conf
 
 
 @given(states(), player_inputs, configs())
-def test_i3_newest_contiguous_run_within_caps(state: NpcState, said: str, config) -> None:
+def test_i3_first_of_the_order_within_caps(state: NpcState, said: str, config) -> None:
     assert violations(state, said, config, "I3") == []
 
 
@@ -59,7 +61,8 @@ def test_i8_nothing_said_twice(state: NpcState, said: str, config) -> None:
     for episode in state.episodic:
         if episode.event in said_by_lines:
             assert episode not in wm.episodic
-    left_out = distinct(state, config.max_dialogue_lines).duplicates
+    ranked = ranking(state, said, config)["dialogue"] if config.selection == "scored" else None
+    left_out = distinct(state, config.max_dialogue_lines, ranked).duplicates
     assert wm.report.episodic.duplicate == len(left_out)
     assert wm.report.episodic.kept + wm.report.episodic.dropped + len(left_out) == len(state.episodic)
 
@@ -96,7 +99,8 @@ def test_i4_deterministic_across_hash_seeds() -> None:
         "s = load_scenario('scenarios/village.toml')\n"
         "h = hashlib.sha256()\n"
         "for n in s.npcs:\n"
-        "    for c in (WorkingMemoryConfig(), WorkingMemoryConfig(max_context_chars=600)):\n"
+        "    for c in (WorkingMemoryConfig(), WorkingMemoryConfig(max_context_chars=600),\n"
+        "              WorkingMemoryConfig(max_context_chars=600, selection='scored')):\n"
         "        h.update(msgspec.msgpack.encode(build_working_memory(s.initial_state(n.id), 'hi', c)))\n"
         "print(h.hexdigest())\n"
     )
@@ -166,8 +170,62 @@ def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> 
     return kept
 
 
-@given(states(), player_inputs, configs(redistribute=False))
+@given(states(), player_inputs, configs(redistribute=False, selection="recency"))
 def test_i7_seed_split_reproduced_without_redistribution(state: NpcState, said: str, config) -> None:
     config = msgspec.structs.replace(config, always_include_canonical_facts=True, always_include_world_state=True)
     wm = build_working_memory(state, said, config)
     assert {name: getattr(wm.report, name).kept for name in FLEXIBLE} == _seed_reference(state, said, config)
+
+
+@given(states(), player_inputs, configs(selection="scored"))
+def test_scored_keeps_the_top_of_its_ranking_in_time_order(state: NpcState, said: str, config) -> None:
+    """I3 restated, on its own: the kept items are the first of the ranking, rendered oldest
+    first; a memory that one of the dialogue's first `max_dialogue_lines` lines says is passed over."""
+    wm = build_working_memory(state, said, config)
+    ranks = ranking(state, said, config)
+    left_out = distinct(state, config.max_dialogue_lines, ranks["dialogue"]).duplicates
+    for name in FLEXIBLE:
+        rank, kept = ranks[name], getattr(wm, name)
+        items = getattr(state, name)
+        assert sorted(rank) == list(range(len(items)))  # a permutation of the items
+        chosen = [p for p in rank if name != "episodic" or items[p] not in left_out]
+        assert kept == tuple(items[p] for p in sorted(chosen[: len(kept)])), name
+
+
+@given(states(), player_inputs, configs(selection="scored"))
+def test_scored_with_recency_alone_is_the_recency_selection(state: NpcState, said: str, config) -> None:
+    """Weights (w, 0, 0): the ranking is newest first (ties go to the newer), so the prompt is recency's."""
+    only_recency = msgspec.structs.replace(config, recency_weight=max(config.recency_weight, 0.5),
+                                           importance_weight=0.0, relevance_weight=0.0)
+    scored = build_working_memory(state, said, only_recency)
+    recency = build_working_memory(state, said, msgspec.structs.replace(only_recency, selection="recency"))
+    assert scored.prompt == recency.prompt
+    assert scored.report.selection == "scored" and recency.report.selection == "recency"
+
+
+def _given_scores(said: str, category: str, texts: tuple[str, ...]) -> list[float]:
+    """A stand-in for an embedding model: any deterministic function of the texts."""
+    return [(len(text) * 7 + len(said) + len(category)) % 11 / 10 for text in texts]
+
+
+@given(states(), player_inputs, configs(selection="scored"), st.randoms(use_true_random=False))
+def test_supplied_relevance_is_deterministic_and_sound(
+    state: NpcState, said: str, config, rng: random.Random
+) -> None:
+    first = build_working_memory(state, said, config, relevance=_given_scores)
+    again = build_working_memory(_shuffled(state, rng), said, config, relevance=_given_scores)
+    assert msgspec.msgpack.encode(first) == msgspec.msgpack.encode(again)
+    assert check_working_memory(state, said, config, first, relevance=_given_scores) == []
+
+
+@given(states(), player_inputs, configs(selection="scored"), st.integers(0, 30))
+def test_a_ranking_cut_at_a_limit_is_the_top_of_the_whole_ranking(
+    state: NpcState, said: str, config, limit: int
+) -> None:
+    """The builder ranks only up to each cap; the explanation and the checker rank everything."""
+    whole = ranking(state, said, config)
+    cut = ranking(state, said, config, limits=dict.fromkeys(FLEXIBLE, limit))
+    again = ranking(state, said, config)  # the per-input memory changes nothing
+    assert whole == again
+    for name in FLEXIBLE:
+        assert cut[name] == whole[name][:limit], name

@@ -100,6 +100,34 @@ def test_bad_memory_config_in_scenario_names_the_field() -> None:
 
 
 @pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ('selection = "bm25"', r"Invalid enum value 'bm25' - at `\$\.memory\.selection`"),
+        ("recency_weight = -1", r"recency_weight must be a number >= 0, got -1\.0"),
+        ("relevance_weight = -0.5", r"relevance_weight must be a number >= 0, got -0\.5"),
+        ("importance_weight = nan", r"importance_weight must be a number >= 0, got nan"),
+        ("half_life_ticks = 0", r"half_life_ticks must be a number > 0, got 0\.0"),
+        ("half_life_ticks = inf", r"half_life_ticks must be a number > 0, got inf"),
+        ("dialogue_importance = 1.5", r"dialogue_importance must be a number from 0 to 1, got 1\.5"),
+    ],
+)
+def test_bad_selection_settings_are_one_line_errors(setting: str, needle: str) -> None:
+    with pytest.raises(ScenarioError, match=rf"^v\.toml:\d+: {needle}") as refused:
+        scored = "" if setting.startswith("selection") else 'selection = "scored"\n'
+        parse_scenario(f"{VILLAGE_TOML}\n[memory]\n{scored}{setting}\n", source="v.toml")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_scored_selection_is_read_from_the_memory_table() -> None:
+    settings = ('selection = "scored"\nhalf_life_ticks = 5\nrecency_weight = 0.5\nimportance_weight = 2\n'
+                "relevance_weight = 1.5\ndialogue_importance = 0.25\n")
+    memory = parse_scenario(VILLAGE_TOML + "\n[memory]\n" + settings, source="v.toml").memory
+    assert (memory.selection, memory.half_life_ticks, memory.recency_weight, memory.importance_weight,
+            memory.relevance_weight, memory.dialogue_importance) == ("scored", 5.0, 0.5, 2.0, 1.5, 0.25)
+    assert parse_scenario(VILLAGE_TOML, source="v.toml").memory.selection == "recency"
+
+
+@pytest.mark.parametrize(
     ("old", "new", "needle"),
     [
         ('key = "king"', 'key = "<b>k</b>"', r"world\[0\], key '<b>k</b>': the world-state topic carries only keys"),

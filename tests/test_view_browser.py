@@ -340,6 +340,7 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
         limit = await asyncio.to_thread(text_of, browser, "budget-limit")
         assert limit.startswith(f"limit 700 chars (the whole prompt): {record.report.prompt_chars} used; "
                                 f"mandatory {record.report.mandatory_chars}")
+        assert limit.endswith("; recency selection"), limit
         table = await asyncio.to_thread(read_budget_table, browser)
         assert table["mandatory"]["split"] == "—" and table["canonical_facts"]["split"] == "mandatory"
         for name in ("dialogue", "episodic", "beliefs"):

@@ -114,6 +114,7 @@ async def test_compare_serves_both_memories_with_what_the_other_lost_and_gained(
     assert early["this"]["record"] is None and early["other"]["record"] is None  # it had not spoken by tick 0
     this, other = newest_memory_items(wide, "snack_machine"), newest_memory_items(tight, "snack_machine")
     assert sides["this"]["limit_chars"] > 700 and sides["other"]["limit_chars"] == 700
+    assert sides["this"]["selection"] == sides["other"]["selection"] == "recency"
     lost = {c: [t for t in this[c] if t not in other[c]] for c in this}
     gained = {c: [t for t in other[c] if t not in this[c]] for c in this}
     assert any(lost.values()), "the tighter budget lost nothing: no test"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sim.audit import AuditRecord
 from sim.cli import main
-from sim.memory import build_working_memory
+from sim.memory import SELECTIONS, build_working_memory
 from sim.replay import CATEGORIES, parse_overrides, what_if
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
@@ -76,7 +76,7 @@ async def test_a_lower_budget_reports_exactly_what_the_builder_drops(
     assert report["records"] == len(recorded) > 0
     for budget, variant in zip(BUDGETS, report["variants"], strict=True):
         assert variant["label"] == f"max_context_chars={budget}"
-        assert f"max_context_chars={budget}\t{len(recorded)}\t" in table
+        assert f"max_context_chars={budget}\trecency (recency)\t{len(recorded)}\t" in table
         expected = [c for r in recorded for c in expected_changes(r, max_context_chars=budget)]
         assert any(kind == "lost" for _, _, kind, _ in expected), "the lower budget drops nothing: no test"
         assert sorted(reported_changes(variant)) == sorted(expected)
@@ -96,6 +96,25 @@ async def test_a_lower_budget_reports_exactly_what_the_builder_drops(
         assert variant["over_budget"] == sum(m.report.over_budget for m in rebuilt)
         assert variant["prompt_chars_max"] == max(m.report.prompt_chars for m in rebuilt)
         assert variant["canonical_facts_present_percent"] == variant["world_state_present_percent"] == 100.0
+
+
+@pytest.mark.mosquitto
+async def test_a_scored_selection_reports_the_items_gained_and_lost(
+    village_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--set selection=scored` against a recency run: the kept sets differ, not only their sizes."""
+    out = tmp_path / "scored.json"
+    assert main(["replay", "--db", str(village_db), "--set", "selection=scored", "--set", "max_context_chars=900",
+                 "--examples", "1000000", "--json", str(out), "--jobs", "2"]) == 0
+    table = capsys.readouterr().out
+    recorded = records(village_db)
+    [variant] = json.loads(out.read_text())["variants"]
+    assert f"selection=scored max_context_chars=900\tscored (recency)\t{len(recorded)}\t" in table
+    assert variant["selections"] == {"recency": 0, "scored": len(recorded)}
+    assert variant["recorded_selections"] == {"recency": len(recorded), "scored": 0}
+    expected = [c for r in recorded for c in expected_changes(r, selection="scored", max_context_chars=900)]
+    assert sorted(reported_changes(variant)) == sorted(expected)
+    assert {kind for _, _, kind, _ in expected} == {"lost", "gained"}, "no item moved both ways: no test"
 
 
 @pytest.mark.mosquitto
@@ -133,6 +152,9 @@ async def test_a_recorded_budget_changes_nothing(village_db: Path, tmp_path: Pat
     ("max_context_chars=lots", "max_context_chars must be a whole number >= 0, got 'lots'"),
     ("belief_share=1.5", "belief_share must be a number from 0 to 1, got '1.5'"),
     ("redistribute_unused=maybe", "redistribute_unused must be true or false"),
+    ("selection=bm25", "selection must be 'recency' or 'scored', got 'bm25'"),
+    ("relevance_weight=-1", "relevance_weight must be a number >= 0, got '-1'"),
+    ("half_life_ticks=0", "half_life_ticks must be a number > 0, got '0'"),
     ("npc.nobody.max_beliefs=1", "no NPC 'nobody' in the store's records"),
     ("dialogue_share=0.9", "dialogue_share + episodic_share + belief_share must be <= 1"),
     ("max_context_chars", "expected KEY=VALUE"),
@@ -168,19 +190,28 @@ def test_several_swept_keys_are_every_combination() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), budget=st.integers(0, 4000), redistribute=st.booleans())
-def test_what_if_counts_the_items_between_the_kept_runs(seed: int, budget: int, redistribute: bool) -> None:
-    """On random records: the tally's counts are the items the two builds keep apart, and sizes add up."""
+@given(seed=st.integers(0, 10_000), budget=st.integers(0, 4000), redistribute=st.booleans(),
+       selection=st.sampled_from(SELECTIONS))
+def test_what_if_counts_the_items_the_two_builds_keep_apart(
+    seed: int, budget: int, redistribute: bool, selection: str
+) -> None:
+    """On random records (either selection): the tally's counts are the items the two builds
+    keep apart, and sizes add up."""
     rng = random.Random(seed)
     batch = [random_record(rng, n) for n in range(8)]
-    [variant] = parse_overrides([f"max_context_chars={budget}", f"redistribute_unused={str(redistribute).lower()}"])
+    [variant] = parse_overrides([f"max_context_chars={budget}", f"redistribute_unused={str(redistribute).lower()}",
+                                 f"selection={selection}"])
     [tally] = what_if(batch, [variant], examples=1000)
     expected = [c for r in batch for c in expected_changes(r, max_context_chars=budget,
-                                                             redistribute_unused=redistribute, on_overflow="keep")]
+                                                             redistribute_unused=redistribute, on_overflow="keep",
+                                                             selection=selection)]
     assert sorted(reported_changes({"examples": msgspec.to_builtins(tally.examples)})) == sorted(expected)
     assert tally.inferences == len(batch)
     rebuilt = [build_working_memory(r.state, r.player_input, msgspec.structs.replace(
-        r.config, max_context_chars=budget, redistribute_unused=redistribute, on_overflow="keep")) for r in batch]
+        r.config, max_context_chars=budget, redistribute_unused=redistribute, on_overflow="keep",
+        selection=selection)) for r in batch]
+    assert tally.selections == {"recency": 0, "scored": 0, selection: len(batch)}
+    assert tally.recorded_selections == {s: sum(r.config.selection == s for r in batch) for s in SELECTIONS}
     assert tally.facts == sum(len(r.state.canonical_facts) for r in batch)
     assert tally.facts_present == sum(len(m.canonical_facts) for m in rebuilt)
     assert tally.world_present == sum(len(m.world_state) for m in rebuilt)

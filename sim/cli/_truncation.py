@@ -16,7 +16,7 @@ import msgspec
 from sim.cli._terminal import Out
 from sim.memory import TruncationExplanation, TruncationReport
 
-__all__ = ["dropped_json", "print_truncation"]
+__all__ = ["dropped_json", "print_truncation", "report_json"]
 
 _CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
 _REPORT_COLUMNS = ("category", "split", "after redistribution", "used", "kept", "dropped", "reason")
@@ -51,14 +51,16 @@ def _report_caption(report: TruncationReport, explanation: TruncationExplanation
     tokens = f", {report.prompt_tokens}/{report.limit_tokens} tokens" if report.limit_tokens else ""
     flag = " OVER BUDGET" if report.over_budget else ""
     return (
-        f"limit {report.limit_chars} chars: prompt {report.prompt_chars}{tokens}; mandatory {report.mandatory_chars}, "
-        f"split between the others {max(explanation.flexible_chars, 0)}, left unused {explanation.unused_chars}{flag}"
+        f"{report.selection} selection, limit {report.limit_chars} chars: prompt {report.prompt_chars}{tokens}; "
+        f"mandatory {report.mandatory_chars}, split between the others {max(explanation.flexible_chars, 0)}, "
+        f"left unused {explanation.unused_chars}{flag}"
     )
 
 
 def print_truncation(out: Out, report: TruncationReport, explanation: TruncationExplanation) -> None:
-    """The report's table (its caption on a line of its own in a pipe), then every dropped item,
-    newest first in each category, and what the reasons mean."""
+    """The report's table (its caption, naming the selection, on a line of its own in a pipe), then
+    every dropped item, in each category's order (newest, or best ranked, first), and what the
+    reasons mean."""
     caption = _report_caption(report, explanation)
     out.table(_REPORT_COLUMNS, _report_rows(explanation), caption=caption,
               right=("split", "after redistribution", "used", "kept", "dropped"), header=True)
@@ -82,3 +84,10 @@ def print_truncation(out: Out, report: TruncationReport, explanation: Truncation
 def dropped_json(explanation: TruncationExplanation) -> list[dict[str, Any]]:
     """Each dropped item as `{"category", "tick", "text", "reason"}` (tick null for facts and world state)."""
     return [msgspec.to_builtins(item) for item in explanation.dropped()]
+
+
+def report_json(report: TruncationReport) -> dict[str, Any]:
+    """The report as JSON, naming its selection even when it is the default (the encoding leaves it out)."""
+    row: dict[str, Any] = msgspec.to_builtins(report)
+    row["selection"] = report.selection
+    return row

@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="what-if with the recorded replies: a working-memory setting (max_context_chars, "
                         "max_context_tokens, max_episodic_memories, max_beliefs, max_dialogue_lines, "
-                        "dialogue_share, episodic_share, belief_share, redistribute_unused), npc.ID.KEY for one "
+                        "dialogue_share, episodic_share, belief_share, redistribute_unused, selection, "
+                        "half_life_ticks, recency_weight, importance_weight, relevance_weight, "
+                        "dialogue_importance), npc.ID.KEY for one "
                         "NPC; a comma list sweeps values; repeatable (every combination is a variant)")
     parser.add_argument("--examples", type=_examples, default=0, metavar="N",
                         help="with --set: show up to N items lost and gained per category")
@@ -122,6 +124,8 @@ def _report(dbs: list[str], records: int, variants: list[Variant], tallies: list
                 "recorded_over_budget": t.recorded_over_budget,
                 "duplicate": t.duplicate,
                 "recorded_duplicate": t.recorded_duplicate,
+                "selections": t.selections,
+                "recorded_selections": t.recorded_selections,
                 "canonical_facts_present_percent": _percent(t.facts_present, t.facts),
                 "world_state_present_percent": _percent(t.world_present, t.world),
                 "examples": [msgspec.to_builtins(c) for c in t.examples],
@@ -136,6 +140,12 @@ def _present(part: int, whole: int) -> Piece:
     return (f"{share:g} %", "" if share == 100.0 else "bold red")
 
 
+def _selections(counts: dict[str, int]) -> str:
+    """Which selection built the memories: its name, or each one's count when they differ."""
+    used = [(name, n) for name, n in counts.items() if n]
+    return used[0][0] if len(used) == 1 else ", ".join(f"{name} {n}" for name, n in used)
+
+
 def _item_text(item: dict[str, Any]) -> str:
     if "speaker" in item:
         return f"{item['speaker']}: {item['text']}"
@@ -146,9 +156,11 @@ def _item_text(item: dict[str, Any]) -> str:
 
 def _print(out: Out, tallies: list[Tally], examples: int) -> None:
     out.table(
-        ("variant", "inferences", "prompts changed", "items lost", "items gained", "mean chars (recorded)",
-         "max chars", "over budget (recorded)", "duplicate (recorded)", "facts present", "world present"),
-        [(t.label, str(t.inferences), str(t.prompts_changed), str(sum(t.lost.values())), str(sum(t.gained.values())),
+        ("variant", "selection (recorded)", "inferences", "prompts changed", "items lost", "items gained",
+         "mean chars (recorded)", "max chars", "over budget (recorded)", "duplicate (recorded)", "facts present",
+         "world present"),
+        [(t.label, f"{_selections(t.selections)} ({_selections(t.recorded_selections)})", str(t.inferences),
+          str(t.prompts_changed), str(sum(t.lost.values())), str(sum(t.gained.values())),
           f"{_mean(t.chars, t.inferences):g} ({_mean(t.recorded_chars, t.inferences):g})", str(t.chars_max),
           f"{t.over_budget} ({t.recorded_over_budget})", f"{t.duplicate} ({t.recorded_duplicate})",
           _present(t.facts_present, t.facts),

@@ -35,7 +35,7 @@ from rich.syntax import Syntax
 from sim.audit import AuditRecord, ReplayTally, replay, replay_records
 from sim.cli._options import add_backend_arguments, backend_options
 from sim.cli._terminal import Out, json_line, printable
-from sim.cli._truncation import dropped_json, print_truncation
+from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
 from sim.inference import gate_difference
 from sim.inference.backends import served_now
@@ -303,6 +303,7 @@ def export_command(args: argparse.Namespace) -> int:
         for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
             row = msgspec.to_builtins(record)
             row["proposals"] = _export_proposals(record)
+            row["report"] = report_json(record.report)
             row["dropped"] = dropped_json(record.explanation())
             # on standard output (maybe a terminal) the run's text is escaped, as JSON escapes: same data
             out.write((json_line(row).encode() if args.out is None else encoder.encode(row)) + b"\n")

@@ -31,7 +31,7 @@ from sim.loadtest import (
     run_loadtest,
     write_plot,
 )
-from sim.memory import WorkingMemoryConfig, build_working_memory
+from sim.memory import SELECTIONS, Selection, WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress
 
 __all__ = ["loadtest_command", "register"]
@@ -102,11 +102,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", type=_output, default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", type=_output, default=None, metavar="FILE",
                    help="write a PNG of throughput and latency over time (extra 'plot')")
+    p.add_argument("--selection", choices=SELECTIONS, default="recency",
+                   help="how each working memory chooses its items (default recency; docs/working-memory.md)")
     add_metrics_argument(p)
     p.set_defaults(func=loadtest_command, builder=build_working_memory)
 
 
-def _budgets(chars: tuple[int, ...], tokens: tuple[int, ...] | None) -> tuple[WorkingMemoryConfig, ...]:
+def _budgets(
+    chars: tuple[int, ...], tokens: tuple[int, ...] | None, selection: Selection
+) -> tuple[WorkingMemoryConfig, ...]:
     """The budgets to run: the two lists paired up, a single value standing for every budget."""
     token_list: tuple[int | None, ...] = tokens or (None,)
     if len(chars) > 1 and len(token_list) > 1 and len(chars) != len(token_list):
@@ -118,7 +122,8 @@ def _budgets(chars: tuple[int, ...], tokens: tuple[int, ...] | None) -> tuple[Wo
     pairs = zip(chars * n if len(chars) == 1 else chars, token_list * n if len(token_list) == 1 else token_list,
                 strict=True)
     try:
-        return tuple(WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t) for c, t in pairs)
+        return tuple(WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t, selection=selection)
+                     for c, t in pairs)
     except ConfigError as exc:
         raise ConfigError(f"--max-context-tokens: {exc}") from exc
 
@@ -133,7 +138,7 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         raise ConfigError("--concurrency 0 with --processes 0: nothing would run")
     if levels == (0,) and args.broker is not None:
         raise ConfigError("--broker needs round trips: --concurrency must be >= 1")
-    memories = _budgets(args.max_context_chars, args.max_context_tokens)
+    memories = _budgets(args.max_context_chars, args.max_context_tokens, args.selection)
     duration = args.duration if args.duration is not None or args.requests is not None else 10.0
     return LoadTestConfig(
         agents=args.agents, duration_s=duration, requests=args.requests,

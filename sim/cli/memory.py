@@ -13,9 +13,10 @@ import msgspec
 
 from sim.cli._options import whole
 from sim.cli._terminal import Out
-from sim.cli._truncation import dropped_json, print_truncation
+from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError
 from sim.memory import (
+    SELECTIONS,
     NpcState,
     TruncationExplanation,
     WorkingMemory,
@@ -37,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("--tight", type=whole(1), default=600, metavar="CHARS", help="the tight budget (default 600)")
     show.add_argument("--tokens", type=whole(1), default=None, metavar="T", help="also limit to T tokens (cl100k)")
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
+    show.add_argument("--selection", choices=SELECTIONS, default=None,
+                      help="how memories are chosen (default: the scenario's [memory] selection)")
     show.add_argument("--json", action="store_true",
                       help="JSON Lines: one object per NPC and budget (npc, budget, limits, prompt, report, dropped)")
     show.set_defaults(func=show_command)
@@ -54,6 +57,8 @@ def show_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     out = Out()
     default = scenario.memory
+    if args.selection is not None:
+        default = msgspec.structs.replace(default, selection=args.selection)
     if args.tokens is not None:
         default = msgspec.structs.replace(default, max_context_tokens=args.tokens)
     tight = msgspec.structs.replace(default, max_context_chars=args.tight)
@@ -83,7 +88,7 @@ def _as_json(
 ) -> dict[str, Any]:
     """One JSON line: the NPC, the budget, the prompt, the report and the dropped list."""
     return {"npc": npc, "budget": label, "max_context_chars": config.max_context_chars,
-            "max_context_tokens": config.max_context_tokens, "prompt": wm.prompt, "report": wm.report,
+            "max_context_tokens": config.max_context_tokens, "prompt": wm.prompt, "report": report_json(wm.report),
             "dropped": dropped_json(explanation)}
 
 
@@ -91,6 +96,6 @@ def _show_one(
     out: Out, npc_id: str, label: str, config: WorkingMemoryConfig, wm: WorkingMemory,
     explanation: TruncationExplanation,
 ) -> None:
-    out.block(f"{npc_id}: {label} ({config.max_context_chars} chars)", wm.prompt)
+    out.block(f"{npc_id}: {label} ({config.max_context_chars} chars, {config.selection} selection)", wm.prompt)
     print_truncation(out, wm.report, explanation)
     out.blank()

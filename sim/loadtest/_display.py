@@ -102,10 +102,18 @@ def _budget_name(chars: int, tokens: int | None) -> str:
     return f"{chars:,} ch" + (f"/{tokens:,} tok" if tokens else "")
 
 
+def _selection(figures: TruncationFigures) -> str:
+    """The selection that built the snapshots (each one's count if more than one did)."""
+    used = [(name, n) for name, n in figures.selections.items() if n]
+    return used[0][0] if len(used) == 1 else " + ".join(f"{name} {n:,}" for name, n in used) or "none built"
+
+
 def _truncation_section(r: LoadTestResult) -> Section:
-    """Per category and budget: how often it was cut, items kept/dropped/duplicate, how full its budget was."""
+    """Per category, budget and selection: how often it was cut, items kept/dropped/duplicate,
+    how full its budget was."""
     named: list[tuple[str, TruncationFigures]] = [
-        (_budget_name(b.max_context_chars, b.max_context_tokens), b.truncation) for b in r.budgets
+        (f"{_budget_name(b.max_context_chars, b.max_context_tokens)}, {_selection(b.truncation)}", b.truncation)
+        for b in r.budgets
     ]
     rows: list[tuple[Cell, ...]] = []
     for category in CATEGORIES:

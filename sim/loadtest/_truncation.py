@@ -15,7 +15,8 @@ canonical facts, world state, scaffolding):
   can exceed 1. For the mandatory part the "budget" is the whole limit: it says how much
   of the limit is gone before any memory gets a character (> 1 when over budget).
 
-Sizes are in characters. A `TruncationTally` is a plain sum, so the sweep processes ship
+Sizes are in characters. `selections` counts the snapshots each selection built
+("recency", "scored"). A `TruncationTally` is a plain sum, so the sweep processes ship
 deltas of it to the parent as they do their histograms.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sim.memory import CategoryReport, TruncationReport
+from sim.memory import SELECTIONS, CategoryReport, TruncationReport
 
 __all__ = ["CATEGORIES", "CategoryTruncation", "TallyWire", "TruncationFigures", "TruncationTally"]
 
@@ -46,6 +47,7 @@ class TruncationFigures(msgspec.Struct, frozen=True, kw_only=True):
 
     snapshots: int
     over_budget_fraction: float
+    selections: dict[str, int]
     mandatory: CategoryTruncation
     dialogue: CategoryTruncation
     episodic: CategoryTruncation
@@ -58,17 +60,19 @@ class TallyWire(msgspec.Struct, frozen=True, kw_only=True):
     snapshots: int
     over_budget: int
     sums: list[float]
+    selections: list[int]  # in the order of SELECTIONS
 
 
 class TruncationTally:
     """Running sums of the truncation reports of many snapshots; merge with `merge`."""
 
-    __slots__ = ("over_budget", "snapshots", "sums")
+    __slots__ = ("over_budget", "selections", "snapshots", "sums")
 
     def __init__(self) -> None:
         self.snapshots = 0
         self.over_budget = 0
         self.sums = [0.0] * (_FIELDS * len(CATEGORIES))
+        self.selections = [0] * len(SELECTIONS)
 
     def _add(self, slot: int, cut: bool, kept: int, dropped: int, used: int, budget: int, duplicate: int = 0) -> None:
         base = slot * _FIELDS
@@ -87,6 +91,7 @@ class TruncationTally:
     def record(self, report: TruncationReport) -> None:
         self.snapshots += 1
         self.over_budget += report.over_budget
+        self.selections[SELECTIONS.index(report.selection)] += 1
         facts, world = report.canonical_facts, report.world_state
         self._add(0, facts.dropped + world.dropped > 0, facts.kept + world.kept, facts.dropped + world.dropped,
                   report.mandatory_chars, report.limit_chars)
@@ -98,15 +103,18 @@ class TruncationTally:
         self.snapshots += other.snapshots
         self.over_budget += other.over_budget
         self.sums = [a + b for a, b in zip(self.sums, other.sums, strict=True)]
+        self.selections = [a + b for a, b in zip(self.selections, other.selections, strict=True)]
 
     def to_wire(self) -> TallyWire:
-        return TallyWire(snapshots=self.snapshots, over_budget=self.over_budget, sums=list(self.sums))
+        return TallyWire(snapshots=self.snapshots, over_budget=self.over_budget, sums=list(self.sums),
+                         selections=list(self.selections))
 
     @classmethod
     def from_wire(cls, wire: TallyWire) -> TruncationTally:
         tally = cls()
         tally.snapshots, tally.over_budget = wire.snapshots, wire.over_budget
         tally.sums = [float(x) for x in wire.sums]
+        tally.selections = list(wire.selections)
         return tally
 
     def figures(self) -> TruncationFigures:
@@ -125,6 +133,7 @@ class TruncationTally:
         return TruncationFigures(
             snapshots=self.snapshots,
             over_budget_fraction=round(self.over_budget / n, 4),
+            selections=dict(zip(SELECTIONS, self.selections, strict=True)),
             mandatory=category(0),
             dialogue=category(1),
             episodic=category(2),

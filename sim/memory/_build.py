@@ -4,7 +4,8 @@
 bytes. Sizes are exact because the prompt is a concatenation of pieces whose sizes the
 rendering computed once per state (see `sim.memory.render.rendered`); what each category
 keeps is chosen in `sim.memory._selection`, among the candidates `sim.memory._duplicates`
-leaves: no item that another one already says.
+leaves (no item that another one already says), in the order of the config's selection:
+newest first, or `sim.memory._scoring`'s ranking of those candidates.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
-from sim.memory._budget import WorkingMemoryConfig, token_counter
-from sim.memory._duplicates import distinct
+from sim.memory._budget import Selection, WorkingMemoryConfig, token_counter
+from sim.memory._scoring import Relevance, candidates
 from sim.memory._selection import (
     ALWAYS,
     BELIEFS,
@@ -32,7 +33,7 @@ from sim.memory._selection import (
     select,
 )
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory.render import RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
+from sim.memory.render import RENDER_ORDER, RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]
 
@@ -58,7 +59,10 @@ class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
     used_tokens: int | None = None
 
 
-class TruncationReport(msgspec.Struct, frozen=True, kw_only=True):
+class TruncationReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the budget did to one working memory; `selection` names how the flexible
+    categories chose (left out of the encoding when it is the default, "recency")."""
+
     limit_chars: int
     limit_tokens: int | None
     mandatory_chars: int
@@ -71,6 +75,7 @@ class TruncationReport(msgspec.Struct, frozen=True, kw_only=True):
     dialogue: CategoryReport
     episodic: CategoryReport
     beliefs: CategoryReport
+    selection: Selection = "recency"
 
 
 class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -129,22 +134,24 @@ def build_working_memory(
     config: WorkingMemoryConfig | None = None,
     *,
     prohibition: str | None = None,
+    relevance: Relevance | None = None,
 ) -> WorkingMemory:
     """Build a fresh, immutable working memory for one inference.
 
     `prohibition` makes it a retry's memory: the rule is mandatory content inside the same
-    budget, so flexible items make room for it.
+    budget, so flexible items make room for it. `relevance` supplies a scored selection's
+    relevance scores (`sim.memory.Relevance`) instead of the lexical ones.
     """
     cfg = _DEFAULT_CONFIG if config is None else config
-    candidates = distinct(state, cfg.max_dialogue_lines)
-    state = candidates.state  # from here on, what is chosen from
+    caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
+    chosen, ranks = candidates(state, player_input, cfg, relevance, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
+    state = chosen.state  # from here on, what is chosen from
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))
     always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
-    caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
     shares = (0.0, 0.0, cfg.belief_share, cfg.episodic_share, cfg.dialogue_share)
     categories = [
-        Category(section, cap, flag, kept=len(section.lines) if flag else 0)
+        Category(section, cap, flag, section.newest_sums, kept=len(section.lines) if flag else 0)
         for section, cap, flag in zip(rendering.sections, caps, always, strict=True)
     ]
 
@@ -170,6 +177,9 @@ def build_working_memory(
         if cfg.on_overflow == "raise":
             raise OverBudgetError(_over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
     else:
+        if ranks:
+            for i in FLEXIBLE:
+                categories[i].order_by(ranks[RENDER_ORDER[i]])
         for i in FLEXIBLE:
             categories[i].budget = (int(flex_chars * shares[i]), int(flex_tokens * shares[i]))
         select(categories, (flex_chars, flex_tokens), cfg.redistribute_unused)
@@ -182,8 +192,8 @@ def build_working_memory(
         prompt_tokens = count(prompt)
 
     reports = [_category_report(category) for category in categories]
-    if candidates.duplicates:
-        reports[EPISODIC] = msgspec.structs.replace(reports[EPISODIC], duplicate=len(candidates.duplicates))
+    if chosen.duplicates:
+        reports[EPISODIC] = msgspec.structs.replace(reports[EPISODIC], duplicate=len(chosen.duplicates))
     report = TruncationReport(
         limit_chars=cfg.max_context_chars,
         limit_tokens=cfg.max_context_tokens,
@@ -197,17 +207,18 @@ def build_working_memory(
         dialogue=reports[DIALOGUE],
         episodic=reports[EPISODIC],
         beliefs=reports[BELIEFS],
+        selection=cfg.selection,
     )
     return WorkingMemory(
         agent_id=state.agent_id,
         player_input=player_input,
         prompt=prompt,
         context_chars=context_chars,
-        canonical_facts=_newest(state.canonical_facts, categories[FACTS].kept),
-        world_state=_newest(state.world_state, categories[WORLD].kept),
-        dialogue=_newest(state.dialogue, categories[DIALOGUE].kept),
-        episodic=_newest(state.episodic, categories[EPISODIC].kept),
-        beliefs=_newest(state.beliefs, categories[BELIEFS].kept),
+        canonical_facts=_kept(state.canonical_facts, categories[FACTS]),
+        world_state=_kept(state.world_state, categories[WORLD]),
+        dialogue=_kept(state.dialogue, categories[DIALOGUE]),
+        episodic=_kept(state.episodic, categories[EPISODIC]),
+        beliefs=_kept(state.beliefs, categories[BELIEFS]),
         report=report,
         prohibition=prohibition,
         renderer=RENDERER_VERSION,
@@ -215,13 +226,17 @@ def build_working_memory(
     )
 
 
-def _newest(items: tuple[Any, ...], k: int) -> tuple[Any, ...]:
+def _kept(items: tuple[Any, ...], category: Category) -> tuple[Any, ...]:
+    """The kept items, oldest first."""
+    k = category.kept
+    if category.rank is not None:
+        return tuple([items[p] for p in category.kept_positions()])
     return items[len(items) - k :] if k else ()
 
 
 def _category_report(category: Category) -> CategoryReport:
     section, k = category.section, category.kept
-    used = (len(section.header) + section.newest_sums[k]) if k else 0
+    used = (len(section.header) + category.sums[k]) if k else 0
     budget = used if category.always else category.budget[0]
     if category.token_sums is None:
         return CategoryReport(budget=budget, used=used, kept=k, dropped=len(section.lines) - k)

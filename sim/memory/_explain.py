@@ -5,8 +5,10 @@ state, the input and the config (and of the working memory built from them, rebu
 not given), so audit records keep the report they always kept and whoever holds a record
 (the CLI, the view, a test) can explain it the same way.
 
-Reasons, per category. The kept items are the newest contiguous run of the candidates
-(I3), so every candidate older than the first one dropped shares that item's reason:
+Reasons, per category. The kept items are the first of the candidates in the category's
+order (I3): its newest, or with `selection = "scored"` its best ranked
+(`sim.memory.ranking`); so every candidate after the first one dropped in that order
+shares that item's reason:
 - `cap`: the category's count cap was reached;
 - `budget`: the next item did not fit what was left of the budget (characters or tokens);
 - `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept.
@@ -33,8 +35,8 @@ import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
-from sim.memory._duplicates import distinct
-from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory._scoring import SCORED, Relevance, candidates
+from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, item_text
 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
            "explain_truncation"]
@@ -68,12 +70,12 @@ class DroppedItem(msgspec.Struct, frozen=True, kw_only=True):
 class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
 
-    `dropped` is newest first: the first one is the item that did not fit or passed the cap;
-    after those, the duplicates (reason `duplicate`), newest first. `reason` is the
-    truncation's, None when truncation dropped nothing; `duplicate` counts the duplicates.
-    `kept_items` are the kept items' texts (as a dropped item's), newest first. `mandatory`:
-    always included (canonical facts and world state with their `always_include_*` flag),
-    it takes what it needs before the split.
+    `dropped` is in the category's order, newest (or best ranked) first: the first one is
+    the item that did not fit or passed the cap; after those, the duplicates (reason
+    `duplicate`), newest first. `reason` is the truncation's, None when truncation dropped
+    nothing; `duplicate` counts the duplicates. `kept_items` are the kept items' texts (as a
+    dropped item's), newest first. `mandatory`: always included (canonical facts and world
+    state with their `always_include_*` flag), it takes what it needs before the split.
     """
 
     split: int
@@ -121,7 +123,7 @@ class TruncationExplanation(msgspec.Struct, frozen=True, kw_only=True):
     beliefs: CategoryExplanation
 
     def dropped(self) -> tuple[DroppedItem, ...]:
-        """Every dropped item, category by category in the report's order, newest first in each."""
+        """Every dropped item, category by category in the report's order, in each category's order."""
         return tuple(item for name in _CATEGORIES for item in getattr(self, name).dropped)
 
 
@@ -132,6 +134,7 @@ def explain_truncation(
     memory: WorkingMemory | None = None,
     *,
     most_dropped: int | None = None,
+    relevance: Relevance | None = None,
 ) -> TruncationExplanation:
     """Explain the working memory built from (`state`, `player_input`, `config`).
 
@@ -139,12 +142,12 @@ def explain_truncation(
     must have been built from these arguments: the explanation reads its report and takes
     the dropped items from `state`. `most_dropped` names only that many
     dropped items per category, the first of its `dropped` (a trace, after every inference,
-    needs no more).
+    needs no more). `relevance` is the one the memory was built with, if any.
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
-        memory = build_working_memory(state, player_input, cfg)
-    candidates = distinct(state, cfg.max_dialogue_lines)
+        memory = build_working_memory(state, player_input, cfg, relevance=relevance)
+    chosen, ranks = candidates(state, player_input, cfg, relevance)
     report = memory.report
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
@@ -153,9 +156,11 @@ def explain_truncation(
         flexible_tokens = report.limit_tokens - report.mandatory_tokens
     categories: dict[str, CategoryExplanation] = {}
     for name in _CATEGORIES:
-        duplicates = candidates.duplicates if name == "episodic" else ()
-        categories[name] = _explain_category(name, getattr(report, name), getattr(candidates.state, name),
-                                             duplicates, cfg, over, most_dropped)
+        items: tuple[Item, ...] = getattr(chosen.state, name)
+        order = ranks[name] if name in SCORED and ranks else range(len(items) - 1, -1, -1)
+        duplicates = chosen.duplicates if name == "episodic" else ()
+        categories[name] = _explain_category(name, getattr(report, name), [items[p] for p in order],
+                                             getattr(memory, name), duplicates, cfg, over, most_dropped)
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -176,24 +181,28 @@ def explain_truncation(
 
 
 def _explain_category(
-    name: str, row: CategoryReport, items: tuple[Item, ...], duplicates: tuple[Item, ...], cfg: WorkingMemoryConfig,
-    over: bool, most_dropped: int | None,
+    name: str, row: CategoryReport, ordered: list[Item], kept: tuple[Item, ...], duplicates: tuple[Item, ...],
+    cfg: WorkingMemoryConfig, over: bool, most_dropped: int | None,
 ) -> CategoryExplanation:
+    """`ordered`: the category's candidates in the order it keeps them (newest, or best ranked,
+    first); `kept`: the working memory's, oldest first; `duplicates`: the items left out
+    before selection, oldest first."""
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
     reason: DropReason | None = None
     if row.dropped:
         reason = "over_budget" if over else "cap" if cap is not None and row.kept >= cap else "budget"
-    first = 0 if most_dropped is None else max(row.dropped - most_dropped, 0)
+    end = len(ordered) if most_dropped is None else min(row.kept + most_dropped, len(ordered))
     dropped = tuple(
-        DroppedItem(category=name, tick=_tick(item), text=_text(item), reason=reason or "budget")
-        for item in reversed(items[first : row.dropped])
+        DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason=reason or "budget")
+        for item in ordered[row.kept : end]
     )
     room = len(duplicates) if most_dropped is None else min(max(most_dropped - len(dropped), 0), len(duplicates))
     shown = duplicates[len(duplicates) - room :] if room else ()
     dropped += tuple(
-        DroppedItem(category=name, tick=_tick(item), text=_text(item), reason="duplicate") for item in reversed(shown)
+        DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason="duplicate")
+        for item in reversed(shown)
     )
-    kept_items = tuple(_text(item) for item in reversed(items[row.dropped :]))
+    kept_items = tuple(item_text(item) for item in reversed(kept))
     mandatory = name not in _FLEXIBLE and getattr(cfg, _ALWAYS_FLAGS[name])
     if name in _FLEXIBLE:
         split, split_tokens = row.budget, row.budget_tokens
@@ -215,11 +224,3 @@ def _explain_category(
 
 def _tick(item: Item) -> int | None:
     return None if isinstance(item, Fact | WorldFact) else item.tick
-
-
-def _text(item: Item) -> str:
-    if isinstance(item, WorldFact):
-        return f"{item.key}: {item.value}"
-    if isinstance(item, Line):
-        return f"{item.speaker}: {item.text}"
-    return item.text

@@ -9,6 +9,7 @@ the categories as they stand.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,32 +48,54 @@ class Category:
     """One category's selection state: its rendered items, their sizes, its limits, what it keeps.
 
     `always`: an always-include category is mandatory content and keeps every item.
-    `token_sums` and `token_header` are its items' token sizes (newest first, like
-    `Section.newest_sums`) when the config has a token limit, else None. `budget` is
-    (characters, tokens): its share of the flexible budget, or for a truncatable
-    always-include category what was left when its turn came; `kept` counts its newest
-    items kept.
+    `sums[k]` is the size of its k first items in the order it selects from: newest first
+    (`Section.newest_sums`), or with `rank` (item positions, the oldest 0, best first: a
+    scored selection, `order_by`) in that order, up to its cap. `token_sums` and
+    `token_header` are the same in tokens when the config has a token limit, else None.
+    `budget` is (characters, tokens): its share of the flexible budget, or for a
+    truncatable always-include category what was left when its turn came; `kept` counts
+    the first items it keeps, in its order.
     """
 
     section: Section
     cap: int
     always: bool
+    sums: tuple[int, ...]
     token_sums: tuple[int, ...] | None = None
     token_header: int = 0
     budget: tuple[int, int] = (0, 0)
     kept: int = 0
+    rank: tuple[int, ...] | None = None
 
     def keeps_all_it_may(self) -> bool:
-        return self.kept >= min(self.cap, len(self.section.lines))
+        return self.kept >= min(self.cap, len(self.sums) - 1)
+
+    def order_by(self, rank: tuple[int, ...]) -> None:
+        """Select in the order of `rank` instead of newest first (a rank that is the newest
+        first keeps the newest-first sizes: the same choice, computed once per state)."""
+        lines = self.section.lines
+        n = len(lines)
+        if rank == tuple(range(n - 1, n - 1 - len(rank), -1)):
+            return
+        self.rank = rank
+        self.sums = (0, *itertools.accumulate([len(lines[p]) for p in rank]))
+        if self.token_sums is not None:
+            sums = self.token_sums  # the item at position p is the (n - p)-th newest
+            self.token_sums = (0, *itertools.accumulate([sums[n - p] - sums[n - p - 1] for p in rank]))
+
+    def kept_positions(self) -> list[int]:
+        """The positions of the kept items in the state (the oldest is 0), oldest first."""
+        n, k = len(self.section.lines), self.kept
+        return sorted(self.rank[:k]) if self.rank is not None else list(range(n - k, n))
 
     def grow(self, room: int, token_room: int) -> tuple[int, int]:
-        """Keep more of the newest items while the next whole item fits both rooms; the rooms left.
+        """Keep more of the first items while the next whole item fits both rooms; the rooms left.
 
-        `newest_sums[k]` is the size of the k newest items; the first item kept also pays
-        the header. Sizes are positive (every rendered item ends with a newline), so sums
+        `sums[k]` is the size of the k first items; the first item kept also pays the
+        header. Sizes are positive (every rendered item ends with a newline), so sums
         increase and the longest fitting run is one bisection.
         """
-        sums = self.section.newest_sums
+        sums = self.sums
         n = len(sums) - 1
         stop = self.cap if self.cap < n else n
         kept = self.kept
@@ -107,6 +130,10 @@ class Frame:
             n = len(section.lines)
             if k == n:
                 pieces.append(section.text)
+            elif k and category.rank is not None:
+                pieces.append(section.header)
+                lines = section.lines
+                pieces.extend([lines[p] for p in category.kept_positions()])
             elif k:
                 pieces.append(section.header)
                 pieces.extend(section.lines[n - k :])
@@ -126,9 +153,9 @@ def select(categories: Sequence[Category], flex: tuple[int, int], redistribute: 
         total = 0
         fits_share = True
         for i in FLEXIBLE:
-            section = categories[i].section
-            k = min(categories[i].cap, len(section.lines))
-            cost = len(section.header) + section.newest_sums[k] if k else 0
+            category = categories[i]
+            k = min(category.cap, len(category.sums) - 1)
+            cost = len(category.section.header) + category.sums[k] if k else 0
             full[i] = k
             total += cost
             fits_share = fits_share and cost <= categories[i].budget[0]

@@ -27,6 +27,7 @@ __all__ = [
     "belief_order",
     "episode_order",
     "fact_order",
+    "item_text",
     "line_order",
     "world_order",
 ]
@@ -99,6 +100,16 @@ def belief_order(b: Belief) -> tuple[int, str, str, float]:
 
 def line_order(line: Line) -> tuple[int, int, str, str, str]:
     return (line.tick, line.seq, line.speaker, line.text, line.event or "")
+
+
+def item_text(item: Fact | WorldFact | Episode | Belief | Line) -> str:
+    """An item as data, in one line of text: `key: value` for world state, `speaker: text` for
+    a line of dialogue, the text of the others."""
+    if isinstance(item, WorldFact):
+        return f"{item.key}: {item.value}"
+    if isinstance(item, Line):
+        return f"{item.speaker}: {item.text}"
+    return item.text
 
 
 class NpcState(msgspec.Struct, frozen=True, dict=True, forbid_unknown_fields=True):

@@ -11,16 +11,17 @@ record's own config, when it is built.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 import msgspec
 
 from sim.errors import ConfigError
-from sim.memory import WorkingMemoryConfig
+from sim.memory import SELECTIONS, WorkingMemoryConfig
 
 __all__ = ["MAX_VARIANTS", "SETTABLE", "Override", "Variant", "parse_overrides"]
 
-Value = int | float | bool | None
+Value = int | float | bool | str | None
 
 MAX_VARIANTS = 64
 
@@ -38,14 +39,30 @@ def _count_or_none(text: str) -> Value:
     return None if text.lower() == "none" else _count(text)
 
 
-def _share(text: str) -> Value:
-    try:
-        share = float(text)
-    except ValueError:
-        share = -1.0
-    if not 0.0 <= share <= 1.0:
-        raise ValueError("a number from 0 to 1")
-    return share
+def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], Value]:
+    """A parser of a finite number for which `holds`; `wanted` says which, when it is not."""
+
+    def parse(text: str) -> Value:
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(wanted) from None
+        if not math.isfinite(number) or not holds(number):
+            raise ValueError(wanted)
+        return number
+
+    return parse
+
+
+_share = _number("a number from 0 to 1", lambda x: 0.0 <= x <= 1.0)
+_weight = _number("a number >= 0", lambda x: x >= 0.0)
+_half_life = _number("a number > 0", lambda x: x > 0.0)
+
+
+def _selection(text: str) -> Value:
+    if text not in SELECTIONS:
+        raise ValueError(" or ".join(repr(s) for s in SELECTIONS))
+    return text
 
 
 def _flag(text: str) -> Value:
@@ -66,6 +83,12 @@ SETTABLE: dict[str, Callable[[str], Value]] = {
     "episodic_share": _share,
     "belief_share": _share,
     "redistribute_unused": _flag,
+    "selection": _selection,
+    "half_life_ticks": _half_life,
+    "recency_weight": _weight,
+    "importance_weight": _weight,
+    "relevance_weight": _weight,
+    "dialogue_importance": _share,
 }
 
 

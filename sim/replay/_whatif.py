@@ -3,12 +3,12 @@
 The world unfolds exactly as recorded, so the state snapshot an audit record holds is
 what that model call would have been given under any budget; `build_working_memory` of
 it with the variant's config is what the call would have seen, and no model, shard or
-broker is needed. Kept items are always a category's newest candidates
-(`sim.memory.distinct`: no memory that a candidate line says), so what a variant lost or
-gained against the original is the run of items between the two kept counts (the
-original's are the record's report) when both have the same candidates, and otherwise
-the difference of the two kept runs (a variant with another `max_dialogue_lines`).
-`duplicate` counts the memories a variant left out because a line of the dialogue says them.
+broker is needed. What a variant lost or gained against the original is the difference of
+the two kept sets. Both are chosen among the candidates (`sim.memory.distinct`: no memory
+that a candidate line of the dialogue says): a recency selection's kept items are the
+newest candidates, as many as the record's report says; a scored selection's are rebuilt
+from the record (its own config). `duplicate` counts the memories a variant left out
+because a line of the dialogue says them.
 
 `what_if(records, variants, examples)` folds a run of records into one `Tally` per
 variant; tallies of consecutive runs `add` up, so the pass spreads over processes
@@ -18,7 +18,7 @@ tallies as the load test draws its own (`--plot`, extra `plot`).
 
 from __future__ import annotations
 
-import collections
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,14 @@ from typing import Any
 import msgspec
 
 from sim.audit import AuditRecord, prompt_sha256
-from sim.memory import CategoryReport, NpcState, TruncationReport, WorkingMemoryConfig, build_working_memory, distinct
+from sim.memory import (
+    SELECTIONS,
+    CategoryReport,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    build_working_memory,
+    distinct,
+)
 from sim.replay._overrides import Variant
 
 __all__ = ["CATEGORIES", "Change", "Tally", "what_if", "write_plot"]
@@ -45,12 +52,17 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
     change: str  # "lost" or "gained"
     item: dict[str, Any]
 
-    def order(self) -> tuple[int, str, str, int, str]:
-        return (self.tick, self.agent, self.record, CATEGORIES.index(self.category), self.change)
+    def order(self) -> tuple[int, str, str, int, bool]:
+        """Record order; in a record, the prompt's order of categories, what was lost before what was gained."""
+        return (self.tick, self.agent, self.record, CATEGORIES.index(self.category), self.change == "gained")
 
 
 def _zeros() -> dict[str, int]:
     return dict.fromkeys(CATEGORIES, 0)
+
+
+def _no_selections() -> dict[str, int]:
+    return dict.fromkeys(SELECTIONS, 0)
 
 
 class Tally(msgspec.Struct, kw_only=True):
@@ -58,7 +70,8 @@ class Tally(msgspec.Struct, kw_only=True):
 
     `npcs` maps an NPC to its [lost, gained] item counts (NPCs with a change only);
     `examples` are the first changes in record order, at most the asked number per
-    category and kind of change.
+    category and kind of change. `selections` counts the working memories built per
+    selection, `recorded_selections` the recorded ones'.
     """
 
     label: str
@@ -78,6 +91,8 @@ class Tally(msgspec.Struct, kw_only=True):
     facts_present: int = 0
     world: int = 0
     world_present: int = 0
+    selections: dict[str, int] = msgspec.field(default_factory=_no_selections)
+    recorded_selections: dict[str, int] = msgspec.field(default_factory=_no_selections)
     examples: list[Change] = []
 
     def add(self, later: Tally, examples: int) -> None:
@@ -102,6 +117,9 @@ class Tally(msgspec.Struct, kw_only=True):
         self.world_present += later.world_present
         self.duplicate += later.duplicate
         self.recorded_duplicate += later.recorded_duplicate
+        for selection in SELECTIONS:
+            self.selections[selection] += later.selections[selection]
+            self.recorded_selections[selection] += later.recorded_selections[selection]
         merged = sorted([*self.examples, *later.examples], key=Change.order)
         self.examples = _first(merged, examples)
 
@@ -118,9 +136,27 @@ def _first(changes: Iterable[Change], limit: int) -> list[Change]:
     return kept
 
 
-def _kept(report: TruncationReport, category: str) -> int:
-    section: CategoryReport = getattr(report, category)
-    return section.kept
+def _kept(record: AuditRecord, recorded: WorkingMemory | None, category: str) -> tuple[Any, ...]:
+    """The items the recorded working memory kept: `recorded`'s when it was rebuilt (a scored
+    selection), else the newest candidates, as many as the report says."""
+    if recorded is not None:
+        items: tuple[Any, ...] = getattr(recorded, category)
+        return items
+    section: CategoryReport = getattr(record.report, category)
+    items = getattr(distinct(record.state, record.config.max_dialogue_lines).state, category)
+    return items[len(items) - section.kept :] if section.kept else ()
+
+
+def _moved(items: tuple[Any, ...], of: tuple[Any, ...], without: tuple[Any, ...]) -> list[Any]:
+    """The items of `of` that `without` does not hold (equal items counted apart), oldest first."""
+    left = Counter(of)
+    left.subtract(without)
+    moved = []
+    for item in items:
+        if left[item] > 0:
+            left[item] -= 1
+            moved.append(item)
+    return moved
 
 
 class _Configs:
@@ -166,63 +202,39 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
             tally.facts_present += len(memory.canonical_facts)
             tally.world += world
             tally.world_present += len(memory.world_state)
+            tally.selections[new.selection] += 1
+            tally.recorded_selections[report.selection] += 1
             if changed:
-                _count_changes(tally, record, (new, config), examples, taken[n])
+                _count_changes(tally, record, memory, examples, taken[n])
     return tallies
 
 
-def _newest(state: NpcState, category: str, k: int) -> tuple[Any, ...]:
-    items: tuple[Any, ...] = getattr(state, category)
-    return items[len(items) - k :] if k else ()
-
-
-def _missing(ours: tuple[Any, ...], theirs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The items of `ours` that `theirs` does not hold (as many times as it holds them), in order."""
-    left = collections.Counter(theirs)
-    out = []
-    for item in ours:
-        if left[item]:
-            left[item] -= 1
-        else:
-            out.append(item)
-    return tuple(out)
-
-
 def _count_changes(
-    tally: Tally, record: AuditRecord, variant: tuple[TruncationReport, WorkingMemoryConfig], examples: int,
-    taken: dict[tuple[str, str], int],
+    tally: Tally, record: AuditRecord, memory: WorkingMemory, examples: int, taken: dict[tuple[str, str], int]
 ) -> None:
-    new, config = variant
-    was = distinct(record.state, record.config.max_dialogue_lines).state
-    now = distinct(record.state, config.max_dialogue_lines).state
-    lost_here = gained_here = 0
+    recorded = record.memory() if record.report.selection != "recency" else None
+    here = {"lost": 0, "gained": 0}
     for category in CATEGORIES:
-        before, after = _kept(record.report, category), _kept(new, category)
-        if before == after and was is now:
+        before, after = _kept(record, recorded, category), getattr(memory, category)
+        if before == after:
             continue
-        kept_before, kept_after = _newest(was, category, before), _newest(now, category, after)
-        for kind, moved in (("lost", _missing(kept_before, kept_after)), ("gained", _missing(kept_after, kept_before))):
-            if not moved:
-                continue
-            if kind == "lost":
-                tally.lost[category] += len(moved)
-                lost_here += len(moved)
-            else:
-                tally.gained[category] += len(moved)
-                gained_here += len(moved)
+        items: tuple[Any, ...] = getattr(record.state, category)
+        for kind, moved in (("lost", _moved(items, before, after)), ("gained", _moved(items, after, before))):
+            (tally.lost if kind == "lost" else tally.gained)[category] += len(moved)
+            here[kind] += len(moved)
             room = examples - taken.get((category, kind), 0)
-            if room > 0:
+            if room > 0 and moved:
                 shown = moved[:room]
                 taken[(category, kind)] = taken.get((category, kind), 0) + len(shown)
                 tally.examples.extend(
-                    Change(record=record.id, agent=record.agent_id, tick=record.tick, category=category, change=kind,
-                           item=msgspec.to_builtins(item))
+                    Change(record=record.id, agent=record.agent_id, tick=record.tick, category=category,
+                           change=kind, item=msgspec.to_builtins(item))
                     for item in shown
                 )
-    if lost_here or gained_here:
+    if here["lost"] or here["gained"]:
         counts = tally.npcs.setdefault(record.agent_id, [0, 0])
-        counts[0] += lost_here
-        counts[1] += gained_here
+        counts[0] += here["lost"]
+        counts[1] += here["gained"]
 
 
 def write_plot(tallies: Sequence[Tally], path: Path) -> None:

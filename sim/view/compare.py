@@ -103,6 +103,7 @@ class StoreComparison:
                 "prompt_chars": report.prompt_chars,
                 "limit_chars": report.limit_chars,
                 "over_budget": report.over_budget,
+                "selection": report.selection,
                 "categories": {
                     c: [{"text": _text(i),
                          "mark": mark if theirs is not None and _KEY.encode(i) not in theirs[c] else ""}

@@ -199,6 +199,8 @@ function budgetTable(trace) {
   let limit = "limit " + r.limit_chars + " chars" + tokens + " (the whole prompt): " + r.prompt_chars + " used";
   limit += "; mandatory " + r.mandatory_chars;
   if (e) limit += "; split between the others " + Math.max(e.flexible_chars, 0) + "; left unused " + e.unused_chars;
+  // the report's encoding leaves its selection out when it is the default, "recency"
+  limit += "; " + (r.selection || "recency") + " selection";
   if (r.over_budget) limit += "; OVER BUDGET";
   $("budget-limit").textContent = limit;
   const body = $("budget").tBodies[0];
@@ -289,7 +291,7 @@ function compareSide(side) {
     return box;
   }
   box.append(el("h4", {}, side.store + ": tick " + side.tick + ", " + side.prompt_chars + " / " + side.limit_chars
-    + " chars" + (side.over_budget ? ", over budget" : "")));
+    + " chars, " + side.selection + " selection" + (side.over_budget ? ", over budget" : "")));
   for (const name of COMPARED) {
     const items = side.categories[name];
     box.append(el("div", { class: "compare-category" }, name + " (" + items.length + ")"));

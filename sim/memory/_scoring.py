@@ -1,0 +1,279 @@
+"""The ranking of `selection = "scored"`: each flexible category's items, best first.
+
+An item's score is
+
+    recency_weight * 0.5 ** (age / half_life_ticks)
+    + importance_weight * importance
+    + relevance_weight * relevance
+
+`age` counts the ticks since the state's newest flexible item; `importance` is an episode's
+significance, a belief's confidence, `dialogue_importance` for a line; `relevance` is the
+Okapi BM25 score of the item's words (a line's text, not its speaker) against the words of
+the input and of the addressee (the NPC's id), divided by what an item holding every such
+word at its best weight would score, so it lies in [0, 1]. A `Relevance` callable (an
+embedding model, say) may supply it instead. Ties go to the newer item, so
+the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
+
+The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
+candidate lines (the first `max_dialogue_lines` of its ranking) say already
+(`sim.memory._duplicates`), and the memories' ranking is the whole one without them.
+
+Deterministic (I4): words are NFKC-normalised and case-folded; floats are combined in one
+fixed order (query words sorted), never through set or dict iteration order.
+
+Cost: a state is indexed once (each item's word counts, remembered per text, and in how
+many items each word is) and cached on the state object like its rendering, with its base
+scores per config; an input's relevance is one pass over the items (the items holding a
+telling word found without building a set, only those scored), and a build sorts the
+totals once, by a key, keeping the best up to the category's cap (remembered per input,
+config and cap, for the retry and the explanation that follow a build).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import operator
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from sim.errors import ConfigError
+from sim.memory._budget import WorkingMemoryConfig
+from sim.memory._duplicates import Distinct, distinct
+from sim.memory._state import Belief, Episode, Line, NpcState, item_text
+
+__all__ = ["SCORED", "Relevance", "candidates", "ranking", "words"]
+
+SCORED = ("beliefs", "episodic", "dialogue")
+"""The categories a scored selection ranks, in the prompt's order."""
+
+Relevance = Callable[[str, str, tuple[str, ...]], Sequence[float]]
+"""`relevance(player_input, category, texts)`: one score in [0, 1] per text (the items' texts,
+oldest first, as `explain_truncation` names them), used instead of the lexical score."""
+
+_WORD = re.compile(r"\w+")
+_K1 = 1.2
+_B = 0.75
+_INDEX = "_npcsim_scoring"
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_TEXT, _TICK = operator.attrgetter("text"), operator.attrgetter("tick")
+_CONFIDENCE, _SIGNIFICANCE = operator.attrgetter("confidence"), operator.attrgetter("significance")
+Flexible = Episode | Belief | Line
+
+
+def words(text: str) -> list[str]:
+    """The normalised words of a text: NFKC, case-folded, runs of letters and digits."""
+    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _counts(text: str) -> tuple[dict[str, int], int]:
+    """Each word of a text with its count, and the number of words (never mutated: shared).
+    Remembered: an item recurs in the states of every NPC that heard it and every later turn."""
+    found = words(text)
+    return dict(Counter(found)), len(found)
+
+
+@functools.lru_cache(maxsize=1024)
+def _query(player_input: str, agent_id: str) -> tuple[str, ...]:
+    """The words relevance is measured against, in one fixed order (sorted)."""
+    return tuple(sorted(set(words(player_input)) | set(words(agent_id))))
+
+
+class _Index:
+    """One category's items as BM25 sees them (word counts), the relevance of each query
+    asked, its base scores per config and its rankings per query, config and limit."""
+
+    __slots__ = ("average", "bases", "counts", "df", "importance", "lengths", "queries", "ranked", "size", "ticks")
+
+    def __init__(self, texts: Sequence[str], ticks: list[int], importance: list[float] | None) -> None:
+        """`texts`, `ticks` and `importance` per item; importance None for dialogue, whose
+        lines share the config's constant."""
+        self.size = len(texts)
+        self.ticks = ticks
+        self.importance = importance
+        counted = list(map(_counts, texts))
+        self.counts = list(map(_FIRST, counted))
+        self.lengths = list(map(_SECOND, counted))
+        self.average = sum(self.lengths) / self.size if self.size else 0.0
+        self.df: Counter[str] | None = None
+        self.queries: dict[tuple[str, ...], tuple[dict[int, float], float]] = {}
+        self.bases: dict[tuple[float, float, float, float], list[float]] = {}
+        self.ranked: dict[tuple[tuple[str, ...], _Weights, int | None], tuple[int, ...]] = {}
+
+    def relevance(self, query: tuple[str, ...]) -> tuple[dict[int, float], float]:
+        """The BM25 sum of each item the query's words touch, and what an item holding every
+        such word at its best weight would score (relevance 1); remembered per query, for
+        the retry and the explanation that follow a build.
+
+        A word in more than half the items is left out: BM25's classic idf is negative
+        there, it tells none of them apart (and it would touch most of them). Sums are taken
+        in the query's order (sorted), never a set's.
+        """
+        found = self.queries.get(query)
+        if found is None:
+            if self.df is None:  # once per state: in how many items each word is
+                self.df = Counter(itertools.chain.from_iterable(self.counts))
+            df, counts = self.df, self.counts
+            n, lengths, average = self.size, self.lengths, self.average
+            idf = {word: math.log(1.0 + (n - k + 0.5) / (k + 0.5))
+                   for word in query if 0 < 2 * (k := df.get(word, 0)) <= n}
+            telling = list(idf)  # in the query's order
+            wanted = frozenset(telling)
+            raw: dict[int, float] = {}
+            best: dict[str, float] = {}
+            touched = list(itertools.compress(range(n), map(operator.not_, map(wanted.isdisjoint, counts))))
+            for p in touched:
+                held, total, norm_length = counts[p], 0.0, _K1 * (1.0 - _B + _B * lengths[p] / average)
+                for word in telling:
+                    if word in held:
+                        tf = held[word]
+                        weight = idf[word] * tf * (_K1 + 1.0) / (tf + norm_length)
+                        total += weight
+                        if weight > best.get(word, 0.0):
+                            best[word] = weight
+                raw[p] = total
+            found = self.queries[query] = (raw, sum(best[word] for word in query if word in best))
+        return found
+
+    def base(self, cfg: WorkingMemoryConfig, newest: int) -> list[float]:
+        """Recency and importance per item: once per state and config."""
+        key = (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance)
+        found = self.bases.get(key)
+        if found is None:
+            importance = self.importance or [cfg.dialogue_importance] * self.size
+            half_life, recency, weighted = cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight
+            found = self.bases[key] = [
+                recency * 0.5 ** ((newest - tick) / half_life) + weighted * weight
+                for tick, weight in zip(self.ticks, importance, strict=True)
+            ]
+        return found
+
+    def top(self, query: tuple[str, ...], cfg: WorkingMemoryConfig, newest: int, limit: int | None) -> tuple[int, ...]:
+        """The positions of the `limit` best items (all with None), best first: by score, then
+        the newer first. Remembered per query, config and limit (a retry and an explanation
+        ask again)."""
+        key = (query, _weights(cfg), limit)
+        found = self.ranked.get(key)
+        if found is None:
+            totals = self.base(cfg, newest)
+            raw, norm = self.relevance(query) if cfg.relevance_weight != 0.0 else ({}, 0.0)
+            if raw:
+                scale, base = cfg.relevance_weight / norm, totals
+                totals = base.copy()
+                for p, r in raw.items():
+                    totals[p] = base[p] + scale * r
+            found = self.ranked[key] = _best(totals, limit)
+        return found
+
+
+_Weights = tuple[float, float, float, float, float]
+
+
+def _weights(cfg: WorkingMemoryConfig) -> _Weights:
+    return (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance,
+            cfg.relevance_weight)
+
+
+def _best(totals: list[float], limit: int | None) -> tuple[int, ...]:
+    """The positions of the `limit` highest totals (all with None), highest first; ties: the higher position
+    (a stable sort of the positions from the newest)."""
+    order = sorted(range(len(totals) - 1, -1, -1), key=totals.__getitem__, reverse=True)
+    return tuple(order if limit is None else order[:limit])
+
+
+def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
+    """The state's category indexes and its newest flexible tick: computed once per state."""
+    cached: tuple[dict[str, _Index], int] | None = state.__dict__.get(_INDEX)
+    if cached is None:
+        beliefs, episodic, dialogue = state.beliefs, state.episodic, state.dialogue
+        indexes = {
+            "beliefs": _Index(list(map(_TEXT, beliefs)), list(map(_TICK, beliefs)), list(map(_CONFIDENCE, beliefs))),
+            "episodic": _Index(list(map(_TEXT, episodic)), list(map(_TICK, episodic)),
+                               list(map(_SIGNIFICANCE, episodic))),
+            "dialogue": _Index(list(map(_TEXT, dialogue)), list(map(_TICK, dialogue)), None),
+        }
+        newest = max((items[-1].tick for items in (state.beliefs, state.episodic, state.dialogue) if items),
+                     default=0)
+        cached = state.__dict__[_INDEX] = (indexes, newest)
+    return cached
+
+
+def _supplied(relevance: Relevance, player_input: str, name: str, items: Sequence[Flexible]) -> list[float]:
+    scores = relevance(player_input, name, tuple(item_text(item) for item in items))
+    if len(scores) != len(items):
+        raise ConfigError(f"relevance: {len(scores)} scores for {len(items)} {name} items")
+    for score in scores:
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
+            raise ConfigError(f"relevance: a {name} score must be a number from 0 to 1, got {score!r}")
+    return [float(score) for score in scores]
+
+
+def ranking(
+    state: NpcState,
+    player_input: str,
+    cfg: WorkingMemoryConfig,
+    relevance: Relevance | None = None,
+    limits: dict[str, int] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Per scored category, its items' positions in the state (oldest is 0), best first.
+
+    `limits` cuts a category's ranking after that many items (its cap): the top of the
+    whole ranking, the same positions in the same order.
+    """
+    return {name: _ranked(state, name, player_input, cfg, relevance, None if limits is None else limits[name])
+            for name in SCORED}
+
+
+def _ranked(
+    state: NpcState, name: str, player_input: str, cfg: WorkingMemoryConfig, relevance: Relevance | None,
+    limit: int | None,
+) -> tuple[int, ...]:
+    """One category's ranking, as `ranking` gives it."""
+    indexes, newest = _indexes(state)
+    index = indexes[name]
+    if limit == 0 or index.size == 0:
+        return ()
+    if limit is not None and limit >= index.size:
+        limit = None
+    if relevance is None or cfg.relevance_weight == 0.0:
+        return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
+    given = _supplied(relevance, player_input, name, getattr(state, name))
+    weight = cfg.relevance_weight
+    return _best([base + weight * r for base, r in zip(index.base(cfg, newest), given, strict=True)], limit)
+
+
+def candidates(
+    state: NpcState,
+    player_input: str,
+    cfg: WorkingMemoryConfig,
+    relevance: Relevance | None = None,
+    limits: dict[str, int] | None = None,
+) -> tuple[Distinct, dict[str, tuple[int, ...]]]:
+    """What a working memory chooses from, and with a scored selection the order it chooses in.
+
+    Recency: the state without the memories its newest `max_dialogue_lines` lines say, and no
+    ranking (the order is newest first). Scored: the dialogue's candidate lines are the first
+    `max_dialogue_lines` of its ranking, and each category's ranking is of the candidates
+    (positions in the returned state, best first). `limits` as for `ranking`; the dialogue's
+    must be at least `max_dialogue_lines`.
+    """
+    if cfg.selection != "scored":
+        return distinct(state, cfg.max_dialogue_lines), {}
+
+    def limit(name: str, more: int = 0) -> int | None:
+        return None if limits is None else limits[name] + more
+
+    beliefs = _ranked(state, "beliefs", player_input, cfg, relevance, limit("beliefs"))
+    lines = _ranked(state, "dialogue", player_input, cfg, relevance, limit("dialogue"))
+    chosen = distinct(state, cfg.max_dialogue_lines, lines)
+    # The memories ranked as far as the cap reaches once the duplicates are passed over.
+    episodic = _ranked(state, "episodic", player_input, cfg, relevance, limit("episodic", len(chosen.duplicates)))
+    if chosen.duplicates:
+        left_out = {id(e) for e in chosen.duplicates}
+        where = {p: i for i, p in enumerate(p for p, e in enumerate(state.episodic) if id(e) not in left_out)}
+        episodic = tuple([where[p] for p in episodic if p in where][: limit("episodic")])
+    return chosen, {"beliefs": beliefs, "episodic": episodic, "dialogue": lines}
