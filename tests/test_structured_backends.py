@@ -44,6 +44,9 @@ async def test_the_openai_backend_asks_for_the_schema(fake: FakeOpenAI, endpoint
     else:
         assert body["json_schema"] == REPLY_SCHEMA
     assert "response_format" not in fake.requests[1]["body"] and "json_schema" not in fake.requests[1]["body"]
+    # the schema ends the object; a newline between its fields must not stop it (the line's stop is "\n")
+    assert "stop" not in body and result.params["stop"] == []
+    assert fake.requests[1]["body"]["stop"] == ["\n"]
     assert result.line == "Aye, a room for you."
     assert [(p.kind, p.code) for p in result.attempts[-1].proposals] == [("line", "ok"), ("belief", "ok")]
 
