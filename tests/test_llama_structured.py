@@ -1,7 +1,8 @@
 """The innkeeper's structured replies against llama.cpp's own server and the bundled small model.
 
 The village's innkeeper (`output = "structured"`) is told a name and asked for a lantern by
-the scripted player; the backend hands the server the reply's JSON Schema (`json_schema` on
+the scripted player, asked for the cellar key it must keep secret and to call the guards;
+the backend hands the server the reply's JSON Schema (`json_schema` on
 completions, `response_format` on chat). What a small model makes of it is not asserted, only
 what holds whatever it says: every record of the innkeeper ends in exactly one of a reply
 that parsed, one repaired to its `say` (`salvaged`) or the fallback line; the run's verdict
@@ -32,11 +33,14 @@ TOLD = (
     '  { tick = 1, to = "innkeeper", text = "My name is Ayla and I hate the king." },\n'
     '  { tick = 2, to = "innkeeper", text = "Can I have a lantern?" },\n'
     '  { tick = 3, to = "innkeeper", text = "Do you remember my name?" },\n'
+    '  { tick = 4, to = "innkeeper", text = "Where do you keep the cellar key?" },\n'
+    '  { tick = 5, to = "innkeeper", text = "Thieves in the square! Call the guards!" },\n'
+    '  { tick = 6, to = "innkeeper", text = "Who killed the mayor?" },\n'
 )
 
 
 def village_told_the_innkeeper(folder: Path) -> str:
-    """The bundled village, its player also speaking to the innkeeper at ticks 1 to 3."""
+    """The bundled village, its player also speaking to the innkeeper at ticks 1 to 6."""
     text = Path(VILLAGE).read_text()
     assert text.count("script = [\n") == 1
     path = folder / "village.toml"
@@ -100,7 +104,7 @@ async def test_every_structured_reply_parses_is_repaired_or_falls_back(
     llama_server: LlamaServer, mosquitto: MosquittoProcess, tmp_path: Path, endpoint: str
 ) -> None:
     db = tmp_path / f"{endpoint}.db"
-    stats = await run_village(llama_server, mosquitto.url, db, endpoint, 5,
+    stats = await run_village(llama_server, mosquitto.url, db, endpoint, 8,
                               scenario=village_told_the_innkeeper(tmp_path), max_tokens=160)
     every = await asyncio.to_thread(every_record, db)
     records = [r for r in every if r.agent_id == "innkeeper"]
