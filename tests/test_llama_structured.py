@@ -49,6 +49,7 @@ def village_told_the_innkeeper(folder: Path) -> str:
 
 
 def every_record(db: Path) -> list[AuditRecord]:
+    """Every record of the run, of every NPC."""
     with open_reader(db) as reader:
         return list(reader.audit_records())
 
