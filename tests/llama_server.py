@@ -5,11 +5,14 @@ model server (`make llama-server` builds it into the environment's bin/).
 skips the test, and fails it under CI=true, as `require_mosquitto` does. `LlamaServer` starts
 it on a free port with 4 slots, a context of 8192 tokens (2048 per slot) and `/metrics`, and
 waits until `/health` says the model is loaded; `stop` ends it (the `llama_server` fixture in
-conftest.py stops it however the tests end).
+conftest.py stops it however the tests end). `run_village` runs a scenario against it at
+temperature 0; `exported` is a run's `npcsim audit export`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -21,9 +24,10 @@ import httpx
 import pytest
 
 from sim.inference.backends.llamacpp import MODEL_PACKAGE, bundled_model_path
-from tests.helpers import IN_CI, eventually_sync, free_port, terminate
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
+from tests.helpers import IN_CI, VILLAGE, eventually_sync, free_port, run_npcsim, terminate
 
-__all__ = ["SLOTS", "LlamaServer", "require_llama_server"]
+__all__ = ["SLOTS", "LlamaServer", "exported", "require_llama_server", "run_village"]
 
 SLOTS = 4
 CONTEXT = 8192
@@ -95,3 +99,28 @@ class LlamaServer:
     def stop(self) -> None:
         terminate(self.proc, within=10)
         self._log.close()
+
+
+async def run_village(server: LlamaServer, broker: str, db: Path, endpoint: str, ticks: int, *,
+                      scenario: str = VILLAGE, max_tokens: int = 32) -> RunStats:
+    """`ticks` of `scenario` against `server` on `endpoint`, recorded in `db`; the run's stats."""
+    options = {"base_url": server.base_url, "model": "smollm2", "endpoint": endpoint, "max_tokens": max_tokens,
+               "temperature": 0.0, "read_timeout": 100.0}  # a busy machine's slow answer is still an answer
+    config = RunConfig(
+        scenario=scenario, run_id=f"llama-{endpoint}", ticks=ticks, broker=BrokerConfig(url=broker),
+        record=RecordConfig(db=str(db)),
+        inference=InferenceConfig(backend="openai", backend_options=options, concurrency=SLOTS,
+                                  inference_timeout=120.0, placement="in-process"),
+    )
+    stats = RunStats()
+    async with asyncio.timeout(600):
+        await run(config, stats=stats)
+    assert stats.ticks_done == ticks
+    return stats
+
+
+def exported(db: Path) -> list[dict[str, Any]]:
+    """Every record of the store at `db`, as `npcsim audit export` gives it."""
+    ran = run_npcsim("audit", "export", "--db", str(db))
+    assert ran.code == 0, ran.err
+    return [json.loads(line) for line in ran.out.splitlines()]

@@ -14,7 +14,6 @@ compare exactly.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +21,11 @@ import pytest
 
 from sim.errors import ConfigError
 from sim.inference import check_context_window
-from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
-from tests.helpers import VILLAGE, MosquittoProcess, run_npcsim
-from tests.llama_server import SLOTS, LlamaServer
+from tests.helpers import MosquittoProcess, run_npcsim
+from tests.llama_server import LlamaServer, exported, run_village
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-async def run_village(server: LlamaServer, broker: str, db: Path, endpoint: str, ticks: int) -> None:
-    options = {"base_url": server.base_url, "model": "smollm2", "endpoint": endpoint, "max_tokens": 32,
-               "temperature": 0.0, "read_timeout": 100.0}  # a busy machine's slow answer is still an answer
-    config = RunConfig(
-        scenario=VILLAGE, run_id=f"llama-{endpoint}", ticks=ticks, broker=BrokerConfig(url=broker),
-        record=RecordConfig(db=str(db)),
-        inference=InferenceConfig(backend="openai", backend_options=options, concurrency=SLOTS,
-                                  inference_timeout=120.0, placement="in-process"),
-    )
-    stats = RunStats()
-    async with asyncio.timeout(600):
-        await run(config, stats=stats)
-    assert stats.ticks_done == ticks
-
-
-def exported(db: Path) -> list[dict[str, Any]]:
-    ran = run_npcsim("audit", "export", "--db", str(db))
-    assert ran.code == 0, ran.err
-    return [json.loads(line) for line in ran.out.splitlines()]
 
 
 def sent_text(server: LlamaServer, db: Path, row: dict[str, Any], attempt: dict[str, Any]) -> str:

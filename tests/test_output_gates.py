@@ -163,6 +163,8 @@ def test_bounds_count_what_passed_and_measure_the_text() -> None:
     many = [belief(f"p1 likes song {n}.") for n in range(5)]
     verdicts = gate([belief("The king is alive."), *many, belief("x" * (MAX_PROPOSAL_CHARS + 1)), belief(" \n ")])
     assert [v.code for v in verdicts] == ["canonical_fact", "ok", "ok", "ok", "bounds", "bounds", "bounds", "bounds"]
+    assert [v.code for v in gate([belief("..."), belief("p1 is 40.")], [{"text": "?!", "significance": 1}])] == [
+        "bounds", "ok", "bounds"]
 
 
 # --- a reply judged as a whole --------------------------------------------------------------------
@@ -208,6 +210,15 @@ def test_a_broken_reply_is_retried_with_the_schema_then_its_say_part_is_said() -
     assert [(p.kind, p.code) for p in retry.proposals] == [("line", "salvaged")]
     nothing = judge_reply("I will not answer in JSON.", memory(SCHEMA_RULE), 200, contradicted_fact, POLICY)
     assert nothing.code == "parse"
+
+
+def test_the_schema_rules_example_copied_as_the_reply_says_nothing() -> None:
+    """A small model answers the retry with the rule's own example: nothing of it is said or kept."""
+    copied = SCHEMA_RULE[SCHEMA_RULE.index("{"):]
+    verdict = judge_reply(copied, memory(SCHEMA_RULE), 200, contradicted_fact, POLICY)
+    assert verdict.code == "empty"
+    assert [(p.kind, p.code) for p in verdict.proposals] == [("line", "empty"), ("belief", "schema"),
+                                                             ("memory", "bounds")]
 
 
 def test_a_line_npc_with_forbidden_phrases_is_held_to_them() -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
 
 from sim.errors import ScenarioError
 from sim.inference import PoolConfig, open_pool, reply_problem
+from sim.inference.backends import llamacpp
 from sim.inference.backends.scripted import ScriptedBackend
 from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, accepted
 from sim.scenario import load_scenario, parse_scenario
@@ -44,8 +46,33 @@ async def test_the_openai_backend_asks_for_the_schema(fake: FakeOpenAI, endpoint
     else:
         assert body["json_schema"] == REPLY_SCHEMA
     assert "response_format" not in fake.requests[1]["body"] and "json_schema" not in fake.requests[1]["body"]
+    # the schema ends the object; a newline between its fields must not stop it (the line's stop is "\n")
+    assert "stop" not in body and result.params["stop"] == []
+    assert fake.requests[1]["body"]["stop"] == ["\n"]
     assert result.line == "Aye, a room for you."
     assert [(p.kind, p.code) for p in result.attempts[-1].proposals] == [("line", "ok"), ("belief", "ok")]
+
+
+async def test_the_llamacpp_backend_gives_a_schemas_grammar_no_stop_sequences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grammar ends the object and lets a newline stand between its fields: the line's stop
+    ("\n") would cut it. The model is a stand-in that keeps each call's arguments."""
+    calls: list[dict[str, Any]] = []
+
+    class Model:
+        def create_completion(self, prompt: str, **arguments: Any) -> dict[str, Any]:
+            calls.append(arguments)
+            return {"choices": [{"text": REPLY}], "usage": {}}
+
+    monkeypatch.setattr(llamacpp, "_grammar", lambda schema: f"grammar of {schema}")
+    backend = llamacpp.LlamaCppBackend(Model(), llamacpp.LlamaCppOptions(), "stand-in")
+    memory = make_request().memory
+    structured = await backend.generate(memory, REPLY_SCHEMA)
+    line = await backend.generate(memory)
+    assert calls[0]["grammar"] == f"grammar of {json.dumps(REPLY_SCHEMA, sort_keys=True)}" and calls[0]["stop"] == []
+    assert structured.params["stop"] == []
+    assert calls[1]["grammar"] is None and calls[1]["stop"] == ["\n"] == line.params["stop"]
 
 
 async def test_the_scripted_backend_answers_a_structured_reply_only_when_asked() -> None:

@@ -12,7 +12,8 @@
 5. `intent` / `intent_args`: an intent is on the NPC's allow-list, its arguments exactly
    the allow-list's, each of its type.
 6. `bounds`: at most `max_beliefs` beliefs and `max_memories` memories a turn (the first
-   ones that passed), a text of 1 to `MAX_PROPOSAL_CHARS` characters once cleaned.
+   ones that passed), a text of 1 to `MAX_PROPOSAL_CHARS` characters once cleaned, a letter
+   or digit among them ("..." says nothing, as a line of it does).
 
 A proposal refused is dropped alone, with its verdict; the first gate that refuses it
 names the code. Texts are cleaned before they are judged (controls, escapes, bidi marks
@@ -206,8 +207,9 @@ def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], 
     limit = {"belief": policy.max_beliefs, "memory": policy.max_memories, "intent": 1}[p.kind]
     if counts[p.kind] >= limit:
         return _refuse(p, "bounds", f"over {limit} {p.kind} proposals a turn")
-    if p.kind != "intent" and not 0 < len(p.text) <= MAX_PROPOSAL_CHARS:
-        return _refuse(p, "bounds", f"a text of {len(p.text)} characters (1 to {MAX_PROPOSAL_CHARS})")
+    if p.kind != "intent" and not (0 < len(p.text) <= MAX_PROPOSAL_CHARS and any(c.isalnum() for c in p.text)):
+        return _refuse(p, "bounds", f"a text of {len(p.text)} characters (1 to {MAX_PROPOSAL_CHARS}, "
+                                    "a letter or digit among them)")
     counts[p.kind] += 1
     if p.kind == "intent":  # arguments kept cleaned, as every text that passes
         return accepted(p.kind, p.text, args={k: clean_text(v) if isinstance(v, str) else v

@@ -73,10 +73,12 @@ REPLY_SCHEMA: dict[str, Any] = {
 completions, a grammar in llama-cpp-python."""
 
 SCHEMA_RULE = (
-    'Answer with one JSON object only: {"say": "<your spoken line>", "beliefs": [{"about": "<id>", "text": '
-    '"...", "confidence": 0.5}], "remember": [{"text": "...", "significance": 0.5}], "intent": null}'
+    'Answer with one JSON object only, "say" being your spoken line: {"say": "...", "beliefs": [{"about": "<id>", '
+    '"text": "...", "confidence": 0.5}], "remember": [{"text": "...", "significance": 0.5}], "intent": null}'
 )
-"""The retry's rule after a reply that is not of the shape: the schema, told to the model."""
+"""The retry's rule after a reply that is not of the shape: the schema, told to the model. Its
+placeholders say nothing when a model copies them: a `say` or a text of "..." is empty, an
+`about` of "<id>" is no id."""
 
 
 class RawReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -110,8 +110,12 @@ class LlamaCppBackend:
             "seed": options.seed,
             "stop": list(options.stop),
         }
+        self._structured = {**self._params, "stop": []}  # a schema's call: see `_complete`
 
     def _complete(self, prompt: str, schema: str | None) -> dict[str, Any]:
+        """One completion; with a `schema`, its grammar and no stop sequences: the grammar ends the
+        reply where its object ends, and lets a newline stand between its fields, where the
+        line's stop ("\n") would cut the object at its first."""
         o = self._options
         grammar = None if schema is None else _grammar(schema)
         with self._thread_lock:
@@ -122,7 +126,7 @@ class LlamaCppBackend:
                 top_p=o.top_p,
                 repeat_penalty=o.repeat_penalty,
                 seed=o.seed,
-                stop=list(o.stop),
+                stop=list(o.stop) if grammar is None else [],
                 grammar=grammar,
             )
         return result
@@ -138,7 +142,8 @@ class LlamaCppBackend:
         text = result["choices"][0]["text"]
         usage = result.get("usage", {})
         return Reply(
-            text=text, model=self.model, params=self._params, served_by=self._served_by,
+            text=text, model=self.model, params=self._params if schema is None else self._structured,
+            served_by=self._served_by,
             usage=Usage(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")),
         )
 

@@ -177,6 +177,7 @@ class OpenAIBackend:
             "temperature": options.temperature,
             "stop": list(options.stop),
         }
+        self._structured = {**self._params, "stop": []}  # a schema's request: see `_body`
         self._path = "/chat/completions" if options.endpoint == "chat" else "/completions"
         self._bound = reply_bound(options.max_tokens)
         self.prompt_form = "chat" if options.endpoint == "chat" else "text"
@@ -184,10 +185,12 @@ class OpenAIBackend:
 
     def _body(self, memory: WorkingMemory, schema: Mapping[str, Any] | None) -> dict[str, Any]:
         """The request; a `schema` is `response_format` on the chat endpoint, llama-server's
-        `json_schema` on completions."""
+        `json_schema` on completions. A request with a schema has no stop sequences: the schema
+        ends the reply where its object ends, and the server's grammar lets a newline stand
+        between its fields, where the line's stop ("\n") would cut the object at its first."""
         o = self._options
         body: dict[str, Any] = {"model": o.model, "max_tokens": o.max_tokens, "temperature": o.temperature}
-        if o.stop:
+        if o.stop and schema is None:
             body["stop"] = list(o.stop)
         if o.endpoint == "chat":
             body["messages"] = memory.messages()
@@ -207,7 +210,7 @@ class OpenAIBackend:
             for attempt in range(self._options.retries + 1):
                 self.breaker.before(url)
                 try:
-                    reply = await self._post(url, body)
+                    reply = await self._post(url, body, self._params if schema is None else self._structured)
                 except asyncio.CancelledError:
                     self.breaker.abandon()
                     raise
@@ -233,7 +236,7 @@ class OpenAIBackend:
                 return reply
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _post(self, url: str, body: dict[str, Any]) -> Reply:
+    async def _post(self, url: str, body: dict[str, Any], params: dict[str, Any]) -> Reply:
         try:
             async with self._client.stream("POST", url, json=body) as response:
                 status = response.status_code
@@ -251,7 +254,7 @@ class OpenAIBackend:
             raise InferenceError(f"POST {url}: the body cannot be decoded: {exc}") from exc
         if status >= 400:
             raise InferenceError(f"POST {url}: {status} {content[:200]!r}")
-        return self._parse(url, content)
+        return self._parse(url, content, params)
 
     async def _read(self, url: str, response: httpx.Response) -> bytes:
         """The body, or an InferenceError as soon as it is known to pass the bound."""
@@ -268,7 +271,7 @@ class OpenAIBackend:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _parse(self, url: str, content: bytes) -> Reply:
+    def _parse(self, url: str, content: bytes, params: dict[str, Any]) -> Reply:
         """The reply's text, what the server said it cost, and which model it named."""
         try:
             data = msgspec.json.decode(content)
@@ -278,7 +281,7 @@ class OpenAIBackend:
                 raise TypeError(f"text is {type(text).__name__}")
         except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
             raise InferenceError(f"POST {url}: malformed response ({exc}): {content[:200]!r}") from exc
-        return Reply(text=text, model=self.model, params=self._params, usage=reported_usage(data),
+        return Reply(text=text, model=self.model, params=params, usage=reported_usage(data),
                      served_by=served_by(data))
 
 
