@@ -4,17 +4,23 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sim.audit import AuditRecord
+from sim.cli.run import summary_rows
 from sim.errors import ConfigError
 from sim.inference import PoolConfig, open_pool
 from sim.inference.backends.servers import each_server, open_servers, shown_url
 from sim.inference.backends.spread import rendezvous_order
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
+from sim.store import open_reader
 from sim.wire.inference import InferenceResult
 from tests.fake_openai import open_fake_openai
-from tests.helpers import eventually
+from tests.helpers import VILLAGE, MosquittoProcess, eventually
 from tests.inference_helpers import make_request
 
 AGENTS = [f"npc{n}" for n in range(24)]
@@ -31,27 +37,23 @@ def pool_config(urls: list[str], **options: Any) -> PoolConfig:
 
 
 async def test_each_npc_is_answered_by_its_own_server_and_by_the_other_once_that_one_dies() -> None:
-    async with open_fake_openai() as survivor:
-        victim_context = open_fake_openai()
-        victim = await victim_context.__aenter__()
-        try:
-            urls = [victim.base_url, survivor.base_url]
-            async with open_pool(pool_config(urls)) as pool:
-                first = await asyncio.gather(*(pool.infer(make_request(0, agent=a)) for a in AGENTS))
-                assert [server_of(r) for r in first] == [rendezvous_order(a, urls)[0] for a in AGENTS]
-                assert {server_of(r) for r in first} == set(urls)  # both servers have NPCs
-                victims = [a for a in AGENTS if rendezvous_order(a, urls)[0] == victim.base_url]
+    async with open_fake_openai() as survivor, AsyncExitStack() as victim_lives:
+        victim = await victim_lives.enter_async_context(open_fake_openai())
+        urls = [victim.base_url, survivor.base_url]
+        async with open_pool(pool_config(urls)) as pool:
+            first = await asyncio.gather(*(pool.infer(make_request(0, agent=a)) for a in AGENTS))
+            assert [server_of(r) for r in first] == [rendezvous_order(a, urls)[0] for a in AGENTS]
+            assert {server_of(r) for r in first} == set(urls)  # both servers have NPCs
+            victims = [a for a in AGENTS if rendezvous_order(a, urls)[0] == victim.base_url]
 
-                victim.delay_s = 60.0  # its next replies are in flight when it dies
-                asked = len(victim.requests)
-                middle = [asyncio.create_task(pool.infer(make_request(1, agent=a))) for a in AGENTS]
-                await eventually(lambda: len(victim.requests) >= asked + len(victims),
-                                 what="the victim's NPCs' requests in flight at it")
-                await victim_context.__aexit__(None, None, None)
-                after_kill = await asyncio.gather(*middle)
-                later = await asyncio.gather(*(pool.infer(make_request(2, agent=a)) for a in AGENTS))
-        finally:
-            await victim_context.__aexit__(None, None, None)
+            victim.delay_s = 60.0  # its next replies are in flight when it dies
+            asked = len(victim.requests)
+            middle = [asyncio.create_task(pool.infer(make_request(1, agent=a))) for a in AGENTS]
+            await eventually(lambda: len(victim.requests) >= asked + len(victims),
+                             what="the victim's NPCs' requests in flight at it")
+            await victim_lives.aclose()
+            after_kill = await asyncio.gather(*middle)
+            later = await asyncio.gather(*(pool.infer(make_request(2, agent=a)) for a in AGENTS))
     for result in [*after_kill, *later]:
         assert not result.fallback, result.fallback_reason
         assert server_of(result) == survivor.base_url
@@ -92,3 +94,44 @@ def test_a_list_of_servers_that_is_not_one_is_a_config_error(urls: list[Any]) ->
 def test_a_server_named_with_a_login_is_shown_without_it() -> None:
     assert shown_url("http://user:secret@10.0.0.1:8080/v1?x=1#frag") == "http://10.0.0.1:8080/v1?x=1"
     assert shown_url("https://[::1]/v1") == "https://[::1]/v1"
+
+
+@pytest.mark.mosquitto
+async def test_a_run_whose_server_dies_mid_run_is_answered_by_the_other(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """Both servers hold their answers; the first to be asked dies with that request in flight,
+    and every record of the run says the other answered it, without a fallback line."""
+    db = tmp_path / "two.db"
+    async with AsyncExitStack() as first_life, AsyncExitStack() as second_life:
+        lives = {}
+        for life in (first_life, second_life):
+            fake = await life.enter_async_context(open_fake_openai())
+            fake.held.clear()
+            lives[fake.base_url] = (fake, life)
+        config = RunConfig(
+            scenario=VILLAGE, run_id="two", ticks=12, broker=BrokerConfig(url=mosquitto.url),
+            record=RecordConfig(db=str(db)),
+            inference=InferenceConfig(backend="openai", backend_options={"base_url": list(lives)}),
+        )
+        stats = RunStats()
+        running = asyncio.create_task(run(config, stats=stats))
+        asked = await eventually(lambda: [url for url, (f, _) in lives.items() if f.requests], what="a request")
+        victim_life = lives.pop(asked[0])[1]
+        (survivor, _), = lives.values()
+        killed_at = stats.tick
+        await victim_life.aclose()
+        survivor.held.set()
+        await running
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert records and killed_at < 11 and not any(r.fallback for r in records)
+    assert {server_of_record(r) for r in records} == {survivor.base_url}
+    rows = dict(summary_rows(stats))
+    assert rows[f"answered by {survivor.base_url}"] == str(len(records))
+    assert 1 <= int(rows[f"in flight at most: {survivor.base_url}"]) <= config.inference.concurrency
+
+
+def server_of_record(record: AuditRecord) -> str | None:
+    served = record.attempts[-1].served_by
+    return None if served is None else served.server

@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sim.errors import ConfigError
-from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Reply, convert_options
+from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Limited, Reply, convert_options
 from sim.wire.served import ServedBy
 
 __all__ = [
-    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "check_context_window", "convert_options",
-    "open_backend", "served_now",
+    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "check_context_window",
+    "convert_options", "open_backend", "served_now",
 ]
 
 BACKENDS = ("scripted", "openai", "llamacpp")
