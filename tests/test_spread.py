@@ -88,19 +88,21 @@ def test_an_overload_seen_by_every_request_in_flight_cuts_once() -> None:
     assert limit.limit == 16
 
 
+def answer_after(limit: AdaptiveLimit, clock: Clock, seconds: float) -> None:
+    started = limit.start()
+    clock.now += seconds
+    limit.answered(started)
+
+
 def test_answers_slower_than_twice_the_fastest_cut_and_fast_answers_grow_it_back() -> None:
     clock = Clock()
     limit = AdaptiveLimit(8, decrease=0.5, clock=clock)
-    s = limit.start()
-    clock.now += 0.1
-    limit.answered(s)
+    answer_after(limit, clock, 0.1)
+    answer_after(limit, clock, 0.5)  # one long reply is not a queue
     assert limit.limit == 8
-    s = limit.start()
-    clock.now += 0.5  # five times the fastest: the server's queue grows
-    limit.answered(s)
-    assert limit.limit == 4
-    for _ in range(40):
-        s = limit.start()
-        clock.now += 0.1
-        limit.answered(s)
+    for _ in range(3):
+        answer_after(limit, clock, 0.5)  # five times the fastest, again and again: the server's queue grows
+    assert limit.limit < 8
+    for _ in range(60):
+        answer_after(limit, clock, 0.1)
     assert limit.limit == 8  # back at the ceiling, never over it

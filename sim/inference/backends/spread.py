@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 __all__ = ["AdaptiveLimit", "rendezvous_order"]
 
+_SMOOTHING = 0.2  # the weight of each answer's latency in the moving average
+
 
 def _score(key: str, server: str) -> int:
     digest = hashlib.sha256(f"{server}\0{key}".encode()).digest()
@@ -28,8 +30,9 @@ class AdaptiveLimit:
     """How many requests one server gets at once: additive increase, multiplicative decrease.
 
     Starts at `ceiling` (the run's `--concurrency`) and stays within [1, ceiling]. Each answer
-    adds 1/limit (so one per full round of answers); an overload (429, 503) or an answer slower
-    than `tolerance` times the fastest seen multiplies it by `decrease`. Only answers to requests
+    adds 1/limit (so one per full round of answers); an overload (429, 503), or answers slower than
+    `tolerance` times the fastest seen (their moving average, so that one long reply is not a
+    queue), multiplies it by `decrease`. Only answers to requests
     started after the last decrease can decrease it again: one overload seen by many requests in
     flight counts once. The clock is injectable (a virtual one in tests).
     """
@@ -46,6 +49,7 @@ class AdaptiveLimit:
         self.clock = clock
         self._limit = float(ceiling)
         self._fastest: float | None = None
+        self._latency = 0.0  # the answers' moving average
         self._decreased_at = float("-inf")
         self.decreases = 0
 
@@ -62,8 +66,9 @@ class AdaptiveLimit:
         """A request started at `started` was answered."""
         latency = max(0.0, self.clock() - started)
         if self._fastest is None or latency < self._fastest:
-            self._fastest = latency
-        if self._fastest > 0 and latency > self.tolerance * self._fastest and self._cut(started):
+            self._fastest, self._latency = latency, latency
+        self._latency += _SMOOTHING * (latency - self._latency)
+        if self._fastest > 0 and self._latency > self.tolerance * self._fastest and self._cut(started):
             return
         self._limit = min(float(self.ceiling), self._limit + 1 / max(self._limit, 1.0))
 
