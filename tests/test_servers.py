@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -11,12 +12,15 @@ from typing import Any
 import pytest
 
 from sim.audit import AuditRecord
+from sim.cli._options import add_backend_arguments, backend_options
 from sim.cli.run import summary_rows
-from sim.errors import ConfigError
+from sim.errors import ConfigError, ScenarioError
 from sim.inference import PoolConfig, open_pool
 from sim.inference.backends.servers import each_server, open_servers, shown_url
 from sim.inference.backends.spread import rendezvous_order
+from sim.scenario import parse_scenario, read_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
+from sim.shard._run_config import with_servers
 from sim.store import open_reader
 from sim.wire.inference import InferenceResult
 from tests.fake_openai import open_fake_openai
@@ -135,3 +139,27 @@ async def test_a_run_whose_server_dies_mid_run_is_answered_by_the_other(
 def server_of_record(record: AuditRecord) -> str | None:
     served = record.attempts[-1].served_by
     return None if served is None else served.server
+
+
+def test_the_scenario_names_the_servers_when_the_run_names_none() -> None:
+    scenario = parse_scenario(read_scenario("village").data + b'\n[inference]\nservers = ["http://a:1/v1", "http://b:2/v1"]\n')
+    given = RunConfig(scenario="village", inference=InferenceConfig(backend="openai"))
+    assert with_servers(given, scenario).inference.backend_options == {"base_url": ["http://a:1/v1", "http://b:2/v1"]}
+    named = RunConfig(scenario="village", inference=InferenceConfig(backend="openai",
+                                                                    backend_options={"base_url": "http://c:3/v1"}))
+    assert with_servers(named, scenario) == named  # --base-url wins
+
+
+@pytest.mark.parametrize("servers", ['["ftp://a/v1"]', '["http://a b/v1"]', '"http://a/v1"'])
+def test_a_scenario_server_that_is_not_an_http_url_is_refused(servers: str) -> None:
+    with pytest.raises(ScenarioError, match="inference"):
+        parse_scenario(read_scenario("village").data + f"\n[inference]\nservers = {servers}\n".encode())
+
+
+def test_base_url_given_twice_is_a_list_of_servers() -> None:
+    parser = argparse.ArgumentParser()
+    add_backend_arguments(parser)
+    one = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1"])
+    two = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1", "--base-url", "http://b/v1"])
+    assert backend_options(one) == {"base_url": "http://a/v1"}
+    assert backend_options(two) == {"base_url": ["http://a/v1", "http://b/v1"]}
