@@ -42,6 +42,7 @@ class FakeOpenAI:
         self.held.set()
         self.huge_chars = 50 * 1024 * 1024
         self.n_ctx: int | None = None
+        self.total_slots: int | None = None  # said in GET /props when set
         self.gets: list[str] = []  # the paths asked with GET (`requests` holds the POSTs)
         self.fingerprint = "fake-build-1"
         self._last_prompt: list[str] = []
@@ -136,6 +137,8 @@ class FakeOpenAI:
         self.gets.append(path)
         if path == "/props":
             props: dict[str, Any] = {"build_info": self.fingerprint}
+            if self.total_slots is not None:
+                props["total_slots"] = self.total_slots
             if self.n_ctx is not None:
                 props["default_generation_settings"] = {"n_ctx": self.n_ctx}
             status, payload = 200, json.dumps(props).encode()

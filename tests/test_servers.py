@@ -26,6 +26,7 @@ from sim.wire.inference import InferenceResult
 from tests.fake_openai import open_fake_openai
 from tests.helpers import VILLAGE, MosquittoProcess, eventually
 from tests.inference_helpers import make_request
+from tests.llama_server import SLOTS, LlamaServer
 
 AGENTS = [f"npc{n}" for n in range(24)]
 
@@ -163,3 +164,41 @@ def test_base_url_given_twice_is_a_list_of_servers() -> None:
     two = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1", "--base-url", "http://b/v1"])
     assert backend_options(one) == {"base_url": "http://a/v1"}
     assert backend_options(two) == {"base_url": ["http://a/v1", "http://b/v1"]}
+
+
+async def test_with_slot_affinity_each_npc_keeps_its_own_slot_of_the_server() -> None:
+    async with open_fake_openai() as fake:
+        fake.total_slots = 4
+        async with open_servers({"base_url": fake.base_url, "slot_affinity": True}, concurrency=4) as backend:
+            for tick in range(2):
+                for agent in AGENTS:
+                    await backend.generate(make_request(tick, agent=agent).memory)
+        async with open_servers({"base_url": fake.base_url}, concurrency=4) as backend:
+            await backend.generate(make_request(0).memory)
+    slots = [r["body"]["id_slot"] for r in fake.requests[:-1]]
+    assert slots[: len(AGENTS)] == slots[len(AGENTS):]  # the same slot for the same NPC, tick after tick
+    assert set(slots) == {0, 1, 2, 3}  # the NPCs spread over the slots
+    assert "id_slot" not in fake.requests[-1]["body"]  # off by default
+
+
+async def test_slot_affinity_on_a_server_that_does_not_say_its_slots_sends_no_slot() -> None:
+    async with open_fake_openai() as fake:
+        options = {"base_url": fake.base_url, "slot_affinity": True}
+        async with open_servers(options, concurrency=4) as backend:
+            await backend.generate(make_request(0).memory)
+    assert "id_slot" not in fake.requests[0]["body"]
+
+
+async def test_llama_servers_slots_are_read_and_each_npc_meets_its_prompt_in_its_slot(
+    llama_server: LlamaServer,
+) -> None:
+    options = {"base_url": llama_server.base_url, "endpoint": "completions", "slot_affinity": True, "max_tokens": 8}
+    async with open_servers(options, concurrency=SLOTS) as backend:
+        (server,) = backend.servers.values()
+        assert len(server.slots) == SLOTS
+        agents = AGENTS[:SLOTS]
+        for _ in range(2):
+            replies = [await backend.generate(make_request(0, agent=a).memory) for a in agents]
+    for reply in replies:  # the second round: each prompt again, in the slot that kept it
+        usage = reply.usage
+        assert usage.prompt_tokens and usage.cached_tokens and usage.cached_tokens >= usage.prompt_tokens // 2

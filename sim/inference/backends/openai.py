@@ -83,6 +83,7 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_retry_after: float = 30.0
     breaker_failures: int = 5
     breaker_cooldown: float = 10.0
+    slot_affinity: bool = False  # llama.cpp: each NPC's requests in its own slot (`id_slot`; servers.py)
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -203,8 +204,13 @@ class OpenAIBackend:
             body["json_schema"] = schema
         return body
 
-    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
+    async def generate(
+        self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None, *, slot: int | None = None,
+    ) -> Reply:
+        """`slot`: the server's slot to serve it in (llama.cpp's `id_slot`), None for any."""
         body = self._body(memory, schema)
+        if slot is not None:
+            body["id_slot"] = slot
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
         backoff = Backoff(self._options.backoff)
         async with self._slots:

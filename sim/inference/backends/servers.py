@@ -6,6 +6,9 @@ retries, or its circuit breaker is open) the request goes on to the next server 
 order. Each server has its own client, retries and circuit breaker (`OpenAIBackend`), and its
 own adaptive limit on requests in flight (`AdaptiveLimit`, at most the worker's concurrency).
 Each reply names the server that gave it (`ServedBy.server`, without any user and password).
+With `slot_affinity` (llama.cpp's server), each NPC's requests also go to its own slot of that
+server (`id_slot`, rendezvous again over the slots its `GET /props` says it has), so that its
+prompt stays in that slot's cache.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, ServerUnavailableError
-from sim.inference.backends._base import Reply
-from sim.inference.backends.openai import OpenAIBackend, open_openai
+from sim.inference.backends._base import Reply, convert_options
+from sim.inference.backends._reported import server_slots
+from sim.inference.backends.openai import OpenAIBackend, OpenAIOptions, open_openai
 from sim.inference.backends.spread import AdaptiveLimit, rendezvous_order
 from sim.memory import WorkingMemory
 
@@ -59,10 +63,11 @@ def shown_url(url: str) -> str:
 class Server:
     """One server: its backend, its adaptive limit, and the requests it has in flight."""
 
-    def __init__(self, backend: OpenAIBackend, limit: AdaptiveLimit, url: str) -> None:
+    def __init__(self, backend: OpenAIBackend, limit: AdaptiveLimit, url: str, slots: int | None = None) -> None:
         self.backend = backend
         self.limit = limit
         self.url = url
+        self.slots = [str(n) for n in range(slots or 0)]  # an NPC's own slot is ranked among these
         self.in_flight = 0
         self.answered = 0
         self._turn = asyncio.Condition()
@@ -77,8 +82,9 @@ class Server:
             await self._turn.wait_for(lambda: self.in_flight < self.limit.limit)
             self.in_flight += 1
         started, overloads = self.limit.start(), self.backend.overloads
+        slot = int(rendezvous_order(memory.agent_id, self.slots)[0]) if self.slots else None
         try:
-            reply = await self.backend.generate(memory, schema)
+            reply = await self.backend.generate(memory, schema, slot=slot)
         finally:
             if self.backend.overloads > overloads:
                 self.limit.overloaded(started)
@@ -137,6 +143,11 @@ async def open_servers(
         servers = []
         for one in each_server(options):
             backend = await stack.enter_async_context(open_openai(one, concurrency, time_limit, clock=clock))
-            ceiling = one.get("in_flight") or concurrency
-            servers.append(Server(backend, AdaptiveLimit(ceiling, clock=clock), shown_url(one["base_url"])))
+            opts = convert_options("openai", one, OpenAIOptions)
+            slots = await server_slots(opts.base_url, opts.connect_timeout) if opts.slot_affinity else None
+            if opts.slot_affinity and slots is None:
+                log.warning("%s does not say its slots (GET /props total_slots): its NPCs share them",
+                            shown_url(opts.base_url))
+            limit = AdaptiveLimit(opts.in_flight or concurrency, clock=clock)
+            servers.append(Server(backend, limit, shown_url(opts.base_url), slots))
         yield ServersBackend(servers)
