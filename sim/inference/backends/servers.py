@@ -69,7 +69,6 @@ class Server:
         self.url = url
         self.slots = [str(n) for n in range(slots or 0)]  # an NPC's own slot is ranked among these
         self.in_flight = 0
-        self.answered = 0
         self._turn = asyncio.Condition()
 
     @property
@@ -92,7 +91,6 @@ class Server:
                 self.in_flight -= 1
                 self._turn.notify_all()
         self.limit.answered(started)
-        self.answered += 1
         return msgspec.structs.replace(reply, served_by=msgspec.structs.replace(reply.served_by, server=self.url))
 
 
@@ -105,7 +103,6 @@ class ServersBackend:
         self.servers = {server.url: server for server in servers}
         first = servers[0].backend
         self.model, self.prompt_form, self.prompt_prefix = first.model, first.prompt_form, first.prompt_prefix
-        self.failovers = 0
 
     def order(self, agent_id: str) -> list[Server]:
         """The servers in `agent_id`'s order, those with an open breaker last."""
@@ -124,7 +121,6 @@ class ServersBackend:
             except _FAILOVER as exc:
                 if number == len(order):
                     raise
-                self.failovers += 1
                 log.info("%s did not answer (%s): %s goes on to %s", server.url, type(exc).__name__,
                          memory.agent_id, order[number].url)
         raise AssertionError("unreachable: the last server returns or raises")
