@@ -34,6 +34,7 @@ __all__ = [
     "OverBudgetError",
     "RejectedOutputError",
     "ScenarioError",
+    "ServerUnavailableError",
     "SchemaError",
     "StoreError",
     "single_error",
@@ -94,6 +95,11 @@ class BackendTimeoutError(InferenceError):
 
 class CircuitOpenError(InferenceError):
     """The backend's circuit breaker is open: failing fast."""
+
+
+class ServerUnavailableError(InferenceError):
+    """A model server did not answer (connection refused or lost, 429, 5xx) after its
+    retries: another server may."""
 
 
 class RejectedOutputError(InferenceError):

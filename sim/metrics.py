@@ -131,6 +131,11 @@ class _Sources(Collector):
                                     value=stats.in_flight)
             yield GaugeMetricFamily("npcsim_inference_queue_depth", "Inferences waiting for a slot.",
                                     value=stats.waiting)
+            limits = GaugeMetricFamily("npcsim_server_limit", "Each model server's adaptive limit on inferences "
+                                       "in flight.", labels=["server"])
+            for server, limit in sorted(stats.server_limits.items()):
+                limits.add_metric([server], limit)
+            yield limits
         malformed = CounterMetricFamily(
             "npcsim_malformed_messages", "Refused or malformed messages, dropped, by kind.", labels=["kind"]
         )

@@ -37,6 +37,7 @@ from sim.wire.events import Name, WorldStateMessage
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
+    "InferenceSpec",
     "LocationSpec",
     "NpcSpec",
     "PlayerInput",
@@ -118,6 +119,15 @@ class PlayerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     script: list[PlayerInput] = []
 
 
+ServerUrl = Annotated[str, msgspec.Meta(pattern=r"^https?://\S+$", max_length=2048)]
+
+
+class InferenceSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The `openai` backend's servers (base URLs), for a run that names none (`--base-url`)."""
+
+    servers: Annotated[list[ServerUrl], msgspec.Meta(max_length=256)] = []
+
+
 class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dict=True):
     scenario: ScenarioMeta
     locations: list[LocationSpec]
@@ -125,6 +135,7 @@ class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dic
     world: list[WorldFact] = []
     players: list[PlayerSpec] = []
     memory: WorkingMemoryConfig = WorkingMemoryConfig()
+    inference: InferenceSpec = InferenceSpec()
 
     @functools.cached_property
     def _npcs_by_id(self) -> dict[str, NpcSpec]:

@@ -8,7 +8,8 @@ reply text is `huge_chars` long, sent in chunks without a Content-Length and nev
 memory whole, so that only the client's side of it costs memory). An "ok" answer
 reports `usage` (prompt tokens: the words of the prompt or messages; completion tokens: the
 words of the reply); `delay_s` holds every answer back, and `capacity` serves at most that
-many requests at a time (the rest wait), like a model server whose batch is full. With
+many requests at a time (the rest wait), like a model server whose batch is full; while
+`held` is clear, every answer waits for it (a test's hand on the server's progress). With
 `GET /props` names its build as llama.cpp's server does (`build_info`, the replies'
 `system_fingerprint`), and with `n_ctx` set its context window per slot.
 """
@@ -37,8 +38,11 @@ class FakeOpenAI:
         self.timings: dict[str, Any] | None = None  # llama.cpp's `timings` of a reply, when set
         self.delay_s = 0.0
         self.capacity: int | None = None
+        self.held = asyncio.Event()
+        self.held.set()
         self.huge_chars = 50 * 1024 * 1024
         self.n_ctx: int | None = None
+        self.total_slots: int | None = None  # said in GET /props when set
         self.gets: list[str] = []  # the paths asked with GET (`requests` holds the POSTs)
         self.fingerprint = "fake-build-1"
         self._last_prompt: list[str] = []
@@ -82,6 +86,7 @@ class FakeOpenAI:
         self.requests.append({"method": method, "path": path, "headers": headers, "body": request})
         if mode == "hang":
             await asyncio.Event().wait()  # the subject: a server that never answers (the client's timeout ends it)
+        await self.held.wait()
         if self.capacity is not None:
             self._busy = self._busy or asyncio.Semaphore(self.capacity)
             async with self._busy:
@@ -132,6 +137,8 @@ class FakeOpenAI:
         self.gets.append(path)
         if path == "/props":
             props: dict[str, Any] = {"build_info": self.fingerprint}
+            if self.total_slots is not None:
+                props["total_slots"] = self.total_slots
             if self.n_ctx is not None:
                 props["default_generation_settings"] = {"n_ctx": self.n_ctx}
             status, payload = 200, json.dumps(props).encode()

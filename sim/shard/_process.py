@@ -44,6 +44,7 @@ from sim.shard._run_config import (
     hot_limit,
     memory_config,
     parse_shard,
+    with_servers,
 )
 from sim.shard._startup import (
     PausedCollector,
@@ -110,6 +111,7 @@ async def _run(
         stats.startup_progress.enter(StartupPhase.LOADING)
         scenario, text = await load_scenario_in_thread(config.scenario)
         scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
+        config = with_servers(config, scenario)
         check_retention(config, hot_limit(scenario.memory))
         check_resumable(config)
         check_shards(config, scenario)

@@ -31,6 +31,8 @@ __all__ = ["Recorder", "Spoken"]
 
 log = logging.getLogger(__name__)
 
+_SERVERS_NAMED = 64  # servers counted by name; a remote worker's replies could name any number
+
 
 class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     """One line said: the `say` message published, and how it came about.
@@ -82,7 +84,7 @@ class Recorder:
         self._stats.inferences += 1
         self._stats.fallbacks += result.fallback
         self._stats.lines += 1
-        self._count_prompt_tokens(result)
+        self._count_calls(result)
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
         self._count_verdicts(say.agent, result)
@@ -119,9 +121,15 @@ class Recorder:
                     log.info("%s: attempt %d of %s: %s %r %s (%s): %s", agent, n, result.id, verdict.kind,
                              verdict.text[:80], verdict.verdict, verdict.code, verdict.detail)
 
-    def _count_prompt_tokens(self, result: InferenceResult) -> None:
-        """The prompt tokens each call's server evaluated and reused, where it said both."""
+    def _count_calls(self, result: InferenceResult) -> None:
+        """The prompt tokens each call's server evaluated and reused, where it said both; and
+        the calls each server answered, where the backend named it."""
         for attempt in result.attempts:
+            server = attempt.served_by.server if attempt.served_by is not None else None
+            if server is not None:
+                named = self._stats.answered_by
+                key = server if server in named or len(named) < _SERVERS_NAMED else "(other servers)"
+                named[key] = named.get(key, 0) + 1
             usage = attempt.usage
             if usage is not None and usage.evaluated_tokens is not None:
                 self._stats.prompt_tokens_evaluated += usage.evaluated_tokens

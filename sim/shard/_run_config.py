@@ -40,6 +40,7 @@ __all__ = [
     "parse_shard",
     "pool_transport",
     "shard_npcs",
+    "with_servers",
 ]
 
 
@@ -215,6 +216,17 @@ def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
     overrides = {name: value for name in ("max_context_chars", "max_context_tokens")
                  if (value := getattr(config.limits, name)) is not None}
     return msgspec.structs.replace(scenario.memory, **overrides) if overrides else scenario.memory
+
+
+def with_servers(config: RunConfig, scenario: Scenario) -> RunConfig:
+    """The run with the scenario's `[inference] servers` as the `openai` backend's `base_url`,
+    when the run names none (`--base-url` wins)."""
+    inference = config.inference
+    servers = scenario.inference.servers
+    if inference.backend != "openai" or "base_url" in inference.backend_options or not servers:
+        return config
+    options = {**inference.backend_options, "base_url": list(servers)}
+    return msgspec.structs.replace(config, inference=msgspec.structs.replace(inference, backend_options=options))
 
 
 def hot_limit(config: WorkingMemoryConfig) -> int:

@@ -55,6 +55,8 @@ class RunStats:
     startup_progress: StartupProgress = field(default_factory=StartupProgress)
     dialogue: list[SayMessage] = field(default_factory=list)
     verdicts: dict[str, int] = field(default_factory=dict)  # the gates' verdicts but "ok", by code (docs/npc-output.md)
+    answered_by: dict[str, int] = field(default_factory=dict)  # calls answered, by model server (ServedBy.server)
+    server_limits: dict[str, int] = field(default_factory=dict)  # each server's adaptive limit, as of the last tick
 
 
 @dataclass(frozen=True)

@@ -44,12 +44,14 @@ class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
 
     `model` is the server's own id for the model (an OpenAI-compatible reply's `model`),
     `build` the server's build (llama.cpp's `build_info`, or a reply's `system_fingerprint`),
-    `sha256` the model file's digest where npcsim loaded the file itself (`llamacpp`).
+    `sha256` the model file's digest where npcsim loaded the file itself (`llamacpp`),
+    `server` the base URL of the server that answered (`openai`; one of several, docs/inference.md).
     """
 
     model: str | None = None
     build: str | None = None
     sha256: str | None = None
+    server: str | None = None
 
     def differs(self, other: ServedBy) -> bool:
         """Whether `other` is another model: a field both name differs (saying nothing differs in nothing)."""

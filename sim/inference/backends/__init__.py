@@ -1,4 +1,4 @@
-"""Inference backends: `scripted` (default), `openai`, `llamacpp` (extra `llm`).
+"""Inference backends: `scripted` (default), `openai` (one server or several), `llamacpp` (extra `llm`).
 
 A backend turns a working memory into a raw reply; output handling, deadlines and the
 fallback are the worker's business, not the backend's. Each backend validates its own
@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sim.errors import ConfigError
-from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Reply, convert_options
+from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Limited, Reply, convert_options
 from sim.wire.served import ServedBy
 
 __all__ = [
-    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "check_context_window", "convert_options",
-    "open_backend", "served_now",
+    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "check_context_window",
+    "convert_options", "open_backend", "served_now",
 ]
 
 BACKENDS = ("scripted", "openai", "llamacpp")
@@ -32,17 +32,20 @@ async def check_context_window(name: str, options: Mapping[str, Any], budget_tok
     its window), the others are not checked."""
     if name == "openai":
         from sim.inference.backends.openai import check_server_window
+        from sim.inference.backends.servers import each_server
 
-        await check_server_window(options, budget_tokens)
+        for server in each_server(options):
+            await check_server_window(server, budget_tokens)
 
 
 async def served_now(name: str, options: Mapping[str, Any]) -> ServedBy:
     """Which model the named backend answers with now, as its replies name it (`audit replay`
-    compares it with each record's): `openai` asks its server, `llamacpp` reads its model file."""
+    compares it with each record's): `openai` asks its (first) server, `llamacpp` reads its model file."""
     if name == "openai":
         from sim.inference.backends.openai import served_now as server_model
+        from sim.inference.backends.servers import each_server
 
-        return await server_model(options)
+        return await server_model(each_server(options)[0])
     if name == "llamacpp":
         from sim.inference.backends.llamacpp import served_now as file_model
 
@@ -63,9 +66,9 @@ async def open_backend(
 
         yield ScriptedBackend(options)
     elif name == "openai":
-        from sim.inference.backends.openai import open_openai
+        from sim.inference.backends.servers import open_servers
 
-        async with open_openai(options, concurrency, time_limit) as backend:
+        async with open_servers(options, concurrency, time_limit) as backend:
             yield backend
     elif name == "llamacpp":
         from sim.inference.backends.llamacpp import open_llamacpp

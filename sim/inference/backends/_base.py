@@ -10,7 +10,7 @@ reply checks both read them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -18,7 +18,7 @@ from sim.errors import ConfigError
 from sim.memory import WorkingMemory
 from sim.wire.served import ServedBy, Usage
 
-__all__ = ["FEW_SHOT", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Reply", "convert_options"]
+__all__ = ["FEW_SHOT", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "convert_options"]
 
 T = TypeVar("T")
 
@@ -67,6 +67,15 @@ class Backend(Protocol):
 
         `schema`: the JSON Schema the reply must keep (a structured reply, sim.output), which
         the backend asks its server to enforce the way that server can; None for a line."""
+        ...
+
+
+@runtime_checkable
+class Limited(Protocol):
+    """A backend that adapts how many requests each of its servers gets at once (`openai`)."""
+
+    def limits(self) -> dict[str, int]:
+        """Each server's limit now, by its URL."""
         ...
 
 

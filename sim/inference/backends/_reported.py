@@ -17,13 +17,14 @@ import msgspec
 from sim.errors import ConfigError
 from sim.wire.served import ServedBy, Usage
 
-__all__ = ["model_now", "reported_usage", "served_by", "server_window"]
+__all__ = ["model_now", "reported_usage", "served_by", "server_slots", "server_window"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _NAME_CHARS = 256  # the longest model id or build kept from a reply: a longer one is not a name
+_MOST_SLOTS = 4096  # more slots than a server could hold: not a count
 
 
 def served_by(data: dict[str, Any]) -> ServedBy:
@@ -91,11 +92,28 @@ async def server_window(base_url: str, wait_s: float) -> int | None:
     says nothing either: the backend's own retries and circuit breaker deal with a server
     that is down.
     """
+    return await _said(base_url, wait_s, "its context window", _props_window, _slots_window)
+
+
+async def server_slots(base_url: str, wait_s: float) -> int | None:
+    """How many slots the server serves requests in; None when it does not say or cannot be asked.
+
+    llama.cpp says `total_slots` in `GET /props`, and lists its slots in `GET /slots`.
+    """
+    return await _said(base_url, wait_s, "its slots", _props_slots, _slots_count)
+
+
+async def _said(
+    base_url: str, wait_s: float, what: str, of_props: Callable[[object], int | None],
+    of_slots: Callable[[object], int | None],
+) -> int | None:
+    """A count llama.cpp's `GET /props` or else `GET /slots` says; None when neither does or
+    the server cannot be reached (logged, naming `what`)."""
     root = _root(base_url)
     try:
-        return await _first_answer(wait_s, ((f"{root}/props", _props_window), (f"{root}/slots", _slots_window)))
+        return await _first_answer(wait_s, ((f"{root}/props", of_props), (f"{root}/slots", of_slots)))
     except httpx.HTTPError as exc:
-        log.info("cannot ask %s for its context window: %s: %s", root, type(exc).__name__, exc)
+        log.info("cannot ask %s for %s: %s: %s", root, what, type(exc).__name__, exc)
         return None
 
 
@@ -142,6 +160,15 @@ def _slots_window(slots: object) -> int | None:
     if not isinstance(slots, list) or not slots:
         return None
     return _count(_object(slots[0]).get("n_ctx")) or None
+
+
+def _props_slots(props: object) -> int | None:
+    slots = _count(_object(props).get("total_slots"))
+    return slots if slots and slots <= _MOST_SLOTS else None
+
+
+def _slots_count(slots: object) -> int | None:
+    return len(slots) if isinstance(slots, list) and 0 < len(slots) <= _MOST_SLOTS else None
 
 
 def _props_model(props: object) -> ServedBy | None:

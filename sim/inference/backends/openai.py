@@ -43,7 +43,7 @@ import httpx
 import msgspec
 
 from sim.backoff import Backoff, BackoffPolicy
-from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError
+from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, InferenceError, ServerUnavailableError
 from sim.inference.backends._base import Reply, convert_options
 from sim.inference.backends._reported import model_now, reported_usage, served_by, server_window
 from sim.memory import WorkingMemory
@@ -83,6 +83,7 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_retry_after: float = 30.0
     breaker_failures: int = 5
     breaker_cooldown: float = 10.0
+    slot_affinity: bool = False  # llama.cpp: each NPC's requests in its own slot (`id_slot`; servers.py)
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -93,10 +94,13 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class _Transient(InferenceError):
     """A failure worth retrying; `wait` is the server's Retry-After, when it gave one."""
 
-    def __init__(self, message: str, wait: float | None = None, counts_for_breaker: bool = True) -> None:
+    def __init__(
+        self, message: str, wait: float | None = None, counts_for_breaker: bool = True, overload: bool = False,
+    ) -> None:
         super().__init__(message)
         self.wait = wait
         self.counts_for_breaker = counts_for_breaker
+        self.overload = overload  # 429 or 503: the server said it is too busy
 
 
 class CircuitBreaker:
@@ -171,6 +175,7 @@ class OpenAIBackend:
         self._slots = asyncio.Semaphore(in_flight)
         self.model = options.model
         self.breaker = CircuitBreaker(options.breaker_failures, options.breaker_cooldown, clock)
+        self.overloads = 0  # 429s and 503s seen: the adaptive limit's signal (sim.inference.backends.servers)
         self._params: dict[str, Any] = {
             "endpoint": options.endpoint,
             "max_tokens": options.max_tokens,
@@ -202,8 +207,13 @@ class OpenAIBackend:
             body["json_schema"] = schema
         return body
 
-    async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
+    async def generate(
+        self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None, *, slot: int | None = None,
+    ) -> Reply:
+        """`slot`: the server's slot to serve it in (llama.cpp's `id_slot`), None for any."""
         body = self._body(memory, schema)
+        if slot is not None:
+            body["id_slot"] = slot
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
         backoff = Backoff(self._options.backoff)
         async with self._slots:
@@ -215,6 +225,7 @@ class OpenAIBackend:
                     self.breaker.abandon()
                     raise
                 except _Transient as exc:
+                    self.overloads += exc.overload
                     if exc.counts_for_breaker:
                         self.breaker.failure()
                     else:
@@ -222,7 +233,7 @@ class OpenAIBackend:
                     if attempt == self._options.retries:
                         if isinstance(exc.__cause__, httpx.TimeoutException):
                             raise BackendTimeoutError(str(exc)) from exc
-                        raise InferenceError(str(exc)) from exc
+                        raise ServerUnavailableError(str(exc)) from exc
                     wait = backoff.next()  # counted on every retry, so the waits grow by attempt
                     if exc.wait is not None:
                         wait = min(exc.wait, self._options.max_retry_after)  # the server's Retry-After wins
@@ -242,9 +253,9 @@ class OpenAIBackend:
                 status = response.status_code
                 if status == 429:
                     raise _Transient(f"POST {url}: 429 Too Many Requests", _retry_after(response),
-                                     counts_for_breaker=False)
+                                     counts_for_breaker=False, overload=True)
                 if status >= 500:
-                    raise _Transient(f"POST {url}: server error {status}")
+                    raise _Transient(f"POST {url}: server error {status}", overload=status == 503)
                 content = await self._read(url, response)
         except httpx.TimeoutException as exc:
             raise _Transient(f"POST {url}: timed out ({type(exc).__name__})") from exc

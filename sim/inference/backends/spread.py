@@ -1,0 +1,86 @@
+"""How requests are spread over several model servers, without I/O: each NPC's order of the
+servers (rendezvous hashing) and each server's adaptive limit on requests in flight (AIMD).
+
+Rendezvous hashing gives each NPC the same first server run after run, so its prompts meet
+the server's prompt cache; a server added or removed moves only the NPCs that rank it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+
+__all__ = ["AdaptiveLimit", "rendezvous_order"]
+
+_SMOOTHING = 0.2  # the weight of each answer's latency in the moving average
+
+
+def _score(key: str, server: str) -> int:
+    digest = hashlib.sha256(f"{server}\0{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def rendezvous_order(key: str, servers: Sequence[str]) -> list[str]:
+    """`servers` in `key`'s order: highest score first, ties (none in practice) by name."""
+    return sorted(servers, key=lambda server: (-_score(key, server), server))
+
+
+class AdaptiveLimit:
+    """How many requests one server gets at once: additive increase, multiplicative decrease.
+
+    Starts at `ceiling` (the run's `--concurrency`) and stays within [1, ceiling]. Each answer
+    adds 1/limit (so one per full round of answers); an overload (429, 503), or answers slower than
+    `tolerance` times the fastest seen (their moving average, so that one long reply is not a
+    queue), multiplies it by `decrease`. Only answers to requests
+    started after the last decrease can decrease it again: one overload seen by many requests in
+    flight counts once. The clock is injectable (a virtual one in tests).
+    """
+
+    def __init__(
+        self, ceiling: int, *, decrease: float = 0.7, tolerance: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ceiling < 1 or not 0 < decrease < 1 or not tolerance > 1:
+            raise ValueError(f"ceiling >= 1, 0 < decrease < 1, tolerance > 1; got {ceiling}, {decrease}, {tolerance}")
+        self.ceiling = ceiling
+        self.decrease = decrease
+        self.tolerance = tolerance
+        self.clock = clock
+        self._limit = float(ceiling)
+        self._fastest: float | None = None
+        self._latency = 0.0  # the answers' moving average
+        self._decreased_at = float("-inf")
+        self.decreases = 0
+
+    @property
+    def limit(self) -> int:
+        """The requests allowed in flight now."""
+        return max(1, min(self.ceiling, int(self._limit)))
+
+    def start(self) -> float:
+        """A request starts now: the time to give back to `answered` or `overloaded`."""
+        return self.clock()
+
+    def answered(self, started: float) -> None:
+        """A request started at `started` was answered."""
+        latency = max(0.0, self.clock() - started)
+        if self._fastest is None or latency < self._fastest:
+            self._fastest, self._latency = latency, latency
+        self._latency += _SMOOTHING * (latency - self._latency)
+        if self._fastest > 0 and self._latency > self.tolerance * self._fastest and self._cut(started):
+            return
+        self._limit = min(float(self.ceiling), self._limit + 1 / max(self._limit, 1.0))
+
+    def overloaded(self, started: float) -> None:
+        """The server refused a request started at `started` as too busy (429, 503)."""
+        self._cut(started)
+
+    def _cut(self, started: float) -> bool:
+        """Decrease once per round of requests; whether it did."""
+        if started <= self._decreased_at:
+            return False
+        self._limit = max(1.0, self._limit * self.decrease)
+        self._decreased_at = self.clock()
+        self.decreases += 1
+        return True
