@@ -1,6 +1,6 @@
 """The one place the load test touches the inference pool (sim.inference).
 
-The round trip is `await infer(memory, tick)`; this module opens the pool the options ask
+The round trip is `await infer(memory, tick, output)`; this module opens the pool the options ask
 for and adapts it to that one call:
 
 * in-process (default): the pool runs its worker in this process;
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from sim.audit import Attempt, OutputPolicy
 from sim.errors import BrokerError, ConfigError
 from sim.helper import Helper
 from sim.memory import WorkingMemory
@@ -35,14 +36,16 @@ log = logging.getLogger(__name__)
 
 
 class Answer(NamedTuple):
-    """What the round trip keeps of a result: fallback or not, and the tokens the backend reported."""
+    """What the round trip keeps of a result: fallback or not, the tokens the backend reported,
+    and the attempts (their gates' verdicts, under an output policy)."""
 
     fallback: bool
     prompt_tokens: int | None
     completion_tokens: int | None
+    attempts: tuple[Attempt, ...] = ()
 
 
-Infer = Callable[[WorkingMemory, int], Awaitable[Answer]]
+Infer = Callable[[WorkingMemory, int, OutputPolicy | None], Awaitable[Answer]]
 FALLBACK_LINES = ("Hm.", "Let me think on that.", "Not now, friend.")
 RUN_ID = "loadtest"
 _DEADLINE_S = 30.0
@@ -98,7 +101,7 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                                      max_in_flight=slots, transport="mqtt", broker=broker, run_id=RUN_ID)
         pool = await stack.enter_async_context(open_pool(pool_config))
 
-        async def infer(memory: WorkingMemory, tick: int) -> Answer:
+        async def infer(memory: WorkingMemory, tick: int, output: OutputPolicy | None) -> Answer:
             request = InferenceRequest(
                 id=uuid.uuid4().hex,
                 run_id=RUN_ID,
@@ -110,9 +113,10 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                 fallback_lines=FALLBACK_LINES,
                 seed=settings.seed,
                 shard="0",
+                output=output,
             )
             result = await pool.infer(request)
-            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens)
+            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, result.attempts)
 
         yield infer
 
