@@ -55,8 +55,8 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.output": {
         "BELIEFS_PER_SUBJECT", "CODES", "MAX_ARG_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "SCHEMA_RULE", "Guard",
-        "OutputPolicy", "ProposalVerdict", "RawReply", "accepted", "belief_of", "clean_text", "forbidden_phrase",
-        "gate_proposals", "memory_of", "read_reply", "rejected", "say_part",
+        "Judged", "OutputPolicy", "ProposalVerdict", "RawReply", "accepted", "belief_of", "clean_text",
+        "forbidden_phrase", "gate_proposals", "memory_of", "read_reply", "rejected", "said_proposals", "say_part",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {

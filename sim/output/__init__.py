@@ -6,14 +6,15 @@
 
 `reply` holds the reply's shape (`REPLY_SCHEMA`, the retry's `SCHEMA_RULE`) and its repair
 (`say_part`); `gates` the gates and their verdict codes (`CODES`), the knowledge boundaries
-(`forbidden_phrase`); `apply` what an accepted proposal becomes in the NPC's state. The
-policy (`OutputPolicy`) and the verdicts (`ProposalVerdict`) are the audit's types
-(sim.audit): a record keeps both. Output handling (sim.inference) runs the gates on every
-attempt; the shard applies what passed. Pure: no I/O. See docs/npc-output.md.
+(`forbidden_phrase`); `apply` which proposals are applied (`said_proposals`) and what each
+becomes in the NPC's state. The policy (`OutputPolicy`) and the verdicts
+(`ProposalVerdict`) are the audit's types (sim.audit): a record keeps both. Output
+handling (sim.inference) runs the gates on every attempt; the shard applies what passed,
+the view shows it. Pure: no I/O. See docs/npc-output.md.
 """
 
 from sim.audit import OutputPolicy, ProposalVerdict
-from sim.output.apply import BELIEFS_PER_SUBJECT, belief_of, memory_of
+from sim.output.apply import BELIEFS_PER_SUBJECT, Judged, belief_of, memory_of, said_proposals
 from sim.output.gates import (
     CODES,
     MAX_ARG_CHARS,
@@ -35,6 +36,7 @@ __all__ = [
     "REPLY_SCHEMA",
     "SCHEMA_RULE",
     "Guard",
+    "Judged",
     "OutputPolicy",
     "ProposalVerdict",
     "RawReply",
@@ -46,5 +48,6 @@ __all__ = [
     "memory_of",
     "read_reply",
     "rejected",
+    "said_proposals",
     "say_part",
 ]
