@@ -98,3 +98,15 @@ def test_the_check_names_each_rule_an_accepted_part_breaks() -> None:
     assert _broken(*(accepted("memory", f"memory {n}") for n in range(4))) == {"bounds"}
     assert _broken(accepted("belief", "x" * 301, about="player")) == {"bounds"}
     assert _broken(accepted("belief", "A factual account: the mill burned.", about="player")) == set()
+
+
+@pytest.mark.mosquitto
+def test_the_gates_hold_end_to_end_over_mosquitto(mosquitto: object, tmp_path: Path) -> None:
+    """The worker (a helper process, gullible) judges; the verdicts cross MQTT and are checked here."""
+    out = tmp_path / "out.json"
+    code = main(["loadtest", "--agents", "50", "--requests", "120", "--concurrency", "4", "--processes", "0",
+                 "--broker", mosquitto.url, "--output", "structured", "--json", str(out)])  # type: ignore[attr-defined]
+    assert code == 0
+    gates = json.loads(out.read_text())["gates"]
+    assert gates["violations"] == 0 and gates["proposals"] > 0
+    assert {"authority", "forbidden", "intent"} <= {code for code, n in gates["verdicts"].items() if n}

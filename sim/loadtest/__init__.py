@@ -4,7 +4,8 @@ Seeded random agents (`_states`); a build-and-check sweep over the cores in help
 (`_sweep`, `_sweep_worker`, speaking the typed messages of `_messages`) plus a round trip
 through the inference pool (`_round_trip`, `_inference`, `_mqtt_worker`), side by side in
 each (budget, concurrency) phase (`_phase`), the phases in order (`_run`); the
-plan and what its phases share (`_plan`), one snapshot built and checked (`_snapshot`), what a phase
+plan and what its phases share (`_plan`), one snapshot built and checked (`_snapshot`), the
+proposing agents and their attackers of `--output structured` (`_proposals`), what a phase
 counted (`_totals`), figures (`_stats`), truncation statistics (`_truncation`), a live
 display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 """
