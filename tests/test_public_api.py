@@ -37,7 +37,7 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
-        "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
+        "LoadTestConfig", "LoadTestResult", "OUTPUTS", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
         "TimelinePoint", "TruncationFigures", "TruncationTally", "ViolationRecord", "agent_id", "default_processes",
         "generate_state", "knee_concurrency", "profile_of", "progress_view", "require_matplotlib",
         "result_sections", "run_loadtest", "write_plot", "Cell", "Section",

@@ -21,6 +21,7 @@ from sim.cli._options import add_backend_arguments, backend_options, millisecond
 from sim.cli._terminal import Out
 from sim.errors import ConfigError
 from sim.loadtest import (
+    OUTPUTS,
     Builder,
     LoadTestConfig,
     LoadTestResult,
@@ -99,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="fixed delay of the scripted backend (default 0)")
     p.add_argument("--broker", type=_broker, default=None, metavar="URL",
                    help="send inferences end to end over this MQTT broker (default: in-process)")
-    p.add_argument("--output", choices=("line", "structured"), default="line",
+    p.add_argument("--output", choices=OUTPUTS, default="line",
                    help="what the round trip's agents answer: a line (default), or a structured reply whose "
                    "proposals go through the gates while players attack them, every verdict checked again "
                    "(the scripted backend made gullible)")

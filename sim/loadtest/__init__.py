@@ -13,6 +13,7 @@ display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 from sim.loadtest._display import Cell, Section, progress_view, result_sections
 from sim.loadtest._plan import LoadTestConfig, default_processes
 from sim.loadtest._plot import require_matplotlib, write_plot
+from sim.loadtest._proposals import OUTPUTS
 from sim.loadtest._run import run_loadtest
 from sim.loadtest._snapshot import Builder, Checker
 from sim.loadtest._states import PATHOLOGICAL_SHARE, PROFILES, agent_id, generate_state, profile_of
@@ -40,6 +41,7 @@ __all__ = [
     "LatencyFigures",
     "LoadTestConfig",
     "LoadTestResult",
+    "OUTPUTS",
     "PATHOLOGICAL_SHARE",
     "PROFILES",
     "Progress",
