@@ -27,13 +27,11 @@ from collections.abc import Callable, Sequence
 
 from sim.audit import Attempt, OutputPolicy, ProposalVerdict
 from sim.checker import Violation
-from sim.memory import Fact, WorkingMemory
-from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS
+from sim.memory import WorkingMemory
+from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, Guard
 from sim.text import fold
 
 __all__ = ["check_proposals"]
-
-Guard = Callable[[str, Sequence[Fact]], Fact | None]
 
 _POSING_WORDS = {"new", "canonical", "official", "true", "real", "added"}
 _HEADER = re.compile(r"#+\s*(?:canonical\s+facts?|world\s+state)\b")
