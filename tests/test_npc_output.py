@@ -105,7 +105,9 @@ async def test_the_innkeeper_believes_a_player_and_proposes_an_intent(
         told = await ask(client, heard, "q1", "My name is Ayla and I hate the king.")
         lantern = await ask(client, heard, "q2", "Can I have a lantern?")
         later = await ask(client, heard, "q3", "Do you remember me?")
-        intents = await eventually(lambda: heard.intents, what="the intent", within=60)
+        # the village's own scripted player asks for a lantern too: the visitor's intent is the one answering q2
+        intents = await eventually(lambda: [i for i in heard.intents if i.reply_to == "q2"], what="the intent",
+                                   within=60)
     assert intents == [IntentMessage(run=RUN, agent="innkeeper", tick=lantern.tick, name="give_item",
                                      args={"item": "lantern"}, inference_id=lantern.inference_id, reply_to="q2")]
     with open_reader(db) as reader:
@@ -153,7 +155,9 @@ async def test_attacks_through_player_input_meet_the_gates_every_time(
                 answers.append((code, await ask(client, heard, f"a{round_}-{n}", attack)))
         kept = await ask(client, heard, "ok", "Remember that the bard sang well tonight.")
         after = await ask(client, heard, "after", "Anything new?")
-    assert heard.intents == []  # nothing off the allow-list, nothing with the wrong arguments
+    asked = {f"a{round_}-{n}" for round_ in range(2) for n in range(len(ATTACKS))}
+    # nothing off the allow-list, nothing with the wrong arguments (the village's own player asks for a lantern)
+    assert [i for i in heard.intents if i.reply_to in asked] == []
     audited = records(db)
     for code, answer in answers:
         record = audited[answer.inference_id]

@@ -39,7 +39,7 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
-        "LoadTestConfig", "LoadTestResult", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
+        "LoadTestConfig", "LoadTestResult", "OUTPUTS", "PATHOLOGICAL_SHARE", "PROFILES", "Progress", "SweepPoint",
         "TimelinePoint", "TruncationFigures", "TruncationTally", "ViolationRecord", "agent_id", "default_processes",
         "generate_state", "knee_concurrency", "profile_of", "progress_view", "require_matplotlib",
         "result_sections", "run_loadtest", "write_plot", "Cell", "Section",
@@ -58,9 +58,9 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.output": {
         "Arg", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "MAX_ARG_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA",
-        "SCHEMA_RULE", "Guard",
-        "OutputPolicy", "ProposalVerdict", "RawReply", "accepted", "belief_of", "clean_text", "forbidden_phrase",
-        "gate_proposals", "memory_of", "read_reply", "rejected", "say_part",
+        "SCHEMA_RULE", "Guard", "Judged", "OutputPolicy", "ProposalVerdict", "RawReply", "accepted", "belief_of",
+        "clean_text", "forbidden_phrase", "gate_proposals", "memory_of", "read_reply", "rejected", "said_proposals",
+        "say_part",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {

@@ -36,7 +36,7 @@ async def test_every_inference_is_traced_like_its_audit_record(
         listener = group.create_task(listen())
         await ready.wait()
         config = RunConfig(
-            scenario=VILLAGE, run_id="tr", ticks=10, broker=BrokerConfig(url=mosquitto.url),
+            scenario=VILLAGE, run_id="tr", ticks=14, broker=BrokerConfig(url=mosquitto.url),
             record=RecordConfig(db=str(db), trace_prompts=prompts),
         )
         stats = await run(config)
@@ -51,8 +51,8 @@ async def test_every_inference_is_traced_like_its_audit_record(
             record.report, record.prompt_sha256, record.line, record.fallback)
         assert trace.prompt == (record.prompt if prompts else None)
         assert trace.location is not None and trace.shard == "0"
-        assert [(a.prompt_chars, a.problem, a.raw_response) for a in trace.attempts] == [
-            (len(a.prompt), a.problem, a.raw_response) for a in record.attempts]
+        assert [(a.prompt_chars, a.problem, a.raw_response, a.proposals) for a in trace.attempts] == [
+            (len(a.prompt), a.problem, a.raw_response, a.proposals) for a in record.attempts]
         assert trace.attempts  # every answered inference made at least one call
         explained, expected = trace.explanation, record.explanation()
         assert explained is not None
@@ -66,5 +66,7 @@ async def test_every_inference_is_traced_like_its_audit_record(
         await client.subscribe(topics.roster("tr", "0"), qos=1)
         async with asyncio.timeout(10):
             message = await anext(aiter(client.messages))
+    # the innkeeper answers with structured replies (tick 11): its traces carry the gates' verdicts
+    assert any(a.proposals for t in traces if t.agent == "innkeeper" for a in t.attempts)
     roster = decode_roster(bytes(message.payload))  # type: ignore[arg-type]
     assert {(n.id, n.location) for n in roster.npcs} >= {("blacksmith", "forge"), ("innkeeper", "inn")}

@@ -188,3 +188,52 @@ def test_a_batch_of_traces_shows_each_of_them() -> None:
     assert [len(model.npc_view(agent)["traces"]) for agent in ("smith", "guard")] == [1, 1]  # type: ignore[index]
     model.feed(topics.trace(RUN, "0"), b"[" + encode_trace(trace("smith", 3, 1)) + b", 3]", 0.0)
     assert model.health.refused == 1 and len(model.npc_view("smith")["traces"]) == 1  # type: ignore[index]
+
+
+def test_the_npc_shows_what_it_learned_emitted_and_was_refused() -> None:
+    """Beliefs, memories and intents of the reply said, each with its inference; refusals with their codes."""
+    from sim.output import accepted, rejected
+    from sim.wire.trace import TraceAttempt
+
+    name = accepted("belief", "player is called Ayla.", about="player", weight=0.9)
+    lantern = accepted("intent", "give_item", args={"item": "lantern"})
+    forged = rejected("belief", "Canonical fact: the king lives.", "authority", "poses as a canonical fact",
+                      about="player")
+    said = (accepted("line", "Welcome, Ayla."), name, accepted("memory", "Ayla took the room.", weight=0.5),
+            lantern, forged)
+    model = RunModel(RUN)
+    learned = msgspec.structs.replace(trace("innkeeper", 4, 1), attempts=(TraceAttempt(prompt_chars=10,
+                                                                                         proposals=said),))
+    # a fallback: its attempts' accepted parts were never applied; what was refused still shows
+    unsaid = (rejected("line", "The cellar key hangs by the door.", "forbidden", "reveals forbidden phrase #1"),
+              accepted("belief", "player is rich.", about="player"),
+              rejected("intent", "open_gate", "intent", "not on the allow-list"))
+    fell_back = msgspec.structs.replace(trace("innkeeper", 6, 2, fallback=True),
+                                        attempts=(TraceAttempt(prompt_chars=10, proposals=unsaid),))
+    for one in (learned, fell_back):
+        model.feed(topics.trace(RUN, "0"), encode_trace(one), 0.0)
+    view = model.npc_view("innkeeper")
+    assert view is not None
+    shown = view["proposals"]
+    assert [(p["about"], p["text"], p["inference_id"], p["tick"]) for p in shown["beliefs"]] == [
+        ("player", "player is called Ayla.", learned.inference_id, 4)]
+    assert [p["text"] for p in shown["memories"]] == ["Ayla took the room."]
+    assert [(p["text"], p["args"]) for p in shown["intents"]] == [("give_item", {"item": "lantern"})]
+    assert [(p["kind"], p["code"], p["inference_id"]) for p in shown["refused"]] == [
+        ("intent", "intent", fell_back.inference_id), ("belief", "authority", learned.inference_id)]
+
+
+def test_what_an_npc_learned_is_bounded() -> None:
+    from sim.output import accepted
+    from sim.view.model import KEPT_PROPOSALS
+    from sim.wire.trace import TraceAttempt
+
+    model = RunModel(RUN)
+    for n in range(KEPT_PROPOSALS + 5):
+        belief = accepted("belief", f"player said {n}.", about="player")
+        model.add_trace(msgspec.structs.replace(trace("innkeeper", n, 1),
+                                                attempts=(TraceAttempt(prompt_chars=1, proposals=(belief,)),)))
+    view = model.npc_view("innkeeper")
+    assert view is not None
+    beliefs = view["proposals"]["beliefs"]
+    assert len(beliefs) == KEPT_PROPOSALS and beliefs[0]["text"] == f"player said {KEPT_PROPOSALS + 4}."

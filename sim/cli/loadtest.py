@@ -1,7 +1,8 @@
 """`npcsim loadtest`: many agents building working memories at once, every snapshot checked.
 
-Exit code 0 when no snapshot broke an invariant, 1 otherwise (the first violations are
-printed with their agent), 2 for a bad option.
+Exit code 0 when no snapshot broke an invariant and (with `--output structured`) no accepted
+proposal broke a rule, 1 otherwise (the first violations are printed with their agent), 2
+for a bad option.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sim.cli._options import add_backend_arguments, backend_options, millisecond
 from sim.cli._terminal import Out
 from sim.errors import ConfigError
 from sim.loadtest import (
+    OUTPUTS,
     Builder,
     LoadTestConfig,
     LoadTestResult,
@@ -98,6 +100,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="fixed delay of the scripted backend (default 0)")
     p.add_argument("--broker", type=_broker, default=None, metavar="URL",
                    help="send inferences end to end over this MQTT broker (default: in-process)")
+    p.add_argument("--output", choices=OUTPUTS, default="line",
+                   help="what the round trip's agents answer: a line (default), or a structured reply whose "
+                   "proposals go through the gates while players attack them, every verdict checked again "
+                   "(the scripted backend made gullible)")
     p.add_argument("--seed", type=whole(0), default=0, metavar="N", help="seed of the agents and picks (default 0)")
     p.add_argument("--json", type=_output, default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", type=_output, default=None, metavar="FILE",
@@ -138,6 +144,8 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         raise ConfigError("--concurrency 0 with --processes 0: nothing would run")
     if levels == (0,) and args.broker is not None:
         raise ConfigError("--broker needs round trips: --concurrency must be >= 1")
+    if levels == (0,) and args.output == "structured":
+        raise ConfigError("--output structured needs round trips: --concurrency must be >= 1")
     memories = _budgets(args.max_context_chars, args.max_context_tokens, args.selection)
     duration = args.duration if args.duration is not None or args.requests is not None else 10.0
     return LoadTestConfig(
@@ -145,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         concurrency=levels[0] if len(levels) == 1 else levels, processes=processes,
         memory=memories[0] if len(memories) == 1 else memories, backend=args.backend,
         backend_options=backend_options(args), latency_ms=args.latency_ms, broker=args.broker, seed=args.seed,
+        output=args.output,
     )
 
 
@@ -171,10 +180,14 @@ def loadtest_command(args: argparse.Namespace) -> int:
     if args.plot is not None:
         write_plot(result, args.plot)
         out.record(f"plot written to {args.plot}")
+    broken = 0
     if result.violations:
         out.record((f"{result.violations} invariant violation(s): priority truncation is broken", "bold red"))
-        return 1
-    return 0
+        broken = 1
+    if result.gates is not None and result.gates.violations:
+        out.record((f"{result.gates.violations} gate violation(s): an accepted proposal breaks a rule", "bold red"))
+        broken = 1
+    return broken
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@ Seeded random agents (`_states`); a build-and-check sweep over the cores in help
 (`_sweep`, `_sweep_worker`, speaking the typed messages of `_messages`) plus a round trip
 through the inference pool (`_round_trip`, `_inference`, `_mqtt_worker`), side by side in
 each (budget, concurrency) phase (`_phase`), the phases in order (`_run`); the
-plan and what its phases share (`_plan`), one snapshot built and checked (`_snapshot`), what a phase
+plan and what its phases share (`_plan`), one snapshot built and checked (`_snapshot`), the
+proposing agents and their attackers of `--output structured` (`_proposals`), what a phase
 counted (`_totals`), figures (`_stats`), truncation statistics (`_truncation`), a live
 display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 """
@@ -12,6 +13,7 @@ display (`_display`) and an optional plot (`_plot`). See docs/loadtest.md.
 from sim.loadtest._display import Cell, Section, progress_view, result_sections
 from sim.loadtest._plan import LoadTestConfig, default_processes
 from sim.loadtest._plot import require_matplotlib, write_plot
+from sim.loadtest._proposals import OUTPUTS
 from sim.loadtest._run import run_loadtest
 from sim.loadtest._snapshot import Builder, Checker
 from sim.loadtest._states import PATHOLOGICAL_SHARE, PROFILES, agent_id, generate_state, profile_of
@@ -39,6 +41,7 @@ __all__ = [
     "LatencyFigures",
     "LoadTestConfig",
     "LoadTestResult",
+    "OUTPUTS",
     "PATHOLOGICAL_SHARE",
     "PROFILES",
     "Progress",

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from rich.text import Text
 
-from sim.loadtest._stats import KNEE_GAIN, LatencyFigures, LoadTestResult, Progress
+from sim.loadtest._stats import KNEE_GAIN, GateFigures, LatencyFigures, LoadTestResult, Progress
 from sim.loadtest._truncation import CATEGORIES, CategoryTruncation, TruncationFigures
 
 __all__ = ["Cell", "Section", "progress_view", "result_sections"]
@@ -53,6 +53,8 @@ def result_sections(r: LoadTestResult) -> list[Section]:
         sections.append(_sweep_section(r))
     if r.violations:
         sections.append(_violations_section(r))
+    if r.gates is not None:
+        sections += _gate_sections(r.gates)
     return sections
 
 
@@ -163,3 +165,20 @@ def _violations_section(r: LoadTestResult) -> Section:
     rows: list[tuple[Cell, ...]] = [(v.agent_id, v.invariant, v.source, v.detail) for v in r.first_violations]
     return Section(f"first {len(r.first_violations)} of {r.violations} violations",
                    ("agent", "invariant", "where", "detail"), rows)
+
+
+def _gate_sections(g: GateFigures) -> list[Section]:
+    """`--output structured`: the gates' verdicts by code, and the rules an accepted part broke."""
+    total = sum(g.verdicts.values())
+    rows: list[tuple[Cell, ...]] = [(code, f"{n:,}", f"{n / total:.1%}") for code, n in g.verdicts.items()]
+    rows += [
+        ("proposals (beliefs, memories, intents)", f"{g.proposals:,}", f"{g.proposals_per_s:,.1f}/s"),
+        ("gate violations", (str(g.violations), "bold red" if g.violations else "bold green"), ""),
+    ]
+    sections = [Section("gate verdicts (every part of every attempt)", ("code", "count", "share"), rows,
+                        right=("count", "share"))]
+    if g.violations:
+        broken: list[tuple[Cell, ...]] = [(v.agent_id, v.invariant, v.detail) for v in g.first_violations]
+        sections.append(Section(f"first {len(g.first_violations)} of {g.violations} gate violations",
+                                ("agent", "gate", "detail"), broken))
+    return sections

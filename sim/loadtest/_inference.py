@@ -1,6 +1,6 @@
 """The one place the load test touches the inference pool (sim.inference).
 
-The round trip is `await infer(memory, tick)`; this module opens the pool the options ask
+The round trip is `await infer(memory, tick, output)`; this module opens the pool the options ask
 for and adapts it to that one call:
 
 * in-process (default): the pool runs its worker in this process;
@@ -23,10 +23,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from sim.audit import Attempt
 from sim.errors import BrokerError, ConfigError
 from sim.helper import Helper
 from sim.memory import WorkingMemory
 from sim.mqtt import BrokerAddress
+from sim.output import OutputPolicy
 
 __all__ = ["FALLBACK_LINES", "RUN_ID", "Answer", "Infer", "InferenceSettings", "open_inference"]
 
@@ -35,16 +37,18 @@ log = logging.getLogger(__name__)
 
 
 class Answer(NamedTuple):
-    """What the round trip keeps of a result: fallback or not, and the tokens the backend
-    reported for the reply (`cached_tokens`: of its prompt tokens, those the server reused)."""
+    """What the round trip keeps of a result: fallback or not, the tokens the backend reported
+    for the reply (`cached_tokens`: of its prompt tokens, those the server reused), and the
+    attempts (their gates' verdicts, under an output policy)."""
 
     fallback: bool
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
+    attempts: tuple[Attempt, ...] = ()
 
 
-Infer = Callable[[WorkingMemory, int], Awaitable[Answer]]
+Infer = Callable[[WorkingMemory, int, OutputPolicy | None], Awaitable[Answer]]
 FALLBACK_LINES = ("Hm.", "Let me think on that.", "Not now, friend.")
 RUN_ID = "loadtest"
 _DEADLINE_S = 30.0
@@ -100,7 +104,7 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                                      max_in_flight=slots, transport="mqtt", broker=broker, run_id=RUN_ID)
         pool = await stack.enter_async_context(open_pool(pool_config))
 
-        async def infer(memory: WorkingMemory, tick: int) -> Answer:
+        async def infer(memory: WorkingMemory, tick: int, output: OutputPolicy | None) -> Answer:
             request = InferenceRequest(
                 id=uuid.uuid4().hex,
                 run_id=RUN_ID,
@@ -112,11 +116,12 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
                 fallback_lines=FALLBACK_LINES,
                 seed=settings.seed,
                 shard="0",
+                output=output,
             )
             result = await pool.infer(request)
             usage = result.attempts[-1].usage if result.attempts else None
             cached = None if usage is None else usage.cached_tokens
-            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, cached)
+            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, cached, result.attempts)
 
         yield infer
 

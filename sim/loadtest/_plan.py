@@ -15,6 +15,7 @@ import msgspec
 
 from sim.errors import ConfigError
 from sim.loadtest._inference import Infer
+from sim.loadtest._proposals import OUTPUTS
 from sim.loadtest._snapshot import Builder, Checker
 from sim.loadtest._stats import PeakRss, Progress
 from sim.memory import NpcState, WorkingMemoryConfig
@@ -36,6 +37,8 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
     `requests` counts round trips (or, with `concurrency=0`, snapshots of the sweep).
     `processes=0` turns the sweep off; `concurrency=0` turns the round trip off.
     `concurrency` and `memory` may be tuples: one phase per (memory, concurrency) pair.
+    `output` "structured": the round trip's agents propose and players attack them
+    (sim.loadtest._proposals).
     """
 
     agents: int = 1000
@@ -51,6 +54,7 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float = 0.0
     broker: str | None = None
     seed: int = 0
+    output: str = "line"
 
     @property
     def concurrencies(self) -> tuple[int, ...]:
@@ -85,6 +89,10 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"concurrency 0 (sweep only) cannot be part of a list, got {levels}")
         if levels == (0,) and self.processes == 0:
             raise ConfigError("concurrency and processes are both 0: nothing would run")
+        if self.output not in OUTPUTS:
+            raise ConfigError(f"output must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
+        if self.output == "structured" and self.concurrencies == (0,):
+            raise ConfigError("output structured needs round trips: concurrency must be >= 1")
         if self.latency_ms < 0:
             raise ConfigError(f"latency_ms must be >= 0, got {self.latency_ms!r}")
 

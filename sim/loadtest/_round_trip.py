@@ -15,6 +15,7 @@ import time
 
 from sim.loadtest._inference import Infer
 from sim.loadtest._plan import LoadTestConfig, Phase, Run
+from sim.loadtest._proposals import POLICY, pick_structured_input
 from sim.loadtest._snapshot import build_and_check, violation_records
 from sim.loadtest._states import generate_state, pick_input
 from sim.loadtest._totals import Totals
@@ -57,14 +58,18 @@ async def requester(worker: int, run: Run, phase: Phase, infer: Infer, budget: R
     rng = random.Random(f"npcsim-loadtest:{config.seed}:round-trip:{worker}")
     memory = phase.memory
     clock = time.perf_counter_ns
+    structured = config.output == "structured"
+    output = POLICY if structured else None
     while (tick := budget.take()) is not None:
         state = run.states[rng.randrange(config.agents)]
-        said = pick_input(rng)
+        said = pick_structured_input(rng, state) if structured else pick_input(rng)
         t0 = clock()
         wm, violations, build_ns, check_ns = build_and_check(run.builder, run.checker, state, said, memory)
         t2 = clock()
-        answer = await infer(wm, tick)
+        answer = await infer(wm, tick, output)
         t3 = clock()
+        if structured:
+            totals.gates.record(answer.attempts, wm, said)
         totals.rt_snapshots += 1
         totals.inferences += 1
         totals.fallbacks += answer.fallback

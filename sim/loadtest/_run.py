@@ -74,8 +74,10 @@ async def run_loadtest(
     rss = PeakRss()
     timeline: list[TimelinePoint] = []
     levels, memories = config.concurrencies, config.memories
+    gullible = config.output == "structured" and config.backend == "scripted"
     settings = InferenceSettings(
-        backend=config.backend, backend_options=config.backend_options, latency_ms=config.latency_ms,
+        backend=config.backend, latency_ms=config.latency_ms,
+        backend_options={**config.backend_options, "gullible": True} if gullible else config.backend_options,
         concurrency=max(levels),
         broker=config.broker, seed=config.seed,
     )
@@ -125,6 +127,8 @@ async def run_loadtest(
                         completion_tokens_per_s=None if phase_totals.completion_tokens is None
                         else _rate(phase_totals.completion_tokens, outcome.round_trip_s),
                         prompt_cache_share=phase_totals.cache_share,
+                        proposals_per_s=None if config.output == "line"
+                        else _rate(phase_totals.gates.proposals, outcome.round_trip_s),
                     ))
             budgets.append(BudgetResult(
                 max_context_chars=memory.max_context_chars, max_context_tokens=memory.max_context_tokens,
@@ -171,4 +175,6 @@ async def run_loadtest(
         truncation=totals.truncation.figures(),
         budgets=budgets,
         sweep=sweep_points,
+        output=config.output,
+        gates=None if config.output == "line" else totals.gates.figures(rt_elapsed),
     )

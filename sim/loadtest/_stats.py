@@ -18,6 +18,7 @@ from sim.loadtest._truncation import TruncationFigures
 __all__ = [
     "KNEE_GAIN",
     "BudgetResult",
+    "GateFigures",
     "Histogram",
     "HistogramWire",
     "LatencyFigures",
@@ -172,7 +173,7 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     are None unless the backend reported them (the openai backend: the server's `usage`;
     the scripted backend counts the words of its reply as completion tokens);
     `prompt_cache_share` is the share of the prompt tokens the server reused from its cache,
-    where it said so.
+    where it said so; `proposals_per_s` is None unless the agents propose (`--output structured`).
     """
 
     max_context_chars: int
@@ -186,6 +187,7 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens_per_s: float | None
     completion_tokens_per_s: float | None
     prompt_cache_share: float | None = None
+    proposals_per_s: float | None = None
 
 
 class BudgetResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,6 +222,21 @@ def knee_concurrency(points: list[tuple[int, float]]) -> int | None:
         if max(r for _, r in ordered[i + 1 :]) < rate * (1 + KNEE_GAIN):
             return c
     return None
+
+
+class GateFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gates made of the round trip's structured replies (`--output structured`).
+
+    `proposals` counts the beliefs, memories and intents of every attempt; `verdicts` every
+    part's verdict by code, the lines' included ("ok" for an accepted one); `violations` the
+    rules an accepted part broke, found by the independent check (`sim.proposal_checker`).
+    """
+
+    proposals: int
+    proposals_per_s: float
+    verdicts: dict[str, int]
+    violations: int
+    first_violations: list[ViolationRecord]
 
 
 class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -266,3 +283,5 @@ class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
     truncation: TruncationFigures
     budgets: list[BudgetResult]
     sweep: list[SweepPoint]
+    output: str = "line"
+    gates: GateFigures | None = None

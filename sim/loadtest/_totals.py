@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from sim.loadtest._messages import SweepCounts
+from sim.loadtest._proposals import GateTally
 from sim.loadtest._snapshot import KEEP_VIOLATIONS
 from sim.loadtest._stats import Histogram, ViolationRecord
 from sim.loadtest._truncation import TruncationTally
@@ -32,6 +33,7 @@ class Totals:
         self.infer = Histogram()
         self.round_trip = Histogram()
         self.truncation = TruncationTally()
+        self.gates = GateTally()
         self.interval_build = Histogram()
         self.interval_rt = Histogram()
         # The sweep's deltas as (seconds into the phase by the process's clock, snapshots, builds):
@@ -84,6 +86,7 @@ class Totals:
                              (self.round_trip, other.round_trip)):
             mine.merge(theirs)
         self.truncation.merge(other.truncation)
+        self.gates.merge(other.gates)
 
     def count_snapshot(self, wm: WorkingMemory) -> None:
         self.truncation.record(wm.report)

@@ -6,13 +6,14 @@
 
 `reply` holds the reply's shape (`REPLY_SCHEMA`, the retry's `SCHEMA_RULE`) and its repair
 (`say_part`); `gates` the gates and their verdict codes (`CODES`), the knowledge boundaries
-(`forbidden_phrase`); `apply` what an accepted proposal becomes in the NPC's state. The
-policy (`OutputPolicy`) and the verdicts (`ProposalVerdict`) are the audit's types
-(sim.audit): a record keeps both. Output handling (sim.inference) runs the gates on every
-attempt; the shard applies what passed. Pure: no I/O. See docs/npc-output.md.
+(`forbidden_phrase`); `apply` which proposals are applied (`said_proposals`) and what each
+becomes in the NPC's state. The policy (`OutputPolicy`) and the verdicts
+(`ProposalVerdict`) are `policy`'s types: an audit record keeps both. Output
+handling (sim.inference) runs the gates on every attempt; the shard applies what passed,
+the view shows it. Pure: no I/O. See docs/npc-output.md.
 """
 
-from sim.output.apply import BELIEFS_PER_SUBJECT, belief_of, memory_of
+from sim.output.apply import BELIEFS_PER_SUBJECT, Judged, belief_of, memory_of, said_proposals
 from sim.output.gates import (
     CODES,
     MAX_ARG_CHARS,
@@ -37,6 +38,7 @@ __all__ = [
     "REPLY_SCHEMA",
     "SCHEMA_RULE",
     "Guard",
+    "Judged",
     "OutputPolicy",
     "ProposalVerdict",
     "RawReply",
@@ -48,5 +50,6 @@ __all__ = [
     "memory_of",
     "read_reply",
     "rejected",
+    "said_proposals",
     "say_part",
 ]

@@ -1,5 +1,6 @@
-"""What an accepted proposal becomes in the NPC's state: a belief keyed by its subject and
-text, or an episodic memory.
+"""Which proposals are applied (`said_proposals`: the accepted ones of the reply said), and
+what each becomes in the NPC's state: a belief keyed by its subject and text, or an
+episodic memory.
 
 A belief's id names its subject and a slot (`about:{subject}#{slot}`): the same belief
 again (its text folded alike) refreshes its slot, a new one about the same subject takes a
@@ -11,12 +12,20 @@ are the ones kept. Pure: the shard writes what these give with the NPC's authori
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from sim.memory import Belief, Episode
 from sim.output.policy import ProposalVerdict
 from sim.text import fold
 
-__all__ = ["BELIEFS_PER_SUBJECT", "belief_of", "memory_of"]
+__all__ = ["BELIEFS_PER_SUBJECT", "Judged", "belief_of", "memory_of", "said_proposals"]
+
+
+class Judged(Protocol):
+    """An attempt with the gates' verdicts on its parts: the audit's `Attempt`, a trace's."""
+
+    @property
+    def proposals(self) -> tuple[ProposalVerdict, ...]: ...
 
 BELIEFS_PER_SUBJECT = 3
 """Beliefs kept about one subject from proposals, at most: the newest."""
@@ -40,3 +49,11 @@ def belief_of(proposal: ProposalVerdict, beliefs: Sequence[Belief], tick: int) -
 def memory_of(proposal: ProposalVerdict, inference_id: str, n: int, tick: int) -> Episode:
     """The episodic memory an accepted memory proposal writes: the `n`th of its inference."""
     return Episode(id=f"mem:{inference_id}:{n}", tick=tick, text=proposal.text, significance=proposal.weight)
+
+
+def said_proposals(attempts: Sequence[Judged], *, fallback: bool) -> tuple[ProposalVerdict, ...]:
+    """The proposals that are applied: those every gate accepted of the reply the NPC said
+    (its last attempt); none for a fallback, whose reply is no model's."""
+    if fallback or not attempts:
+        return ()
+    return tuple(p for p in attempts[-1].proposals if p.kind != "line" and p.verdict == "accepted")

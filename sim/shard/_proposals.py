@@ -13,18 +13,11 @@ from __future__ import annotations
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState
-from sim.output import ProposalVerdict, belief_of, memory_of
+from sim.output import belief_of, memory_of, said_proposals
 from sim.store import Store, Writer
 from sim.wire.events import IntentMessage
 
-__all__ = ["accepted_proposals", "apply_proposals"]
-
-
-def accepted_proposals(result: InferenceResult) -> tuple[ProposalVerdict, ...]:
-    """The proposals of the reply the NPC said that every gate accepted (none for a fallback)."""
-    if result.fallback or not result.attempts:
-        return ()
-    return tuple(p for p in result.attempts[-1].proposals if p.kind != "line" and p.verdict == "accepted")
+__all__ = ["apply_proposals"]
 
 
 async def apply_proposals(
@@ -34,7 +27,7 @@ async def apply_proposals(
     agent, tick = state.agent_id, result.tick
     beliefs = list(state.beliefs)
     memories = 0
-    for proposal in accepted_proposals(result):
+    for proposal in said_proposals(result.attempts, fallback=result.fallback):
         if proposal.kind == "belief":
             belief = belief_of(proposal, beliefs, tick)
             beliefs = [b for b in beliefs if b.id != belief.id] + [belief]

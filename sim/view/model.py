@@ -4,7 +4,10 @@ The live view feeds it MQTT payloads (`feed`), the stored view feeds it the audi
 records of a finished run (`set_roster`, `add_trace`, `add_line`, `add_player_input`,
 `set_world`); the server only reads it. Memory is
 bounded whatever the run's length: the newest `max_lines` dialogue lines, the last
-`history` traces per NPC with the prompt kept for the newest only.
+`history` traces per NPC with the prompt kept for the newest only, and per NPC the newest
+`KEPT_PROPOSALS` of each of: beliefs learned, memories kept and intents emitted (what the
+gates accepted of the reply it said, with the inference that proposed it), and proposals
+refused (with their verdict codes; docs/npc-output.md).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from sim.output import ProposalVerdict, said_proposals
 from sim.wire import topics
 from sim.wire.events import (
     PlayerInputMessage,
@@ -26,10 +30,14 @@ from sim.wire.events import (
 )
 from sim.wire.trace import RosterEntry, TraceMessage, decode_roster, decode_traces
 
-__all__ = ["DialogueLine", "RunModel"]
+__all__ = ["KEPT_PROPOSALS", "DialogueLine", "RunModel"]
 
 _RATE_WINDOW_S = 10.0
 _NO_LOCATION = "(unknown)"
+KEPT_PROPOSALS = 20
+"""Per NPC and kind (beliefs, memories, intents, refused), the newest proposals the view keeps."""
+_OUTCOMES = ("beliefs", "memories", "intents", "refused")
+_ACCEPTED_AS = {"belief": "beliefs", "memory": "memories", "intent": "intents"}
 
 
 class DialogueLine(msgspec.Struct, kw_only=True):
@@ -69,6 +77,7 @@ class RunModel:
         self._by_inference: dict[str, DialogueLine] = {}
         self._fallback_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._traces: dict[str, collections.deque[TraceMessage]] = {}
+        self._outcomes: dict[str, dict[str, collections.deque[dict[str, Any]]]] = {}
         self._history = history
         self._seq = 0
         self._samples: collections.deque[tuple[float, int, int]] = collections.deque()
@@ -139,6 +148,7 @@ class RunModel:
         if history and history[-1].prompt is not None:
             history[-1] = msgspec.structs.replace(history[-1], prompt=None)  # only the newest prompt is kept
         history.append(trace)
+        self._add_outcomes(trace)
         self.npc_versions[trace.agent] = self.version + 1
         if trace.agent not in self.npcs and trace.location is not None:
             self.set_roster([RosterEntry(id=trace.agent, name=trace.agent, location=trace.location)])
@@ -153,6 +163,24 @@ class RunModel:
                 if len(self._fallback_ids) > 1000:
                     self._fallback_ids.popitem(last=False)
         self._see_tick(trace.tick)
+
+    def _add_outcomes(self, trace: TraceMessage) -> None:
+        """What the gates made of the trace's proposals: applied (the reply said) or refused (any attempt)."""
+        applied = said_proposals(trace.attempts, fallback=trace.fallback)
+        refused = [p for a in trace.attempts for p in a.proposals if p.kind != "line" and p.verdict == "rejected"]
+        if not applied and not refused:
+            return
+        kept = self._outcomes.get(trace.agent)
+        if kept is None:
+            kept = self._outcomes[trace.agent] = {k: collections.deque(maxlen=KEPT_PROPOSALS) for k in _OUTCOMES}
+
+        def entry(p: ProposalVerdict) -> dict[str, Any]:
+            return {**msgspec.to_builtins(p), "tick": trace.tick, "inference_id": trace.inference_id}
+
+        for p in applied:
+            kept[_ACCEPTED_AS[p.kind]].append(entry(p))
+        for p in refused:
+            kept["refused"].append(entry(p))
 
     def _append(self, tick: int, speaker: str, to: str | None, text: str, location: str, kind: str) -> DialogueLine:
         self._seq += 1
@@ -222,14 +250,17 @@ class RunModel:
         return self._seq
 
     def npc_view(self, agent: str) -> dict[str, Any] | None:
-        """The NPC's newest traces (newest first) with the newest prompt; None if unknown."""
+        """The NPC's newest traces (newest first) with the newest prompt, and what it learned,
+        emitted and was refused (`proposals`, each list newest first); None if unknown."""
         npc = self.npcs.get(agent)
         history = self._traces.get(agent, ())
         if npc is None and not history:
             return None
+        mine = self._outcomes.get(agent, {})
         return {
             "id": agent,
             "name": npc.name if npc else agent,
             "location": npc.location if npc else _NO_LOCATION,
             "traces": [msgspec.to_builtins(t) for t in reversed(history)],
+            "proposals": {k: list(reversed(mine.get(k, ()))) for k in _OUTCOMES},
         }

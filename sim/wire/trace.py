@@ -7,7 +7,8 @@ redistribution, what it kept and what it dropped and why: `sim.memory.explain_tr
 derived from the record's snapshot), the prompt's SHA-256 and, unless the operator turns
 prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is what the audit
 record holds minus the state snapshot, so a viewer on another machine sees how each prompt
-was cut without access to the shard's SQLite file. The explanation names the newest
+was cut, and what the gates made of each attempt's proposals, without access to the shard's
+SQLite file. The explanation names the newest
 `TRACE_DROPPED` dropped items of each category (the report counts them all; `npcsim audit
 show` lists every one); without prompts it keeps its numbers and reasons but no item's text.
 
@@ -24,6 +25,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.memory import TruncationExplanation, TruncationReport, WorkingMemory
+from sim.output import ProposalVerdict
 from sim.wire.served import Usage
 
 __all__ = [
@@ -41,14 +43,18 @@ __all__ = [
 
 
 class TraceAttempt(msgspec.Struct, frozen=True, kw_only=True):
-    """One call to the backend, as the audit's `Attempt` says, without its prompt (the size
-    only): `usage` is what the model server said the call cost (None when no reply came)."""
+    """One call to the backend, as the audit's `Attempt` says, without its prompt (the size only).
+
+    `usage` is what the model server said the call cost (None when no reply came);
+    `proposals`: the gates' verdict on each part of its reply (the line, beliefs, memories,
+    the intent) under the NPC's output policy (docs/npc-output.md); none without one."""
 
     prompt_chars: int
     raw_response: str | None = None
     problem: str | None = None
     prohibition: str | None = None
     usage: Usage | None = None
+    proposals: tuple[ProposalVerdict, ...] = ()
 
 
 class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,7 +119,7 @@ def trace_of(
         prompt=record.prompt if prompts else None,
         attempts=tuple(
             TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
-                         prohibition=a.prohibition, usage=a.usage)
+                         prohibition=a.prohibition, usage=a.usage, proposals=a.proposals)
             for a in record.attempts
         ),
         explanation=_for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED if prompts else 0),

@@ -259,6 +259,35 @@ function showAttempts(trace) {
   }
   box.append(list);
 }
+// What the gates accepted of the replies the NPC said (beliefs, memories, intents), each with
+// the inference that proposed it, and what they refused, with the verdict's code.
+function proposalText(p) {
+  if (p.kind === "intent") {
+    const args = Object.entries(p.args || {}).map(([k, v]) => k + "=" + JSON.stringify(v)).join(", ");
+    return p.text + "(" + args + ")";
+  }
+  return (p.about ? p.about + ": " : "") + p.text;
+}
+function proposalList(id, items, refused) {
+  const list = $(id);
+  list.replaceChildren(...items.map((p) => {
+    const li = el("li", { class: "proposal" + (refused ? " refused" : ""), "data-inference": p.inference_id });
+    if (refused) li.append(el("span", { class: "code" }, p.code), " " + p.kind + " ");
+    li.append(el("span", { class: "said" }, proposalText(p)),
+      el("span", { class: "from" }, " t" + p.tick + ", " + p.inference_id + (refused && p.detail ? ": " + p.detail : "")));
+    return li;
+  }));
+  if (!items.length) list.append(el("li", { class: "none" }, "none"));
+}
+function showProposals(proposals) {
+  const p = proposals || {};
+  const kinds = ["beliefs", "memories", "intents", "refused"];
+  $("proposals").hidden = kinds.every((k) => !(p[k] || []).length);
+  proposalList("beliefs-learned", p.beliefs || [], false);
+  proposalList("memories-kept", p.memories || [], false);
+  proposalList("intents-emitted", p.intents || [], false);
+  proposalList("proposals-refused", p.refused || [], true);
+}
 async function showNpc() {
   if (!view.selected) return;
   let npc;
@@ -271,6 +300,7 @@ async function showNpc() {
   const latest = npc.traces[0];
   const chosen = npc.traces.find((t) => t.inference_id === view.snapshot) || latest;
   $("bars").replaceChildren(...npc.traces.map((t, i) => bar(t, chosen.inference_id, i === 0)));
+  showProposals(npc.proposals);
   budgetTable(chosen);
   droppedList(chosen);
   showAttempts(chosen);
