@@ -111,9 +111,22 @@ class Helper:
         return await asyncio.shield(self._end)
 
     async def _reap(self) -> int:
-        while await self._stdout.read(1 << 16):
-            pass
-        return await self.process.wait()
+        try:
+            while await self._stdout.read(1 << 16):
+                pass
+            return await self.process.wait()
+        except asyncio.CancelledError:
+            self._reap_now()
+            raise
+
+    def _reap_now(self) -> None:
+        """Its event loop is ending (every task cancelled) before the child was waited for: kill
+        it, close the pipes and wait for it here, so that neither is left behind."""
+        # asyncio.subprocess.Process has no public close: its transport has
+        transport: asyncio.SubprocessTransport = self.process._transport  # type: ignore[attr-defined]
+        popen = transport.get_extra_info("subprocess")
+        transport.close()  # kills the child if it still runs
+        popen.wait()
 
     def end_input(self) -> None:
         """Close its stdin: it ends once it has done with what it was sent."""

@@ -4,6 +4,7 @@ cancelled while it stops them."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -35,3 +36,18 @@ async def test_a_helper_aborted_twice_is_reaped_once() -> None:
         await aborting
     assert await helper.abort() == helper.process.returncode
     assert helper.process.returncode is not None
+
+
+def test_a_helper_still_being_stopped_when_its_event_loop_ends_is_reaped() -> None:
+    """asyncio.run cancels what is left when its coroutine returns, the reaping included: the
+    child is then killed and waited for at once (a warning here would fail the test)."""
+
+    async def leave_it_stopping() -> Helper:
+        helper = await Helper.start("tests.stubborn_child", b"", what="test child")
+        asyncio.get_running_loop().create_task(helper.stop())  # not awaited: the loop ends first
+        await asyncio.sleep(0)
+        return helper
+
+    helper = asyncio.run(leave_it_stopping())
+    gc.collect()
+    assert helper.process._transport.get_extra_info("subprocess").returncode is not None
