@@ -48,10 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "max_context_tokens, max_episodic_memories, max_beliefs, max_dialogue_lines, "
                         "dialogue_share, episodic_share, belief_share, redistribute_unused, selection, "
                         "half_life_ticks, recency_weight, importance_weight, relevance_weight, "
-                        "dialogue_importance), npc.ID.KEY for one "
-                        "NPC; a comma list sweeps values; repeatable (every combination is a variant)")
+                        "dialogue_importance), an output policy's rule (forbidden=PHRASE[;PHRASE...], "
+                        "intents=NAME[;NAME...], or none: the gates judge the recorded replies again), "
+                        "npc.ID.KEY for one NPC; a comma list sweeps values; repeatable (every combination is a "
+                        "variant)")
     parser.add_argument("--examples", type=_examples, default=0, metavar="N",
-                        help="with --set: show up to N items lost and gained per category")
+                        help="with --set: show up to N items lost and gained per category, and N proposals "
+                        "flipped each way")
     parser.add_argument("--json", default=None, metavar="FILE", help="with --set: the whole report as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE", help="with --set: a PNG of it (extra 'plot')")
     parser.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         write_plot(tallies, Path(args.plot))
     _print(Out(), tallies, args.examples)
+    if any(v.sets_policy for v in variants):
+        _print_gates(Out(), tallies, args.examples)
     if args.json is not None or args.plot is not None:
         Out(sys.stderr).record("wrote " + " and ".join(p for p in (args.json, args.plot) if p is not None))
     return 0
@@ -129,6 +134,8 @@ def _report(dbs: list[str], records: int, variants: list[Variant], tallies: list
                 "canonical_facts_present_percent": _percent(t.facts_present, t.facts),
                 "world_state_present_percent": _percent(t.world_present, t.world),
                 "examples": [msgspec.to_builtins(c) for c in t.examples],
+                "gates": {"attempts_judged": t.judged, "to_rejected": t.to_rejected, "to_accepted": t.to_accepted,
+                          "flips": [msgspec.to_builtins(f) for f in t.flips]},
             }
             for v, t in zip(variants, tallies, strict=True)
         ],
@@ -186,3 +193,16 @@ def _print(out: Out, tallies: list[Tally], examples: int) -> None:
                   [(t.label, str(c.tick), c.agent, c.record, c.category, c.change, _item_text(c.item))
                    for t in tallies for c in t.examples],
                   title="examples", header=True, whole=("record",), stretch="item")
+
+
+def _print_gates(out: Out, tallies: list[Tally], examples: int) -> None:
+    """The recorded replies judged again under each variant's rules, and what flipped."""
+    out.table(("variant", "attempts judged", "accepted -> rejected", "rejected -> accepted"),
+              [(t.label, str(t.judged), str(t.to_rejected), str(t.to_accepted)) for t in tallies],
+              title="the gates under the variant's rules", header=True, whole=("variant",),
+              right=("attempts judged", "accepted -> rejected", "rejected -> accepted"))
+    if examples:
+        out.table(("variant", "tick", "npc", "record", "attempt", "kind", "text", "was", "now"),
+                  [(t.label, str(f.tick), f.agent, f.record, str(f.attempt), f.kind, f.text,
+                    f"{f.was} ({f.was_code})", f"{f.now} ({f.now_code})") for t in tallies for f in t.flips],
+                  title="proposals flipped", header=True, whole=("record",), stretch="text")

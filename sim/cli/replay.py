@@ -106,11 +106,14 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def _fork_variant(texts: list[str]) -> Variant:
-    """A fork goes on with one working-memory setting: a sweep is refused."""
+    """A fork goes on with one working-memory setting: a sweep, or an output policy's rule, is refused."""
     variants = parse_overrides(texts)
     if len(variants) != 1:
         raise ConfigError(f"--set with --fork-at: a fork goes on with one setting, not {len(variants)}; "
                           "give one value per key")
+    if variants[0].sets_policy:
+        raise ConfigError(f"--set {variants[0].label}: a fork changes working-memory settings only; "
+                          "the gates' rules are a what-if's (--set without --fork-at)")
     return variants[0]
 
 

@@ -20,7 +20,7 @@ from sim.inference._output import Verdict, clean_line, judge
 from sim.inference._pool import Pool, open_pool
 from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
-from sim.inference._structured import gate_difference, judge_reply
+from sim.inference._structured import gate_difference, judge_attempts, judge_reply
 from sim.inference._worker import RemoteWorker
 from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend
 from sim.wire.inference import (
@@ -58,6 +58,7 @@ __all__ = [
     "fallback_line",
     "gate_difference",
     "judge",
+    "judge_attempts",
     "judge_reply",
     "load_fact_guard",
     "open_backend",

@@ -13,22 +13,26 @@
   the audit holds every verdict of every attempt.
 
 The verdict's `proposals` start with the line's own (kind "line"). Each rule is a
-function of the raw reply, the working memory and the policy, so `gate_difference` (what
-`npcsim audit replay` runs) judges a record's attempts again and finds the same verdicts.
+function of the raw reply, the working memory and the policy, so `judge_attempts` judges
+a record's attempts again: `gate_difference` (what `npcsim audit replay` runs) under the
+record's own policy, finding the same verdicts, and the what-if (`npcsim replay --set
+npc.ID.forbidden=...`) under another.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import msgspec
 
-from sim.audit import AuditRecord
+from sim.audit import Attempt, AuditRecord
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import Verdict, judge
 from sim.memory import WorkingMemory
 from sim.output import SCHEMA_RULE, accepted, forbidden_phrase, gate_proposals, read_reply, rejected, say_part
 from sim.output.policy import OutputPolicy
 
-__all__ = ["FORBIDDEN_RULE", "gate_difference", "judge_reply"]
+__all__ = ["FORBIDDEN_RULE", "gate_difference", "judge_attempts", "judge_reply"]
 
 FORBIDDEN_RULE = "Never reveal what you must keep secret; answer without it."
 """The retry's rule after a line that revealed a forbidden phrase (the phrase itself is not repeated)."""
@@ -73,6 +77,20 @@ def _line(verdict: Verdict, policy: OutputPolicy, *, salvaged: bool) -> Verdict:
     return msgspec.structs.replace(verdict, proposals=(mine,))
 
 
+def judge_attempts(
+    record: AuditRecord, memory: WorkingMemory, policy: OutputPolicy, *, guard: FactGuard = contradicted_fact,
+    max_line_chars: int = 200,
+) -> Iterator[tuple[int, Attempt, Verdict]]:
+    """Each attempt of `record` with a reply (its number from 1) and the gates' verdict on it
+    under `policy`, against the working memory it answered (`memory`, the record's; a
+    retry's is rebuilt with its prohibition)."""
+    for n, attempt in enumerate(record.attempts, 1):
+        if attempt.raw_response is None:
+            continue
+        given = memory if attempt.prohibition is None else record.memory(attempt.prohibition)
+        yield n, attempt, judge_reply(attempt.raw_response, given, max_line_chars, guard, policy)
+
+
 def gate_difference(
     record: AuditRecord, memory: WorkingMemory, *, guard: FactGuard = contradicted_fact, max_line_chars: int = 200
 ) -> str:
@@ -85,11 +103,8 @@ def gate_difference(
     """
     if record.output is None:
         return ""
-    for n, attempt in enumerate(record.attempts, 1):
-        if attempt.raw_response is None:
-            continue
-        given = memory if attempt.prohibition is None else record.memory(attempt.prohibition)
-        verdict = judge_reply(attempt.raw_response, given, max_line_chars, guard, record.output)
+    for n, attempt, verdict in judge_attempts(record, memory, record.output, guard=guard,
+                                              max_line_chars=max_line_chars):
         if verdict.problem != attempt.problem:
             return f"gates: attempt {n}: recorded problem {attempt.problem!r}, now {verdict.problem!r}"
         for recorded, now in zip(attempt.proposals, verdict.proposals, strict=False):

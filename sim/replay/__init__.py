@@ -19,14 +19,17 @@ rebuilt under other working-memory settings (the what-if of `npcsim replay --set
 - `_whatif`, `_overrides`: each record's stored snapshot rebuilt under other configs (the
   world unfolds as recorded; only what each model call would have seen changes), what each
   one lost and gained, drawn by `write_plot`; `parse_overrides` reads `--set`;
+- `_flips`: under a variant's output policy (`--set npc.ID.forbidden=...`), each recorded
+  reply judged again by the gates, and the parts whose verdict flips;
 - `_parallel`: a pass over the audit records spread on every core (`npcsim audit replay`
   uses it too).
 See docs/replay.md.
 """
 
 from sim.replay._compare import Comparison, Divergence, compare_records, compare_states, records_of
+from sim.replay._flips import Flip
 from sim.replay._fork import ForkReport, RunFigures, fork_report
-from sim.replay._overrides import MAX_VARIANTS, SETTABLE, Override, Variant, parse_overrides
+from sim.replay._overrides import MAX_VARIANTS, POLICY_KEYS, SETTABLE, Override, Variant, parse_overrides
 from sim.replay._parallel import Plan, Span, check_jobs, default_jobs, map_spans, plan_spans
 from sim.replay._recording import Recording, load_recording
 from sim.replay._rerun import Executed, execute
@@ -35,11 +38,13 @@ from sim.replay._whatif import CATEGORIES, Change, Tally, what_if, write_plot
 __all__ = [
     "CATEGORIES",
     "MAX_VARIANTS",
+    "POLICY_KEYS",
     "SETTABLE",
     "Change",
     "Comparison",
     "Divergence",
     "Executed",
+    "Flip",
     "ForkReport",
     "Override",
     "Plan",

@@ -1,7 +1,9 @@
-"""`--set KEY=VALUE[,VALUE...]`: the working-memory settings a what-if changes, and their sweep.
+"""`--set KEY=VALUE[,VALUE...]`: the settings a what-if changes, and their sweep.
 
-KEY is a field of `WorkingMemoryConfig` a what-if may change (`SETTABLE`), or
-`npc.ID.KEY` for one NPC only (applied after the run-wide ones). A comma list sweeps
+KEY is a field of `WorkingMemoryConfig` a what-if may change, or a rule of the output
+policy (`POLICY_KEYS`: `forbidden`, `intents`, whose value is a list separated by ";",
+or `none`), both in `SETTABLE`; `npc.ID.KEY` sets one for one NPC only (applied after the
+run-wide ones). A comma list sweeps
 values; with several swept keys every combination is one variant (a cartesian product,
 at most `MAX_VARIANTS` of them). A bad key or value is a ConfigError of one line; whether
 the combined config is valid (shares summing to at most 1) is checked against each
@@ -18,10 +20,12 @@ import msgspec
 
 from sim.errors import ConfigError
 from sim.memory import SELECTIONS, WorkingMemoryConfig
+from sim.output.policy import OutputPolicy
+from sim.wire.events import is_name
 
-__all__ = ["MAX_VARIANTS", "SETTABLE", "Override", "Variant", "parse_overrides"]
+__all__ = ["MAX_VARIANTS", "POLICY_KEYS", "SETTABLE", "Override", "Variant", "parse_overrides"]
 
-Value = int | float | bool | str | None
+Value = int | float | bool | str | tuple[str, ...] | None
 
 MAX_VARIANTS = 64
 
@@ -73,6 +77,26 @@ def _flag(text: str) -> Value:
     raise ValueError("true or false")
 
 
+def _phrases(text: str) -> Value:
+    """Phrases an NPC must never reveal, separated by ";" (`none`: no phrase)."""
+    if text.lower() == "none":
+        return ()
+    phrases = tuple(dict.fromkeys(p.strip() for p in text.split(";")))
+    if not all(phrases):
+        raise ValueError('phrases separated by ";" (none empty), or none')
+    return phrases
+
+
+def _intents(text: str) -> Value:
+    """Intent names an NPC may propose, separated by ";" (`none`: no intent)."""
+    if text.lower() == "none":
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(";")))
+    if not all(is_name(n) for n in names):
+        raise ValueError('intent names separated by ";" (letters, digits, _ and -), or none')
+    return names
+
+
 SETTABLE: dict[str, Callable[[str], Value]] = {
     "max_context_chars": _count,
     "max_context_tokens": _count_or_none,  # "none": no token limit
@@ -89,7 +113,12 @@ SETTABLE: dict[str, Callable[[str], Value]] = {
     "importance_weight": _weight,
     "relevance_weight": _weight,
     "dialogue_importance": _share,
+    "forbidden": _phrases,
+    "intents": _intents,
 }
+
+POLICY_KEYS = frozenset({"forbidden", "intents"})
+"""The keys that change an NPC's output policy (the gates' rules), not its working memory."""
 
 
 class Override(msgspec.Struct, frozen=True):
@@ -118,13 +147,30 @@ class Variant(msgspec.Struct, frozen=True, kw_only=True):
         "raise"` is read as "keep" here.
         """
         fields = msgspec.structs.asdict(recorded)
-        fields.update(self.settings)
-        fields.update(self.npcs.get(agent, {}))
+        fields.update((k, v) for k, v in self.settings.items() if k not in POLICY_KEYS)
+        fields.update((k, v) for k, v in self.npcs.get(agent, {}).items() if k not in POLICY_KEYS)
         fields["on_overflow"] = "keep"
         try:
             return WorkingMemoryConfig(**fields)
         except ConfigError as exc:
             raise ConfigError(f"--set {self.label}: {exc}") from None
+
+
+    @property
+    def sets_policy(self) -> bool:
+        """Whether this variant changes an output policy (the gates' rules) of some NPC."""
+        return any(k in POLICY_KEYS for k in (*self.settings, *(k for n in self.npcs.values() for k in n)))
+
+    def policy(self, recorded: OutputPolicy, agent: str) -> OutputPolicy:
+        """`recorded` with this variant's rules for `agent`: its `forbidden` phrases, and its
+        `intents` allowed with the arguments `recorded` gave them (none for a new one)."""
+        rules = {k: v for k, v in (*self.settings.items(), *self.npcs.get(agent, {}).items()) if k in POLICY_KEYS}
+        phrases, names = rules.get("forbidden"), rules.get("intents")
+        return msgspec.structs.replace(
+            recorded,
+            forbidden=phrases if isinstance(phrases, tuple) else recorded.forbidden,
+            intents={n: recorded.intents.get(n, {}) for n in names} if isinstance(names, tuple) else recorded.intents,
+        )
 
 
 def _one(text: str) -> Override:
@@ -178,4 +224,6 @@ def parse_overrides(texts: Sequence[str], agents: frozenset[str] | None = None) 
 
 
 def _show(value: Value) -> str:
+    if isinstance(value, tuple):
+        return ";".join(value) or "none"
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -10,6 +10,10 @@ newest candidates, as many as the record's report says; a scored selection's are
 from the record (its own config). `duplicate` counts the memories a variant left out
 because a line of the dialogue says them.
 
+A variant that changes an NPC's output policy (`forbidden`, `intents`) has each of its
+recorded replies judged again by the gates under the new rules (`sim.replay._flips`): the
+parts whose verdict flips are counted and listed.
+
 `what_if(records, variants, examples)` folds a run of records into one `Tally` per
 variant; tallies of consecutive runs `add` up, so the pass spreads over processes
 (`sim.replay.map_spans`) and reports what one process would. `write_plot` draws the
@@ -34,6 +38,8 @@ from sim.memory import (
     build_working_memory,
     distinct,
 )
+from sim.output.policy import OutputPolicy
+from sim.replay._flips import Flip, first_flips, flips
 from sim.replay._overrides import Variant
 
 __all__ = ["CATEGORIES", "Change", "Tally", "what_if", "write_plot"]
@@ -94,6 +100,10 @@ class Tally(msgspec.Struct, kw_only=True):
     selections: dict[str, int] = msgspec.field(default_factory=_no_selections)
     recorded_selections: dict[str, int] = msgspec.field(default_factory=_no_selections)
     examples: list[Change] = []
+    judged: int = 0
+    to_rejected: int = 0
+    to_accepted: int = 0
+    flips: list[Flip] = []
 
     def add(self, later: Tally, examples: int) -> None:
         """Fold in the tally of later records (of the same variant)."""
@@ -122,6 +132,10 @@ class Tally(msgspec.Struct, kw_only=True):
             self.recorded_selections[selection] += later.recorded_selections[selection]
         merged = sorted([*self.examples, *later.examples], key=Change.order)
         self.examples = _first(merged, examples)
+        self.judged += later.judged
+        self.to_rejected += later.to_rejected
+        self.to_accepted += later.to_accepted
+        self.flips = first_flips(sorted([*self.flips, *later.flips], key=Flip.order), examples)
 
 
 def _first(changes: Iterable[Change], limit: int) -> list[Change]:
@@ -181,6 +195,8 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
     taken: list[dict[tuple[str, str], int]] = [{} for _ in variants]  # examples so far, by (category, change)
     configs = _Configs(variants)
     for record in records:
+        if record.output is not None and any(v.sets_policy for v in variants):
+            _judge_again(tallies, variants, record, record.output, examples)
         state, report = record.state, record.report
         facts, world = len(state.canonical_facts), len(state.world_state)
         for n, tally in enumerate(tallies):
@@ -207,6 +223,26 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
             if changed:
                 _count_changes(tally, record, memory, examples, taken[n])
     return tallies
+
+
+def _judge_again(
+    tallies: list[Tally], variants: Sequence[Variant], record: AuditRecord, recorded: OutputPolicy, examples: int
+) -> None:
+    """Each variant whose rules for the record's NPC differ from the recorded ones judges its replies again."""
+    memory: WorkingMemory | None = None
+    for tally, variant in zip(tallies, variants, strict=True):
+        policy = variant.policy(recorded, record.agent_id)
+        if policy == recorded:
+            continue
+        memory = memory or record.memory()
+        judged, found = flips(record, memory, policy)
+        tally.judged += judged
+        for flip in found:
+            if flip.now == "rejected":
+                tally.to_rejected += 1
+            else:
+                tally.to_accepted += 1
+        tally.flips = first_flips([*tally.flips, *found], examples)
 
 
 def _count_changes(
