@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from sim.audit import AuditRecord
 from sim.cli import main
-from sim.memory import SELECTIONS, build_working_memory
+from sim.memory import SELECTIONS, WorkingMemoryConfig, build_working_memory
+from sim.output import OutputPolicy
 from sim.replay import CATEGORIES, parse_overrides, what_if
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
@@ -158,6 +159,9 @@ async def test_a_recorded_budget_changes_nothing(village_db: Path, tmp_path: Pat
     ("npc.nobody.max_beliefs=1", "no NPC 'nobody' in the store's records"),
     ("dialogue_share=0.9", "dialogue_share + episodic_share + belief_share must be <= 1"),
     ("max_context_chars", "expected KEY=VALUE"),
+    ("npc.innkeeper.forbidden=cellar;;key", 'forbidden must be phrases separated by ";" (none empty), or none'),
+    ("intents=give item", 'intents must be intent names separated by ";"'),
+    ("npc.nobody.intents=none", "no NPC 'nobody' in the store's records"),
 ])
 async def test_a_bad_setting_is_one_line_and_exit_2(
     village_db: Path, setting: str, message: str, capsys: pytest.CaptureFixture[str]
@@ -171,6 +175,77 @@ async def test_a_bad_setting_is_one_line_and_exit_2(
 async def test_a_store_given_twice_is_refused(village_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--db", str(village_db), "--db", str(village_db), "--set", "max_beliefs=1"]) == 2
     assert "given twice (its records would count twice)" in capsys.readouterr().err
+
+
+def recorded_verdicts(db: Path, agent: str) -> list[tuple[str, int, str, str, str, dict[str, Any]]]:
+    """(record, attempt, kind, text, verdict, args) of every part of every reply of `agent` the run judged."""
+    return [(r.id, n, p.kind, p.text, p.verdict, dict(p.args)) for r in records(db) if r.agent_id == agent
+            for n, a in enumerate(r.attempts, 1) if a.raw_response is not None for p in a.proposals]
+
+
+@pytest.mark.mosquitto
+async def test_an_allow_list_without_an_intent_flips_it_to_rejected(
+    village_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The scripted player asks the innkeeper for a lantern: `give_item`, accepted in the run,
+    is refused (`intent`) when only `call_guards` is allowed; the recorded rules change nothing."""
+    out = tmp_path / "intents.json"
+    assert main(["replay", "--db", str(village_db), "--set", "npc.innkeeper.intents=call_guards,give_item;call_guards",
+                 "--examples", "100", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    narrowed, same = json.loads(out.read_text())["variants"]
+    verdicts = recorded_verdicts(village_db, "innkeeper")
+    given = [(record, n) for record, n, kind, text, verdict, _ in verdicts
+             if (kind, text, verdict) == ("intent", "give_item", "accepted")]
+    assert given, "the innkeeper gave nothing in the run: no test"
+    assert [(f["record"], f["attempt"], f["kind"], f["text"], f["was"], f["was_code"], f["now"], f["now_code"])
+            for f in narrowed["gates"]["flips"]] == [
+        (record, n, "intent", "give_item", "accepted", "ok", "rejected", "intent") for record, n in given]
+    assert narrowed["gates"]["to_rejected"] == len(given) and narrowed["gates"]["to_accepted"] == 0
+    assert narrowed["gates"]["attempts_judged"] == len({(record, n) for record, n, *_ in verdicts})
+    assert narrowed["prompts_changed"] == 0  # the rules change what passes, not what the NPC saw
+    assert same["gates"] == {"attempts_judged": 0, "to_rejected": 0, "to_accepted": 0, "flips": []}
+    assert f"npc.innkeeper.intents=call_guards\t{narrowed['gates']['attempts_judged']}\t{len(given)}\t0\n" in table
+    assert "\tintent\tgive_item\taccepted (ok)\trejected (intent)\n" in table
+
+
+@pytest.mark.mosquitto
+async def test_a_forbidden_phrase_flips_what_reveals_it(village_db: Path, tmp_path: Path) -> None:
+    """Every part of the innkeeper's replies that was accepted and says "lantern" (in its
+    text or its arguments) is refused as `forbidden`, combined with a memory setting; the
+    other NPCs have no output policy, so nothing of theirs is judged."""
+    out = tmp_path / "forbidden.json"
+    assert main(["replay", "--db", str(village_db), "--set", "max_context_chars=700",
+                 "--set", "npc.innkeeper.forbidden=cellar key;Lantern", "--examples", "100", "--json", str(out)]) == 0
+    [variant] = json.loads(out.read_text())["variants"]
+    assert variant["label"] == "max_context_chars=700 npc.innkeeper.forbidden=cellar key;Lantern"
+    assert variant["npc_settings"] == {"innkeeper": {"forbidden": ["cellar key", "Lantern"]}}
+    assert variant["prompts_changed"] > 0
+    revealing = [(record, n, kind, text) for record, n, kind, text, verdict, args in recorded_verdicts(
+        village_db, "innkeeper") if verdict == "accepted" and "lantern" in f"{text} {args}".lower()]
+    assert revealing, "the innkeeper never mentioned the lantern: no test"
+    flips = variant["gates"]["flips"]
+    assert [(f["record"], f["attempt"], f["kind"], f["text"]) for f in flips] == revealing
+    assert {(f["was"], f["now"], f["now_code"]) for f in flips} == {("accepted", "rejected", "forbidden")}
+    assert {f["agent"] for f in flips} == {"innkeeper"}
+
+
+def test_a_variant_keeps_the_recorded_argument_types_of_an_intent() -> None:
+    recorded = OutputPolicy(structured=True, forbidden=("cellar key",),
+                            intents={"give_item": {"item": "string"}, "call_guards": {}})
+    [variant] = parse_overrides(["npc.innkeeper.intents=give_item;open_door"])
+    assert variant.policy(recorded, "innkeeper") == OutputPolicy(
+        structured=True, forbidden=("cellar key",), intents={"give_item": {"item": "string"}, "open_door": {}})
+    assert variant.policy(recorded, "blacksmith") == recorded
+    [none] = parse_overrides(["forbidden=none"])
+    assert none.policy(recorded, "innkeeper").forbidden == ()
+    assert none.config(WorkingMemoryConfig(), "innkeeper") == WorkingMemoryConfig(on_overflow="keep")
+
+
+def test_a_fork_refuses_the_gates_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--db", str(tmp_path / "none.db"), "--fork-at", "3", "--backend", "scripted",
+                 "--set", "forbidden=lantern"]) == 2
+    assert "a fork changes working-memory settings only" in capsys.readouterr().err
 
 
 def test_what_if_report_options_without_set_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
