@@ -30,8 +30,8 @@ PACKAGES: dict[str, set[str]] = {
         "BACKENDS", "Backend", "FactGuard", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
         "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "Verdict", "WorkerConfig",
         "check_context_window", "clean_line", "contradicted_fact", "decode_request", "decode_result",
-        "encode_request", "encode_result", "fallback_line", "gate_difference", "judge", "judge_reply",
-        "load_fact_guard", "open_backend", "open_pool", "reply_problem",
+        "encode_request", "encode_result", "fallback_line", "gate_difference", "judge", "judge_attempts",
+        "judge_reply", "load_fact_guard", "open_backend", "open_pool", "reply_problem",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",
@@ -64,8 +64,9 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
-        "CATEGORIES", "Change", "Comparison", "Divergence", "Executed", "ForkReport", "MAX_VARIANTS", "Override",
-        "Plan", "Recording", "RunFigures", "SETTABLE", "Span", "Tally", "Variant", "check_jobs", "compare",
+        "CATEGORIES", "Change", "Comparison", "Divergence", "Executed", "Flip", "ForkReport", "MAX_VARIANTS",
+        "Override", "POLICY_KEYS", "Plan", "Recording", "RunFigures", "SETTABLE", "Span", "Tally", "Variant",
+        "check_jobs", "compare",
         "default_jobs", "execute", "fork_report", "load_recording", "map_spans", "parse_overrides", "plan_spans",
         "records_of", "what_if", "write_plot",
     },
