@@ -124,15 +124,16 @@ async def test_one_process_and_two_report_the_same(village_db: Path, tmp_path: P
     for jobs in ("1", "2"):
         out = tmp_path / f"jobs{jobs}.json"
         assert main(["replay", "--db", str(village_db), "--set", "max_context_chars=700,1200",
-                     "--set", "npc.innkeeper.max_dialogue_lines=1", "--examples", "3", "--json", str(out),
-                     "--jobs", jobs]) == 0
+                     "--set", "npc.innkeeper.max_dialogue_lines=1", "--set", "intents=call_guards", "--examples", "3",
+                     "--json", str(out), "--jobs", jobs]) == 0
         reports.append(out.read_bytes())
     assert reports[0] == reports[1]
     variants = json.loads(reports[0])["variants"]
     assert [v["label"] for v in variants] == [
-        "max_context_chars=700 npc.innkeeper.max_dialogue_lines=1",
-        "max_context_chars=1200 npc.innkeeper.max_dialogue_lines=1",
+        "max_context_chars=700 npc.innkeeper.max_dialogue_lines=1 intents=call_guards",
+        "max_context_chars=1200 npc.innkeeper.max_dialogue_lines=1 intents=call_guards",
     ]
+    assert all(v["gates"]["flips"] for v in variants)
 
 
 @pytest.mark.mosquitto
@@ -228,6 +229,32 @@ async def test_a_forbidden_phrase_flips_what_reveals_it(village_db: Path, tmp_pa
     assert [(f["record"], f["attempt"], f["kind"], f["text"]) for f in flips] == revealing
     assert {(f["was"], f["now"], f["now_code"]) for f in flips} == {("accepted", "rejected", "forbidden")}
     assert {f["agent"] for f in flips} == {"innkeeper"}
+
+
+@pytest.mark.mosquitto
+async def test_a_phrase_no_longer_forbidden_flips_to_accepted(village_db: Path) -> None:
+    """The run's records as a run with "lantern" forbidden would have them (the innkeeper's
+    `give_item` of a lantern refused, `forbidden`): lifting it flips each back to accepted."""
+    narrow = OutputPolicy(structured=True, forbidden=("cellar key", "lantern"),
+                          intents={"give_item": {"item": "string"}, "call_guards": {}})
+
+    def refused(record: AuditRecord) -> AuditRecord:
+        if record.output is None:
+            return record
+        attempts = tuple(msgspec.structs.replace(a, proposals=tuple(
+            msgspec.structs.replace(p, verdict="rejected", code="forbidden", detail="reveals forbidden phrase #2")
+            if (p.kind, p.text) == ("intent", "give_item") else p for p in a.proposals)) for a in record.attempts)
+        return msgspec.structs.replace(record, output=narrow, attempts=attempts)
+
+    recorded = [refused(r) for r in records(village_db)]
+    [variant] = parse_overrides(["npc.innkeeper.forbidden=cellar key"])
+    [tally] = what_if(recorded, [variant], examples=100)
+    expected = [(r.id, n) for r in recorded for n, a in enumerate(r.attempts, 1) if a.raw_response is not None
+                for p in a.proposals if p.code == "forbidden"]
+    assert expected, "nothing refused: no test"
+    assert tally.to_accepted == len(expected) and tally.to_rejected == 0
+    assert [(f.record, f.attempt, f.was_code, f.now, f.now_code) for f in tally.flips] == [
+        (record, n, "forbidden", "accepted", "ok") for record, n in expected]
 
 
 def test_a_variant_keeps_the_recorded_argument_types_of_an_intent() -> None:
