@@ -194,8 +194,9 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
     tallies = [Tally(label=v.label) for v in variants]
     taken: list[dict[tuple[str, str], int]] = [{} for _ in variants]  # examples so far, by (category, change)
     configs = _Configs(variants)
+    rules = any(v.sets_policy for v in variants)
     for record in records:
-        if record.output is not None and any(v.sets_policy for v in variants):
+        if rules and record.output is not None:
             _judge_again(tallies, variants, record, record.output, examples)
         state, report = record.state, record.report
         facts, world = len(state.canonical_facts), len(state.world_state)
@@ -234,7 +235,8 @@ def _judge_again(
         policy = variant.policy(recorded, record.agent_id)
         if policy == recorded:
             continue
-        memory = memory or record.memory()
+        if memory is None:
+            memory = record.memory()
         judged, found = flips(record, memory, policy)
         tally.judged += judged
         for flip in found:
