@@ -155,7 +155,7 @@ class LlamaCppBackend:
 @functools.lru_cache(maxsize=8)
 def _grammar(schema: str) -> Any:
     """llama.cpp's grammar for a JSON Schema (one schema, compiled once): a structured reply."""
-    from llama_cpp import LlamaGrammar
+    from llama_cpp.llama_grammar import LlamaGrammar
 
     return LlamaGrammar.from_json_schema(schema, verbose=False)
 
