@@ -2,21 +2,27 @@
 
 Both ends of the inference path count the same things: the in-process pool, the MQTT
 link and a remote worker each keep one `Counters`, and `statistics()` hands out a frozen
-snapshot. `LogOnce` keeps a failure that repeats at every request (a dead backend, a
-forger on the broker) to one warning.
+snapshot. The model servers' adaptive limits come with the results
+(`InferenceResult.server_limits`), in process, from the worker process and from remote
+workers alike: each worker's latest word is kept, and a server's limit is the sum over the
+workers that spoke of it (what it may get at once from all of them) until a worker is gone
+(`forget_worker`). `LogOnce` keeps a failure that repeats at every request (a dead backend,
+a forger on the broker) to one warning.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
 
 import msgspec
 
 from sim.wire.inference import InferenceResult
 
-__all__ = ["Counters", "LogOnce", "PoolStatistics"]
+__all__ = ["MAX_WORKERS", "Counters", "LogOnce", "PoolStatistics"]
+
+MAX_WORKERS = 256
+"""Workers whose limits a pool keeps: results that name more (forged ones) count for nothing there."""
 
 
 class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,7 +41,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0  # calls made to backends for the completed requests (a retry is a second one)
     retries: int = 0  # attempts after the first, over the completed requests
     resent: int = 0  # requests sent to the workers again (an outage, a dead worker's will)
-    server_limits: dict[str, int] = {}  # each model server's adaptive limit (an in-process openai backend)
+    server_limits: dict[str, int] = {}  # each model server's adaptive limit, summed over the workers serving on it
 
 
 class Counters:
@@ -55,7 +61,18 @@ class Counters:
         self.attempts = 0
         self.retries = 0
         self.resent = 0
-        self.server_limits: Callable[[], dict[str, int]] = dict  # the backend's, when it has several limits
+        self.worker_limits: dict[str, dict[str, int]] = {}  # each worker's latest server_limits
+
+    def forget_worker(self, worker: str) -> None:
+        """A worker is gone: its limits no longer count."""
+        self.worker_limits.pop(worker, None)
+
+    def server_limits(self) -> dict[str, int]:
+        """Each server's limit, summed over the workers that serve on it."""
+        total: collections.Counter[str] = collections.Counter()
+        for limits in self.worker_limits.values():
+            total.update(limits)
+        return dict(sorted(total.items()))
 
     def count_result(self, result: InferenceResult) -> None:
         self.completed += 1
@@ -63,6 +80,8 @@ class Counters:
         self.retries += max(len(result.attempts) - 1, 0)
         if result.fallback:
             self.fallbacks[result.fallback_reason or "unknown"] += 1
+        if result.server_limits and (result.worker in self.worker_limits or len(self.worker_limits) < MAX_WORKERS):
+            self.worker_limits[result.worker] = result.server_limits
 
     def snapshot(self) -> PoolStatistics:
         return PoolStatistics(

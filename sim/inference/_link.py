@@ -165,6 +165,8 @@ class _PoolLink:
         level = logging.WARNING if now - self.will_logged >= RESEND_GAP else logging.DEBUG
         self.will_logged = now
         worker = topics.parse(topic)
+        if worker is not None:
+            self.counters.forget_worker(worker.name)
         log.log(level, "worker %s is gone (its last will): re-sending the %d inference requests of shard %s "
                 "waiting for replies", worker.name if worker else topic, len(held), self.config.shard)
         if held:

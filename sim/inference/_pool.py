@@ -32,7 +32,7 @@ from sim.inference._link import open_mqtt_dispatch
 from sim.inference._local import open_local_dispatch
 from sim.inference._pool_config import PoolConfig
 from sim.inference._serve import serve
-from sim.inference.backends import Backend, Limited, Reply, open_backend
+from sim.inference.backends import Backend, Reply, open_backend
 from sim.memory import WorkingMemory
 from sim.wire.inference import InferenceRequest, InferenceResult
 from sim.wire.served import ServedBy, Usage
@@ -171,8 +171,6 @@ async def open_pool(
         yield Pool(config, dispatcher(backend), counters)
         return
     async with open_backend(config.backend, config.options, config.concurrency, config.timeout) as opened:
-        if isinstance(opened, Limited):
-            counters.server_limits = opened.limits
         yield Pool(config, dispatcher(opened), counters)
 
 

@@ -7,11 +7,14 @@ answer with the fallback line whenever anything fails: `serve` never raises for 
 failure. Every call is kept as an `Attempt`. Under an NPC's output policy the backend is
 asked for a structured reply (`REPLY_SCHEMA`) and each attempt is judged, and its proposals
 gated, by `judge_reply` (sim.inference._structured); the attempt keeps every verdict.
+A backend with adaptive limits (`Limited`) gives them to each result, the way its pool hears
+of them whatever the transport.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +28,7 @@ from sim.inference._dispatch import fallback_result
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._output import Verdict
 from sim.inference._structured import judge_reply
-from sim.inference.backends import Backend
+from sim.inference.backends import Backend, Limited
 from sim.memory import WorkingMemory, build_working_memory
 from sim.output import REPLY_SCHEMA
 from sim.wire.inference import InferenceRequest, InferenceResult
@@ -74,6 +77,19 @@ def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verd
     return retry
 
 
+@functools.cache
+def _limited(kind: type) -> bool:
+    """Whether backends of `kind` have adaptive limits: asked once per type, not per request."""
+    return issubclass(kind, Limited)
+
+
+def _with_limits(result: InferenceResult, backend: Backend) -> InferenceResult:
+    """`result` with the backend's limits as they are now, when it has some."""
+    if _limited(type(backend)) and isinstance(backend, Limited):  # the cached test first: isinstance is slow here
+        return msgspec.structs.replace(result, server_limits=backend.limits())
+    return result
+
+
 def _attempt(backend: Backend, memory: WorkingMemory) -> Attempt:
     """The attempt about to be made: exactly the text the backend will give the model."""
     return Attempt(
@@ -109,7 +125,9 @@ async def serve(
     if left <= 0:
         counters.dropped_stale += 1
         log.debug("dropped stale request %s of %s (%.3fs past its deadline)", request.id, request.agent_id, -left)
-        return fallback_result(request, "stale", backend=backend.name, model=backend.model, worker=worker)
+        return _with_limits(
+            fallback_result(request, "stale", backend=backend.name, model=backend.model, worker=worker), backend
+        )
     limit = min(time_limit, left)
     policy = request.output
     schema = REPLY_SCHEMA if policy is not None and policy.structured else None
@@ -131,7 +149,7 @@ async def serve(
                                                         served_by=reply.served_by))
                 in_flight = None
                 if verdict.problem is None:
-                    return InferenceResult(
+                    return _with_limits(InferenceResult(
                         id=request.id,
                         agent_id=request.agent_id,
                         tick=request.tick,
@@ -145,7 +163,7 @@ async def serve(
                         worker=worker,
                         attempts=tuple(attempts),
                         prompt_tokens=reply.usage.prompt_tokens,
-                    )
+                    ), backend)
                 counters.rejected_outputs += 1
                 memory = retry_memory(request, memory, verdict)
                 if memory is not None:
@@ -169,7 +187,7 @@ async def serve(
     if in_flight is not None:
         attempts.append(msgspec.structs.replace(in_flight, problem=f"{reason}: {detail}"))
     backend_ms = (time.perf_counter() - started) * 1000
-    return fallback_result(
+    return _with_limits(fallback_result(
         request, reason, backend=backend.name, model=backend.model, raw_response=raw,
         timings={"backend_ms": backend_ms}, worker=worker, attempts=tuple(attempts),
-    )
+    ), backend)

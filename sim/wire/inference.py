@@ -10,7 +10,7 @@ outside the process, so they forbid unknown fields. Many of them travel in one m
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -19,10 +19,12 @@ from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.output import OutputPolicy
 
 __all__ = [
+    "MAX_SERVERS",
     "WORKER_OFFLINE",
     "InferenceRequest",
     "InferenceResult",
     "Priority",
+    "ServerLimits",
     "decode_request",
     "decode_result",
     "encode_request",
@@ -70,12 +72,22 @@ class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     output: OutputPolicy | None = None
 
 
+MAX_SERVERS = 64
+"""Model servers a result may name limits for: a worker's backend has a few, a forged result no more."""
+
+ServerLimits = Annotated[dict[str, Annotated[int, msgspec.Meta(ge=1)]], msgspec.Meta(max_length=MAX_SERVERS)]
+"""Each model server's adaptive limit on requests in flight, by the server's URL (no login)."""
+
+
 class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What the NPC says and how it came about; `timings` in milliseconds.
 
     `fallback_reason` is one of "stale", "timeout", "circuit_open", "backend_error",
     "rejected", "transport_error" when `fallback` is true. `attempts` holds every call
-    made to the backend, in order (none for a stale request).
+    made to the backend, in order (none for a stale request). `server_limits` is the
+    serving worker's adaptive limit on each of its model servers as it answered (an
+    `openai` backend; empty for the others): how a worker process or a remote worker
+    tells the pool the limits it settled on.
     """
 
     id: str
@@ -93,6 +105,7 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     worker: str = ""
     attempts: tuple[Attempt, ...] = ()
     prompt_tokens: int | None = None
+    server_limits: ServerLimits = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.msgpack.Encoder()

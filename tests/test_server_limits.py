@@ -1,0 +1,94 @@
+"""Each model server's adaptive limit reaches the pool whatever serves its requests: in its
+own process, in its worker process, or remote workers over MQTT (a fake OpenAI-compatible
+server on loopback that says it is overloaded, real HTTP, a real Mosquitto)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiomqtt
+import msgspec
+import pytest
+
+from sim.inference import PoolConfig, RemoteWorker, WorkerConfig, open_pool
+from sim.inference._counters import MAX_WORKERS, Counters
+from sim.wire import topics
+from sim.wire.inference import MAX_SERVERS, WORKER_OFFLINE, InferenceResult, decode_result, encode_result
+from tests.fake_openai import FakeOpenAI, open_fake_openai
+from tests.helpers import MosquittoProcess, eventually
+from tests.inference_helpers import make_request, running
+
+CEILING = 16
+CUT = 11  # 16 x 0.7 once: the three 429s are the retries of one request, one round
+
+
+def overloaded_options(fake: FakeOpenAI) -> dict[str, Any]:
+    fake.script = ["429"] * 3
+    return {"base_url": fake.base_url, "retries": 3}
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "process"])
+async def test_a_pool_reports_the_limit_its_server_settled_on(transport: str) -> None:
+    async with open_fake_openai() as fake:
+        config = PoolConfig(backend="openai", options=overloaded_options(fake), concurrency=CEILING,
+                            transport=transport, timeout=20.0)  # type: ignore[arg-type]
+        async with open_pool(config) as pool:
+            assert pool.statistics().server_limits == {}  # none heard of before a result
+            result = await pool.infer(make_request(0))
+            assert not result.fallback, result.fallback_reason
+            assert pool.statistics().server_limits == {fake.base_url: CUT}
+
+
+@pytest.mark.mosquitto
+async def test_remote_workers_limits_are_summed_and_a_dead_ones_forgotten(mosquitto: MosquittoProcess) -> None:
+    run = "limits"
+    async with open_fake_openai() as fake:
+        options = overloaded_options(fake)
+        fake.delay_s = 0.05  # every answer as slow: no answer is so much slower than the fastest that it cuts
+        workers = [
+            RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name=f"w{n}", backend="openai",
+                                      options=options, concurrency=CEILING))
+            for n in range(2)
+        ]
+        config = PoolConfig(transport="mqtt", broker=mosquitto.address, run_id=run, max_in_flight=4)
+        async with running(*workers), open_pool(config) as pool:
+            served: set[str] = set()
+            for n in range(40):  # the shared subscription hands requests round the workers
+                served.add((await pool.infer(make_request(n, agent=f"npc{n}"))).worker)
+                if len(served) == 2:
+                    break
+            assert served == {"w0", "w1"}
+            assert pool.statistics().server_limits == {fake.base_url: CUT + CEILING}  # one was overloaded
+
+            await _say_offline(mosquitto, topics.infer_worker(run, "w0"))
+            await eventually(lambda: sum(pool.statistics().server_limits.values()) < CUT + CEILING,
+                             what="the pool forgetting w0's limit")
+            assert pool.statistics().server_limits in ({fake.base_url: CUT}, {fake.base_url: CEILING})
+
+
+async def _say_offline(mosquitto: MosquittoProcess, topic: str) -> None:
+    """What the broker says for a worker that died (its last will), said here by hand."""
+    async with aiomqtt.Client(mosquitto.address.host, mosquitto.port) as client:
+        await client.publish(topic, WORKER_OFFLINE, qos=1)
+
+
+def result_with(worker: str, limits: dict[str, int]) -> InferenceResult:
+    return InferenceResult(id="r", agent_id="a", tick=0, line="Aye.", raw_response="Aye.", backend="openai",
+                           model="m", worker=worker, server_limits=limits)
+
+
+def test_a_limit_below_one_or_too_many_servers_is_a_malformed_result() -> None:
+    for limits in ({"http://a/v1": 0}, {f"http://s{n}/v1": 1 for n in range(MAX_SERVERS + 1)}):
+        payload = msgspec.msgpack.encode(msgspec.structs.asdict(result_with("w", {})) | {"server_limits": limits})
+        with pytest.raises(msgspec.ValidationError):
+            decode_result(payload)
+    assert decode_result(encode_result(result_with("w", {"http://a/v1": 3}))).server_limits == {"http://a/v1": 3}
+
+
+def test_results_naming_more_workers_than_a_pool_keeps_count_for_nothing() -> None:
+    counters = Counters()
+    for n in range(MAX_WORKERS + 5):
+        counters.count_result(result_with(f"w{n}", {"http://a/v1": 1}))
+    assert counters.snapshot().server_limits == {"http://a/v1": MAX_WORKERS}
+    counters.count_result(result_with("w0", {"http://a/v1": 2}))  # a worker kept still speaks
+    assert counters.snapshot().server_limits == {"http://a/v1": MAX_WORKERS + 1}
