@@ -29,7 +29,7 @@ RESULT_KEYS = {
     "max_context_chars", "max_context_tokens", "snapshots", "sweep_snapshots", "snapshots_per_s",
     "all_snapshots_per_s", "inferences", "inferences_per_s", "build_latency", "check_latency", "infer_latency",
     "round_trip_latency", "violations", "first_violations", "over_budget", "fallbacks", "peak_rss_mb", "timeline",
-    "truncation", "budgets", "sweep", "output", "gates",
+    "truncation", "budgets", "sweep", "output", "gates", "server_limits",
 }
 LATENCY_KEYS = {"count", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
 

@@ -78,6 +78,27 @@ def test_sweep_names_the_knee_of_a_saturated_server(
     assert "knee at concurrency 2" in capsys.readouterr().out
 
 
+def test_the_sweep_shows_the_limit_each_server_settled_on(
+    server: FakeOpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.delay_s = 0.0
+    server.script = ["429", "429"]  # the first request's: the first phase's limit goes down
+    out = tmp_path / "sweep.json"
+    assert _loadtest(server, out, "--concurrency", "1,4") == 0
+    figures = json.loads(out.read_text())
+    ceiling = 4  # the largest level
+    first, second = (point["server_limits"][server.base_url] for point in figures["sweep"])
+    for limit in (first, second):
+        assert 1 <= limit["min"] <= limit["final"] <= limit["max"] <= ceiling
+    assert first["min"] < ceiling  # the 429s cut it
+    run = figures["server_limits"][server.base_url]
+    assert run == {"final": second["final"], "min": min(first["min"], second["min"]),
+                   "max": max(first["max"], second["max"])}
+    printed = capsys.readouterr().out
+    assert f"in flight at most: {server.base_url}" in printed
+    assert f"{first['final']} ({first['min']}-{first['max']})" in printed
+
+
 def test_a_server_without_usable_usage_gives_no_token_rates(server: FakeOpenAI, tmp_path: Path) -> None:
     server.delay_s = 0.0
     server.usage = {"prompt_tokens": "many", "completion_tokens": -3}

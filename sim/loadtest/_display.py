@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from rich.text import Text
 
-from sim.loadtest._stats import KNEE_GAIN, GateFigures, LatencyFigures, LoadTestResult, Progress
+from sim.loadtest._stats import KNEE_GAIN, GateFigures, LatencyFigures, LimitFigures, LoadTestResult, Progress
 from sim.loadtest._truncation import CATEGORIES, CategoryTruncation, TruncationFigures
 
 __all__ = ["Cell", "Section", "progress_view", "result_sections"]
@@ -85,7 +85,13 @@ def _figures_section(r: LoadTestResult) -> Section:
         ("fallbacks", f"{r.fallbacks:,}"),
         ("peak RSS, with children", f"{r.peak_rss_mb:,.0f} MB"),
     ]
+    rows += [(f"in flight at most: {server}", _limit(f)) for server, f in sorted(r.server_limits.items())]
     return Section("npcsim loadtest", ("figure", "value"), rows, right=("value",))
+
+
+def _limit(f: LimitFigures) -> str:
+    """A server's adaptive limit: the value it settled on, then the range it moved in."""
+    return f"{f.final} ({f.min}-{f.max})"
 
 
 def _latency_section(r: LoadTestResult) -> Section:
@@ -146,6 +152,7 @@ def _sweep_section(r: LoadTestResult) -> Section:
             f"{f.p50_ms:.1f}/{f.p95_ms:.1f}/{f.p99_ms:.1f}", f"{p.fallbacks:,}",
             f"{rate(p.prompt_tokens_per_s)}/{rate(p.completion_tokens_per_s)}",
             "-" if p.prompt_cache_share is None else f"{p.prompt_cache_share:.0%}",
+            "; ".join(_limit(f) for _, f in sorted(p.server_limits.items())) or "-",
         ))
     notes = []
     for b in r.budgets:
@@ -155,9 +162,11 @@ def _sweep_section(r: LoadTestResult) -> Section:
         else:
             notes.append(f"{name}: knee at concurrency {b.knee_concurrency}: beyond it, "
                          f"inferences/s rose by less than {KNEE_GAIN:.0%}")
-    columns = ("budget", "conc.", "inferences/s", "p50/p95/p99 ms", "fallbacks", "tokens/s in/out", "cached")
+    columns = ("budget", "conc.", "inferences/s", "p50/p95/p99 ms", "fallbacks", "tokens/s in/out", "cached",
+               "limit")
     return Section("model-server sweep (inference latency: pool queue + backend)", columns, rows,
-                   right=columns[1:], notes=tuple(notes))
+                   right=columns[1:], notes=tuple(notes),
+                   caption="limit: each server's adaptive limit on requests in flight, settled (lowest-highest)")
 
 
 def _violations_section(r: LoadTestResult) -> Section:

@@ -18,7 +18,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import msgspec
@@ -38,14 +39,16 @@ log = logging.getLogger(__name__)
 
 class Answer(NamedTuple):
     """What the round trip keeps of a result: fallback or not, the tokens the backend reported
-    for the reply (`cached_tokens`: of its prompt tokens, those the server reused), and the
-    attempts (their gates' verdicts, under an output policy)."""
+    for the reply (`cached_tokens`: of its prompt tokens, those the server reused), the
+    attempts (their gates' verdicts, under an output policy), and each model server's
+    adaptive limit as the pool heard of it with this result (none for a backend without)."""
 
     fallback: bool
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
     attempts: tuple[Attempt, ...] = ()
+    server_limits: Mapping[str, int] = MappingProxyType({})
 
 
 Infer = Callable[[WorkingMemory, int, OutputPolicy | None], Awaitable[Answer]]
@@ -121,7 +124,8 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
             result = await pool.infer(request)
             usage = result.attempts[-1].usage if result.attempts else None
             cached = None if usage is None else usage.cached_tokens
-            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, cached, result.attempts)
+            limits = pool.statistics().server_limits if result.server_limits else {}  # all workers' together
+            return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, cached, result.attempts, limits)
 
         yield infer
 

@@ -74,6 +74,7 @@ async def requester(worker: int, run: Run, phase: Phase, infer: Infer, budget: R
         totals.inferences += 1
         totals.fallbacks += answer.fallback
         totals.add_tokens(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)
+        totals.limits.record(answer.server_limits)
         totals.count_snapshot(wm)
         if violations:
             totals.add_violations(violation_records(state.agent_id, said, violations, "round_trip"), len(violations))

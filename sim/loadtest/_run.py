@@ -129,6 +129,7 @@ async def run_loadtest(
                         prompt_cache_share=phase_totals.cache_share,
                         proposals_per_s=None if config.output == "line"
                         else _rate(phase_totals.gates.proposals, outcome.round_trip_s),
+                        server_limits=phase_totals.limits.figures,
                     ))
             budgets.append(BudgetResult(
                 max_context_chars=memory.max_context_chars, max_context_tokens=memory.max_context_tokens,
@@ -177,4 +178,5 @@ async def run_loadtest(
         sweep=sweep_points,
         output=config.output,
         gates=None if config.output == "line" else totals.gates.figures(rt_elapsed),
+        server_limits=totals.limits.figures,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 
 import msgspec
 import psutil
@@ -22,6 +23,8 @@ __all__ = [
     "Histogram",
     "HistogramWire",
     "LatencyFigures",
+    "LimitFigures",
+    "LimitTally",
     "LoadTestResult",
     "PeakRss",
     "Progress",
@@ -139,6 +142,35 @@ class LatencyFigures(msgspec.Struct, frozen=True, kw_only=True):
     max_ms: float
 
 
+class LimitFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """One model server's adaptive limit on requests in flight over a phase or the run: the
+    value it settled on (the last one heard of) and the lowest and highest it took."""
+
+    final: int
+    min: int
+    max: int
+
+
+class LimitTally:
+    """Each server's limit as the answers report it, kept as `LimitFigures`; merge with `merge`."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, LimitFigures] = {}
+
+    def record(self, limits: Mapping[str, int]) -> None:
+        for server, limit in limits.items():
+            seen = self.figures.get(server)
+            self.figures[server] = LimitFigures(final=limit, min=limit, max=limit) if seen is None else LimitFigures(
+                final=limit, min=min(seen.min, limit), max=max(seen.max, limit))
+
+    def merge(self, later: LimitTally) -> None:
+        """Fold in what was counted after this: its final values are the final ones."""
+        for server, theirs in later.figures.items():
+            mine = self.figures.get(server, theirs)
+            self.figures[server] = LimitFigures(final=theirs.final, min=min(mine.min, theirs.min),
+                                                max=max(mine.max, theirs.max))
+
+
 class ViolationRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One broken invariant, with where it was found: "sweep" or "round_trip"."""
 
@@ -173,7 +205,8 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     are None unless the backend reported them (the openai backend: the server's `usage`;
     the scripted backend counts the words of its reply as completion tokens);
     `prompt_cache_share` is the share of the prompt tokens the server reused from its cache,
-    where it said so; `proposals_per_s` is None unless the agents propose (`--output structured`).
+    where it said so; `proposals_per_s` is None unless the agents propose (`--output structured`);
+    `server_limits` is each model server's adaptive limit over the phase (an `openai` backend).
     """
 
     max_context_chars: int
@@ -188,6 +221,7 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens_per_s: float | None
     prompt_cache_share: float | None = None
     proposals_per_s: float | None = None
+    server_limits: dict[str, LimitFigures] = {}
 
 
 class BudgetResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -251,7 +285,8 @@ class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
     With several budgets or concurrencies the run has one phase per (budget, concurrency)
     pair; the top-level figures are the whole run's, `max_context_chars`,
     `max_context_tokens` and `concurrency` are the first of their lists, `budgets` has one
-    entry per budget and `sweep` one per phase with round trips.
+    entry per budget and `sweep` one per phase with round trips. `server_limits` is each
+    model server's adaptive limit over the whole run (an `openai` backend; empty for the others).
     """
 
     agents: int
@@ -285,3 +320,4 @@ class LoadTestResult(msgspec.Struct, frozen=True, kw_only=True):
     sweep: list[SweepPoint]
     output: str = "line"
     gates: GateFigures | None = None
+    server_limits: dict[str, LimitFigures] = {}

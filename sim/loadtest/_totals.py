@@ -7,7 +7,7 @@ import msgspec
 from sim.loadtest._messages import SweepCounts
 from sim.loadtest._proposals import GateTally
 from sim.loadtest._snapshot import KEEP_VIOLATIONS
-from sim.loadtest._stats import Histogram, ViolationRecord
+from sim.loadtest._stats import Histogram, LimitTally, ViolationRecord
 from sim.loadtest._truncation import TruncationTally
 from sim.memory import WorkingMemory
 
@@ -34,6 +34,7 @@ class Totals:
         self.round_trip = Histogram()
         self.truncation = TruncationTally()
         self.gates = GateTally()
+        self.limits = LimitTally()
         self.interval_build = Histogram()
         self.interval_rt = Histogram()
         # The sweep's deltas as (seconds into the phase by the process's clock, snapshots, builds):
@@ -87,6 +88,7 @@ class Totals:
             mine.merge(theirs)
         self.truncation.merge(other.truncation)
         self.gates.merge(other.gates)
+        self.limits.merge(other.limits)
 
     def count_snapshot(self, wm: WorkingMemory) -> None:
         self.truncation.record(wm.report)
