@@ -59,6 +59,7 @@ async def test_remote_workers_limits_are_summed_and_a_dead_ones_forgotten(mosqui
                     break
             assert served == {"w0", "w1"}
             assert pool.statistics().server_limits == {fake.base_url: CUT + CEILING}  # one was overloaded
+            assert sorted(w.statistics().server_limits[fake.base_url] for w in workers) == [CUT, CEILING]
 
             await _say_offline(mosquitto, topics.infer_worker(run, "w0"))
             await eventually(lambda: sum(pool.statistics().server_limits.values()) < CUT + CEILING,
