@@ -3,11 +3,11 @@
 No I/O happens here, and nothing here imports the I/O layers; a tokenizer's vocabulary is
 read once per process (cl100k's from its package, a GGUF's from its file), and a counter
 that asks a server is installed by the layer that opened it (`counting_with`, see
-`sim.memory._tokens`). The prompt's format, piece
-by piece (for whoever re-renders or measures a prompt on its own: the checker, tests,
-benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
-module of its own. `explain_truncation` names every item a working memory dropped and why,
-derived from the snapshot (the report it explains is all that audit records keep).
+`sim.memory._tokens`). The prompt's format, piece by piece (for whoever re-renders or
+measures a prompt on its own: the checker, tests, benchmarks), is the public module
+`sim.memory.render`; its docstring says why it is a module of its own.
+`explain_truncation` names every item a working memory dropped and why, derived from the
+snapshot (the report it explains is all that audit records keep).
 `distinct` is the state a working memory chooses from: no memory that a line of its
 dialogue says already; `leave_out_event` the state a line is answered from (the line is
 the input). `ranking` is a scored selection's order of each flexible category among those

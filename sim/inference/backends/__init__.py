@@ -70,9 +70,8 @@ async def open_backend(
 ) -> AsyncIterator[Backend]:
     """Open the named backend; `concurrency` is the worker's slot count (a default for N in flight).
 
-`openai` installs its first server's counter as tokenizer "server" while it is open, so
-that a worker builds a retry's working memory in the same tokens as the shard.
-
+    `openai` installs its first server's counter as tokenizer "server" while it is open, so
+    that a worker builds a retry's working memory in the same tokens as the shard.
     `time_limit` is the worker's bound on one inference: a backend's own timeouts fit in it.
     """
     if name == "scripted":
