@@ -242,7 +242,7 @@ async def test_server_and_gguf_count_what_llama_servers_tokenize_gives(llama_ser
 async def test_a_village_run_keeps_its_budget_in_the_servers_tokens(
     llama_server: LlamaServer, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
-    limit = 350
+    limit = 250  # the village's first prompts hold up to about 320 tokens, their mandatory part about 160
     scenario = tmp_path / "village.toml"
     village = await asyncio.to_thread(Path(VILLAGE).read_text)
     await asyncio.to_thread(scenario.write_text,
@@ -256,7 +256,7 @@ async def test_a_village_run_keeps_its_budget_in_the_servers_tokens(
         assert record.config.tokenizer == "server" and not record.report.over_budget, record.id
         asked = llama_server.post("/tokenize", {"content": record.attempts[0].prompt, "add_special": False})
         assert record.report.prompt_tokens == len(asked["tokens"]) <= limit, record.id
-    assert any(record.report.dialogue.dropped or record.report.episodic.dropped for record in records)
+    assert any(r.report.dialogue.dropped or r.report.episodic.dropped or r.report.beliefs.dropped for r in records)
     replay = await asyncio.to_thread(run_npcsim, "audit", "replay", "--db", str(db), "--jobs", "2",
                                      "--backend", "openai", "--base-url", llama_server.base_url)
     assert replay.code == 0, replay.err
