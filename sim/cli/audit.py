@@ -7,11 +7,12 @@ cost) and every item truncation dropped; `replay` rebuilds and checks every atte
 the gates again on its reply (`sim.inference.gate_difference`), in worker processes over
 record ranges (`--jobs`, every core by default; the output is the same for any number), and,
 given a backend (`--backend openai --base-url ...`, `--backend llamacpp`), says which records
-another model answered than the one it serves now; `export` writes each record with its
-`attempts` list, its `proposals` (the said reply's parts: kind, text or name, verdict, code)
-and its `dropped` list (derived from the record's snapshot: what truncation left out, and
-why). The one write
-is `export --rotate`, which deletes the records it has exported, once the export is on disk.
+another model answered than the one it serves now (with `openai`, records whose budget
+was counted with tokenizer "server" are counted again with the first server's `/tokenize`);
+`export` writes each record with its `attempts` list, its `proposals` (the said reply's
+parts: kind, text or name, verdict, code) and its `dropped` list (derived from the record's
+snapshot: what truncation left out, and why). The one write is `export --rotate`, which
+deletes the records it has exported, once the export is on disk.
 
 What a record holds came from the run (players' words, models' replies): it is printed
 through `sim.cli._terminal`, escaped, and in a pipe one record per line with full ids.
@@ -25,9 +26,10 @@ import functools
 import gzip
 import os
 import sys
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import msgspec
 from rich.syntax import Syntax
@@ -39,6 +41,7 @@ from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
 from sim.inference import gate_difference
 from sim.inference.backends import served_now
+from sim.inference.backends.tokenize import server_counter
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
 from sim.wire.served import ServedBy, Usage
@@ -250,7 +253,10 @@ def replay_command(args: argparse.Namespace) -> int:
     out = Out()
     check_jobs(args.jobs)
     tally = ReplayTally()
-    replaying = functools.partial(replay_records, gates=gate_difference)
+    replaying: Callable[[Iterable[AuditRecord]], ReplayTally] = functools.partial(replay_records,
+                                                                                  gates=gate_difference)
+    if args.backend == "openai":
+        replaying = functools.partial(_counted_by_server, backend_options(args), replaying)
     for part in map_spans(replaying, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
         tally.add(part)
     _other_models(args, out, tally.records)
@@ -270,6 +276,15 @@ def replay_command(args: argparse.Namespace) -> int:
     else:
         out.block("difference", result.difference)
     return 1
+
+
+def _counted_by_server(
+    options: dict[str, Any], work: Callable[[Iterable[AuditRecord]], ReplayTally], records: Iterable[AuditRecord]
+) -> ReplayTally:
+    """`work` of `records`, tokenizer "server" counting with the given server in whichever
+    process replays them."""
+    with server_counter(options):
+        return work(records)
 
 
 def _tick_range(args: argparse.Namespace) -> None:

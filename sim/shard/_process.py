@@ -27,7 +27,7 @@ import msgspec
 
 from sim.broker import BrokerInfo, open_broker
 from sim.errors import ConfigError, single_error
-from sim.inference import check_context_window
+from sim.inference import check_context_window, open_tokenizer
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
@@ -129,7 +129,8 @@ async def _run(
         shard = str(parse_shard(config.shard)[0])
         stats.run_id = run_id
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
-        async with _workdir() as workdir:
+        tokenizer = open_tokenizer(scenario.memory, config.inference.backend, config.inference.backend_options)
+        async with tokenizer, _workdir() as workdir:
             db = Path(config.record.db) if config.record.db else workdir / f"{run_id}.shard{shard}.db"
             async with open_broker(config.broker.url, tls=config.broker.tls, ws_port=config.broker.ws_port) as broker:
 

@@ -16,11 +16,12 @@ from typing import Any
 
 from sim.errors import ConfigError
 from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Limited, Reply, convert_options
+from sim.memory import WorkingMemoryConfig
 from sim.wire.served import ServedBy
 
 __all__ = [
     "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "check_context_window",
-    "convert_options", "open_backend", "served_now",
+    "convert_options", "open_backend", "open_tokenizer", "served_now",
 ]
 
 BACKENDS = ("scripted", "openai", "llamacpp")
@@ -36,6 +37,16 @@ async def check_context_window(name: str, options: Mapping[str, Any], budget_tok
 
         for server in each_server(options):
             await check_server_window(server, budget_tokens)
+
+
+@asynccontextmanager
+async def open_tokenizer(config: WorkingMemoryConfig, name: str, options: Mapping[str, Any]) -> AsyncIterator[None]:
+    """Open the tokenizer `config`'s token budget is counted with, for the named backend's
+    run (`tokenizer = "server"`: its first server's `/tokenize`), or refuse it in one line."""
+    from sim.inference.backends.tokenize import open_tokenizer as open_counting
+
+    async with open_counting(config, name, options):
+        yield
 
 
 async def served_now(name: str, options: Mapping[str, Any]) -> ServedBy:
@@ -59,6 +70,8 @@ async def open_backend(
 ) -> AsyncIterator[Backend]:
     """Open the named backend; `concurrency` is the worker's slot count (a default for N in flight).
 
+    `openai` installs its first server's counter as tokenizer "server" while it is open, so
+    that a worker builds a retry's working memory in the same tokens as the shard.
     `time_limit` is the worker's bound on one inference: a backend's own timeouts fit in it.
     """
     if name == "scripted":
@@ -67,9 +80,11 @@ async def open_backend(
         yield ScriptedBackend(options)
     elif name == "openai":
         from sim.inference.backends.servers import open_servers
+        from sim.inference.backends.tokenize import server_counter
 
         async with open_servers(options, concurrency, time_limit) as backend:
-            yield backend
+            with server_counter(options):
+                yield backend
     elif name == "llamacpp":
         from sim.inference.backends.llamacpp import open_llamacpp
 

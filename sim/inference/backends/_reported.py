@@ -17,7 +17,7 @@ import msgspec
 from sim.errors import ConfigError
 from sim.wire.served import ServedBy, Usage
 
-__all__ = ["model_now", "reported_usage", "served_by", "server_slots", "server_window"]
+__all__ = ["model_now", "reported_usage", "served_by", "server_root", "server_slots", "server_window"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ async def _said(
 ) -> int | None:
     """A count llama.cpp's `GET /props` or else `GET /slots` says; None when neither does or
     the server cannot be reached (logged, naming `what`)."""
-    root = _root(base_url)
+    root = server_root(base_url)
     try:
         return await _first_answer(wait_s, ((f"{root}/props", of_props), (f"{root}/slots", of_slots)))
     except httpx.HTTPError as exc:
@@ -121,7 +121,7 @@ async def model_now(base_url: str, wait_s: float) -> ServedBy:
     """The model the server serves now, named as its replies name it: llama.cpp's `GET /props`
     (`model_alias`, `build_info`), else the first of `GET {base_url}/models`. A ConfigError
     when the server cannot be reached."""
-    root = _root(base_url)
+    root = server_root(base_url)
     asks = ((f"{root}/props", _props_model), (f"{base_url.rstrip('/')}/models", _listed_model))
     try:
         return await _first_answer(wait_s, asks) or ServedBy()
@@ -129,7 +129,7 @@ async def model_now(base_url: str, wait_s: float) -> ServedBy:
         raise ConfigError(f"cannot ask {root} which model it serves: {type(exc).__name__}: {exc}") from exc
 
 
-def _root(base_url: str) -> str:
+def server_root(base_url: str) -> str:
     """The server's root, where llama.cpp answers beside its OpenAI-compatible `/v1`."""
     return base_url.rstrip("/").removesuffix("/v1")
 
