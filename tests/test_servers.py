@@ -164,6 +164,8 @@ def test_base_url_given_twice_is_a_list_of_servers() -> None:
     two = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1", "--base-url", "http://b/v1"])
     assert backend_options(one) == {"base_url": "http://a/v1"}
     assert backend_options(two) == {"base_url": ["http://a/v1", "http://b/v1"]}
+    slotted = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1", "--slot-affinity"])
+    assert backend_options(slotted) == {"base_url": "http://a/v1", "slot_affinity": True}
 
 
 async def test_with_slot_affinity_each_npc_keeps_its_own_slot_of_the_server() -> None:

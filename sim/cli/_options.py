@@ -118,6 +118,8 @@ def add_backend_arguments(parser: argparse.ArgumentParser, *, delay: bool = True
                         help="openai: seconds to open a connection (default 5)")
     parser.add_argument("--read-timeout", type=seconds, metavar="S",
                         help="openai: seconds to wait for the server, below the inference timeout (default: half)")
+    parser.add_argument("--slot-affinity", action="store_true",
+                        help="openai, llama.cpp's server: each NPC's requests in its own slot")
     if delay:
         parser.add_argument("--delay-ms", type=milliseconds, help="scripted: answer after this many milliseconds")
 
@@ -131,6 +133,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
                 options[name] = getattr(args, name)
         if args.base_url:
             options["base_url"] = args.base_url[0] if len(args.base_url) == 1 else list(args.base_url)
+        if args.slot_affinity:
+            options["slot_affinity"] = True
     elif args.backend == "llamacpp" and args.model:
         options["model_path"] = args.model
     elif args.backend == "scripted" and getattr(args, "delay_ms", None) is not None:
