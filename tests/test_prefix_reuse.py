@@ -13,7 +13,7 @@ from sim.errors import ConfigError
 from sim.memory import prefix_reuse
 from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
-from tests.helpers import VILLAGE, MosquittoProcess, npcsim_in_process
+from tests.helpers import VILLAGE, MosquittoProcess, npcsim_in_process, require_mosquitto, run_npcsim
 
 
 def test_a_bad_stable_prefix_override_is_refused_in_one_line() -> None:
@@ -69,3 +69,15 @@ async def test_the_run_and_the_audit_say_how_much_of_each_prompt_the_previous_on
     assert f"{reuse['chars']:,} of {reuse['prompt_chars']:,} chars ({share:.1f}%)" in show.out
     first = npcsim_in_process(capsys, "audit", "show", "--db", str(db), records[0].id)
     assert "(the agent's first record)" in first.out
+
+
+@pytest.mark.mosquitto
+def test_npcsim_run_takes_stable_prefix_from_its_flag(tmp_path: Path) -> None:
+    require_mosquitto()
+    db = tmp_path / "flag.db"
+    ran = run_npcsim("run", "village", "--db", str(db), "--ticks", "40", "--stable-prefix")
+    assert ran.code == 0, ran.err
+    summary = dict(line.split("\t") for line in ran.out.splitlines() if line.count("\t") == 1)
+    assert summary["prompt prefix reuse (chars)"].endswith("%")
+    with open_reader(db) as reader:
+        assert all(r.config.stable_prefix for r in reader.audit_records())
