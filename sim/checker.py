@@ -9,12 +9,18 @@ aside (the first `max_dialogue_lines` of its order). With `selection = "scored"`
 category's order is the public `sim.memory.ranking` of the state, without those memories
 (it checks the choice made from the scores, not the scores' formula).
 The builder's report is only checked against what the checker measured (an `over_budget`
-flag is legitimate only when the mandatory content really exceeds the limit). Tests use it
+flag is legitimate only when the mandatory content really exceeds the limit).
+
+With `stable_prefix`, I3 reads: a flexible category keeps what the stable start leaves of
+the first k candidates of its order, for some k within its cap (the anchors computed here
+on their own: blake2b of each item's identity); I6 holds of the ordinary selection, so it is
+checked when the report says stability gave nothing up. Tests use it
 as the oracle; `npcsim loadtest` runs it on every snapshot.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -86,6 +92,34 @@ def _orders(
     return orders
 
 
+def _anchor(item: Any, every: int) -> bool:
+    """The builder's anchors (sim.memory._stable), computed again: a line by its tick, seq,
+    speaker and text, an episode or a belief by its id."""
+    named = [item.tick, item.seq, item.speaker, item.text] if hasattr(item, "speaker") else [item.id]
+    value = int.from_bytes(hashlib.blake2b(msgspec.json.encode(named), digest_size=8).digest(), "big")
+    return value * every < 2**64
+
+
+def _stable_keeps(name: str, run: Sequence[Any], candidates: Sequence[Any], cap: int) -> list[Any]:
+    """What `stable_prefix` keeps of an ordinary run of candidates, oldest first: from the
+    oldest anchor from its oldest item to its newest on (the whole run when there is none)."""
+    key = _RECENCY[name]
+    ordered = sorted(run, key=key)
+    if not ordered:
+        return ordered
+    oldest, newest = key(ordered[0]), key(ordered[-1])
+    every = max(2, min(4, cap // 2))
+    later = sorted((c for c in candidates if oldest <= key(c) <= newest), key=key)
+    start = next((c for c in later if _anchor(c, every)), None)
+    return ordered if start is None else [item for item in ordered if key(item) >= key(start)]
+
+
+def _stable_violation(name: str, order: list[Any], kept: list[Any], cap: int) -> bool:
+    """True when no first run of the order within the cap leaves `kept` once stabilised."""
+    limit = min(cap, len(order))
+    return all(_stable_keeps(name, order[:k], order, cap) != kept for k in range(len(kept), limit + 1))
+
+
 def check_working_memory(
     state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory,
     relevance: Relevance | None = None,
@@ -115,7 +149,10 @@ def check_working_memory(
     # ranked), rendered oldest first, within its cap.
     for name in RENDER_ORDER:
         order, k = orders[name], len(kept[name])
-        if k > len(order) or kept[name] != sorted(order[:k], key=_RECENCY[name]):
+        if config.stable_prefix and name in caps:
+            if _stable_violation(name, order, kept[name], caps[name]):
+                out.append(Violation("I3", f"{name}: kept items are not a stable start of the first candidates"))
+        elif k > len(order) or kept[name] != sorted(order[:k], key=_RECENCY[name]):
             out.append(Violation("I3", f"{name}: kept items are not the first candidates of its order"))
         if name in caps and k > caps[name]:
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
@@ -158,7 +195,7 @@ def check_working_memory(
         out.append(Violation("I2", f"prompt is {len(prompt)} chars{tokens}, over the limit, and not flagged"))
 
     # I6: with redistribution, no next item could have been added.
-    if config.redistribute_unused and not must_overflow:
+    if config.redistribute_unused and not must_overflow and not wm.report.stable_cost_chars:
         for name in RENDER_ORDER:
             order, k = orders[name], len(kept[name])
             if always.get(name) or k >= len(order) or k >= caps.get(name, len(order)):

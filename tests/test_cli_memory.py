@@ -98,6 +98,16 @@ def test_a_scored_selection_keeps_the_planted_memory_that_recency_drops(capsys: 
     assert "scored selection, limit 2000 chars: prompt" in out
 
 
+def test_a_stable_prefix_names_what_it_gave_up(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "show", "gate", "--tight", "700", "--selection", "recency", "--stable-prefix"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "episodic\t98\t149 (+51)\t149\t3\t18\tstable_prefix" in lines
+    assert "episodic\t26\tstable_prefix\tA merchant paid the toll in copper and grumbled." in lines
+    assert any(line.endswith("left unused 95 (stable prefix gave up 61)") for line in lines)
+    legend = "budget: did not fit what was left; stable_prefix: kept, but the stable prefix starts at a later anchor"
+    assert legend in lines
+
+
 def test_memory_show_unknown_npc_and_broken_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["memory", "show", VILLAGE, "--npc", "dragon"]) == 2
     bad = tmp_path / "bad.toml"

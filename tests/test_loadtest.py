@@ -130,6 +130,16 @@ def test_a_scored_selection_is_checked_on_every_snapshot_and_named(tmp_path: Pat
     assert figures["truncation"]["selections"] == {"recency": 0, "scored": 500}
 
 
+@pytest.mark.parametrize("selection", ["recency", "scored"])
+def test_a_stable_prefix_is_checked_on_every_snapshot(tmp_path: Path, selection: str) -> None:
+    out = tmp_path / "out.json"
+    code = main(["loadtest", "--agents", "100", "--requests", "500", "--concurrency", "0", "--processes", "1",
+                 "--selection", selection, "--stable-prefix", "--json", str(out)])
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert figures["violations"] == 0 and figures["snapshots"] == 500
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [

@@ -99,6 +99,15 @@ def test_bad_memory_config_in_scenario_names_the_field() -> None:
         parse_scenario(VILLAGE_TOML + "\n[memory]\nmax_beliefs = -2\n", source="v.toml")
 
 
+def test_a_stable_prefix_is_read_from_the_memory_table_and_a_bad_one_refused_in_one_line() -> None:
+    memory = parse_scenario(VILLAGE_TOML + "\n[memory]\nstable_prefix = true\n", source="v.toml").memory
+    assert memory.stable_prefix is True
+    assert parse_scenario(VILLAGE_TOML, source="v.toml").memory.stable_prefix is False
+    refused = r"^v\.toml:\d+: Expected `bool`, got `str` - at `\$\.memory\.stable_prefix`$"
+    with pytest.raises(ScenarioError, match=refused):
+        parse_scenario(VILLAGE_TOML + '\n[memory]\nstable_prefix = "yes"\n', source="v.toml")
+
+
 @pytest.mark.parametrize(
     ("setting", "needle"),
     [

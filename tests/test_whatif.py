@@ -154,6 +154,7 @@ async def test_a_recorded_budget_changes_nothing(village_db: Path, tmp_path: Pat
     ("max_context_chars=lots", "max_context_chars must be a whole number >= 0, got 'lots'"),
     ("belief_share=1.5", "belief_share must be a number from 0 to 1, got '1.5'"),
     ("redistribute_unused=maybe", "redistribute_unused must be true or false"),
+    ("stable_prefix=maybe", "stable_prefix must be true or false"),
     ("selection=bm25", "selection must be 'recency' or 'scored', got 'bm25'"),
     ("relevance_weight=-1", "relevance_weight must be a number >= 0, got '-1'"),
     ("half_life_ticks=0", "half_life_ticks must be a number > 0, got '0'"),

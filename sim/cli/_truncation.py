@@ -26,6 +26,7 @@ _REASONS = {
     "budget": "did not fit what was left",
     "over_budget": "mandatory content took the whole limit",
     "duplicate": "a kept line of the dialogue says it",
+    "stable_prefix": "kept, but the stable prefix starts at a later anchor",
 }
 
 
@@ -50,10 +51,11 @@ def _report_rows(explanation: TruncationExplanation) -> list[tuple[str, ...]]:
 def _report_caption(report: TruncationReport, explanation: TruncationExplanation) -> str:
     tokens = f", {report.prompt_tokens}/{report.limit_tokens} tokens" if report.limit_tokens else ""
     flag = " OVER BUDGET" if report.over_budget else ""
+    stable = f" (stable prefix gave up {report.stable_cost_chars})" if report.stable_cost_chars else ""
     return (
         f"{report.selection} selection, limit {report.limit_chars} chars: prompt {report.prompt_chars}{tokens}; "
         f"mandatory {report.mandatory_chars}, split between the others {max(explanation.flexible_chars, 0)}, "
-        f"left unused {explanation.unused_chars}{flag}"
+        f"left unused {explanation.unused_chars}{stable}{flag}"
     )
 
 

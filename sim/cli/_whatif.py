@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="what-if with the recorded replies: a working-memory setting (max_context_chars, "
                         "max_context_tokens, max_episodic_memories, max_beliefs, max_dialogue_lines, "
-                        "dialogue_share, episodic_share, belief_share, redistribute_unused, selection, "
+                        "dialogue_share, episodic_share, belief_share, redistribute_unused, stable_prefix, selection, "
                         "half_life_ticks, recency_weight, importance_weight, relevance_weight, "
                         "dialogue_importance), an output policy's rule (forbidden=PHRASE[;PHRASE...], "
                         "intents=NAME[;NAME...], or none: the gates judge the recorded replies again), "

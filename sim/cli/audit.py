@@ -10,9 +10,11 @@ given a backend (`--backend openai --base-url ...`, `--backend llamacpp`), says 
 another model answered than the one it serves now (with `openai`, records whose budget
 was counted with tokenizer "server" are counted again with the first server's `/tokenize`);
 `export` writes each record with its `attempts` list, its `proposals` (the said reply's
-parts: kind, text or name, verdict, code) and its `dropped` list (derived from the record's
-snapshot: what truncation left out, and why). The one write is `export --rotate`, which
-deletes the records it has exported, once the export is on disk.
+parts: kind, text or name, verdict, code), its `dropped` list (derived from the record's
+snapshot: what truncation left out, and why) and its `prefix_reuse` (how much of its first
+attempt's prompt is a prefix of the same agent's previous record's, in (tick, id) order
+among the records exported; `show` says the same). The one write is `export --rotate`,
+which deletes the records it has exported, once the export is on disk.
 
 What a record holds came from the run (players' words, models' replies): it is printed
 through `sim.cli._terminal`, escaped, and in a pipe one record per line with full ids.
@@ -42,6 +44,7 @@ from sim.errors import ConfigError, StoreError
 from sim.inference import gate_difference
 from sim.inference.backends import served_now
 from sim.inference.backends.tokenize import server_counter
+from sim.memory import PrefixReuse, prefix_reuse
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
 from sim.wire.served import ServedBy, Usage
@@ -178,6 +181,26 @@ def _served_by(served_by: ServedBy | None) -> str:
     return ", ".join(said) or "(not said)"
 
 
+def _first_prompt(record: AuditRecord) -> str:
+    """What the model was given first: the first attempt's text (the prompt, rebuilt, for a
+    record that kept no attempts)."""
+    if record.attempts:
+        return record.attempts[0].prompt
+    return record.prompt if record.prompt is not None else record.memory().prompt
+
+
+def _reuse_json(reuse: PrefixReuse) -> dict[str, object]:
+    return {**msgspec.to_builtins(reuse), "share": round(reuse.share, 4)}
+
+
+def _reuse_text(reuse: PrefixReuse | None, previous: AuditRecord | None) -> str:
+    if reuse is None or previous is None:
+        return "(the agent's first record)"
+    tokens = "" if reuse.tokens is None else f", {reuse.tokens:,} of {reuse.prompt_tokens:,} tokens"
+    return (f"{reuse.chars:,} of {reuse.prompt_chars:,} chars ({100 * reuse.share:.1f}%){tokens}, "
+            f"with record {previous.id} (tick {previous.tick})")
+
+
 def _print_attempts(out: Out, record: AuditRecord) -> None:
     """Every attempt: the exact text given, the raw reply, why it was rejected, what the server said it cost."""
     rows = []
@@ -202,6 +225,8 @@ def show_command(args: argparse.Namespace) -> int:
     out = Out()
     with open_reader(args.db) as reader:
         record = reader.audit_record(args.id)
+        previous = reader.previous_audit_record(record)
+    reuse = None if previous is None else prefix_reuse(_first_prompt(previous), _first_prompt(record), record.config)
     wm = record.memory()
     result = replay(record, gate_difference)
     prompt = record.prompt if record.prompt is not None else wm.prompt
@@ -219,6 +244,7 @@ def show_command(args: argparse.Namespace) -> int:
         ("fallback", _fallback(record) if record.fallback else "no"),
         ("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items()))),
         ("renderer", str(record.renderer)),
+        ("prefix reuse", _reuse_text(reuse, previous)),
     ], whole=("field",))
     if record.attempts:
         _print_attempts(out, record)
@@ -314,12 +340,17 @@ def export_command(args: argparse.Namespace) -> int:
             if args.out.endswith(".gz"):
                 out = stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb"))
         count = 0
+        previous: dict[str, str] = {}  # each agent's last first prompt: one per agent exported
         # A closed pipe (`| head`) raises BrokenPipeError here: sim.cli.main ends quietly.
         for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
             row = msgspec.to_builtins(record)
             row["proposals"] = _export_proposals(record)
             row["report"] = report_json(record.report)
             row["dropped"] = dropped_json(record.explanation())
+            prompt = _first_prompt(record)
+            before = previous.get(record.agent_id)
+            row["prefix_reuse"] = None if before is None else _reuse_json(prefix_reuse(before, prompt, record.config))
+            previous[record.agent_id] = prompt
             # on standard output (maybe a terminal) the run's text is escaped, as JSON escapes: same data
             out.write((json_line(row).encode() if args.out is None else encoder.encode(row)) + b"\n")
             count += 1

@@ -110,12 +110,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="write a PNG of throughput and latency over time (extra 'plot')")
     p.add_argument("--selection", choices=SELECTIONS, default="recency",
                    help="how each working memory chooses its items (default recency; docs/working-memory.md)")
+    p.add_argument("--stable-prefix", action="store_true",
+                   help="build every working memory with stable_prefix (docs/working-memory.md, \"Stable prefix\")")
     add_metrics_argument(p)
     p.set_defaults(func=loadtest_command, builder=build_working_memory)
 
 
 def _budgets(
-    chars: tuple[int, ...], tokens: tuple[int, ...] | None, selection: Selection
+    chars: tuple[int, ...], tokens: tuple[int, ...] | None, selection: Selection, stable_prefix: bool
 ) -> tuple[WorkingMemoryConfig, ...]:
     """The budgets to run: the two lists paired up, a single value standing for every budget."""
     token_list: tuple[int | None, ...] = tokens or (None,)
@@ -128,8 +130,8 @@ def _budgets(
     pairs = zip(chars * n if len(chars) == 1 else chars, token_list * n if len(token_list) == 1 else token_list,
                 strict=True)
     try:
-        return tuple(WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t, selection=selection)
-                     for c, t in pairs)
+        return tuple(WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t, selection=selection,
+                                         stable_prefix=stable_prefix) for c, t in pairs)
     except ConfigError as exc:
         raise ConfigError(f"--max-context-tokens: {exc}") from exc
 
@@ -146,7 +148,7 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         raise ConfigError("--broker needs round trips: --concurrency must be >= 1")
     if levels == (0,) and args.output == "structured":
         raise ConfigError("--output structured needs round trips: --concurrency must be >= 1")
-    memories = _budgets(args.max_context_chars, args.max_context_tokens, args.selection)
+    memories = _budgets(args.max_context_chars, args.max_context_tokens, args.selection, args.stable_prefix)
     duration = args.duration if args.duration is not None or args.requests is not None else 10.0
     return LoadTestConfig(
         agents=args.agents, duration_s=duration, requests=args.requests,

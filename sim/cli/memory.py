@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
     show.add_argument("--selection", choices=SELECTIONS, default=None,
                       help="how memories are chosen (default: the scenario's [memory] selection)")
+    show.add_argument("--stable-prefix", action=argparse.BooleanOptionalAction, default=None,
+                      help="start each category at an anchor (default: the scenario's [memory] stable_prefix)")
     show.add_argument("--json", action="store_true",
                       help="JSON Lines: one object per NPC and budget (npc, budget, limits, prompt, report, dropped)")
     show.set_defaults(func=show_command)
@@ -66,6 +68,8 @@ def show_command(args: argparse.Namespace) -> int:
         default = msgspec.structs.replace(default, max_context_tokens=args.tokens)
     if args.tokenizer is not None:
         default = msgspec.structs.replace(default, tokenizer=args.tokenizer)
+    if args.stable_prefix is not None:
+        default = msgspec.structs.replace(default, stable_prefix=args.stable_prefix)
     tight = msgspec.structs.replace(default, max_context_chars=args.tight)
     known = [spec.id for spec in scenario.npcs]
     wanted = set(args.npc or known)

@@ -100,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="each prompt's hard limit in characters, for this run (default: the scenario's [memory])")
     cmd.add_argument("--max-context-tokens", type=whole(1), default=None, metavar="N",
                      help="also limit each prompt to N tokens (cl100k; needs the 'tokens' extra)")
+    cmd.add_argument("--stable-prefix", action=argparse.BooleanOptionalAction, default=None,
+                     help="move the start of each memory category only in steps, so that an NPC's prompts "
+                     "extend each other and a model server's cache reuses them (default: the scenario's [memory])")
     add_fact_guard_argument(cmd)
     cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
                      help="prune NPC memories past each agent's newest N per category after every tick"
@@ -166,6 +169,7 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
         ("fallback lines", stats.fallbacks),
         ("over-budget prompts", stats.over_budget),
         *_prompt_token_rows(stats),
+        *_prefix_rows(stats),
         *_server_rows(stats),
         ("lines said", stats.lines),
         ("world-state changes applied", stats.world_changes),
@@ -200,6 +204,17 @@ def _prompt_token_rows(stats: RunStats) -> list[tuple[str, object]]:
         ("prompt tokens evaluated", f"{stats.prompt_tokens_evaluated:,}"),
         ("prompt tokens reused (cache)", f"{stats.prompt_tokens_cached:,}"),
         ("prompt cache hit share", f"{100 * stats.prompt_tokens_cached / total:.1f}%"),
+    ]
+
+
+def _prefix_rows(stats: RunStats) -> list[tuple[str, object]]:
+    """How much of each prompt a cache holding the NPC's previous one could reuse, and what
+    `stable_prefix` cost: none before an NPC spoke twice."""
+    if not stats.prefix_reuse_pairs:
+        return []
+    return [
+        ("prompt prefix reuse (chars)", f"{100 * stats.prefix_reuse_share / stats.prefix_reuse_pairs:.1f}%"),
+        ("kept chars given up (stable prefix)", f"{stats.stable_cost_chars:,}"),
     ]
 
 
@@ -260,7 +275,8 @@ def run_command(args: argparse.Namespace) -> int:
             inference_timeout=args.inference_timeout,
             fact_guard=args.fact_guard,
         ),
-        limits=Limits(max_context_chars=args.max_context_chars, max_context_tokens=args.max_context_tokens),
+        limits=Limits(max_context_chars=args.max_context_chars, max_context_tokens=args.max_context_tokens,
+                      stable_prefix=args.stable_prefix),
         record=RecordConfig(
             db=args.db,
             resume=args.resume,

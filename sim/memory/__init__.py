@@ -15,6 +15,9 @@ candidates (`selection = "scored"` in the config; `Relevance` is the hook that s
 relevance scores instead of the lexical ones).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
+`prefix_reuse` is how much of a prompt is a prefix of the previous one (what a model
+server's prompt cache can reuse); the builder remembers no previous prompt, so the recorder
+and the audit compute it.
 """
 
 from sim.errors import OverBudgetError
@@ -31,6 +34,7 @@ from sim.memory._explain import (
     explain_truncation,
 )
 from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
+from sim.memory._reuse import PrefixReuse, prefix_reuse
 from sim.memory._scoring import Relevance, ranking
 from sim.memory._state import (
     Belief,
@@ -61,6 +65,7 @@ __all__ = [
     "Line",
     "NpcState",
     "OverBudgetError",
+    "PrefixReuse",
     "QUOTE_MARKS",
     "RENDERER_VERSION",
     "Relevance",
@@ -85,6 +90,7 @@ __all__ = [
     "leave_out_event",
     "line_order",
     "own_words",
+    "prefix_reuse",
     "quoted",
     "ranking",
     "render",

@@ -29,7 +29,9 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     ("cl100k", "server" or "gguf:PATH": `sim.memory._tokens`).
     `selection` is how a flexible category ranks its items: "recency" (newest first) or
     "scored" (`sim.memory._scoring`: recency decaying with `half_life_ticks`, importance
-    and relevance to the input, weighted); the other fields below it matter to "scored" only.
+    and relevance to the input, weighted); the fields below it up to `stable_prefix` matter
+    to "scored" only. `stable_prefix` moves the start of each flexible category's kept run
+    only in steps (`sim.memory._stable`), so that successive prompts extend each other.
     """
 
     max_context_chars: int = 2000
@@ -51,13 +53,15 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     importance_weight: float = 1.0
     relevance_weight: float = 1.0
     dialogue_importance: float = 0.5
+    stable_prefix: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_context_chars", "max_dialogue_lines", "max_episodic_memories", "max_beliefs"):
             _require_count(name, getattr(self, name))
         if self.max_context_tokens is not None:
             _require_count("max_context_tokens", self.max_context_tokens)
-        for name in ("always_include_canonical_facts", "always_include_world_state", "redistribute_unused"):
+        for name in ("always_include_canonical_facts", "always_include_world_state", "redistribute_unused",
+                     "stable_prefix"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"{name} must be true or false, got {value!r}")

@@ -32,6 +32,7 @@ from sim.memory._selection import (
     fit_exact_tokens,
     select,
 )
+from sim.memory._stable import stabilise
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
 from sim.memory._tokens import token_counter
 from sim.memory.render import RENDER_ORDER, RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
@@ -62,7 +63,12 @@ class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
 
 class TruncationReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the budget did to one working memory; `selection` names how the flexible
-    categories chose (left out of the encoding when it is the default, "recency")."""
+    categories chose (left out of the encoding when it is the default, "recency").
+
+    `stable_cost_chars` is what `stable_prefix` cost: the characters of the items the
+    ordinary selection kept and the stable start gave up (counted in their categories'
+    `dropped`; left out of the encoding when 0).
+    """
 
     limit_chars: int
     limit_tokens: int | None
@@ -77,6 +83,7 @@ class TruncationReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     episodic: CategoryReport
     beliefs: CategoryReport
     selection: Selection = "recency"
+    stable_cost_chars: int = 0
 
 
 class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -191,6 +198,16 @@ def build_working_memory(
         prompt, context_chars, prompt_tokens = fit_exact_tokens(frame, categories, cfg, count, (prompt, context_chars))
     elif count is not None:
         prompt_tokens = count(prompt)
+    stable_cost = 0
+    if cfg.stable_prefix and not over_budget:
+        ordinary = len(prompt)
+        items: dict[int, tuple[Episode | Belief | Line, ...]] = {
+            BELIEFS: state.beliefs, EPISODIC: state.episodic, DIALOGUE: state.dialogue
+        }
+        prompt, context_chars, prompt_tokens = stabilise(
+            frame, categories, items, count, cfg.max_context_tokens, (prompt, context_chars, prompt_tokens)
+        )
+        stable_cost = ordinary - len(prompt)
 
     reports = [_category_report(category) for category in categories]
     if chosen.duplicates:
@@ -209,6 +226,7 @@ def build_working_memory(
         episodic=reports[EPISODIC],
         beliefs=reports[BELIEFS],
         selection=cfg.selection,
+        stable_cost_chars=stable_cost,
     )
     return WorkingMemory(
         agent_id=state.agent_id,

@@ -11,7 +11,11 @@ order (I3): its newest, or with `selection = "scored"` its best ranked
 shares that item's reason:
 - `cap`: the category's count cap was reached;
 - `budget`: the next item did not fit what was left of the budget (characters or tokens);
-- `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept.
+- `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept;
+- `stable_prefix`: the ordinary selection kept it, but `stable_prefix` started the category's
+  run at a later anchor (`sim.memory._stable`). These come first among the dropped, in the
+  category's order; the explanation finds them by building the ordinary selection once more
+  (only when the report says stability cost something).
 A memory that a candidate line of the dialogue says already was never a candidate
 (`sim.memory._duplicates`): its reason is `duplicate`.
 
@@ -41,8 +45,8 @@ from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
            "explain_truncation"]
 
-DropReason = Literal["cap", "budget", "over_budget", "duplicate"]
-DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget", "duplicate")
+DropReason = Literal["cap", "budget", "over_budget", "duplicate", "stable_prefix"]
+DROP_REASONS: tuple[DropReason, ...] = ("cap", "budget", "over_budget", "duplicate", "stable_prefix")
 
 # The report's order; the categories with a count cap and a share.
 _CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
@@ -70,12 +74,13 @@ class DroppedItem(msgspec.Struct, frozen=True, kw_only=True):
 class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
 
-    `dropped` is in the category's order, newest (or best ranked) first: the first one is
-    the item that did not fit or passed the cap; after those, the duplicates (reason
-    `duplicate`), newest first. `reason` is the truncation's, None when truncation dropped
-    nothing; `duplicate` counts the duplicates. `kept_items` are the kept items' texts (as a
-    dropped item's), newest first. `mandatory`: always included (canonical facts and world
-    state with their `always_include_*` flag), it takes what it needs before the split.
+    `dropped` is in the category's order, newest (or best ranked) first: first the items
+    `stable_prefix` gave up, if any, then the item that did not fit or passed the cap and
+    those after it; after those, the duplicates (reason `duplicate`), newest first.
+    `reason` is the first dropped item's, None when truncation dropped nothing; `duplicate`
+    counts the duplicates. `kept_items` are the kept items' texts (as a dropped item's),
+    newest first. `mandatory`: always included (canonical facts and world state with their
+    `always_include_*` flag), it takes what it needs before the split.
     """
 
     split: int
@@ -149,6 +154,11 @@ def explain_truncation(
         memory = build_working_memory(state, player_input, cfg, relevance=relevance)
     chosen, ranks = candidates(state, player_input, cfg, relevance)
     report = memory.report
+    ordinary = report
+    if report.stable_cost_chars:
+        unstable = msgspec.structs.replace(cfg, stable_prefix=False)
+        ordinary = build_working_memory(state, player_input, unstable, prohibition=memory.prohibition,
+                                        relevance=relevance).report
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
     flexible_tokens = None
@@ -159,8 +169,9 @@ def explain_truncation(
         items: tuple[Item, ...] = getattr(chosen.state, name)
         order = ranks[name] if name in SCORED and ranks else range(len(items) - 1, -1, -1)
         duplicates = chosen.duplicates if name == "episodic" else ()
-        categories[name] = _explain_category(name, getattr(report, name), [items[p] for p in order],
-                                             getattr(memory, name), duplicates, cfg, over, most_dropped)
+        categories[name] = _explain_category(name, getattr(report, name), getattr(ordinary, name).kept,
+                                             [items[p] for p in order], getattr(memory, name), duplicates, cfg,
+                                             over, most_dropped)
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -181,20 +192,28 @@ def explain_truncation(
 
 
 def _explain_category(
-    name: str, row: CategoryReport, ordered: list[Item], kept: tuple[Item, ...], duplicates: tuple[Item, ...],
-    cfg: WorkingMemoryConfig, over: bool, most_dropped: int | None,
+    name: str, row: CategoryReport, ordinary: int, ordered: list[Item], kept: tuple[Item, ...],
+    duplicates: tuple[Item, ...], cfg: WorkingMemoryConfig, over: bool, most_dropped: int | None,
 ) -> CategoryExplanation:
-    """`ordered`: the category's candidates in the order it keeps them (newest, or best ranked,
-    first); `kept`: the working memory's, oldest first; `duplicates`: the items left out
-    before selection, oldest first."""
+    """`ordinary`: how many items the ordinary selection kept (more than `row.kept` when
+    `stable_prefix` gave some up); `ordered`: the category's candidates in the order it keeps
+    them (newest, or best ranked, first), the ordinary selection's kept ones first; `kept`:
+    the working memory's, oldest first; `duplicates`: the items left out before selection,
+    oldest first."""
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
-    reason: DropReason | None = None
-    if row.dropped:
-        reason = "over_budget" if over else "cap" if cap is not None and row.kept >= cap else "budget"
-    end = len(ordered) if most_dropped is None else min(row.kept + most_dropped, len(ordered))
+    truncated: DropReason = "over_budget" if over else "cap" if cap is not None and ordinary >= cap else "budget"
+    given_up: list[Item] = []
+    if ordinary > row.kept:
+        keeps = set(kept)
+        given_up = [item for item in ordered[:ordinary] if item not in keeps]
+    reason: DropReason | None = "stable_prefix" if given_up else truncated if row.dropped else None
+    end = len(ordered) if most_dropped is None else min(ordinary + max(most_dropped - len(given_up), 0), len(ordered))
     dropped = tuple(
-        DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason=reason or "budget")
-        for item in ordered[row.kept : end]
+        DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason="stable_prefix")
+        for item in given_up[:most_dropped]
+    ) + tuple(
+        DroppedItem(category=name, tick=_tick(item), text=item_text(item), reason=truncated)
+        for item in ordered[ordinary:end]
     )
     room = len(duplicates) if most_dropped is None else min(max(most_dropped - len(dropped), 0), len(duplicates))
     shown = duplicates[len(duplicates) - room :] if room else ()

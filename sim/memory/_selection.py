@@ -88,6 +88,21 @@ class Category:
         n, k = len(self.section.lines), self.kept
         return sorted(self.rank[:k]) if self.rank is not None else list(range(n - k, n))
 
+    def keep_from(self, start: int) -> None:
+        """Keep only the kept items at positions `start` or later (`sim.memory._stable`); with
+        a rank, the ones kept come first in it, so `kept` still counts its first items."""
+        if self.rank is None:
+            self.kept = min(self.kept, len(self.section.lines) - start)
+            return
+        rank, k = self.rank, self.kept
+        kept = [i for i in range(k) if rank[i] >= start]
+        order = kept + [i for i in range(k) if rank[i] < start] + list(range(k, len(rank)))
+        self.rank = tuple([rank[i] for i in order])
+        self.sums = _reordered(self.sums, order)
+        if self.token_sums is not None:
+            self.token_sums = _reordered(self.token_sums, order)
+        self.kept = len(kept)
+
     def grow(self, room: int, token_room: int) -> tuple[int, int]:
         """Keep more of the first items while the next whole item fits both rooms; the rooms left.
 
@@ -112,6 +127,11 @@ class Category:
             room -= sums[k] - base
         self.kept = k
         return room, token_room
+
+
+def _reordered(sums: tuple[int, ...], order: list[int]) -> tuple[int, ...]:
+    """Running totals of the same items' sizes taken in `order` (indexes in the current one)."""
+    return (0, *itertools.accumulate([sums[i + 1] - sums[i] for i in order]))
 
 
 @dataclass(frozen=True, slots=True)

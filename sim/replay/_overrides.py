@@ -107,6 +107,7 @@ SETTABLE: dict[str, Callable[[str], Value]] = {
     "episodic_share": _share,
     "belief_share": _share,
     "redistribute_unused": _flag,
+    "stable_prefix": _flag,
     "selection": _selection,
     "half_life_ticks": _half_life,
     "recency_weight": _weight,

@@ -3,7 +3,8 @@
 An agent's `speak` (sim.shard._context) hands it one `Spoken`, and the recorder does the
 rest, in this order: the over-budget count (docs/working-memory.md: counted, and logged
 once per NPC), the run's counters (inferences, fallbacks, lines, the prompt tokens the
-model server evaluated and reused; the dialogue when kept), the audit record in the store
+model server evaluated and reused, how much of each prompt is a prefix of the NPC's previous
+one and what `stable_prefix` gave up; the dialogue when kept), the audit record in the store
 (enough to rebuild the exact context the model saw), the metrics, and the trace for viewers.
 Every verdict of the gates but "ok", in every attempt (a refusal, or a reply repaired to
 its `say`), is counted by its code (`RunStats.verdicts`) and logged.
@@ -19,7 +20,7 @@ import msgspec
 from sim.audit import make_record
 from sim.bus import Bus
 from sim.inference import InferenceResult
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, prefix_reuse
 from sim.metrics import MetricsSink
 from sim.output import OutputPolicy
 from sim.shard._stats import RunStats
@@ -77,6 +78,8 @@ class Recorder:
         self._keep_dialogue = keep_dialogue
         self._trace_prompts = trace_prompts
         self._over_budget_logged: set[str] = set()
+        # Each NPC's last prompt, for `prefix_reuse`: one prompt per NPC that spoke on this shard.
+        self._previous_prompt: dict[str, str] = {}
 
     async def record(self, spoken: Spoken) -> None:
         say, result = spoken.say, spoken.result
@@ -85,6 +88,7 @@ class Recorder:
         self._stats.fallbacks += result.fallback
         self._stats.lines += 1
         self._count_calls(result)
+        self._count_reuse(say.agent, spoken.memory)
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
         self._count_verdicts(say.agent, result)
@@ -134,6 +138,16 @@ class Recorder:
             if usage is not None and usage.evaluated_tokens is not None:
                 self._stats.prompt_tokens_evaluated += usage.evaluated_tokens
                 self._stats.prompt_tokens_cached += usage.cached_tokens or 0
+
+    def _count_reuse(self, agent: str, memory: WorkingMemory) -> None:
+        """How much of the prompt (the first attempt's) is a prefix of the NPC's previous one,
+        in characters; and what `stable_prefix` cost."""
+        previous = self._previous_prompt.get(agent)
+        if previous is not None:
+            self._stats.prefix_reuse_pairs += 1
+            self._stats.prefix_reuse_share += prefix_reuse(previous, memory.prompt).share
+        self._previous_prompt[agent] = memory.prompt
+        self._stats.stable_cost_chars += memory.report.stable_cost_chars
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:

@@ -119,9 +119,12 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     echo_timeout: float = 5.0
     max_context_chars: int | None = None
     max_context_tokens: int | None = None
+    stable_prefix: bool | None = None
 
     def __post_init__(self) -> None:
         _check_whole(self, {"max_context_chars": 1, "max_context_tokens": 1})
+        if self.stable_prefix is not None and not isinstance(self.stable_prefix, bool):
+            raise ConfigError(f"--stable-prefix must be true or false, got {self.stable_prefix!r}")
         _check_seconds(self, ("echo_timeout",))
 
 
@@ -212,8 +215,9 @@ def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
 
 def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
     """The scenario's working-memory config with the run's overrides (`--max-context-chars`,
-    `--max-context-tokens`); a combination the config refuses is a ConfigError naming it."""
-    overrides = {name: value for name in ("max_context_chars", "max_context_tokens")
+    `--max-context-tokens`, `--stable-prefix`); a combination the config refuses is a
+    ConfigError naming it."""
+    overrides = {name: value for name in ("max_context_chars", "max_context_tokens", "stable_prefix")
                  if (value := getattr(config.limits, name)) is not None}
     return msgspec.structs.replace(scenario.memory, **overrides) if overrides else scenario.memory
 

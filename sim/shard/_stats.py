@@ -36,6 +36,9 @@ class RunStats:
     over_budget: int = 0  # working memories whose mandatory content alone exceeded the limit
     prompt_tokens_evaluated: int = 0  # as the model server reported them (sim.audit.Usage), where it did
     prompt_tokens_cached: int = 0  # reused from the server's cache instead of evaluated
+    prefix_reuse_pairs: int = 0  # inferences whose NPC had a previous prompt in this run (sim.memory.prefix_reuse)
+    prefix_reuse_share: float = 0.0  # the sum of their prompts' shares that are a prefix of the previous prompt
+    stable_cost_chars: int = 0  # kept characters that stable_prefix gave up, over every inference
     lines: int = 0
     player_inputs: int = 0
     stalls: int = 0

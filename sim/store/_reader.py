@@ -161,6 +161,15 @@ class StoreReader:
             raise StoreError(f"{self._path}: no audit record with id {record_id!r}")
         return self._decode(rows)[0]
 
+    def previous_audit_record(self, record: AuditRecord) -> AuditRecord | None:
+        """The same agent's record before `record` in (tick, id) order; None for its first."""
+        rows = self._query(
+            f"SELECT {_RECORD_COLUMNS} FROM audit WHERE agent = ? AND (tick < ? OR (tick = ? AND id < ?))"
+            " ORDER BY tick DESC, id DESC LIMIT 1",
+            (record.agent_id, record.tick, record.tick, record.id),
+        )
+        return self._decode(rows)[0] if rows else None
+
     def audit_records(
         self, agent_id: str | None = None, *, from_tick: int | None = None, to_tick: int | None = None
     ) -> Iterator[AuditRecord]:

@@ -138,7 +138,8 @@ async function older() {
 const ALL_CATEGORIES = ["canonical_facts", "world_state", ...CATEGORIES];
 const REASONS = { cap: "the count cap was reached", budget: "did not fit what was left",
                   over_budget: "the mandatory content took the whole limit",
-                  duplicate: "a kept line of the dialogue says it" };
+                  duplicate: "a kept line of the dialogue says it",
+                  stable_prefix: "kept, but the stable prefix starts at a later anchor" };
 
 function segmentItems(trace, name) {
   const r = trace.report, e = trace.explanation;
@@ -201,6 +202,8 @@ function budgetTable(trace) {
   if (e) limit += "; split between the others " + Math.max(e.flexible_chars, 0) + "; left unused " + e.unused_chars;
   // the report's encoding leaves its selection out when it is the default, "recency"
   limit += "; " + (r.selection || "recency") + " selection";
+  // left out of the encoding when 0, as the selection when it is the default
+  if (r.stable_cost_chars) limit += "; stable prefix gave up " + r.stable_cost_chars;
   if (r.over_budget) limit += "; OVER BUDGET";
   $("budget-limit").textContent = limit;
   const body = $("budget").tBodies[0];
