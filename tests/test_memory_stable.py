@@ -155,7 +155,9 @@ def test_prefix_reuse_in_characters_and_tokens() -> None:
     tokens = prefix_reuse("the smith said hello", "the smith said goodbye",
                           WorkingMemoryConfig(max_context_tokens=100))
     assert tokens.chars == len("the smith said ")
-    assert tokens.tokens == 3 and tokens.prompt_tokens == 4  # "the", " smith", " said" | " goodbye"
+    # The shared text's tokens: "the", " smith", " said", " " (a server reuses the first three,
+    # since the prompt's own tokens go on with " goodbye").
+    assert tokens.tokens == 4 and tokens.prompt_tokens == 4
 
 
 # --- properties ---------------------------------------------------------------------------
