@@ -47,8 +47,11 @@ async def test_a_llama_server_killed_mid_run_leaves_every_npc_to_the_other(
 
 async def run_and_kill(first: LlamaServer, second: LlamaServer, mosquitto: MosquittoProcess, db: Path) -> None:
     urls = [first.base_url, second.base_url]
-    # The victim is the innkeeper's own server: the NPC the village's player talks to.
-    victim, survivor = (first, second) if rendezvous_order("innkeeper", urls)[0] == first.base_url else (second, first)
+    # The victim is the snack machine's own server: the NPC the village's player talks to
+    # first (tick 1) and again later (ticks 3, 5 and 13), whatever the servers' ports.
+    victim, survivor = (
+        (first, second) if rendezvous_order("snack_machine", urls)[0] == first.base_url else (second, first)
+    )
     options = {"base_url": urls, "model": "smollm2", "endpoint": "completions", "max_tokens": 16,
                "temperature": 0.0, "read_timeout": 100.0}
     config = RunConfig(

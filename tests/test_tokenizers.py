@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,19 @@ def test_an_installed_counter_is_used_while_installed_and_the_one_before_comes_b
         with counting_with("server", len):
             assert token_counter("server")("a b") == 3
         assert token_counter("server")("a b") == 2
+    with pytest.raises(ConfigError, match="none is open"):
+        token_counter("server")
+
+
+def test_counters_closed_out_of_order_leave_none_of_theirs_behind() -> None:
+    """Two runs (or a shard and its workers) in one process may close in any order: a closed
+    counter never stays installed."""
+    first, second = ExitStack(), ExitStack()
+    first.enter_context(counting_with("server", words))
+    second.enter_context(counting_with("server", len))
+    first.close()
+    assert token_counter("server")("a b") == 3
+    second.close()
     with pytest.raises(ConfigError, match="none is open"):
         token_counter("server")
 

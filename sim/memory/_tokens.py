@@ -37,7 +37,8 @@ _GGUF_MAGIC = b"GGUF"
 _LLAMA_LOGGER = "llama-cpp-python"  # the logger llama-cpp-python prints llama.cpp's log through
 _INT32_MIN = -(2**31)  # llama_tokenize's answer when the count does not fit its int32
 
-_installed: dict[str, TokenCounter] = {}
+# Each name's counters in the order they were installed; the newest is the one counting.
+_installed: dict[str, list[TokenCounter]] = {}
 
 
 def check_tokenizer(name: object) -> None:
@@ -53,23 +54,24 @@ def _gguf_path(name: str) -> str:
 @contextmanager
 def counting_with(name: str, count: TokenCounter) -> Iterator[None]:
     """Make `count` the counter `token_counter(name)` gives in this process while the block
-    runs (the counter installed before comes back after it)."""
-    before = _installed.get(name)
-    _installed[name] = count
+    runs. Blocks may end in any order (two runs, or a run's shard and its workers, in one
+    process): each removes only its own counter, and the newest one still open counts."""
+    counters = _installed.setdefault(name, [])
+    counters.append(count)
     try:
         yield
     finally:
-        if before is None:
-            del _installed[name]
-        else:
-            _installed[name] = before
+        for index in range(len(counters) - 1, -1, -1):
+            if counters[index] is count:
+                del counters[index]
+                break
 
 
 def token_counter(name: str) -> TokenCounter:
     """A function counting the tokens of a text; a ConfigError in one line when it cannot be had."""
     check_tokenizer(name)
-    if name in _installed:
-        return _installed[name]
+    if _installed.get(name):
+        return _installed[name][-1]
     if name == SERVER:
         raise ConfigError(
             "tokenizer 'server' counts with a llama.cpp server's /tokenize, and none is open in this process "
