@@ -56,20 +56,23 @@ def test_keys_spread_over_the_servers() -> None:
     assert all(60 < firsts.count(url) < 140 for url in urls)
 
 
-events = st.lists(st.tuples(st.sampled_from(["start", "answer", "overload"]), st.floats(0, 5)), max_size=200)
+events = st.lists(st.tuples(st.sampled_from(["start", "answer", "overload"]), st.floats(0, 5),
+                          st.none() | st.floats(0, 5)), max_size=200)
 
 
 @given(st.integers(1, 200), events)
-def test_the_limit_stays_within_one_and_the_ceiling(ceiling: int, steps: list[tuple[str, float]]) -> None:
+def test_the_limit_stays_within_one_and_the_ceiling(
+    ceiling: int, steps: list[tuple[str, float, float | None]],
+) -> None:
     clock = Clock()
     limit = AdaptiveLimit(ceiling, clock=clock)
     started: list[float] = []
-    for kind, advance in steps:
+    for kind, advance, served in steps:
         clock.now += advance
         if kind == "start" or not started:
             started.append(limit.start())
         elif kind == "answer":
-            limit.answered(started.pop(0))
+            limit.answered(started.pop(0), served)
         else:
             limit.overloaded(started.pop(0))
         assert 1 <= limit.limit <= ceiling
@@ -88,21 +91,33 @@ def test_an_overload_seen_by_every_request_in_flight_cuts_once() -> None:
     assert limit.limit == 16
 
 
-def answer_after(limit: AdaptiveLimit, clock: Clock, seconds: float) -> None:
+def answer_after(limit: AdaptiveLimit, clock: Clock, seconds: float, served: float | None) -> None:
     started = limit.start()
     clock.now += seconds
-    limit.answered(started)
+    limit.answered(started, served)
 
 
-def test_answers_slower_than_twice_the_fastest_cut_and_fast_answers_grow_it_back() -> None:
+def test_answers_that_waited_as_long_as_they_were_served_cut_and_prompt_cost_alone_does_not() -> None:
     clock = Clock()
     limit = AdaptiveLimit(8, decrease=0.5, clock=clock)
-    answer_after(limit, clock, 0.1)
-    answer_after(limit, clock, 0.5)  # one long reply is not a queue
+    for served in (0.1, 2.0, 0.3, 5.0, 0.1):  # prompts that cost 50 times as much as others: no queue
+        answer_after(limit, clock, served + 0.01, served)
+    assert limit.limit == 8 and limit.decreases == 0
+    answer_after(limit, clock, 0.5, 0.1)  # one answer that waited is not yet a queue
     assert limit.limit == 8
-    for _ in range(3):
-        answer_after(limit, clock, 0.5)  # five times the fastest, again and again: the server's queue grows
+    for _ in range(10):
+        answer_after(limit, clock, 0.5, 0.1)  # four fifths of each answer spent waiting: the server's queue
     assert limit.limit < 8
     for _ in range(60):
-        answer_after(limit, clock, 0.1)
+        answer_after(limit, clock, 0.1, 0.1)
     assert limit.limit == 8  # back at the ceiling, never over it
+
+
+def test_a_server_that_does_not_say_its_own_time_is_cut_only_by_overloads() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(8, decrease=0.5, clock=clock)
+    for seconds in (0.1, 5.0, 9.0, 20.0):
+        answer_after(limit, clock, seconds, None)
+    assert limit.limit == 8 and limit.decreases == 0
+    limit.overloaded(limit.start())
+    assert limit.limit == 4

@@ -38,6 +38,14 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
             return None
         return self.prompt_tokens - self.cached_tokens
 
+    @property
+    def served_ms(self) -> float | None:
+        """The server's own time for the call (evaluating the prompt and generating): None
+        unless it said both; what the call's latency had besides it was spent waiting."""
+        if self.prompt_ms is None or self.predicted_ms is None:
+            return None
+        return self.prompt_ms + self.predicted_ms
+
 
 class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
     """Which model answered a call; None where the backend cannot say.

@@ -90,7 +90,8 @@ class Server:
             async with self._turn:
                 self.in_flight -= 1
                 self._turn.notify_all()
-        self.limit.answered(started)
+        served_ms = reply.usage.served_ms
+        self.limit.answered(started, None if served_ms is None else served_ms / 1000)
         return msgspec.structs.replace(reply, served_by=msgspec.structs.replace(reply.served_by, server=self.url))
 
 

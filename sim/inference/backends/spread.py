@@ -30,11 +30,14 @@ class AdaptiveLimit:
     """How many requests one server gets at once: additive increase, multiplicative decrease.
 
     Starts at `ceiling` (the run's `--concurrency`) and stays within [1, ceiling]. Each answer
-    adds 1/limit (so one per full round of answers); an overload (429, 503), or answers slower than
-    `tolerance` times the fastest seen (their moving average, so that one long reply is not a
-    queue), multiplies it by `decrease`. Only answers to requests
-    started after the last decrease can decrease it again: one overload seen by many requests in
-    flight counts once. The clock is injectable (a virtual one in tests).
+    adds 1/limit (so one per full round of answers). An overload (429, 503) multiplies it by
+    `decrease`, and so do answers that took more than `tolerance` times the server's own time
+    for them (both as moving averages): the rest is time they waited at the server, in its
+    queue. The server's own time is what tells a queue from a longer prompt, since a model's
+    requests differ in cost many times over; a server that does not say it is cut only by
+    overloads. Only answers to requests started after the last decrease can decrease it again:
+    one overload seen by many requests in flight counts once. The clock is injectable (a
+    virtual one in tests).
     """
 
     def __init__(
@@ -48,8 +51,8 @@ class AdaptiveLimit:
         self.tolerance = tolerance
         self.clock = clock
         self._limit = float(ceiling)
-        self._fastest: float | None = None
-        self._latency = 0.0  # the answers' moving average
+        self._latency: float | None = None  # the moving averages of the answers' latency ...
+        self._served = 0.0  # ... and of the server's own time for them, in seconds
         self._decreased_at = float("-inf")
         self.decreases = 0
 
@@ -62,14 +65,17 @@ class AdaptiveLimit:
         """A request starts now: the time to give back to `answered` or `overloaded`."""
         return self.clock()
 
-    def answered(self, started: float) -> None:
-        """A request started at `started` was answered."""
-        latency = max(0.0, self.clock() - started)
-        if self._fastest is None or latency < self._fastest:
-            self._fastest, self._latency = latency, latency
-        self._latency += _SMOOTHING * (latency - self._latency)
-        if self._fastest > 0 and self._latency > self.tolerance * self._fastest and self._cut(started):
-            return
+    def answered(self, started: float, served: float | None = None) -> None:
+        """A request started at `started` was answered; `served`: the seconds the server says it
+        spent on it (evaluating the prompt and generating), None when it does not say."""
+        if served is not None:
+            latency = max(0.0, self.clock() - started)
+            if self._latency is None:
+                self._latency, self._served = latency, served
+            self._latency += _SMOOTHING * (latency - self._latency)
+            self._served += _SMOOTHING * (served - self._served)
+            if self._latency > self.tolerance * self._served and self._cut(started):
+                return
         self._limit = min(float(self.ceiling), self._limit + 1 / max(self._limit, 1.0))
 
     def overloaded(self, started: float) -> None:
