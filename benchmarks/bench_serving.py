@@ -1,19 +1,22 @@
 """A real model served: npcsim against llama.cpp's own server, and that server's own limit.
 
-For each workload (the village; a generated world of 200 NPCs) and each setting (`stable_prefix`
-and slot affinity both off, then both on), a fresh llama-server (the bundled SmolLM2-135M,
-4 slots, `make llama-server`) serves one npcsim run at temperature 0. From the run's audit:
-inferences per second of the run's wall time, prompt tokens evaluated and reused per
-inference as the server reported them, the cache hit share, and the p50/p95 of each
-inference's time (queue and service, the record's `total_ms`).
+For each workload (the village; a generated world of 200 NPCs) and each setting
+(`stable_prefix` and slot affinity both off; both on; both on with llama.cpp's `cache_reuse`
+16), a fresh llama-server (the bundled SmolLM2-135M, 4 slots, `make llama-server`) serves one
+npcsim run at temperature 0. From the run's audit: inferences per second of the run's wall
+time, prompt tokens evaluated and reused per inference as the server reported them, the cache
+hit share, and the p50/p95 of each inference's time (queue and service, the record's
+`total_ms`).
 
-The limit: the tuned run's recorded requests (every attempt, retries included, with the same
-prompt, parameters, reply schema or stop sequence, and slot, in the run's order) sent
-straight to a fresh server by a minimal client (httpx, nothing else) at concurrency 1, 2 and
-4; its best rate, in the run's inferences per second, is what the server can do on that
-work, measured in the same run. Targets (issue 36): npcsim at least 0.9x the direct client's best rate; with
-`stable_prefix` and affinity, at least 2x fewer evaluated prompt tokens per inference than
-without, and a higher rate.
+The limit: the last setting's recorded requests (every attempt, retries included, with the
+same prompt, parameters, reply schema or stop sequence, slot and cache reuse, in the run's
+order) sent straight to a fresh server by a minimal client (httpx, nothing else) at each
+`--direct` concurrency; its best rate, in the run's inferences per second, is what the server
+can do on those requests, measured in the same run. The same client also sends them tick by
+tick as the run could (a tick's records at once, the next tick after): the limit of this work,
+where what an NPC hears next depends on what was said. Targets: npcsim at least 0.9x the
+direct client's best rate; with `stable_prefix` and affinity, at least 2x fewer evaluated
+prompt tokens per inference than without, and a higher rate.
 
     .venv/bin/python benchmarks/bench_serving.py [--write docs/benchmarks.md]
 """
@@ -45,9 +48,25 @@ from sim.store import open_reader
 from tests.helpers import VILLAGE, MosquittoProcess, require_mosquitto
 from tests.llama_server import SLOTS, LlamaServer, require_llama_server
 
-HEADING = "Serving a real model (issue 36)"
+HEADING = "Serving a real model"
 MAX_TOKENS = 32
-SETTINGS = {"off": False, "on": True}  # stable_prefix and slot affinity together
+CACHE_REUSE = 16  # tokens: llama.cpp's n_cache_reuse in the last setting
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a run is tuned with: `stable` is stable_prefix and slot affinity together."""
+
+    name: str
+    stable: bool
+    cache_reuse: int = 0
+
+
+SETTINGS = (
+    Setting("stable_prefix + affinity off", stable=False),
+    Setting("stable_prefix + affinity on", stable=True),
+    Setting(f"stable_prefix + affinity + cache_reuse {CACHE_REUSE}", stable=True, cache_reuse=CACHE_REUSE),
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,7 @@ class Measured:
     cached: int
     latencies_ms: tuple[float, ...]
     bound: float | None = None  # the hit share a server keeping every NPC's previous prompt could reach
+    limit: int | None = None  # npcsim's adaptive limit for the server at the run's end
 
     @property
     def rate(self) -> float:
@@ -83,6 +103,9 @@ class Request:
     prompt: str
     structured: bool
     slot: int | None
+    cache_reuse: int
+    tick: int
+    record: int  # the record's place in the audit: its attempts are sent one after the other
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"model": "smollm2", "prompt": self.prompt, "max_tokens": MAX_TOKENS,
@@ -93,6 +116,8 @@ class Request:
             body["stop"] = ["\n"]
         if self.slot is not None:
             body["id_slot"] = self.slot
+        if self.cache_reuse:
+            body["n_cache_reuse"] = self.cache_reuse
         return body
 
 
@@ -116,21 +141,24 @@ def scenario_text(workload: str, stable: bool) -> str:
 
 
 async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: str, ticks: int,
-                     stable: bool) -> tuple[Measured, list[Request]]:
+                     setting: Setting, index: int) -> tuple[Measured, list[Request]]:
     """One run; its figures and its requests (every attempt, in the run's order)."""
-    scenario = workdir / f"{workload}-{stable}.toml"
+    stable = setting.stable
+    scenario = workdir / f"{workload}-{index}.toml"
     scenario.write_text(scenario_text(workload, stable))
-    db = workdir / f"{workload}-{stable}.db"
+    db = workdir / f"{workload}-{index}.db"
     options = {"base_url": server.base_url, "model": "smollm2", "endpoint": "completions",
-               "max_tokens": MAX_TOKENS, "temperature": 0.0, "read_timeout": 300.0, "slot_affinity": stable}
+               "max_tokens": MAX_TOKENS, "temperature": 0.0, "read_timeout": 300.0, "slot_affinity": stable,
+               "cache_reuse": setting.cache_reuse}
     config = RunConfig(
-        scenario=str(scenario), run_id=f"serving-{workload}-{stable}", ticks=ticks,
+        scenario=str(scenario), run_id=f"serving-{workload}-{index}", ticks=ticks,
         broker=BrokerConfig(url=broker), record=RecordConfig(db=str(db)),
         inference=InferenceConfig(backend="openai", backend_options=options, concurrency=SLOTS,
                                   inference_timeout=600.0, placement="in-process"),
     )
     started = time.perf_counter()
-    await run(config, stats=RunStats())
+    stats = RunStats()
+    await run(config, stats=stats)
     seconds = time.perf_counter() - started
     evaluated = cached = 0
     latencies: list[float] = []
@@ -139,7 +167,7 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
     previous: dict[str, str] = {}
     shared = total = 0
     with open_reader(db) as reader:
-        for record in reader.audit_records():
+        for index, record in enumerate(reader.audit_records()):
             for attempt in record.attempts:
                 shared += prefix_reuse(previous.get(record.agent_id, ""), attempt.prompt).chars
                 total += len(attempt.prompt)
@@ -152,80 +180,126 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
                     evaluated += attempt.usage.prompt_tokens - reused
             slot = int(rendezvous_order(record.agent_id, slots)[0]) if stable else None
             structured = record.output is not None and record.output.structured
-            requests.extend(Request(attempt.prompt, structured, slot) for attempt in record.attempts)
+            requests.extend(Request(attempt.prompt, structured, slot, setting.cache_reuse, record.tick, index)
+                            for attempt in record.attempts)
     bound = shared / max(total, 1)
-    return Measured(len(latencies), seconds, evaluated, cached, tuple(latencies), bound), requests
+    limit = stats.server_limits.get(server.base_url)
+    return Measured(len(latencies), seconds, evaluated, cached, tuple(latencies), bound, limit), requests
+
+
+class Direct:
+    """A minimal client: the requests sent straight to the server, nothing else."""
+
+    def __init__(self, server: LlamaServer, http: httpx.AsyncClient) -> None:
+        self._url = f"{server.base_url}/completions"
+        self._http = http
+        self.latencies: list[float] = []
+        self.evaluated = self.cached = 0
+
+    async def send(self, request: Request) -> None:
+        sent = time.perf_counter()
+        response = await self._http.post(self._url, json=request.body())
+        response.raise_for_status()
+        self.latencies.append(1000 * (time.perf_counter() - sent))
+        timings = response.json().get("timings", {})
+        self.evaluated += int(timings.get("prompt_n", 0))
+        self.cached += int(timings.get("cache_n", 0))
+
+    def measured(self, inferences: int, seconds: float) -> Measured:
+        return Measured(inferences, seconds, self.evaluated, self.cached, tuple(self.latencies))
 
 
 async def direct(server: LlamaServer, requests: list[Request], inferences: int, concurrency: int) -> Measured:
-    """The requests sent straight to the server, `concurrency` at a time, in order; the rate
+    """The requests, `concurrency` at a time, in order, whatever tick they belong to; the rate
     counts the run's `inferences` they served."""
     queue = list(reversed(requests))
-    latencies: list[float] = []
-    evaluated = cached = 0
 
-    async def client(http: httpx.AsyncClient) -> None:
-        nonlocal evaluated, cached
+    async def worker(client: Direct) -> None:
         while queue:
-            request = queue.pop()
-            sent = time.perf_counter()
-            response = await http.post(f"{server.base_url}/completions", json=request.body())
-            response.raise_for_status()
-            latencies.append(1000 * (time.perf_counter() - sent))
-            timings = response.json().get("timings", {})
-            evaluated += int(timings.get("prompt_n", 0))
-            cached += int(timings.get("cache_n", 0))
+            await client.send(queue.pop())
 
-    started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=600.0) as http, asyncio.TaskGroup() as group:
-        for _ in range(concurrency):
-            group.create_task(client(http))
-    return Measured(inferences, time.perf_counter() - started, evaluated, cached, tuple(latencies))
+    async with httpx.AsyncClient(timeout=600.0) as http:
+        client = Direct(server, http)
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for _ in range(concurrency):
+                group.create_task(worker(client))
+        return client.measured(inferences, time.perf_counter() - started)
+
+
+async def direct_by_tick(server: LlamaServer, requests: list[Request], inferences: int) -> Measured:
+    """The requests as the run could send them: a tick's records at once (at most the server's
+    slots), each record's attempts one after the other, and a tick only after the one before,
+    since what an NPC hears next depends on what was said."""
+    by_tick: dict[int, dict[int, list[Request]]] = {}
+    for request in requests:
+        by_tick.setdefault(request.tick, {}).setdefault(request.record, []).append(request)
+    slots = asyncio.Semaphore(SLOTS)
+
+    async def attempts(client: Direct, these: list[Request]) -> None:
+        async with slots:
+            for request in these:
+                await client.send(request)
+
+    async with httpx.AsyncClient(timeout=600.0) as http:
+        client = Direct(server, http)
+        started = time.perf_counter()
+        for tick in sorted(by_tick):
+            async with asyncio.TaskGroup() as group:
+                for these in by_tick[tick].values():
+                    group.create_task(attempts(client, these))
+        return client.measured(inferences, time.perf_counter() - started)
 
 
 def row(name: str, m: Measured) -> str:
     n = max(m.inferences, 1)
     return (f"| {name} | {m.inferences} | {m.rate:.2f} | {m.evaluated / n:.0f} | {m.cached / n:.0f} | "
             f"{100 * m.hit_share:.1f} % | {'' if m.bound is None else f'{100 * m.bound:.1f} %'} | "
-            f"{m.percentile(50):.0f} | {m.percentile(95):.0f} |")
+            f"{m.percentile(50):.0f} | {m.percentile(95):.0f} | {'' if m.limit is None else m.limit} |")
 
 
 async def bench(args: argparse.Namespace, workdir: Path) -> str:
     mosquitto = MosquittoProcess(require_mosquitto(), workdir)
     mosquitto.start()
     lines = ["| run | inferences | inferences/s | evaluated/inference | reused/inference | hit share | "
-             "previous-prompt bound | p50 ms | p95 ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "previous-prompt bound | p50 ms | p95 ms | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     verdicts: list[str] = []
     try:
         for workload, ticks in (("village", args.village_ticks), ("world-200", args.world_ticks)):
-            measured: dict[str, Measured] = {}
-            tuned: list[Request] = []
-            for name, stable in SETTINGS.items():
-                print(f"{workload}: stable_prefix and affinity {name}, {ticks} ticks ...", flush=True)
-                with llama_server(workdir / f"llama-{workload}-{name}.log") as server:
-                    measured[name], requests = await npcsim_run(server, mosquitto.url, workdir, workload,
-                                                                ticks, stable)
-                lines.append(row(f"{workload}, npcsim, stable_prefix + affinity {name}", measured[name]))
+            measured: list[Measured] = []
+            last: list[Request] = []
+            for index, setting in enumerate(SETTINGS):
+                print(f"{workload}: {setting.name}, {ticks} ticks ...", flush=True)
+                with llama_server(workdir / f"llama-{workload}-{index}.log") as server:
+                    m, last = await npcsim_run(server, mosquitto.url, workdir, workload, ticks, setting, index)
+                measured.append(m)
+                lines.append(row(f"{workload}, npcsim, {setting.name}", m))
                 print(lines[-1], flush=True)
-                if stable:
-                    tuned = requests
             best: tuple[int, Measured] | None = None
             for concurrency in args.direct:
                 with llama_server(workdir / f"llama-{workload}-direct-{concurrency}.log") as server:
-                    m = await direct(server, tuned, measured["on"].inferences, concurrency)
+                    m = await direct(server, last, measured[-1].inferences, concurrency)
                 lines.append(row(f"{workload}, direct client, concurrency {concurrency}", m))
                 print(lines[-1], flush=True)
                 if best is None or m.rate > best[1].rate:
                     best = (concurrency, m)
             assert best is not None
-            off, on = measured["off"], measured["on"]
-            fewer = (off.evaluated / max(off.inferences, 1)) / max(on.evaluated / max(on.inferences, 1), 1e-9)
+            with llama_server(workdir / f"llama-{workload}-direct-ticks.log") as server:
+                ordered = await direct_by_tick(server, last, measured[-1].inferences)
+            lines.append(row(f"{workload}, direct client, tick by tick", ordered))
+            print(lines[-1], flush=True)
+            off, tuned = measured[0], measured[-1]
             verdicts.append(
-                f"- {workload}: npcsim (tuned) {on.rate:.2f} inferences/s = {on.rate / best[1].rate:.2f}x the direct "
-                f"client's best ({best[1].rate:.2f}/s at concurrency {best[0]}; target >= 0.9x); "
-                f"{fewer:.2f}x fewer evaluated prompt tokens per inference with stable_prefix + affinity "
-                f"(target >= 2x); rate {on.rate / off.rate:.2f}x the untuned run's."
+                f"- {workload}: npcsim ({SETTINGS[-1].name}) {tuned.rate:.2f} inferences/s = "
+                f"{tuned.rate / best[1].rate:.2f}x the direct client's best on its requests "
+                f"({best[1].rate:.2f}/s at concurrency {best[0]}; target >= 0.9x), "
+                f"{tuned.rate / ordered.rate:.2f}x its rate sending them tick by tick ({ordered.rate:.2f}/s)."
             )
+            per_off = off.evaluated / max(off.inferences, 1)
+            for setting, m in zip(SETTINGS[1:], measured[1:], strict=True):
+                fewer = per_off / max(m.evaluated / max(m.inferences, 1), 1e-9)
+                verdicts.append(f"- {workload}, {setting.name}: {fewer:.2f}x fewer evaluated prompt tokens per "
+                                f"inference than off (target >= 2x); rate {m.rate / off.rate:.2f}x off's.")
     finally:
         mosquitto.stop()
     load = os.getloadavg()
@@ -237,9 +311,13 @@ async def bench(args: argparse.Namespace, workdir: Path) -> str:
         f"Village {args.village_ticks} ticks, a generated world of 200 NPCs {args.world_ticks} ticks; "
         f"completions endpoint, temperature 0, max_tokens {MAX_TOKENS}; a fresh server for every row.",
         "npcsim's latencies are each inference's (queue and service), the direct client's each request's. "
+        "The direct client sends the last run's requests at a fixed concurrency in order, whatever tick "
+        "they belong to (the server's limit), or tick by tick as the run could (a tick's records at once, "
+        "each record's attempts in turn: the limit of this work, whose next tick depends on what was said). "
         "The previous-prompt bound is the share of the prompts' characters that are a prefix of the same "
         "NPC's previous prompt: the hit share a server that kept every NPC's last prompt could reach "
-        "(an NPC's first prompt is all new).",
+        "(an NPC's first prompt is all new). The limit is npcsim's adaptive limit for the server at the "
+        "run's end (within --concurrency 4).",
         "",
         *lines,
         "",

@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from sim.audit import AuditRecord
@@ -18,6 +19,7 @@ from sim.errors import ConfigError, ScenarioError
 from sim.inference import PoolConfig, open_pool
 from sim.inference.backends.servers import each_server, open_servers, shown_url
 from sim.inference.backends.spread import rendezvous_order
+from sim.memory import Fact, Line, WorkingMemory, WorkingMemoryConfig, build_working_memory
 from sim.scenario import parse_scenario, read_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.shard._run_config import with_servers
@@ -25,7 +27,7 @@ from sim.store import open_reader
 from sim.wire.inference import InferenceResult
 from tests.fake_openai import open_fake_openai
 from tests.helpers import VILLAGE, MosquittoProcess, eventually
-from tests.inference_helpers import make_request
+from tests.inference_helpers import make_request, smith_state
 from tests.llama_server import SLOTS, LlamaServer
 
 AGENTS = [f"npc{n}" for n in range(24)]
@@ -166,6 +168,36 @@ def test_base_url_given_twice_is_a_list_of_servers() -> None:
     assert backend_options(two) == {"base_url": ["http://a/v1", "http://b/v1"]}
     slotted = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1", "--slot-affinity"])
     assert backend_options(slotted) == {"base_url": "http://a/v1", "slot_affinity": True}
+    reusing = parser.parse_args(["--backend", "openai", "--base-url", "http://a/v1", "--cache-reuse", "16"])
+    assert backend_options(reusing) == {"base_url": "http://a/v1", "cache_reuse": 16}
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "many", "1.5"])
+def test_a_cache_reuse_that_is_not_a_positive_whole_number_is_refused(
+    value: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser()
+    add_backend_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--backend", "openai", "--cache-reuse", value])
+    assert "--cache-reuse" in capsys.readouterr().err
+
+
+async def test_a_negative_cache_reuse_option_is_a_one_line_config_error() -> None:
+    with pytest.raises(ConfigError, match="cache_reuse") as caught:
+        async with open_servers({"base_url": "http://127.0.0.1:9/v1", "cache_reuse": -1}, concurrency=1):
+            pass
+    assert "\n" not in str(caught.value)
+
+
+async def test_cache_reuse_is_sent_as_n_cache_reuse_and_recorded_only_when_set() -> None:
+    async with open_fake_openai() as fake:
+        async with open_servers({"base_url": fake.base_url, "cache_reuse": 16}, concurrency=1) as backend:
+            reusing = await backend.generate(make_request(0).memory)
+        async with open_servers({"base_url": fake.base_url}, concurrency=1) as backend:
+            plain = await backend.generate(make_request(0).memory)
+    assert fake.requests[0]["body"]["n_cache_reuse"] == 16 and reusing.params["cache_reuse"] == 16
+    assert "n_cache_reuse" not in fake.requests[1]["body"] and "cache_reuse" not in plain.params
 
 
 async def test_with_slot_affinity_each_npc_keeps_its_own_slot_of_the_server() -> None:
@@ -204,3 +236,27 @@ async def test_llama_servers_slots_are_read_and_each_npc_meets_its_prompt_in_its
     for reply in replies:  # the second round: each prompt again, in the slot that kept it
         usage = reply.usage
         assert usage.prompt_tokens and usage.cached_tokens and usage.cached_tokens >= usage.prompt_tokens // 2
+
+
+def _talked_to(bridge: str) -> WorkingMemory:
+    """The smith's memory with the first fact changed: everything after it is the same text."""
+    state = smith_state("npc0")
+    facts = (Fact(id="f1", text=bridge), *state.canonical_facts[1:])
+    dialogue = tuple(Line(tick=t, speaker="traveller", text=f"Tell me about the {thing}, smith, and its price.")
+                     for t, thing in enumerate(("plough", "horseshoes", "gate hinges", "cart axle", "nails")))
+    return build_working_memory(msgspec.structs.replace(state, canonical_facts=facts, dialogue=dialogue),
+                                "traveller: Is the bridge safe to cross?", WorkingMemoryConfig())
+
+
+async def test_with_cache_reuse_llama_server_reuses_what_follows_a_changed_line(llama_server: LlamaServer) -> None:
+    before, after = _talked_to("The old bridge is broken."), _talked_to("The old bridge was mended by Tom.")
+    cached: dict[int, int] = {}
+    for reuse in (0, 16):
+        options = {"base_url": llama_server.base_url, "endpoint": "completions", "slot_affinity": True,
+                   "max_tokens": 4, "temperature": 0.0, "cache_reuse": reuse}
+        async with open_servers(options, concurrency=1) as backend:
+            await backend.generate(before)
+            reply = await backend.generate(after)  # the same slot: it holds `before`
+        assert reply.usage.cached_tokens is not None
+        cached[reuse] = reply.usage.cached_tokens
+    assert cached[16] > cached[0]  # past the shared prefix, the chunks after the changed fact

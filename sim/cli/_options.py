@@ -120,6 +120,9 @@ def add_backend_arguments(parser: argparse.ArgumentParser, *, delay: bool = True
                         help="openai: seconds to wait for the server, below the inference timeout (default: half)")
     parser.add_argument("--slot-affinity", action="store_true",
                         help="openai, llama.cpp's server: each NPC's requests in its own slot")
+    parser.add_argument("--cache-reuse", type=whole(1), metavar="TOKENS",
+                        help="openai, llama.cpp's server: reuse cached chunks of at least TOKENS tokens "
+                        "beyond the shared prefix (n_cache_reuse; 16 suits NPC prompts)")
     if delay:
         parser.add_argument("--delay-ms", type=milliseconds, help="scripted: answer after this many milliseconds")
 
@@ -135,6 +138,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             options["base_url"] = args.base_url[0] if len(args.base_url) == 1 else list(args.base_url)
         if args.slot_affinity:
             options["slot_affinity"] = True
+        if args.cache_reuse:
+            options["cache_reuse"] = args.cache_reuse
     elif args.backend == "llamacpp" and args.model:
         options["model_path"] = args.model
     elif args.backend == "scripted" and getattr(args, "delay_ms", None) is not None:

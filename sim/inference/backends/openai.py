@@ -37,7 +37,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import httpx
 import msgspec
@@ -84,6 +84,8 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     breaker_failures: int = 5
     breaker_cooldown: float = 10.0
     slot_affinity: bool = False  # llama.cpp: each NPC's requests in its own slot (`id_slot`; servers.py)
+    # llama.cpp: reuse cached chunks of at least this many tokens past the common prefix (`n_cache_reuse`)
+    cache_reuse: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -182,6 +184,8 @@ class OpenAIBackend:
             "temperature": options.temperature,
             "stop": list(options.stop),
         }
+        if options.cache_reuse:
+            self._params["cache_reuse"] = options.cache_reuse
         self._structured = {**self._params, "stop": []}  # a schema's request: see `_body`
         self._path = "/chat/completions" if options.endpoint == "chat" else "/completions"
         self._bound = reply_bound(options.max_tokens)
@@ -197,6 +201,8 @@ class OpenAIBackend:
         body: dict[str, Any] = {"model": o.model, "max_tokens": o.max_tokens, "temperature": o.temperature}
         if o.stop and schema is None:
             body["stop"] = list(o.stop)
+        if o.cache_reuse:
+            body["n_cache_reuse"] = o.cache_reuse
         if o.endpoint == "chat":
             body["messages"] = memory.messages()
         else:
