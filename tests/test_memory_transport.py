@@ -95,7 +95,9 @@ async def test_the_pool_and_a_remote_worker_talk_over_the_memory_broker() -> Non
     assert [r.line for r in results] == expected
     assert worker.statistics().completed == 12
     sent = [topic for topic, _ in broker.published]
-    assert set(sent) == {topics.infer_request("mem"), topics.infer_response("mem", config.shard)}
+    stopped = topics.infer_worker("mem", "w")  # the worker, stopped, said it is offline
+    assert set(sent) == {topics.infer_request("mem"), topics.infer_response("mem", config.shard), stopped}
+    assert sent.count(stopped) == 1 and sent[-1] == stopped
     assert len(sent) < 2 * 12  # requests and replies travelled in batches
 
 

@@ -1,9 +1,11 @@
-"""Each model server's adaptive limit reaches the pool whatever serves its requests: in its
-own process, in its worker process, or remote workers over MQTT (a fake OpenAI-compatible
-server on loopback that says it is overloaded, real HTTP, a real Mosquitto)."""
+"""Each model server's adaptive limit: cut where requests queue at the server, and reaching the
+pool whatever serves its requests: in its own process, in its worker process, or remote
+workers over MQTT (a fake OpenAI-compatible server on loopback that says it is overloaded or
+serves a few requests at a time, real HTTP, a real Mosquitto)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiomqtt
@@ -27,6 +29,24 @@ def overloaded_options(fake: FakeOpenAI) -> dict[str, Any]:
     return {"base_url": fake.base_url, "retries": 3}
 
 
+@pytest.mark.parametrize(("capacity", "delay_s", "queued"), [(2, 0.2, True), (CEILING, 1.0, False)])
+async def test_the_limit_is_cut_where_requests_wait_at_the_server(capacity: int, delay_s: float, queued: bool,
+                                                                  ) -> None:
+    # a server that takes all at once serves slowly enough that a loaded machine's own
+    # overhead (a request's latency beyond the server's time) stays far below it
+    async with open_fake_openai() as fake:
+        fake.capacity, fake.delay_s = capacity, delay_s
+        fake.timings = {"prompt_ms": delay_s * 1000, "predicted_ms": 0.0}  # its own time: true, as it serves
+        config = PoolConfig(backend="openai", options={"base_url": fake.base_url}, concurrency=CEILING,
+                            transport="inprocess", timeout=30.0)  # type: ignore[arg-type]
+        async with open_pool(config) as pool:
+            results = await asyncio.gather(*(pool.infer(make_request(n, agent=f"npc{n}"))
+                                             for n in range(3 * CEILING)))
+            assert not any(r.fallback for r in results)
+            limit = pool.statistics().server_limits[fake.base_url]
+            assert (limit < CEILING) is queued, limit
+
+
 @pytest.mark.parametrize("transport", ["inprocess", "process"])
 async def test_a_pool_reports_the_limit_its_server_settled_on(transport: str) -> None:
     async with open_fake_openai() as fake:
@@ -44,7 +64,6 @@ async def test_remote_workers_limits_are_summed_and_a_dead_ones_forgotten(mosqui
     run = "limits"
     async with open_fake_openai() as fake:
         options = overloaded_options(fake)
-        fake.delay_s = 0.05  # every answer as slow: no answer is so much slower than the fastest that it cuts
         workers = [
             RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name=f"w{n}", backend="openai",
                                       options=options, concurrency=CEILING))
@@ -65,6 +84,33 @@ async def test_remote_workers_limits_are_summed_and_a_dead_ones_forgotten(mosqui
             await eventually(lambda: sum(pool.statistics().server_limits.values()) < CUT + CEILING,
                              what="the pool forgetting w0's limit")
             assert pool.statistics().server_limits in ({fake.base_url: CUT}, {fake.base_url: CEILING})
+
+
+@pytest.mark.mosquitto
+async def test_a_stopped_worker_says_it_is_offline_and_its_limit_is_forgotten(mosquitto: MosquittoProcess) -> None:
+    run = "stopped"
+    async with open_fake_openai() as fake:
+        workers = [
+            RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id=run, name=f"w{n}", backend="openai",
+                                      options={"base_url": fake.base_url}, concurrency=CEILING))
+            for n in range(2)
+        ]
+        config = PoolConfig(transport="mqtt", broker=mosquitto.address, run_id=run, max_in_flight=4)
+        async with open_pool(config) as pool, asyncio.TaskGroup() as group:
+            tasks = [group.create_task(w.run()) for w in workers]
+            await eventually(lambda: all(w.ready.is_set() for w in workers), what="both workers subscribed")
+            served: set[str] = set()
+            for n in range(40):
+                served.add((await pool.infer(make_request(n, agent=f"npc{n}"))).worker)
+                if len(served) == 2:
+                    break
+            assert pool.statistics().server_limits == {fake.base_url: 2 * CEILING}
+            tasks[0].cancel()  # a clean stop (Ctrl-C): the broker sends no last will for it
+            await eventually(lambda: pool.statistics().server_limits == {fake.base_url: CEILING},
+                             what="the pool forgetting the stopped worker's limit")
+            result = await pool.infer(make_request(99, agent="npc99"))
+            assert result.worker == "w1" and not result.fallback
+            tasks[1].cancel()
 
 
 async def _say_offline(mosquitto: MosquittoProcess, topic: str) -> None:

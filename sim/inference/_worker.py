@@ -10,12 +10,14 @@ request it answers (a shard takes only replies sealed for its own). After a brok
 it subscribes again; the pool's link re-sends what was lost. Its MQTT 5 last will says
 "offline" on `npcsim/{run}/infer/worker/{name}` (sealed with the run key, not retained): a
 worker killed mid-inference is noticed by every pool at once, and they send the requests it
-held again (sim.inference._link).
+held again (sim.inference._link). A worker stopped (cancelled) says the same itself before it
+disconnects, since a broker sends no will for a clean disconnect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 
@@ -38,6 +40,7 @@ __all__ = ["RemoteWorker"]
 log = logging.getLogger(__name__)
 
 _ReplyTo = tuple[str, bytes | None]  # the asking shard, and the run nonce its request was sealed with
+OFFLINE_SAY_S = 2.0  # how long a stopping worker tries to say it is offline
 
 
 class RemoteWorker:
@@ -67,9 +70,10 @@ class RemoteWorker:
         self._counters = Counters()
         self._warn = LogOnce(log)
         self._request_topic = topics.infer_request_shared(config.run_id, config.group)
+        self._will = self._last_will()
         self._transport = transport or MqttTransport(
             config.broker, name=f"worker {self.name}", policy=config.reconnect, identifier=self.name,
-            max_inflight=4 * config.concurrency, will=self._last_will(),
+            max_inflight=4 * config.concurrency, will=self._will,
         )
 
     def statistics(self) -> PoolStatistics:
@@ -115,20 +119,26 @@ class RemoteWorker:
         replies = BatchSender(batcher, send, lambda _: None)
         self.ready.set()
         log.info("worker %s serving %s with backend %s", self.name, self._request_topic, backend.name)
-        async with asyncio.TaskGroup() as tg:
-            sender = tg.create_task(replies.run())
-            try:
-                async for _, payload, _ in link.messages():
-                    nonce = sealed_nonce(payload)
-                    for request in self._requests(payload):
-                        if (request.shard, request.id) in serving:
-                            log.debug("request %s is being served here already: its re-send dropped", request.id)
-                            continue
-                        await slots.acquire()
-                        serving.add((request.shard, request.id))
-                        tg.create_task(self._handle(backend, request, (request.shard, nonce), slots, replies, serving))
-            finally:
-                sender.cancel()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                sender = tg.create_task(replies.run())
+                try:
+                    async for _, payload, _ in link.messages():
+                        nonce = sealed_nonce(payload)
+                        for request in self._requests(payload):
+                            if (request.shard, request.id) in serving:
+                                log.debug("request %s is being served here already: its re-send dropped",
+                                          request.id)
+                                continue
+                            await slots.acquire()
+                            serving.add((request.shard, request.id))
+                            tg.create_task(self._handle(backend, request, (request.shard, nonce), slots, replies,
+                                                        serving))
+                finally:
+                    sender.cancel()
+        except asyncio.CancelledError:
+            await self._say_offline(link)
+            raise
 
     async def _handle(
         self,
@@ -155,6 +165,14 @@ class RemoteWorker:
             serving.discard((request.shard, request.id))
         c.count_result(result)
         replies.put((reply_to, result), priority=request.priority, deadline=float("inf"))
+
+    async def _say_offline(self, link: Link) -> None:
+        """A stop: the last will said by the worker itself, so that every pool forgets its limits
+        and sends the requests it held again now, not when their replies are overdue."""
+        with contextlib.suppress(BrokerError, TimeoutError):
+            async with asyncio.timeout(OFFLINE_SAY_S):
+                await link.publish(self._will.topic, self._will.payload, qos=1, retain=self._will.retain)
+                log.info("worker %s stopped: said offline", self.name)
 
     def _last_will(self) -> LastWill:
         """What the broker says for this worker when its connection dies: "offline", sealed (no nonce:
