@@ -45,8 +45,25 @@ def chromium(profile: Path) -> Iterator[Any]:
 
 
 async def on_page(what: str, probe: Callable[[], Any]) -> Any:
-    """`eventually` for the page: `probe` runs in a thread (selenium blocks)."""
-    return await eventually(lambda: asyncio.to_thread(probe), what=what, within=WAIT_S, every=0.2)
+    """`eventually` for the page: `probe` runs in a thread (selenium blocks).
+
+    A live page redraws its lists whenever the stream brings something: elements a probe
+    found may go stale before it reads them, and the probe is simply tried again.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def fresh_probe() -> Any:
+        try:
+            return probe()
+        except StaleElementReferenceException:
+            return None
+
+    return await eventually(lambda: asyncio.to_thread(fresh_probe), what=what, within=WAIT_S, every=0.2)
+
+
+async def click(driver: Any, what: str, selector: str) -> None:
+    """Click the first element `selector` finds, again if the page redrew it under the click."""
+    await on_page(what, lambda: css(driver, selector)[0].click() or True)
 
 
 def css(driver: Any, selector: str) -> list[Any]:

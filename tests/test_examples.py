@@ -25,7 +25,7 @@ import pytest
 
 from sim import broker as broker_module
 from sim.broker import open_broker
-from tests.browser import css, on_page
+from tests.browser import click, css, on_page
 from tests.helpers import IN_CI, REPO, VILLAGE, MosquittoProcess, Ran, ended, env_for, read_until, start_npcsim
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
@@ -52,11 +52,11 @@ def page_url(page: Path, broker: str, run: str, player: str) -> str:
 
 async def ask_on_page(browser: Any, npc: str, text: str) -> None:
     def ask() -> None:
-        css(browser, f'#npcs li[data-npc="{npc}"]')[0].click()
         browser.find_element("id", "question").send_keys(text)
         browser.find_element("id", "send").click()
 
     await on_page("the Ask button", lambda: browser.find_element("id", "send").is_enabled())
+    await click(browser, f"{npc} in the list", f'#npcs li[data-npc="{npc}"]')
     await asyncio.to_thread(ask)
 
 

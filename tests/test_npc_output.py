@@ -34,6 +34,7 @@ from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
 RUN = "learn"
+UNTIL_STOPPED = 100_000  # ticks: the run goes on for as long as a test asks (a loaded machine's ticks are slower)
 
 
 class Heard:
@@ -45,9 +46,11 @@ class Heard:
 @asynccontextmanager
 async def village(mosquitto: MosquittoProcess, db: Path, stats: RunStats, **options: Any,
                   ) -> AsyncIterator[tuple[aiomqtt.Client, Heard]]:
-    """The village under way (until tick 60), and a client that hears every say and intent."""
+    """The village under way until the test is done with it (stopped then, after its tick), and
+    a client that hears every say and intent."""
     heard = Heard()
-    config = RunConfig(scenario=VILLAGE, run_id=RUN, until_tick=60, tick_ms=40,
+    stop = asyncio.Event()
+    config = RunConfig(scenario=VILLAGE, run_id=RUN, until_tick=UNTIL_STOPPED, tick_ms=40,
                        broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
                        inference=InferenceConfig(backend_options=options))
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client, asyncio.TaskGroup() as group:
@@ -64,9 +67,11 @@ async def village(mosquitto: MosquittoProcess, db: Path, stats: RunStats, **opti
                     heard.intents.append(decode_intent(payload))
 
         reader = group.create_task(read())
-        job = group.create_task(run(config, stats=stats))
+        job = group.create_task(run(config, stats=stats, stop=stop))
         await eventually(lambda: stats.tick >= 2, what="the run under way", within=60)
         yield client, heard
+        assert not job.done(), "the run ended before the test was done with it"
+        stop.set()
         await job
         reader.cancel()
 

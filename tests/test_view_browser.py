@@ -29,7 +29,7 @@ from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED
-from tests.browser import WAIT_S, css, on_page
+from tests.browser import WAIT_S, click, css, on_page
 from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
@@ -57,7 +57,7 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
             await on_page("a line of dialogue", lambda: css(browser, "#dialogue li.npc"))
             assert "innkeeper" in {c.get_attribute("data-npc") for c in css(browser, ".npc-chip")}
 
-            await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+            await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
             assert await asyncio.to_thread(lambda: browser.find_element("id", "speak-player").text) == "tester"
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-text").send_keys("A room, please."))
             await asyncio.to_thread(lambda: browser.find_element("id", "speak-send").click())
@@ -75,11 +75,11 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
         finally:
             stop.set()
         await job
-        await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+        await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
         shown = await choose_the_newest_stored_snapshot(browser, view, db, "innkeeper")
         with open_reader(db) as reader:
             record = reader.audit_record(shown)
-        table = await asyncio.to_thread(read_budget_table, browser)
+        table = await on_page("the budget table", lambda: read_budget_table(browser))
         report = record.report
         assert table["mandatory"]["used"] == str(report.mandatory_chars)
         assert table["mandatory"]["split"] == "—"  # the mandatory content has no budget: it takes what it needs
@@ -90,9 +90,9 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
                              "dropped": str(category.dropped + category.duplicate)}, name
         for name in ("dialogue", "episodic", "beliefs"):
             assert table[name]["split"] == str(getattr(report, name).budget), name
-        bar = await asyncio.to_thread(
-            lambda: {s.get_attribute("data-cat"): int(s.get_attribute("data-chars"))
-                     for s in css(browser, f'#bars .snapshot[data-inference="{shown}"] .seg')})
+        bar = await on_page("the snapshot's bar", lambda: {
+            s.get_attribute("data-cat"): int(s.get_attribute("data-chars"))
+            for s in css(browser, f'#bars .snapshot[data-inference="{shown}"] .seg')})
         assert bar == {"mandatory": report.mandatory_chars, "dialogue": report.dialogue.used,
                        "episodic": report.episodic.used, "beliefs": report.beliefs.used}
         prompt = await asyncio.to_thread(lambda: browser.find_element("id", "prompt").text)
@@ -134,7 +134,7 @@ async def choose_the_newest_stored_snapshot(browser: Any, view: LiveView, db: Pa
 
     newest = await eventually(newest_on_page, what="the newest snapshot on the page", within=WAIT_S, every=0.2)
     if newest != stored:
-        await asyncio.to_thread(lambda: css(browser, f'#bars .snapshot[data-inference="{stored}"]')[0].click())
+        await click(browser, "a snapshot's bar", f'#bars .snapshot[data-inference="{stored}"]')
     await on_page("the newest stored snapshot chosen",
                   lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == stored)
     return stored
@@ -147,21 +147,13 @@ def traces(view: LiveView, agent: str) -> list[dict[str, Any]]:
 
 
 def read_budget_table(driver: Any) -> dict[str, dict[str, str]]:
-    """The budget table's cells by category; read again when the panel re-rendered under the
-    reading (a stream update redraws it: the rows found went stale)."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    for _ in range(20):
-        try:
-            table: dict[str, dict[str, str]] = {}
-            for row in css(driver, "#budget tbody tr"):
-                cells = {td.get_attribute("data-field"): td.text
-                         for td in row.find_elements("css selector", "td[data-field]")}
-                table[row.get_attribute("data-cat")] = cells
-            return table
-        except StaleElementReferenceException:
-            continue
-    raise AssertionError("the budget table was redrawn under every one of 20 readings")
+    """The budget table's cells by category (read through `on_page`: a stream update may
+    redraw the panel under the reading)."""
+    table: dict[str, dict[str, str]] = {}
+    for row in css(driver, "#budget tbody tr"):
+        table[row.get_attribute("data-cat")] = {td.get_attribute("data-field"): td.text
+                                                for td in row.find_elements("css selector", "td[data-field]")}
+    return table
 
 
 async def test_stored_run_page_moves_with_the_tick_slider(
@@ -323,7 +315,7 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
         try:
             await asyncio.to_thread(browser.get, url)
             await on_page("the NPCs", lambda: len(css(browser, ".npc-chip")) == 4)
-            await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+            await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
             await speak_from_the_page(browser, "innkeeper", "A room, please.", 1)
             await speak_from_the_page(browser, "innkeeper", "And a hot meal?", 2)
             await answers_stored(db, "innkeeper", 2)
@@ -344,7 +336,7 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
         assert limit.startswith(f"limit 700 chars (the whole prompt): {record.report.prompt_chars} used; "
                                 f"mandatory {record.report.mandatory_chars}")
         assert limit.endswith("; recency selection"), limit
-        table = await asyncio.to_thread(read_budget_table, browser)
+        table = await on_page("the budget table", lambda: read_budget_table(browser))
         assert table["mandatory"]["split"] == "—" and table["canonical_facts"]["split"] == "mandatory"
         for name in ("dialogue", "episodic", "beliefs"):
             why = getattr(explanation, name)
@@ -370,12 +362,12 @@ async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: 
         shown = await on_page("the mandatory segment's items", lambda: hover("mandatory"))
         assert "- The king is dead." in shown and "- season: late autumn" in shown
 
-        await asyncio.to_thread(lambda: css(browser, f'#bars .snapshot[data-inference="{older}"]')[0].click())
+        await click(browser, "a snapshot's bar", f'#bars .snapshot[data-inference="{older}"]')
         await on_page("the older snapshot explained",
                          lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == older)
         assert await asyncio.to_thread(text_of, browser, "snapshot-tick") == f"tick {older_record.tick}"
         assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(older_record.explanation())
-        await asyncio.to_thread(lambda: css(browser, f'#bars .snapshot[data-inference="{newest}"]')[0].click())
+        await click(browser, "a snapshot's bar", f'#bars .snapshot[data-inference="{newest}"]')
         await on_page("the newest stored again",
                          lambda: browser.find_element("id", "npc-detail").get_attribute("data-snapshot") == newest)
         await asyncio.to_thread(browser.set_window_size, 1500, 1700)  # the whole panel in the picture
@@ -418,12 +410,12 @@ async def test_the_stored_view_shows_places_names_recipients_and_player_lines(
         assert lines.index(("player", "player → innkeeper", "What news of the king?")) + 1 == next(
             i for i, (_, who, _) in enumerate(lines) if who == "innkeeper → player")
         assert any(kind == "npc" and who == "snack_machine → guard_captain" for kind, who, _ in lines)  # unprompted
-        await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+        await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
         await on_page("the innkeeper's panel", lambda: text_of(browser, "npc-name") == "Tobin (innkeeper, inn)")
         with open_reader(db) as reader:
             (record,) = list(reader.audit_records("innkeeper"))
         await on_page("its budget", lambda: text_of(browser, "budget-limit").startswith("limit 2000 chars"))
-        table = await asyncio.to_thread(read_budget_table, browser)
+        table = await on_page("the budget table", lambda: read_budget_table(browser))
         assert table["beliefs"]["split"] == str(record.explanation().beliefs.split)
         assert await asyncio.to_thread(dropped_on_page, browser) == expected_dropped(record.explanation())
 
@@ -490,7 +482,7 @@ async def test_the_view_shows_the_innkeeper_learning_from_a_player(
     async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
         await asyncio.to_thread(browser.get, url)
         await on_page("the stored run", lambda: css(browser, "#dialogue li"))
-        await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+        await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
         await on_page("what it learned", lambda: css(browser, "#proposals")[0].get_attribute("hidden") is None)
         beliefs = await asyncio.to_thread(proposals_on_page, browser, "beliefs-learned")
         assert [said for said, _ in beliefs] == ["player: player hates the rain.", "player: player is called Ayla."]
@@ -524,7 +516,7 @@ async def test_the_view_shows_refused_proposals_with_their_codes(browser: Any) -
     async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
         await asyncio.to_thread(browser.get, url)
         await on_page("the NPC", lambda: css(browser, '.npc-chip[data-npc="innkeeper"]'))
-        await asyncio.to_thread(lambda: css(browser, '.npc-chip[data-npc="innkeeper"]')[0].click())
+        await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
         await on_page("the refusals", lambda: css(browser, "#proposals-refused li.refused"))
         refused = await asyncio.to_thread(lambda: [
             (li.find_element("css selector", ".code").text, li.find_element("css selector", ".said").text)
