@@ -167,7 +167,7 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
     previous: dict[str, str] = {}
     shared = total = 0
     with open_reader(db) as reader:
-        for index, record in enumerate(reader.audit_records()):
+        for place, record in enumerate(reader.audit_records()):
             for attempt in record.attempts:
                 shared += prefix_reuse(previous.get(record.agent_id, ""), attempt.prompt).chars
                 total += len(attempt.prompt)
@@ -180,7 +180,7 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
                     evaluated += attempt.usage.prompt_tokens - reused
             slot = int(rendezvous_order(record.agent_id, slots)[0]) if stable else None
             structured = record.output is not None and record.output.structured
-            requests.extend(Request(attempt.prompt, structured, slot, setting.cache_reuse, record.tick, index)
+            requests.extend(Request(attempt.prompt, structured, slot, setting.cache_reuse, record.tick, place)
                             for attempt in record.attempts)
     bound = shared / max(total, 1)
     limit = stats.server_limits.get(server.base_url)
