@@ -28,6 +28,7 @@ from sim.cli._terminal import Out, Piece, json_line
 from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.seal import unchecked_body
 from sim.wire import topics
+from sim.wire.decoding import read_any_json, read_any_msgpack
 from sim.wire.events import SayMessage, decode_say
 
 __all__ = ["DEFAULT_BROKER", "broker_for", "register", "say_record", "subscribe_command"]
@@ -110,15 +111,15 @@ def decoded(payload: bytes) -> tuple[bool, Any]:
     body = unchecked_body(payload)
     signed = body is not None
     body = payload if body is None else body
-    if body[:1] in (b"{", b"[", b'"'):
-        with contextlib.suppress(msgspec.DecodeError):
-            return signed, msgspec.json.decode(body)
-    try:
-        value = msgspec.msgpack.decode(body)
-        msgspec.json.encode(value)  # an extension type would not go into JSON
-    except (msgspec.DecodeError, TypeError):
-        return signed, {"undecoded_bytes": len(body), "head_hex": body[:32].hex()}
-    return signed, value
+    readers = (read_any_json, read_any_msgpack) if body[:1] in (b"{", b"[", b'"') else (read_any_msgpack,)
+    for read in readers:
+        try:
+            value = read(body)
+            msgspec.json.encode(value)  # an extension type would not go into JSON
+        except (msgspec.DecodeError, TypeError, RecursionError):  # RecursionError: nesting the encoder cannot follow
+            continue
+        return signed, value
+    return signed, {"undecoded_bytes": len(body), "head_hex": body[:32].hex()}
 
 
 async def _subscribe(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import msgspec
 
 from sim.wire.barrier import BarrierMessage
+from sim.wire.decoding import json_reader
 from sim.wire.events import (
     ErrorCode,
     ErrorMessage,
@@ -99,7 +100,7 @@ class _WithId(msgspec.Struct):
     id: Name | None = None
 
 
-_with_id = msgspec.json.Decoder(_WithId)
+_with_id = json_reader(_WithId)
 
 
 def id_in(payload: bytes) -> str | None:

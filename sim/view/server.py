@@ -41,6 +41,7 @@ from sim.errors import ConfigError, NpcsimError
 from sim.view.access import RequestLog, ViewAccess, add_security_headers, check_listening
 from sim.view.model import RunModel
 from sim.wire import topics
+from sim.wire.decoding import json_reader
 from sim.wire.events import PlayerInputMessage
 
 __all__ = ["DEFAULT_PLAYER", "ViewSource", "build_app", "open_view_server"]
@@ -53,7 +54,7 @@ _CONTENT_TYPES = {
     ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".ico": "image/x-icon",
 }
 _ACCESS = web.AppKey("access", ViewAccess)
-_SAY = msgspec.json.Decoder(PlayerInputMessage)
+_SAY = json_reader(PlayerInputMessage)
 
 DEFAULT_PLAYER = "viewer"
 """The player a view speaks as unless its operator names another (the ACL's viewer speaks as it)."""

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import msgspec
 
+from sim.wire.decoding import Reader
 from sim.wire.inputs import RunWide
 
 __all__ = ["BarrierMessage", "Hello", "Join", "TickDone", "Welcome", "decode_barrier", "encode_barrier"]
@@ -75,7 +76,7 @@ class Welcome(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 BarrierMessage = TickDone | Join | Hello | Welcome
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(BarrierMessage)
+_decoder: Reader[BarrierMessage] = Reader(msgspec.msgpack.Decoder(BarrierMessage).decode)
 
 
 def encode_barrier(message: BarrierMessage) -> bytes:

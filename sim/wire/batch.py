@@ -17,12 +17,14 @@ from typing import TypeVar
 
 import msgspec
 
+from sim.wire.decoding import msgpack_reader
+
 __all__ = ["decode_batch", "encode_batch"]
 
 S = TypeVar("S", bound=msgspec.Struct)
 
 _encoder = msgspec.msgpack.Encoder()
-_raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_raw_list = msgpack_reader(list[msgspec.Raw])
 
 
 def encode_batch(items: Sequence[msgspec.Struct]) -> bytes:

@@ -16,6 +16,8 @@ from typing import Annotated, Literal, get_args
 
 import msgspec
 
+from sim.wire.decoding import json_reader, msgpack_reader
+
 __all__ = [
     "ERROR_CODES",
     "AnyEvent",
@@ -233,16 +235,16 @@ def event_id(run: str, agent: str, tick: int, seq: int) -> str:
 
 _msgpack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
-_batch = msgspec.msgpack.Decoder(EventBatch)
-_player_input = msgspec.json.Decoder(PlayerInputMessage)
-_say = msgspec.json.Decoder(SayMessage)
-_intent = msgspec.json.Decoder(IntentMessage)
-_status = msgspec.json.Decoder(StatusMessage)
-_world = msgspec.json.Decoder(WorldStateMessage)
-_presence = msgspec.json.Decoder(PresenceMessage)
-_game_event = msgspec.json.Decoder(GameEventMessage)
-_game_fact = msgspec.json.Decoder(GameFactMessage)
-_error = msgspec.json.Decoder(ErrorMessage)
+_batch = msgpack_reader(EventBatch)
+_player_input = json_reader(PlayerInputMessage)
+_say = json_reader(SayMessage)
+_intent = json_reader(IntentMessage)
+_status = json_reader(StatusMessage)
+_world = json_reader(WorldStateMessage)
+_presence = json_reader(PresenceMessage)
+_game_event = json_reader(GameEventMessage)
+_game_fact = json_reader(GameFactMessage)
+_error = json_reader(ErrorMessage)
 
 
 def encode_batch(batch: EventBatch) -> bytes:

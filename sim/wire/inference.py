@@ -17,6 +17,7 @@ import msgspec
 from sim.audit import Attempt
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.output import OutputPolicy
+from sim.wire.decoding import msgpack_reader
 
 __all__ = [
     "MAX_SERVERS",
@@ -109,8 +110,8 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 _encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(InferenceRequest)
-_result_decoder = msgspec.msgpack.Decoder(InferenceResult)
+_request_decoder = msgpack_reader(InferenceRequest)
+_result_decoder = msgpack_reader(InferenceResult)
 
 
 def encode_request(request: InferenceRequest) -> bytes:

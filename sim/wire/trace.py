@@ -26,6 +26,7 @@ import msgspec
 from sim.audit import AuditRecord
 from sim.memory import TruncationExplanation, TruncationReport, WorkingMemory
 from sim.output import ProposalVerdict
+from sim.wire.decoding import json_reader
 from sim.wire.served import Usage
 
 __all__ = [
@@ -143,9 +144,9 @@ def _for_trace(explanation: TruncationExplanation, *, texts: bool) -> Truncation
 
 
 _json = msgspec.json.Encoder()
-_trace = msgspec.json.Decoder(TraceMessage)
-_traces = msgspec.json.Decoder(list[TraceMessage])
-_roster = msgspec.json.Decoder(RosterMessage)
+_trace = json_reader(TraceMessage)
+_traces = json_reader(list[TraceMessage])
+_roster = json_reader(RosterMessage)
 
 
 def encode_trace(message: TraceMessage) -> bytes:
