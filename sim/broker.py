@@ -191,7 +191,7 @@ def _private_files(directory: Path, port: int, ws_port: int | None, logins: dict
     acl.write_text((BROKER_CONFIG / "acl").read_text())
     config = directory / "mosquitto.conf"
     body = (BROKER_CONFIG / "dev.conf").read_text()
-    websockets = "" if ws_port is None else f"listener {ws_port} 127.0.0.1\nprotocol websockets\n"
+    websockets = "" if ws_port is None else f"listener {ws_port} {loopback_interface()}\nprotocol websockets\n"
     config.write_text(
         f"listener {port} 127.0.0.1\n{websockets}{body}\n"
         f"# private: generated logins for the shard, worker, viewer and game roles, the shipped ACL\n"
@@ -200,6 +200,18 @@ def _private_files(directory: Path, port: int, ws_port: int | None, logins: dict
     for path in (passwords, acl, config):
         path.chmod(0o600)
     return config
+
+
+def loopback_interface() -> str:
+    """Where a private Mosquitto's WebSocket listener binds: the loopback interface's name.
+
+    Mosquitto hands a WebSocket listener's address to libwebsockets, which binds an interface,
+    not an IP address: Mosquitto 2.0.11 ignores `listener PORT 127.0.0.1` there and listens on
+    every address. An interface name is honoured by every 2.0 release. Without a loopback
+    interface named so (not Linux), the address is the best that can be said.
+    """
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return "lo" if "lo" in names else "127.0.0.1"
 
 
 _NO_WEBSOCKETS = "Websockets support not available"  # what a Mosquitto built without them says at start

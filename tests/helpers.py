@@ -39,6 +39,7 @@ from typing import IO, TypeVar
 
 import pytest
 
+from sim.broker import loopback_interface
 from sim.cli import main
 from sim.generate import write_scenario
 from sim.mqtt import BrokerAddress
@@ -212,7 +213,8 @@ class MosquittoProcess:
         self.config_path = workdir / f"mosquitto-{self.port}.conf"
         body = (BROKER_CONFIG / config).read_text()
         self.config_path.write_text(
-            f"listener {self.port} 127.0.0.1\nlistener {self.ws_port} 127.0.0.1\nprotocol websockets\n{body}"
+            f"listener {self.port} 127.0.0.1\n"
+            f"listener {self.ws_port} {loopback_interface()}\nprotocol websockets\n{body}"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -212,3 +212,35 @@ async def test_embedded_broker_serves_websockets_too(monkeypatch: pytest.MonkeyP
                 async for message in browser.messages:
                     assert message.payload == b"public"
                     break
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The (address, port) of every TCP socket process `pid` listens on, read from the kernel."""
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN}
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+async def test_every_listener_of_a_private_mosquitto_is_on_loopback() -> None:
+    """Mosquitto 2.0.11 binds a WebSocket listener given 127.0.0.1 on every address (the TCP one it
+    binds right): the sockets themselves are read, not the configuration."""
+    require_mosquitto()
+    async with open_broker("auto") as info:
+        assert info.pid is not None
+        sockets = await asyncio.to_thread(listening, info.pid)
+        assert {port for _, port in sockets} == {info.address.port, ws_port_of(info.ws_url)}, sockets
+        assert {address for address, _ in sockets} <= LOOPBACK, sockets
+        async with aiomqtt.Client("127.0.0.1", ws_port_of(info.ws_url), transport="websockets"):
+            pass  # and a browser's way in still works on 127.0.0.1
+
+
+async def test_every_listener_of_the_embedded_broker_is_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker_module, "find_mosquitto", lambda: None)
+    before = listening(os.getpid())
+    async with open_broker("auto") as info:
+        assert info.kind == "embedded"
+        sockets = listening(os.getpid()) - before
+        assert {port for _, port in sockets} >= {info.address.port}, sockets
+        assert {address for address, _ in sockets} <= LOOPBACK, sockets
