@@ -81,7 +81,7 @@ PACKAGES: dict[str, set[str]] = {
     "sim.store": {
         "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",
         "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
-        "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "open_reader",
+        "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "open_own", "open_reader",
         "open_store", "read_arrivals",
     },
     "sim.view": {

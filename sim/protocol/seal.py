@@ -48,6 +48,7 @@ __all__ = [
     "load_run_key",
     "new_nonce",
     "refusal",
+    "run_key_of",
     "seal",
     "sealed_nonce",
     "unchecked_body",
@@ -145,11 +146,17 @@ class RunKey:
 def load_run_key(path: str) -> RunKey:
     """Read `--run-key-file`: its bytes, surrounding whitespace removed; errors name the option."""
     try:
-        key = Path(path).read_bytes().strip()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"--run-key-file {path!r}: {exc.strerror or exc}") from None
+    return run_key_of(data, f"--run-key-file {path!r}")
+
+
+def run_key_of(data: bytes, where: str) -> RunKey:
+    """The key in a key file's bytes (surrounding whitespace removed); `where` names the file in the error."""
+    key = data.strip()
     if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(f"--run-key-file {path!r}: {len(key)} bytes, need at least {MIN_KEY_BYTES}")
+        raise ConfigError(f"{where}: {len(key)} bytes, need at least {MIN_KEY_BYTES}")
     return RunKey(key)
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from sim.broker import BrokerInfo
 from sim.errors import ConfigError
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.protocol.seal import RunKey, load_run_key
+from sim.protocol.seal import RunKey, load_run_key, run_key_of
+from sim.store import open_own
 
 __all__ = ["announce_trust", "kept_key_path", "run_key_for"]
 
@@ -49,13 +50,7 @@ def _kept_key(path: Path) -> RunKey:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            raise ConfigError(
-                f"{path}: the run key kept with the store is readable by others (mode {mode:04o}); "
-                f"`chmod 600 {path}` and start again"
-            ) from None
-        return load_run_key(str(path))
+        return _read_kept_key(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot keep the run key beside the store: {exc.strerror or exc}") from exc
     key = RunKey.generate()
@@ -63,6 +58,24 @@ def _kept_key(path: Path) -> RunKey:
         f.write(key.secret)
     log.info("the run key is kept in %s (mode 0600), for --resume", path)
     return key
+
+
+def _read_kept_key(path: Path) -> RunKey:
+    """The key kept beside the store: this user's regular file (not a link: a planted link would
+    hand the run a key its planter knows), readable by nobody else."""
+    try:
+        fd = open_own(path, os.O_RDONLY, "the run key kept with the store")
+    except FileNotFoundError:  # removed since the exclusive create saw it
+        raise ConfigError(f"{path}: the run key kept with the store vanished while it was read; start again") from None
+    with os.fdopen(fd, "rb") as file:
+        mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"{path}: the run key kept with the store is readable by others (mode {mode:04o}); "
+                f"`chmod 600 {path}` and start again"
+            )
+        data = file.read()
+    return run_key_of(data, f"{path}: the run key kept with the store")
 
 
 def announce_trust(

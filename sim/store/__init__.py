@@ -16,6 +16,7 @@ from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._resume import Pending, Resume, TickRecord
 from sim.store._rotate import delete_audit_records
 from sim.store._schema import SCHEMA_VERSION
+from sim.store.files import open_own
 
 __all__ = [
     "HOT_LIMIT",
@@ -36,6 +37,7 @@ __all__ = [
     "Writer",
     "arrivals_path",
     "delete_audit_records",
+    "open_own",
     "open_reader",
     "open_store",
     "read_arrivals",

@@ -35,6 +35,7 @@ import msgspec
 
 from sim.errors import StoreError
 from sim.protocol.outside import Arrival
+from sim.store.files import open_own
 
 __all__ = ["Arrivals", "arrivals_path", "read_arrivals"]
 
@@ -97,7 +98,7 @@ class Arrivals:
         """Write the kept records to a new file, put it in place atomically; its descriptor."""
         new = self.path.with_name(self.path.name + ".new")
         try:
-            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            fd = open_own(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, "the arrivals journal", 0o644)
             os.write(fd, b"".join(r for _, r in self._kept))
             os.fdatasync(fd)
             os.replace(new, self.path)
@@ -114,9 +115,12 @@ def read_arrivals(database: Path, last_tick: int | None) -> list[Arrival]:
 
 def _read(path: Path, last_tick: int | None) -> list[tuple[Arrival, bytes]]:
     try:
-        data = path.read_bytes()
+        fd = open_own(path, os.O_RDONLY, "the arrivals journal")
     except FileNotFoundError:
         return []
+    try:
+        with os.fdopen(fd, "rb") as file:
+            data = file.read()
     except OSError as exc:
         raise StoreError(f"{path}: cannot read the outside inputs: {exc}") from exc
     kept: list[tuple[Arrival, bytes]] = []

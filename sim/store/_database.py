@@ -46,6 +46,7 @@ from sim.store._places import PlaceRows, load_place_log
 from sim.store._resume import Resume, TickRecord, read_last_tick
 from sim.store._schema import SCHEMA, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
+from sim.store.files import check_store_file
 from sim.store.records import COLUMNS, RecordPacker
 from sim.store.sql import SELECT_AGENT_KEYS, SELECT_RUN
 from sim.wire.events import AnyEvent
@@ -231,6 +232,7 @@ async def open_store(
     if hot_limit < 1:
         raise StoreError(f"hot_limit must be >= 1, got {hot_limit}")
     p = Path(path)
+    check_store_file(p)
     check_file(p, must_exist=not create)
     with hold_writer_lock(p):
         async with _open_locked(p, hot_limit, keep_tail) as store:

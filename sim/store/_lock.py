@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sim.errors import StoreError
 from sim.mqtt import redact
+from sim.store.files import open_own
 
 __all__ = ["hold_writer_lock", "lock_path"]
 
@@ -60,10 +61,7 @@ def hold_writer_lock(database: Path) -> Iterator[Path]:
 
 def _acquire(path: Path, database: Path) -> int:
     for _ in range(_ATTEMPTS):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise StoreError(f"{database}: cannot create the writer lock {path}: {exc.strerror or exc}") from exc
+        fd = open_own(path, os.O_RDWR | os.O_CREAT, "the writer lock", 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
