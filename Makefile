@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: run test llm llama-server bench clean faults web-example
+.PHONY: run test llm llama-server bench clean faults fuzz web-example
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -100,3 +100,9 @@ SEEDS ?= 10
 FAULTS_ARGS ?=
 faults: $(VENV)/.installed-test
 	$(PY) -m tests.faults $(SEEDS) $(FAULTS_ARGS)
+
+# Seeded hostile payloads against a live run (tests/fuzz): SEEDS=50 (seeds 1..50) or SEEDS="1 2 3";
+# FUZZ_ARGS="--payloads 300" sends more per seed.
+FUZZ_ARGS ?=
+fuzz: $(VENV)/.installed-test
+	$(PY) -m tests.fuzz $(SEEDS) $(FUZZ_ARGS)
