@@ -100,14 +100,25 @@ _LOOKALIKE = str.maketrans({
     "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
 })
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2032": "'", "`": "'"})
+# Digits written for letters ("n0t", "c3llar k3y"), read back in a word that has a letter too;
+# a number ("1200") or an ordinal ("3rd") is left as it is.
+_DIGIT_LETTERS = str.maketrans("013457", "oieast")
+_MIXED_WORD = re.compile(r"\b(?=\w*[^\W\d_])(?=\w*\d)\w+")
+_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)")
+
+
+def _letters_for_digits(match: re.Match[str]) -> str:
+    word = match.group(0)
+    return word if _ORDINAL.fullmatch(word) else word.translate(_DIGIT_LETTERS)
 
 
 def fold(text: str) -> str:
     """`text` as it is compared, never kept: NFKC, `UNSEEN` removed, look-alike Cyrillic and Greek
     letters mapped to the Latin ones, accents dropped, case folded, apostrophes straightened
-    (the fact guard reads words this way, the knowledge boundaries match phrases so)."""
-    if text.isascii():  # nothing to compose, remove, map or strip of accents
-        return text.casefold().translate(_APOSTROPHES)
-    text = remove_unseen(unicodedata.normalize("NFKC", text)).translate(_LOOKALIKE)
-    text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
-    return text.casefold().translate(_APOSTROPHES)
+    (the fact guard reads words this way, the knowledge boundaries match phrases so), digits
+    written for letters read as the letters ("n0t" is "not")."""
+    if not text.isascii():  # else nothing to compose, remove, map or strip of accents
+        text = remove_unseen(unicodedata.normalize("NFKC", text)).translate(_LOOKALIKE)
+        text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+    text = text.casefold().translate(_APOSTROPHES)
+    return _MIXED_WORD.sub(_letters_for_digits, text) if any(c.isdigit() for c in text) else text

@@ -5,7 +5,8 @@
    `args` object).
 2. `authority`: it never adds, changes or removes a canonical fact or a world-state entry: a
    belief about a fact's id or a world-state key, or a text that poses as a fact or a
-   world-state entry ("Fact: ...", "## Canonical facts"), is refused. The store refuses
+   world-state entry (a label claiming the status, "Fact: ...", "FACT (canonical): ...", a
+   "[canonical]" tag, "canonical fact", "## Canonical facts"), is refused. The store refuses
    such a write anyway; the gate says why first.
 3. `canonical_fact`: the fact guard finds no kept canonical fact the text denies.
 4. `forbidden`: it reveals none of the phrases the author forbade the NPC (`forbidden_phrase`).
@@ -61,11 +62,20 @@ MAX_PROPOSAL_CHARS = 300
 MAX_ARG_CHARS = 120
 """An intent's string argument, at most."""
 
+_CLAIM = r"(?:(?<!\bin )facts?|canonical|world[\s_-]*state)\b"
 _FORGED = re.compile(
-    r"^[\W_]*(?:(?:new|canonical|official|true|real|added)\s+)*(?:facts?|world[\s_-]*state)\s*[:=\-]"
+    # A label that claims the status before a colon: "Fact:", "FACT (canonical):", "Canonical facts (updated):".
+    # Each word is followed (or preceded) by a separator, so a long word is never split: no backtracking blow-up.
+    rf"^[\W_]*(?:\w+[\s()\[\]-]+){{0,3}}?{_CLAIM}(?:[\s()\[\]-]+\w+){{0,3}}?[\s)\]]*[:=\-]"
+    r"|^[\W_]*[\[(]\s*(?:facts?|canonical|official)\b"  # "[canonical] ...", "(fact) ..."
     r"|#+\s*(?:canonical\s+facts?|world\s+state)\b"
+    r"|\bcanonical\s+(?:facts?|truths?)\b"
 )
 _WORDS = re.compile(r"[^\w]+")
+_POSSESSIVE = re.compile(r"(?<=\w)'s\b")
+WINDOW_SLACK = 3
+"""A forbidden phrase of several words is also found with its words in any order, up to this
+many other words among them ("the key to the cellar" says "cellar key")."""
 _MAX_ARGS = 16
 
 Kind = Literal["belief", "memory", "intent"]
@@ -80,21 +90,38 @@ def _compact(text: str) -> str:
     return _WORDS.sub("", text).replace("_", "")
 
 
+def _words(text: str) -> list[str]:
+    """`text` folded (`sim.text.fold`) into words, possessives dropped ("the cellar's key": the cellar key)."""
+    return _WORDS.sub(" ", _POSSESSIVE.sub("", fold(text))).split()
+
+
+def _within_window(words: Sequence[str], wanted: Sequence[str]) -> bool:
+    """Every word of `wanted` among `len(wanted) + WINDOW_SLACK` consecutive words, in any order."""
+    size = len(wanted) + WINDOW_SLACK
+    needed = set(wanted)
+    return any(needed <= set(words[start:start + size]) for start in range(max(1, len(words) - size + 1)))
+
+
 def forbidden_phrase(text: str, phrases: Sequence[str]) -> str | None:
     """The first forbidden phrase `text` contains, or None.
 
-    Both are folded (`sim.text.fold`: case, accents, look-alike letters, invisible marks)
-    and read as words; a phrase of six letters or more is also found with the spaces and
-    punctuation between its letters taken out ("s.w.o.r.d-fish" says "swordfish").
+    Both are folded (`sim.text.fold`: case, accents, look-alike letters, digits for letters,
+    invisible marks) and read as words, possessives dropped; a phrase of several words is
+    also found with its words in any order within a short window (`WINDOW_SLACK`), and one
+    of six letters or more with the spaces and punctuation between its letters taken out
+    ("s.w.o.r.d-fish" says "swordfish").
     """
-    words = f" {' '.join(_WORDS.sub(' ', fold(text)).split())} "
-    compact = _compact(fold(text))
+    said = _words(text)
+    words = f" {' '.join(said)} "
+    compact = _compact(fold(_compact(text)))  # squeezed first: a digit alone between dots is a letter too
     for phrase in phrases:
-        folded = " ".join(_WORDS.sub(" ", fold(phrase)).split())
-        if not folded:
+        wanted = _words(phrase)
+        if not wanted:
             continue
+        folded = " ".join(wanted)
         squeezed = folded.replace(" ", "")
-        if f" {folded} " in words or (len(squeezed) >= 6 and squeezed in compact):
+        if (f" {folded} " in words or (len(squeezed) >= 6 and squeezed in compact)
+                or (len(wanted) > 1 and _within_window(said, wanted))):
             return phrase
     return None
 
