@@ -58,6 +58,7 @@ from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
 from sim.wire.barrier import Hello, decode_barrier
 from sim.wire.events import (
+    NAME_RULE,
     AnyEvent,
     GameEventMessage,
     GameFactMessage,
@@ -306,7 +307,7 @@ class Router:
 
     def _receive_player_input(self, topic: str, player: str, payload: bytes) -> PlayerInputReceived | InputRefused:
         if not is_name(player):
-            why = f"player id {player[:40]!r} is not a name (1-128 of A-Z a-z 0-9 _ . -)"
+            why = f"player id {player[:40]!r} is not a name ({NAME_RULE})"
             self.count_malformed("player input", topic, ValueError(why))
             return refused("schema", topic, why, player=player)
         if player in topics.ROLE_LOGINS:

@@ -24,6 +24,7 @@ import msgspec
 
 from sim.wire import topics
 from sim.wire.events import (
+    NAME_RULE,
     ErrorMessage,
     GameEventMessage,
     GameFactMessage,
@@ -84,14 +85,13 @@ EVERYONE = "every client: each login, and anonymous ones where the broker lets t
 OWN_PLAYER = ("that player's own login alone (and anonymous clients, where the broker lets them in: they may "
               "write any player's input too)")
 
-_NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
 PARAMETERS = {
     "run": "The run's id (`npcsim run --run-id`; by default the scenario's name and seed, e.g. `village-7`).",
-    "agent": f"An NPC's id: {_NAME_RULE}.",
-    "player": f"A player's id: {_NAME_RULE}, and not the login of an internal role "
+    "agent": f"An NPC's id: {NAME_RULE}.",
+    "player": f"A player's id: {NAME_RULE}, and not the login of an internal role "
               f"({', '.join(f'`{r}`' for r in sorted(topics.ROLE_LOGINS))}).",
     "shard": "A shard's index in its run, as in `npcsim run --shard i/n` (`0` for a run of one shard).",
-    "location": f"A place's id: {_NAME_RULE}.",
+    "location": f"A place's id: {NAME_RULE}.",
 }
 """What each `{name}` of an address is (AsyncAPI's parameters)."""
 

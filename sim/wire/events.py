@@ -27,6 +27,7 @@ __all__ = [
     "GameEventMessage",
     "GameFactMessage",
     "IntentMessage",
+    "NAME_RULE",
     "Name",
     "Notice",
     "PlayerInputMessage",
@@ -54,9 +55,12 @@ __all__ = [
 Tick = Annotated[int, msgspec.Meta(ge=0)]
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}\Z"
-"""An id (an NPC, a player, a place, a world-state key): 1-128 of A-Z a-z 0-9 _ . -. One rule
-for the wire (`Name`), the scenario, the topics (`topics.check_player`) and the router (a
-player id read from its topic). `\\Z`, not `$`: `$` lets a trailing newline through."""
+"""An id (an NPC, a player, a place, a world-state key): `NAME_RULE`. One rule for the wire
+(`Name`), the scenario, the topics (`topics.check_player`), the router (a player id read
+from its topic) and the output gates (a belief's subject). `\\Z`, not `$`: `$` lets a
+trailing newline through."""
+NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
+"""`Name`'s rule in words, for errors and the contract's documents."""
 Name = Annotated[str, msgspec.Meta(pattern=_NAME_PATTERN)]
 _NAME = re.compile(_NAME_PATTERN)
 
