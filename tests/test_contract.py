@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import aiomqtt
 import msgspec
@@ -29,6 +29,7 @@ from sim.wire.contract import (
     OWN_PLAYER,
     PLAYER,
     SERVER,
+    ChannelName,
     asyncapi,
     channel_of,
     markdown,
@@ -108,6 +109,10 @@ def test_each_channel_says_its_address_parameters_publishers_and_mqtt_flags() ->
         concrete = channel.topic(*(f"x{i}" for i, _ in enumerate(channel.parameters)))
         assert channel_of(concrete) is channel
         assert topics.parse(concrete) is not None and topics.parse(concrete).kind == channel.kind  # type: ignore[union-attr]
+
+
+def test_the_channel_names_are_the_tables() -> None:
+    assert get_args(ChannelName) == tuple(channel.name for channel in CHANNELS)
 
 
 def acl_allows(login: str | None, access: str, topic: str) -> bool:
