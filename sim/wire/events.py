@@ -38,11 +38,8 @@ __all__ = [
     "WorldStateMessage",
     "decode_batch",
     "decode_error",
-    "decode_game_event",
-    "decode_game_fact",
     "decode_intent",
     "decode_player_input",
-    "decode_presence",
     "decode_world_state",
     "decode_say",
     "decode_status",
@@ -245,9 +242,6 @@ _say = json_reader(SayMessage)
 _intent = json_reader(IntentMessage)
 _status = json_reader(StatusMessage)
 _world = json_reader(WorldStateMessage)
-_presence = json_reader(PresenceMessage)
-_game_event = json_reader(GameEventMessage)
-_game_fact = json_reader(GameFactMessage)
 _error = json_reader(ErrorMessage)
 
 
@@ -288,18 +282,6 @@ def decode_status(data: bytes) -> StatusMessage:
 
 def decode_world_state(data: bytes) -> WorldStateMessage:
     return _world.decode(data)
-
-
-def decode_presence(data: bytes) -> PresenceMessage:
-    return _presence.decode(data)
-
-
-def decode_game_event(data: bytes) -> GameEventMessage:
-    return _game_event.decode(data)
-
-
-def decode_game_fact(data: bytes) -> GameFactMessage:
-    return _game_fact.decode(data)
 
 
 def decode_error(data: bytes) -> ErrorMessage:
