@@ -212,9 +212,6 @@ class Router:
             self.stats.refusals.refuse(kind, topic, why)
         return body
 
-    def _refuse_retained(self, kind: str, topic: str) -> None:
-        self.stats.refusals.refuse(kind, topic, retained_why(topic))
-
     def _receive_batch(self, topic: str, payload: bytes) -> BatchArrived | None:
         body = self._open(topic, payload)
         if body is None:
