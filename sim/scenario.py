@@ -31,9 +31,10 @@ import rtoml
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.output import ArgType, OutputPolicy
-from sim.protocol.bounds import InputBounds, world_state_problem
+from sim.protocol.bounds import InputBounds, bound_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.wire.events import Name, WorldStateMessage
+from sim.wire.contract import channel_named
+from sim.wire.events import NAME_RULE, Name, WorldStateMessage
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
@@ -246,9 +247,9 @@ def _check_world(world: list[WorldFact], source: str) -> None:
             entry = msgspec.convert({"state": {fact.key: fact.value}}, WorldStateMessage)
         except msgspec.ValidationError:
             raise ScenarioError(
-                f"{where}: the world-state topic carries only keys of 1-128 characters A-Z a-z 0-9 _ . -"
+                f"{where}: the world-state topic carries only keys of {NAME_RULE}"
             ) from None
-        if (problem := world_state_problem(entry, bounds)) is not None:
+        if (problem := bound_problem(channel_named("world-state").bound, entry, bounds)) is not None:
             raise ScenarioError(f"{where}: {problem}, over what the world-state topic accepts")
     if len(world) > bounds.world_keys:
         raise ScenarioError(f"{source}: world: {len(world)} keys, over the {bounds.world_keys} the world-state "

@@ -12,7 +12,7 @@ from sim.errors import BrokerError, OutboxFullError
 from sim.memory import NpcState, WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress, ReconnectPolicy
 from sim.protocol.outbox import Outbox
-from sim.protocol.received import BatchArrived, InputRefused, PlayerInputReceived
+from sim.protocol.received import BatchArrived, InputRefused, OutsideReceived
 from sim.wire import topics
 from sim.wire.events import EventBatch, PlayerInputMessage, Speech, encode_batch
 from sim.wire.trace import TraceMessage, decode_traces, encode_trace
@@ -67,7 +67,7 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
     async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
         await bus.listen_location("sq", ["b"])
         await bus.listen_inboxes(["b"])
-        await bus.listen_player_input()
+        await bus.listen("player-input")
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             for topic in (
                 topics.location_events("r", "sq"),
@@ -79,7 +79,7 @@ async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoPr
             await client.publish(topics.player_input("r", "p"), b'{"to": "b", "text": "hi"}', qos=1)
         await eventually(lambda: bus.stats.messages_in == 13, what="the 13 messages")
         inputs = [e for e in bus.take_events() if not isinstance(e, Connected)]
-        assert inputs[-1] == PlayerInputReceived("p", PlayerInputMessage(to="b", text="hi"))
+        assert inputs[-1] == OutsideReceived("player-input", "p", PlayerInputMessage(to="b", text="hi"))
         # each refused input is handed on to be answered on the player's error topic
         refused = [e for e in inputs[:-1] if isinstance(e, InputRefused)]
         assert len(refused) == len(inputs) - 1 == 4

@@ -22,8 +22,9 @@ import pytest
 
 from sim.bus import Bus, BusConfig, open_bus
 from sim.mqtt import BrokerAddress
-from sim.protocol.received import PlayerInputReceived
+from sim.protocol.received import OutsideReceived
 from sim.wire import topics
+from sim.wire.events import PlayerInputMessage
 from tests.faults.network import FaultProxy, fault_proxy
 from tests.helpers import MosquittoProcess, eventually
 
@@ -36,7 +37,8 @@ async def _publish_input(port: int, player: str, text: str) -> None:
 
 
 async def _inputs(bus: Bus, into: list[str]) -> bool:
-    into += [e.message.text for e in bus.take_events() if isinstance(e, PlayerInputReceived)]
+    into += [e.message.text for e in bus.take_events()
+             if isinstance(e, OutsideReceived) and isinstance(e.message, PlayerInputMessage)]
     return bool(into)
 
 
@@ -51,7 +53,7 @@ async def test_an_input_in_flight_when_the_connection_is_reset_arrives_after_rec
 ) -> None:
     config = BusConfig(broker=BrokerAddress(host="127.0.0.1", port=proxy.port), run="r1", shard="1")
     async with open_bus(config) as bus:
-        await bus.listen_player_input()
+        await bus.listen("player-input")
         got: list[str] = []
         await _publish_input(mosquitto.port, "p1", "before")
         await eventually(lambda: _inputs(bus, got), what="the first input")
@@ -72,8 +74,8 @@ async def test_a_new_bus_does_not_take_up_another_bus_session(mosquitto: Mosquit
     """Each process's bus has a session of its own: a second one never takes the first one's place."""
     config = BusConfig(broker=BrokerAddress(host="127.0.0.1", port=mosquitto.port), run="r1", shard="1")
     async with open_bus(config) as first, open_bus(config) as second:
-        await first.listen_player_input()
-        await second.listen_player_input()
+        await first.listen("player-input")
+        await second.listen("player-input")
         await _publish_input(mosquitto.port, "p1", "both")
         got_first: list[str] = []
         got_second: list[str] = []

@@ -12,15 +12,17 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import aiomqtt
 import msgspec
 import pytest
 from jsonschema import Draft7Validator
 
+from sim.protocol.bounds import InputBounds
 from sim.shard import BrokerConfig, RunConfig, run
 from sim.wire import topics
+from sim.wire.channel import EntriesBound, TextBound
 from sim.wire.contract import (
     CHANNELS,
     GAME,
@@ -29,6 +31,7 @@ from sim.wire.contract import (
     OWN_PLAYER,
     PLAYER,
     SERVER,
+    ChannelName,
     asyncapi,
     channel_of,
     markdown,
@@ -110,6 +113,24 @@ def test_each_channel_says_its_address_parameters_publishers_and_mqtt_flags() ->
         assert topics.parse(concrete) is not None and topics.parse(concrete).kind == channel.kind  # type: ignore[union-attr]
 
 
+def test_the_channel_names_are_the_tables() -> None:
+    assert get_args(ChannelName) == tuple(channel.name for channel in CHANNELS)
+
+
+def test_each_channel_the_server_takes_is_held_to_a_bound_of_the_run_where_its_payload_has_text() -> None:
+    limits = set(msgspec.structs.asdict(InputBounds()))
+    for channel in CHANNELS:
+        fields = set(channel.payload.__struct_fields__) if isinstance(channel.payload, type) else set()
+        taken = any(role.action == "receive" for role in channel.publishers)
+        if taken and "text" in fields:
+            assert isinstance(channel.bound, TextBound) and channel.bound.chars in limits, channel.name
+        elif taken and "state" in fields:
+            assert isinstance(channel.bound, EntriesBound), channel.name
+            assert {channel.bound.keys, channel.bound.key_chars, channel.bound.value_chars} <= limits, channel.name
+        else:
+            assert channel.bound is None, channel.name
+
+
 def acl_allows(login: str | None, access: str, topic: str) -> bool:
     """Whether broker-config/acl lets `login` (None: anonymous) `access` ("read", "write") `topic`."""
     rules: list[tuple[str, str]] = []
@@ -137,6 +158,7 @@ def test_the_shipped_acl_grants_what_the_contract_says() -> None:
         topic = channel.topic(*("alice" if p == "player" else "r" if p == "run" else "a" for p in channel.parameters))
         for role in channel.publishers:
             assert acl_allows(logins[role], "write", topic), (role.name, topic)
+            assert role.acl == ("player" if role is PLAYER else logins[role])  # the table's ACL role
         if channel.readers == OWN_PLAYER:
             assert acl_allows("alice", "read", topic) and acl_allows(None, "read", topic), topic
             assert not acl_allows("bob", "read", topic) and not acl_allows("viewer", "read", topic), topic

@@ -8,7 +8,7 @@ import json
 import re
 
 from sim.protocol.bounds import ErrorReplies, InputBounds
-from sim.protocol.received import GameEventReceived, GameFactReceived, InputRefused, PresenceReceived
+from sim.protocol.received import InputRefused, OutsideReceived
 from sim.protocol.router import Router
 from sim.wire import topics
 from sim.wire.events import ERROR_CODES, ErrorMessage, GameEventMessage, GameFactMessage, PresenceMessage
@@ -19,7 +19,8 @@ EVENT, FACT, PRESENCE = topics.game_event("r"), topics.game_fact("r"), topics.pl
 
 def router() -> Router:
     r = Router("r", "0", mailbox_size=10, seen_events=100, bounds=InputBounds(game_text_chars=20))
-    r.route_game()
+    for channel in ("game-event", "game-fact", "presence"):
+        r.route(channel)
     return r
 
 
@@ -31,11 +32,12 @@ def code(received: object) -> str:
 
 def test_the_game_systems_messages_come_back_as_events() -> None:
     r = router()
-    assert r.receive(EVENT, b'{"location": "inn", "text": "A fire"}') == GameEventReceived(
-        GameEventMessage(location="inn", text="A fire"))
-    assert r.receive(FACT, b'{"id": "war", "text": "War", "npc": "smith"}') == GameFactReceived(
-        GameFactMessage(id="war", text="War", npc="smith"))
-    assert r.receive(PRESENCE, b'{"location": null}') == PresenceReceived("alice", PresenceMessage(location=None))
+    assert r.receive(EVENT, b'{"location": "inn", "text": "A fire"}') == OutsideReceived(
+        "game-event", "", GameEventMessage(location="inn", text="A fire"))
+    assert r.receive(FACT, b'{"id": "war", "text": "War", "npc": "smith"}') == OutsideReceived(
+        "game-fact", "", GameFactMessage(id="war", text="War", npc="smith"))
+    assert r.receive(PRESENCE, b'{"location": null}') == OutsideReceived(
+        "presence", "alice", PresenceMessage(location=None))
 
 
 def test_each_bad_game_message_is_refused_with_its_code() -> None:

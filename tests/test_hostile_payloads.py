@@ -36,9 +36,10 @@ HOSTILE = (NESTED, IN_A_FIELD, IN_AN_UNKNOWN_FIELD, MSGPACK_NESTED)
 
 def router() -> Router:
     r = Router("r", "0", mailbox_size=10, seen_events=100, bounds=InputBounds())
-    r.route_player_input()
-    r.route_world_state()
-    r.route_game()
+    r.route("player-input")
+    r.route("world-state")
+    for channel in ("game-event", "game-fact", "presence"):
+        r.route(channel)
     r.route_barrier()
     r.route_location(topics.location_events("r", "inn"), "inn", 1)
     r.route_inboxes({"innkeeper"})

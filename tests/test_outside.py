@@ -6,13 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from sim.protocol.outside import InputArrival, OutsideJournal, RunWideArrival, WorldArrival
-from sim.protocol.received import (
-    GameEventReceived,
-    GameFactReceived,
-    PlayerInputReceived,
-    PresenceReceived,
-    WorldStateReceived,
-)
+from sim.protocol.received import OutsideReceived
 from sim.wire.events import (
     GameEventMessage,
     GameFactMessage,
@@ -23,12 +17,20 @@ from sim.wire.events import (
 from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, Taken
 
 
-def said(to: str, text: str = "hello", player: str = "p", input_id: str | None = None) -> PlayerInputReceived:
-    return PlayerInputReceived(player, PlayerInputMessage(to=to, text=text, id=input_id))
+def said(to: str, text: str = "hello", player: str = "p", input_id: str | None = None) -> OutsideReceived:
+    return OutsideReceived("player-input", player, PlayerInputMessage(to=to, text=text, id=input_id))
 
 
-def world(retained: bool = False, **state: str) -> WorldStateReceived:
-    return WorldStateReceived(WorldStateMessage(state=state), retained=retained)
+def world(retained: bool = False, **state: str) -> OutsideReceived:
+    return OutsideReceived("world-state", "", WorldStateMessage(state=state), retained=retained)
+
+
+def fact_for(fact_id: str, npc: str | None) -> OutsideReceived:
+    return OutsideReceived("game-fact", "", GameFactMessage(id=fact_id, text="x", npc=npc))
+
+
+def present_at(location: str) -> OutsideReceived:
+    return OutsideReceived("presence", "alice", PresenceMessage(location=location))
 
 
 def journal_of(*, shard_zero: bool = True, tick: int = 0) -> OutsideJournal:
@@ -55,8 +57,8 @@ def test_world_state_moves_on_with_the_tickdone_not_with_the_inputs() -> None:
 
 def test_an_event_and_a_fact_for_one_npc_are_stamped_like_player_input() -> None:
     journal = journal_of(tick=2)
-    event = GameEventReceived(GameEventMessage(location="inn", text="A fire", significance=0.8))
-    fact = GameFactReceived(GameFactMessage(npc="innkeeper", id="cellar", text="The cellar flooded"))
+    event = OutsideReceived("game-event", "", GameEventMessage(location="inn", text="A fire", significance=0.8))
+    fact = OutsideReceived("game-fact", "", GameFactMessage(npc="innkeeper", id="cellar", text="The cellar flooded"))
     assert [journal.stamp(e) for e in (event, fact)] == [
         InputArrival(tick=2, input=GameEvent(location="inn", text="A fire", significance=0.8)),
         InputArrival(tick=2, input=GameFact(npc="innkeeper", id="cellar", text="The cellar flooded")),
@@ -65,8 +67,8 @@ def test_an_event_and_a_fact_for_one_npc_are_stamped_like_player_input() -> None
 
 def test_presence_and_a_fact_for_every_npc_move_on_with_shard_zeros_tickdone() -> None:
     journal = journal_of(tick=2)
-    fact = GameFactReceived(GameFactMessage(id="war", text="War broke out"))
-    presence = PresenceReceived("alice", PresenceMessage(location="forge"))
+    fact = OutsideReceived("game-fact", "", GameFactMessage(id="war", text="War broke out"))
+    presence = OutsideReceived("presence", "alice", PresenceMessage(location="forge"))
     journal.inputs_taken(2)  # tick 2 took its inputs; its TickDone still takes what every shard applies
     assert [journal.stamp(e) for e in (fact, presence)] == [
         RunWideArrival(tick=2, input=GameFact(npc=None, id="war", text="War broke out")),
@@ -80,12 +82,12 @@ def test_what_this_shard_does_not_take_is_not_journaled() -> None:
     journal = journal_of(shard_zero=False)
     assert journal.stamp(said("smith")) is None  # another shard's NPC
     assert journal.stamp(world(king="dead")) is None  # shard 0 takes world state
-    assert journal.stamp(GameFactReceived(GameFactMessage(id="war", text="x"))) is None  # and facts for every NPC
-    assert journal.stamp(PresenceReceived("alice", PresenceMessage(location="inn"))) is None  # and presence
+    assert journal.stamp(fact_for("war", None)) is None  # and facts for every NPC
+    assert journal.stamp(present_at("inn")) is None  # and presence
     assert journal_of().stamp(world(True, king="dead")) is None
-    assert journal.stamp(GameEventReceived(GameEventMessage(location="forge", text="x"))) is None  # another's place
-    assert journal.stamp(GameFactReceived(GameFactMessage(npc="smith", id="f", text="x"))) is None
-    assert journal_of().stamp(PresenceReceived("alice", PresenceMessage(location="moon"))) is None  # no such place
+    assert journal.stamp(OutsideReceived("game-event", "", GameEventMessage(location="forge", text="x"))) is None
+    assert journal.stamp(fact_for("f", "smith")) is None
+    assert journal_of().stamp(present_at("moon")) is None  # no such place
 
 
 def test_an_outside_input_is_a_named_value_that_orders_by_seq() -> None:

@@ -105,10 +105,11 @@ MODULES: dict[str, set[str]] = {
         "token_sizes",
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
+    "sim.wire.channel": {"Bound", "Channel", "EntriesBound", "Role", "TextBound"},
     "sim.wire.contract": {
         "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "OWN_PLAYER",
         "PLAYER",
-        "SERVER", "Channel", "Role", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
+        "SERVER", "ChannelName", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
         "message_schema",
     },
     "sim.wire.trace": {

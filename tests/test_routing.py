@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sim.protocol.bounds import InputBounds
 from sim.protocol.mailbox import Mailbox, Overflow, event_source
-from sim.protocol.received import BarrierReceived, BatchArrived, InputRefused, PlayerInputReceived, WorldStateReceived
+from sim.protocol.received import BarrierReceived, BatchArrived, InputRefused, OutsideReceived
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey
 from sim.wire import topics
@@ -35,8 +35,8 @@ def router(**kw: object) -> Router:
                bounds=InputBounds(), **kw)  # type: ignore[arg-type]
     r.route_location(LOC, "square", 2)
     r.route_inboxes(["snack"])
-    r.route_player_input()
-    r.route_world_state()
+    r.route("player-input")
+    r.route("world-state")
     r.route_barrier()
     return r
 
@@ -89,10 +89,10 @@ def test_outside_input_over_its_bounds_is_refused_and_counted() -> None:
     ]
     assert [(g.error.code, g.player, g.npc) if isinstance(g, InputRefused) else g for g in got] == [
         ("too_long", "alice", "snack"),
-        PlayerInputReceived("alice", PlayerInputMessage(to="snack", text="hello")),
+        OutsideReceived("player-input", "alice", PlayerInputMessage(to="snack", text="hello")),
         ("too_long", None, None),
         ("too_long", None, None),
-        WorldStateReceived(WorldStateMessage(state={"king": "dead"})),
+        OutsideReceived("world-state", "", WorldStateMessage(state={"king": "dead"})),
     ]
     assert r.stats.refused == {"player input too long": 1, "world state over its bounds": 2}
 
@@ -204,9 +204,9 @@ def test_each_kind_of_message_gives_its_event_and_junk_gives_none() -> None:
         (INBOX, batch(line(2), line(3), tick=1), BatchArrived("0", 1, INBOX, 2)),
         (topics.barrier("r", "2"), encode_barrier(join), BarrierReceived(join)),
         ("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}',
-         PlayerInputReceived("bob", PlayerInputMessage(to="guard", text="hi"))),
+         OutsideReceived("player-input", "bob", PlayerInputMessage(to="guard", text="hi"))),
         ("npcsim/r/world/state", b'{"state": {"gate": "open"}}',
-         WorldStateReceived(WorldStateMessage(state={"gate": "open"}))),
+         OutsideReceived("world-state", "", WorldStateMessage(state={"gate": "open"}))),
         ("npcsim/r/agent/someone_elses/inbox", batch(line(4)), None),  # another shard's agent: silently not ours
     ]
     for topic, payload, expected in cases:
@@ -228,10 +228,11 @@ def test_player_input_world_state_and_barrier_topics_are_routed_only_when_config
     assert r.receive("npcsim/r/world/state", b'{"state": {}}') is None
     assert r.receive(topics.barrier("r", "1"), encode_barrier(Join(shard="1", shards=2, tick=0))) is None
     assert r.stats.malformed == {"unrouted": 3}
-    assert (r.route_player_input(), r.route_world_state(), r.route_barrier()) == (
+    assert (r.route("player-input"), r.route("world-state"), r.route_barrier()) == (
         "npcsim/r/player/+/input", "npcsim/r/world/state", topics.barrier_all("r")
     )
-    assert isinstance(r.receive("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}'), PlayerInputReceived)
+    assert r.receive("npcsim/r/player/bob/input", b'{"to": "guard", "text": "hi"}') == OutsideReceived(
+        "player-input", "bob", PlayerInputMessage(to="guard", text="hi"))
 
 
 def test_own_events_are_delivered_from_the_objects_and_counted_apart() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.protocol.bounds import InputBounds
-from sim.protocol.received import InputRefused, PlayerInputReceived
+from sim.protocol.received import InputRefused, OutsideReceived
 from sim.protocol.router import Router
 from sim.wire import topics
 from sim.wire.events import Speech, decode_batch, is_name
@@ -96,8 +96,8 @@ ids = st.one_of(
 def router() -> Router:
     r = Router("r", "0", mailbox_size=10, seen_events=100, bounds=InputBounds())
     r.route_inboxes(["snack"])
-    r.route_player_input()
-    r.route_world_state()
+    r.route("player-input")
+    r.route("world-state")
     r.route_barrier()
     return r
 
@@ -124,7 +124,7 @@ def router_accepts(player: str) -> bool:
     received = router().receive(f"npcsim/r/player/{player}/input", b'{"to": "snack", "text": "hi"}')
     if isinstance(received, InputRefused) and received.error.code == "not_allowed":
         return player in topics.ROLE_LOGINS  # a name, refused as a role's login
-    return isinstance(received, PlayerInputReceived) and received.player == player
+    return isinstance(received, OutsideReceived) and received.channel == "player-input" and received.name == player
 
 
 @given(ids)

@@ -4,10 +4,12 @@
         await bus.listen_location("forge", ["blacksmith"])
         await bus.listen_inboxes(["blacksmith"])
         await bus.listen_barrier()
+        await bus.listen("player-input")                  # a public channel (sim.wire.contract.CHANNELS)
         bus.deliver(topic, events)                        # one of its own places or NPCs: no broker
+        await bus.send("say", say)                        # a public channel's message, on its topic
         await bus.publish(topic, payload)                 # queued, sent in order
         await clock.wait(bus.arrived, 0.5)                # something to act on came in
-        for event in bus.take_events(): ...               # BatchArrived, BarrierReceived, ..., Connected
+        for event in bus.take_events(): ...               # BatchArrived, OutsideReceived, ..., Connected
         bus.mail.take_place_events(tick)                  # the places' events, for their logs
         bus.mail.take_mail("blacksmith", tick)            # its inbox
 
@@ -40,27 +42,21 @@ from sim.bus._traces import TraceBatches
 from sim.errors import single_error
 from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.bounds import ErrorReplies, InputBounds
-from sim.protocol.received import Outside, Received
+from sim.protocol.received import OutsideReceived, Received
 from sim.protocol.router import Router
 from sim.protocol.seal import RunKey, seal
 from sim.wire import topics
 from sim.wire.barrier import BarrierMessage, encode_barrier
-from sim.wire.events import (
-    AnyEvent,
-    ErrorMessage,
-    IntentMessage,
-    SayMessage,
-    StatusMessage,
-    WorldStateMessage,
-    encode_json,
-)
-from sim.wire.trace import RosterMessage, TraceMessage, encode_roster, encode_trace
+from sim.wire.contract import ChannelName, channel_named
+from sim.wire.events import AnyEvent, ErrorMessage, StatusMessage, encode_json
+from sim.wire.trace import TraceMessage, encode_trace
 
 __all__ = ["Bus", "BusConfig", "BusEvent", "Connected", "open_bus"]
 
 log = logging.getLogger(__name__)
 
 _SPOKEN = ("agent_say", "agent_intent")  # what an NPC said or proposed: kept with its tick until acknowledged
+_json = msgspec.json.Encoder()
 
 
 class BusConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,7 +109,7 @@ class Bus:
                               broker=config.broker.url, stats=self.stats)
         self._closing_flush = config.publish_timeout
         self._connections = 0
-        self._keep_outside: Callable[[Outside], None] | None = None
+        self._keep_outside: Callable[[OutsideReceived], None] | None = None
         self._errors = ErrorReplies()
         self._traces = TraceBatches(
             topics.trace(config.run, config.shard), self._sender, max_items=config.trace_batch,
@@ -156,19 +152,11 @@ class Bus:
         if wildcard not in self._filters:
             await self._subscribe([wildcard])
 
-    async def listen_player_input(self) -> None:
-        """Queue a PlayerInputReceived for each JSON input on `player/+/input` within bounds."""
-        await self._subscribe([self._router.route_player_input()])
-
-    async def listen_world_state(self) -> None:
-        """Queue a WorldStateReceived for the retained world state and every change within bounds."""
-        await self._subscribe([self._router.route_world_state()])
-
-    async def listen_game(self, *, presence: bool) -> None:
-        """Queue the game system's events and facts within bounds, and players' presence when
-        `presence` (shard 0: every shard applies it at the tick shard 0's TickDone says)."""
-        unwanted = None if presence else topics.player_presence_all(self.config.run)
-        await self._subscribe([f for f in self._router.route_game() if f != unwanted])
+    async def listen(self, channel: ChannelName) -> None:
+        """Queue an OutsideReceived for each message within bounds on the public channel called
+        `channel` (sim.wire.contract.CHANNELS: player input, world state, the game system's
+        events and facts, players' presence); an InputRefused for each refused one."""
+        await self._subscribe([self._router.route(channel)])
 
     async def listen_barrier(self) -> None:
         """Queue every shard's barrier messages (sim.protocol.barrier); every batch is reported anyway."""
@@ -185,7 +173,7 @@ class Bus:
         self._events.append(event)
         self.arrived.set()
 
-    def keep_outside(self, keep: Callable[[Outside], None]) -> None:
+    def keep_outside(self, keep: Callable[[OutsideReceived], None]) -> None:
         """Call `keep` with each outside input (player input, world state, ...) as it arrives, before
         it is queued for the shard: the shard journals it then (sim.store._arrivals), not at
         its next phase boundary, which may be a whole tick of turns later."""
@@ -194,7 +182,7 @@ class Bus:
     def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
         event = self._router.receive(topic, payload, retained=retained)
         if event is not None:
-            if self._keep_outside is not None and isinstance(event, Outside):
+            if self._keep_outside is not None and isinstance(event, OutsideReceived):
                 self._keep_outside(event)
             self._queue(event)
 
@@ -213,14 +201,13 @@ class Bus:
         await self.publish(topic, payload)
         return topic, payload
 
-    async def publish_world_state(self, message: WorldStateMessage) -> None:
-        await self.publish(self._router.world_topic, encode_json(message), retain=True)
-
-    async def publish_say(self, message: SayMessage) -> None:
-        await self.publish(topics.agent_say(self.config.run, message.agent), encode_json(message))
-
-    async def publish_intent(self, message: IntentMessage) -> None:
-        await self.publish(topics.agent_intent(self.config.run, message.agent), encode_json(message))
+    async def send(self, channel: ChannelName, message: msgspec.Struct) -> None:
+        """Publish `message` on the public channel called `channel` (sim.wire.contract.CHANNELS)
+        as JSON: on the topic its route builds from this run and the message's fields (`agent`,
+        `shard`), retained when the channel is."""
+        route = channel_named(channel)
+        names = (self.config.run if name == "run" else getattr(message, name) for name in route.parameters)
+        await self.publish(route.topic(*names), _json.encode(message), retain=route.retained)
 
     async def publish_error(self, player: str | None, error: ErrorMessage, now: float) -> None:
         """Tell a client why its message was refused: player `player` on its `error` topic, the
@@ -235,9 +222,6 @@ class Bus:
         self.stats.error_replies += 1
         await self.publish(topic, encode_json(reply))
 
-    async def publish_status(self, message: StatusMessage) -> None:
-        await self.publish(topics.status(self.config.run, self.config.shard), encode_json(message), retain=True)
-
     async def publish_trace(self, message: TraceMessage) -> None:
         """Add the trace to the shard's next `trace/{shard}` batch (a JSON array, in the order
         they were added, sim.protocol.batcher): it goes when `trace_batch` traces or
@@ -248,10 +232,6 @@ class Bus:
     async def flush_traces(self) -> None:
         """Queue the traces waiting for their batch (nothing when none wait)."""
         await self._traces.flush()
-
-    async def publish_roster(self, message: RosterMessage) -> None:
-        """Retained, for viewers that connect later."""
-        await self.publish(topics.roster(self.config.run, self.config.shard), encode_roster(message), retain=True)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         """Queue a message for the sender; raise OutboxFullError when it cannot wait.

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from sim.memory import Fact
 from sim.output.policy import Arg, OutputPolicy, ProposalVerdict
 from sim.text import fold, without_controls
-from sim.wire.events import is_name
+from sim.wire.events import NAME_RULE, is_name
 
 __all__ = [
     "CODES",
@@ -173,7 +173,7 @@ def _shaped(kind: Kind, item: Any) -> ProposalVerdict:
     if kind == "belief":
         about = item["about"]
         if not isinstance(about, str) or not is_name(about):
-            return rejected(kind, text, "schema", "about is not an id (1-128 characters A-Z a-z 0-9 _ . -)")
+            return rejected(kind, text, "schema", f"about is not an id ({NAME_RULE})")
         return accepted(kind, text, about=about, weight=weight)
     return accepted(kind, text, weight=weight)
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
-from sim.wire.events import ErrorMessage, GameEventMessage, GameFactMessage, PlayerInputMessage, WorldStateMessage
+from sim.wire.channel import Bound, TextBound
+from sim.wire.events import ErrorMessage
 from sim.wire.inputs import OutsideInput, Taken
 
 __all__ = [
-    "ErrorReplies", "InputBounds", "Refusals", "game_text_problem", "limit_player_inputs", "player_input_problem",
-    "world_state_problem",
+    "ErrorReplies", "InputBounds", "Refusals", "bound_problem", "limit_player_inputs",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,29 +37,21 @@ class InputBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     world_value_chars: int = 256
 
 
-def player_input_problem(message: PlayerInputMessage, bounds: InputBounds) -> str | None:
-    """Why this input is refused, or None."""
-    if len(message.text) > bounds.player_text_chars:
-        return f"text of {len(message.text)} characters (bound {bounds.player_text_chars})"
-    return None
-
-
-def game_text_problem(message: GameEventMessage | GameFactMessage, bounds: InputBounds) -> str | None:
-    """Why the game system's event or fact is refused, or None."""
-    if len(message.text) > bounds.game_text_chars:
-        return f"text of {len(message.text)} characters (bound {bounds.game_text_chars})"
-    return None
-
-
-def world_state_problem(message: WorldStateMessage, bounds: InputBounds) -> str | None:
-    """Why this world-state message is refused, or None: too many keys, a key or value too long."""
-    if len(message.state) > bounds.world_keys:
-        return f"{len(message.state)} keys (bound {bounds.world_keys})"
+def bound_problem(bound: Bound | None, message: Any, bounds: InputBounds) -> str | None:
+    """Why `message` is over `bound` (its channel's, sim.wire.contract) with the run's `bounds`, or None."""
+    if bound is None:
+        return None
+    if isinstance(bound, TextBound):
+        chars = getattr(bounds, bound.chars)
+        return f"text of {len(message.text)} characters (bound {chars})" if len(message.text) > chars else None
+    keys, key_chars, value_chars = (getattr(bounds, name) for name in (bound.keys, bound.key_chars, bound.value_chars))
+    if len(message.state) > keys:
+        return f"{len(message.state)} keys (bound {keys})"
     for key, value in message.state.items():
-        if len(key) > bounds.world_key_chars:
-            return f"key of {len(key)} characters (bound {bounds.world_key_chars})"
-        if len(value) > bounds.world_value_chars:
-            return f"value of {key!r} has {len(value)} characters (bound {bounds.world_value_chars})"
+        if len(key) > key_chars:
+            return f"key of {len(key)} characters (bound {key_chars})"
+        if len(value) > value_chars:
+            return f"value of {key!r} has {len(value)} characters (bound {value_chars})"
     return None
 
 

@@ -21,14 +21,8 @@ from collections.abc import Container
 
 import msgspec
 
-from sim.protocol.received import (
-    GameEventReceived,
-    GameFactReceived,
-    Outside,
-    PlayerInputReceived,
-    PresenceReceived,
-    WorldStateReceived,
-)
+from sim.protocol.received import OutsideReceived
+from sim.wire.events import GameEventMessage, GameFactMessage, PlayerInputMessage, PresenceMessage, WorldStateMessage
 from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken, is_run_wide
 
 __all__ = ["Arrival", "InputArrival", "OutsideJournal", "RunWideArrival", "WorldArrival", "taken_of"]
@@ -58,17 +52,18 @@ class RunWideArrival(msgspec.Struct, frozen=True, kw_only=True, tag="run_wide"):
 Arrival = InputArrival | WorldArrival | RunWideArrival
 
 
-def taken_of(event: PlayerInputReceived | PresenceReceived | GameEventReceived | GameFactReceived) -> Taken:
-    """What a tick takes of an outside input (numbered when taken)."""
-    match event:
-        case PlayerInputReceived(player=player, message=m):
-            return OutsideInput(player=player, to=m.to, text=m.text, id=m.id)
-        case PresenceReceived(player=player, message=m):
-            return Presence(player=player, location=m.location)
-        case GameEventReceived(message=m):
+def taken_of(event: OutsideReceived) -> Taken:
+    """What a tick takes of an outside input other than a world state (numbered when taken)."""
+    match event.message:
+        case PlayerInputMessage() as m:
+            return OutsideInput(player=event.name, to=m.to, text=m.text, id=m.id)
+        case PresenceMessage() as m:
+            return Presence(player=event.name, location=m.location)
+        case GameEventMessage() as m:
             return GameEvent(location=m.location, text=m.text, significance=m.significance)
-        case GameFactReceived(message=m):
+        case GameFactMessage() as m:
             return GameFact(npc=m.npc, id=m.id, text=m.text)
+    raise ValueError(f"{event.channel}: a world state is not taken as an input")
 
 
 class OutsideJournal:
@@ -90,28 +85,28 @@ class OutsideJournal:
         self.input_tick = tick  # the tick whose inputs are still open
         self.done_tick = tick  # the tick whose TickDone still takes what every shard applies
 
-    def takes(self, event: Outside) -> bool:
+    def takes(self, event: OutsideReceived) -> bool:
         """Whether this shard takes `event` (a retained world state is taken by none)."""
-        match event:
-            case PlayerInputReceived(message=message):
-                return message.to in self._local
-            case GameEventReceived(message=message):
-                return message.location in self._places
-            case GameFactReceived(message=message) if message.npc is not None:
-                return message.npc in self._local
-            case GameFactReceived():
+        match event.message:
+            case PlayerInputMessage(to=to):
+                return to in self._local
+            case GameEventMessage(location=location):
+                return location in self._places
+            case GameFactMessage(npc=npc) if npc is not None:
+                return npc in self._local
+            case GameFactMessage():
                 return self._shard_zero
-            case PresenceReceived(message=message):
-                return self._shard_zero and (message.location is None or message.location in self._locations)
-            case WorldStateReceived(retained=retained):
-                return self._shard_zero and not retained
+            case PresenceMessage(location=location):
+                return self._shard_zero and (location is None or location in self._locations)
+            case WorldStateMessage():
+                return self._shard_zero and not event.retained
 
-    def stamp(self, event: Outside) -> Arrival | None:
+    def stamp(self, event: OutsideReceived) -> Arrival | None:
         """The arrival to journal for `event`, stamped with the tick that takes it; None when
         this shard does not take it (another shard's NPC or place, a retained world state)."""
         if not self.takes(event):
             return None
-        if isinstance(event, WorldStateReceived):
+        if isinstance(event.message, WorldStateMessage):
             return WorldArrival(tick=self.done_tick, state=dict(event.message.state))
         taken = taken_of(event)
         if is_run_wide(taken):

@@ -8,11 +8,8 @@ and the shard reads them at its phase boundaries (sim.shard):
 - `BatchArrived`: a batch came in on a routed topic (the barrier counts it, even when it
   was dropped as a re-send of a tick already perceived);
 - `BarrierReceived`: another shard's TickDone or Join;
-- `PlayerInputReceived`: an outside player's input, within its bounds;
-- `WorldStateReceived`: the game system's world state, within its bounds (and whether it
-  was retained);
-- `PresenceReceived`, `GameEventReceived`, `GameFactReceived`: the game system's other
-  topics, within their bounds;
+- `OutsideReceived`: outside input on a public channel the shard takes (a player's input,
+  the game system's world state, events, facts and players' presence), within its bounds;
 - `InputRefused`: a message on a public topic refused, with the error its client is to get.
 """
 
@@ -34,8 +31,8 @@ from sim.wire.events import (
 )
 
 __all__ = [
-    "BarrierReceived", "BatchArrived", "GameEventReceived", "GameFactReceived", "InputRefused", "Outside",
-    "PlayerInputReceived", "PresenceReceived", "Received", "WorldStateReceived", "error_code", "id_in", "refused",
+    "BarrierReceived", "BatchArrived", "InputRefused", "OutsideMessage", "OutsideReceived", "Received", "error_code",
+    "id_in", "refused",
 ]
 
 
@@ -54,34 +51,21 @@ class BarrierReceived(msgspec.Struct, frozen=True):
     message: BarrierMessage
 
 
-class PlayerInputReceived(msgspec.Struct, frozen=True):
-    """Player `player` (the name in the topic) sent `message`."""
-
-    player: str
-    message: PlayerInputMessage
+OutsideMessage = PlayerInputMessage | PresenceMessage | GameEventMessage | GameFactMessage | WorldStateMessage
+"""The payloads of the public channels the shard takes (sim.wire.contract.CHANNELS)."""
 
 
-class WorldStateReceived(msgspec.Struct, frozen=True):
-    """The game system set the world state; `retained`: the broker kept it from before the
-    subscription (an earlier run's, or a `mosquitto_pub -r`), so the shard does not apply it."""
+class OutsideReceived(msgspec.Struct, frozen=True):
+    """Outside input within its bounds: `message` on the public channel called `channel`;
+    `name` is the name its topic holds (the player of `player/{player}/input` and of its
+    presence; "" when the topic holds none, as `topics.parse` says). `retained`: the broker kept it from before the
+    subscription (a world state of an earlier run's, or a `mosquitto_pub -r`), so the shard
+    does not apply it. What a shard journals as it arrives (sim.protocol.outside)."""
 
-    message: WorldStateMessage
+    channel: str
+    name: str
+    message: OutsideMessage
     retained: bool = False
-
-
-class PresenceReceived(msgspec.Struct, frozen=True):
-    """The game system says where player `player` (the name in the topic) stands."""
-
-    player: str
-    message: PresenceMessage
-
-
-class GameEventReceived(msgspec.Struct, frozen=True):
-    message: GameEventMessage
-
-
-class GameFactReceived(msgspec.Struct, frozen=True):
-    message: GameFactMessage
 
 
 class InputRefused(msgspec.Struct, frozen=True):
@@ -123,7 +107,4 @@ def refused(code: ErrorCode, topic: str, why: str, *, player: str | None = None,
     return InputRefused(error, player=player, npc=npc)
 
 
-Outside = PlayerInputReceived | WorldStateReceived | PresenceReceived | GameEventReceived | GameFactReceived
-"""Outside input within its bounds: what a shard journals as it arrives (sim.protocol.outside)."""
-
-Received = BatchArrived | BarrierReceived | Outside | InputRefused
+Received = BatchArrived | BarrierReceived | OutsideReceived | InputRefused

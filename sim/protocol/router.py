@@ -8,14 +8,16 @@ excess) until the shard appends them to the place's log after the tick's barrier
 addressee's mailbox, made when its first mail arrives. What the shard must act on comes
 back as one typed event (sim.protocol.received): every batch that arrived on a routed
 topic, every tick-barrier message, every outside input within bounds (player input, world
-state, the game system's events and facts, players' presence). Which of those the router
-takes at all is configured (`route_player_input`, `route_world_state`, `route_game`,
+state, the game system's events and facts, players' presence: an `OutsideReceived`). Which
+of those the router takes at all is configured (`route(channel)` for a public channel,
 `route_barrier`); a message on a topic it does not route is counted as unrouted. The bus
 feeds it from the connection; tests feed it bytes directly.
 
-Malformed payloads are counted per kind and logged once per kind; outside input over its
-bounds (sim.protocol.bounds) is refused and counted by kind. Neither ever raises. So is a
-retained `player/+/input` or `game/...` message (the MQTT retain flag of the delivery,
+Outside input is read as its channel says (sim.wire.contract.CHANNELS): the name in its
+topic, its payload type, its bound (sim.protocol.bounds), who gets its errors. Malformed
+payloads are counted per kind and logged once per kind; outside input over its bound is
+refused and counted by kind. Neither ever raises. So is a retained message on a channel that
+is not retained (`player/+/input`, `game/...`; the MQTT retain flag of the delivery,
 `retained`): what a broker kept from an earlier run, or from a `mosquitto_pub -r`, is not
 taken again at every start. Each refused message on a public topic gives an `InputRefused`,
 the error its client is to get (`ErrorMessage`, with a stable code): the shard decides
@@ -32,24 +34,14 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from sim.protocol.bounds import (
-    InputBounds,
-    Refusals,
-    game_text_problem,
-    player_input_problem,
-    world_state_problem,
-)
+from sim.protocol.bounds import InputBounds, Refusals, bound_problem
 from sim.protocol.mailbox import Deliveries, Overflow
 from sim.protocol.received import (
     BarrierReceived,
     BatchArrived,
-    GameEventReceived,
-    GameFactReceived,
     InputRefused,
-    PlayerInputReceived,
-    PresenceReceived,
+    OutsideReceived,
     Received,
-    WorldStateReceived,
     error_code,
     id_in,
     refused,
@@ -57,18 +49,9 @@ from sim.protocol.received import (
 from sim.protocol.seal import UNSIGNED, RunKey, refusal, unseal
 from sim.wire import topics
 from sim.wire.barrier import Hello, decode_barrier
-from sim.wire.events import (
-    AnyEvent,
-    GameEventMessage,
-    GameFactMessage,
-    decode_batch,
-    decode_game_event,
-    decode_game_fact,
-    decode_player_input,
-    decode_presence,
-    decode_world_state,
-    is_name,
-)
+from sim.wire.channel import Channel
+from sim.wire.contract import ChannelName, channel_named
+from sim.wire.events import NAME_RULE, AnyEvent, PlayerInputMessage, decode_batch, is_name
 
 __all__ = ["BusStats", "Router", "retained_why"]
 
@@ -129,8 +112,8 @@ class Router:
         self._inboxes: list[AbstractSet[str]] = []  # the agents whose inbox topics are routed here
         self._logged: set[str] = set()
         self.run = run
-        self.world_topic = topics.world_state(run)
-        self._player_input = self._world_state = self._barrier = self._game = False
+        self._outside: dict[topics.TopicKind, Channel] = {}  # the public channels taken here, by topic kind
+        self._barrier = False
         # Batches of earlier ticks are re-sends whose events were perceived already (the
         # shard raises this to the tick whose barrier it waits for): they are dropped.
         self._stale_before = 0
@@ -167,20 +150,12 @@ class Router:
         kind, agent = self._parse(topic)
         return agent if kind == "agent_inbox" and self._is_local(agent) else None
 
-    def route_player_input(self) -> str:
-        """Take player input (`player/+/input`); returns the topic filter to subscribe."""
-        self._player_input = True
-        return topics.player_input_all(self.run)
-
-    def route_world_state(self) -> str:
-        """Take the game system's world state; returns the topic to subscribe."""
-        self._world_state = True
-        return self.world_topic
-
-    def route_game(self) -> list[str]:
-        """Take the game system's events, facts and players' presence; returns the topics to subscribe."""
-        self._game = True
-        return [topics.game_event(self.run), topics.game_fact(self.run), topics.player_presence_all(self.run)]
+    def route(self, name: ChannelName) -> str:
+        """Take outside input on the public channel called `name` (sim.wire.contract.CHANNELS),
+        within its bound; returns the topic filter to subscribe."""
+        channel = channel_named(name)
+        self._outside[channel.kind] = channel
+        return channel.filter(self.run)
 
     def route_barrier(self) -> str:
         """Take every shard's barrier messages; returns the topic filter to subscribe."""
@@ -219,18 +194,9 @@ class Router:
             if self._is_local(name):
                 return self._receive_batch(topic, payload)
             return None  # another shard's agent: shards share one `agent/+/inbox` subscription
-        if self._player_input and kind == "player_input":
-            if not retained:
-                return self._receive_player_input(topic, name, payload)
-            self._refuse_retained("retained player input", topic)
-            return refused("retained", topic, "a retained message: only live input is taken", player=name)
-        if self._game and kind in ("game_event", "game_fact", "player_presence"):
-            if not retained:
-                return self._receive_game(topic, kind, name, payload)
-            self._refuse_retained("retained game input", topic)
-            return refused("retained", topic, "a retained message: only live input is taken")
-        if self._world_state and kind == "world_state":
-            return self._receive_world_state(topic, payload, retained)
+        channel = self._outside.get(kind) if kind is not None else None
+        if channel is not None:
+            return self._receive_outside(channel, topic, name, payload, retained)
         if self._barrier and kind == "barrier":
             return self._receive_barrier(topic, name, payload)
         self.count_malformed("unrouted", topic, ValueError("no route for this topic"))
@@ -245,9 +211,6 @@ class Router:
             why = "no valid run-key signature" if kind == UNSIGNED else "signed with the run key, for another run nonce"
             self.stats.refusals.refuse(kind, topic, why)
         return body
-
-    def _refuse_retained(self, kind: str, topic: str) -> None:
-        self.stats.refusals.refuse(kind, topic, retained_why(topic))
 
     def _receive_batch(self, topic: str, payload: bytes) -> BatchArrived | None:
         body = self._open(topic, payload)
@@ -304,58 +267,36 @@ class Router:
             return None
         return BarrierReceived(message)
 
-    def _receive_player_input(self, topic: str, player: str, payload: bytes) -> PlayerInputReceived | InputRefused:
-        if not is_name(player):
-            why = f"player id {player[:40]!r} is not a name (1-128 of A-Z a-z 0-9 _ . -)"
-            self.count_malformed("player input", topic, ValueError(why))
+    def _receive_outside(
+        self, channel: Channel, topic: str, name: str, payload: bytes, retained: bool
+    ) -> OutsideReceived | InputRefused:
+        """Outside input on `channel`, read as the channel says; a refusal's error goes to the
+        player the topic names when it is the sender's own topic, to the game system otherwise."""
+        what, player = channel.what, name if channel.sender_named else None
+        if retained and not channel.retained:
+            self.stats.refusals.refuse(f"retained {channel.publishers[0].acl} input", topic, retained_why(topic))
+            return refused("retained", topic, "a retained message: only live input is taken", player=player)
+        if len(channel.parameters) > 1 and not is_name(name):
+            why = f"{channel.parameters[-1]} id {name[:40]!r} is not a name ({NAME_RULE})"
+            self.count_malformed(what, topic, ValueError(why))
             return refused("schema", topic, why, player=player)
-        if player in topics.ROLE_LOGINS:
-            why = f"{player!r} is an internal role's login, not a player"
-            self.stats.refusals.refuse("player input as an internal role", topic, why)
+        if channel.sender_named and name in topics.ROLE_LOGINS:
+            why = f"{name!r} is an internal role's login, not a {channel.parameters[-1]}"
+            self.stats.refusals.refuse(f"{what} as an internal role", topic, why)
             return refused("not_allowed", topic, why, player=player)
         try:
-            message = decode_player_input(payload)
-        except msgspec.DecodeError as exc:
-            self.count_malformed("player input", topic, exc)
-            return refused(error_code(exc), topic, str(exc), player=player, input_id=id_in(payload))
-        problem = player_input_problem(message, self.bounds)
-        if problem is not None:
-            self.stats.refusals.refuse("player input too long", topic, problem)
-            return refused("too_long", topic, problem, player=player, npc=message.to, input_id=message.id)
-        return PlayerInputReceived(player, message)
-
-    def _receive_game(
-        self, topic: str, kind: topics.TopicKind, player: str, payload: bytes
-    ) -> PresenceReceived | GameEventReceived | GameFactReceived | InputRefused:
-        """The game system's event, fact or a player's presence; a refusal's error is the game's."""
-        what = kind.replace("_", " ")
-        try:
-            if kind == "player_presence":
-                if not is_name(player):
-                    raise msgspec.ValidationError(f"player id {player[:40]!r} is not a name")
-                return PresenceReceived(player, decode_presence(payload))
-            message = decode_game_event(payload) if kind == "game_event" else decode_game_fact(payload)
+            message = channel.reader.decode(payload)
         except msgspec.DecodeError as exc:
             self.count_malformed(what, topic, exc)
-            return refused(error_code(exc), topic, str(exc), input_id=id_in(payload) if kind == "game_fact" else None)
-        problem = game_text_problem(message, self.bounds)
+            input_id = id_in(payload) if "id" in channel.payload.__struct_fields__ else None
+            return refused(error_code(exc), topic, str(exc), player=player, input_id=input_id)
+        problem = bound_problem(channel.bound, message, self.bounds)
         if problem is not None:
-            self.stats.refusals.refuse(f"{what} too long", topic, problem)
-            fact_id = message.id if isinstance(message, GameFactMessage) else None
-            return refused("too_long", topic, problem, input_id=fact_id)
-        return GameEventReceived(message) if isinstance(message, GameEventMessage) else GameFactReceived(message)
-
-    def _receive_world_state(self, topic: str, payload: bytes, retained: bool) -> WorldStateReceived | InputRefused:
-        try:
-            world = decode_world_state(payload)
-        except msgspec.DecodeError as exc:
-            self.count_malformed("world state", topic, exc)
-            return refused(error_code(exc), topic, str(exc))
-        problem = world_state_problem(world, self.bounds)
-        if problem is not None:
-            self.stats.refusals.refuse("world state over its bounds", topic, problem)
-            return refused("too_long", topic, problem)
-        return WorldStateReceived(world, retained)
+            assert channel.bound is not None
+            self.stats.refusals.refuse(f"{what} {channel.bound.over}", topic, problem)
+            npc = message.to if isinstance(message, PlayerInputMessage) else None
+            return refused("too_long", topic, problem, player=player, npc=npc, input_id=getattr(message, "id", None))
+        return OutsideReceived(channel.name, name, message, retained)
 
 
 def retained_why(topic: str) -> str:

@@ -264,7 +264,7 @@ class AgentContext:
         result = await shard.pool.infer(request)
         say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id,
                          reply_to=reply_to if player else None, in_reply_to=to if player else None)
-        await shard.bus.publish_say(say)
+        await shard.bus.send("say", say)
         shard.outbox.emit(
             shard.location_topic(spec.location),
             Speech(id=inference_id, tick=tick, location=spec.location, speaker=spec.id, to=to, text=result.line,

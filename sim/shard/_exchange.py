@@ -49,7 +49,8 @@ class Status:
     async def say(self, state: str = "online", *, awaiting: str | None = None, since: float | None = None) -> None:
         ctx = self._ctx
         tick = ctx.stats.tick if ctx.stats.tick >= 0 else self._first
-        await ctx.bus.publish_status(
+        await ctx.bus.send(
+            "status",
             StatusMessage(run=ctx.run_id, shard=ctx.shard, state=state, tick=tick, awaiting=awaiting, since=since)
         )
 

@@ -31,7 +31,7 @@ from sim.bus import Bus
 from sim.memory import Fact, WorldFact
 from sim.protocol.bounds import limit_player_inputs
 from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
-from sim.protocol.received import InputRefused, Outside, refused
+from sim.protocol.received import InputRefused, OutsideReceived, refused
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._registry import Player
@@ -85,7 +85,7 @@ class RunWideInputs:
 class InputSource(Protocol):
     """Where a tick's outside input and world-state changes come from."""
 
-    def journal(self, event: Outside) -> None:
+    def journal(self, event: OutsideReceived) -> None:
         """An outside input, as the bus receives it: kept for the tick that takes it, if this shard takes it."""
 
     def close_inputs(self, tick: int) -> None:
@@ -127,7 +127,7 @@ class LiveInputs:
         for arrival in store.arrivals.pending:  # a tick cut short (kill -9) takes them again
             self._hold(arrival)
 
-    def journal(self, event: Outside) -> None:
+    def journal(self, event: OutsideReceived) -> None:
         arrival = self._stamps.stamp(event)  # None: another shard's, or a retained world state
         if arrival is not None:
             self._store.arrivals.add(arrival)
@@ -174,7 +174,7 @@ class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
     inputs: dict[int, list[Taken]] = {}
     world: dict[int, dict[str, str]] = {}
 
-    def journal(self, event: Outside) -> None:
+    def journal(self, event: OutsideReceived) -> None:
         pass  # nothing live is taken, so nothing is journaled
 
     def close_inputs(self, tick: int) -> None:

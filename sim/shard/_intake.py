@@ -19,22 +19,12 @@ from __future__ import annotations
 from sim.bus import Connected
 from sim.protocol.admission import Peers, Refused
 from sim.protocol.barrier import Barrier
-from sim.protocol.received import (
-    BarrierReceived,
-    BatchArrived,
-    GameEventReceived,
-    GameFactReceived,
-    InputRefused,
-    PlayerInputReceived,
-    PresenceReceived,
-    WorldStateReceived,
-    refused,
-)
+from sim.protocol.received import BarrierReceived, BatchArrived, InputRefused, OutsideReceived, refused
 from sim.protocol.router import retained_why
 from sim.shard._context import ShardContext
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, TickDone, Welcome
-from sim.wire.events import WorldStateMessage
+from sim.wire.events import GameEventMessage, GameFactMessage, PlayerInputMessage, PresenceMessage, WorldStateMessage
 
 __all__ = ["Intake"]
 
@@ -58,7 +48,9 @@ class Intake:
                 case BarrierReceived(message=Join() | Hello() | Welcome() as request):
                     self._refuse(self._peers.receive(request, ctx.clock.now()))
                     ctx.stats.resends_folded = self._peers.resends.folded
-                case PlayerInputReceived() | PresenceReceived() | GameEventReceived() | GameFactReceived():
+                case OutsideReceived(message=WorldStateMessage() as message, retained=True):
+                    self._retained_world_state(message)
+                case OutsideReceived():
                     unknown = self._unknown(event)
                     if unknown is not None and self._answers(None):
                         kind, refusal = unknown
@@ -67,8 +59,6 @@ class Intake:
                 case InputRefused(npc=npc):
                     if self._answers(npc):
                         await self._answer(event)
-                case WorldStateReceived(message=message, retained=True):
-                    self._retained_world_state(message)
                 case Connected(again=again):
                     rejoin = rejoin or again
         if rejoin:
@@ -92,26 +82,22 @@ class Intake:
             return npc in ctx.layout.local
         return ctx.layout.index == 0
 
-    def _unknown(
-        self, event: PlayerInputReceived | PresenceReceived | GameEventReceived | GameFactReceived
-    ) -> tuple[str, InputRefused] | None:
+    def _unknown(self, event: OutsideReceived) -> tuple[str, InputRefused] | None:
         """The kind counted and the refusal of an input naming an NPC or place the run does
         not have, or None."""
-        ctx, run = self._ctx, self._ctx.run_id
-        match event:
-            case PlayerInputReceived(player=player, message=message) if message.to not in ctx.npc_location:
+        ctx, run, player = self._ctx, self._ctx.run_id, event.name
+        match event.message:
+            case PlayerInputMessage() as message if message.to not in ctx.npc_location:
                 return "player input to an unknown NPC", refused(
                     "unknown_npc", topics.player_input(run, player), f"no NPC {message.to!r} in this run",
                     player=player, input_id=message.id)
-            case GameFactReceived(message=message) if message.npc is not None and message.npc not in ctx.npc_location:
+            case GameFactMessage() as message if message.npc is not None and message.npc not in ctx.npc_location:
                 return "game fact for an unknown NPC", refused(
                     "unknown_npc", topics.game_fact(run), f"no NPC {message.npc!r} in this run", input_id=message.id)
-            case GameEventReceived(message=message) if message.location not in ctx.locations:
+            case GameEventMessage() as message if message.location not in ctx.locations:
                 return "game event at an unknown place", refused(
                     "unknown_location", topics.game_event(run), f"no place {message.location!r} in this run")
-            case PresenceReceived(player=player, message=message) if (
-                message.location is not None and message.location not in ctx.locations
-            ):
+            case PresenceMessage() as message if message.location is not None and message.location not in ctx.locations:
                 return "presence at an unknown place", refused(
                     "unknown_location", topics.player_presence(run, player),
                     f"no place {message.location!r} in this run")

@@ -110,7 +110,7 @@ class Shard:
         specs = ctx.specs  # the roster of a large world is built off the loop
         npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),
                                "npcsim-roster")
-        await bus.publish_roster(RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
+        await bus.send("roster", RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
         for location, ids in sorted(ctx.layout.places.items()):
             await bus.listen_location(location, ids)
         await bus.listen_inboxes(ctx.layout.local)
@@ -119,15 +119,16 @@ class Shard:
             self.inputs.players = players(ctx.scenario, ctx.run_id, ctx.seed, bots=self.config.bots,
                                           bot_rate=self.config.bot_rate)
         bus.keep_outside(self.source.journal)
-        await bus.listen_player_input()
-        await bus.listen_game(presence=self.index == 0)
-        if self.index == 0:
-            await bus.listen_world_state()
+        for channel in ("player-input", "game-event", "game-fact"):
+            await bus.listen(channel)
+        if self.index == 0:  # every shard applies these at the tick shard 0's TickDone says
+            await bus.listen("presence")
+            await bus.listen("world-state")
         await self.intake.rejoin()
         stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
         if self.index == 0 and not self.config.record.resume and ctx.scenario.world:
             world = WorldStateMessage(state={w.key: w.value for w in ctx.scenario.world}, tick=self.first)
-            await bus.publish_world_state(world)
+            await bus.send("world-state", world)
         await self.status.say()
 
     async def go_offline(self) -> None:

@@ -36,5 +36,5 @@ async def apply_proposals(
             memories += 1
             await store.add_episode(agent, memory_of(proposal, result.id, memories, tick), writer=Writer.NPC)
         elif proposal.kind == "intent":
-            await bus.publish_intent(IntentMessage(run=run_id, agent=agent, tick=tick, name=proposal.text,
+            await bus.send("intent", IntentMessage(run=run_id, agent=agent, tick=tick, name=proposal.text,
                                                    args=proposal.args, inference_id=result.id, reply_to=reply_to))

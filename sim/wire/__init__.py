@@ -10,8 +10,9 @@
 - `sim.wire.local`: the frames between a shard and its helper processes (`sim.helper`:
   the pool's worker, the scenario parser; pipes, not MQTT);
 - `sim.wire.topics`: one function per topic.
-- `sim.wire.contract`: the public topics as a contract (AsyncAPI 3.0, JSON Schemas), generated
-  from the topic functions and the types above.
+- `sim.wire.channel`: what a public channel is (its route, payload type, bound and roles);
+- `sim.wire.contract`: `CHANNELS`, one per public channel, and the contract generated from
+  it (AsyncAPI 3.0, JSON Schemas, docs/topics.md's table).
 
 Pure: no I/O. Internal topics carry msgpack, public ones JSON.
 """

@@ -1,11 +1,14 @@
 """The public topics as a contract: an AsyncAPI 3.0 document, each message's JSON Schema, and
 the table of docs/topics.md, all generated from the topic functions and the wire Structs.
 
-`CHANNELS` has one entry per public channel: its name (`npcsim contract --schema NAME`), the
-function of `sim.wire.topics` that builds its topic (the address and its parameters are read
-from that function), the type of its JSON payload, who publishes it, whether it is retained,
-and who may read it. Adding a public channel is adding an entry there. The schemas are
-msgspec's (`msgspec.json.schema_components`), so the document cannot drift from the decoders.
+`CHANNELS` has one entry per public channel: its name (`npcsim contract --schema NAME`), its
+route (the function of `sim.wire.topics` that builds its topic, whose parameters are the
+address's, the filter the server subscribes to take it, and whether the name in the topic is
+its publisher's own login), the type of its JSON payload, the bound the run holds it to (the
+server decodes and checks what it takes by this table: sim.protocol.router), who publishes it
+(the ACL's role), whether it is retained, and who may read it. Adding a public channel is
+adding an entry there. The schemas are msgspec's (`msgspec.json.schema_components`), so the
+document cannot drift from the decoders.
 
 AsyncAPI's Schema Object is JSON Schema draft-07; msgspec writes draft 2020-12. The two differ
 in what our types use in one keyword (a fixed-length array: 2020-12 `prefixItems`, draft-07
@@ -15,15 +18,15 @@ end of text `\\Z` is ECMA's `$`).
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
 
 from sim.wire import topics
+from sim.wire.channel import Channel, EntriesBound, Role, TextBound
 from sim.wire.events import (
+    NAME_RULE,
     ErrorMessage,
     GameEventMessage,
     GameFactMessage,
@@ -46,8 +49,7 @@ __all__ = [
     "OWN_PLAYER",
     "PLAYER",
     "SERVER",
-    "Channel",
-    "Role",
+    "ChannelName",
     "asyncapi",
     "channel_named",
     "channel_of",
@@ -64,66 +66,31 @@ DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 MARKDOWN_BEGIN = "<!-- contract:begin -->"
 MARKDOWN_END = "<!-- contract:end -->"
 
-
-@dataclass(frozen=True)
-class Role:
-    """Who publishes on a channel, and so what the server does there (AsyncAPI's operation)."""
-
-    name: str
-    action: Literal["send", "receive"]
-    description: str
-
-
-SERVER = Role("npcsim", "send", "the npcsim server (each shard of the run; broker login `shard`)")
+SERVER = Role("npcsim", "send", "the npcsim server (each shard of the run; broker login `shard`)", "shard")
 PLAYER = Role("a player", "receive",
               "a player client (broker login: its player id, which the shipped ACL lets publish on its own "
-              "`player/{player}/input` only; anonymous clients too, where the broker lets them in)")
-GAME = Role("the game system", "receive", "the game system (broker login `game`)")
+              "`player/{player}/input` only; anonymous clients too, where the broker lets them in)", "player")
+GAME = Role("the game system", "receive", "the game system (broker login `game`)", "game")
 
 EVERYONE = "every client: each login, and anonymous ones where the broker lets them in"
 OWN_PLAYER = ("that player's own login alone (and anonymous clients, where the broker lets them in: they may "
               "write any player's input too)")
 
-_NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
 PARAMETERS = {
     "run": "The run's id (`npcsim run --run-id`; by default the scenario's name and seed, e.g. `village-7`).",
-    "agent": f"An NPC's id: {_NAME_RULE}.",
-    "player": f"A player's id: {_NAME_RULE}, and not the login of an internal role "
+    "agent": f"An NPC's id: {NAME_RULE}.",
+    "player": f"A player's id: {NAME_RULE}, and not the login of an internal role "
               f"({', '.join(f'`{r}`' for r in sorted(topics.ROLE_LOGINS))}).",
     "shard": "A shard's index in its run, as in `npcsim run --shard i/n` (`0` for a run of one shard).",
-    "location": f"A place's id: {_NAME_RULE}.",
+    "location": f"A place's id: {NAME_RULE}.",
 }
 """What each `{name}` of an address is (AsyncAPI's parameters)."""
 
-
-@dataclass(frozen=True)
-class Channel:
-    """One public channel: a topic function of `sim.wire.topics` and the type of its JSON payload."""
-
-    name: str
-    topic: Callable[..., str]
-    payload: Any
-    publishers: tuple[Role, ...]
-    retained: bool
-    readers: str
-    summary: str
-
-    @property
-    def kind(self) -> topics.TopicKind:
-        """What `topics.parse` says a topic of this channel is."""
-        parsed = topics.parse(self.address)
-        assert parsed is not None, f"{self.address}: a topic that topics.parse does not read"
-        return parsed.kind
-
-    @property
-    def parameters(self) -> tuple[str, ...]:
-        return tuple(inspect.signature(self.topic).parameters)
-
-    @property
-    def address(self) -> str:
-        """The topic with each parameter as `{name}`: `npcsim/{run}/agent/{agent}/say`."""
-        return self.topic(*(f"{{{name}}}" for name in self.parameters))
-
+ChannelName = Literal[
+    "say", "intent", "player-input", "player-error", "presence", "game-event", "game-fact", "game-error",
+    "world-state", "status", "roster", "trace",
+]
+"""The channels' names, in `CHANNELS`' order (a test holds the two together)."""
 
 CHANNELS: tuple[Channel, ...] = (
     Channel(
@@ -145,6 +112,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "player-input", topics.player_input, PlayerInputMessage, (PLAYER,), retained=False,
+        bound=TextBound("player_text_chars"), subscribe=topics.player_input_all, sender_named=True,
         readers="the server; the `viewer` login",
         summary="A player's words to an NPC. The shard holding `to` answers on that NPC's `say` with `to` = "
                 "the player and `reply_to` = the input's `id` (optional, chosen by the client); a retained "
@@ -159,6 +127,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "presence", topics.player_presence, PresenceMessage, (GAME,), retained=False,
+        subscribe=topics.player_presence_all,
         readers="the server",
         summary="Where a live player stands, as the game system says (null: nowhere). It takes effect at "
                 "the same tick on every shard, like a world-state change; from then on, what the player says "
@@ -167,6 +136,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "game-event", topics.game_event, GameEventMessage, (GAME,), retained=False,
+        bound=TextBound("game_text_chars"),
         readers="the server",
         summary="Something happened at a place: the shard holding the place makes it a notice there at the "
                 "tick that takes it, and every NPC there has it in its memory, and in its prompt, from the "
@@ -174,6 +144,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "game-fact", topics.game_fact, GameFactMessage, (GAME,), retained=False,
+        bound=TextBound("game_text_chars"),
         readers="the server",
         summary="A canonical fact added with the game system's authority, to NPC `npc` or to every NPC "
                 "(null: at the same tick on every shard, like a world-state change): in every later prompt "
@@ -189,6 +160,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "world-state", topics.world_state, WorldStateMessage, (GAME, SERVER), retained=True,
+        bound=EntriesBound("world_keys", "world_key_chars", "world_value_chars"),
         readers=EVERYONE,
         summary="The world state as the game system sets it (shard 0 publishes the scenario's world at a fresh "
                 "start). Each live change reaches every NPC at the same tick, with the game system's "
@@ -217,11 +189,13 @@ CHANNELS: tuple[Channel, ...] = (
 )
 
 
+_NAMED: dict[str, Channel] = {channel.name: channel for channel in CHANNELS}
+
+
 def channel_named(name: str) -> Channel:
     """The channel called `name`; a ValueError listing the names for another."""
-    for channel in CHANNELS:
-        if channel.name == name:
-            return channel
+    if name in _NAMED:
+        return _NAMED[name]
     raise ValueError(f"no public message {name[:80]!r}; the names are: {', '.join(c.name for c in CHANNELS)}")
 
 

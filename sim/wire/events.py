@@ -27,6 +27,7 @@ __all__ = [
     "GameEventMessage",
     "GameFactMessage",
     "IntentMessage",
+    "NAME_RULE",
     "Name",
     "Notice",
     "PlayerInputMessage",
@@ -37,11 +38,8 @@ __all__ = [
     "WorldStateMessage",
     "decode_batch",
     "decode_error",
-    "decode_game_event",
-    "decode_game_fact",
     "decode_intent",
     "decode_player_input",
-    "decode_presence",
     "decode_world_state",
     "decode_say",
     "decode_status",
@@ -54,9 +52,12 @@ __all__ = [
 Tick = Annotated[int, msgspec.Meta(ge=0)]
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}\Z"
-"""An id (an NPC, a player, a place, a world-state key): 1-128 of A-Z a-z 0-9 _ . -. One rule
-for the wire (`Name`), the scenario, the topics (`topics.check_player`) and the router (a
-player id read from its topic). `\\Z`, not `$`: `$` lets a trailing newline through."""
+"""An id (an NPC, a player, a place, a world-state key): `NAME_RULE`. One rule for the wire
+(`Name`), the scenario, the topics (`topics.check_player`), the router (a player id read
+from its topic) and the output gates (a belief's subject). `\\Z`, not `$`: `$` lets a
+trailing newline through."""
+NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
+"""`Name`'s rule in words, for errors and the contract's documents."""
 Name = Annotated[str, msgspec.Meta(pattern=_NAME_PATTERN)]
 _NAME = re.compile(_NAME_PATTERN)
 
@@ -241,9 +242,6 @@ _say = json_reader(SayMessage)
 _intent = json_reader(IntentMessage)
 _status = json_reader(StatusMessage)
 _world = json_reader(WorldStateMessage)
-_presence = json_reader(PresenceMessage)
-_game_event = json_reader(GameEventMessage)
-_game_fact = json_reader(GameFactMessage)
 _error = json_reader(ErrorMessage)
 
 
@@ -284,18 +282,6 @@ def decode_status(data: bytes) -> StatusMessage:
 
 def decode_world_state(data: bytes) -> WorldStateMessage:
     return _world.decode(data)
-
-
-def decode_presence(data: bytes) -> PresenceMessage:
-    return _presence.decode(data)
-
-
-def decode_game_event(data: bytes) -> GameEventMessage:
-    return _game_event.decode(data)
-
-
-def decode_game_fact(data: bytes) -> GameFactMessage:
-    return _game_fact.decode(data)
 
 
 def decode_error(data: bytes) -> ErrorMessage:

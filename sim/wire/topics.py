@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from sim.wire.events import is_name
+from sim.wire.events import NAME_RULE, is_name
 
 __all__ = [
     "ROLE_LOGINS",
@@ -68,7 +68,7 @@ def check_segment(kind: str, value: str) -> str:
 def check_player(player: str) -> str:
     """A player id to speak as: a name (`sim.wire.events.Name`), and not a role's login (ROLE_LOGINS)."""
     if not is_name(player):
-        raise ValueError(f"player {player[:80]!r} must be 1-128 characters of A-Z a-z 0-9 _ . -")
+        raise ValueError(f"player {player[:80]!r} must be {NAME_RULE}")
     if player in ROLE_LOGINS:
         raise ValueError(f"player {player!r} is an internal role's name ({', '.join(sorted(ROLE_LOGINS))})")
     return player

@@ -16,7 +16,7 @@ import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
-from sim.protocol.received import PlayerInputReceived, WorldStateReceived
+from sim.protocol.received import OutsideReceived
 from sim.scenario import load_scenario
 from sim.shard import RunConfig, RunStats, VirtualClock
 from sim.store import open_reader
@@ -87,9 +87,10 @@ async def calm_run(
             await shard.start()
             for tick in range(until_tick):
                 for _, _, player, agent, text in sorted(by_tick.get(tick, [])):
-                    shard.source.journal(PlayerInputReceived(player, PlayerInputMessage(to=agent, text=text)))
+                    said = PlayerInputMessage(to=agent, text=text)
+                    shard.source.journal(OutsideReceived("player-input", player, said))
                 for key, value in changes.get(tick, []):
-                    shard.source.journal(WorldStateReceived(WorldStateMessage(state={key: value})))
+                    shard.source.journal(OutsideReceived("world-state", "", WorldStateMessage(state={key: value})))
                 assert await shard.step(tick), f"the calm run stopped at tick {tick}"
         server.cancel()
     return audit_set([db])
