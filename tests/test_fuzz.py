@@ -25,9 +25,8 @@ def test_every_kind_is_drawn_and_every_seed_draws_the_same() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_every_payload_is_refused_on_every_topic_the_router_reads(seed: int) -> None:
     router = Router(RUN, "0", mailbox_size=10, seen_events=100, bounds=InputBounds())
-    router.route_player_input()
-    router.route_world_state()
-    router.route_game()
+    for channel in ("player-input", "world-state", "game-event", "game-fact", "presence"):
+        router.route(channel)
     router.route_barrier()
     router.route_location(topics.location_events(RUN, "inn"), "inn", 1)
     router.route_inboxes({"innkeeper"})
