@@ -31,6 +31,7 @@ from sim.memory.render import (
     CATEGORY_HEADERS,
     RENDER,
     RENDER_ORDER,
+    render_fact,
     render_head,
     render_rule,
     render_tail,
@@ -168,10 +169,10 @@ def check_working_memory(
     if prompt != _render(state, player_input, kept, rule):
         out.append(Violation("I2", "the prompt is not the rendering of the kept items (hidden or altered text)"))
 
-    # I1: canonical facts appear verbatim, world state as rendered (inert), flags on.
+    # I1: canonical facts and world state appear as rendered (inert), flags on.
     if always["canonical_facts"]:
         for fact in history["canonical_facts"]:
-            if fact.text not in prompt or fact not in kept["canonical_facts"]:
+            if render_fact(fact) not in prompt or fact not in kept["canonical_facts"]:
                 out.append(Violation("I1", f"canonical fact {fact.id!r} is missing from the prompt"))
     if always["world_state"]:
         for entry in history["world_state"]:

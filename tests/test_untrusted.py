@@ -17,6 +17,7 @@ from sim.memory import (
     RENDERER_VERSION,
     Belief,
     Episode,
+    Fact,
     Line,
     NpcState,
     WorkingMemoryConfig,
@@ -119,6 +120,7 @@ def test_any_text_leaves_the_structure_as_a_neutral_text_does(text: str, prohibi
             episodic=(*base.episodic, Episode(id="ev:x", tick=9, text=t)),
             beliefs=(*base.beliefs, Belief(id="b:x", tick=9, text=t)),
             world_state=(*base.world_state, WorldFact(key="rumour", value=t)),
+            canonical_facts=(*base.canonical_facts, Fact(id="f-game", text=t or "x")),  # a fact a game added
         )
         return state, f"player: {t}"
 
@@ -134,7 +136,9 @@ def test_any_text_leaves_the_structure_as_a_neutral_text_does(text: str, prohibi
     assert [m["role"] for m in wm.messages()] == ["system", "user"]
     for m, n in zip(wm.messages(), neutral.messages(), strict=True):
         assert structure(m["content"]) == structure(n["content"]) and not MARKERS.search(m["content"])
-    assert wm.messages()[0] == neutral.messages()[0]  # the system message is the author's text only
+    # the system message is the system prompt and the facts only, the game's fact inert like the rest
+    game_fact, neutral_fact = render_fact(Fact(id="f-game", text=text or "x")), render_fact(Fact(id="f-game", text="x"))
+    assert wm.messages()[0]["content"] == neutral.messages()[0]["content"].replace(neutral_fact, game_fact, 1)
     assert not TAGS.search(inert(text)) and not TAGS.search(inert(prohibition or ""))
     assert check_working_memory(state, said, config, wm) == []
 
@@ -161,7 +165,7 @@ def test_token_budgets_hold_with_any_text_and_any_rule(
     assert check_working_memory(state, said, config, wm) == []
 
 
-@pytest.mark.parametrize("renderer", [1, 2, 3])
+@pytest.mark.parametrize("renderer", [1, 2, 3, 4])
 def test_a_record_of_an_earlier_renderer_is_refused_in_one_line(renderer: int) -> None:
     """Never rendered another way: this npcsim has one renderer."""
     state = snack_machine()
@@ -169,10 +173,10 @@ def test_a_record_of_an_earlier_renderer_is_refused_in_one_line(renderer: int) -
     config = WorkingMemoryConfig()
     record = make_record(id="old", run_id="r", state=state, player_input=said, config=config, tick=0,
                          memory=build_working_memory(state, said, config), backend="scripted", model="scripted")
-    assert record.renderer == RENDERER_VERSION == 4 and replay(record).ok
+    assert record.renderer == RENDERER_VERSION == 5 and replay(record).ok
     old = msgspec.structs.replace(record, renderer=renderer)
     refusal = (f"audit record 'old' was rendered by renderer {renderer}, by an earlier npcsim; this one has "
-               "renderer 4 only, so it cannot rebuild it: replay it with the npcsim that wrote it")
+               "renderer 5 only, so it cannot rebuild it: replay it with the npcsim that wrote it")
     for rebuild in (lambda: replay(old), old.memory, old.explanation):
         with pytest.raises(StoreError) as refused:
             rebuild()

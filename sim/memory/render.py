@@ -17,14 +17,16 @@ A section's header is rendered only when the section keeps at least one item, so
 item kept in a section costs its header too. Every size here is exact: the prompt is the
 concatenation of these pieces and nothing else.
 
-Untrusted text (docs/working-memory.md, "Untrusted text is inert"): everything that did
-not come from the scenario's author (world state, beliefs, memories, dialogue, the player input, the
-retry's prohibition) goes through `inert`, so it can neither break a line, start a section
-nor carry a chat-template marker. The author's system prompt, canonical facts and agent
-id are rendered verbatim. There is one rendering, `RENDERER_VERSION` (4: markers
-neutralised by their shape, zero-width and bidi controls removed; in the chat form, the
-system message holds only the author's text, `WorkingMemory.messages`; a memory that a
-line of the dialogue says already is not rendered, `sim.memory._duplicates`). Audit records name
+Untrusted text (docs/working-memory.md, "Untrusted text is inert"): every item's text
+(canonical facts, which a game adds at run time, world state, beliefs, memories, dialogue,
+the player input, the retry's prohibition) goes through `inert`, so it can neither break a
+line, start a section nor carry a chat-template marker; an author's plain one-line text
+comes out unchanged. The author's system prompt and the agent id are rendered verbatim.
+There is one rendering, `RENDERER_VERSION` (5: markers neutralised by their shape,
+zero-width and bidi controls removed, canonical facts inert too; in the chat form, the
+system message holds only the system prompt and the canonical facts,
+`WorkingMemory.messages`; a memory that a line of the dialogue says already is not
+rendered, `sim.memory._duplicates`). Audit records name
 it, and one made by another rendering is refused on replay (sim.audit), never rendered
 another way.
 
@@ -87,7 +89,7 @@ TAIL_HEADER = "\n## Now\n"
 # The order of the sections in the prompt: static first, the most changing last.
 RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
 
-RENDERER_VERSION = 4
+RENDERER_VERSION = 5
 """The rendering of this npcsim; audit records name the one that made them."""
 
 # Line breaks of every kind (str.splitlines' set) become a visible "\n"; other control
@@ -155,7 +157,7 @@ def render_head(system_prompt: str) -> str:
 
 
 def render_fact(f: Fact) -> str:
-    return f"- {f.text}\n"  # the author's text: verbatim (I1)
+    return f"- {inert(f.text)}\n"  # a game adds facts at run time: its text is outside text too
 
 
 def render_world(w: WorldFact) -> str:
