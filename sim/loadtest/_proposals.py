@@ -17,11 +17,10 @@ import random
 from collections import Counter
 
 from sim.audit import Attempt
-from sim.inference import contradicted_fact
 from sim.loadtest._snapshot import KEEP_VIOLATIONS, violation_records
 from sim.loadtest._stats import GateFigures, ViolationRecord
 from sim.memory import NpcState, WorkingMemory
-from sim.output import OutputPolicy
+from sim.output import OutputPolicy, contradicted_fact
 from sim.proposal_checker import check_proposals
 
 __all__ = ["OUTPUTS", "POLICY", "GateTally", "pick_structured_input"]

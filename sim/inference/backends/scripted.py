@@ -41,7 +41,7 @@ import msgspec
 from sim.inference.backends._base import Reply, convert_options
 from sim.inference.backends._proposing import structured_reply
 from sim.memory import QUOTE_MARKS, WorkingMemory, own_words, quoted
-from sim.wire.served import Usage
+from sim.wire.attempt import Usage
 
 __all__ = ["ScriptedBackend", "ScriptedOptions", "scripted_reply"]
 
