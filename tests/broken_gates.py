@@ -1,4 +1,4 @@
-"""A gate that accepts every proposal: the independent check (sim.proposal_checker) must catch it."""
+"""A gate that accepts every proposal: the independent check (sim.checkers.proposals) must catch it."""
 
 from __future__ import annotations
 

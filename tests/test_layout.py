@@ -227,7 +227,7 @@ def test_rooms_are_sized_by_their_job() -> None:
 def test_the_rules_see_what_they_are_about() -> None:
     """The reader finds imports inside functions and skips TYPE_CHECKING ones (else the tests above prove nothing)."""
     assert len(MODULES) > 80
-    assert any(t == "sim.memory" for t, _, _ in edges("sim.checker"))
+    assert any(t == "sim.memory" for t, _, _ in edges("sim.checkers.memory"))
     source = ast.parse("import x\nif TYPE_CHECKING:\n    import y\ndef f():\n    import z\n")
     hidden = _type_checking_only(source)
     names = [a.name for n in ast.walk(source) if isinstance(n, ast.Import) and id(n) not in hidden for a in n.names]

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from sim.audit import Attempt
+from sim.checkers import check_proposals
 from sim.cli import main
 from sim.loadtest import LoadTestConfig, run_loadtest
 from sim.memory import Fact, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact, build_working_memory
 from sim.output import OutputPolicy, ProposalVerdict, accepted, contradicted_fact
-from sim.proposal_checker import check_proposals
 from tests.broken_gates import accept_every_proposal
 
 REFUSALS = {"authority", "canonical_fact", "forbidden", "intent", "intent_args", "bounds"}

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from sim.audit import Attempt
-from sim.checker import Violation
+from sim.checkers.violation import Violation
 from sim.memory import WorkingMemory
 from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, FactGuard, OutputPolicy, ProposalVerdict
 from sim.text import fold
