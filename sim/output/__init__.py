@@ -1,6 +1,6 @@
 """Judging an NPC's reply, and what passes becomes: the one room for it. Pure: no I/O.
 
-    verdict = judge_reply(raw, memory, Rules(max_line_chars=200, output=policy))
+    verdict = judge_reply(raw, memory, Rules(max_line_chars=120, output=policy))
 
 `judge` holds `judge_reply`, the one function from (raw reply, working memory, rules) to a
 verdict, and its replay over an audit record's attempts (`judge_attempts`,
