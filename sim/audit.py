@@ -11,8 +11,9 @@ Every attempt of an inference is kept (`attempts`): the exact text the model was
 reply (None when none came) and why it was rejected (None when accepted). A retry's
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
 checks every attempt byte for byte too. An attempt keeps the gates' verdict on each part of
-its reply (`proposals`), and the record the NPC's `output` policy they applied: `replay`
-with a `GateCheck` runs the gates again and compares. An attempt also keeps what the server
+its reply (`proposals`), and the record the NPC's `output` policy they applied and the
+run's `rules` around it (the line limit, the fact guard): `replay` with a `GateCheck`
+(sim.output.gate_difference) judges again under them and compares. An attempt also keeps what the server
 said the call cost (`Usage`: prompt tokens, those of them reused from its cache, tokens
 generated, its own milliseconds) and which model answered (`ServedBy`), each field None
 where the server said nothing: never guessed.
