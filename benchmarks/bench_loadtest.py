@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import machine_line, write_section  # noqa: E402
-from sim.checker import Violation, check_working_memory  # noqa: E402
+from sim.checkers import Violation, check_working_memory  # noqa: E402
 from sim.loadtest import Checker, LoadTestConfig, LoadTestResult, default_processes, run_loadtest  # noqa: E402
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig  # noqa: E402
 

@@ -32,14 +32,14 @@ import msgspec
 from selenium import webdriver
 
 from benchmarks._report import machine_line, write_section
-from sim.audit import encode_record
+from sim.audit import encode_record, trace_of
 from sim.broker import free_port
 from sim.generate import write_scenario
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStarted, RunStats, run
 from sim.store import open_reader
 from sim.view import LiveView, build_app, open_view_server, open_view_thread
-from sim.wire.trace import encode_trace, trace_of
+from sim.wire.trace import encode_trace
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1500,950")

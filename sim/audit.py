@@ -11,8 +11,9 @@ Every attempt of an inference is kept (`attempts`): the exact text the model was
 reply (None when none came) and why it was rejected (None when accepted). A retry's
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
 checks every attempt byte for byte too. An attempt keeps the gates' verdict on each part of
-its reply (`proposals`), and the record the NPC's `output` policy they applied: `replay`
-with a `GateCheck` runs the gates again and compares. An attempt also keeps what the server
+its reply (`proposals`), and the record the NPC's `output` policy they applied and the
+run's `rules` around it (the line limit, the fact guard): `replay` with a `GateCheck`
+(sim.output.gate_difference) judges again under them and compares. An attempt also keeps what the server
 said the call cost (`Usage`: prompt tokens, those of them reused from its cache, tokens
 generated, its own milliseconds) and which model answered (`ServedBy`), each field None
 where the server said nothing: never guessed.
@@ -45,8 +46,8 @@ from sim.memory import (
     build_working_memory,
     explain_truncation,
 )
-from sim.output.policy import OutputPolicy, ProposalVerdict
-from sim.wire.served import ServedBy, Usage
+from sim.wire.attempt import Attempt, OutputPolicy, Rules
+from sim.wire.trace import TRACE_DROPPED, TraceAttempt, TraceMessage, for_trace
 
 __all__ = [
     "RECORD_VERSION",
@@ -63,6 +64,7 @@ __all__ = [
     "prompt_sha256",
     "replay",
     "replay_records",
+    "trace_of",
 ]
 
 # A request parameter: a scalar, or a list of them (stop sequences).
@@ -72,32 +74,13 @@ RECORD_VERSION = 3
 """2: records carry `attempts` and `renderer`; 3: attempts carry `proposals`, `usage` and `served_by`,
 records their `output` policy."""
 
-class Attempt(msgspec.Struct, frozen=True, kw_only=True):
-    """One call to a backend: what the model was given, what came back, what was wrong.
-
-    `prompt` is `prefix` + the working memory's text in `form` ("text": the prompt; "chat":
-    the messages' contents joined by a blank line); the memory is the record's, rebuilt
-    with `prohibition`. `problem` is None when the reply was accepted. `proposals` are the
-    gates' verdicts on the reply's parts (none for an NPC without an output policy). `usage`
-    and `served_by` are None when no reply came.
-    """
-
-    prompt: str
-    raw_response: str | None = None
-    problem: str | None = None
-    prohibition: str | None = None
-    form: str = "text"
-    prefix: str = ""
-    proposals: tuple[ProposalVerdict, ...] = ()
-    usage: Usage | None = None
-    served_by: ServedBy | None = None
-
-
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything about one inference: what the model saw, said, and why.
 
     `timings` are milliseconds by phase (e.g. "build", "queue", "infer"); `params` are the
-    request parameters sent to the backend (temperature, max_tokens, seed, ...).
+    request parameters sent to the backend (temperature, max_tokens, seed, ...). `output`
+    is the NPC's output policy and `rules` the run's rules its replies were judged under
+    (the line limit, the fact guard; their own `output` left None: the policy is `output`).
     """
 
     id: str
@@ -123,6 +106,7 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     renderer: int = 1
     version: int = 1
     output: OutputPolicy | None = None
+    rules: Rules = Rules()
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
         """The working memory of this record (or of its retry with `prohibition`), rebuilt;
@@ -175,8 +159,7 @@ class ReplayTally(msgspec.Struct, kw_only=True):
 
 GateCheck = Callable[["AuditRecord", WorkingMemory], str]
 """Re-runs the gates on a record's attempts, given its working memory: the first verdict that
-differs from the recorded one, or "" (sim.inference.gate_difference: the gates need output
-handling and the fact guard, which live above this module)."""
+differs from the recorded one, or "" (sim.output.gate_difference: judging lives above this module)."""
 
 
 def replay_records(records: Iterable[AuditRecord], gates: GateCheck | None = None) -> ReplayTally:
@@ -362,3 +345,36 @@ def _first_report_field(recorded: TruncationReport, rebuilt: TruncationReport) -
         elif a.get(key) != b.get(key):
             return f"report.{key}: recorded {a.get(key)!r}, rebuilt {b.get(key)!r}"
     return ""
+
+
+def trace_of(
+    record: AuditRecord, *, shard: str, location: str | None, prompts: bool = True, memory: WorkingMemory | None = None
+) -> TraceMessage:
+    """The trace of an inference from its audit record (sim.wire.trace): all but the state snapshot.
+
+    `memory`: the record's working memory, when the caller holds it (not built again)."""
+    return TraceMessage(
+        run=record.run_id,
+        shard=shard,
+        agent=record.agent_id,
+        location=location,
+        tick=record.tick,
+        inference_id=record.id,
+        player_input=record.player_input,
+        line=record.line,
+        fallback=record.fallback,
+        fallback_reason=record.fallback_reason,
+        backend=record.backend,
+        model=record.model,
+        prompt_sha256=record.prompt_sha256,
+        report=record.report,
+        latency_ms=record.timings.get("total_ms"),
+        prompt=record.prompt if prompts else None,
+        attempts=tuple(
+            TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
+                         prohibition=a.prohibition, usage=a.usage, proposals=a.proposals)
+            for a in record.attempts
+        ),
+        explanation=for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED if prompts else 0),
+                              texts=prompts),
+    )

@@ -1,4 +1,4 @@
-"""A gate that accepts every proposal: the independent check (sim.proposal_checker) must catch it."""
+"""A gate that accepts every proposal: the independent check (sim.checkers.proposals) must catch it."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from sim.memory import Fact
-from sim.output import Guard, OutputPolicy, ProposalVerdict, accepted, clean_text
+from sim.output import FactGuard, OutputPolicy, ProposalVerdict, accepted, clean_text
 
 __all__ = ["accept_every_proposal"]
 
 
 def accept_every_proposal(
     beliefs: Sequence[Any], memories: Sequence[Any], intent: Any, *, facts: Sequence[Fact],
-    guarded: Collection[str], policy: OutputPolicy, guard: Guard,
+    guarded: Collection[str], policy: OutputPolicy, guard: FactGuard,
 ) -> tuple[ProposalVerdict, ...]:
     """`sim.output.gate_proposals` broken: every proposal of its shape is accepted as it came."""
     taken = [accepted("belief", clean_text(str(b.get("text", ""))), about=str(b.get("about", "")),

@@ -11,8 +11,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.inference import contradicted_fact
 from sim.memory import Fact
+from sim.output import contradicted_fact
 
 __all__ = ["always", "once"]
 

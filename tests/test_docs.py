@@ -44,3 +44,13 @@ def test_the_checks_see_what_they_are_about() -> None:
     assert _ISSUE.findall("(issue 4), issues 9 and 16, the issue-6 section, #12") == ["issue 4", "issues 9",
                                                                                     "issue-6", "#12"]
     assert _LINK.findall("[a](docs/x.md#part) and [b](https://example.org)") == ["docs/x.md", "https://example.org"]
+
+
+def test_docs_architecture_holds_the_generated_import_table() -> None:
+    """The import table of docs/architecture.md is the code's, as tests/architecture.py reads it."""
+    from tests.architecture import BEGIN, END, PAGE, import_table
+
+    text = PAGE.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    assert text[start:end] + "\n" == import_table(), "run: python -m tests.architecture --write"
+    assert "| `sim.output` |" in import_table() and "| `agents` |" in import_table()

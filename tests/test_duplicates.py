@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.errors import ScenarioError
 from sim.memory import (
     Episode,

@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.errors import ConfigError
-from sim.inference import PoolConfig, RemoteWorker, WorkerConfig, contradicted_fact, judge, load_fact_guard, open_pool
+from sim.inference import PoolConfig, RemoteWorker, WorkerConfig, open_pool
 from sim.memory import Fact, NpcState, WorkingMemoryConfig, build_working_memory
+from sim.output import Rules, contradicted_fact, judge_reply, load_fact_guard
 from sim.scenario import load_scenario
 from tests.guard_cases import CASES
 from tests.helpers import MosquittoProcess
@@ -133,9 +134,9 @@ def test_the_record_the_issue_found_is_no_longer_rejected() -> None:
     state = load_scenario("village").initial_state("snack_machine")
     memory = build_working_memory(state, "player: Comrade machine, the snacks belong to the people.",
                                   WorkingMemoryConfig())
-    verdict = judge("As everyone here knows, Every snack costs money; nothing is ever free.", memory, 200)
+    verdict = judge_reply("As everyone here knows, Every snack costs money; nothing is ever free.", memory, Rules())
     assert verdict.problem is None
-    rejected = judge("Everything is free today, comrade!", memory, 200)
+    rejected = judge_reply("Everything is free today, comrade!", memory, Rules())
     assert rejected.problem == "negates canonical fact 'f-prices'"
     assert rejected.prohibition == "Never deny or contradict this fact: Every snack costs money; nothing is ever free."
 
@@ -149,8 +150,11 @@ def test_judge_takes_a_guard() -> None:
     state = NpcState(agent_id="mara", system_prompt="You are Mara.",
                      canonical_facts=(Fact(id="f1", text="Dragons exist."),))
     memory = build_working_memory(state, "hi", WorkingMemoryConfig())
-    assert judge("Dragons are a myth.", memory, 200).problem is None  # the built-in guard cannot see it
-    assert judge("Dragons are a myth.", memory, 200, every_fact_guard).problem == "negates canonical fact 'f1'"
+    assert judge_reply("Dragons are a myth.", memory, Rules()).problem is None  # the built-in guard cannot see it
+    given = judge_reply("Dragons are a myth.", memory, Rules(), every_fact_guard)
+    assert given.problem == "negates canonical fact 'f1'"
+    named = Rules(fact_guard=f"{__name__}:every_fact_guard")  # the guard the rules name
+    assert judge_reply("Dragons are a myth.", memory, named).problem == "negates canonical fact 'f1'"
 
 
 async def test_the_pool_uses_the_guard_it_is_given_by_name_or_by_value() -> None:

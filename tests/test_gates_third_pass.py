@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from sim.inference import contradicted_fact
 from sim.memory import Fact
-from sim.output import OutputPolicy, ProposalVerdict, forbidden_phrase, gate_proposals
+from sim.output import OutputPolicy, ProposalVerdict, contradicted_fact, forbidden_phrase, gate_proposals
 from sim.text import fold
 
 FACTS = (Fact(id="f-king", text="The king is dead."),)

@@ -23,8 +23,6 @@ from sim.inference import (
     Priority,
     Reply,
     WorkerConfig,
-    clean_line,
-    contradicted_fact,
     decode_request,
     decode_result,
     encode_request,
@@ -34,6 +32,7 @@ from sim.inference import (
 )
 from sim.memory import Fact, WorkingMemory, WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress
+from sim.output import clean_line, contradicted_fact
 from tests.helpers import eventually
 from tests.inference_helpers import FALLBACKS, ScriptBackend, make_request, smith_state
 

@@ -18,7 +18,6 @@ from sim.inference import (
     PoolConfig,
     RemoteWorker,
     WorkerConfig,
-    clean_line,
     decode_request,
     decode_result,
     encode_request,
@@ -26,6 +25,7 @@ from sim.inference import (
     open_pool,
 )
 from sim.inference.backends.scripted import scripted_reply
+from sim.output import clean_line
 from sim.protocol.seal import RunKey, new_nonce
 from sim.wire import topics
 from sim.wire.batch import decode_batch, encode_batch

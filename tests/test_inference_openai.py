@@ -16,6 +16,7 @@ from sim.errors import CircuitOpenError
 from sim.inference import PoolConfig, open_pool, reply_problem
 from sim.inference._serve import RAW_EXCERPT_CHARS
 from sim.inference.backends.openai import CircuitBreaker, OpenAIOptions, open_openai, reply_bound
+from sim.output import Rules
 from sim.store import open_reader
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import REPO, MosquittoProcess
@@ -203,7 +204,7 @@ async def test_a_long_reply_within_the_bound_is_kept_as_an_excerpt_with_its_size
     assert len(raw) < RAW_EXCERPT_CHARS + 100 and raw.startswith(fake.reply[:RAW_EXCERPT_CHARS])
     assert raw.endswith(f"[reply cut: {RAW_EXCERPT_CHARS} of {len(fake.reply)} characters kept]")
     assert result.attempts[0].raw_response == raw
-    assert reply_problem(make_request(), result, 200) is None  # a remote worker's excerpt passes the pool
+    assert reply_problem(make_request(), result, Rules()) is None  # a remote worker's excerpt passes the pool
 
 
 _PEAK_RSS = """import resource, sys

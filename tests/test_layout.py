@@ -1,14 +1,17 @@
-"""The layout's rules, read from the code: no import circle, no reach into another package's
-private modules, agents that reach the engine only through their context, aiomqtt only in
-the one MQTT layer (sim.mqtt), child processes started by `sim.helper` only, no module over
-400 lines nor class over 250 (a room that grew past its job), tests that wait for
-conditions rather than for a fixed time.
+"""The layout's rules, read from the code: no import circle, between modules or between sim's
+packages and top-level modules (packages import one way), no network client reachable from
+the pure core (sim.memory, sim.output), no reach into another package's private modules,
+agents that reach the engine only through their context, aiomqtt only in the one MQTT layer
+(sim.mqtt), child processes started by `sim.helper` only, no module over 400 lines nor class
+over 250 (a room that grew past its job), tests that wait for conditions rather than for a
+fixed time.
 
 Every `import` and `from ... import` of sim, agents and benchmarks is read with `ast`, those
 inside functions too, and those under `if TYPE_CHECKING:` for the circles (a circle that
 only type checking closes is still one module needing the other both ways). An
-import of `a.b` loads the package `a` first, but that implicit edge is not counted: every
-submodule would otherwise form a circle with its package's `__init__`.
+import of `a.b` loads the package `a` first, but that implicit edge is not counted for the
+circles (every submodule would otherwise form one with its package's `__init__`); it is for
+what the pure core reaches.
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ def test_rooms_are_sized_by_their_job() -> None:
 def test_the_rules_see_what_they_are_about() -> None:
     """The reader finds imports inside functions and skips TYPE_CHECKING ones (else the tests above prove nothing)."""
     assert len(MODULES) > 80
-    assert any(t == "sim.memory" for t, _, _ in edges("sim.checker"))
+    assert any(t == "sim.memory" for t, _, _ in edges("sim.checkers.memory"))
     source = ast.parse("import x\nif TYPE_CHECKING:\n    import y\ndef f():\n    import z\n")
     hidden = _type_checking_only(source)
     names = [a.name for n in ast.walk(source) if isinstance(n, ast.Import) and id(n) not in hidden for a in n.names]
@@ -237,3 +240,112 @@ def test_the_rules_see_what_they_are_about() -> None:
                        "asyncio.sleep(0)\nasyncio.sleep(delay=2)\nclock.sleep(5)\ntime.sleep(s)\n")
     assert list(literal_sleeps(sleeps)) == [3, 4, 6]
     assert list(process_starts("sim.broker")) and list(process_starts("sim.helper"))
+
+
+def _unit(module: str) -> str | None:
+    """The room a module of sim belongs to: its package under sim, or the top-level module
+    itself (`sim.wire` for `sim.wire.trace`, `sim.audit` for `sim.audit`); None outside sim
+    and for sim's own `__init__`."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "sim" and len(parts) > 1 else None
+
+
+def package_graph() -> dict[str, dict[str, list[str]]]:
+    """Between sim's packages and top-level modules: for each room, the rooms it imports and
+    where (`path:line`), `if TYPE_CHECKING:` imports too."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for module in sorted(MODULES):
+        if (room := _unit(module)) is None:
+            continue
+        graph.setdefault(room, {})
+        for target, _, line in edges(module, type_checking=True):
+            if (other := _unit(target)) is not None and other != room:
+                graph[room].setdefault(other, []).append(f"{MODULES[module].relative_to(REPO)}:{line}")
+    return graph
+
+
+def package_circles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The groups of rooms that import each other, directly or round a circle (Tarjan's
+    strongly connected components of more than one room), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(room: str) -> None:
+        index[room] = low[room] = len(index)
+        stack.append(room)
+        for other in graph.get(room, {}):
+            if other not in index:
+                visit(other)
+                low[room] = min(low[room], low[other])
+            elif other in stack:
+                low[room] = min(low[room], index[other])
+        if low[room] == index[room]:
+            group = []
+            while (top := stack.pop()) != room:
+                group.append(top)
+            if group:
+                found.append(sorted([room, *group]))
+
+    for room in sorted(graph):
+        if room not in index:
+            visit(room)
+    return found
+
+
+def test_packages_import_one_way() -> None:
+    """No two of sim's packages and top-level modules import each other, directly or round a
+    circle: shared value types live in one leaf module both import (sim.wire.attempt)."""
+    graph = package_graph()
+    lines = []
+    for group in package_circles(graph):
+        lines.append(" <-> ".join(group))
+        lines += [f"  {a} -> {b}: {', '.join(graph[a][b][:3])}" for a in group for b in group if b in graph[a]]
+    assert not lines, "package-level import circles:\n" + "\n".join(lines)
+
+
+NETWORK_CLIENTS = ("httpx", "aiohttp", "aiomqtt", "aiosqlite", "sqlite3", "socket", "urllib.request", "http.client")
+PURE_CORE = ("sim.memory", "sim.output")
+
+
+def network_path(start: str) -> list[str] | None:
+    """The chain of imports from the package `start` (any of its modules) to a network client,
+    or None. Imports inside functions count (they run when called); `if TYPE_CHECKING:` ones
+    do not; importing `a.b.c` loads the packages `a.b` and `a` too."""
+    came_from: dict[str, str | None] = {m: None for m in MODULES if m == start or m.startswith(start + ".")}
+    queue = sorted(came_from)
+    while queue:
+        module = queue.pop(0)
+        for base, name, _ in imports(module):
+            for target in (base, f"{base}.{name}" if name else base):
+                if any(target == client or target.startswith(client + ".") for client in NETWORK_CLIENTS):
+                    chain = [target, module]
+                    while (before := came_from[chain[-1]]) is not None:
+                        chain.append(before)
+                    return chain[::-1]
+        parts = module.split(".")
+        loaded = [t for t, _, _ in edges(module)] + [".".join(parts[:i]) for i in range(1, len(parts))]
+        for target in loaded:
+            if target in MODULES and target not in came_from:
+                came_from[target] = module
+                queue.append(target)
+    return None
+
+
+def test_the_pure_core_reaches_no_network_client() -> None:
+    """sim.memory and sim.output import no network client, directly or through other modules."""
+    assert network_path("sim.output") is None, " -> ".join(network_path("sim.output") or [])
+    assert network_path("sim.memory") is None, " -> ".join(network_path("sim.memory") or [])
+
+
+def test_the_direction_checks_see_what_they_are_about() -> None:
+    """The package check finds a circle and the reachability check a client (else they prove nothing)."""
+    assert package_circles({"sim.a": {"sim.b": []}, "sim.b": {"sim.c": []}, "sim.c": {"sim.a": []}, "sim.d": {}}) == [
+        ["sim.a", "sim.b", "sim.c"]]
+    assert package_circles({"sim.a": {"sim.b": []}, "sim.b": {}}) == []
+    assert _unit("sim.wire.trace") == "sim.wire" and _unit("sim.audit") == "sim.audit" and _unit("sim") is None
+    assert "sim.wire" in package_graph()["sim.audit"]
+    assert (network_path("sim.inference.backends") or [""])[-1] == "httpx"
+    assert (network_path("sim.store") or [""])[-1] in ("aiosqlite", "sqlite3")
+    assert (network_path("sim.mqtt") or [""])[-1] in NETWORK_CLIENTS

@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 
 from sim.audit import AuditRecord
-from sim.inference import contradicted_fact
-from sim.output import OutputPolicy, ProposalVerdict, forbidden_phrase, gate_proposals
+from sim.output import OutputPolicy, ProposalVerdict, contradicted_fact, forbidden_phrase, gate_proposals
 from sim.store import open_reader
 from tests.helpers import VILLAGE, MosquittoProcess, run_npcsim
 from tests.llama_server import LlamaServer, run_village

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import sim.loadtest
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.cli import build_parser, main
 from sim.cli.loadtest import loadtest_command
 from sim.errors import NpcsimError

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from sim.audit import Attempt
+from sim.checkers import check_proposals
 from sim.cli import main
-from sim.inference import contradicted_fact
 from sim.loadtest import LoadTestConfig, run_loadtest
 from sim.memory import Fact, NpcState, WorkingMemory, WorkingMemoryConfig, WorldFact, build_working_memory
-from sim.output import OutputPolicy, ProposalVerdict, accepted
-from sim.proposal_checker import check_proposals
+from sim.output import OutputPolicy, ProposalVerdict, accepted, contradicted_fact
 from tests.broken_gates import accept_every_proposal
 
 REFUSALS = {"authority", "canonical_fact", "forbidden", "intent", "intent_args", "bounds"}
@@ -40,7 +39,7 @@ async def test_every_gate_refuses_under_load_and_the_check_finds_nothing() -> No
 
 
 async def test_a_gate_that_accepts_everything_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sim.inference._structured.gate_proposals", accept_every_proposal)
+    monkeypatch.setattr("sim.output.judge.gate_proposals", accept_every_proposal)
     result = await run_loadtest(structured())
     gates = result.gates
     assert gates is not None and gates.violations > 0
@@ -59,7 +58,7 @@ def test_the_command_fails_on_a_gate_violation(monkeypatch: pytest.MonkeyPatch, 
     figures = json.loads(out.read_text())
     assert figures["output"] == "structured" and figures["gates"]["violations"] == 0
     assert "gate violations\t0" in capsys.readouterr().out
-    monkeypatch.setattr("sim.inference._structured.gate_proposals", accept_every_proposal)
+    monkeypatch.setattr("sim.output.judge.gate_proposals", accept_every_proposal)
     assert main(args) == 1
     assert "gate violation(s): an accepted proposal breaks a rule" in capsys.readouterr().out
 

@@ -1,6 +1,6 @@
 """Property tests of the working-memory invariants I1-I8 on random states, for both selections.
 
-The independent checker (sim.checker) is the oracle for I1, I2, I3, I6 and I8; I4, I5 and
+The independent checker (sim.checkers) is the oracle for I1, I2, I3, I6 and I8; I4, I5 and
 I7 are asserted here directly, and I8 once more on the prompt's text. The configs drawn use
 either selection ("recency" or "scored"), unless a test names one, and for I1-I4, I6 and
 I8 either value of `stable_prefix` (tests/test_memory_stable.py has its own invariants).
@@ -19,7 +19,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, distinct, ranking
 from tests.strategies import configs, player_inputs, states
 

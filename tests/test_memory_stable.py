@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.errors import ConfigError
 from sim.memory import (
     Episode,

@@ -17,11 +17,12 @@ from sim.bus import BusConfig, open_bus
 from sim.cli._terminal import Out
 from sim.cli.subscribe import _subscribe
 from sim.errors import ConfigError
-from sim.inference import Pool, PoolConfig, RemoteWorker, WorkerConfig, clean_line, load_fact_guard
+from sim.inference import Pool, PoolConfig, RemoteWorker, WorkerConfig
 from sim.inference._counters import Counters
 from sim.inference._link import open_mqtt_dispatch
 from sim.inference.backends.scripted import scripted_reply
 from sim.mqtt import BrokerAddress
+from sim.output import clean_line, load_fact_guard
 from sim.protocol.received import BarrierReceived
 from sim.protocol.seal import RunKey, new_nonce
 from sim.shard import SystemClock, VirtualClock

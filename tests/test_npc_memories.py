@@ -17,7 +17,7 @@ import collections
 import pytest
 
 from sim.audit import AuditRecord
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.memory import QUOTE_MARKS, WorkingMemory, inert, quoted
 from sim.scenario import load_scenario
 from sim.shard import RunConfig, RunStats

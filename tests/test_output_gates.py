@@ -1,4 +1,4 @@
-"""The structured reply's reading, repair and gates (sim.output, sim.inference.judge_reply): each
+"""The structured reply's reading, repair and gates (sim.output, its judge_reply): each
 gate's code, the repair rules, and properties over whatever a model or an attacker sends."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.inference import contradicted_fact, judge_reply
 from sim.memory import Belief, Fact, NpcState, WorkingMemoryConfig, WorldFact, build_working_memory
 from sim.output import (
     BELIEFS_PER_SUBJECT,
@@ -20,10 +19,13 @@ from sim.output import (
     OutputPolicy,
     ProposalVerdict,
     RawReply,
+    Rules,
     accepted,
     belief_of,
+    contradicted_fact,
     forbidden_phrase,
     gate_proposals,
+    judge_reply,
     read_reply,
     say_part,
 )
@@ -183,7 +185,7 @@ def reply(say: str, **parts: Any) -> str:
 def test_a_good_reply_gives_its_line_and_every_verdict() -> None:
     raw = reply("Welcome, Ayla.", beliefs=[belief("p1 is called Ayla."), belief("The king is alive.")],
                 intent={"name": "open_vault", "args": {}})
-    verdict = judge_reply(raw, memory(), 200, contradicted_fact, POLICY)
+    verdict = judge_reply(raw, memory(), Rules(output=POLICY))
     assert verdict.problem is None and verdict.line == "Welcome, Ayla."
     assert [(p.kind, p.code) for p in verdict.proposals] == [
         ("line", "ok"), ("belief", "ok"), ("belief", "canonical_fact"), ("intent", "intent")]
@@ -195,7 +197,7 @@ def test_a_good_reply_gives_its_line_and_every_verdict() -> None:
     ("*shrugs*", "empty"),
 ])
 def test_a_refused_line_is_retried_and_its_proposals_still_judged(say: str, code: str) -> None:
-    verdict = judge_reply(reply(say, beliefs=[belief("p1 is kind.")]), memory(), 200, contradicted_fact, POLICY)
+    verdict = judge_reply(reply(say, beliefs=[belief("p1 is kind.")]), memory(), Rules(output=POLICY))
     assert verdict.code == code and verdict.problem is not None and verdict.prohibition
     assert [(p.kind, p.verdict) for p in verdict.proposals] == [("line", "rejected"), ("belief", "accepted")]
     assert "barrel" not in (verdict.prohibition or "")
@@ -203,19 +205,19 @@ def test_a_refused_line_is_retried_and_its_proposals_still_judged(say: str, code
 
 def test_a_broken_reply_is_retried_with_the_schema_then_its_say_part_is_said() -> None:
     raw = '{"say": "Welcome in.", "beliefs": [{"about": "p1", "text": "p1 is'
-    first = judge_reply(raw, memory(), 200, contradicted_fact, POLICY)
+    first = judge_reply(raw, memory(), Rules(output=POLICY))
     assert first.code == "parse" and first.prohibition == SCHEMA_RULE
-    retry = judge_reply(raw, memory(SCHEMA_RULE), 200, contradicted_fact, POLICY)
+    retry = judge_reply(raw, memory(SCHEMA_RULE), Rules(output=POLICY))
     assert retry.problem is None and retry.line == "Welcome in."
     assert [(p.kind, p.code) for p in retry.proposals] == [("line", "salvaged")]
-    nothing = judge_reply("I will not answer in JSON.", memory(SCHEMA_RULE), 200, contradicted_fact, POLICY)
+    nothing = judge_reply("I will not answer in JSON.", memory(SCHEMA_RULE), Rules(output=POLICY))
     assert nothing.code == "parse"
 
 
 def test_the_schema_rules_example_copied_as_the_reply_says_nothing() -> None:
     """A small model answers the retry with the rule's own example: nothing of it is said or kept."""
     copied = SCHEMA_RULE[SCHEMA_RULE.index("{"):]
-    verdict = judge_reply(copied, memory(SCHEMA_RULE), 200, contradicted_fact, POLICY)
+    verdict = judge_reply(copied, memory(SCHEMA_RULE), Rules(output=POLICY))
     assert verdict.code == "empty"
     assert [(p.kind, p.code) for p in verdict.proposals] == [("line", "empty"), ("belief", "schema"),
                                                              ("memory", "bounds")]
@@ -223,9 +225,9 @@ def test_the_schema_rules_example_copied_as_the_reply_says_nothing() -> None:
 
 def test_a_line_npc_with_forbidden_phrases_is_held_to_them() -> None:
     policy = OutputPolicy(forbidden=("third barrel",))
-    verdict = judge_reply("It is under the third barrel.", memory(), 200, contradicted_fact, policy)
+    verdict = judge_reply("It is under the third barrel.", memory(), Rules(output=policy))
     assert verdict.code == "forbidden"
-    assert judge_reply("Ale?", memory(), 200, contradicted_fact, policy).problem is None
+    assert judge_reply("Ale?", memory(), Rules(output=policy)).problem is None
 
 
 # --- properties -----------------------------------------------------------------------------------
@@ -272,8 +274,8 @@ def test_a_reply_judged_twice_gives_the_same_verdicts_and_its_line_keeps_the_rul
     beliefs: list[Any], memories: list[Any], intent: Any, say: str,
 ) -> None:
     raw = json.dumps({"say": say, "beliefs": beliefs, "remember": memories, "intent": intent})
-    first = judge_reply(raw, memory(), 200, contradicted_fact, POLICY)
-    assert first == judge_reply(raw, memory(), 200, contradicted_fact, POLICY)
+    first = judge_reply(raw, memory(), Rules(output=POLICY))
+    assert first == judge_reply(raw, memory(), Rules(output=POLICY))
     assert first.proposals[0].kind == "line" and (first.proposals[0].verdict == "accepted") == (first.problem is None)
     if first.problem is None:  # a line said reveals nothing forbidden and denies no fact
         assert forbidden_phrase(first.line, POLICY.forbidden) is None and contradicted_fact(first.line, FACTS) is None

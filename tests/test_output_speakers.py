@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.inference._output import _META_SPEAKERS, _strip_speakers
+from sim.output.line import _META_SPEAKERS, _strip_speakers
 
 
 def regex_strip(text: str, speakers: list[str]) -> str:

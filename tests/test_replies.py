@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from sim.inference import InferenceResult, PoolConfig, open_pool, reply_problem
+from sim.output import Rules
 from tests.inference_helpers import ScriptBackend, make_request
 
 
@@ -31,7 +32,7 @@ async def served(*texts: str) -> InferenceResult:
 )
 async def test_what_serving_produced_passes(texts: list[str]) -> None:
     result = await served(*texts)
-    assert reply_problem(make_request(), result, 200) is None
+    assert reply_problem(make_request(), result, Rules()) is None
 
 
 async def test_forgeries_are_refused() -> None:
@@ -61,4 +62,4 @@ async def test_forgeries_are_refused() -> None:
             attempts=(msgspec.structs.replace(first, raw_response=None, problem="timeout: " + "FORGED " * 500),)),
     }
     for name, result in forged.items():
-        assert reply_problem(request, result, 200) is not None, name
+        assert reply_problem(request, result, Rules()) is not None, name

@@ -14,7 +14,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.inference import PoolConfig, clean_line, open_pool
+from sim.inference import PoolConfig, open_pool
 from sim.inference.backends.scripted import ScriptedBackend, scripted_reply
 from sim.memory import (
     QUOTE_MARKS,
@@ -29,6 +29,7 @@ from sim.memory import (
     own_words,
     quoted,
 )
+from sim.output import clean_line
 from tests.inference_helpers import make_request
 from tests.strategies import configs, player_inputs, states
 

@@ -23,7 +23,7 @@ from sim.inference.backends.llamacpp import served_now
 from sim.metrics import Metrics, serve_metrics
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
-from sim.wire.served import ServedBy, Usage
+from sim.wire.attempt import ServedBy, Usage
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE, MosquittoProcess, run_npcsim
 from tests.inference_helpers import make_request

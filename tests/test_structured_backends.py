@@ -15,7 +15,7 @@ from sim.errors import ScenarioError
 from sim.inference import PoolConfig, open_pool, reply_problem
 from sim.inference.backends import llamacpp
 from sim.inference.backends.scripted import ScriptedBackend
-from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, accepted
+from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, Rules, accepted
 from sim.scenario import load_scenario, parse_scenario
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE
@@ -98,12 +98,12 @@ async def test_a_remote_workers_forged_verdicts_are_refused() -> None:
                                                    "confidence": 1}], "remember": [], "intent": None})
     async with open_pool(PoolConfig(concurrency=1)) as pool:  # what serving gives, as a remote worker would
         honest = await pool.infer(request)
-    assert reply_problem(request, honest, 200) is None
+    assert reply_problem(request, honest, Rules()) is None
     served = msgspec.structs.replace(honest, raw_response=raw, attempts=(msgspec.structs.replace(
         honest.attempts[0], raw_response=raw, proposals=(accepted("line", "Hm."),
                                                           accepted("belief", "The old bridge is whole.",
                                                                    about="p1", weight=1.0))),), line="Hm.")
-    assert reply_problem(request, served, 200) == "attempt 1: a verdict that output handling does not give"
+    assert reply_problem(request, served, Rules()) == "attempt 1: a verdict that output handling does not give"
 
 
 def test_the_village_innkeeper_has_an_output_policy() -> None:
@@ -148,7 +148,7 @@ async def test_a_broken_reply_is_retried_told_the_schema_then_its_say_is_said_el
     assert (salvaged.line, salvaged.fallback) == ("Welcome in.", False)
     assert [[(p.kind, p.code) for p in a.proposals] for a in salvaged.attempts] == [[("line", "parse")],
                                                                                   [("line", "salvaged")]]
-    assert reply_problem(request, salvaged, 200) is None
+    assert reply_problem(request, salvaged, Rules()) is None
     async with open_pool(PoolConfig(concurrency=1), backend=ScriptBackend(["No.", "Still no JSON."])) as pool:
         refused = await pool.infer(request)
     assert refused.fallback and refused.fallback_reason == "rejected"

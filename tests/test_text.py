@@ -10,8 +10,8 @@ import re
 import pytest
 
 from sim.cli._terminal import json_line, printable
-from sim.inference import contradicted_fact
 from sim.memory import Fact, inert
+from sim.output import contradicted_fact
 from sim.text import CONTROLS, INVISIBLE, LINE_BREAKS, UNSEEN, remove_unseen, without_controls
 
 UNSEEN_CHARS = [chr(c) for c in range(0x110000) if UNSEEN.fullmatch(chr(c))]

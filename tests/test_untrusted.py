@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.audit import decode_record, make_record, replay
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.errors import StoreError
 from sim.memory import (
     RENDERER_VERSION,

@@ -4,7 +4,7 @@ Every command opens the file read-only (`sim.store.open_reader`): auditing never
 what is audited. `show` prints every attempt of an inference (what the model was given,
 its raw reply, why it was rejected, each proposal's verdict, what the server said the call
 cost) and every item truncation dropped; `replay` rebuilds and checks every attempt and runs
-the gates again on its reply (`sim.inference.gate_difference`), in worker processes over
+the gates again on its reply (`sim.output.gate_difference`), in worker processes over
 record ranges (`--jobs`, every core by default; the output is the same for any number), and,
 given a backend (`--backend openai --base-url ...`, `--backend llamacpp`), says which records
 another model answered than the one it serves now (with `openai`, records whose budget
@@ -41,13 +41,13 @@ from sim.cli._options import add_backend_arguments, backend_options
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
-from sim.inference import gate_difference
 from sim.inference.backends import served_now
 from sim.inference.backends.tokenize import server_counter
 from sim.memory import PrefixReuse, prefix_reuse
+from sim.output import gate_difference
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
-from sim.wire.served import ServedBy, Usage
+from sim.wire.attempt import ServedBy, Usage
 
 __all__ = ["register"]
 

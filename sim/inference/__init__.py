@@ -5,7 +5,8 @@
 
 The request and result types are wire types (`sim.wire.inference`), re-exported here.
 Inside: the pool's slots (`_pool`) call one `Dispatch`, which answers with the fallback
-when anything fails (`_dispatch`): serving on a backend here (`_serve`, with `_output`),
+when anything fails (`_dispatch`): serving on a backend here (`_serve`, judging each reply
+with sim.output's `judge_reply`),
 in a worker process of the pool's (`_local`, `_local_worker`), or the MQTT link (`_link`)
 to remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
 the pool's checks (`_replies`); a re-execution serves each request on its record's
@@ -15,12 +16,9 @@ configuration and the statistics; `backends` the backends. See docs/inference.md
 
 from sim.inference._counters import PoolStatistics
 from sim.inference._dispatch import GENERIC_LINES, fallback_line
-from sim.inference._guard import FactGuard, contradicted_fact, load_fact_guard
-from sim.inference._output import Verdict, clean_line, judge
 from sim.inference._pool import Pool, open_pool
 from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
-from sim.inference._structured import gate_difference, judge_attempts, judge_reply
 from sim.inference._worker import RemoteWorker
 from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend, open_tokenizer
 from sim.wire.inference import (
@@ -37,7 +35,6 @@ __all__ = [
     "BACKENDS",
     "GENERIC_LINES",
     "Backend",
-    "FactGuard",
     "InferenceRequest",
     "InferenceResult",
     "Pool",
@@ -46,22 +43,14 @@ __all__ = [
     "Priority",
     "RemoteWorker",
     "Reply",
-    "Verdict",
     "WorkerConfig",
     "check_context_window",
     "open_tokenizer",
-    "clean_line",
-    "contradicted_fact",
     "decode_request",
     "decode_result",
     "encode_request",
     "encode_result",
     "fallback_line",
-    "gate_difference",
-    "judge",
-    "judge_attempts",
-    "judge_reply",
-    "load_fact_guard",
     "open_backend",
     "open_pool",
     "reply_problem",

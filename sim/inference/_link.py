@@ -41,10 +41,10 @@ from sim.errors import BrokerError, single_error
 from sim.inference._batch import LINGER, MAX_ITEMS, BatchSender, read_batch
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import Dispatch, fallback_result
-from sim.inference._guard import FactGuard
 from sim.inference._pool_config import PoolConfig
 from sim.inference._replies import reply_problem
 from sim.mqtt import Link, MqttTransport, Transport, topic_matches
+from sim.output import FactGuard
 from sim.protocol.batcher import Batcher
 from sim.protocol.seal import seal
 from sim.wire import topics
@@ -213,7 +213,7 @@ class _PoolLink:
             counters.late_replies += 1
             log.debug("late or unknown reply %s on %s dropped", result.id, topic)
             return
-        problem = reply_problem(entry.request, result, self.config.max_line_chars, self.guard)
+        problem = reply_problem(entry.request, result, self.config.rules, self.guard)
         if problem is not None:
             counters.rejected_outputs += 1
             self.warn("reply-refused", "refused a reply to %s from worker %r: %s (logged once)", result.id,

@@ -49,7 +49,7 @@ class _LocalDispatch:
     def __init__(self, config: PoolConfig, counters: Counters) -> None:
         self._config = LocalWorkerConfig(
             backend=config.backend, options=dict(config.options), concurrency=config.concurrency,
-            timeout=config.timeout, max_line_chars=config.max_line_chars, fact_guard=config.fact_guard,
+            timeout=config.timeout, rules=config.rules,
             log_level=logging.getLogger().getEffectiveLevel(),
         )
         self._counters = counters

@@ -18,9 +18,9 @@ import msgspec
 from sim.errors import NpcsimError
 from sim.helper import FRAME_ITEMS, helper_main, read_frame
 from sim.inference._counters import Counters, LogOnce
-from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
+from sim.output import FactGuard, load_fact_guard
 from sim.wire.inference import InferenceRequest, InferenceResult
 from sim.wire.local import Hello, LocalReply, LocalWorkerConfig, decode_config, encode
 
@@ -63,7 +63,7 @@ async def _serve_all(config: LocalWorkerConfig, backend: Backend, guard: FactGua
     serving: set[asyncio.Task[None]] = set()
 
     async def handle(request: InferenceRequest) -> None:
-        replies.add(await serve(request, backend, time_limit=config.timeout, max_line_chars=config.max_line_chars,
+        replies.add(await serve(request, backend, time_limit=config.timeout, rules=config.rules,
                                 counters=counters, worker="process", warn=warn, guard=guard))
 
     try:
@@ -83,7 +83,7 @@ async def _worker(body: bytes, reader: asyncio.StreamReader, write: Callable[[by
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     counters = Counters()
     try:
-        guard = load_fact_guard(config.fact_guard)
+        guard = load_fact_guard(config.rules.fact_guard)
         async with open_backend(config.backend, config.options, config.concurrency, config.timeout) as backend:
             write(encode(Hello()))
             await _serve_all(config, backend, guard, reader, _Replies(write, counters), counters)

@@ -27,15 +27,15 @@ from sim.audit import Attempt, AuditRecord
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._dispatch import Dispatch, fallback_result
-from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._link import open_mqtt_dispatch
 from sim.inference._local import open_local_dispatch
 from sim.inference._pool_config import PoolConfig
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, Reply, open_backend
 from sim.memory import WorkingMemory
+from sim.output import FactGuard, load_fact_guard
+from sim.wire.attempt import ServedBy, Usage
 from sim.wire.inference import InferenceRequest, InferenceResult
-from sim.wire.served import ServedBy, Usage
 
 __all__ = ["Pool", "Slots", "open_pool"]
 
@@ -161,7 +161,7 @@ async def open_pool(
                 return fallback_result(request, record.fallback_reason or "backend_error", backend=record.backend,
                                        model=record.model, worker="recorded")
             return await serve(
-                request, served_by, time_limit=config.timeout, max_line_chars=config.max_line_chars,
+                request, served_by, time_limit=config.timeout, rules=config.rules,
                 counters=counters, worker="inprocess", warn=warn, guard=guard,
             )
 

@@ -11,6 +11,7 @@ from sim.errors import ConfigError
 from sim.mqtt import BrokerAddress, ReconnectPolicy
 from sim.protocol.seal import RunKey
 from sim.wire import topics
+from sim.wire.attempt import MAX_LINE_CHARS, Rules
 
 __all__ = ["PoolConfig", "RunInference", "WorkerConfig"]
 
@@ -59,7 +60,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     `reconnect` says how long the MQTT transport waits for its broker (sim.mqtt); with
     `run_key`, requests are signed and replies without a valid signature refused (sim.protocol.seal).
     `fact_guard` names the output check's fact guard as `module:attribute` ("" is the built-in
-    one, sim.inference.contradicted_fact); remote workers must name the same.
+    one, sim.output.contradicted_fact); remote workers must name the same.
     """
 
     backend: str = "scripted"
@@ -68,7 +69,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_in_flight: int = 64
     timeout: float = 30.0
     reply_grace: float = 0.25
-    max_line_chars: int = 200
+    max_line_chars: int = MAX_LINE_CHARS
     transport: Transport = "inprocess"
     broker: BrokerAddress = msgspec.field(default_factory=BrokerAddress)
     reconnect: ReconnectPolicy = msgspec.field(default_factory=ReconnectPolicy)
@@ -102,6 +103,11 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ConfigError(f"transport must be 'inprocess', 'process' or 'mqtt', got {self.transport!r}")
 
     @property
+    def rules(self) -> Rules:
+        """The rules its replies are judged under (each request adds its NPC's output policy)."""
+        return Rules(max_line_chars=self.max_line_chars, fact_guard=self.fact_guard)
+
+    @property
     def slots(self) -> int:
         """How many requests this pool lets be in flight at once."""
         if self.transport != "mqtt":
@@ -119,7 +125,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     concurrency: int = 8
     group: str = "workers"
     timeout: float = 30.0
-    max_line_chars: int = 200
+    max_line_chars: int = MAX_LINE_CHARS
     name: str = ""
     reconnect: ReconnectPolicy = msgspec.field(default_factory=lambda: ReconnectPolicy(patience=None))
     run_key: RunKey | None = None
@@ -134,3 +140,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 topics.check_segment("worker name", self.name)
             except ValueError as exc:
                 raise ConfigError(f"--name: {exc}") from None
+
+    @property
+    def rules(self) -> Rules:
+        """The rules its replies are judged under, as PoolConfig's: the same as the run's pool."""
+        return Rules(max_line_chars=self.max_line_chars, fact_guard=self.fact_guard)

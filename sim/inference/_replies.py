@@ -19,12 +19,13 @@ must give a reply the pool could have produced itself from the request it sent:
 
 from __future__ import annotations
 
+import msgspec
+
 from sim.audit import Attempt
 from sim.inference._dispatch import fallback_line
-from sim.inference._guard import FactGuard, contradicted_fact
-from sim.inference._structured import judge_reply
 from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES
 from sim.memory import OverBudgetError, WorkingMemory, build_working_memory
+from sim.output import FactGuard, Rules, judge_reply
 from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["MAX_RAW_REPLY_CHARS", "reply_problem"]
@@ -36,30 +37,32 @@ _MAX_PROBLEM_CHARS = 1_000
 
 
 def reply_problem(
-    request: InferenceRequest, result: InferenceResult, max_line_chars: int, guard: FactGuard = contradicted_fact
+    request: InferenceRequest, result: InferenceResult, rules: Rules, guard: FactGuard | None = None
 ) -> str | None:
-    """Why the pool refuses this reply to `request`, or None; `guard` is the fact guard workers use."""
+    """Why the pool refuses this reply to `request`, or None: judged under the workers' `rules`
+    with the request's output policy (`guard` instead of the one the rules name)."""
+    rules = msgspec.structs.replace(rules, output=request.output)
     if result.agent_id != request.agent_id or result.tick != request.tick:
         return f"answers {result.agent_id!r} at tick {result.tick}, not {request.agent_id!r} at {request.tick}"
     raw = result.raw_response
     if raw is not None and len(raw) > MAX_RAW_REPLY_CHARS:
         return f"raw response of {len(raw)} characters (bound {MAX_RAW_REPLY_CHARS})"
-    problem = _attempts_problem(request, result.attempts, max_line_chars, guard)
+    problem = _attempts_problem(request, result.attempts, rules, guard)
     if problem is not None:
         return problem
     if result.fallback:
         expected = fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines)
         return None if result.line == expected else "a fallback line that is not the NPC's fallback line"
-    memory = _memory_of_last(request, result.attempts, max_line_chars, guard)
+    memory = _memory_of_last(request, result.attempts, rules, guard)
     if request.output is None or not request.output.structured:  # a structured line is judged from its raw reply
-        verdict = judge_reply(result.line, memory, max_line_chars, guard, request.output)
+        verdict = judge_reply(result.line, memory, rules, guard)
         if verdict.problem is not None:
             return verdict.problem
         if verdict.line != result.line:
             return f"a line that output handling would change ({len(result.line)} characters)"
     elif raw is None:
         return "a structured reply's line without its raw reply"
-    if raw is not None and judge_reply(raw, memory, max_line_chars, guard, request.output).line != result.line:
+    if raw is not None and judge_reply(raw, memory, rules, guard).line != result.line:
         return "a raw response that does not clean to the line"
     if result.attempts and (result.attempts[-1].raw_response != raw or result.attempts[-1].problem is not None):
         return "a last attempt that is not the reply"
@@ -67,12 +70,12 @@ def reply_problem(
 
 
 def _retry_memory(
-    request: InferenceRequest, first: Attempt, max_line_chars: int, guard: FactGuard
+    request: InferenceRequest, first: Attempt, rules: Rules, guard: FactGuard | None
 ) -> WorkingMemory | None:
     """The retry's working memory serving would build after `first` was rejected, if any."""
     if request.state is None or request.config is None or first.raw_response is None:
         return None
-    prohibition = judge_reply(first.raw_response, request.memory, max_line_chars, guard, request.output).prohibition
+    prohibition = judge_reply(first.raw_response, request.memory, rules, guard).prohibition
     if prohibition is None:
         return None
     try:
@@ -83,23 +86,23 @@ def _retry_memory(
 
 
 def _memory_of_last(
-    request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int, guard: FactGuard
+    request: InferenceRequest, attempts: tuple[Attempt, ...], rules: Rules, guard: FactGuard | None
 ) -> WorkingMemory:
     if len(attempts) == 2:
-        retry = _retry_memory(request, attempts[0], max_line_chars, guard)
+        retry = _retry_memory(request, attempts[0], rules, guard)
         if retry is not None:
             return retry
     return request.memory
 
 
 def _attempts_problem(
-    request: InferenceRequest, attempts: tuple[Attempt, ...], max_line_chars: int, guard: FactGuard
+    request: InferenceRequest, attempts: tuple[Attempt, ...], rules: Rules, guard: FactGuard | None
 ) -> str | None:
     if len(attempts) > 2:
         return f"{len(attempts)} attempts (serving makes at most 2)"
     memories: list[WorkingMemory | None] = [request.memory]
     if len(attempts) == 2:
-        memories.append(_retry_memory(request, attempts[0], max_line_chars, guard))
+        memories.append(_retry_memory(request, attempts[0], rules, guard))
     for n, (attempt, memory) in enumerate(zip(attempts, memories[: len(attempts)], strict=True), 1):
         if memory is None:
             return f"attempt {n}: a retry that serving would not have made"
@@ -111,7 +114,7 @@ def _attempts_problem(
         if attempt.raw_response is not None:
             if len(attempt.raw_response) > MAX_RAW_REPLY_CHARS:
                 return f"attempt {n}: raw response of {len(attempt.raw_response)} characters"
-            verdict = judge_reply(attempt.raw_response, memory, max_line_chars, guard, request.output)
+            verdict = judge_reply(attempt.raw_response, memory, rules, guard)
             if verdict.problem != attempt.problem or verdict.proposals != attempt.proposals:
                 return f"attempt {n}: a verdict that output handling does not give"
         elif attempt.problem is None or len(attempt.problem) > _MAX_PROBLEM_CHARS or attempt.proposals:

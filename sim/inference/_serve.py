@@ -6,7 +6,7 @@ output is rejected (a working memory rebuilt with the prohibition inside the bud
 answer with the fallback line whenever anything fails: `serve` never raises for a backend
 failure. Every call is kept as an `Attempt`. Under an NPC's output policy the backend is
 asked for a structured reply (`REPLY_SCHEMA`) and each attempt is judged, and its proposals
-gated, by `judge_reply` (sim.inference._structured); the attempt keeps every verdict.
+gated, by `judge_reply` (sim.output); the attempt keeps every verdict.
 A backend with adaptive limits (`Limited`) gives them to each result, the way its pool hears
 of them whatever the transport.
 """
@@ -25,12 +25,9 @@ from sim.audit import Attempt
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, OverBudgetError, RejectedOutputError
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import fallback_result
-from sim.inference._guard import FactGuard, contradicted_fact
-from sim.inference._output import Verdict
-from sim.inference._structured import judge_reply
 from sim.inference.backends import Backend, Limited
 from sim.memory import WorkingMemory, build_working_memory
-from sim.output import REPLY_SCHEMA
+from sim.output import REPLY_SCHEMA, FactGuard, Rules, Verdict, judge_reply
 from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["RAW_EXCERPT_CHARS", "retry_memory", "serve"]
@@ -105,19 +102,20 @@ async def serve(
     backend: Backend,
     *,
     time_limit: float,
-    max_line_chars: int,
+    rules: Rules,
     counters: Counters,
     worker: str = "",
     clock: Callable[[], float] = time.time,
     warn: LogOnce | None = None,
-    guard: FactGuard = contradicted_fact,
+    guard: FactGuard | None = None,
 ) -> InferenceResult:
     """Answer one request; a fallback result whenever the backend cannot give a usable line.
 
     `time_limit` (seconds) bounds the backend's time together with the request's deadline;
     it is a parameter, not the caller's timeout scope, because the fallback must still be
-    produced when it runs out. Every call to the backend is kept as an `Attempt`; `guard` is
-    the output check's fact guard.
+    produced when it runs out. Every call to the backend is kept as an `Attempt`, its reply
+    judged under `rules` with the request's output policy; `guard` is a fact guard handed
+    in instead of the one the rules name.
     """
     started = time.perf_counter()
     warn = warn or LogOnce(log)
@@ -130,6 +128,7 @@ async def serve(
         )
     limit = min(time_limit, left)
     policy = request.output
+    rules = msgspec.structs.replace(rules, output=policy)
     schema = REPLY_SCHEMA if policy is not None and policy.structured else None
     attempts: list[Attempt] = []
     in_flight: Attempt | None = None
@@ -143,7 +142,7 @@ async def serve(
                 in_flight = _attempt(backend, memory)
                 reply = await backend.generate(memory, schema)
                 raw = raw_excerpt(reply.text)
-                verdict = judge_reply(raw, memory, max_line_chars, guard, policy)
+                verdict = judge_reply(raw, memory, rules, guard)
                 attempts.append(msgspec.structs.replace(in_flight, raw_response=raw, problem=verdict.problem,
                                                         proposals=verdict.proposals, usage=reply.usage,
                                                         served_by=reply.served_by))

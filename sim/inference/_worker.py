@@ -24,11 +24,11 @@ import uuid
 from sim.errors import BrokerError
 from sim.inference._batch import LINGER, MAX_ITEMS, BatchSender, read_batch
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
-from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._pool_config import WorkerConfig
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
 from sim.mqtt import LastWill, Link, MqttTransport, Transport
+from sim.output import FactGuard, load_fact_guard
 from sim.protocol.batcher import Batcher
 from sim.protocol.seal import RunKey, seal, sealed_nonce
 from sim.wire import topics
@@ -156,7 +156,7 @@ class RemoteWorker:
         c.requests += 1
         try:
             result = await serve(
-                request, backend, time_limit=self.config.timeout, max_line_chars=self.config.max_line_chars,
+                request, backend, time_limit=self.config.timeout, rules=self.config.rules,
                 counters=c, worker=self.name, warn=self._warn, guard=self.guard,
             )
         finally:

@@ -8,7 +8,7 @@ off the allow-list or with the wrong arguments, too many beliefs at once. With t
 scripted backend the run sets its `gullible` option, so that the model proposes whatever
 it is told and the gates are what the attacks meet. Every attempt's verdicts are counted
 by code (`GateTally`) and every accepted part is checked again, independently, by
-`sim.proposal_checker`: a part that breaks a rule is a gate violation.
+`sim.checkers.proposals`: a part that breaks a rule is a gate violation.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ import random
 from collections import Counter
 
 from sim.audit import Attempt
-from sim.inference import contradicted_fact
+from sim.checkers import check_proposals
 from sim.loadtest._snapshot import KEEP_VIOLATIONS, violation_records
 from sim.loadtest._stats import GateFigures, ViolationRecord
 from sim.memory import NpcState, WorkingMemory
-from sim.output import OutputPolicy
-from sim.proposal_checker import check_proposals
+from sim.output import OutputPolicy, contradicted_fact
 
 __all__ = ["OUTPUTS", "POLICY", "GateTally", "pick_structured_input"]
 

@@ -9,7 +9,7 @@ Two figures, measured at the same time and labelled apart:
   check, then `await infer(...)` through the inference pool. This gives inferences/s and
   the round-trip latency (build + check + inference).
 
-Every snapshot of either part goes through the independent checker (`sim.checker`).
+Every snapshot of either part goes through the independent checker (`sim.checkers`).
 
 With several budgets and concurrencies the run is a series of phases (`_phase`), one per
 (budget, concurrency) pair, budgets outermost; each phase runs for the whole `duration_s`
@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
-from sim.checker import check_working_memory
+from sim.checkers import check_working_memory
 from sim.loadtest._inference import Infer, InferenceSettings, open_inference
 from sim.loadtest._phase import run_phase
 from sim.loadtest._plan import LoadTestConfig, Phase, Run

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sim.checker import Violation
+from sim.checkers import Violation
 from sim.loadtest._stats import ViolationRecord
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 

@@ -263,7 +263,7 @@ class GateFigures(msgspec.Struct, frozen=True, kw_only=True):
 
     `proposals` counts the beliefs, memories and intents of every attempt; `verdicts` every
     part's verdict by code, the lines' included ("ok" for an accepted one); `violations` the
-    rules an accepted part broke, found by the independent check (`sim.proposal_checker`).
+    rules an accepted part broke, found by the independent check (`sim.checkers.proposals`).
     """
 
     proposals: int

@@ -1,16 +1,19 @@
-"""An NPC's output beyond a line: the structured reply, its gates, what passes becomes.
+"""Judging an NPC's reply, and what passes becomes: the one room for it. Pure: no I/O.
 
-    reply = read_reply(raw)                      # a RawReply, or why it is not one
-    verdicts = gate_proposals(reply.beliefs, reply.remember, reply.intent,
-                              facts=..., guarded=..., policy=..., guard=...)
+    verdict = judge_reply(raw, memory, Rules(max_line_chars=120, output=policy))
 
-`reply` holds the reply's shape (`REPLY_SCHEMA`, the retry's `SCHEMA_RULE`) and its repair
+`judge` holds `judge_reply`, the one function from (raw reply, working memory, rules) to a
+verdict, and its replay over an audit record's attempts (`judge_attempts`,
+`gate_difference`, under `record_rules`); `line` cleans and judges a spoken line
+(`clean_line`); `guard` the fact guard (`contradicted_fact`, `load_fact_guard`); `reply`
+the structured reply's shape (`REPLY_SCHEMA`, the retry's `SCHEMA_RULE`) and its repair
 (`say_part`); `gates` the gates and their verdict codes (`CODES`), the knowledge boundaries
 (`forbidden_phrase`); `apply` which proposals are applied (`said_proposals`) and what each
-becomes in the NPC's state. The policy (`OutputPolicy`) and the verdicts
-(`ProposalVerdict`) are `policy`'s types: an audit record keeps both. Output
-handling (sim.inference) runs the gates on every attempt; the shard applies what passed,
-the view shows it. Pure: no I/O. See docs/npc-output.md.
+becomes in the NPC's state. The rules (`Rules`, `OutputPolicy`) and the verdicts
+(`ProposalVerdict`) are value types of sim.wire.attempt, shared with the wire and the
+audit. The inference package calls `judge_reply` on every attempt; the shard applies what
+passed, the view shows it; replay, the audit and the load test judge again through here.
+See docs/npc-output.md.
 """
 
 from sim.output.apply import BELIEFS_PER_SUBJECT, Judged, belief_of, memory_of, said_proposals
@@ -18,37 +21,50 @@ from sim.output.gates import (
     CODES,
     MAX_ARG_CHARS,
     MAX_PROPOSAL_CHARS,
-    Guard,
     accepted,
     clean_text,
     forbidden_phrase,
     gate_proposals,
     rejected,
 )
-from sim.output.policy import Arg, ArgType, OutputPolicy, ProposalVerdict
+from sim.output.guard import FactGuard, contradicted_fact, load_fact_guard
+from sim.output.judge import FORBIDDEN_RULE, gate_difference, judge_attempts, judge_reply, record_rules
+from sim.output.line import Verdict, clean_line
 from sim.output.reply import REPLY_SCHEMA, SCHEMA_RULE, RawReply, read_reply, say_part
+from sim.wire.attempt import MAX_LINE_CHARS, Arg, ArgType, OutputPolicy, ProposalVerdict, Rules
 
 __all__ = [
     "Arg",
     "ArgType",
     "BELIEFS_PER_SUBJECT",
     "CODES",
+    "FORBIDDEN_RULE",
     "MAX_ARG_CHARS",
+    "MAX_LINE_CHARS",
     "MAX_PROPOSAL_CHARS",
     "REPLY_SCHEMA",
     "SCHEMA_RULE",
-    "Guard",
+    "FactGuard",
     "Judged",
     "OutputPolicy",
     "ProposalVerdict",
     "RawReply",
+    "Rules",
+    "Verdict",
     "accepted",
     "belief_of",
+    "clean_line",
     "clean_text",
+    "contradicted_fact",
     "forbidden_phrase",
+    "gate_difference",
     "gate_proposals",
+    "judge_attempts",
+    "judge_reply",
+    "load_fact_guard",
     "memory_of",
     "read_reply",
+    "record_rules",
     "rejected",
     "said_proposals",
     "say_part",

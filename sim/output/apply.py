@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from sim.memory import Belief, Episode
-from sim.output.policy import ProposalVerdict
 from sim.text import fold
+from sim.wire.attempt import ProposalVerdict
 
 __all__ = ["BELIEFS_PER_SUBJECT", "Judged", "belief_of", "memory_of", "said_proposals"]
 

@@ -22,35 +22,32 @@ removed, whitespace collapsed to one line: `sim.text`) and what passes is kept s
 later prompt it is rendered inert like every untrusted text. Confidence and significance
 are clamped to [0, 1].
 
-Pure: the fact guard is a parameter (`Guard`), as in output handling.
+Pure: the fact guard is a parameter (`FactGuard`, sim.output.guard), as in judging a line.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 from sim.memory import Fact
-from sim.output.policy import Arg, OutputPolicy, ProposalVerdict
+from sim.output.guard import FactGuard
 from sim.text import fold, without_controls
+from sim.wire.attempt import Arg, OutputPolicy, ProposalVerdict
 from sim.wire.events import NAME_RULE, is_name
 
 __all__ = [
     "CODES",
     "MAX_ARG_CHARS",
     "MAX_PROPOSAL_CHARS",
-    "Guard",
     "accepted",
     "clean_text",
     "forbidden_phrase",
     "gate_proposals",
     "rejected",
 ]
-
-Guard = Callable[[str, Sequence[Fact]], Fact | None]
-"""A fact guard: the kept canonical fact a text denies, or None (sim.inference.FactGuard)."""
 
 CODES = ("ok", "parse", "salvaged", "empty", "schema", "authority", "canonical_fact", "forbidden", "intent",
          "intent_args", "bounds")
@@ -220,7 +217,7 @@ def _said(p: ProposalVerdict) -> str:
 
 
 def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], policy: OutputPolicy,
-           guard: Guard, counts: dict[str, int]) -> ProposalVerdict:
+           guard: FactGuard, counts: dict[str, int]) -> ProposalVerdict:
     """Gates 2 to 6 on a proposal of its shape: the first that refuses it, or accepted."""
     why = _authority(p, guarded)
     if why is not None:
@@ -256,7 +253,7 @@ def gate_proposals(
     facts: Sequence[Fact],
     guarded: Collection[str],
     policy: OutputPolicy,
-    guard: Guard,
+    guard: FactGuard,
 ) -> tuple[ProposalVerdict, ...]:
     """Every proposal's verdict, in the reply's order (beliefs, memories, the intent).
 

@@ -2,9 +2,10 @@
 
 A variant that sets `forbidden` or `intents` (`--set npc.ID.forbidden=...`) changes the
 rules the gates apply, not what the NPC saw or said: each attempt's recorded raw reply is
-judged again (`sim.inference.judge_attempts`, the live path's code) against the working
-memory it answered, and every part of it whose verdict goes from accepted to rejected or
-back is a `Flip`. Records of NPCs without an output policy have nothing to judge.
+judged again (`sim.output.judge_attempts`, the live path's code) under the record's rules
+with the variant's policy, against the working memory it answered, and every part of it
+whose verdict goes from accepted to rejected or back is a `Flip`. Records of NPCs without
+an output policy have nothing to judge.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from collections.abc import Iterable
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.inference import judge_attempts
 from sim.memory import WorkingMemory
-from sim.output.policy import OutputPolicy
+from sim.output import OutputPolicy, judge_attempts, record_rules
 
 __all__ = ["DIRECTIONS", "Flip", "first_flips", "flips"]
 
@@ -54,7 +54,8 @@ def flips(record: AuditRecord, memory: WorkingMemory, policy: OutputPolicy) -> t
     """How many attempts of `record` were judged again under `policy`, and the flips: the
     recorded verdicts against the new ones, part by part."""
     judged, found = 0, []
-    for n, attempt, verdict in judge_attempts(record, memory, policy):
+    rules = msgspec.structs.replace(record_rules(record), output=policy)
+    for n, attempt, verdict in judge_attempts(record, memory, rules):
         judged += 1
         found += [
             Flip(record=record.id, agent=record.agent_id, tick=record.tick, attempt=n, kind=now.kind, text=now.text,

@@ -20,7 +20,7 @@ import msgspec
 
 from sim.errors import ConfigError
 from sim.memory import SELECTIONS, WorkingMemoryConfig
-from sim.output.policy import OutputPolicy
+from sim.output import OutputPolicy
 from sim.wire.events import is_name
 
 __all__ = ["MAX_VARIANTS", "POLICY_KEYS", "SETTABLE", "Override", "Variant", "parse_overrides"]

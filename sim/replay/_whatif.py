@@ -38,7 +38,7 @@ from sim.memory import (
     build_working_memory,
     distinct,
 )
-from sim.output.policy import OutputPolicy
+from sim.output import OutputPolicy
 from sim.replay._flips import Flip, first_flips, flips
 from sim.replay._overrides import Variant
 

@@ -275,7 +275,7 @@ class AgentContext:
         await apply_proposals(shard.store, shard.bus, run_id=shard.run_id, state=state, result=result,
                               reply_to=say.reply_to)
         spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result,
-                        output=request.output)
+                        output=request.output, rules=shard.pool.config.rules)
         await shard.recorder.record(spoken)
         return result.line
 

@@ -17,16 +17,15 @@ from collections.abc import Mapping
 
 import msgspec
 
-from sim.audit import make_record
+from sim.audit import make_record, trace_of
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, prefix_reuse
 from sim.metrics import MetricsSink
-from sim.output import OutputPolicy
+from sim.output import OutputPolicy, Rules
 from sim.shard._stats import RunStats
 from sim.store import Store
 from sim.wire.events import SayMessage
-from sim.wire.trace import trace_of
 
 __all__ = ["Recorder", "Spoken"]
 
@@ -40,7 +39,8 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
 
     `heard` is the input the working memory was built for (the audit's player input),
     `state` the state it was built from, `config` the working-memory config it was built with,
-    `output` the NPC's output policy the reply was judged under.
+    `output` the NPC's output policy the reply was judged under, `rules` the pool's rules
+    around it (the line limit, the fact guard), kept in the audit record for replaying them.
     """
 
     say: SayMessage
@@ -50,6 +50,7 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     memory: WorkingMemory
     result: InferenceResult
     output: OutputPolicy | None = None
+    rules: Rules = Rules()
 
 
 class Recorder:
@@ -110,6 +111,7 @@ class Recorder:
             timings=result.timings,
             attempts=result.attempts,
             output=spoken.output,
+            rules=spoken.rules,
         )
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import msgspec
 
+from sim.audit import trace_of
 from sim.scenario import Scenario
 from sim.store import open_reader
 from sim.view.model import RunModel
 from sim.wire.events import PlayerInputMessage, SayMessage
-from sim.wire.trace import RosterEntry, TraceMessage, trace_of
+from sim.wire.trace import RosterEntry, TraceMessage
 
 __all__ = ["StoredRun"]
 

@@ -5,7 +5,8 @@
 - `sim.wire.barrier`: the tick barrier's TickDone and Join;
 - `sim.wire.trace`: the per-inference trace and a shard's roster, for viewers;
 - `sim.wire.inference`: inference requests and results (with their priority);
-- `sim.wire.served`: what a model server said of a call (its usage, the model that answered);
+- `sim.wire.attempt`: one call to a backend and what was judged of it (what the server said,
+  the output policy and rules, the gates' verdicts): a leaf the audit and sim.output share;
 - `sim.wire.batch`: many messages in one payload (the inference transport's batches);
 - `sim.wire.local`: the frames between a shard and its helper processes (`sim.helper`:
   the pool's worker, the scenario parser; pipes, not MQTT);

@@ -14,9 +14,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from sim.audit import Attempt
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
-from sim.output import OutputPolicy
+from sim.wire.attempt import Attempt, OutputPolicy
 from sim.wire.decoding import msgpack_reader
 
 __all__ = [

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from sim.wire.attempt import Rules
 from sim.wire.inference import InferenceResult
 
 __all__ = [
@@ -54,14 +55,13 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class LocalWorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What the worker process serves with: the pool's backend, bounds and fact guard."""
+    """What the worker process serves with: the pool's backend, bounds and judging rules."""
 
     backend: str
     options: dict[str, Any]
     concurrency: int
     timeout: float
-    max_line_chars: int
-    fact_guard: str
+    rules: Rules
     log_level: int
 
 

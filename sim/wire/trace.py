@@ -1,7 +1,8 @@
 """Wire types a viewer reads besides `say`: the per-inference trace and a shard's roster.
 
 The trace (`npcsim/{run}/trace/{shard}`, JSON) of each inference is published by the
-shard in batches (sim.bus), a JSON array of traces in the order of their inferences: the
+shard in batches (sim.bus), a JSON array of traces in the order of their inferences, each
+built from its audit record (`sim.audit.trace_of`, with `for_trace` here): the
 truncation report and its explanation (each category's budget as split and after
 redistribution, what it kept and what it dropped and why: `sim.memory.explain_truncation`,
 derived from the record's snapshot), the prompt's SHA-256 and, unless the operator turns
@@ -23,11 +24,9 @@ from __future__ import annotations
 
 import msgspec
 
-from sim.audit import AuditRecord
-from sim.memory import TruncationExplanation, TruncationReport, WorkingMemory
-from sim.output import ProposalVerdict
+from sim.memory import TruncationExplanation, TruncationReport
+from sim.wire.attempt import ProposalVerdict, Usage
 from sim.wire.decoding import json_reader
-from sim.wire.served import Usage
 
 __all__ = [
     "TRACE_DROPPED",
@@ -39,7 +38,7 @@ __all__ = [
     "decode_traces",
     "encode_roster",
     "encode_trace",
-    "trace_of",
+    "for_trace",
 ]
 
 
@@ -95,45 +94,12 @@ class RosterMessage(msgspec.Struct, frozen=True, kw_only=True):
     npcs: tuple[RosterEntry, ...]
 
 
-def trace_of(
-    record: AuditRecord, *, shard: str, location: str | None, prompts: bool = True, memory: WorkingMemory | None = None
-) -> TraceMessage:
-    """The trace of an inference from its audit record: all but the state snapshot.
-
-    `memory`: the record's working memory, when the caller holds it (not built again)."""
-    return TraceMessage(
-        run=record.run_id,
-        shard=shard,
-        agent=record.agent_id,
-        location=location,
-        tick=record.tick,
-        inference_id=record.id,
-        player_input=record.player_input,
-        line=record.line,
-        fallback=record.fallback,
-        fallback_reason=record.fallback_reason,
-        backend=record.backend,
-        model=record.model,
-        prompt_sha256=record.prompt_sha256,
-        report=record.report,
-        latency_ms=record.timings.get("total_ms"),
-        prompt=record.prompt if prompts else None,
-        attempts=tuple(
-            TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
-                         prohibition=a.prohibition, usage=a.usage, proposals=a.proposals)
-            for a in record.attempts
-        ),
-        explanation=_for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED if prompts else 0),
-                                texts=prompts),
-    )
-
-
 TRACE_DROPPED = 5
 """Dropped items named per category in a trace: the newest, those next in line to be kept."""
 _CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
 
 
-def _for_trace(explanation: TruncationExplanation, *, texts: bool) -> TruncationExplanation:
+def for_trace(explanation: TruncationExplanation, *, texts: bool) -> TruncationExplanation:
     """The explanation as a trace carries it (built with at most `TRACE_DROPPED` dropped items
     per category), or, prompts off, with no item's text at all."""
     if texts:

@@ -17,7 +17,7 @@ from typing import Any
 from sim.errors import ConfigError
 from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Limited, Reply, convert_options
 from sim.memory import WorkingMemoryConfig
-from sim.wire.served import ServedBy
+from sim.wire.attempt import ServedBy
 
 __all__ = [
     "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "check_context_window",

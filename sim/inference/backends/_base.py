@@ -16,7 +16,7 @@ import msgspec
 
 from sim.errors import ConfigError
 from sim.memory import WorkingMemory
-from sim.wire.served import ServedBy, Usage
+from sim.wire.attempt import ServedBy, Usage
 
 __all__ = ["FEW_SHOT", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "convert_options"]
 

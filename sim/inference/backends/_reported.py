@@ -15,7 +15,7 @@ import httpx
 import msgspec
 
 from sim.errors import ConfigError
-from sim.wire.served import ServedBy, Usage
+from sim.wire.attempt import ServedBy, Usage
 
 __all__ = ["model_now", "reported_usage", "served_by", "server_root", "server_slots", "server_window"]
 

@@ -31,7 +31,7 @@ import msgspec
 from sim.errors import ConfigError, InferenceError
 from sim.inference.backends._base import FEW_SHOT, Reply, convert_options
 from sim.memory import WorkingMemory
-from sim.wire.served import ServedBy, Usage
+from sim.wire.attempt import ServedBy, Usage
 
 __all__ = [
     "LlamaCppBackend", "LlamaCppOptions", "bundled_model_path", "file_sha256", "missing_requirement", "open_llamacpp",

@@ -47,7 +47,7 @@ from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, Infer
 from sim.inference.backends._base import Reply, convert_options
 from sim.inference.backends._reported import model_now, reported_usage, served_by, server_window
 from sim.memory import WorkingMemory
-from sim.wire.served import ServedBy
+from sim.wire.attempt import ServedBy
 
 __all__ = [
     "CircuitBreaker", "OpenAIBackend", "OpenAIOptions", "check_server_window", "open_openai", "reply_bound",

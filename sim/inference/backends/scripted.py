@@ -41,7 +41,7 @@ import msgspec
 from sim.inference.backends._base import Reply, convert_options
 from sim.inference.backends._proposing import structured_reply
 from sim.memory import QUOTE_MARKS, WorkingMemory, own_words, quoted
-from sim.wire.served import Usage
+from sim.wire.attempt import Usage
 
 __all__ = ["ScriptedBackend", "ScriptedOptions", "scripted_reply"]
 
@@ -51,7 +51,7 @@ _ADDRESSED = re.compile(r"([A-Za-z0-9_.-]+): (.+)", re.DOTALL)  # "speaker: line
 _WORD = re.compile(r"[a-z]{4,}")
 _SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([.,!?;:])")  # as output handling does
 _ASIDE = re.compile(r"\*[^*]*\*|\([^)]*\)|\[[^\]]*\]")  # what output handling cuts as stage directions
-_MAX_CITED = 120  # characters of an item's text cited whole; a longer one is cut (the line's bound is 200)
+_MAX_CITED = 120  # characters of an item's text cited whole; a longer one is cut (inside sim.output.MAX_LINE_CHARS)
 _ELLIPSIS = "\u2026"
 _THROWS = 8  # tries at a line not said before
 _ENDS = ".!?" + _ELLIPSIS

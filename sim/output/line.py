@@ -4,7 +4,7 @@ A line is one line of bounded length with stage directions (`*waves*`, `(sighs)`
 `[laughs]`), meta-text ("As an AI ...") and speaker prefixes ("Mara:", "Assistant:")
 removed. A line is rejected when nothing is left, or when the fact guard says it
 contradicts a canonical fact kept in the working memory. The guard is a parameter
-(`FactGuard`, sim.inference._guard): the built-in `contradicted_fact` by default, or a
+(`FactGuard`, sim.output.guard): the built-in `contradicted_fact` by default, or a
 stronger one (an NLI model, a second model call) that a user plugs in.
 
 Before anything else, escape sequences, control characters, bidi and zero-width marks are
@@ -18,12 +18,12 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sim.inference._guard import FactGuard, contradicted_fact
 from sim.memory import QUOTE_MARKS, WorkingMemory
-from sim.output.policy import ProposalVerdict
+from sim.output.guard import FactGuard
 from sim.text import without_controls
+from sim.wire.attempt import ProposalVerdict
 
-__all__ = ["Verdict", "clean_line", "judge"]
+__all__ = ["Verdict", "clean_line", "judge_line"]
 
 _STAGE = re.compile(r"\*[^*\n]*\*|\([^)\n]*\)|\[[^\]\n]*\]")
 _META = re.compile(
@@ -42,7 +42,7 @@ _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """The cleaned line and, when it is rejected, why (`code`, sim.output's verdict codes, and
     `problem`) and what to forbid on the retry. `proposals`: the gates' verdicts on each part
-    of a reply judged under an output policy (sim.inference._structured)."""
+    of a reply judged under an output policy (sim.output.judge)."""
 
     line: str
     problem: str | None = None
@@ -108,7 +108,7 @@ def clean_line(raw: str, agent_id: str, max_chars: int, speakers: Iterable[str] 
     return ""
 
 
-def judge(raw: str, memory: WorkingMemory, max_chars: int, guard: FactGuard = contradicted_fact) -> Verdict:
+def judge_line(raw: str, memory: WorkingMemory, max_chars: int, guard: FactGuard) -> Verdict:
     """Clean `raw` and decide whether the NPC may say it; `guard` finds a contradicted fact."""
     speakers = {line.speaker for line in memory.dialogue}
     line = clean_line(raw, memory.agent_id, max_chars, speakers)

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from sim.checkers.violation import Violation
 from sim.memory import NpcState, Relevance, WorkingMemory, WorkingMemoryConfig, ranking, token_counter
 from sim.memory.render import (
     CATEGORY_HEADERS,
@@ -38,12 +39,7 @@ from sim.memory.render import (
     render_world,
 )
 
-__all__ = ["Violation", "check_working_memory"]
-
-
-class Violation(msgspec.Struct, frozen=True):
-    invariant: str
-    detail: str
+__all__ = ["check_working_memory"]
 
 
 _RECENCY: dict[str, Callable[[Any], tuple[Any, ...]]] = {

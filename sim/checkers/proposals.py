@@ -26,9 +26,9 @@ import re
 from collections.abc import Callable, Sequence
 
 from sim.audit import Attempt
-from sim.checker import Violation
+from sim.checkers.violation import Violation
 from sim.memory import WorkingMemory
-from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, Guard, OutputPolicy, ProposalVerdict
+from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, FactGuard, OutputPolicy, ProposalVerdict
 from sim.text import fold
 
 __all__ = ["check_proposals"]
@@ -74,7 +74,7 @@ def _says(text: str, phrase: str) -> bool:
 
 
 def _part_problems(part: ProposalVerdict, memory: WorkingMemory, policy: OutputPolicy,
-                   guard: Guard) -> list[Violation]:
+                   guard: FactGuard) -> list[Violation]:
     found: list[Violation] = []
     what = f"accepted {part.kind} {part.text[:60]!r}"
     guarded = {f.id for f in memory.canonical_facts} | {w.key for w in memory.world_state}
@@ -99,7 +99,7 @@ def _part_problems(part: ProposalVerdict, memory: WorkingMemory, policy: OutputP
 
 
 def check_proposals(attempts: Sequence[Attempt], memory: WorkingMemory, policy: OutputPolicy,
-                    guard: Guard) -> list[Violation]:
+                    guard: FactGuard) -> list[Violation]:
     """Every rule an accepted part of `attempts` breaks; `memory` holds the kept facts the guard reads."""
     found: list[Violation] = []
     for attempt in attempts:

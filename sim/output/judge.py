@@ -1,8 +1,10 @@
-"""Output handling under an NPC's output policy: a structured reply read, repaired and gated.
+"""Judging a reply: one pure function from (raw reply, working memory, rules) to a verdict.
 
-`judge_reply` is what serving and the pool's reply checks call for every attempt:
+`judge_reply` is what serving and the pool's reply checks call for every attempt, and what
+a replay calls again. The rules (`Rules`, sim.wire.attempt) are one value: the line limit,
+the fact guard's name and the NPC's output policy:
 
-- no policy: the line as output handling judges it (`judge`);
+- no policy: the line as `judge_line` judges it (sim.output.line);
 - a policy, `structured` false: that line, refused (`forbidden`) when it reveals a phrase
   the author forbade;
 - `structured`: the reply is read as a JSON object (sim.output.read_reply). One that is not
@@ -12,11 +14,11 @@
   goes through the gates (sim.output.gate_proposals), whether the line passed or not, so
   the audit holds every verdict of every attempt.
 
-The verdict's `proposals` start with the line's own (kind "line"). Each rule is a
-function of the raw reply, the working memory and the policy, so `judge_attempts` judges
-a record's attempts again: `gate_difference` (what `npcsim audit replay` runs) under the
-record's own policy, finding the same verdicts, and the what-if (`npcsim replay --set
-npc.ID.forbidden=...`) under another.
+The verdict's `proposals` start with the line's own (kind "line"). An audit record keeps
+the rules its replies were judged under (`record_rules`), so `judge_attempts` judges its
+attempts again as the run did: `gate_difference` (what `npcsim audit replay` runs) under
+the record's own rules, finding the same verdicts, and the what-if (`npcsim replay --set
+npc.ID.forbidden=...`) under another policy.
 """
 
 from __future__ import annotations
@@ -25,36 +27,37 @@ from collections.abc import Iterator
 
 import msgspec
 
-from sim.audit import Attempt, AuditRecord
-from sim.inference._guard import FactGuard, contradicted_fact
-from sim.inference._output import Verdict, judge
+from sim.audit import AuditRecord
 from sim.memory import WorkingMemory
-from sim.output import SCHEMA_RULE, accepted, forbidden_phrase, gate_proposals, read_reply, rejected, say_part
-from sim.output.policy import OutputPolicy
+from sim.output.gates import accepted, forbidden_phrase, gate_proposals, rejected
+from sim.output.guard import FactGuard, load_fact_guard
+from sim.output.line import Verdict, judge_line
+from sim.output.reply import SCHEMA_RULE, read_reply, say_part
+from sim.wire.attempt import Attempt, OutputPolicy, Rules
 
-__all__ = ["FORBIDDEN_RULE", "gate_difference", "judge_attempts", "judge_reply"]
+__all__ = ["FORBIDDEN_RULE", "gate_difference", "judge_attempts", "judge_reply", "record_rules"]
 
 FORBIDDEN_RULE = "Never reveal what you must keep secret; answer without it."
 """The retry's rule after a line that revealed a forbidden phrase (the phrase itself is not repeated)."""
 
 
-def judge_reply(
-    raw: str, memory: WorkingMemory, max_chars: int, guard: FactGuard = contradicted_fact,
-    policy: OutputPolicy | None = None,
-) -> Verdict:
-    """Judge one attempt's raw reply under `policy` (None: a line, as `judge` does)."""
+def judge_reply(raw: str, memory: WorkingMemory, rules: Rules, guard: FactGuard | None = None) -> Verdict:
+    """Judge one attempt's raw reply under `rules`; `guard` is a fact guard handed in instead
+    of the one `rules.fact_guard` names (a callable plugged into a pool in-process)."""
+    guard = guard if guard is not None else load_fact_guard(rules.fact_guard)
+    policy = rules.output
     if policy is None:
-        return judge(raw, memory, max_chars, guard)
+        return judge_line(raw, memory, rules.max_line_chars, guard)
     if not policy.structured:
-        return _line(judge(raw, memory, max_chars, guard), policy, salvaged=False)
+        return _line(judge_line(raw, memory, rules.max_line_chars, guard), policy, salvaged=False)
     reply = read_reply(raw)
     if isinstance(reply, str):
         said = say_part(raw) if memory.prohibition is not None else None
         if said is None:
             return Verdict(line="", problem=f"parse: {reply}", prohibition=SCHEMA_RULE, code="parse",
                            proposals=(rejected("line", "", "parse", reply),))
-        return _line(judge(said, memory, max_chars, guard), policy, salvaged=True)
-    line = _line(judge(reply.say, memory, max_chars, guard), policy, salvaged=False)
+        return _line(judge_line(said, memory, rules.max_line_chars, guard), policy, salvaged=True)
+    line = _line(judge_line(reply.say, memory, rules.max_line_chars, guard), policy, salvaged=False)
     guarded = {f.id for f in memory.canonical_facts} | {w.key for w in memory.world_state}
     proposals = gate_proposals(reply.beliefs, reply.remember, reply.intent, facts=memory.canonical_facts,
                                guarded=guarded, policy=policy, guard=guard)
@@ -77,34 +80,35 @@ def _line(verdict: Verdict, policy: OutputPolicy, *, salvaged: bool) -> Verdict:
     return msgspec.structs.replace(verdict, proposals=(mine,))
 
 
+def record_rules(record: AuditRecord) -> Rules:
+    """The rules `record`'s replies were judged under: the run's (`record.rules`) with the
+    NPC's output policy, which the record keeps in its own field (`record.output`)."""
+    return msgspec.structs.replace(record.rules, output=record.output)
+
+
 def judge_attempts(
-    record: AuditRecord, memory: WorkingMemory, policy: OutputPolicy, *, guard: FactGuard = contradicted_fact,
-    max_line_chars: int = 200,
+    record: AuditRecord, memory: WorkingMemory, rules: Rules, guard: FactGuard | None = None
 ) -> Iterator[tuple[int, Attempt, Verdict]]:
-    """Each attempt of `record` with a reply (its number from 1) and the gates' verdict on it
-    under `policy`, against the working memory it answered (`memory`, the record's; a
-    retry's is rebuilt with its prohibition)."""
+    """Each attempt of `record` with a reply (its number from 1) and its verdict under
+    `rules`, against the working memory it answered (`memory`, the record's; a retry's is
+    rebuilt with its prohibition)."""
     for n, attempt in enumerate(record.attempts, 1):
         if attempt.raw_response is None:
             continue
         given = memory if attempt.prohibition is None else record.memory(attempt.prohibition)
-        yield n, attempt, judge_reply(attempt.raw_response, given, max_line_chars, guard, policy)
+        yield n, attempt, judge_reply(attempt.raw_response, given, rules, guard)
 
 
-def gate_difference(
-    record: AuditRecord, memory: WorkingMemory, *, guard: FactGuard = contradicted_fact, max_line_chars: int = 200
-) -> str:
+def gate_difference(record: AuditRecord, memory: WorkingMemory) -> str:
     """The first attempt of `record` whose reply the gates now judge otherwise, or "".
 
     `memory` is the record's working memory (a retry's is rebuilt with its prohibition);
-    `guard` and `max_line_chars` are what the run judged with (the built-in guard and the
-    default bound unless it was configured otherwise). A record without attempts under an
-    output policy has nothing to compare.
+    the attempts are judged under the rules the record keeps (`record_rules`). A record
+    without an output policy has no gates to compare.
     """
     if record.output is None:
         return ""
-    for n, attempt, verdict in judge_attempts(record, memory, record.output, guard=guard,
-                                              max_line_chars=max_line_chars):
+    for n, attempt, verdict in judge_attempts(record, memory, record_rules(record)):
         if verdict.problem != attempt.problem:
             return f"gates: attempt {n}: recorded problem {attempt.problem!r}, now {verdict.problem!r}"
         for recorded, now in zip(attempt.proposals, verdict.proposals, strict=False):

@@ -1,7 +1,7 @@
 """The fact guard: does a line deny one of the canonical facts kept in the working memory?
 
 A guard is any callable `(line, facts) -> Fact | None` (`FactGuard`); the output check
-(`sim.inference.judge`) rejects a line for which it returns a fact. `contradicted_fact` is
+(`sim.output.judge_reply`) rejects a line for which it returns a fact. `contradicted_fact` is
 the built-in one and the default: rules over words, no model, cheap on every line. What
 it catches and what needs a stronger guard is in docs/inference.md ("The fact guard").
 
@@ -306,11 +306,13 @@ def _fact_cores(text: str) -> tuple[tuple[tuple[str, ...], tuple[int, ...]], ...
     return tuple(cores)
 
 
+@functools.cache
 def load_fact_guard(spec: str) -> FactGuard:
     """The guard a config names as `module:attribute`; "" is the built-in `contradicted_fact`.
 
     The pool and its remote workers must use the same guard: the pool checks a worker's
-    verdicts by judging its replies again.
+    verdicts by judging its replies again. Loaded once per name: `judge_reply` finds the
+    guard its rules name on every reply.
     """
     if not spec:
         return contradicted_fact
