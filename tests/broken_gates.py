@@ -13,7 +13,7 @@ __all__ = ["accept_every_proposal"]
 
 def accept_every_proposal(
     beliefs: Sequence[Any], memories: Sequence[Any], intent: Any, *, facts: Sequence[Fact],
-    guarded: Collection[str], policy: OutputPolicy, guard: FactGuard,
+    guarded: Collection[str], known: Collection[str], policy: OutputPolicy, guard: FactGuard,
 ) -> tuple[ProposalVerdict, ...]:
     """`sim.output.gate_proposals` broken: every proposal of its shape is accepted as it came."""
     taken = [accepted("belief", clean_text(str(b.get("text", ""))), about=str(b.get("about", "")),

@@ -4,12 +4,24 @@ pattern whose time grows past linear with a long text."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from sim.memory import Fact
-from sim.output import OutputPolicy, ProposalVerdict, contradicted_fact, forbidden_phrase, gate_proposals
+from sim.audit import Attempt
+from sim.checkers import check_proposals
+from sim.memory import Fact, Line, NpcState, build_working_memory
+from sim.output import (
+    OutputPolicy,
+    ProposalVerdict,
+    Rules,
+    accepted,
+    contradicted_fact,
+    forbidden_phrase,
+    gate_proposals,
+    judge_reply,
+)
 from sim.text import fold
 
 FACTS = (Fact(id="f-king", text="The king is dead."),)
@@ -17,7 +29,7 @@ POLICY = OutputPolicy(structured=True, forbidden=("cellar key", "swordfish"))
 
 
 def gate(beliefs: list[Any] = [], memories: list[Any] = []) -> tuple[ProposalVerdict, ...]:  # noqa: B006 (read only)
-    return gate_proposals(beliefs, memories, None, facts=FACTS, guarded={"f-king"}, policy=POLICY,
+    return gate_proposals(beliefs, memories, None, facts=FACTS, guarded={"f-king"}, known={"p1"}, policy=POLICY,
                           guard=contradicted_fact)
 
 
@@ -83,3 +95,35 @@ def test_words_of_a_phrase_far_apart_are_not_the_phrase(text: str) -> None:
 def test_a_long_text_is_judged_without_a_blow_up(text: str) -> None:
     (verdict,) = gate([], [memory(text)])
     assert verdict.verdict == "rejected"
+
+
+def judged_beliefs(*abouts: str) -> list[tuple[str, str]]:
+    """(about, code) of each belief a reply proposes to the innkeeper, whom visitor is talking to."""
+    state = NpcState(agent_id="innkeeper", system_prompt="You keep the inn.",
+                     dialogue=(Line(tick=1, speaker="blacksmith", text="Ale, please.", seq=1),))
+    memory = build_working_memory(state, "visitor: Who are you?")
+    beliefs = [{"about": about, "text": "Is a regular here.", "confidence": 0.5} for about in abouts]
+    raw = json.dumps({"say": "Welcome.", "beliefs": beliefs})
+    verdict = judge_reply(raw, memory, Rules(output=OutputPolicy(structured=True, max_beliefs=10)))
+    checked = check_proposals([Attempt(prompt=memory.prompt, proposals=verdict.proposals)], memory, OutputPolicy(structured=True,
+                              max_beliefs=10), contradicted_fact)
+    assert checked == [], checked  # the independent check agrees with what the gates accepted
+    return [(p.about, p.code) for p in verdict.proposals if p.kind == "belief"]
+
+
+def test_a_belief_is_about_the_speaker_the_npc_itself_or_someone_it_knows() -> None:
+    assert judged_beliefs("visitor", "innkeeper", "blacksmith") == [
+        ("visitor", "ok"), ("innkeeper", "ok"), ("blacksmith", "ok")]
+
+
+@pytest.mark.parametrize("about", ["game", "shard", "worker", "viewer", "someone_else", "player2"])
+def test_a_belief_about_a_reserved_name_or_a_stranger_is_refused(about: str) -> None:
+    assert judged_beliefs(about) == [(about, "authority")]
+
+
+def test_the_independent_check_catches_a_belief_about_a_stranger() -> None:
+    memory = build_working_memory(NpcState(agent_id="innkeeper", system_prompt="x"), "visitor: hi")
+    stranger = accepted("belief", "Is rich.", about="game", weight=0.5)
+    [violation] = check_proposals([Attempt(prompt=memory.prompt, proposals=(stranger,))], memory, OutputPolicy(structured=True),
+                                  contradicted_fact)
+    assert violation.invariant == "authority"

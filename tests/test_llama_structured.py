@@ -21,7 +21,14 @@ from typing import Any
 import pytest
 
 from sim.audit import AuditRecord
-from sim.output import OutputPolicy, ProposalVerdict, contradicted_fact, forbidden_phrase, gate_proposals
+from sim.output import (
+    OutputPolicy,
+    ProposalVerdict,
+    contradicted_fact,
+    forbidden_phrase,
+    gate_proposals,
+    known_names,
+)
 from sim.store import open_reader
 from tests.helpers import VILLAGE, MosquittoProcess, run_npcsim
 from tests.llama_server import LlamaServer, run_village
@@ -94,7 +101,8 @@ def check_accepted_proposals(record: AuditRecord) -> int:
             beliefs = [item(p)] if p.kind == "belief" else []
             memories = [item(p)] if p.kind == "memory" else []
             again = gate_proposals(beliefs, memories, item(p) if p.kind == "intent" else None, facts=facts,
-                                   guarded=guarded, policy=policy, guard=contradicted_fact)
+                                   guarded=guarded, known=known_names(memory), policy=policy,
+                                   guard=contradicted_fact)
             assert [(v.verdict, v.code) for v in again] == [("accepted", "ok")], (record.id, p, again)
             checked += 1
     return checked

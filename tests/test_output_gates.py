@@ -33,13 +33,14 @@ from sim.text import fold
 
 FACTS = (Fact(id="f-king", text="The king is dead."), Fact(id="f-debt", text="The player owes the inn three silver."))
 GUARDED = {"f-king", "f-debt", "inn"}
+KNOWN = {"p1", "p2", "inn"}
 POLICY = OutputPolicy(structured=True, forbidden=("third barrel", "swordfish"),
                       intents={"give_item": {"item": "string"}, "call_guards": {}})
 
 
 def gate(beliefs: list[Any] = [], memories: list[Any] = [], intent: Any = None,  # noqa: B006 (read only)
          policy: OutputPolicy = POLICY) -> tuple[ProposalVerdict, ...]:
-    return gate_proposals(beliefs, memories, intent, facts=FACTS, guarded=GUARDED, policy=policy,
+    return gate_proposals(beliefs, memories, intent, facts=FACTS, guarded=GUARDED, known=KNOWN, policy=policy,
                           guard=contradicted_fact)
 
 

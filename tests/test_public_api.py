@@ -60,10 +60,11 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.output": {
         "Arg", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "FORBIDDEN_RULE", "MAX_ARG_CHARS", "MAX_LINE_CHARS",
-        "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "SCHEMA_RULE", "FactGuard", "Judged", "OutputPolicy", "ProposalVerdict",
-        "RawReply", "Rules", "Verdict", "accepted", "belief_of", "clean_line", "clean_text", "contradicted_fact",
-        "forbidden_phrase", "gate_difference", "gate_proposals", "judge_attempts", "judge_reply", "load_fact_guard",
-        "memory_of", "read_reply", "record_rules", "rejected", "said_proposals", "say_part",
+        "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "RESERVED_NAMES", "SCHEMA_RULE", "FactGuard", "Judged", "OutputPolicy",
+        "ProposalVerdict", "RawReply", "Rules", "Verdict", "accepted", "belief_of", "clean_line", "clean_text",
+        "contradicted_fact", "forbidden_phrase", "gate_difference", "gate_proposals", "judge_attempts", "judge_reply",
+        "known_names", "load_fact_guard", "memory_of", "read_reply", "record_rules", "rejected", "said_proposals",
+        "say_part",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {

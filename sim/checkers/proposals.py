@@ -4,9 +4,10 @@ It trusts no verdict: every part a gate accepted is read again, with rules writt
 apart from the gates (sim.output.gates), and each rule it breaks is a `Violation` named
 by the gate that should have refused it:
 
-- `authority`: a belief about a canonical fact's id or a world-state key, or a text that
-  begins "Fact:", "Canonical fact:", "World state:" (and kin) or holds a "## Canonical
-  facts" header;
+- `authority`: a belief about a canonical fact's id or a world-state key, or about someone
+  who is neither the NPC, the one talking to it nor a speaker of its kept dialogue (or is
+  one of the run's own logins), or a text that begins "Fact:", "Canonical fact:", "World
+  state:" (and kin) or holds a "## Canonical facts" header;
 - `canonical_fact`: a line, belief or memory that the fact guard finds denying a kept fact;
 - `forbidden`: a part that says a phrase of the NPC's `forbidden` list (on whole words, or
   with the separators between its letters taken out for a phrase of six letters or more);
@@ -34,6 +35,7 @@ from sim.text import fold
 __all__ = ["check_proposals"]
 
 _POSING_WORDS = {"new", "canonical", "official", "true", "real", "added"}
+_LOGINS = {"shard", "worker", "game", "viewer"}
 _HEADER = re.compile(r"#+\s*(?:canonical\s+facts?|world\s+state)\b")
 _TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str) and 0 < len(" ".join(v.split())) <= MAX_ARG_CHARS,
@@ -73,6 +75,14 @@ def _says(text: str, phrase: str) -> bool:
     return len(joined) >= 6 and joined in "".join(spoken)
 
 
+def _may_be_about(name: str, memory: WorkingMemory) -> bool:
+    """Whether a belief may name `name`: the NPC, the input's speaker, a speaker of its dialogue."""
+    if name in _LOGINS:
+        return False
+    speaker = memory.player_input.split(":", 1)[0] if ":" in memory.player_input else None
+    return name in (memory.agent_id, speaker) or any(line.speaker == name for line in memory.dialogue)
+
+
 def _part_problems(part: ProposalVerdict, memory: WorkingMemory, policy: OutputPolicy,
                    guard: FactGuard) -> list[Violation]:
     found: list[Violation] = []
@@ -81,6 +91,8 @@ def _part_problems(part: ProposalVerdict, memory: WorkingMemory, policy: OutputP
     if part.kind in ("belief", "memory"):
         if part.about in guarded or _poses_as_fact(part.text):
             found.append(Violation("authority", f"{what} poses as or is about a fact or world-state entry"))
+        if part.kind == "belief" and not _may_be_about(part.about, memory):
+            found.append(Violation("authority", f"{what} is about {part.about[:40]!r}, whom the NPC does not know"))
         if not 0 < len(part.text) <= MAX_PROPOSAL_CHARS:
             found.append(Violation("bounds", f"{what}: a text of {len(part.text)} characters"))
     if part.kind != "intent" and (fact := guard(part.text, memory.canonical_facts)) is not None:

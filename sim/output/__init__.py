@@ -21,10 +21,12 @@ from sim.output.gates import (
     CODES,
     MAX_ARG_CHARS,
     MAX_PROPOSAL_CHARS,
+    RESERVED_NAMES,
     accepted,
     clean_text,
     forbidden_phrase,
     gate_proposals,
+    known_names,
     rejected,
 )
 from sim.output.guard import FactGuard, contradicted_fact, load_fact_guard
@@ -43,6 +45,7 @@ __all__ = [
     "MAX_LINE_CHARS",
     "MAX_PROPOSAL_CHARS",
     "REPLY_SCHEMA",
+    "RESERVED_NAMES",
     "SCHEMA_RULE",
     "FactGuard",
     "Judged",
@@ -61,6 +64,7 @@ __all__ = [
     "gate_proposals",
     "judge_attempts",
     "judge_reply",
+    "known_names",
     "load_fact_guard",
     "memory_of",
     "read_reply",

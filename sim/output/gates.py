@@ -32,20 +32,23 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
-from sim.memory import Fact
+from sim.memory import Fact, WorkingMemory
 from sim.output.guard import FactGuard
 from sim.text import fold, without_controls
 from sim.wire.attempt import Arg, OutputPolicy, ProposalVerdict
 from sim.wire.events import NAME_RULE, is_name
+from sim.wire.topics import ROLE_LOGINS
 
 __all__ = [
     "CODES",
     "MAX_ARG_CHARS",
     "MAX_PROPOSAL_CHARS",
+    "RESERVED_NAMES",
     "accepted",
     "clean_text",
     "forbidden_phrase",
     "gate_proposals",
+    "known_names",
     "rejected",
 ]
 
@@ -55,6 +58,9 @@ CODES = ("ok", "parse", "salvaged", "empty", "schema", "authority", "canonical_f
 
 MAX_PROPOSAL_CHARS = 300
 """A belief's or a memory's text, at most (characters, once cleaned)."""
+
+RESERVED_NAMES = ROLE_LOGINS | {"viewer"}
+"""The run's own logins: no belief is about them."""
 
 MAX_ARG_CHARS = 120
 """An intent's string argument, at most."""
@@ -175,9 +181,23 @@ def _shaped(kind: Kind, item: Any) -> ProposalVerdict:
     return accepted(kind, text, weight=weight)
 
 
-def _authority(p: ProposalVerdict, guarded: Collection[str]) -> str | None:
+def known_names(memory: WorkingMemory) -> frozenset[str]:
+    """Whom the NPC of `memory` may hold a belief about: itself, who is talking to it (the
+    speaker of its input, `name: words`) and whoever speaks in its kept dialogue; never an
+    internal role's login."""
+    speaker, colon, _ = memory.player_input.partition(":")
+    names = {memory.agent_id, *(line.speaker for line in memory.dialogue)}
+    if colon and is_name(speaker):
+        names.add(speaker)
+    return frozenset(names - RESERVED_NAMES)
+
+
+def _authority(p: ProposalVerdict, guarded: Collection[str], known: Collection[str]) -> str | None:
     if p.about and p.about in guarded:
         return f"about {p.about!r}: a canonical fact or world-state entry, which only the scenario and the game write"
+    if p.about and p.about not in known:
+        return (f"about {p.about[:40]!r}: not the NPC itself, who is talking to it nor anyone in its dialogue"
+                if p.about not in RESERVED_NAMES else f"about {p.about!r}: a name the run reserves")
     if p.kind != "intent" and _FORGED.search(fold(p.text)):
         return "poses as a canonical fact or world-state entry, which only the scenario and the game write"
     return None
@@ -216,10 +236,10 @@ def _said(p: ProposalVerdict) -> str:
     return " ".join([p.about, p.text, *(v for v in p.args.values() if isinstance(v, str))])
 
 
-def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], policy: OutputPolicy,
-           guard: FactGuard, counts: dict[str, int]) -> ProposalVerdict:
+def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], known: Collection[str],
+           policy: OutputPolicy, guard: FactGuard, counts: dict[str, int]) -> ProposalVerdict:
     """Gates 2 to 6 on a proposal of its shape: the first that refuses it, or accepted."""
-    why = _authority(p, guarded)
+    why = _authority(p, guarded, known)
     if why is not None:
         return _refuse(p, "authority", why)
     if p.kind != "intent" and (fact := guard(p.text, facts)) is not None:
@@ -252,13 +272,15 @@ def gate_proposals(
     *,
     facts: Sequence[Fact],
     guarded: Collection[str],
+    known: Collection[str],
     policy: OutputPolicy,
     guard: FactGuard,
 ) -> tuple[ProposalVerdict, ...]:
     """Every proposal's verdict, in the reply's order (beliefs, memories, the intent).
 
     `facts` are the canonical facts the working memory kept (the fact guard's), `guarded`
-    the ids no proposal may be about: every canonical fact's and world-state key of the NPC.
+    the ids no proposal may be about: every canonical fact's and world-state key of the NPC;
+    `known` the ids a belief may be about (`known_names`).
     """
     counts = {"belief": 0, "memory": 0, "intent": 0}
     items: list[tuple[Kind, Any]] = [("belief", b) for b in beliefs] + [("memory", m) for m in memories]
@@ -268,5 +290,5 @@ def gate_proposals(
     for kind, item in items:
         shaped = _shaped(kind, item)
         verdicts.append(shaped if shaped.verdict == "rejected"
-                        else _judge(shaped, facts, guarded, policy, guard, counts))
+                        else _judge(shaped, facts, guarded, known, policy, guard, counts))
     return tuple(verdicts)

@@ -29,7 +29,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.memory import WorkingMemory
-from sim.output.gates import accepted, forbidden_phrase, gate_proposals, rejected
+from sim.output.gates import accepted, forbidden_phrase, gate_proposals, known_names, rejected
 from sim.output.guard import FactGuard, load_fact_guard
 from sim.output.line import Verdict, judge_line
 from sim.output.reply import SCHEMA_RULE, read_reply, say_part
@@ -60,7 +60,7 @@ def judge_reply(raw: str, memory: WorkingMemory, rules: Rules, guard: FactGuard 
     line = _line(judge_line(reply.say, memory, rules.max_line_chars, guard), policy, salvaged=False)
     guarded = {f.id for f in memory.canonical_facts} | {w.key for w in memory.world_state}
     proposals = gate_proposals(reply.beliefs, reply.remember, reply.intent, facts=memory.canonical_facts,
-                               guarded=guarded, policy=policy, guard=guard)
+                               guarded=guarded, known=known_names(memory), policy=policy, guard=guard)
     return msgspec.structs.replace(line, proposals=line.proposals + proposals)
 
 
