@@ -51,7 +51,7 @@ PACKAGES: dict[str, set[str]] = {
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "counting_with",
-        "PrefixReuse", "prefix_reuse",
+        "PrefixReuse", "prefix_reuse", "ScoredSelection",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",
