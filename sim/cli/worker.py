@@ -8,14 +8,16 @@ import signal
 
 from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._options import (
+    BACKEND_OPTIONS,
     add_backend_arguments,
     add_broker_arguments,
-    add_fact_guard_argument,
+    add_set_argument,
     backend_options,
     broker_address,
     run_id,
     seconds,
     segment,
+    settings_of,
     whole,
 )
 from sim.cli._terminal import Out
@@ -24,6 +26,8 @@ from sim.inference import RemoteWorker, WorkerConfig
 from sim.protocol.seal import load_run_key
 
 __all__ = ["register", "worker_command"]
+
+_FACT_GUARD = "inference.fact_guard"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="shared-subscription group (default 'workers')")
     worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
-    add_fact_guard_argument(worker)
+    add_set_argument(worker, "inference.backend_options.NAME and inference.fact_guard (the run's own: "
+                     "docs/inference.md)")
     add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
@@ -67,12 +72,13 @@ async def _run(worker: RemoteWorker, out: Out) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
+    settings = settings_of(args.set, (BACKEND_OPTIONS, _FACT_GUARD), "worker")
     config = WorkerConfig(
         broker=broker_address(args), run_id=args.run,
         run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
-        backend=args.backend, options=backend_options(args),
+        backend=args.backend, options=backend_options(args, settings),
         concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
-        fact_guard=args.fact_guard,
+        fact_guard=settings.get(_FACT_GUARD, ""),
     )
     worker = RemoteWorker(config)
     out = Out(flush=True)
