@@ -66,7 +66,7 @@ PACKAGES: dict[str, set[str]] = {
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
         "CATEGORIES", "Change", "Comparison", "Divergence", "Executed", "Flip", "ForkReport", "MAX_VARIANTS",
-        "Override", "POLICY_KEYS", "Plan", "Recording", "RunFigures", "SETTABLE", "Span", "Tally", "Variant",
+        "Override", "POLICY_KEYS", "Plan", "Recording", "RunFigures", "MEMORY", "Span", "Tally", "Variant",
         "check_jobs", "compare",
         "default_jobs", "execute", "fork_report", "load_recording", "map_spans", "parse_overrides", "plan_spans",
         "records_of", "what_if", "write_plot",

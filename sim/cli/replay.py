@@ -3,8 +3,8 @@
     npcsim replay --db run.db                          # identical: N records, M NPCs, T ticks (exit 0)
     npcsim replay --db s0.db --db s1.db --db s2.db     # a sharded run: every shard's store
     npcsim replay --db run.db --fork-at 40 --backend scripted --script "Aye." --out fork.db
-    npcsim replay --db run.db --set max_context_chars=700,1000     # what-if, recorded replies (sim.cli._whatif)
-    npcsim replay --db run.db --fork-at 40 --backend scripted --set max_context_chars=700
+    npcsim replay --db run.db --set memory.max_context_chars=700,1000   # what-if, recorded replies (sim.cli._whatif)
+    npcsim replay --db run.db --fork-at 40 --backend scripted --set memory.max_context_chars=700
 
 The stores are only read. Re-execution writes a new store (`--out`, else a temporary file,
 removed at the end); a divergence is exit 1 naming its tick, NPC and what differs. What
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.cli import _whatif
-from sim.cli._options import add_backend_arguments, backend_options, whole
+from sim.cli._options import BACKEND_OPTIONS, add_backend_arguments, backend_options, whole
 from sim.cli._terminal import printable
 from sim.errors import ConfigError
 from sim.replay import (
@@ -38,6 +38,7 @@ from sim.replay import (
     parse_overrides,
     records_of,
 )
+from sim.settings import parse_settings
 
 __all__ = ["register"]
 
@@ -64,6 +65,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    serving = [text for text in args.set if text.startswith(BACKEND_OPTIONS)]
+    args.set = [text for text in args.set if not text.startswith(BACKEND_OPTIONS)]
+    if serving and args.fork_at is None:
+        raise ConfigError(f"--set {serving[0]}: a backend's options are for a fork: give --fork-at T")
     if args.set and args.fork_at is None:  # the what-if: the stores' snapshots, nothing executed
         if args.out is not None or args.until_tick is not None:
             raise ConfigError("--set without --fork-at is a what-if over the recorded snapshots: it executes "
@@ -78,7 +83,7 @@ def replay_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--fork-at {args.fork_at}: give the --backend the fork goes on with")
     if args.script and args.backend != "scripted":
         raise ConfigError("--script is an option of --backend scripted")
-    options: dict[str, Any] = backend_options(args) if args.backend else {}
+    options: dict[str, Any] = backend_options(args, parse_settings(serving)) if args.backend else {}
     if args.script:
         options["script"] = list(args.script)
     variant = _fork_variant(args.set) if args.set else None

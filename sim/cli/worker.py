@@ -15,7 +15,6 @@ from sim.cli._options import (
     backend_options,
     broker_address,
     run_id,
-    seconds,
     segment,
     settings_of,
     whole,
@@ -24,10 +23,13 @@ from sim.cli._terminal import Out
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
 from sim.protocol.seal import load_run_key
+from sim.settings import with_settings
+from sim.shard import InferenceConfig
 
 __all__ = ["register", "worker_command"]
 
 _FACT_GUARD = "inference.fact_guard"
+_TIMEOUT = "inference.inference_timeout"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,10 +41,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker.add_argument("--concurrency", type=whole(1), default=8, help="requests served at once (default 8)")
     worker.add_argument("--group", type=segment("worker group"), default="workers",
                         help="shared-subscription group (default 'workers')")
-    worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
-    add_set_argument(worker, "inference.backend_options.NAME and inference.fact_guard (the run's own: "
-                     "docs/inference.md)")
+    add_set_argument(worker, "inference.backend_options.NAME, inference.fact_guard (the run's own: "
+                     "docs/inference.md) and inference.inference_timeout (seconds per request at the backend, "
+                     "default 30)")
     add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
@@ -72,13 +74,15 @@ async def _run(worker: RemoteWorker, out: Out) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    settings = settings_of(args.set, (BACKEND_OPTIONS, _FACT_GUARD), "worker")
+    settings = settings_of(args.set, (BACKEND_OPTIONS, _FACT_GUARD, _TIMEOUT), "worker")
+    serving = with_settings(InferenceConfig(), {k.removeprefix("inference."): v for k, v in settings.items()
+                                                if not k.startswith(BACKEND_OPTIONS)}, "inference.")
     config = WorkerConfig(
         broker=broker_address(args), run_id=args.run,
         run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
         backend=args.backend, options=backend_options(args, settings),
-        concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
-        fact_guard=settings.get(_FACT_GUARD, ""),
+        concurrency=args.concurrency, group=args.group, timeout=serving.inference_timeout, name=args.name,
+        fact_guard=serving.fact_guard,
     )
     worker = RemoteWorker(config)
     out = Out(flush=True)
