@@ -13,6 +13,7 @@ table. A bad key or value is a ConfigError of one line naming both.
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -26,6 +27,7 @@ __all__ = ["check_settings", "parse_settings", "setting_value", "with_settings"]
 S = TypeVar("S", bound=msgspec.Struct)
 
 _NONE = frozenset({"none", "null"})
+_PATH = re.compile(r" - at `\$[^`]*`$")  # msgspec's path of the field at fault: the key names it
 
 
 def parse_settings(texts: Sequence[str]) -> dict[str, str]:
@@ -88,7 +90,7 @@ def with_settings(base: S, settings: Mapping[str, object], prefix: str = "") -> 
         return msgspec.convert(tree, kind, strict=False)
     except (msgspec.ValidationError, ConfigError) as exc:
         shown = " ".join(f"{prefix}{key}={_shown(value)}" for key, value in settings.items())
-        raise ConfigError(f"--set {shown}: {exc}") from None
+        raise ConfigError(f"--set {shown}: {_PATH.sub('', str(exc))}") from None
 
 
 def _shown(value: object) -> str:

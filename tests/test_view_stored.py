@@ -10,7 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.scenario import load_scenario
-from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from tests.helpers import VILLAGE, MosquittoProcess
@@ -75,7 +75,7 @@ async def two_budgets(mosquitto: MosquittoProcess, tmp_path: Path) -> tuple[Path
     for db, budget in zip(dbs, (None, 700), strict=True):
         await run(RunConfig(
             scenario=VILLAGE, run_id="cmp", ticks=12, broker=BrokerConfig(url=mosquitto.url),
-            limits=Limits(max_context_chars=budget), record=RecordConfig(db=str(db)),
+            memory={"max_context_chars": budget}, record=RecordConfig(db=str(db)),
         ))
     return dbs
 

@@ -232,6 +232,9 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     memory: dict[str, object] = {} if args.stable_prefix is None else {"stable_prefix": args.stable_prefix}
     memory.update((k.removeprefix("memory."), v) for k, v in settings.items() if k.startswith("memory."))
     placement: Placement = "remote" if args.remote_workers else "auto"
+    asked = settings.get("inference.placement")
+    if args.remote_workers and asked is not None and asked != "remote":
+        raise ConfigError(f"--remote-workers and --set inference.placement={asked}: inferences go to one or the other")
     config = RunConfig(
         scenario=args.scenario,
         shard=args.shard,

@@ -87,7 +87,7 @@ class Variant(msgspec.Struct, frozen=True, kw_only=True):
         """
         settings = {k.removeprefix(MEMORY): v for k, v in (*self.settings.items(), *self.npcs.get(agent, {}).items())
                     if k.startswith(MEMORY)}
-        return with_settings(recorded, {**settings, "on_overflow": "keep"}, MEMORY)
+        return with_settings(msgspec.structs.replace(recorded, on_overflow="keep"), settings, MEMORY)
 
 
     @property
