@@ -282,7 +282,8 @@ def test_bad_values_get_one_line_and_exit_code_2(
 def test_run_config_refuses_what_the_cli_refuses(field: str, value: float) -> None:
     from sim.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be"):
+    named = f"inference.{field}" if field in InferenceConfig.__struct_fields__ else f"--{field.replace('_', '-')}"
+    with pytest.raises(ConfigError, match=f"{named} must be"):
         if field in InferenceConfig.__struct_fields__:
             RunConfig(scenario=VILLAGE, inference=InferenceConfig(**{field: value}))
         else:

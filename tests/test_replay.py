@@ -162,7 +162,7 @@ async def test_a_fork_is_the_original_before_its_tick_and_differs_after(
     fork_at = 30
     out = tmp_path / "fork.db"
     ran = await replay_cli(capsys, "replay", "--db", str(db), "--fork-at", str(fork_at), "--backend", "scripted",
-                            "--script", "Aye, that it is.", "--out", str(out))
+                            "--set", 'inference.backend_options.script=["Aye, that it is."]', "--out", str(out))
     assert ran.code == 0, ran.err
     assert f"ticks 0-{fork_at - 1}: identical to the original" in ran.out
     assert "first divergence: tick " in ran.out

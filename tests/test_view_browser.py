@@ -425,10 +425,10 @@ async def test_compare_shows_two_memories_side_by_side_with_the_changes_marked(
 ) -> None:
     """`npcsim view --db wide.db --compare tight.db`: the NPC panel marks what the tighter run lost."""
     dbs = (tmp_path / "wide.db", tmp_path / "tight.db")
-    for db, budget in zip(dbs, (None, 700), strict=True):
+    for db, memory in zip(dbs, ({}, {"max_context_chars": 700}), strict=True):
         await run(RunConfig(
             scenario=VILLAGE, run_id="cmp", ticks=12, broker=BrokerConfig(url=mosquitto.url),
-            memory={"max_context_chars": budget}, record=RecordConfig(db=str(db)),
+            memory=memory, record=RecordConfig(db=str(db)),
         ))
     memories = []
     for db in dbs:  # the newest snapshot of the snack machine in each store, rebuilt here

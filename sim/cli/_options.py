@@ -30,6 +30,7 @@ from sim.wire import topics
 
 __all__ = [
     "BACKEND_OPTIONS",
+    "TLS_FILES",
     "add_backend_arguments",
     "add_broker_arguments",
     "add_set_argument",
@@ -47,6 +48,9 @@ __all__ = [
 
 BACKEND_OPTIONS = "inference.backend_options."
 """The keys of `--set` that set a backend's options (the rest of the key is the option's name)."""
+
+TLS_FILES = "broker.tls."
+"""The keys of `--set` that name a run's or a worker's TLS files (`TlsFiles`' fields)."""
 
 
 def whole(minimum: int) -> Callable[[str], int]:
@@ -173,16 +177,17 @@ _LOGIN = "login: the URL's user part, or NPCSIM_MQTT_USERNAME / NPCSIM_MQTT_PASS
 
 
 def add_broker_arguments(
-    parser: argparse.ArgumentParser, *, default: str | None, auto: bool = False, found: str | None = None
+    parser: argparse.ArgumentParser, *, default: str | None, auto: bool = False, found: str | None = None,
+    tls: bool = True,
 ) -> None:
-    """--broker and the TLS files; `auto` documents `--broker auto` (npcsim run, whose TLS files
-    are `--set broker.tls.*`: it has no TLS flags); `found` says where the broker comes from
-    when --broker is not given (`subscribe`, `view`)."""
+    """--broker and the TLS files; `auto` documents `--broker auto` (npcsim run); `found` says
+    where the broker comes from when --broker is not given (`subscribe`, `view`); `tls=False`
+    leaves the TLS files to `--set broker.tls.*` (`TLS_FILES`: a run and its workers)."""
     kinds = "auto (a private Mosquitto), or mqtt[s]://[user@]host:port" if auto else "mqtt[s]://[user@]host:port"
     shown = f" (default {found or default})" if found or default else ""
     parser.add_argument("--broker", default=default, required=default is None and found is None, metavar="URL",
                         help=f"{kinds}{shown}; {_LOGIN}")
-    if auto:
+    if not tls:
         return
     parser.add_argument("--ca-file", metavar="FILE", help="mqtts: CA bundle to verify the broker (default: system CAs)")
     parser.add_argument("--cert-file", metavar="FILE", help="mqtts: client certificate (with --key-file)")
@@ -193,6 +198,7 @@ def tls_files(args: argparse.Namespace) -> TlsFiles:
     return TlsFiles(ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file)
 
 
-def broker_address(args: argparse.Namespace) -> BrokerAddress:
-    """The parsed --broker with its login and TLS files; a ConfigError names what is wrong."""
-    return BrokerAddress.parse(args.broker, tls=tls_files(args))
+def broker_address(args: argparse.Namespace, tls: TlsFiles | None = None) -> BrokerAddress:
+    """The parsed --broker with its login and TLS files (the flags', or `tls`); a ConfigError
+    names what is wrong."""
+    return BrokerAddress.parse(args.broker, tls=tls_files(args) if tls is None else tls)

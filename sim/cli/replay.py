@@ -2,7 +2,8 @@
 
     npcsim replay --db run.db                          # identical: N records, M NPCs, T ticks (exit 0)
     npcsim replay --db s0.db --db s1.db --db s2.db     # a sharded run: every shard's store
-    npcsim replay --db run.db --fork-at 40 --backend scripted --script "Aye." --out fork.db
+    npcsim replay --db run.db --fork-at 40 --backend scripted --set 'inference.backend_options.script=["Aye."]' \
+        --out fork.db
     npcsim replay --db run.db --set memory.max_context_chars=700,1000   # what-if, recorded replies (sim.cli._whatif)
     npcsim replay --db run.db --fork-at 40 --backend scripted --set memory.max_context_chars=700
 
@@ -58,8 +59,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fork-at", type=whole(0), metavar="T",
                         help="recorded replies before tick T, then live with --backend")
     add_backend_arguments(parser)
-    parser.add_argument("--script", action="append", metavar="LINE",
-                        help="scripted (with --fork-at): reply with these lines in turn (repeat the option)")
     _whatif.add_arguments(parser)
     parser.set_defaults(func=replay_command, backend=None)
 
@@ -81,11 +80,7 @@ def replay_command(args: argparse.Namespace) -> int:
                           "recorded)")
     if args.fork_at is not None and args.backend is None:
         raise ConfigError(f"--fork-at {args.fork_at}: give the --backend the fork goes on with")
-    if args.script and args.backend != "scripted":
-        raise ConfigError("--script is an option of --backend scripted")
     options: dict[str, Any] = backend_options(args, parse_settings(serving)) if args.backend else {}
-    if args.script:
-        options["script"] = list(args.script)
     variant = _fork_variant(args.set) if args.set else None
     recording = load_recording(args.db)
     with _out_file(args.out) as out:

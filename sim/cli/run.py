@@ -55,7 +55,7 @@ __all__ = ["register", "summary_rows"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
-    add_broker_arguments(cmd, default="auto", auto=True)
+    add_broker_arguments(cmd, default="auto", auto=True, tls=False)
     horizon = cmd.add_mutually_exclusive_group()
     horizon.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     horizon.add_argument("--until-tick", type=whole(1), default=None, metavar="T",

@@ -9,6 +9,7 @@ import signal
 from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._options import (
     BACKEND_OPTIONS,
+    TLS_FILES,
     add_backend_arguments,
     add_broker_arguments,
     add_set_argument,
@@ -22,6 +23,7 @@ from sim.cli._options import (
 from sim.cli._terminal import Out
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
+from sim.mqtt import TlsFiles
 from sim.protocol.seal import load_run_key
 from sim.settings import with_settings
 from sim.shard import InferenceConfig
@@ -34,7 +36,7 @@ _TIMEOUT = "inference.inference_timeout"
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
-    add_broker_arguments(worker, default=None)
+    add_broker_arguments(worker, default=None, tls=False)
     worker.add_argument("--run", type=run_id, required=True, help="the run id whose requests to serve")
     add_backend_arguments(worker)
     worker.add_argument("--run-key-file", metavar="FILE", help="the run's key, when the run signs internal messages")
@@ -43,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="shared-subscription group (default 'workers')")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
     add_set_argument(worker, "inference.backend_options.NAME, inference.fact_guard (the run's own: "
-                     "docs/inference.md) and inference.inference_timeout (seconds per request at the backend, "
-                     "default 30)")
+                     "docs/inference.md), inference.inference_timeout (seconds per request at the backend, "
+                     "default 30) and broker.tls.ca_file, .cert_file, .key_file (mqtts://)")
     add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
@@ -74,11 +76,13 @@ async def _run(worker: RemoteWorker, out: Out) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    settings = settings_of(args.set, (BACKEND_OPTIONS, _FACT_GUARD, _TIMEOUT), "worker")
+    settings = settings_of(args.set, (BACKEND_OPTIONS, _FACT_GUARD, _TIMEOUT, TLS_FILES), "worker")
     serving = with_settings(InferenceConfig(), {k.removeprefix("inference."): v for k, v in settings.items()
-                                                if not k.startswith(BACKEND_OPTIONS)}, "inference.")
+                                                if k in (_FACT_GUARD, _TIMEOUT)}, "inference.")
+    tls = with_settings(TlsFiles(), {k.removeprefix(TLS_FILES): v for k, v in settings.items()
+                                     if k.startswith(TLS_FILES)}, TLS_FILES)
     config = WorkerConfig(
-        broker=broker_address(args), run_id=args.run,
+        broker=broker_address(args, tls), run_id=args.run,
         run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
         backend=args.backend, options=backend_options(args, settings),
         concurrency=args.concurrency, group=args.group, timeout=serving.inference_timeout, name=args.name,
