@@ -64,7 +64,8 @@ async def measure(ticks: int, inference_timeout: float) -> str:
         "Reading: the first hangs end in the backend's own read timeout, count as failures and open the "
         "circuit breaker; later inferences fail fast (`circuit_open`) until a probe after the cooldown. "
         "The same from the command line: `npcsim run scenarios/village.toml --ticks 20 --backend openai "
-        "--base-url http://127.0.0.1:PORT/v1 --set inference.inference_timeout=2`. Before issue 12 the read timeout equalled "
+        "--base-url http://127.0.0.1:PORT/v1 --set inference.inference_timeout=2`. "
+        "Before issue 12 the read timeout equalled "
         "the 30 s pool timeout, a hang ended as a cancellation the breaker never counted, and 4 ticks took "
         "120 s (the issue's figure, not measured here).\n"
     )
