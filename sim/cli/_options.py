@@ -5,9 +5,10 @@ exits 2).
 Broker options (`npcsim run`, `worker`, `subscribe`, `view`): the login comes from the URL's
 user part or from NPCSIM_MQTT_USERNAME / NPCSIM_MQTT_PASSWORD (so that a password need not
 appear in a process list); TLS files, with an mqtts:// URL, from --ca-file, --cert-file and
---key-file (`subscribe`, `view`) or `--set broker.tls.*` (`run`, `worker`). Backend options: `npcsim run`, `worker`, `loadtest` and `replay`; the flags name
-the few typed daily, every other option of a backend is `--set inference.backend_options.NAME=VALUE`
-(the backend's options Struct checks it when it opens).
+--key-file (`subscribe`, `view`) or `--set broker.tls.*` (`run`, `worker`). Backend options:
+`npcsim run`, `worker`, `loadtest` and `replay`; the flags name the few typed daily, every other
+option of a backend is `--set inference.backend_options.NAME=VALUE` (the backend's options
+Struct checks it when it opens).
 
 `--set KEY=VALUE` (sim.settings) reaches every other setting: its KEY is a dotted path into
 the config types a scenario's TOML tables and `RunConfig` declare (`memory.selection`,
