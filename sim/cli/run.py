@@ -225,7 +225,7 @@ def _check_shards(config: RunConfig) -> None:
         )
 
 
-def run_config(args: argparse.Namespace) -> RunConfig:
+def _config(args: argparse.Namespace) -> RunConfig:
     """The run the flags and the `--set` settings (which win) describe; a bad setting is a
     ConfigError naming it."""
     settings = parse_settings(args.set)
@@ -255,7 +255,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    config = run_config(args)
+    config = _config(args)
     _check_shards(config)
     out = Out(flush=True)
     banner = Out(sys.stderr)
