@@ -269,7 +269,7 @@ def report(worlds: list[dict[str, Any]], sharded: list[dict[str, Any]], command:
         if "inprocess" in w:
             alone = w["inprocess"]
             alone_s = alone["ticks"] / alone["run_s"]
-            rows.append((name, "ticks/s serving in the shard's own process (`--no-inference-process`)",
+            rows.append((name, "ticks/s serving in the shard's own process (`--set inference.placement=in-process`)",
                          f"{alone_s:.2f} (the worker process: {ticks_s / alone_s:.2f}x)", "-"))
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
     loads = ", ".join(f"{w['load']:.1f}" for w in worlds)

@@ -2,7 +2,7 @@
 
 A loopback HTTP server accepts every request and never replies. `npcsim run`'s pipeline
 (private Mosquitto when on PATH, SQLite store with the audit) runs the village for 20 ticks
-with `--inference-timeout 2`; the wall time, the inferences and their fallback reasons (read
+with `--set inference.inference_timeout=2`; the wall time, the inferences and their fallback reasons (read
 back from the audit) are printed. Target: within 60 s, every line a recorded fallback.
 
     .venv/bin/python benchmarks/bench_hang.py [--write docs/benchmarks.md]
@@ -56,7 +56,7 @@ async def measure(ticks: int, inference_timeout: float) -> str:
     listed = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
     return (
         f"Command: `{COMMAND}` (the village, {ticks} ticks, `--backend openai` against a loopback server that "
-        f"never answers, `--inference-timeout {inference_timeout:g}`, "
+        f"never answers, `--set inference.inference_timeout={inference_timeout:g}`, "
         f"read timeout derived: {inference_timeout / 2:g} s).\n\n"
         f"Machine: {machine_line(('msgspec', 'httpx'))}; loaded by other engineers' test runs.\n\n"
         f"| measure | value |\n|---|---|\n| wall time | {elapsed:.1f} s |\n| inferences | {stats.inferences} |\n"
@@ -64,7 +64,8 @@ async def measure(ticks: int, inference_timeout: float) -> str:
         "Reading: the first hangs end in the backend's own read timeout, count as failures and open the "
         "circuit breaker; later inferences fail fast (`circuit_open`) until a probe after the cooldown. "
         "The same from the command line: `npcsim run scenarios/village.toml --ticks 20 --backend openai "
-        "--base-url http://127.0.0.1:PORT/v1 --inference-timeout 2`. Before issue 12 the read timeout equalled "
+        "--base-url http://127.0.0.1:PORT/v1 --set inference.inference_timeout=2`. "
+        "Before issue 12 the read timeout equalled "
         "the 30 s pool timeout, a hang ended as a cancellation the breaker never counted, and 4 ticks took "
         "120 s (the issue's figure, not measured here).\n"
     )

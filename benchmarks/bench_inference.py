@@ -83,7 +83,7 @@ def workers(broker: str, run: str, count: int, slots: int, delay_ms: float) -> I
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, "worker", "--broker", broker, "--run", run, "--name", f"bench{i}",
-             "--concurrency", str(slots), "--delay-ms", str(delay_ms)],
+             "--concurrency", str(slots), "--set", f"inference.backend_options.delay_ms={delay_ms}"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
         )
         for i in range(count)

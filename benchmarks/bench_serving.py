@@ -317,7 +317,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> str:
         "The previous-prompt bound is the share of the prompts' characters that are a prefix of the same "
         "NPC's previous prompt: the hit share a server that kept every NPC's last prompt could reach "
         "(an NPC's first prompt is all new). The limit is npcsim's adaptive limit for the server at the "
-        "run's end (within --concurrency 4).",
+        "run's end (within inference.concurrency 4).",
         "",
         *lines,
         "",

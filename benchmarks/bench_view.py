@@ -223,7 +223,7 @@ Page load is from navigation to NPCs and dialogue on the page; the page keeps th
 Trace topic, per inference (median over {cost['n']:,} of the run's audit records): building
 and JSON-encoding the trace {cost['trace_us']:.1f} µs (encoding the audit record itself, the peer:
 {cost['record_us']:.1f} µs); {cost['bytes_with']:,.0f} bytes with the prompt, {cost['bytes_without']:,.0f} bytes
-with `--no-trace-prompt`; one more QoS 1 publish next to the `say` line.
+with `--set record.trace_prompts=false`; one more QoS 1 publish next to the `say` line.
 """
     print(body)
     if args.write:

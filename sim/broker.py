@@ -127,13 +127,14 @@ async def open_broker(
     WebSocket port (None: a free one); an external broker's listeners are its own.
     """
     if spec != "auto" and ws_port is not None:
-        raise ConfigError("--ws-port applies to --broker auto: an external broker's WebSocket listener is its own")
+        raise ConfigError("broker.ws_port applies to --broker auto: an external broker's WebSocket listener is its own")
     if spec != "auto":
         address = BrokerAddress.parse(spec, env=env, tls=tls)
         yield BrokerInfo(address=address, worker=address, protocol=5, kind="external")
         return
     if tls is not None and tls.any:
-        raise ConfigError("--ca-file/--cert-file/--key-file apply to an mqtts:// broker, not to --broker auto")
+        raise ConfigError("broker.tls (the CA, certificate and key files) applies to an mqtts:// broker, "
+                          "not to --broker auto")
     if ws_port is not None:
         _check_free(ws_port)
     ws = free_port() if ws_port is None else ws_port
@@ -148,14 +149,14 @@ async def open_broker(
 
 
 def _check_free(port: int) -> None:
-    """--ws-port's port is free on loopback (else the broker would fail, or a start-up check
+    """broker.ws_port's port is free on loopback (else the broker would fail, or a start-up check
     could take whoever holds it for the broker)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as brokers bind: a closed port's TIME_WAIT is free
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise ConfigError(f"--ws-port {port}: 127.0.0.1:{port} is taken ({exc.strerror})") from None
+            raise ConfigError(f"broker.ws_port {port}: 127.0.0.1:{port} is taken ({exc.strerror})") from None
 
 
 def _other_free_port(taken: int) -> int:

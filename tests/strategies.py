@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from sim.memory import SELECTIONS, Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
+from sim.memory import (
+    SELECTIONS,
+    Belief,
+    Episode,
+    Fact,
+    Line,
+    NpcState,
+    ScoredSelection,
+    WorkingMemoryConfig,
+    WorldFact,
+)
 
 # ASCII words, combining marks, emoji, CJK, and the odd newline.
 _ALPHABET = st.sampled_from(
@@ -70,10 +80,12 @@ def configs(
         belief_share=shares[2],
         redistribute_unused=draw(st.booleans()) if redistribute is None else redistribute,
         selection=chosen,
-        half_life_ticks=draw(st.sampled_from([0.5, 3.0, 20.0, 1000.0])),
-        recency_weight=draw(weight),
-        importance_weight=draw(weight),
-        relevance_weight=draw(weight),
-        dialogue_importance=draw(unit),
+        scored=ScoredSelection(
+            half_life_ticks=draw(st.sampled_from([0.5, 3.0, 20.0, 1000.0])),
+            recency_weight=draw(weight),
+            importance_weight=draw(weight),
+            relevance_weight=draw(weight),
+            dialogue_importance=draw(unit),
+        ),
         stable_prefix=draw(st.booleans()) if stable is None else stable,
     )

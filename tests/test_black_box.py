@@ -253,10 +253,10 @@ async def test_hot_state_holds_what_the_caps_can_use(tmp_path: Path) -> None:
         (["run", VILLAGE, "--run-id", ""], "--run-id"),
         (["run", VILLAGE, "--ticks", "-5"], "--ticks"),
         (["run", VILLAGE, "--tick-ms", "-100"], "--tick-ms"),
-        (["run", VILLAGE, "--inference-timeout", "0"], "--inference-timeout"),
-        (["run", VILLAGE, "--read-timeout", "inf"], "--read-timeout"),
-        (["run", VILLAGE, "--connect-timeout", "x"], "--connect-timeout"),
-        (["run", VILLAGE, "--concurrency", "0"], "--concurrency"),
+        (["run", VILLAGE, "--set", "inference.inference_timeout=0"], "inference.inference_timeout"),
+        (["run", VILLAGE, "--set", "inference.backend_options.read_timeout=inf"], "read_timeout"),
+        (["run", VILLAGE, "--set", "inference.backend_options.connect_timeout=x"], "connect_timeout"),
+        (["run", VILLAGE, "--set", "inference.concurrency=0"], "inference.concurrency"),
         (["scenario", "generate", "--npcs", "0", "--locations", "1", "--out", "x.toml"], "--npcs"),
         (["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "a/b"], "--run"),
         (["worker", "--broker", "mqtt://127.0.0.1:1", "--run", "a", "--group", "x#"], "--group"),
@@ -282,7 +282,8 @@ def test_bad_values_get_one_line_and_exit_code_2(
 def test_run_config_refuses_what_the_cli_refuses(field: str, value: float) -> None:
     from sim.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be"):
+    named = f"inference.{field}" if field in InferenceConfig.__struct_fields__ else f"--{field.replace('_', '-')}"
+    with pytest.raises(ConfigError, match=f"{named} must be"):
         if field in InferenceConfig.__struct_fields__:
             RunConfig(scenario=VILLAGE, inference=InferenceConfig(**{field: value}))
         else:

@@ -152,14 +152,14 @@ async def test_auto_websocket_port_is_the_one_asked_for_and_only_for_auto() -> N
         assert info.ws_url == f"ws://127.0.0.1:{wanted}"
         async with aiomqtt.Client("127.0.0.1", wanted, transport="websockets"):
             pass
-    with pytest.raises(ConfigError, match="--ws-port applies to --broker auto"):
+    with pytest.raises(ConfigError, match=r"broker\.ws_port applies to --broker auto"):
         async with open_broker("mqtt://127.0.0.1:1883", ws_port=wanted):
             pass
 
 
 @pytest.mark.parametrize("port", [0, 65536, True, "9001"])
 def test_a_library_websocket_port_out_of_range_is_one_line(port: object) -> None:
-    with pytest.raises(ConfigError, match="--ws-port must be"):
+    with pytest.raises(ConfigError, match=r"broker\.ws_port must be"):
         BrokerConfig(ws_port=port)  # type: ignore[arg-type]
 
 
@@ -169,7 +169,7 @@ async def test_auto_websocket_port_in_use_is_one_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"--ws-port {port}: 127\.0\.0\.1:{port} is taken"):
+        with pytest.raises(ConfigError, match=rf"broker\.ws_port {port}: 127\.0\.0\.1:{port} is taken"):
             async with open_broker("auto", ws_port=port):
                 pass
 

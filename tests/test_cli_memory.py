@@ -81,10 +81,11 @@ PLANTED = "Watched the player hold the east gate against the raiders during the 
 
 
 def test_a_scored_selection_keeps_the_planted_memory_that_recency_drops(capsys: pytest.CaptureFixture[str]) -> None:
-    """The bundled `gate` scenario: its [memory] selection is "scored"; `--selection recency` is the seed's."""
+    """The bundled `gate` scenario: its [memory] selection is "scored"; `--set memory.selection=recency`
+    is the seed's."""
     assert main(["memory", "show", "gate", "--json"]) == 0
     scored = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert main(["memory", "show", "gate", "--json", "--selection", "recency"]) == 0
+    assert main(["memory", "show", "gate", "--json", "--set", "memory.selection=recency"]) == 0
     recency = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for row in scored:
         assert row["report"]["selection"] == "scored" and f"- [tick 1] {PLANTED}\n" in row["prompt"], row["budget"]
@@ -99,7 +100,8 @@ def test_a_scored_selection_keeps_the_planted_memory_that_recency_drops(capsys: 
 
 
 def test_a_stable_prefix_names_what_it_gave_up(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["memory", "show", "gate", "--tight", "700", "--selection", "recency", "--stable-prefix"]) == 0
+    assert main(["memory", "show", "gate", "--tight", "700", "--set", "memory.selection=recency",
+                 "--set", "memory.stable_prefix=true"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "episodic\t98\t149 (+51)\t149\t3\t18\tstable_prefix" in lines
     assert "episodic\t26\tstable_prefix\tA merchant paid the toll in copper and grumbled." in lines

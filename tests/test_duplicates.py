@@ -13,6 +13,7 @@ from sim.memory import (
     Episode,
     Line,
     NpcState,
+    ScoredSelection,
     WorkingMemoryConfig,
     build_working_memory,
     distinct,
@@ -71,8 +72,8 @@ def test_a_scored_selection_s_candidate_lines_are_the_top_of_its_ranking() -> No
     """Scored may keep an old line the input is about: its memory is then the duplicate, while
     the memory of a newer line the ranking passes over is a candidate again."""
     state = _state()
-    config = WorkingMemoryConfig(max_dialogue_lines=1, selection="scored", recency_weight=0.0,
-                                 importance_weight=0.0)
+    config = WorkingMemoryConfig(max_dialogue_lines=1, selection="scored",
+                                 scored=ScoredSelection(recency_weight=0.0, importance_weight=0.0))
     memory = build_working_memory(state, "guard_captain: ale?", config)
     assert [line.event for line in memory.dialogue] == ["a"]  # the old line, not the newest
     assert [e.id for e in memory.episodic] == ["e1", "ev:n", "ev:q"]

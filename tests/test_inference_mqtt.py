@@ -65,7 +65,8 @@ async def _start_worker_process(
     broker: MosquittoProcess, run: str, name: str, delay_ms: int, *extra: str
 ) -> asyncio.subprocess.Process:
     proc = await start_npcsim(
-        "worker", "--broker", broker.url, "--run", run, "--name", name, "--delay-ms", str(delay_ms),
+        "worker", "--broker", broker.url, "--run", run, "--name", name,
+        "--set", f"inference.backend_options.delay_ms={delay_ms}",
         "--concurrency", "2", *extra,
     )
     assert proc.stdout is not None

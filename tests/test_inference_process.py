@@ -174,6 +174,7 @@ def test_which_shards_serve_in_a_worker_process(monkeypatch: pytest.MonkeyPatch)
     assert pool_transport(placed("remote"), 10**6) == "mqtt"
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
     assert pool_transport(config, 10**6) == "inprocess"  # one CPU: nothing to gain
-    with pytest.raises(ConfigError, match="--remote-workers and --inference-process"):
-        run_command(build_parser().parse_args(["run", "x.toml", "--remote-workers", "--inference-process"]))
+    with pytest.raises(ConfigError, match=r"--remote-workers and --set inference\.placement=process"):
+        run_command(build_parser().parse_args(["run", "x.toml", "--remote-workers",
+                                               "--set", "inference.placement=process"]))
 

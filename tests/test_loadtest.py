@@ -123,7 +123,7 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
 def test_a_scored_selection_is_checked_on_every_snapshot_and_named(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     code = main(["loadtest", "--agents", "100", "--requests", "500", "--concurrency", "0", "--processes", "1",
-                 "--selection", "scored", "--json", str(out)])
+                 "--set", "memory.selection=scored", "--json", str(out)])
     assert code == 0
     figures = json.loads(out.read_text())
     assert figures["violations"] == 0 and figures["snapshots"] == 500
@@ -134,7 +134,7 @@ def test_a_scored_selection_is_checked_on_every_snapshot_and_named(tmp_path: Pat
 def test_a_stable_prefix_is_checked_on_every_snapshot(tmp_path: Path, selection: str) -> None:
     out = tmp_path / "out.json"
     code = main(["loadtest", "--agents", "100", "--requests", "500", "--concurrency", "0", "--processes", "1",
-                 "--selection", selection, "--stable-prefix", "--json", str(out)])
+                 "--set", f"memory.selection={selection}", "--set", "memory.stable_prefix=true", "--json", str(out)])
     assert code == 0
     figures = json.loads(out.read_text())
     assert figures["violations"] == 0 and figures["snapshots"] == 500
@@ -143,7 +143,7 @@ def test_a_stable_prefix_is_checked_on_every_snapshot(tmp_path: Path, selection:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--selection", "bm25"], "--selection"),
+        (["--set", "memory.selection=bm25"], "--set memory.selection=bm25"),
         (["--agents", "0"], "--agents"),
         (["--agents", "many"], "--agents"),
         (["--duration", "0"], "--duration"),

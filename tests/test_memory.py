@@ -13,6 +13,7 @@ from sim.memory import (
     Line,
     NpcState,
     OverBudgetError,
+    ScoredSelection,
     WorkingMemory,
     WorkingMemoryConfig,
     WorldFact,
@@ -195,7 +196,8 @@ def test_scored_keeps_the_important_relevant_memory_that_recency_drops() -> None
 
 def test_supplied_relevance_replaces_the_lexical_one_and_a_bad_one_is_one_line() -> None:
     state, said = _siege_state(), "stranger: anything new?"
-    config = WorkingMemoryConfig(max_context_chars=700, selection="scored", importance_weight=0.0)
+    config = WorkingMemoryConfig(max_context_chars=700, selection="scored",
+                                 scored=ScoredSelection(importance_weight=0.0))
     lexical = build_working_memory(state, said, config)
     assert "siege" not in {e.id for e in lexical.episodic}  # no word of the input is in it
 

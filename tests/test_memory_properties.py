@@ -20,7 +20,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.checkers import check_working_memory
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, distinct, ranking
+from sim.memory import (
+    NpcState,
+    ScoredSelection,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    build_working_memory,
+    distinct,
+    ranking,
+)
 from tests.strategies import configs, player_inputs, states
 
 REPO = Path(__file__).resolve().parent.parent
@@ -196,8 +204,10 @@ def test_scored_keeps_the_top_of_its_ranking_in_time_order(state: NpcState, said
 @given(states(), player_inputs, configs(selection="scored"))
 def test_scored_with_recency_alone_is_the_recency_selection(state: NpcState, said: str, config) -> None:
     """Weights (w, 0, 0): the ranking is newest first (ties go to the newer), so the prompt is recency's."""
-    only_recency = msgspec.structs.replace(config, recency_weight=max(config.recency_weight, 0.5),
-                                           importance_weight=0.0, relevance_weight=0.0)
+    recency_alone = ScoredSelection(recency_weight=max(config.scored.recency_weight, 0.5), importance_weight=0.0,
+                                    relevance_weight=0.0, half_life_ticks=config.scored.half_life_ticks,
+                                    dialogue_importance=config.scored.dialogue_importance)
+    only_recency = msgspec.structs.replace(config, scored=recency_alone)
     scored = build_working_memory(state, said, only_recency)
     recency = build_working_memory(state, said, msgspec.structs.replace(only_recency, selection="recency"))
     assert scored.prompt == recency.prompt

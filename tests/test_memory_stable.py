@@ -21,6 +21,7 @@ from sim.memory import (
     Episode,
     Line,
     NpcState,
+    ScoredSelection,
     WorkingMemory,
     WorkingMemoryConfig,
     build_working_memory,
@@ -96,7 +97,8 @@ def test_successive_turns_append_until_the_start_steps_forward() -> None:
 
 def test_the_scored_selection_moves_its_start_in_steps_too() -> None:
     state = _talk(40, memories=30)
-    config = WorkingMemoryConfig(max_context_chars=600, selection="scored", importance_weight=0.0)
+    config = WorkingMemoryConfig(max_context_chars=600, selection="scored",
+                                 scored=ScoredSelection(importance_weight=0.0))
     stable = build_working_memory(state, "the gate", _stable(config))
     ordinary = build_working_memory(state, "the gate", config)
     assert stable.report.selection == "scored"

@@ -206,7 +206,8 @@ async def test_stay_connected_gives_up_after_its_patience_with_one_line(monkeypa
         (["worker", "--broker", "mqtt://u:hunter2@h:x", "--run", "r"], "bad port"),
         (["subscribe", "--broker", "mqtts://h:1", "--ca-file", "/nonexistent/ca.pem"], "--ca-file"),
         (["subscribe", "--broker", "mqtts://h:1", "--key-file", "/etc/hostname"], "--key-file needs --cert-file"),
-        (["run", "scenarios/village.toml", "--ca-file", "/etc/hostname", "--quiet"], "not to --broker auto"),
+        (["run", "scenarios/village.toml", "--set", "broker.tls.ca_file=/etc/hostname", "--quiet"],
+         "not to --broker auto"),
         (["loadtest", "--broker", "mqtt://u:hunter2@h:x"], "--broker"),
     ],
 )

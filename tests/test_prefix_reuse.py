@@ -11,14 +11,14 @@ import pytest
 from sim.cli.run import summary_rows
 from sim.errors import ConfigError
 from sim.memory import prefix_reuse
-from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, RunStats, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from tests.helpers import VILLAGE, MosquittoProcess, npcsim_in_process, require_mosquitto, run_npcsim
 
 
 def test_a_bad_stable_prefix_override_is_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError, match=r"^--stable-prefix must be true or false, got 'yes'$"):
-        Limits(stable_prefix="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^--set memory.stable_prefix=yes: Expected `bool`, got `str`$"):
+        RunConfig(scenario=VILLAGE, memory={"stable_prefix": "yes"})
 
 
 def test_no_prefix_rows_before_an_npc_spoke_twice() -> None:
@@ -31,7 +31,7 @@ async def test_the_run_and_the_audit_say_how_much_of_each_prompt_the_previous_on
 ) -> None:
     db = tmp_path / "stable.db"
     config = RunConfig(scenario=VILLAGE, run_id="stable", ticks=60, broker=BrokerConfig(url=mosquitto.url),
-                       record=RecordConfig(db=str(db)), limits=Limits(max_context_chars=900, stable_prefix=True))
+                       record=RecordConfig(db=str(db)), memory={"max_context_chars": 900, "stable_prefix": True})
     stats = RunStats()
     await run(config, stats=stats)
     with open_reader(db) as reader:

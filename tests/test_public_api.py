@@ -52,7 +52,7 @@ PACKAGES: dict[str, set[str]] = {
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "counting_with",
-        "PrefixReuse", "prefix_reuse",
+        "PrefixReuse", "prefix_reuse", "ScoredSelection",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",
@@ -69,7 +69,7 @@ PACKAGES: dict[str, set[str]] = {
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
         "CATEGORIES", "Change", "Comparison", "Divergence", "Executed", "Flip", "ForkReport", "MAX_VARIANTS",
-        "Override", "POLICY_KEYS", "Plan", "Recording", "RunFigures", "SETTABLE", "Span", "Tally", "Variant",
+        "Override", "POLICY_KEYS", "Plan", "Recording", "RunFigures", "MEMORY", "Span", "Tally", "Variant",
         "check_jobs", "compare",
         "default_jobs", "execute", "fork_report", "load_recording", "map_spans", "parse_overrides", "plan_spans",
         "records_of", "what_if", "write_plot",

@@ -162,7 +162,7 @@ async def test_a_fork_is_the_original_before_its_tick_and_differs_after(
     fork_at = 30
     out = tmp_path / "fork.db"
     ran = await replay_cli(capsys, "replay", "--db", str(db), "--fork-at", str(fork_at), "--backend", "scripted",
-                            "--script", "Aye, that it is.", "--out", str(out))
+                            "--set", 'inference.backend_options.script=["Aye, that it is."]', "--out", str(out))
     assert ran.code == 0, ran.err
     assert f"ticks 0-{fork_at - 1}: identical to the original" in ran.out
     assert "first divergence: tick " in ran.out
@@ -184,7 +184,7 @@ async def test_a_fork_with_another_budget_changes_what_the_npcs_see_from_its_tic
     (db,) = await original(mosquitto, tmp_path)
     fork_at, out = 30, tmp_path / "fork.db"
     ran = await replay_cli(capsys, "replay", "--db", str(db), "--fork-at", str(fork_at), "--backend", "scripted",
-                            "--set", "max_context_chars=700", "--set", "npc.innkeeper.max_beliefs=1",
+                            "--set", "memory.max_context_chars=700", "--set", "npc.innkeeper.memory.max_beliefs=1",
                             "--out", str(out))
     assert ran.code == 0, ran.err
     assert f"ticks 0-{fork_at - 1}: identical to the original" in ran.out
@@ -202,7 +202,7 @@ async def test_a_fork_with_another_budget_changes_what_the_npcs_see_from_its_tic
     late = [k for k, r in after.items() if r.tick >= fork_at and k in before]
     assert any(after[k].prompt_sha256 != before[k].prompt_sha256 for k in late)
     swept = await replay_cli(capsys, "replay", "--db", str(db), "--fork-at", "30", "--backend", "scripted",
-                             "--set", "max_context_chars=700,900")
+                             "--set", "memory.max_context_chars=700,900")
     assert swept.code == 2 and "a fork goes on with one setting, not 2" in swept.err
 
 
@@ -224,7 +224,8 @@ async def test_bad_inputs_each_get_one_line(
     assert "the run holds ticks 0 to 59" in await refused("--db", str(db), "--until-tick", "99")
     assert "give --fork-at" in await refused("--db", str(db), "--backend", "scripted")
     assert "report a what-if" in await refused("--db", str(db), "--json", str(tmp_path / "w.json"))
-    assert "executes nothing" in await refused("--db", str(db), "--set", "max_context_chars=700", "--out", "x.db")
+    assert "executes nothing" in await refused("--db", str(db), "--set", "memory.max_context_chars=700",
+                                               "--out", "x.db")
     other = tmp_path / "other.db"
     await run(RunConfig(
         scenario=VILLAGE, run_id="other", ticks=3, broker=BrokerConfig(url=mosquitto.url),

@@ -14,7 +14,7 @@ from sim.audit import AuditRecord
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.generate import generate_scenario
-from sim.shard import BrokerConfig, InferenceConfig, Limits, RecordConfig, RunConfig, run
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.events import decode_say
@@ -191,7 +191,7 @@ async def test_resume_to_a_horizon(mosquitto: MosquittoProcess, tmp_path: Path) 
 
 
 async def test_retention_prunes_memories_but_no_prompt_changes(mosquitto: MosquittoProcess, tmp_path: Path) -> None:
-    """--retain-memories at the hot window, across a resume: every prompt is as without it."""
+    """record.retain_memories at the hot window, across a resume: every prompt is as without it."""
     full, pruned = tmp_path / "full.db", tmp_path / "pruned.db"
     # a busy square: 30 NPCs in one place, each hears every line said there
     busy = str(tmp_path / "busy.toml")
@@ -219,10 +219,11 @@ def test_retention_below_the_hot_window_is_refused(
     mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["run", VILLAGE, "--broker", mosquitto.url, "--ticks", "2", "--db", str(tmp_path / "v.db"), "--quiet"]
-    assert main([*argv, "--retain-memories", "5"]) == 2
+    assert main([*argv, "--set", "record.retain_memories=5"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (
-        "npcsim: error: --retain-memories must be at least the store's hot window (32 items per category), got 5"
+        "npcsim: error: record.retain_memories must be at least the store's hot window (32 items per category),"
+        " got 5"
     )
     assert not (tmp_path / "v.db").exists()
 
@@ -230,24 +231,24 @@ def test_retention_below_the_hot_window_is_refused(
 def test_the_run_overrides_the_scenarios_budget(
     mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--max-context-chars` and `--max-context-tokens` are the run's, over the scenario's [memory]."""
+    """`--set memory.max_context_chars` and `memory.max_context_tokens` are the run's, over the scenario's
+    [memory]."""
     db = tmp_path / "tight.db"
     argv = ["run", VILLAGE, "--broker", mosquitto.url, "--ticks", "3", "--quiet"]
-    assert main([*argv, "--db", str(db), "--max-context-chars", "700", "--max-context-tokens", "400"]) == 0
+    assert main([*argv, "--db", str(db), "--set", "memory.max_context_chars=700",
+                 "--set", "memory.max_context_tokens=400"]) == 0
     with open_reader(db) as reader:
         records = list(reader.audit_records())
     assert records and {(r.config.max_context_chars, r.config.max_context_tokens) for r in records} == {(700, 400)}
     assert all(r.report.prompt_chars <= 700 and (r.report.prompt_tokens or 0) <= 400 for r in records)
     assert main(["audit", "replay", "--db", str(db)]) == 0
     capsys.readouterr()
-    for flag, value in (("--max-context-chars", "0"), ("--max-context-tokens", "many")):
-        with pytest.raises(SystemExit) as exited:
-            main([*argv, "--db", str(tmp_path / "no.db"), flag, value])
-        assert exited.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert err.startswith(f"npcsim run: error: argument {flag}: must be"), err
-    with pytest.raises(ConfigError, match="--max-context-chars must be a whole number >= 1, got 0"):
-        RunConfig(scenario=VILLAGE, limits=Limits(max_context_chars=0))
+    for key, value in (("max_context_chars", "-1"), ("max_context_tokens", "many")):
+        assert main([*argv, "--db", str(tmp_path / "no.db"), "--set", f"memory.{key}={value}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"npcsim: error: --set memory.{key}={value}: "), err
+    with pytest.raises(ConfigError, match=r"^--set memory.max_context_tokens=many: Expected `int \| null`, got `str`$"):
+        RunConfig(scenario=VILLAGE, memory={"max_context_tokens": "many"})
 
 
 async def test_gitignore_covers_every_file_beside_a_store(tmp_path: Path) -> None:

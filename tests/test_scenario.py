@@ -122,17 +122,18 @@ def test_a_stable_prefix_is_read_from_the_memory_table_and_a_bad_one_refused_in_
 )
 def test_bad_selection_settings_are_one_line_errors(setting: str, needle: str) -> None:
     with pytest.raises(ScenarioError, match=rf"^v\.toml:\d+: {needle}") as refused:
-        scored = "" if setting.startswith("selection") else 'selection = "scored"\n'
-        parse_scenario(f"{VILLAGE_TOML}\n[memory]\n{scored}{setting}\n", source="v.toml")
+        table = "[memory]" if setting.startswith("selection") else '[memory]\nselection = "scored"\n[memory.scored]'
+        parse_scenario(f"{VILLAGE_TOML}\n{table}\n{setting}\n", source="v.toml")
     assert "\n" not in str(refused.value)
 
 
 def test_a_scored_selection_is_read_from_the_memory_table() -> None:
-    settings = ('selection = "scored"\nhalf_life_ticks = 5\nrecency_weight = 0.5\nimportance_weight = 2\n'
-                "relevance_weight = 1.5\ndialogue_importance = 0.25\n")
+    settings = ('selection = "scored"\n[memory.scored]\nhalf_life_ticks = 5\nrecency_weight = 0.5\n'
+                "importance_weight = 2\nrelevance_weight = 1.5\ndialogue_importance = 0.25\n")
     memory = parse_scenario(VILLAGE_TOML + "\n[memory]\n" + settings, source="v.toml").memory
-    assert (memory.selection, memory.half_life_ticks, memory.recency_weight, memory.importance_weight,
-            memory.relevance_weight, memory.dialogue_importance) == ("scored", 5.0, 0.5, 2.0, 1.5, 0.25)
+    scored = memory.scored
+    assert (memory.selection, scored.half_life_ticks, scored.recency_weight, scored.importance_weight,
+            scored.relevance_weight, scored.dialogue_importance) == ("scored", 5.0, 0.5, 2.0, 1.5, 0.25)
     assert parse_scenario(VILLAGE_TOML, source="v.toml").memory.selection == "recency"
 
 

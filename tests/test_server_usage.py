@@ -118,8 +118,8 @@ async def test_without_a_token_budget_or_a_window_nothing_is_checked(fake: FakeO
 async def test_a_run_over_the_servers_window_stops_before_it_starts_in_one_line(fake: FakeOpenAI) -> None:
     fake.n_ctx = 256
     ran = await asyncio.to_thread(
-        run_npcsim, "run", VILLAGE, "--backend", "openai", "--base-url", fake.base_url, "--max-context-tokens", "300",
-        "--ticks", "1", "--broker", "mqtt://127.0.0.1:1",
+        run_npcsim, "run", VILLAGE, "--backend", "openai", "--base-url", fake.base_url,
+        "--set", "memory.max_context_tokens=300", "--ticks", "1", "--broker", "mqtt://127.0.0.1:1",
     )
     assert ran.code != 0 and not fake.requests
     assert ran.err.strip().splitlines() == [

@@ -52,7 +52,8 @@ async def test_sigterm_in_the_middle_of_a_tick_ends_the_run_at_once_and_resume_c
     reference, stopped = tmp_path / "reference.db", tmp_path / "stopped.db"
     proc = await npcsim(scenario, mosquitto.url, reference, tmp_path / "reference.log")
     assert await proc.wait() == 0
-    slow = ("--delay-ms", "250", "--concurrency", "4")  # ~60 inferences a tick: a few seconds each
+    # ~60 inferences a tick: a few seconds each
+    slow = ("--set", "inference.backend_options.delay_ms=250", "--set", "inference.concurrency=4")
     traced: set[int] = set()
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
         await client.subscribe(topics.trace(RUN, "0"), qos=1)

@@ -187,10 +187,14 @@ def test_a_gguf_tokenizer_needs_the_llm_extra(monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_memory_show_counts_with_the_tokenizer_given(capsys: pytest.CaptureFixture[str]) -> None:
-    ran = npcsim_in_process(capsys, "memory", "show", "gate", "--tokens", "300", "--tokenizer", "gpt9")
+    tokens = ("--set", "memory.max_context_tokens=300", "--set")
+    ran = npcsim_in_process(capsys, "memory", "show", "gate", *tokens, "memory.tokenizer=gpt9")
     assert ran.code != 0
-    assert ran.err.strip().splitlines() == [f"npcsim: error: tokenizer: unknown tokenizer 'gpt9'; known forms: {FORMS}"]
-    ran = npcsim_in_process(capsys, "memory", "show", "gate", "--tokens", "300", "--tokenizer", "server")
+    assert ran.err.strip().splitlines() == [
+        "npcsim: error: --set memory.max_context_tokens=300 memory.tokenizer=gpt9: tokenizer: unknown tokenizer "
+        f"'gpt9'; known forms: {FORMS}"
+    ]
+    ran = npcsim_in_process(capsys, "memory", "show", "gate", *tokens, "memory.tokenizer=server")
     assert ran.code != 0 and "none is open in this process" in ran.err and len(ran.err.strip().splitlines()) == 1
 
 
@@ -228,8 +232,8 @@ def test_a_gguf_tokenizer_counts_in_the_models_own_tokens(capsys: pytest.Capture
     assert memory.report.prompt_tokens == tokens <= 120
     assert token_counter(f"gguf:{path}") is token_counter(f"gguf:{path}")  # loaded once
     assert token_counter("cl100k")(memory.prompt) != tokens  # another vocabulary
-    shown = npcsim_in_process(capsys, "memory", "show", "gate", "--tokens", "200", "--tokenizer", f"gguf:{path}",
-                              "--json")
+    shown = npcsim_in_process(capsys, "memory", "show", "gate", "--set", "memory.max_context_tokens=200",
+                              "--set", f"memory.tokenizer=gguf:{path}", "--json")
     assert shown.code == 0, shown.err
     for line in shown.out.splitlines():
         row = json.loads(line)

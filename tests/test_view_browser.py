@@ -7,7 +7,7 @@ its latest audit record in the shard's store. The NPC panel tells the truncation
 hover), live and stored; the stored view shows places, names, recipients and player lines.
 `NPCSIM_SCREENSHOT=docs/view.png` also saves the README's screenshot, and
 `NPCSIM_REGENERATE_SCREENSHOT=1` docs/view-truncation.png (the innkeeper's panel at
---max-context-chars 700).
+--set memory.max_context_chars=700).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from sim.memory import TruncationExplanation
 from sim.mqtt import BrokerAddress
 from sim.scenario import load_scenario
-from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED
@@ -300,11 +300,11 @@ async def speak_from_the_page(browser: Any, to: str, text: str, answers: int) ->
 
 async def test_the_npc_panel_tells_what_truncation_did(browser: Any, mosquitto: MosquittoProcess,
                                                        tmp_path: Path) -> None:
-    """The innkeeper at --max-context-chars 700: the limit, split and after, reasons, the dropped, the hover."""
+    """The innkeeper at memory.max_context_chars 700: the limit, split and after, reasons, the dropped, the hover."""
     db = tmp_path / "tight.db"
     config = RunConfig(
         scenario=VILLAGE, run_id="tight", ticks=100_000, tick_ms=100, broker=BrokerConfig(url=mosquitto.url),
-        limits=Limits(max_context_chars=700), record=RecordConfig(db=str(db)),
+        memory={"max_context_chars": 700}, record=RecordConfig(db=str(db)),
     )
     view = LiveView(player="tester")  # the operator's choice (--as-player)
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -425,10 +425,10 @@ async def test_compare_shows_two_memories_side_by_side_with_the_changes_marked(
 ) -> None:
     """`npcsim view --db wide.db --compare tight.db`: the NPC panel marks what the tighter run lost."""
     dbs = (tmp_path / "wide.db", tmp_path / "tight.db")
-    for db, budget in zip(dbs, (None, 700), strict=True):
+    for db, memory in zip(dbs, ({}, {"max_context_chars": 700}), strict=True):
         await run(RunConfig(
             scenario=VILLAGE, run_id="cmp", ticks=12, broker=BrokerConfig(url=mosquitto.url),
-            limits=Limits(max_context_chars=budget), record=RecordConfig(db=str(db)),
+            memory=memory, record=RecordConfig(db=str(db)),
         ))
     memories = []
     for db in dbs:  # the newest snapshot of the snack machine in each store, rebuilt here

@@ -10,7 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.scenario import load_scenario
-from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, run
+from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from tests.helpers import VILLAGE, MosquittoProcess
@@ -72,10 +72,10 @@ def test_view_scenario_needs_a_store(capsys: pytest.CaptureFixture[str]) -> None
 async def two_budgets(mosquitto: MosquittoProcess, tmp_path: Path) -> tuple[Path, Path]:
     """The same village run twice: at the scenario's budget and at 700 characters."""
     dbs = (tmp_path / "wide.db", tmp_path / "tight.db")
-    for db, budget in zip(dbs, (None, 700), strict=True):
+    for db, memory in zip(dbs, ({}, {"max_context_chars": 700}), strict=True):
         await run(RunConfig(
             scenario=VILLAGE, run_id="cmp", ticks=12, broker=BrokerConfig(url=mosquitto.url),
-            limits=Limits(max_context_chars=budget), record=RecordConfig(db=str(db)),
+            memory=memory, record=RecordConfig(db=str(db)),
         ))
     return dbs
 

@@ -69,15 +69,15 @@ async def test_a_lower_budget_reports_exactly_what_the_builder_drops(
 ) -> None:
     out = tmp_path / "what-if.json"
     sweep = ",".join(map(str, BUDGETS))
-    assert main(["replay", "--db", str(village_db), "--set", f"max_context_chars={sweep}",
+    assert main(["replay", "--db", str(village_db), "--set", f"memory.max_context_chars={sweep}",
                  "--examples", "1000000", "--json", str(out), "--jobs", "2"]) == 0
     table = capsys.readouterr().out
     report = json.loads(out.read_text())
     recorded = records(village_db)
     assert report["records"] == len(recorded) > 0
     for budget, variant in zip(BUDGETS, report["variants"], strict=True):
-        assert variant["label"] == f"max_context_chars={budget}"
-        assert f"max_context_chars={budget}\trecency (recency)\t{len(recorded)}\t" in table
+        assert variant["label"] == f"memory.max_context_chars={budget}"
+        assert f"memory.max_context_chars={budget}\trecency (recency)\t{len(recorded)}\t" in table
         expected = [c for r in recorded for c in expected_changes(r, max_context_chars=budget)]
         assert any(kind == "lost" for _, _, kind, _ in expected), "the lower budget drops nothing: no test"
         assert sorted(reported_changes(variant)) == sorted(expected)
@@ -105,12 +105,13 @@ async def test_a_scored_selection_reports_the_items_gained_and_lost(
 ) -> None:
     """`--set selection=scored` against a recency run: the kept sets differ, not only their sizes."""
     out = tmp_path / "scored.json"
-    assert main(["replay", "--db", str(village_db), "--set", "selection=scored", "--set", "max_context_chars=900",
+    assert main(["replay", "--db", str(village_db), "--set", "memory.selection=scored",
+                 "--set", "memory.max_context_chars=900",
                  "--examples", "1000000", "--json", str(out), "--jobs", "2"]) == 0
     table = capsys.readouterr().out
     recorded = records(village_db)
     [variant] = json.loads(out.read_text())["variants"]
-    assert f"selection=scored max_context_chars=900\tscored (recency)\t{len(recorded)}\t" in table
+    assert f"memory.selection=scored memory.max_context_chars=900\tscored (recency)\t{len(recorded)}\t" in table
     assert variant["selections"] == {"recency": 0, "scored": len(recorded)}
     assert variant["recorded_selections"] == {"recency": len(recorded), "scored": 0}
     expected = [c for r in recorded for c in expected_changes(r, selection="scored", max_context_chars=900)]
@@ -123,15 +124,16 @@ async def test_one_process_and_two_report_the_same(village_db: Path, tmp_path: P
     reports = []
     for jobs in ("1", "2"):
         out = tmp_path / f"jobs{jobs}.json"
-        assert main(["replay", "--db", str(village_db), "--set", "max_context_chars=700,1200",
-                     "--set", "npc.innkeeper.max_dialogue_lines=1", "--set", "intents=call_guards", "--examples", "3",
+        assert main(["replay", "--db", str(village_db), "--set", "memory.max_context_chars=700,1200",
+                     "--set", "npc.innkeeper.memory.max_dialogue_lines=1", "--set", "intents=call_guards",
+                     "--examples", "3",
                      "--json", str(out), "--jobs", jobs]) == 0
         reports.append(out.read_bytes())
     assert reports[0] == reports[1]
     variants = json.loads(reports[0])["variants"]
     assert [v["label"] for v in variants] == [
-        "max_context_chars=700 npc.innkeeper.max_dialogue_lines=1 intents=call_guards",
-        "max_context_chars=1200 npc.innkeeper.max_dialogue_lines=1 intents=call_guards",
+        "memory.max_context_chars=700 npc.innkeeper.memory.max_dialogue_lines=1 intents=call_guards",
+        "memory.max_context_chars=1200 npc.innkeeper.memory.max_dialogue_lines=1 intents=call_guards",
     ]
     assert all(v["gates"]["flips"] for v in variants)
 
@@ -142,7 +144,8 @@ async def test_a_recorded_budget_changes_nothing(village_db: Path, tmp_path: Pat
     budget = recorded[0].config.max_context_chars
     assert {r.config.max_context_chars for r in recorded} == {budget}
     out = tmp_path / "same.json"
-    assert main(["replay", "--db", str(village_db), "--set", f"max_context_chars={budget}", "--json", str(out)]) == 0
+    assert main(["replay", "--db", str(village_db), "--set", f"memory.max_context_chars={budget}",
+                 "--json", str(out)]) == 0
     variant = json.loads(out.read_text())["variants"][0]
     assert variant["prompts_changed"] == 0 and variant["npcs"] == {}
     assert variant["prompt_chars_mean"] == variant["recorded_prompt_chars_mean"]
@@ -150,16 +153,18 @@ async def test_a_recorded_budget_changes_nothing(village_db: Path, tmp_path: Pat
 
 @pytest.mark.mosquitto
 @pytest.mark.parametrize(("setting", "message"), [
-    ("max_budget=3", "unknown key 'max_budget'"),
-    ("max_context_chars=lots", "max_context_chars must be a whole number >= 0, got 'lots'"),
-    ("belief_share=1.5", "belief_share must be a number from 0 to 1, got '1.5'"),
-    ("redistribute_unused=maybe", "redistribute_unused must be true or false"),
-    ("stable_prefix=maybe", "stable_prefix must be true or false"),
-    ("selection=bm25", "selection must be 'recency' or 'scored', got 'bm25'"),
-    ("relevance_weight=-1", "relevance_weight must be a number >= 0, got '-1'"),
-    ("half_life_ticks=0", "half_life_ticks must be a number > 0, got '0'"),
-    ("npc.nobody.max_beliefs=1", "no NPC 'nobody' in the store's records"),
-    ("dialogue_share=0.9", "dialogue_share + episodic_share + belief_share must be <= 1"),
+    ("memory.max_budget=3", "--set memory.max_budget: no setting 'max_budget'"),
+    ("memory.max_context_chars=lots", "--set memory.max_context_chars=lots: Expected `int`, got `str`"),
+    ("memory.belief_share=1.5", "--set memory.belief_share=1.5: belief_share must be a number from 0 to 1, got 1.5"),
+    ("memory.redistribute_unused=maybe", "--set memory.redistribute_unused=maybe: Expected `bool`, got `str`"),
+    ("memory.stable_prefix=maybe", "--set memory.stable_prefix=maybe: Expected `bool`, got `str`"),
+    ("memory.selection=bm25", "--set memory.selection=bm25: Invalid enum value 'bm25'"),
+    ("memory.scored.relevance_weight=-1",
+     "--set memory.scored.relevance_weight=-1.0: relevance_weight must be a number >= 0, got -1.0"),
+    ("memory.scored.half_life_ticks=0",
+     "--set memory.scored.half_life_ticks=0.0: half_life_ticks must be a number > 0"),
+    ("npc.nobody.memory.max_beliefs=1", "no NPC 'nobody' in the store's records"),
+    ("memory.dialogue_share=0.9", "dialogue_share + episodic_share + belief_share must be <= 1"),
     ("max_context_chars", "expected KEY=VALUE"),
     ("npc.innkeeper.forbidden=cellar;;key", 'forbidden must be phrases separated by ";" (none empty), or none'),
     ("intents=give item", 'intents must be intent names separated by ";"'),
@@ -175,7 +180,7 @@ async def test_a_bad_setting_is_one_line_and_exit_2(
 
 @pytest.mark.mosquitto
 async def test_a_store_given_twice_is_refused(village_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", "--db", str(village_db), "--db", str(village_db), "--set", "max_beliefs=1"]) == 2
+    assert main(["replay", "--db", str(village_db), "--db", str(village_db), "--set", "memory.max_beliefs=1"]) == 2
     assert "given twice (its records would count twice)" in capsys.readouterr().err
 
 
@@ -217,10 +222,10 @@ async def test_a_forbidden_phrase_flips_what_reveals_it(village_db: Path, tmp_pa
     text or its arguments) is refused as `forbidden`, combined with a memory setting; the
     other NPCs have no output policy, so nothing of theirs is judged."""
     out = tmp_path / "forbidden.json"
-    assert main(["replay", "--db", str(village_db), "--set", "max_context_chars=700",
+    assert main(["replay", "--db", str(village_db), "--set", "memory.max_context_chars=700",
                  "--set", "npc.innkeeper.forbidden=cellar key;Lantern", "--examples", "100", "--json", str(out)]) == 0
     [variant] = json.loads(out.read_text())["variants"]
-    assert variant["label"] == "max_context_chars=700 npc.innkeeper.forbidden=cellar key;Lantern"
+    assert variant["label"] == "memory.max_context_chars=700 npc.innkeeper.forbidden=cellar key;Lantern"
     assert variant["npc_settings"] == {"innkeeper": {"forbidden": ["cellar key", "Lantern"]}}
     assert variant["prompts_changed"] > 0
     revealing = [(record, n, kind, text) for record, n, kind, text, verdict, args in recorded_verdicts(
@@ -282,14 +287,16 @@ def test_what_if_report_options_without_set_are_refused(tmp_path: Path, capsys: 
 
 
 def test_several_swept_keys_are_every_combination() -> None:
-    variants = parse_overrides(["max_context_chars=700,1000", "redistribute_unused=true,false", "max_beliefs=1"])
+    variants = parse_overrides(["memory.max_context_chars=700,1000", "memory.redistribute_unused=true,false",
+                                "memory.max_beliefs=1"])
     assert [v.label for v in variants] == [
-        "max_context_chars=700 redistribute_unused=true max_beliefs=1",
-        "max_context_chars=700 redistribute_unused=false max_beliefs=1",
-        "max_context_chars=1000 redistribute_unused=true max_beliefs=1",
-        "max_context_chars=1000 redistribute_unused=false max_beliefs=1",
+        "memory.max_context_chars=700 memory.redistribute_unused=true memory.max_beliefs=1",
+        "memory.max_context_chars=700 memory.redistribute_unused=false memory.max_beliefs=1",
+        "memory.max_context_chars=1000 memory.redistribute_unused=true memory.max_beliefs=1",
+        "memory.max_context_chars=1000 memory.redistribute_unused=false memory.max_beliefs=1",
     ]
-    assert variants[3].settings == {"max_context_chars": 1000, "redistribute_unused": False, "max_beliefs": 1}
+    assert variants[3].settings == {"memory.max_context_chars": 1000, "memory.redistribute_unused": False,
+                                    "memory.max_beliefs": 1}
 
 
 @settings(max_examples=60, deadline=None)
@@ -302,8 +309,9 @@ def test_what_if_counts_the_items_the_two_builds_keep_apart(
     keep apart, and sizes add up."""
     rng = random.Random(seed)
     batch = [random_record(rng, n) for n in range(8)]
-    [variant] = parse_overrides([f"max_context_chars={budget}", f"redistribute_unused={str(redistribute).lower()}",
-                                 f"selection={selection}"])
+    [variant] = parse_overrides([f"memory.max_context_chars={budget}",
+                                 f"memory.redistribute_unused={str(redistribute).lower()}",
+                                 f"memory.selection={selection}"])
     [tally] = what_if(batch, [variant], examples=1000)
     expected = [c for r in batch for c in expected_changes(r, max_context_chars=budget,
                                                              redistribute_unused=redistribute, on_overflow="keep",

@@ -44,14 +44,12 @@ def _examples(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--set, --examples, --json, --plot and --jobs, for `npcsim replay`."""
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="what-if with the recorded replies: a working-memory setting (max_context_chars, "
-                        "max_context_tokens, max_episodic_memories, max_beliefs, max_dialogue_lines, "
-                        "dialogue_share, episodic_share, belief_share, redistribute_unused, stable_prefix, selection, "
-                        "half_life_ticks, recency_weight, importance_weight, relevance_weight, "
-                        "dialogue_importance), an output policy's rule (forbidden=PHRASE[;PHRASE...], "
+                        help="what-if with the recorded replies: a working-memory setting memory.KEY (a field of "
+                        "the scenario's [memory]: memory.max_context_chars, memory.selection, "
+                        "memory.scored.half_life_ticks, ...), an output policy's rule (forbidden=PHRASE[;PHRASE...], "
                         "intents=NAME[;NAME...], or none: the gates judge the recorded replies again), "
                         "npc.ID.KEY for one NPC; a comma list sweeps values; repeatable (every combination is a "
-                        "variant)")
+                        "variant); with --fork-at, one memory.KEY value, and inference.backend_options.NAME")
     parser.add_argument("--examples", type=_examples, default=0, metavar="N",
                         help="with --set: show up to N items lost and gained per category, and N proposals "
                         "flipped each way")

@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.add_argument("--agent", default=None, help="only this agent")
     rep.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
                      help="worker processes over record ranges (default: every core); the output does not depend on it")
-    add_backend_arguments(rep, delay=False)
+    add_backend_arguments(rep, serving=False)
     rep.set_defaults(func=replay_command)
 
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")

@@ -17,7 +17,16 @@ import msgspec
 from rich.live import Live
 
 from sim.cli._observe import add_metrics_argument, metrics_served
-from sim.cli._options import add_backend_arguments, backend_options, milliseconds, seconds, whole
+from sim.cli._options import (
+    BACKEND_OPTIONS,
+    add_backend_arguments,
+    add_set_argument,
+    backend_options,
+    milliseconds,
+    seconds,
+    settings_of,
+    whole,
+)
 from sim.cli._terminal import Out
 from sim.errors import ConfigError
 from sim.loadtest import (
@@ -33,8 +42,9 @@ from sim.loadtest import (
     run_loadtest,
     write_plot,
 )
-from sim.memory import SELECTIONS, Selection, WorkingMemoryConfig, build_working_memory
+from sim.memory import WorkingMemoryConfig, build_working_memory
 from sim.mqtt import BrokerAddress
+from sim.settings import with_settings
 
 __all__ = ["loadtest_command", "register"]
 
@@ -95,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-context-tokens", type=_whole_list(1), default=None, metavar="T[,T...]",
                    help="also limit each prompt to T tokens (cl100k; extra 'tokens'); a list pairs up with "
                    "--max-context-chars")
-    add_backend_arguments(p, delay=False)
+    add_backend_arguments(p)
     p.add_argument("--latency-ms", type=milliseconds, default=0.0, metavar="MS",
                    help="fixed delay of the scripted backend (default 0)")
     p.add_argument("--broker", type=_broker, default=None, metavar="URL",
@@ -108,18 +118,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", type=_output, default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", type=_output, default=None, metavar="FILE",
                    help="write a PNG of throughput and latency over time (extra 'plot')")
-    p.add_argument("--selection", choices=SELECTIONS, default="recency",
-                   help="how each working memory chooses its items (default recency; docs/working-memory.md)")
-    p.add_argument("--stable-prefix", action="store_true",
-                   help="build every working memory with stable_prefix (docs/working-memory.md, \"Stable prefix\")")
+    add_set_argument(p, "memory.KEY (every working memory's, e.g. memory.selection=scored; "
+                     "docs/working-memory.md) and inference.backend_options.NAME")
     add_metrics_argument(p)
     p.set_defaults(func=loadtest_command, builder=build_working_memory)
 
 
 def _budgets(
-    chars: tuple[int, ...], tokens: tuple[int, ...] | None, selection: Selection, stable_prefix: bool
+    chars: tuple[int, ...], tokens: tuple[int, ...] | None, memory: dict[str, str]
 ) -> tuple[WorkingMemoryConfig, ...]:
-    """The budgets to run: the two lists paired up, a single value standing for every budget."""
+    """The budgets to run: the two lists paired up, a single value standing for every budget,
+    each with the `--set memory.KEY` settings."""
     token_list: tuple[int | None, ...] = tokens or (None,)
     if len(chars) > 1 and len(token_list) > 1 and len(chars) != len(token_list):
         raise ConfigError(
@@ -129,11 +138,14 @@ def _budgets(
     n = max(len(chars), len(token_list))
     pairs = zip(chars * n if len(chars) == 1 else chars, token_list * n if len(token_list) == 1 else token_list,
                 strict=True)
-    try:
-        return tuple(WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t, selection=selection,
-                                         stable_prefix=stable_prefix) for c, t in pairs)
-    except ConfigError as exc:
-        raise ConfigError(f"--max-context-tokens: {exc}") from exc
+    budgets = []
+    for c, t in pairs:
+        try:
+            budget = WorkingMemoryConfig(max_context_chars=c, max_context_tokens=t)
+        except ConfigError as exc:
+            raise ConfigError(f"--max-context-tokens: {exc}") from exc
+        budgets.append(with_settings(budget, memory, "memory."))
+    return tuple(budgets)
 
 
 def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
@@ -148,13 +160,15 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         raise ConfigError("--broker needs round trips: --concurrency must be >= 1")
     if levels == (0,) and args.output == "structured":
         raise ConfigError("--output structured needs round trips: --concurrency must be >= 1")
-    memories = _budgets(args.max_context_chars, args.max_context_tokens, args.selection, args.stable_prefix)
+    settings = settings_of(args.set, ("memory.", BACKEND_OPTIONS), "loadtest")
+    memory = {k.removeprefix("memory."): v for k, v in settings.items() if k.startswith("memory.")}
+    memories = _budgets(args.max_context_chars, args.max_context_tokens, memory)
     duration = args.duration if args.duration is not None or args.requests is not None else 10.0
     return LoadTestConfig(
         agents=args.agents, duration_s=duration, requests=args.requests,
         concurrency=levels[0] if len(levels) == 1 else levels, processes=processes,
         memory=memories[0] if len(memories) == 1 else memories, backend=args.backend,
-        backend_options=backend_options(args), latency_ms=args.latency_ms, broker=args.broker, seed=args.seed,
+        backend_options=backend_options(args, settings), latency_ms=args.latency_ms, broker=args.broker, seed=args.seed,
         output=args.output,
     )
 

@@ -11,12 +11,11 @@ from typing import Any
 
 import msgspec
 
-from sim.cli._options import whole
+from sim.cli._options import add_set_argument, settings_of, whole
 from sim.cli._terminal import Out
 from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError
 from sim.memory import (
-    SELECTIONS,
     NpcState,
     TruncationExplanation,
     WorkingMemory,
@@ -25,6 +24,7 @@ from sim.memory import (
     explain_truncation,
 )
 from sim.scenario import Scenario, load_scenario
+from sim.settings import with_settings
 
 __all__ = ["register"]
 
@@ -36,15 +36,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
     show.add_argument("--npc", action="append", help="only this NPC (repeatable)")
     show.add_argument("--tight", type=whole(1), default=600, metavar="CHARS", help="the tight budget (default 600)")
-    show.add_argument("--tokens", type=whole(1), default=None, metavar="T",
-                      help="also limit to T tokens (of the scenario's [memory] tokenizer, or --tokenizer)")
-    show.add_argument("--tokenizer", default=None, metavar="NAME",
-                      help='what the tokens are counted with: "cl100k" or "gguf:PATH" (docs/working-memory.md)')
     show.add_argument("--input", default=None, help="what is said to the NPC (default: the scenario's first line)")
-    show.add_argument("--selection", choices=SELECTIONS, default=None,
-                      help="how memories are chosen (default: the scenario's [memory] selection)")
-    show.add_argument("--stable-prefix", action=argparse.BooleanOptionalAction, default=None,
-                      help="start each category at an anchor (default: the scenario's [memory] stable_prefix)")
+    add_set_argument(show, "memory.KEY, a field of the scenario's [memory] (memory.selection=recency, "
+                     "memory.max_context_tokens=300, memory.tokenizer=gguf:PATH, ...)")
     show.add_argument("--json", action="store_true",
                       help="JSON Lines: one object per NPC and budget (npc, budget, limits, prompt, report, dropped)")
     show.set_defaults(func=show_command)
@@ -61,15 +55,8 @@ def _first_input(scenario: Scenario, npc_id: str) -> str:
 def show_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     out = Out()
-    default = scenario.memory
-    if args.selection is not None:
-        default = msgspec.structs.replace(default, selection=args.selection)
-    if args.tokens is not None:
-        default = msgspec.structs.replace(default, max_context_tokens=args.tokens)
-    if args.tokenizer is not None:
-        default = msgspec.structs.replace(default, tokenizer=args.tokenizer)
-    if args.stable_prefix is not None:
-        default = msgspec.structs.replace(default, stable_prefix=args.stable_prefix)
+    settings = settings_of(args.set, ("memory.",), "memory show")
+    default = with_settings(scenario.memory, {k.removeprefix("memory."): v for k, v in settings.items()}, "memory.")
     tight = msgspec.structs.replace(default, max_context_chars=args.tight)
     known = [spec.id for spec in scenario.npcs]
     wanted = set(args.npc or known)

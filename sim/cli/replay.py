@@ -2,9 +2,10 @@
 
     npcsim replay --db run.db                          # identical: N records, M NPCs, T ticks (exit 0)
     npcsim replay --db s0.db --db s1.db --db s2.db     # a sharded run: every shard's store
-    npcsim replay --db run.db --fork-at 40 --backend scripted --script "Aye." --out fork.db
-    npcsim replay --db run.db --set max_context_chars=700,1000     # what-if, recorded replies (sim.cli._whatif)
-    npcsim replay --db run.db --fork-at 40 --backend scripted --set max_context_chars=700
+    npcsim replay --db run.db --fork-at 40 --backend scripted --set 'inference.backend_options.script=["Aye."]' \
+        --out fork.db
+    npcsim replay --db run.db --set memory.max_context_chars=700,1000   # what-if, recorded replies (sim.cli._whatif)
+    npcsim replay --db run.db --fork-at 40 --backend scripted --set memory.max_context_chars=700
 
 The stores are only read. Re-execution writes a new store (`--out`, else a temporary file,
 removed at the end); a divergence is exit 1 naming its tick, NPC and what differs. What
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.cli import _whatif
-from sim.cli._options import add_backend_arguments, backend_options, whole
+from sim.cli._options import BACKEND_OPTIONS, add_backend_arguments, backend_options, whole
 from sim.cli._terminal import printable
 from sim.errors import ConfigError
 from sim.replay import (
@@ -38,6 +39,7 @@ from sim.replay import (
     parse_overrides,
     records_of,
 )
+from sim.settings import parse_settings
 
 __all__ = ["register"]
 
@@ -57,13 +59,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fork-at", type=whole(0), metavar="T",
                         help="recorded replies before tick T, then live with --backend")
     add_backend_arguments(parser)
-    parser.add_argument("--script", action="append", metavar="LINE",
-                        help="scripted (with --fork-at): reply with these lines in turn (repeat the option)")
     _whatif.add_arguments(parser)
     parser.set_defaults(func=replay_command, backend=None)
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    serving = [text for text in args.set if text.startswith(BACKEND_OPTIONS)]
+    args.set = [text for text in args.set if not text.startswith(BACKEND_OPTIONS)]
+    if serving and args.fork_at is None:
+        raise ConfigError(f"--set {serving[0]}: a backend's options are for a fork: give --fork-at T")
     if args.set and args.fork_at is None:  # the what-if: the stores' snapshots, nothing executed
         if args.out is not None or args.until_tick is not None:
             raise ConfigError("--set without --fork-at is a what-if over the recorded snapshots: it executes "
@@ -76,11 +80,7 @@ def replay_command(args: argparse.Namespace) -> int:
                           "recorded)")
     if args.fork_at is not None and args.backend is None:
         raise ConfigError(f"--fork-at {args.fork_at}: give the --backend the fork goes on with")
-    if args.script and args.backend != "scripted":
-        raise ConfigError("--script is an option of --backend scripted")
-    options: dict[str, Any] = backend_options(args) if args.backend else {}
-    if args.script:
-        options["script"] = list(args.script)
+    options: dict[str, Any] = backend_options(args, parse_settings(serving)) if args.backend else {}
     variant = _fork_variant(args.set) if args.set else None
     recording = load_recording(args.db)
     with _out_file(args.out) as out:

@@ -22,13 +22,12 @@ from sim.cli import bundled
 from sim.cli._attach import attach_lines, published_run
 from sim.cli._observe import ViewOptions, add_metrics_argument, metrics_served, port_number, run_observed
 from sim.cli._options import (
+    BACKEND_OPTIONS,
     add_backend_arguments,
     add_broker_arguments,
-    add_fact_guard_argument,
+    add_set_argument,
     backend_options,
     run_id,
-    seconds,
-    tls_files,
     whole,
 )
 from sim.cli._terminal import Out
@@ -36,10 +35,10 @@ from sim.cli.subscribe import say_record
 from sim.cli.view import add_view_arguments, view_password
 from sim.errors import ConfigError
 from sim.generate import write_scenario
+from sim.settings import parse_settings, with_settings
 from sim.shard import (
     BrokerConfig,
     InferenceConfig,
-    Limits,
     Placement,
     RecordConfig,
     RunConfig,
@@ -56,10 +55,7 @@ __all__ = ["register", "summary_rows"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = subparsers.add_parser("run", help="run a scenario (one shard)")
     cmd.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name (npcsim scenario list)")
-    add_broker_arguments(cmd, default="auto", auto=True)
-    cmd.add_argument("--ws-port", type=port_number, default=None, metavar="PORT",
-                     help="--broker auto: its MQTT-over-WebSockets port on loopback, for browser clients "
-                     "(default: a free port; the run prints it)")
+    add_broker_arguments(cmd, default="auto", auto=True, tls=False)
     horizon = cmd.add_mutually_exclusive_group()
     horizon.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     horizon.add_argument("--until-tick", type=whole(1), default=None, metavar="T",
@@ -70,20 +66,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--db", default=None, help="SQLite file for this shard")
     add_backend_arguments(cmd)
     cmd.add_argument("--remote-workers", action="store_true",
-                     help="send inferences to `npcsim worker` processes on the broker instead of in-process")
-    cmd.add_argument("--inference-process", action=argparse.BooleanOptionalAction, default=None,
-                     help="serve inferences in a worker process of the shard, on another core (default: when the "
-                     "shard holds 1,000 NPCs or more and the machine has a second CPU)")
+                     help="send inferences to `npcsim worker` processes on the broker instead of in-process "
+                     "(--set inference.placement=remote)")
     cmd.add_argument("--run-key-file", metavar="FILE",
                      help="sign internal messages with this secret (HMAC; every process of the run needs it); "
                      "generated for --broker auto")
-    cmd.add_argument("--concurrency", type=whole(1), default=64, help="inferences in flight at once (default 64)")
-    cmd.add_argument("--inference-timeout", type=seconds, default=30.0, metavar="S",
-                     help="seconds one inference may take before the fallback line speaks (default 30)")
     cmd.add_argument("--shard", default="0/1",
                      help="i/n: run shard i of n (every shard of a run on the same --broker mqtt://...)")
     cmd.add_argument("--resume", action="store_true", help="continue from the stored tick")
-    cmd.add_argument("--bots", type=whole(0), default=0, help="bot players for load")
     cmd.add_argument("--quiet", action="store_true", help="print nothing but errors (no display, no summary)")
     cmd.add_argument("--show-password", action="store_true",
                      help="--broker auto: print the watchers' read-only password and the game system's in the "
@@ -93,20 +83,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--view", type=port_number, default=None, metavar="PORT",
                      help="serve the web view of the run on http://127.0.0.1:PORT/ (loopback only)")
     add_view_arguments(cmd)
-    cmd.add_argument("--no-trace-prompt", action="store_true",
-                     help="the per-inference trace topic carries the report and digest, not the prompt")
     add_metrics_argument(cmd)
-    cmd.add_argument("--max-context-chars", type=whole(1), default=None, metavar="N",
-                     help="each prompt's hard limit in characters, for this run (default: the scenario's [memory])")
-    cmd.add_argument("--max-context-tokens", type=whole(1), default=None, metavar="N",
-                     help="also limit each prompt to N tokens (cl100k; needs the 'tokens' extra)")
     cmd.add_argument("--stable-prefix", action=argparse.BooleanOptionalAction, default=None,
                      help="move the start of each memory category only in steps, so that an NPC's prompts "
                      "extend each other and a model server's cache reuses them (default: the scenario's [memory])")
-    add_fact_guard_argument(cmd)
-    cmd.add_argument("--retain-memories", type=int, default=None, metavar="N",
-                     help="prune NPC memories past each agent's newest N per category after every tick"
-                     " (N >= the store's hot window; default: keep everything)")
+    add_set_argument(cmd, "memory.KEY (the scenario's [memory]), inference.KEY, inference.backend_options.NAME, "
+                     "limits.KEY, record.KEY, broker.KEY, bots, ... (the fields of RunConfig)")
     cmd.set_defaults(func=run_command)
 
     scenario = subparsers.add_parser("scenario", help="scenario tools")
@@ -233,29 +215,26 @@ def _print_summary(out: Out, stats: RunStats) -> None:
               right=("value",))
 
 
-def _check_shards(args: argparse.Namespace) -> None:
+def _check_shards(config: RunConfig) -> None:
     """Shards of one run meet on one broker: each would start its own private one."""
-    _, count = parse_shard(args.shard)
-    if count > 1 and args.broker == "auto":
+    _, count = parse_shard(config.shard)
+    if count > 1 and config.broker.url == "auto":
         raise ConfigError(
-            f"--shard {args.shard}: each shard would start its own private broker: "
+            f"--shard {config.shard}: each shard would start its own private broker: "
             "give every shard the same --broker mqtt://..."
         )
 
 
-def _placement(args: argparse.Namespace) -> Placement:
-    """Where the inferences are served, from --remote-workers and --[no-]inference-process."""
-    if args.remote_workers and args.inference_process:
-        raise ConfigError("--remote-workers and --inference-process: inferences go to one or the other")
-    if args.remote_workers:
-        return "remote"
-    if args.inference_process is None:
-        return "auto"
-    return "process" if args.inference_process else "in-process"
-
-
-def run_command(args: argparse.Namespace) -> int:
-    _check_shards(args)
+def _config(args: argparse.Namespace) -> RunConfig:
+    """The run the flags and the `--set` settings (which win) describe; a bad setting is a
+    ConfigError naming it."""
+    settings = parse_settings(args.set)
+    memory: dict[str, object] = {} if args.stable_prefix is None else {"stable_prefix": args.stable_prefix}
+    memory.update((k.removeprefix("memory."), v) for k, v in settings.items() if k.startswith("memory."))
+    placement: Placement = "remote" if args.remote_workers else "auto"
+    asked = settings.get("inference.placement")
+    if args.remote_workers and asked is not None and asked != "remote":
+        raise ConfigError(f"--remote-workers and --set inference.placement={asked}: inferences go to one or the other")
     config = RunConfig(
         scenario=args.scenario,
         shard=args.shard,
@@ -264,27 +243,20 @@ def run_command(args: argparse.Namespace) -> int:
         ticks=args.ticks,
         until_tick=args.until_tick,
         tick_ms=args.tick_ms,
-        bots=args.bots,
-        broker=BrokerConfig(url=args.broker, tls=tls_files(args), run_key_file=args.run_key_file,
-                            ws_port=args.ws_port),
-        inference=InferenceConfig(
-            backend=args.backend,
-            backend_options=backend_options(args),
-            placement=_placement(args),
-            concurrency=args.concurrency,
-            inference_timeout=args.inference_timeout,
-            fact_guard=args.fact_guard,
-        ),
-        limits=Limits(max_context_chars=args.max_context_chars, max_context_tokens=args.max_context_tokens,
-                      stable_prefix=args.stable_prefix),
-        record=RecordConfig(
-            db=args.db,
-            resume=args.resume,
-            retain_memories=args.retain_memories,
-            keep_dialogue=(args.dialogue or args.follow) and not args.quiet,
-            trace_prompts=not args.no_trace_prompt,
-        ),
+        broker=BrokerConfig(url=args.broker, run_key_file=args.run_key_file),
+        inference=InferenceConfig(backend=args.backend, backend_options=backend_options(args, settings),
+                                  placement=placement),
+        record=RecordConfig(db=args.db, resume=args.resume,
+                            keep_dialogue=(args.dialogue or args.follow) and not args.quiet),
+        memory=memory,
     )
+    rest = {k: v for k, v in settings.items() if not k.startswith(("memory.", BACKEND_OPTIONS))}
+    return with_settings(config, rest)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _check_shards(config)
     out = Out(flush=True)
     banner = Out(sys.stderr)
     stats = RunStats()

@@ -8,36 +8,45 @@ import signal
 
 from sim.cli._observe import add_metrics_argument, metrics_served
 from sim.cli._options import (
+    BACKEND_OPTIONS,
+    TLS_FILES,
     add_backend_arguments,
     add_broker_arguments,
-    add_fact_guard_argument,
+    add_set_argument,
     backend_options,
     broker_address,
     run_id,
-    seconds,
     segment,
+    settings_of,
     whole,
 )
 from sim.cli._terminal import Out
 from sim.errors import NpcsimError
 from sim.inference import RemoteWorker, WorkerConfig
+from sim.mqtt import TlsFiles
 from sim.protocol.seal import load_run_key
+from sim.settings import with_settings
+from sim.shard import InferenceConfig
 
 __all__ = ["register", "worker_command"]
+
+_FACT_GUARD = "inference.fact_guard"
+_TIMEOUT = "inference.inference_timeout"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = subparsers.add_parser("worker", help="run a remote inference worker until SIGINT/SIGTERM")
-    add_broker_arguments(worker, default=None)
+    add_broker_arguments(worker, default=None, tls=False)
     worker.add_argument("--run", type=run_id, required=True, help="the run id whose requests to serve")
     add_backend_arguments(worker)
     worker.add_argument("--run-key-file", metavar="FILE", help="the run's key, when the run signs internal messages")
     worker.add_argument("--concurrency", type=whole(1), default=8, help="requests served at once (default 8)")
     worker.add_argument("--group", type=segment("worker group"), default="workers",
                         help="shared-subscription group (default 'workers')")
-    worker.add_argument("--timeout", type=seconds, default=30.0, help="seconds per request at the backend")
     worker.add_argument("--name", default="", help="the worker's MQTT client id (default: random)")
-    add_fact_guard_argument(worker)
+    add_set_argument(worker, "inference.backend_options.NAME, inference.fact_guard (the run's own: "
+                     "docs/inference.md), inference.inference_timeout (seconds per request at the backend, "
+                     "default 30) and broker.tls.ca_file, .cert_file, .key_file (mqtts://)")
     add_metrics_argument(worker)
     worker.set_defaults(func=worker_command)
 
@@ -67,12 +76,17 @@ async def _run(worker: RemoteWorker, out: Out) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
+    settings = settings_of(args.set, (BACKEND_OPTIONS, _FACT_GUARD, _TIMEOUT, TLS_FILES), "worker")
+    serving = with_settings(InferenceConfig(), {k.removeprefix("inference."): v for k, v in settings.items()
+                                                if k in (_FACT_GUARD, _TIMEOUT)}, "inference.")
+    tls = with_settings(TlsFiles(), {k.removeprefix(TLS_FILES): v for k, v in settings.items()
+                                     if k.startswith(TLS_FILES)}, TLS_FILES)
     config = WorkerConfig(
-        broker=broker_address(args), run_id=args.run,
+        broker=broker_address(args, tls), run_id=args.run,
         run_key=load_run_key(args.run_key_file) if args.run_key_file else None,
-        backend=args.backend, options=backend_options(args),
-        concurrency=args.concurrency, group=args.group, timeout=args.timeout, name=args.name,
-        fact_guard=args.fact_guard,
+        backend=args.backend, options=backend_options(args, settings),
+        concurrency=args.concurrency, group=args.group, timeout=serving.inference_timeout, name=args.name,
+        fact_guard=serving.fact_guard,
     )
     worker = RemoteWorker(config)
     out = Out(flush=True)

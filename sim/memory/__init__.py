@@ -22,7 +22,7 @@ and the audit compute it.
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import SELECTIONS, Selection, WorkingMemoryConfig
+from sim.memory._budget import SELECTIONS, ScoredSelection, Selection, WorkingMemoryConfig
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._duplicates import Distinct, distinct, leave_out_event
 from sim.memory._explain import (
@@ -70,6 +70,7 @@ __all__ = [
     "RENDERER_VERSION",
     "Relevance",
     "SELECTIONS",
+    "ScoredSelection",
     "Selection",
     "TOKENIZERS",
     "TOKENIZER_FORMS",

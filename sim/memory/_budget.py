@@ -12,13 +12,46 @@ import msgspec
 from sim.errors import ConfigError
 from sim.memory._tokens import TOKENIZERS, check_tokenizer, token_counter
 
-__all__ = ["SELECTIONS", "OverflowPolicy", "Selection", "WorkingMemoryConfig"]
+__all__ = ["SELECTIONS", "OverflowPolicy", "ScoredSelection", "Selection", "WorkingMemoryConfig"]
 
 OverflowPolicy = Literal["keep", "raise"]
 Selection = Literal["recency", "scored"]
 SELECTIONS: tuple[Selection, ...] = ("recency", "scored")
 
 _SHARE_TOLERANCE = 1e-9
+
+
+def _require_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
+def _in_unit_interval(value: float) -> bool:
+    return 0.0 <= value <= 1.0
+
+
+def _require_number(name: str, value: object, wanted: str, holds: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not holds(value):
+        raise ConfigError(f"{name} must be {wanted}, got {value!r}")
+
+
+class ScoredSelection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How `selection = "scored"` ranks a category's items (`sim.memory._scoring`): recency
+    halving every `half_life_ticks`, importance (`dialogue_importance` for a line of dialogue)
+    and relevance to the input, weighted. Read only by that selection ([memory.scored] in a
+    scenario)."""
+
+    half_life_ticks: float = 20.0
+    recency_weight: float = 1.0
+    importance_weight: float = 1.0
+    relevance_weight: float = 1.0
+    dialogue_importance: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("recency_weight", "importance_weight", "relevance_weight"):
+            _require_number(name, getattr(self, name), "a number >= 0", lambda x: x >= 0.0)
+        _require_number("half_life_ticks", self.half_life_ticks, "a number > 0", lambda x: x > 0.0)
+        _require_number("dialogue_importance", self.dialogue_importance, "a number from 0 to 1", _in_unit_interval)
 
 
 class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -28,9 +61,7 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     `max_context_tokens` set the prompt must fit that too, counted with `tokenizer`
     ("cl100k", "server" or "gguf:PATH": `sim.memory._tokens`).
     `selection` is how a flexible category ranks its items: "recency" (newest first) or
-    "scored" (`sim.memory._scoring`: recency decaying with `half_life_ticks`, importance
-    and relevance to the input, weighted); the fields below it up to `stable_prefix` matter
-    to "scored" only. `stable_prefix` moves the start of each flexible category's kept run
+    "scored" (best ranked first, as `scored` says). `stable_prefix` moves the start of each flexible category's kept run
     only in steps (`sim.memory._stable`), so that successive prompts extend each other.
     """
 
@@ -48,11 +79,7 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     redistribute_unused: bool = True
     on_overflow: OverflowPolicy = "keep"
     selection: Selection = "recency"
-    half_life_ticks: float = 20.0
-    recency_weight: float = 1.0
-    importance_weight: float = 1.0
-    relevance_weight: float = 1.0
-    dialogue_importance: float = 0.5
+    scored: ScoredSelection = ScoredSelection()
     stable_prefix: bool = False
 
     def __post_init__(self) -> None:
@@ -78,26 +105,11 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             raise ConfigError(f"on_overflow must be 'keep' or 'raise', got {self.on_overflow!r}")
         if self.selection not in SELECTIONS:
             raise ConfigError(f"selection must be 'recency' or 'scored', got {self.selection!r}")
-        for name in ("recency_weight", "importance_weight", "relevance_weight"):
-            _require_number(name, getattr(self, name), "a number >= 0", lambda x: x >= 0.0)
-        _require_number("half_life_ticks", self.half_life_ticks, "a number > 0", lambda x: x > 0.0)
-        _require_number("dialogue_importance", self.dialogue_importance, "a number from 0 to 1", _in_unit_interval)
+        if not isinstance(self.scored, ScoredSelection):
+            raise ConfigError(f"scored must be a table of the scored selection's settings, got {self.scored!r}")
         check_tokenizer(self.tokenizer)
         if self.max_context_tokens is not None and self.tokenizer in TOKENIZERS:
             # refuse now, not at the first build, when the extra is missing; a model's own
             # tokenizer is opened with the run (a record naming one must decode without it)
             token_counter(self.tokenizer)
 
-
-def _require_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
-
-
-def _in_unit_interval(value: float) -> bool:
-    return 0.0 <= value <= 1.0
-
-
-def _require_number(name: str, value: object, wanted: str, holds: Callable[[float], bool]) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not holds(value):
-        raise ConfigError(f"{name} must be {wanted}, got {value!r}")

@@ -141,11 +141,12 @@ class _Index:
 
     def base(self, cfg: WorkingMemoryConfig, newest: int) -> list[float]:
         """Recency and importance per item: once per state and config."""
-        key = (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance)
+        scored = cfg.scored
+        key = (scored.half_life_ticks, scored.recency_weight, scored.importance_weight, scored.dialogue_importance)
         found = self.bases.get(key)
         if found is None:
-            importance = self.importance or [cfg.dialogue_importance] * self.size
-            half_life, recency, weighted = cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight
+            importance = self.importance or [scored.dialogue_importance] * self.size
+            half_life, recency, weighted = scored.half_life_ticks, scored.recency_weight, scored.importance_weight
             found = self.bases[key] = [
                 recency * 0.5 ** ((newest - tick) / half_life) + weighted * weight
                 for tick, weight in zip(self.ticks, importance, strict=True)
@@ -160,9 +161,9 @@ class _Index:
         found = self.ranked.get(key)
         if found is None:
             totals = self.base(cfg, newest)
-            raw, norm = self.relevance(query) if cfg.relevance_weight != 0.0 else ({}, 0.0)
+            raw, norm = self.relevance(query) if cfg.scored.relevance_weight != 0.0 else ({}, 0.0)
             if raw:
-                scale, base = cfg.relevance_weight / norm, totals
+                scale, base = cfg.scored.relevance_weight / norm, totals
                 totals = base.copy()
                 for p, r in raw.items():
                     totals[p] = base[p] + scale * r
@@ -174,8 +175,9 @@ _Weights = tuple[float, float, float, float, float]
 
 
 def _weights(cfg: WorkingMemoryConfig) -> _Weights:
-    return (cfg.half_life_ticks, cfg.recency_weight, cfg.importance_weight, cfg.dialogue_importance,
-            cfg.relevance_weight)
+    scored = cfg.scored
+    return (scored.half_life_ticks, scored.recency_weight, scored.importance_weight, scored.dialogue_importance,
+            scored.relevance_weight)
 
 
 def _best(totals: list[float], limit: int | None) -> tuple[int, ...]:
@@ -239,10 +241,10 @@ def _ranked(
         return ()
     if limit is not None and limit >= index.size:
         limit = None
-    if relevance is None or cfg.relevance_weight == 0.0:
+    if relevance is None or cfg.scored.relevance_weight == 0.0:
         return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
     given = _supplied(relevance, player_input, name, getattr(state, name))
-    weight = cfg.relevance_weight
+    weight = cfg.scored.relevance_weight
     return _best([base + weight * r for base, r in zip(index.base(cfg, newest), given, strict=True)], limit)
 
 

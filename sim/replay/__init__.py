@@ -29,7 +29,7 @@ See docs/replay.md.
 from sim.replay._compare import Comparison, Divergence, compare_records, compare_states, records_of
 from sim.replay._flips import Flip
 from sim.replay._fork import ForkReport, RunFigures, fork_report
-from sim.replay._overrides import MAX_VARIANTS, POLICY_KEYS, SETTABLE, Override, Variant, parse_overrides
+from sim.replay._overrides import MAX_VARIANTS, MEMORY, POLICY_KEYS, Override, Variant, parse_overrides
 from sim.replay._parallel import Plan, Span, check_jobs, default_jobs, map_spans, plan_spans
 from sim.replay._recording import Recording, load_recording
 from sim.replay._rerun import Executed, execute
@@ -38,8 +38,8 @@ from sim.replay._whatif import CATEGORIES, Change, Tally, what_if, write_plot
 __all__ = [
     "CATEGORIES",
     "MAX_VARIANTS",
+    "MEMORY",
     "POLICY_KEYS",
-    "SETTABLE",
     "Change",
     "Comparison",
     "Divergence",

@@ -1,83 +1,40 @@
 """`--set KEY=VALUE[,VALUE...]`: the settings a what-if changes, and their sweep.
 
-KEY is a field of `WorkingMemoryConfig` a what-if may change, or a rule of the output
-policy (`POLICY_KEYS`: `forbidden`, `intents`, whose value is a list separated by ";",
-or `none`), both in `SETTABLE`; `npc.ID.KEY` sets one for one NPC only (applied after the
-run-wide ones). A comma list sweeps
-values; with several swept keys every combination is one variant (a cartesian product,
-at most `MAX_VARIANTS` of them). A bad key or value is a ConfigError of one line; whether
-the combined config is valid (shares summing to at most 1) is checked against each
-record's own config, when it is built.
+KEY is `memory.PATH`, a field of the recorded `WorkingMemoryConfig` (sim.settings: its type
+converts and checks the value, `memory.scored.half_life_ticks` reaches a nested one), or a rule
+of the output policy (`POLICY_KEYS`: `forbidden`, `intents`, whose value is a list separated
+by ";", or `none`); `npc.ID.KEY` sets one for one NPC only (applied after the run-wide ones).
+A comma list sweeps values; with several swept keys every combination is one variant (a
+cartesian product, at most `MAX_VARIANTS` of them). A bad key or value is a ConfigError of
+one line; whether the combined config is valid (shares summing to at most 1) is checked
+against each record's own config, when it is built.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
 from sim.errors import ConfigError
-from sim.memory import SELECTIONS, WorkingMemoryConfig
+from sim.memory import WorkingMemoryConfig
 from sim.output import OutputPolicy
+from sim.settings import check_settings, with_settings
 from sim.wire.events import is_name
 
-__all__ = ["MAX_VARIANTS", "POLICY_KEYS", "SETTABLE", "Override", "Variant", "parse_overrides"]
+__all__ = ["MAX_VARIANTS", "MEMORY", "POLICY_KEYS", "Override", "Variant", "parse_overrides"]
 
-Value = int | float | bool | str | tuple[str, ...] | None
+Value = Any
 
 MAX_VARIANTS = 64
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
+MEMORY = "memory."
+"""The keys that change a working memory start with it; the rest is a path into its config."""
 
 
-def _count(text: str) -> Value:
-    if not text.isdigit():
-        raise ValueError("a whole number >= 0")
-    return int(text)
-
-
-def _count_or_none(text: str) -> Value:
-    return None if text.lower() == "none" else _count(text)
-
-
-def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], Value]:
-    """A parser of a finite number for which `holds`; `wanted` says which, when it is not."""
-
-    def parse(text: str) -> Value:
-        try:
-            number = float(text)
-        except ValueError:
-            raise ValueError(wanted) from None
-        if not math.isfinite(number) or not holds(number):
-            raise ValueError(wanted)
-        return number
-
-    return parse
-
-
-_share = _number("a number from 0 to 1", lambda x: 0.0 <= x <= 1.0)
-_weight = _number("a number >= 0", lambda x: x >= 0.0)
-_half_life = _number("a number > 0", lambda x: x > 0.0)
-
-
-def _selection(text: str) -> Value:
-    if text not in SELECTIONS:
-        raise ValueError(" or ".join(repr(s) for s in SELECTIONS))
-    return text
-
-
-def _flag(text: str) -> Value:
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise ValueError("true or false")
-
-
-def _phrases(text: str) -> Value:
+def _phrases(text: str) -> tuple[str, ...]:
     """Phrases an NPC must never reveal, separated by ";" (`none`: no phrase)."""
     if text.lower() == "none":
         return ()
@@ -87,7 +44,7 @@ def _phrases(text: str) -> Value:
     return phrases
 
 
-def _intents(text: str) -> Value:
+def _intents(text: str) -> tuple[str, ...]:
     """Intent names an NPC may propose, separated by ";" (`none`: no intent)."""
     if text.lower() == "none":
         return ()
@@ -97,28 +54,9 @@ def _intents(text: str) -> Value:
     return names
 
 
-SETTABLE: dict[str, Callable[[str], Value]] = {
-    "max_context_chars": _count,
-    "max_context_tokens": _count_or_none,  # "none": no token limit
-    "max_episodic_memories": _count,
-    "max_beliefs": _count,
-    "max_dialogue_lines": _count,
-    "dialogue_share": _share,
-    "episodic_share": _share,
-    "belief_share": _share,
-    "redistribute_unused": _flag,
-    "stable_prefix": _flag,
-    "selection": _selection,
-    "half_life_ticks": _half_life,
-    "recency_weight": _weight,
-    "importance_weight": _weight,
-    "relevance_weight": _weight,
-    "dialogue_importance": _share,
-    "forbidden": _phrases,
-    "intents": _intents,
-}
+_POLICY: dict[str, Callable[[str], tuple[str, ...]]] = {"forbidden": _phrases, "intents": _intents}
 
-POLICY_KEYS = frozenset({"forbidden", "intents"})
+POLICY_KEYS = frozenset(_POLICY)
 """The keys that change an NPC's output policy (the gates' rules), not its working memory."""
 
 
@@ -147,14 +85,9 @@ class Variant(msgspec.Struct, frozen=True, kw_only=True):
         A what-if counts the snapshots that go over budget, so a recorded `on_overflow =
         "raise"` is read as "keep" here.
         """
-        fields = msgspec.structs.asdict(recorded)
-        fields.update((k, v) for k, v in self.settings.items() if k not in POLICY_KEYS)
-        fields.update((k, v) for k, v in self.npcs.get(agent, {}).items() if k not in POLICY_KEYS)
-        fields["on_overflow"] = "keep"
-        try:
-            return WorkingMemoryConfig(**fields)
-        except ConfigError as exc:
-            raise ConfigError(f"--set {self.label}: {exc}") from None
+        settings = {k.removeprefix(MEMORY): v for k, v in (*self.settings.items(), *self.npcs.get(agent, {}).items())
+                    if k.startswith(MEMORY)}
+        return with_settings(msgspec.structs.replace(recorded, on_overflow="keep"), settings, MEMORY)
 
 
     @property
@@ -180,19 +113,36 @@ def _one(text: str) -> Override:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE[,VALUE...]")
     npc: str | None = None
     if key.startswith("npc."):
-        npc, _, key = key[4:].rpartition(".")
+        npc, key = _npc_key(key[4:])
         if not npc:
             raise ConfigError(f"--set {text!r}: expected npc.ID.KEY=VALUE")
-    parse = SETTABLE.get(key)
-    if parse is None:
-        raise ConfigError(f"--set {text!r}: unknown key {key!r}; known: {', '.join(SETTABLE)}")
-    parsed: list[Value] = []
-    for value in values.split(","):
-        try:
-            parsed.append(parse(value.strip()))
-        except ValueError as exc:
-            raise ConfigError(f"--set {text!r}: {key} must be {exc}, got {value.strip()!r}") from None
+    parsed = [_parsed(text, key, value.strip()) for value in values.split(",")]
     return Override(npc, key, tuple(dict.fromkeys(parsed)))
+
+
+def _npc_key(rest: str) -> tuple[str, str]:
+    """`ID.memory.PATH` or `ID.RULE` as (ID, key): an id may hold dots, so the key is found
+    from its own shape."""
+    at = rest.find("." + MEMORY)
+    if at >= 0:
+        return rest[:at], rest[at + 1 :]
+    npc, _, key = rest.rpartition(".")
+    return npc, key
+
+
+def _parsed(text: str, key: str, value: str) -> Value:
+    """One value of `key`: a policy rule's list, or converted by the config's type."""
+    policy = _POLICY.get(key)
+    if policy is not None:
+        try:
+            return policy(value)
+        except ValueError as exc:
+            raise ConfigError(f"--set {text!r}: {key} must be {exc}, got {value!r}") from None
+    if not key.startswith(MEMORY):
+        raise ConfigError(f"--set {text!r}: unknown key {key!r}; a what-if sets memory.KEY (a field of the "
+                          f"working memory's config) or {' or '.join(sorted(_POLICY))}")
+    path = key.removeprefix(MEMORY)
+    return check_settings(WorkingMemoryConfig, {path: value}, MEMORY)[path]
 
 
 def parse_overrides(texts: Sequence[str], agents: frozenset[str] | None = None) -> list[Variant]:

@@ -1,7 +1,9 @@
 """A run's configuration and what follows from it alone: shards, their NPCs, the hot window.
 
-`RunConfig` is the library's boundary: the values the CLI refuses are refused here too, by
-option name. The checks that need the store or the scenario (`check_resumable`,
+`RunConfig` is the library's boundary and the declaration of a run's settings: the CLI's
+daily flags and `--set KEY=VALUE` (sim.settings: KEY a dotted path into it, `memory.KEY` into
+the scenario's `WorkingMemoryConfig`) both read it, and a bad value is refused here, named.
+The checks that need the store or the scenario (`check_resumable`,
 `check_retention`) run before anything starts, so a refused run leaves no file behind.
 """
 
@@ -18,6 +20,7 @@ from sim.memory import WorkingMemoryConfig
 from sim.mqtt import TlsFiles
 from sim.protocol.bounds import InputBounds
 from sim.scenario import NpcSpec, Scenario
+from sim.settings import check_settings, with_settings
 from sim.shard._place_shares import assign_places
 from sim.store import HOT_LIMIT, Store, open_reader
 
@@ -60,18 +63,24 @@ WORKER_PROCESS_NPCS = 1_000
 machine has a second CPU): below it, a run's turns are too few to pay for the process's start."""
 
 
-def _check_whole(part: msgspec.Struct, minimum: dict[str, int]) -> None:
+def _check_whole(part: msgspec.Struct, minimum: dict[str, int], where: str) -> None:
+    """Whole numbers >= their minimum; `where` is the part's key (`inference.`), "--" for the
+    run's own fields, which have flags."""
     for name, low in minimum.items():
         value = getattr(part, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
+            raise ConfigError(f"{_named(where, name)} must be a whole number >= {low}, got {value!r}")
 
 
-def _check_seconds(part: msgspec.Struct, names: tuple[str, ...]) -> None:
+def _check_seconds(part: msgspec.Struct, names: tuple[str, ...], where: str) -> None:
     for name in names:
         value = getattr(part, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+            raise ConfigError(f"{_named(where, name)} must be a number of seconds > 0, got {value!r}")
+
+
+def _named(where: str, name: str) -> str:
+    return f"--{name.replace('_', '-')}" if where == "--" else f"{where}{name}"
 
 
 class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,9 +94,9 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ws_port: int | None = None
 
     def __post_init__(self) -> None:
-        _check_whole(self, {"ws_port": 1})
+        _check_whole(self, {"ws_port": 1}, "broker.")
         if self.ws_port is not None and self.ws_port > 65535:
-            raise ConfigError(f"--ws-port must be a port number 1-65535, got {self.ws_port}")
+            raise ConfigError(f"broker.ws_port must be a port number 1-65535, got {self.ws_port}")
 
 
 class InferenceConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,27 +114,20 @@ class InferenceConfig(msgspec.Struct, frozen=True, kw_only=True):
     fact_guard: str = ""
 
     def __post_init__(self) -> None:
-        _check_whole(self, {"concurrency": 1})
-        _check_seconds(self, ("inference_timeout",))
+        _check_whole(self, {"concurrency": 1}, "inference.")
+        _check_seconds(self, ("inference_timeout",), "inference.")
         if self.placement not in get_args(Placement):
-            raise ConfigError(f"placement must be one of {get_args(Placement)}, got {self.placement!r}")
+            raise ConfigError(f"inference.placement must be one of {get_args(Placement)}, got {self.placement!r}")
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    """The run's bounds: on outside input, on a barrier's wait before it is logged as a stall,
-    and the run's overrides of the scenario's [memory] limits (`memory_config`)."""
+    """The run's bounds: on outside input, and on a barrier's wait before it is logged as a stall."""
 
     bounds: InputBounds = msgspec.field(default_factory=InputBounds)
     echo_timeout: float = 5.0
-    max_context_chars: int | None = None
-    max_context_tokens: int | None = None
-    stable_prefix: bool | None = None
 
     def __post_init__(self) -> None:
-        _check_whole(self, {"max_context_chars": 1, "max_context_tokens": 1})
-        if self.stable_prefix is not None and not isinstance(self.stable_prefix, bool):
-            raise ConfigError(f"--stable-prefix must be true or false, got {self.stable_prefix!r}")
-        _check_seconds(self, ("echo_timeout",))
+        _check_seconds(self, ("echo_timeout",), "limits.")
 
 
 class RecordConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,12 +142,13 @@ class RecordConfig(msgspec.Struct, frozen=True, kw_only=True):
     trace_prompts: bool = True
 
     def __post_init__(self) -> None:
-        _check_whole(self, {"retain_memories": 1})
+        _check_whole(self, {"retain_memories": 1}, "record.")
 
 
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What runs (the scenario, this shard of it, the seed, the ticks, the bots) and its parts:
-    the broker, the inference, the limits and what is recorded."""
+    the broker, the inference, the limits and what is recorded; `memory` is the run's changes to
+    the scenario's [memory] table, by dotted key (`{"selection": "scored"}`: `memory_config`)."""
 
     scenario: str
     shard: str = "0/1"
@@ -160,10 +163,12 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
     inference: InferenceConfig = msgspec.field(default_factory=InferenceConfig)
     limits: Limits = msgspec.field(default_factory=Limits)
     record: RecordConfig = msgspec.field(default_factory=RecordConfig)
+    memory: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
-        """The library's boundary: the same values the CLI refuses are refused here, by option name."""
-        _check_whole(self, {"ticks": 1, "until_tick": 1, "tick_ms": 0, "bots": 0})
+        """The library's boundary: the same values the CLI refuses are refused here, named."""
+        _check_whole(self, {"ticks": 1, "until_tick": 1, "tick_ms": 0, "bots": 0}, "--")
+        check_settings(WorkingMemoryConfig, self.memory, "memory.")
         if self.ticks is not None and self.until_tick is not None:
             raise ConfigError(f"--ticks {self.ticks} and --until-tick {self.until_tick}: give one of them, not both")
         parse_shard(self.shard)
@@ -214,12 +219,9 @@ def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
 
 
 def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
-    """The scenario's working-memory config with the run's overrides (`--max-context-chars`,
-    `--max-context-tokens`, `--stable-prefix`); a combination the config refuses is a
-    ConfigError naming it."""
-    overrides = {name: value for name in ("max_context_chars", "max_context_tokens", "stable_prefix")
-                 if (value := getattr(config.limits, name)) is not None}
-    return msgspec.structs.replace(scenario.memory, **overrides) if overrides else scenario.memory
+    """The scenario's working-memory config with the run's changes (`--set memory.KEY=VALUE`,
+    `--stable-prefix`); a combination the config refuses is a ConfigError naming them."""
+    return with_settings(scenario.memory, config.memory, "memory.")
 
 
 def with_servers(config: RunConfig, scenario: Scenario) -> RunConfig:
@@ -277,6 +279,6 @@ def check_retention(config: RunConfig, limit: int) -> None:
     retain = config.record.retain_memories
     if retain is not None and retain < limit:
         raise ConfigError(
-            f"--retain-memories must be at least the store's hot window ({limit} items per category),"
+            f"record.retain_memories must be at least the store's hot window ({limit} items per category),"
             f" got {retain}"
         )

@@ -32,7 +32,7 @@ class RunSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The configuration of a run as its first start ran it: what decides what its NPCs say.
 
     `memory` is the effective working-memory config (the scenario's with the run's
-    `--max-context-*` overrides); `end_tick` the tick the run was to end before; `bots` and
+    `--set memory.*` changes); `end_tick` the tick the run was to end before; `bots` and
     `bot_rate` its bot players; `backend`, `backend_options` and `model` (the option of
     that name, "" when none; each audit record names the model that answered) the backend,
     `remote_workers` whether it was served by `npcsim worker`s; `retain_memories` the

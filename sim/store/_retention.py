@@ -8,7 +8,7 @@ needs none of these rows: a record references its state's items in the `items` t
 which pruning never touches, so every record still replays.
 
 The places' logs (`place_events`, one row per place and tick) are pruned by the windows
-the shard keeps: with `--retain-memories N` they hold at least `max(N, hot limit)` events
+the shard keeps: with `record.retain_memories` N they hold at least `max(N, hot limit)` events
 not said by each listener, and rows older than a window's first tick go.
 
 `heard` rows hold several episodes each: a row is deleted once the agent heard at least

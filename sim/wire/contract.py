@@ -182,7 +182,8 @@ CHANNELS: tuple[Channel, ...] = (
         "trace", topics.trace, list[TraceMessage], (SERVER,), retained=False,
         readers="the `viewer` login",
         summary="A batch of the shard's inferences, in their order: each one's truncation report and its "
-                "explanation, the prompt's SHA-256 and (unless `npcsim run --no-trace-prompt`) the prompt, and "
+                "explanation, the prompt's SHA-256 and (unless `npcsim run --set record.trace_prompts=false`) "
+                "the prompt, and "
                 "each attempt with the gates' verdicts on its reply's parts (`proposals`: the line, beliefs, "
                 "memories, the intent; docs/npc-output.md).",
     ),

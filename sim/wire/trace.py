@@ -6,7 +6,7 @@ built from its audit record (`sim.audit.trace_of`, with `for_trace` here): the
 truncation report and its explanation (each category's budget as split and after
 redistribution, what it kept and what it dropped and why: `sim.memory.explain_truncation`,
 derived from the record's snapshot), the prompt's SHA-256 and, unless the operator turns
-prompts off (`npcsim run --no-trace-prompt`), the prompt itself. It is what the audit
+prompts off (`npcsim run --set record.trace_prompts=false`), the prompt itself. It is what the audit
 record holds minus the state snapshot, so a viewer on another machine sees how each prompt
 was cut, and what the gates made of each attempt's proposals, without access to the shard's
 SQLite file. The explanation names the newest

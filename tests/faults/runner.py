@@ -196,8 +196,9 @@ class Run:
         shard.logs.append(log)
         extra: list[str] = ["--resume"] if resume else []
         if self.model is not None:
-            extra += ["--backend", "openai", "--base-url", self.model.base_url, "--inference-timeout",
-                      str(INFERENCE_TIMEOUT_S), "--read-timeout", str(INFERENCE_TIMEOUT_S / 2)]
+            extra += ["--backend", "openai", "--base-url", self.model.base_url,
+                      "--set", f"inference.inference_timeout={INFERENCE_TIMEOUT_S}",
+                      "--set", f"inference.backend_options.read_timeout={INFERENCE_TIMEOUT_S / 2}"]
         if self.s.workers:
             extra += ["--remote-workers"]
         wrap = self.ns.wrap if self.ns is not None and self._net_target(shard.index) else ()
@@ -217,7 +218,8 @@ class Run:
         port = free_port()
         with log.open("wb") as out:
             proc = await start_npcsim(
-                "worker", "--broker", self.broker.url, "--run", self.run_id, "--delay-ms", "40",
+                "worker", "--broker", self.broker.url, "--run", self.run_id,
+                "--set", "inference.backend_options.delay_ms=40",
                 "--name", f"w{len(self.workers)}", "--metrics-port", str(port), stdout=out, stderr=out,
             )
         self.workers.append(proc)

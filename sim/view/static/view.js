@@ -313,7 +313,7 @@ async function showNpc() {
   detail.dataset.snapshot = chosen.inference_id;
   $("prompt-digest").textContent = "sha256 " + latest.prompt_sha256.slice(0, 16) + "…";
   $("prompt").textContent = latest.prompt === null || latest.prompt === undefined
-    ? "(the run does not publish prompts: --no-trace-prompt)" : latest.prompt;
+    ? "(the run does not publish prompts: record.trace_prompts=false)" : latest.prompt;
   showCompare();
 }
 // --- --compare: two stores' working memories side by side ---------------------------------
