@@ -104,9 +104,10 @@ def judged_beliefs(*abouts: str) -> list[tuple[str, str]]:
     memory = build_working_memory(state, "visitor: Who are you?")
     beliefs = [{"about": about, "text": "Is a regular here.", "confidence": 0.5} for about in abouts]
     raw = json.dumps({"say": "Welcome.", "beliefs": beliefs})
-    verdict = judge_reply(raw, memory, Rules(output=OutputPolicy(structured=True, max_beliefs=10)))
-    checked = check_proposals([Attempt(prompt=memory.prompt, proposals=verdict.proposals)], memory, OutputPolicy(structured=True,
-                              max_beliefs=10), contradicted_fact)
+    policy = OutputPolicy(structured=True, max_beliefs=10)
+    verdict = judge_reply(raw, memory, Rules(output=policy))
+    checked = check_proposals([Attempt(prompt=memory.prompt, proposals=verdict.proposals)], memory, policy,
+                              contradicted_fact)
     assert checked == [], checked  # the independent check agrees with what the gates accepted
     return [(p.about, p.code) for p in verdict.proposals if p.kind == "belief"]
 
@@ -124,6 +125,6 @@ def test_a_belief_about_a_reserved_name_or_a_stranger_is_refused(about: str) -> 
 def test_the_independent_check_catches_a_belief_about_a_stranger() -> None:
     memory = build_working_memory(NpcState(agent_id="innkeeper", system_prompt="x"), "visitor: hi")
     stranger = accepted("belief", "Is rich.", about="game", weight=0.5)
-    [violation] = check_proposals([Attempt(prompt=memory.prompt, proposals=(stranger,))], memory, OutputPolicy(structured=True),
-                                  contradicted_fact)
+    attempt = Attempt(prompt=memory.prompt, proposals=(stranger,))
+    [violation] = check_proposals([attempt], memory, OutputPolicy(structured=True), contradicted_fact)
     assert violation.invariant == "authority"
