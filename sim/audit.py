@@ -97,7 +97,10 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything about one inference: what the model saw, said, and why.
 
     `timings` are milliseconds by phase (e.g. "build", "queue", "infer"); `params` are the
-    request parameters sent to the backend (temperature, max_tokens, seed, ...).
+    request parameters sent to the backend (temperature, max_tokens, seed, ...). `counts`
+    are the server tokenizer's token counts (text -> tokens) its working memories (the
+    first, and a retry's) were cut with under `tokenizer = "server"`, empty otherwise: they
+    are what rebuilds them with no server.
     """
 
     id: str
@@ -123,12 +126,14 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     renderer: int = 1
     version: int = 1
     output: OutputPolicy | None = None
+    counts: dict[str, int] = {}
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
         """The working memory of this record (or of its retry with `prohibition`), rebuilt;
         a StoreError when another renderer made the record."""
         _check_renderer(self)
-        return build_working_memory(self.state, self.player_input, self.config, prohibition=prohibition)
+        return build_working_memory(self.state, self.player_input, self.config, prohibition=prohibition,
+                                    counts=self.counts or None)
 
     def explanation(
         self, memory: WorkingMemory | None = None, *, most_dropped: int | None = None
@@ -138,7 +143,8 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
         `memory` is the record's working memory when the caller holds it (the recorder
         does): it is rebuilt otherwise. `most_dropped`: see `explain_truncation`."""
         return explain_truncation(self.state, self.player_input, self.config,
-                                  self.memory() if memory is None else memory, most_dropped=most_dropped)
+                                  self.memory() if memory is None else memory, most_dropped=most_dropped,
+                                  counts=self.counts or None)
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):

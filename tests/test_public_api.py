@@ -32,10 +32,11 @@ PACKAGES: dict[str, set[str]] = {
         "check_context_window", "clean_line", "contradicted_fact", "decode_request", "decode_result",
         "encode_request", "encode_result", "fallback_line", "gate_difference", "judge", "judge_attempts",
         "judge_reply", "load_fact_guard", "open_backend", "open_pool", "reply_problem", "open_tokenizer",
+        "Tokenizer", "counted_memory",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",
-        "convert_options", "open_backend", "open_tokenizer", "served_now",
+        "convert_options", "open_backend", "open_tokenizer", "served_now", "Tokenizer", "Tokenizing",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
@@ -50,7 +51,7 @@ PACKAGES: dict[str, set[str]] = {
         "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
-        "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "counting_with",
+        "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "CountsMissing",
         "PrefixReuse", "prefix_reuse",
     },
     "sim.mqtt": {

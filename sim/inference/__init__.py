@@ -7,12 +7,14 @@ The request and result types are wire types (`sim.wire.inference`), re-exported 
 Inside: the pool's slots (`_pool`) call one `Dispatch`, which answers with the fallback
 when anything fails (`_dispatch`): serving on a backend here (`_serve`, with `_output`),
 in a worker process of the pool's (`_local`, `_local_worker`), or the MQTT link (`_link`)
-to remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
+to remote workers (`_worker`), both batching (`_batch`); a working memory counted by a
+server's tokenizer is built between fetches of its counts (`_counted`); the link holds remote replies to
 the pool's checks (`_replies`); a re-execution serves each request on its record's
 attempts (`open_pool(..., recorded=...)`). `_pool_config` and `_counters` hold the
 configuration and the statistics; `backends` the backends. See docs/inference.md.
 """
 
+from sim.inference._counted import counted_memory
 from sim.inference._counters import PoolStatistics
 from sim.inference._dispatch import GENERIC_LINES, fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact, load_fact_guard
@@ -22,7 +24,15 @@ from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
 from sim.inference._structured import gate_difference, judge_attempts, judge_reply
 from sim.inference._worker import RemoteWorker
-from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend, open_tokenizer
+from sim.inference.backends import (
+    BACKENDS,
+    Backend,
+    Reply,
+    Tokenizer,
+    check_context_window,
+    open_backend,
+    open_tokenizer,
+)
 from sim.wire.inference import (
     InferenceRequest,
     InferenceResult,
@@ -46,12 +56,14 @@ __all__ = [
     "Priority",
     "RemoteWorker",
     "Reply",
+    "Tokenizer",
     "Verdict",
     "WorkerConfig",
     "check_context_window",
     "open_tokenizer",
     "clean_line",
     "contradicted_fact",
+    "counted_memory",
     "decode_request",
     "decode_result",
     "encode_request",

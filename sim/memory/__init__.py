@@ -1,9 +1,11 @@
 """The pure core: NPC state, ephemeral working memory with priority truncation.
 
 No I/O happens here, and nothing here imports the I/O layers; a tokenizer's vocabulary is
-read once per process (cl100k's from its package, a GGUF's from its file), and a counter
-that asks a server is installed by the layer that opened it (`counting_with`, see
-`sim.memory._tokens`). The prompt's format, piece by piece (for whoever re-renders or
+read once per process (cl100k's from its package, a GGUF's from its file). A server's
+token counts are fetched by the layer that talks to it and handed to the build
+(`build_working_memory(..., counts=...)`); a text they lack stops the build with
+`CountsMissing`, which names what to fetch before building again (`sim.memory._tokens`).
+The prompt's format, piece by piece (for whoever re-renders or
 measures a prompt on its own: the checker, tests, benchmarks), is the public module
 `sim.memory.render`; its docstring says why it is a module of its own.
 `explain_truncation` names every item a working memory dropped and why, derived from the
@@ -49,13 +51,14 @@ from sim.memory._state import (
     line_order,
     world_order,
 )
-from sim.memory._tokens import TOKENIZER_FORMS, TOKENIZERS, TokenCounter, counting_with, token_counter
+from sim.memory._tokens import TOKENIZER_FORMS, TOKENIZERS, CountsMissing, TokenCounter, token_counter
 from sim.memory.render import RENDERER_VERSION, inert
 
 __all__ = [
     "Belief",
     "CategoryExplanation",
     "CategoryReport",
+    "CountsMissing",
     "DROP_REASONS",
     "Distinct",
     "DropReason",
@@ -81,7 +84,6 @@ __all__ = [
     "WorldFact",
     "belief_order",
     "build_working_memory",
-    "counting_with",
     "distinct",
     "episode_order",
     "explain_truncation",

@@ -10,7 +10,7 @@ newest first, or `sim.memory._scoring`'s ranking of those candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -34,7 +34,7 @@ from sim.memory._selection import (
 )
 from sim.memory._stable import stabilise
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory._tokens import token_counter
+from sim.memory._tokens import KnownCounts, TokenCounter, token_counter
 from sim.memory.render import RENDER_ORDER, RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]
@@ -143,14 +143,36 @@ def build_working_memory(
     *,
     prohibition: str | None = None,
     relevance: Relevance | None = None,
+    counts: TokenCounter | Mapping[str, int] | None = None,
 ) -> WorkingMemory:
     """Build a fresh, immutable working memory for one inference.
 
     `prohibition` makes it a retry's memory: the rule is mandatory content inside the same
     budget, so flexible items make room for it. `relevance` supplies a scored selection's
     relevance scores (`sim.memory.Relevance`) instead of the lexical ones.
+
+    `counts` is what a token budget is counted with: a counting function, or the counts
+    of the texts (text -> tokens; a server tokenizer's, fetched before the build), or None
+    for the config's tokenizer read from its package or file. Counts that lack a text the
+    build needs raise `CountsMissing` naming every such text it met.
     """
     cfg = _DEFAULT_CONFIG if config is None else config
+    if cfg.max_context_tokens is None:
+        return _build(state, player_input, cfg, prohibition, relevance, None)
+    if counts is None:
+        return _build(state, player_input, cfg, prohibition, relevance, token_counter(cfg.tokenizer))
+    count = counts if callable(counts) else KnownCounts(counts)
+    return _build(state, player_input, cfg, prohibition, relevance, count)
+
+
+def _build(
+    state: NpcState,
+    player_input: str,
+    cfg: WorkingMemoryConfig,
+    prohibition: str | None,
+    relevance: Relevance | None,
+    count: TokenCounter | None,
+) -> WorkingMemory:
     caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
     chosen, ranks = candidates(state, player_input, cfg, relevance, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
     state = chosen.state  # from here on, what is chosen from
@@ -169,16 +191,16 @@ def build_working_memory(
             mandatory_chars += len(categories[i].section.text)
     flex_chars = cfg.max_context_chars - mandatory_chars
 
-    count: Callable[[str], int] | None = None
     mandatory_tokens: int | None = None
     flex_tokens = 0
-    if cfg.max_context_tokens is not None:
-        count = token_counter(cfg.tokenizer)
+    if count is not None and cfg.max_context_tokens is not None:
         mandatory_tokens = count(frame.prompt(categories)[0])
         flex_tokens = cfg.max_context_tokens - mandatory_tokens
         sizes = token_sizes(state, count)
         for category, sums, header in zip(categories, sizes.newest_sums, sizes.headers, strict=True):
             category.token_sums, category.token_header = sums, header
+        if isinstance(count, KnownCounts):
+            count.check()  # every item's count at once; the whole prompts' come one by one
 
     over_budget = flex_chars < 0 or flex_tokens < 0
     if over_budget:

@@ -40,7 +40,8 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
 
     `heard` is the input the working memory was built for (the audit's player input),
     `state` the state it was built from, `config` the working-memory config it was built with,
-    `output` the NPC's output policy the reply was judged under.
+    `output` the NPC's output policy the reply was judged under, `counts` the server
+    tokenizer's counts the memory was cut with (`tokenizer = "server"`; empty otherwise).
     """
 
     say: SayMessage
@@ -50,6 +51,7 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     memory: WorkingMemory
     result: InferenceResult
     output: OutputPolicy | None = None
+    counts: dict[str, int] = {}
 
 
 class Recorder:
@@ -110,6 +112,7 @@ class Recorder:
             timings=result.timings,
             attempts=result.attempts,
             output=spoken.output,
+            counts={**spoken.counts, **result.counts} if result.counts else spoken.counts,
         )
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
