@@ -32,7 +32,7 @@ PACKAGES: dict[str, set[str]] = {
         "check_context_window", "clean_line", "contradicted_fact", "decode_request", "decode_result",
         "encode_request", "encode_result", "fallback_line", "gate_difference", "judge", "judge_attempts",
         "judge_reply", "load_fact_guard", "open_backend", "open_pool", "reply_problem", "open_tokenizer",
-        "Tokenizer", "counted_memory",
+        "Tokenizer", "counted_memory", "KeptCounts",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",

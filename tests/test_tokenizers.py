@@ -333,3 +333,6 @@ async def test_a_village_counted_by_its_server_replays_identical_with_the_server
     replayed = npcsim_in_process(capsys, "audit", "replay", "--db", str(db), "--jobs", "1")
     assert replayed.code == 0, replayed.err
     assert f"replayed {len(records)} records: all byte-identical" in replayed.out
+    executed = await asyncio.to_thread(npcsim_in_process, capsys, "replay", "--db", str(db))
+    assert executed.code == 0, executed.err
+    assert executed.out.startswith(f"identical: {len(records)} records"), executed.out

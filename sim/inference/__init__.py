@@ -14,7 +14,7 @@ attempts (`open_pool(..., recorded=...)`). `_pool_config` and `_counters` hold t
 configuration and the statistics; `backends` the backends. See docs/inference.md.
 """
 
-from sim.inference._counted import counted_memory
+from sim.inference._counted import KeptCounts, counted_memory
 from sim.inference._counters import PoolStatistics
 from sim.inference._dispatch import GENERIC_LINES, fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact, load_fact_guard
@@ -50,6 +50,7 @@ __all__ = [
     "FactGuard",
     "InferenceRequest",
     "InferenceResult",
+    "KeptCounts",
     "Pool",
     "PoolConfig",
     "PoolStatistics",

@@ -9,14 +9,35 @@ that a replay rebuilds the prompt byte for byte with no server.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
+from sim.errors import ConfigError
 from sim.inference.backends import Tokenizer
 from sim.memory import CountsMissing, NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, token_counter
 
-__all__ = ["counted_memory"]
+__all__ = ["KeptCounts", "counted_memory"]
 
 SERVER = "server"
+
+
+class KeptCounts:
+    """A `Tokenizer` with no server: the counts an audit kept (a re-execution's). A text they
+    lack is refused in one line: it would take the server to count it."""
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        self._counts = counts
+
+    def known(self, text: str) -> int | None:
+        return self._counts.get(text)
+
+    async def fetch(self, texts: Sequence[str]) -> dict[str, int]:
+        lacking = [text for text in texts if text not in self._counts]
+        if lacking:
+            raise ConfigError(
+                f"tokenizer 'server': the record keeps no count for {len(lacking)} texts this build needs, "
+                "and no server is open to count them"
+            )
+        return {text: self._counts[text] for text in texts}
 
 
 class _Used(Mapping[str, int]):
