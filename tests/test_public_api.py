@@ -50,7 +50,7 @@ PACKAGES: dict[str, set[str]] = {
         "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "belief_order",
         "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
-        "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
+        "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "CountsMissing",
         "PrefixReuse", "prefix_reuse",
     },

@@ -13,8 +13,7 @@ snapshot (the report it explains is all that audit records keep).
 `distinct` is the state a working memory chooses from: no memory that a line of its
 dialogue says already; `leave_out_event` the state a line is answered from (the line is
 the input). `ranking` is a scored selection's order of each flexible category among those
-candidates (`selection = "scored"` in the config; `Relevance` is the hook that supplies
-relevance scores instead of the lexical ones).
+candidates (`selection = "scored"` in the config).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
 `prefix_reuse` is how much of a prompt is a prefix of the previous one (what a model
@@ -37,7 +36,7 @@ from sim.memory._explain import (
 )
 from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
 from sim.memory._reuse import PrefixReuse, prefix_reuse
-from sim.memory._scoring import Relevance, ranking
+from sim.memory._scoring import ranking
 from sim.memory._state import (
     Belief,
     Episode,
@@ -71,7 +70,6 @@ __all__ = [
     "PrefixReuse",
     "QUOTE_MARKS",
     "RENDERER_VERSION",
-    "Relevance",
     "SELECTIONS",
     "Selection",
     "TOKENIZERS",

@@ -17,7 +17,7 @@ import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
 from sim.memory._budget import Selection, WorkingMemoryConfig
-from sim.memory._scoring import Relevance, candidates
+from sim.memory._scoring import candidates
 from sim.memory._selection import (
     ALWAYS,
     BELIEFS,
@@ -142,14 +142,12 @@ def build_working_memory(
     config: WorkingMemoryConfig | None = None,
     *,
     prohibition: str | None = None,
-    relevance: Relevance | None = None,
     counts: TokenCounter | Mapping[str, int] | None = None,
 ) -> WorkingMemory:
     """Build a fresh, immutable working memory for one inference.
 
     `prohibition` makes it a retry's memory: the rule is mandatory content inside the same
-    budget, so flexible items make room for it. `relevance` supplies a scored selection's
-    relevance scores (`sim.memory.Relevance`) instead of the lexical ones.
+    budget, so flexible items make room for it.
 
     `counts` is what a token budget is counted with: a counting function, or the counts
     of the texts (text -> tokens; a server tokenizer's, fetched before the build), or None
@@ -158,11 +156,11 @@ def build_working_memory(
     """
     cfg = _DEFAULT_CONFIG if config is None else config
     if cfg.max_context_tokens is None:
-        return _build(state, player_input, cfg, prohibition, relevance, None)
+        return _build(state, player_input, cfg, prohibition, None)
     if counts is None:
-        return _build(state, player_input, cfg, prohibition, relevance, token_counter(cfg.tokenizer))
+        return _build(state, player_input, cfg, prohibition, token_counter(cfg.tokenizer))
     count = counts if callable(counts) else KnownCounts(counts)
-    return _build(state, player_input, cfg, prohibition, relevance, count)
+    return _build(state, player_input, cfg, prohibition, count)
 
 
 def _build(
@@ -170,11 +168,10 @@ def _build(
     player_input: str,
     cfg: WorkingMemoryConfig,
     prohibition: str | None,
-    relevance: Relevance | None,
     count: TokenCounter | None,
 ) -> WorkingMemory:
     caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
-    chosen, ranks = candidates(state, player_input, cfg, relevance, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
+    chosen, ranks = candidates(state, player_input, cfg, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
     state = chosen.state  # from here on, what is chosen from
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))

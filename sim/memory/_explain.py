@@ -40,7 +40,7 @@ import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
-from sim.memory._scoring import SCORED, Relevance, candidates
+from sim.memory._scoring import SCORED, candidates
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, item_text
 from sim.memory._tokens import CountsMissing
 
@@ -141,7 +141,6 @@ def explain_truncation(
     memory: WorkingMemory | None = None,
     *,
     most_dropped: int | None = None,
-    relevance: Relevance | None = None,
     counts: Mapping[str, int] | None = None,
 ) -> TruncationExplanation:
     """Explain the working memory built from (`state`, `player_input`, `config`).
@@ -150,21 +149,21 @@ def explain_truncation(
     must have been built from these arguments: the explanation reads its report and takes
     the dropped items from `state`. `most_dropped` names only that many
     dropped items per category, the first of its `dropped` (a trace, after every inference,
-    needs no more). `relevance` is the one the memory was built with, if any; `counts` the
-    server tokenizer's counts it was cut with (`build_working_memory`). What `stable_prefix`
-    cost is told apart only where those counts also cut the ordinary selection.
+    needs no more). `counts` are the server tokenizer's counts it was cut with
+    (`build_working_memory`); what `stable_prefix` cost is told apart only where they also
+    cut the ordinary selection.
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
-        memory = build_working_memory(state, player_input, cfg, relevance=relevance, counts=counts)
-    chosen, ranks = candidates(state, player_input, cfg, relevance)
+        memory = build_working_memory(state, player_input, cfg, counts=counts)
+    chosen, ranks = candidates(state, player_input, cfg)
     report = memory.report
     ordinary = report
     if report.stable_cost_chars:
         unstable = msgspec.structs.replace(cfg, stable_prefix=False)
         try:
             ordinary = build_working_memory(state, player_input, unstable, prohibition=memory.prohibition,
-                                            relevance=relevance, counts=counts).report
+                                            counts=counts).report
         except CountsMissing:
             ordinary = report
     over = report.over_budget
