@@ -180,7 +180,8 @@ def select(categories: Sequence[Category], flex: tuple[int, int], redistribute: 
             full[i] = k
             total += cost
             fits_share = fits_share and cost <= categories[i].budget[0]
-        truncatable_empty = all(categories[i].always or not categories[i].section.lines for i in ALWAYS)
+        facts, world = categories[FACTS], categories[WORLD]
+        truncatable_empty = (facts.always or not facts.section.lines) and (world.always or not world.section.lines)
         if truncatable_empty and (fits_share or (redistribute and total <= flex[0])):
             for i in FLEXIBLE:
                 categories[i].kept = full[i]
