@@ -52,7 +52,7 @@ PACKAGES: dict[str, set[str]] = {
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "CountsMissing",
-        "PrefixReuse", "prefix_reuse",
+        "PrefixReuse", "prefix_reuse", "counted_by_server",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",

@@ -13,12 +13,17 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from sim.errors import ConfigError
 from sim.inference.backends import Tokenizer
-from sim.memory import CountsMissing, NpcState, WorkingMemory, WorkingMemoryConfig, build_working_memory, token_counter
+from sim.memory import (
+    CountsMissing,
+    NpcState,
+    WorkingMemory,
+    WorkingMemoryConfig,
+    build_working_memory,
+    counted_by_server,
+    token_counter,
+)
 
 __all__ = ["KeptCounts", "counted_memory"]
-
-SERVER = "server"
-
 
 class KeptCounts:
     """A `Tokenizer` with no server: the counts an audit kept (a re-execution's). A text they
@@ -79,7 +84,7 @@ async def counted_memory(
     fetched between builds, never during one. Without a tokenizer only `given` counts: a
     text it lacks is refused in one line, as a build with no server is.
     """
-    if config.max_context_tokens is None or config.tokenizer != SERVER:
+    if not counted_by_server(config):
         return build_working_memory(state, player_input, config, prohibition=prohibition), {}
     fetched: dict[str, int] = dict(given or {})
     while True:
@@ -88,7 +93,7 @@ async def counted_memory(
             memory = build_working_memory(state, player_input, config, prohibition=prohibition, counts=counts)
         except CountsMissing as missing:
             if tokenizer is None:
-                token_counter(SERVER)  # the one-line refusal
+                token_counter(config.tokenizer)  # the one-line refusal
                 raise
             fetched.update(await tokenizer.fetch(missing.texts))
             continue

@@ -23,7 +23,7 @@ from sim.inference._dispatch import fallback_line
 from sim.inference._guard import FactGuard, contradicted_fact
 from sim.inference._structured import judge_reply
 from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES
-from sim.memory import CountsMissing, OverBudgetError, WorkingMemory, build_working_memory
+from sim.memory import CountsMissing, OverBudgetError, WorkingMemory, build_working_memory, counted_by_server
 from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["MAX_RAW_REPLY_CHARS", "reply_problem"]
@@ -78,10 +78,9 @@ def _retry_memory(
     if prohibition is None:
         return None
     config = request.config
-    counted = config.max_context_tokens is not None and config.tokenizer == "server"
     try:
-        return build_working_memory(request.state, request.memory.player_input, config,
-                                    prohibition=prohibition, counts=result.counts if counted else None)
+        return build_working_memory(request.state, request.memory.player_input, config, prohibition=prohibition,
+                                    counts=result.counts if counted_by_server(config) else None)
     except (OverBudgetError, CountsMissing):
         return None
 

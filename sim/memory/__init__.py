@@ -23,7 +23,7 @@ and the audit compute it.
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import SELECTIONS, Selection, WorkingMemoryConfig
+from sim.memory._budget import SELECTIONS, Selection, WorkingMemoryConfig, counted_by_server
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._duplicates import Distinct, distinct, leave_out_event
 from sim.memory._explain import (
@@ -82,6 +82,7 @@ __all__ = [
     "WorldFact",
     "belief_order",
     "build_working_memory",
+    "counted_by_server",
     "distinct",
     "episode_order",
     "explain_truncation",

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from sim.memory._budget import WorkingMemoryConfig
-from sim.memory._tokens import SERVER, token_counter
+from sim.memory._budget import WorkingMemoryConfig, counted_by_server
+from sim.memory._tokens import token_counter
 
 __all__ = ["PrefixReuse", "common_prefix", "prefix_reuse"]
 
@@ -53,7 +53,7 @@ def prefix_reuse(previous: str, prompt: str, config: WorkingMemoryConfig | None 
     asked by the I/O layer for what a build needs: the shared text is not among them, so its
     reuse is in characters only."""
     chars = common_prefix(previous, prompt)
-    if config is None or config.max_context_tokens is None or config.tokenizer == SERVER:
+    if config is None or config.max_context_tokens is None or counted_by_server(config):
         return PrefixReuse(chars=chars, prompt_chars=len(prompt))
     count = token_counter(config.tokenizer)
     return PrefixReuse(chars=chars, prompt_chars=len(prompt), tokens=count(prompt[:chars]),

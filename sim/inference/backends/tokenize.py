@@ -31,7 +31,7 @@ from sim.inference.backends._base import convert_options
 from sim.inference.backends._reported import server_root
 from sim.inference.backends.openai import OpenAIOptions
 from sim.inference.backends.servers import each_server, shown_url
-from sim.memory import WorkingMemoryConfig, token_counter
+from sim.memory import WorkingMemoryConfig, counted_by_server, token_counter
 
 __all__ = ["CACHED_TEXTS", "FETCHED_AT_ONCE", "ServerTokenizer", "open_server_tokenizer", "open_tokenizer"]
 
@@ -41,7 +41,6 @@ CACHED_TEXTS = 8192
 FETCHED_AT_ONCE = 16
 """How many texts a server tokenizer asks for at the same time."""
 
-SERVER = "server"
 _READ_S = 10.0  # seconds to wait for one count: a loopback server answers in milliseconds
 _PROBE = "npcsim"
 
@@ -134,11 +133,9 @@ async def open_tokenizer(
     one is refused before the run starts, and None is given. Without a token budget nothing
     is counted.
     """
-    if config.max_context_tokens is None:
-        yield None
-        return
-    if config.tokenizer != SERVER:
-        await asyncio.to_thread(token_counter, config.tokenizer)
+    if not counted_by_server(config):
+        if config.max_context_tokens is not None:
+            await asyncio.to_thread(token_counter, config.tokenizer)
         yield None
         return
     if backend != "openai":
