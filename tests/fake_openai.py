@@ -13,7 +13,8 @@ many requests at a time (the rest wait), like a model server whose batch is full
 `GET /props` names its build as llama.cpp's server does (`build_info`, the replies'
 `system_fingerprint`), and with `n_ctx` set its context window per slot. `POST /tokenize`
 counts as llama.cpp's server does, one token per word of `content` (no mode taken, kept in
-`tokenized`, not in `requests`); with `tokenizes` false it answers 404, as a vLLM server does.
+`tokenized`, not in `requests`, held with the rest); with `tokenizes` false it answers 404, as a
+vLLM server does.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class FakeOpenAI:
         self.fingerprint = "fake-build-1"
         self.tokenizes = True
         self.tokenized: list[dict[str, Any]] = []  # the bodies of POST /tokenize
+        self.counting = asyncio.Event()  # set at the first POST /tokenize
         self._last_prompt: list[str] = []
         self._busy: asyncio.Semaphore | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -129,6 +131,8 @@ class FakeOpenAI:
 
     async def _tokenize(self, writer: asyncio.StreamWriter, request: dict[str, Any]) -> None:
         self.tokenized.append(request)
+        self.counting.set()
+        await self.held.wait()
         if not self.tokenizes:
             await _send(writer, 404, b'{"error": "not found"}')
             return

@@ -171,6 +171,21 @@ async def test_the_server_counts_each_text_once_and_the_budget_holds_in_its_toke
     assert {(b["add_special"], b["parse_special"]) for b in tokenizing.asked} == {(False, False)}
 
 
+async def test_a_build_waiting_for_its_counts_leaves_the_loop_free() -> None:
+    """The shard's loop goes on while the server counts: the build awaits its counts, it
+    never blocks on them (the fake server answers on this very loop)."""
+    config = WorkingMemoryConfig(tokenizer="server", max_context_tokens=60)
+    async with open_fake_openai() as server, open_server_tokenizer({"base_url": server.base_url}) as tokenizer:
+        server.held.clear()
+        building = asyncio.create_task(counted_memory(big_state(), "hello there", config, tokenizer))
+        async with asyncio.timeout(10):
+            await server.counting.wait()
+        assert not building.done()
+        server.held.set()
+        memory, used = await building
+    assert memory.report.prompt_tokens == words(memory.prompt) == used[memory.prompt] <= 60
+
+
 async def test_a_run_refuses_server_tokens_it_cannot_count(not_tokenizing: StubServer) -> None:
     config = WorkingMemoryConfig(tokenizer="server", max_context_tokens=200)
     with pytest.raises(ConfigError, match=r"^tokenizer 'server' counts with a llama\.cpp server's /tokenize, "
