@@ -46,7 +46,7 @@ class CountsMissing(NpcsimError):
     met them, each once): fetch their counts and build again."""
 
     def __init__(self, texts: tuple[str, ...]) -> None:
-        super().__init__(f"token counts missing for {len(texts)} texts")
+        super().__init__(f"tokenizer 'server': the counts handed in lack {len(texts)} texts the build needs")
         self.texts = texts
 
 
