@@ -81,6 +81,9 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     request parameters sent to the backend (temperature, max_tokens, seed, ...). `output`
     is the NPC's output policy and `rules` the run's rules its replies were judged under
     (the line limit, the fact guard; their own `output` left None: the policy is `output`).
+    `counts` are the server tokenizer's token counts (text -> tokens) its working memories
+    (the first, and a retry's) were cut with under `tokenizer = "server"`, empty otherwise:
+    they are what rebuilds them with no server.
     """
 
     id: str
@@ -107,12 +110,14 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 1
     output: OutputPolicy | None = None
     rules: Rules = Rules()
+    counts: dict[str, int] = {}
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
         """The working memory of this record (or of its retry with `prohibition`), rebuilt;
         a StoreError when another renderer made the record."""
         _check_renderer(self)
-        return build_working_memory(self.state, self.player_input, self.config, prohibition=prohibition)
+        return build_working_memory(self.state, self.player_input, self.config, prohibition=prohibition,
+                                    counts=self.counts or None)
 
     def explanation(
         self, memory: WorkingMemory | None = None, *, most_dropped: int | None = None
@@ -122,7 +127,8 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
         `memory` is the record's working memory when the caller holds it (the recorder
         does): it is rebuilt otherwise. `most_dropped`: see `explain_truncation`."""
         return explain_truncation(self.state, self.player_input, self.config,
-                                  self.memory() if memory is None else memory, most_dropped=most_dropped)
+                                  self.memory() if memory is None else memory, most_dropped=most_dropped,
+                                  counts=self.counts or None)
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):

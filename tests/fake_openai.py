@@ -11,7 +11,10 @@ words of the reply); `delay_s` holds every answer back, and `capacity` serves at
 many requests at a time (the rest wait), like a model server whose batch is full; while
 `held` is clear, every answer waits for it (a test's hand on the server's progress). With
 `GET /props` names its build as llama.cpp's server does (`build_info`, the replies'
-`system_fingerprint`), and with `n_ctx` set its context window per slot.
+`system_fingerprint`), and with `n_ctx` set its context window per slot. `POST /tokenize`
+counts as llama.cpp's server does, one token per word of `content` (no mode taken, kept in
+`tokenized`, not in `requests`, held with the rest); with `tokenizes` false it answers 404, as a
+vLLM server does.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class FakeOpenAI:
         self.total_slots: int | None = None  # said in GET /props when set
         self.gets: list[str] = []  # the paths asked with GET (`requests` holds the POSTs)
         self.fingerprint = "fake-build-1"
+        self.tokenizes = True
+        self.tokenized: list[dict[str, Any]] = []  # the bodies of POST /tokenize
+        self.counting = asyncio.Event()  # set at the first POST /tokenize
         self._last_prompt: list[str] = []
         self._busy: asyncio.Semaphore | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -79,6 +85,9 @@ class FakeOpenAI:
     ) -> None:
         if method == "GET":
             await self._get(writer, path)
+            return
+        if path == "/tokenize":
+            await self._tokenize(writer, json.loads(body))
             return
         mode = self._next_mode()
         self.modes.append(mode)
@@ -119,6 +128,15 @@ class FakeOpenAI:
         else:
             raise AssertionError(f"unknown mode {mode!r}")
         await _send(writer, status, payload, extra)
+
+    async def _tokenize(self, writer: asyncio.StreamWriter, request: dict[str, Any]) -> None:
+        self.tokenized.append(request)
+        self.counting.set()
+        await self.held.wait()
+        if not self.tokenizes:
+            await _send(writer, 404, b'{"error": "not found"}')
+            return
+        await _send(writer, 200, json.dumps({"tokens": list(range(len(request["content"].split())))}).encode())
 
     def _usage(self, words: list[str], reply: str) -> dict[str, Any]:
         """Tokens are words; those at the start that the previous prompt had too count as cached."""

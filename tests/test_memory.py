@@ -13,7 +13,6 @@ from sim.memory import (
     Line,
     NpcState,
     OverBudgetError,
-    ScoredSelection,
     WorkingMemory,
     WorkingMemoryConfig,
     WorldFact,
@@ -192,26 +191,3 @@ def test_scored_keeps_the_important_relevant_memory_that_recency_drops() -> None
     # the encoding of a recency report is the seed's: the default selection is left out
     assert b"selection" not in msgspec.msgpack.encode(recency.report)
     assert b"scored" in msgspec.msgpack.encode(scored.report)
-
-
-def test_supplied_relevance_replaces_the_lexical_one_and_a_bad_one_is_one_line() -> None:
-    state, said = _siege_state(), "stranger: anything new?"
-    config = WorkingMemoryConfig(max_context_chars=700, selection="scored",
-                                 scored=ScoredSelection(importance_weight=0.0))
-    lexical = build_working_memory(state, said, config)
-    assert "siege" not in {e.id for e in lexical.episodic}  # no word of the input is in it
-
-    def embedding(said: str, category: str, texts: tuple[str, ...]) -> list[float]:
-        return [1.0 if "gate" in text else 0.0 for text in texts]
-
-    supplied = build_working_memory(state, said, config, relevance=embedding)
-    assert supplied.episodic[0].id == "siege"
-    for bad, message in (
-        (lambda s, c, t: [0.5], r"relevance: 1 scores for 40 episodic items"),
-        (lambda s, c, t: [2.0] * len(t), r"relevance: a beliefs score must be a number from 0 to 1, got 2\.0"),
-        (lambda s, c, t: [float("nan")] * len(t), r"a beliefs score must be a number from 0 to 1, got nan"),
-    ):
-        state_with_beliefs = msgspec.structs.replace(state, beliefs=(Belief("b", 1, "The gate holds.", 0.5),))
-        with pytest.raises(ConfigError, match=message) as refused:
-            build_working_memory(state_with_beliefs, said, config, relevance=bad)
-        assert "\n" not in str(refused.value)

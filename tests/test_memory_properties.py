@@ -214,21 +214,6 @@ def test_scored_with_recency_alone_is_the_recency_selection(state: NpcState, sai
     assert scored.report.selection == "scored" and recency.report.selection == "recency"
 
 
-def _given_scores(said: str, category: str, texts: tuple[str, ...]) -> list[float]:
-    """A stand-in for an embedding model: any deterministic function of the texts."""
-    return [(len(text) * 7 + len(said) + len(category)) % 11 / 10 for text in texts]
-
-
-@given(states(), player_inputs, configs(selection="scored"), st.randoms(use_true_random=False))
-def test_supplied_relevance_is_deterministic_and_sound(
-    state: NpcState, said: str, config, rng: random.Random
-) -> None:
-    first = build_working_memory(state, said, config, relevance=_given_scores)
-    again = build_working_memory(_shuffled(state, rng), said, config, relevance=_given_scores)
-    assert msgspec.msgpack.encode(first) == msgspec.msgpack.encode(again)
-    assert check_working_memory(state, said, config, first, relevance=_given_scores) == []
-
-
 @given(states(), player_inputs, configs(selection="scored"), st.integers(0, 30))
 def test_a_ranking_cut_at_a_limit_is_the_top_of_the_whole_ranking(
     state: NpcState, said: str, config, limit: int

@@ -32,11 +32,11 @@ PACKAGES: dict[str, set[str]] = {
         "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "WorkerConfig",
         "check_context_window", "decode_request", "decode_result",
         "encode_request", "encode_result", "fallback_line", "open_backend", "open_pool", "reply_problem",
-        "open_tokenizer",
+        "open_tokenizer", "Tokenizer", "counted_memory", "KeptCounts",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",
-        "convert_options", "open_backend", "open_tokenizer", "served_now",
+        "convert_options", "open_backend", "open_tokenizer", "served_now", "Tokenizer", "Tokenizing",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
@@ -50,9 +50,9 @@ PACKAGES: dict[str, set[str]] = {
         "TOKENIZERS", "TruncationReport", "WorkingMemory", "WorkingMemoryConfig", "WorldFact", "belief_order",
         "build_working_memory", "episode_order", "fact_order", "inert", "line_order", "render", "token_counter",
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
-        "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "Relevance", "SELECTIONS", "Selection", "ranking",
-        "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "counting_with",
-        "PrefixReuse", "prefix_reuse", "ScoredSelection",
+        "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "SELECTIONS", "Selection", "ranking",
+        "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "CountsMissing",
+        "PrefixReuse", "prefix_reuse", "ScoredSelection", "counted_by_server",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",

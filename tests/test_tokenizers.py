@@ -1,32 +1,37 @@
 """Token budgets in the model's own tokens: "gguf:PATH" (the model file's vocabulary) and
-"server" (the llama.cpp server's `/tokenize`, through a counter the I/O layer installs).
+"server" (the llama.cpp server's `/tokenize`, whose counts the I/O layer fetches before a
+build and hands in).
 
-The server's counter is tested against a small real HTTP server on loopback (in a thread:
-the counter is synchronous) and against llama.cpp's own server with the bundled model,
-which must count exactly what the server's `/tokenize` gives for the prompt.
+The server's tokenizer is tested against a small real HTTP server on loopback (in a
+thread), against tests/fake_openai.py in a whole village run whose record is then
+replayed with the server stopped, and against llama.cpp's own server with the bundled
+model, which must count exactly what the server's `/tokenize` gives for the prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import sim.memory
 from sim.errors import ConfigError
-from sim.inference import open_tokenizer
+from sim.inference import counted_memory, open_tokenizer
 from sim.inference.backends.llamacpp import bundled_model_path, missing_requirement
-from sim.inference.backends.tokenize import server_counter
-from sim.memory import WorkingMemoryConfig, build_working_memory, counting_with, token_counter
+from sim.inference.backends.tokenize import open_server_tokenizer
+from sim.memory import CountsMissing, WorkingMemoryConfig, build_working_memory, token_counter
+from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
-from tests.helpers import VILLAGE, MosquittoProcess, free_port, npcsim_in_process, run_npcsim
+from tests.fake_openai import open_fake_openai
+from tests.helpers import REPO, VILLAGE, MosquittoProcess, free_port, npcsim_in_process, run_npcsim
 from tests.llama_server import LlamaServer, run_village
 from tests.test_memory import big_state
 
@@ -60,6 +65,8 @@ class TokenizeHandler(BaseHTTPRequestHandler):
 
 
 class StubServer(ThreadingHTTPServer):
+    request_queue_size = 64  # a tokenizer asks for several counts at once
+
     def __init__(self, tokenizes: bool) -> None:
         super().__init__(("127.0.0.1", 0), TokenizeHandler)
         self.tokenizes = tokenizes
@@ -118,38 +125,65 @@ def test_server_tokens_without_a_server_are_refused_in_one_line() -> None:
     build_working_memory(big_state(), "hi", WorkingMemoryConfig(tokenizer="server"))  # no token budget: no count
 
 
-def test_an_installed_counter_is_used_while_installed_and_the_one_before_comes_back() -> None:
-    with counting_with("server", words):
-        with counting_with("server", len):
-            assert token_counter("server")("a b") == 3
-        assert token_counter("server")("a b") == 2
-    with pytest.raises(ConfigError, match="none is open"):
-        token_counter("server")
-
-
-def test_counters_closed_out_of_order_leave_none_of_theirs_behind() -> None:
-    """Two runs (or a shard and its workers) in one process may close in any order: a closed
-    counter never stays installed."""
-    first, second = ExitStack(), ExitStack()
-    first.enter_context(counting_with("server", words))
-    second.enter_context(counting_with("server", len))
-    first.close()
-    assert token_counter("server")("a b") == 3
-    second.close()
-    with pytest.raises(ConfigError, match="none is open"):
-        token_counter("server")
-
-
-def test_the_server_counts_each_text_once_and_the_budget_holds_in_its_tokens(tokenizing: StubServer) -> None:
+def test_counts_handed_in_cut_the_budget_and_a_text_they_lack_is_named() -> None:
+    """A build counts with what it is handed: a counting function, or counts by text; it
+    names every text those lack, and another build is not changed by it (nothing is installed)."""
     config = WorkingMemoryConfig(tokenizer="server", max_context_tokens=60)
-    with server_counter({"base_url": [tokenizing.base_url, "http://127.0.0.1:9/v1"]}):  # the first server counts
-        first = build_working_memory(big_state(), "hello there", config)
+    counted = build_working_memory(big_state(), "hello there", config, counts=words)
+    assert counted.report.prompt_tokens == words(counted.prompt) <= 60
+    with pytest.raises(CountsMissing) as caught:
+        build_working_memory(big_state(), "hello there", config, counts={})
+    lacking = caught.value.texts
+    assert lacking and len(set(lacking)) == len(lacking)
+    known = {text: words(text) for text in lacking}
+    while True:  # what the I/O layer does: fetch what is named, build again
+        try:
+            again = build_working_memory(big_state(), "hello there", config, counts=known)
+        except CountsMissing as more:
+            known.update((text, words(text)) for text in more.texts)
+            continue
+        break
+    assert again == counted
+    with pytest.raises(ConfigError, match="none is open in this process"):
+        build_working_memory(big_state(), "hello there", config)
+
+
+def test_the_pure_core_reaches_no_network_client() -> None:
+    code = ("import sys, sim.memory\n"
+            "clients = ('httpx', 'httpcore', 'aiohttp', 'requests', 'urllib3', 'http.client', 'aiomqtt', 'aiosqlite')\n"
+            "print(sorted(m for m in clients if m in sys.modules))")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert shown.stdout.strip() == "[]"
+    assert not hasattr(sim.memory, "counting_with")
+
+
+async def test_the_server_counts_each_text_once_and_the_budget_holds_in_its_tokens(tokenizing: StubServer) -> None:
+    config = WorkingMemoryConfig(tokenizer="server", max_context_tokens=60)
+    async with open_server_tokenizer({"base_url": [tokenizing.base_url, "http://127.0.0.1:9/v1"]}) as tokenizer:
+        first, used = await counted_memory(big_state(), "hello there", config, tokenizer)  # the first server counts
         asked = len(tokenizing.asked)
-        again = build_working_memory(big_state(), "hello there", config)
+        again, used_again = await counted_memory(big_state(), "hello there", config, tokenizer)
     assert first == again and len(tokenizing.asked) == asked  # every text counted already
+    assert used == used_again and used[first.prompt] == words(first.prompt)
+    assert build_working_memory(big_state(), "hello there", config, counts=used) == first  # all a replay needs
     assert first.report.prompt_tokens == words(first.prompt) <= 60
     assert 0 < len(first.dialogue) < 30
     assert {(b["add_special"], b["parse_special"]) for b in tokenizing.asked} == {(False, False)}
+
+
+async def test_a_build_waiting_for_its_counts_leaves_the_loop_free() -> None:
+    """The shard's loop goes on while the server counts: the build awaits its counts, it
+    never blocks on them (the fake server answers on this very loop)."""
+    config = WorkingMemoryConfig(tokenizer="server", max_context_tokens=60)
+    async with open_fake_openai() as server, open_server_tokenizer({"base_url": server.base_url}) as tokenizer:
+        server.held.clear()
+        building = asyncio.create_task(counted_memory(big_state(), "hello there", config, tokenizer))
+        async with asyncio.timeout(10):
+            await server.counting.wait()
+        assert not building.done()
+        server.held.set()
+        memory, used = await building
+    assert memory.report.prompt_tokens == words(memory.prompt) == used[memory.prompt] <= 60
 
 
 async def test_a_run_refuses_server_tokens_it_cannot_count(not_tokenizing: StubServer) -> None:
@@ -166,14 +200,14 @@ async def test_a_run_refuses_server_tokens_it_cannot_count(not_tokenizing: StubS
     with pytest.raises(ConfigError, match=r"^tokenizer 'server': POST http://127.0.0.1:\d+/tokenize: ConnectError"):
         async with open_tokenizer(config, "openai", {"base_url": f"http://127.0.0.1:{free_port()}/v1"}):
             pass
-    async with open_tokenizer(WorkingMemoryConfig(tokenizer="server"), "scripted", {}):
-        pass  # without a token budget nothing is counted
+    async with open_tokenizer(WorkingMemoryConfig(tokenizer="server"), "scripted", {}) as none:
+        assert none is None  # without a token budget nothing is counted
 
 
 async def test_a_run_counts_with_its_first_server_while_open(tokenizing: StubServer) -> None:
     config = WorkingMemoryConfig(tokenizer="server", max_context_tokens=60)
-    async with open_tokenizer(config, "openai", {"base_url": tokenizing.base_url}):
-        memory = build_working_memory(big_state(), "hi", config)
+    async with open_tokenizer(config, "openai", {"base_url": tokenizing.base_url}) as tokenizer:
+        memory, _ = await counted_memory(big_state(), "hi", config, tokenizer)
     assert memory.report.prompt_tokens == words(memory.prompt)
     with pytest.raises(ConfigError, match="none is open"):
         build_working_memory(big_state(), "hi", config)
@@ -247,8 +281,8 @@ async def test_server_and_gguf_count_what_llama_servers_tokenize_gives(llama_ser
     path = require_gguf()
     for name in ("server", f"gguf:{path}"):
         config = WorkingMemoryConfig(tokenizer=name, max_context_tokens=150, max_context_chars=4000)
-        async with open_tokenizer(config, "openai", {"base_url": llama_server.base_url}):
-            memory = build_working_memory(big_state(), "Good morrow, smith.", config)
+        async with open_tokenizer(config, "openai", {"base_url": llama_server.base_url}) as tokenizer:
+            memory, _ = await counted_memory(big_state(), "Good morrow, smith.", config, tokenizer)
         asked = llama_server.post("/tokenize", {"content": memory.prompt, "add_special": False})
         assert memory.report.prompt_tokens == len(asked["tokens"]) <= 150, name
         assert 0 < len(memory.dialogue) < 30
@@ -280,4 +314,44 @@ async def test_a_village_run_keeps_its_budget_in_the_servers_tokens(
     assert replay.code == 0, replay.err
     assert f"replayed {len(records)} records: all byte-identical" in replay.out
     unopened = await asyncio.to_thread(run_npcsim, "audit", "replay", "--db", str(db), "--jobs", "1")
-    assert unopened.code == 1 and "tokenizer 'server' counts with a llama.cpp server's /tokenize" in unopened.out
+    assert unopened.code == 0, unopened.out  # the counts are in the records
+    assert f"replayed {len(records)} records: all byte-identical" in unopened.out
+
+
+@pytest.mark.mosquitto
+async def test_a_village_counted_by_its_server_replays_identical_with_the_server_stopped(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every other reply is empty, so workers build retries, counting them with the server too."""
+    limit = 150
+    scenario = tmp_path / "village.toml"
+    village = await asyncio.to_thread(Path(VILLAGE).read_text)
+    await asyncio.to_thread(scenario.write_text,
+                            f'{village}\n[memory]\nmax_context_tokens = {limit}\ntokenizer = "server"\n')
+    db = tmp_path / "village.db"
+    async with open_fake_openai(reply="Four copper, friend.") as server:
+        server.script = ["empty", "ok"] * 1000
+        config = RunConfig(
+            scenario=str(scenario), run_id="counted", ticks=8, broker=BrokerConfig(url=mosquitto.url),
+            inference=InferenceConfig(backend="openai", backend_options={"base_url": server.base_url}, concurrency=1),
+            record=RecordConfig(db=str(db)),
+        )
+        stats = await run(config)
+        tokenized = len(server.tokenized)
+    assert stats.inferences > 0 and tokenized > 0
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    assert any(len(r.attempts) == 2 for r in records)
+    assert any(r.report.dialogue.dropped or r.report.episodic.dropped or r.report.beliefs.dropped for r in records)
+    for record in records:
+        assert record.config.tokenizer == "server" and record.counts, record.id
+        for attempt in record.attempts:
+            memory = record.memory(attempt.prohibition)
+            assert memory.report.prompt_tokens == words(memory.prompt) <= limit, record.id
+    capsys.readouterr()
+    replayed = npcsim_in_process(capsys, "audit", "replay", "--db", str(db), "--jobs", "1")
+    assert replayed.code == 0, replayed.err
+    assert f"replayed {len(records)} records: all byte-identical" in replayed.out
+    executed = await asyncio.to_thread(npcsim_in_process, capsys, "replay", "--db", str(db))
+    assert executed.code == 0, executed.err
+    assert executed.out.startswith(f"identical: {len(records)} records"), executed.out

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from sim.checkers.violation import Violation
-from sim.memory import NpcState, Relevance, WorkingMemory, WorkingMemoryConfig, ranking, token_counter
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, ranking, token_counter
 from sim.memory.render import (
     CATEGORY_HEADERS,
     RENDER,
@@ -72,15 +72,13 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
     return cached
 
 
-def _orders(
-    state: NpcState, player_input: str, config: WorkingMemoryConfig, relevance: Relevance | None
-) -> dict[str, list[Any]]:
+def _orders(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> dict[str, list[Any]]:
     """Each category's candidates in the order it keeps them: newest first, or a scored
     selection's ranking. A memory that a candidate line (among the first `max_dialogue_lines`
     of the dialogue's order) records is no candidate: the line says it."""
     orders = {name: items[::-1] for name, items in _history(state).items()}
     if config.selection == "scored":
-        for name, rank in ranking(state, player_input, config, relevance).items():
+        for name, rank in ranking(state, player_input, config).items():
             items = getattr(state, name)
             orders[name] = [items[p] for p in rank]
     lines = orders["dialogue"][: max(config.max_dialogue_lines, 0)]
@@ -118,13 +116,12 @@ def _stable_violation(name: str, order: list[Any], kept: list[Any], cap: int) ->
 
 
 def check_working_memory(
-    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory,
-    relevance: Relevance | None = None,
+    state: NpcState, player_input: str, config: WorkingMemoryConfig, wm: WorkingMemory
 ) -> list[Violation]:
-    """Every invariant the snapshot breaks; empty when it is sound (`relevance`: the one it was built with)."""
+    """Every invariant the snapshot breaks; empty when it is sound."""
     out: list[Violation] = []
     history = _history(state)
-    orders = _orders(state, player_input, config, relevance)
+    orders = _orders(state, player_input, config)
     kept = {name: list(getattr(wm, name)) for name in RENDER_ORDER}
     always = {
         "canonical_facts": config.always_include_canonical_facts,

@@ -7,8 +7,8 @@ cost) and every item truncation dropped; `replay` rebuilds and checks every atte
 the gates again on its reply (`sim.output.gate_difference`), in worker processes over
 record ranges (`--jobs`, every core by default; the output is the same for any number), and,
 given a backend (`--backend openai --base-url ...`, `--backend llamacpp`), says which records
-another model answered than the one it serves now (with `openai`, records whose budget
-was counted with tokenizer "server" are counted again with the first server's `/tokenize`);
+another model answered than the one it serves now (a record whose budget was counted with
+tokenizer "server" keeps the counts it was cut with, so it is rebuilt with no server);
 `export` writes each record with its `attempts` list, its `proposals` (the said reply's
 parts: kind, text or name, verdict, code), its `dropped` list (derived from the record's
 snapshot: what truncation left out, and why) and its `prefix_reuse` (how much of its first
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import msgspec
 from rich.syntax import Syntax
@@ -42,7 +42,6 @@ from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
 from sim.inference.backends import served_now
-from sim.inference.backends.tokenize import server_counter
 from sim.memory import PrefixReuse, prefix_reuse
 from sim.output import gate_difference
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
@@ -281,8 +280,6 @@ def replay_command(args: argparse.Namespace) -> int:
     tally = ReplayTally()
     replaying: Callable[[Iterable[AuditRecord]], ReplayTally] = functools.partial(replay_records,
                                                                                   gates=gate_difference)
-    if args.backend == "openai":
-        replaying = functools.partial(_counted_by_server, backend_options(args), replaying)
     for part in map_spans(replaying, plan_spans([args.db], args.jobs, agent=args.agent), args.jobs):
         tally.add(part)
     _other_models(args, out, tally.records)
@@ -302,15 +299,6 @@ def replay_command(args: argparse.Namespace) -> int:
     else:
         out.block("difference", result.difference)
     return 1
-
-
-def _counted_by_server(
-    options: dict[str, Any], work: Callable[[Iterable[AuditRecord]], ReplayTally], records: Iterable[AuditRecord]
-) -> ReplayTally:
-    """`work` of `records`, tokenizer "server" counting with the given server in whichever
-    process replays them."""
-    with server_counter(options):
-        return work(records)
 
 
 def _tick_range(args: argparse.Namespace) -> None:

@@ -8,19 +8,29 @@ Inside: the pool's slots (`_pool`) call one `Dispatch`, which answers with the f
 when anything fails (`_dispatch`): serving on a backend here (`_serve`, judging each reply
 with sim.output's `judge_reply`),
 in a worker process of the pool's (`_local`, `_local_worker`), or the MQTT link (`_link`)
-to remote workers (`_worker`), both batching (`_batch`); the link holds remote replies to
+to remote workers (`_worker`), both batching (`_batch`); a working memory counted by a
+server's tokenizer is built between fetches of its counts (`_counted`); the link holds remote replies to
 the pool's checks (`_replies`); a re-execution serves each request on its record's
 attempts (`open_pool(..., recorded=...)`). `_pool_config` and `_counters` hold the
 configuration and the statistics; `backends` the backends. See docs/inference.md.
 """
 
+from sim.inference._counted import KeptCounts, counted_memory
 from sim.inference._counters import PoolStatistics
 from sim.inference._dispatch import GENERIC_LINES, fallback_line
 from sim.inference._pool import Pool, open_pool
 from sim.inference._pool_config import PoolConfig, WorkerConfig
 from sim.inference._replies import reply_problem
 from sim.inference._worker import RemoteWorker
-from sim.inference.backends import BACKENDS, Backend, Reply, check_context_window, open_backend, open_tokenizer
+from sim.inference.backends import (
+    BACKENDS,
+    Backend,
+    Reply,
+    Tokenizer,
+    check_context_window,
+    open_backend,
+    open_tokenizer,
+)
 from sim.wire.inference import (
     InferenceRequest,
     InferenceResult,
@@ -37,14 +47,17 @@ __all__ = [
     "Backend",
     "InferenceRequest",
     "InferenceResult",
+    "KeptCounts",
     "Pool",
     "PoolConfig",
     "PoolStatistics",
     "Priority",
     "RemoteWorker",
     "Reply",
+    "Tokenizer",
     "WorkerConfig",
     "check_context_window",
+    "counted_memory",
     "open_tokenizer",
     "decode_request",
     "decode_result",

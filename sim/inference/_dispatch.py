@@ -49,8 +49,10 @@ def fallback_result(
     timings: dict[str, float] | None = None,
     worker: str = "",
     attempts: tuple[Attempt, ...] = (),
+    counts: dict[str, int] | None = None,
 ) -> InferenceResult:
-    """The NPC's deterministic fallback line, recording why it was used."""
+    """The NPC's deterministic fallback line, recording why it was used (and the server's
+    token counts a retry's working memory was cut with, when one was made)."""
     return InferenceResult(
         id=request.id,
         agent_id=request.agent_id,
@@ -64,4 +66,5 @@ def fallback_result(
         timings=timings or {},
         worker=worker,
         attempts=attempts,
+        counts=counts or {},
     )

@@ -25,13 +25,14 @@ import msgspec
 
 from sim.audit import Attempt, AuditRecord
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError
+from sim.inference._counted import KeptCounts
 from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._dispatch import Dispatch, fallback_result
 from sim.inference._link import open_mqtt_dispatch
 from sim.inference._local import open_local_dispatch
 from sim.inference._pool_config import PoolConfig
 from sim.inference._serve import serve
-from sim.inference.backends import Backend, Reply, open_backend
+from sim.inference.backends import Backend, Reply, Tokenizer, open_backend
 from sim.memory import WorkingMemory
 from sim.output import FactGuard, load_fact_guard
 from sim.wire.attempt import ServedBy, Usage
@@ -181,7 +182,8 @@ class RecordedBackend:
     again on the recorded replies and failures: output handling judges each reply anew and a
     rejected one is retried with the working memory the re-execution built, so what differs
     from the record is the run's doing, not the model's. More attempts than were made fail
-    ("no recorded reply"), and the fallback speaks.
+    ("no recorded reply"), and the fallback speaks. A retry's working memory counts with the
+    record's server token counts (`tokenizer`).
     """
 
     def __init__(self, record: AuditRecord) -> None:
@@ -193,6 +195,10 @@ class RecordedBackend:
         self._params = dict(record.params)
         self._attempts: Iterator[Attempt] = iter(record.attempts)
         self._made = 0
+        self._counts = KeptCounts(record.counts)
+
+    def tokenizer(self) -> Tokenizer:
+        return self._counts
 
     async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         self._made += 1

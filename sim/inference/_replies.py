@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import msgspec
 
-from sim.audit import Attempt
 from sim.inference._dispatch import fallback_line
 from sim.inference.backends import PROMPT_FORMS, PROMPT_PREFIXES
-from sim.memory import OverBudgetError, WorkingMemory, build_working_memory
+from sim.memory import CountsMissing, OverBudgetError, WorkingMemory, build_working_memory, counted_by_server
 from sim.output import FactGuard, Rules, judge_reply
 from sim.wire.inference import InferenceRequest, InferenceResult
 
@@ -47,13 +46,13 @@ def reply_problem(
     raw = result.raw_response
     if raw is not None and len(raw) > MAX_RAW_REPLY_CHARS:
         return f"raw response of {len(raw)} characters (bound {MAX_RAW_REPLY_CHARS})"
-    problem = _attempts_problem(request, result.attempts, rules, guard)
+    problem = _attempts_problem(request, result, rules, guard)
     if problem is not None:
         return problem
     if result.fallback:
         expected = fallback_line(request.agent_id, request.tick, request.seed, request.fallback_lines)
         return None if result.line == expected else "a fallback line that is not the NPC's fallback line"
-    memory = _memory_of_last(request, result.attempts, rules, guard)
+    memory = _memory_of_last(request, result, rules, guard)
     if request.output is None or not request.output.structured:  # a structured line is judged from its raw reply
         verdict = judge_reply(result.line, memory, rules, guard)
         if verdict.problem is not None:
@@ -70,39 +69,44 @@ def reply_problem(
 
 
 def _retry_memory(
-    request: InferenceRequest, first: Attempt, rules: Rules, guard: FactGuard | None
+    request: InferenceRequest, result: InferenceResult, rules: Rules, guard: FactGuard | None
 ) -> WorkingMemory | None:
-    """The retry's working memory serving would build after `first` was rejected, if any."""
+    """The retry's working memory serving would build after the first attempt was rejected,
+    if any; under `tokenizer = "server"` with the counts the result says it was cut with
+    (None when they lack a text it needs)."""
+    first = result.attempts[0]
     if request.state is None or request.config is None or first.raw_response is None:
         return None
     prohibition = judge_reply(first.raw_response, request.memory, rules, guard).prohibition
     if prohibition is None:
         return None
+    config = request.config
     try:
-        return build_working_memory(request.state, request.memory.player_input, request.config,
-                                    prohibition=prohibition)
-    except OverBudgetError:
+        return build_working_memory(request.state, request.memory.player_input, config, prohibition=prohibition,
+                                    counts=result.counts if counted_by_server(config) else None)
+    except (OverBudgetError, CountsMissing):
         return None
 
 
 def _memory_of_last(
-    request: InferenceRequest, attempts: tuple[Attempt, ...], rules: Rules, guard: FactGuard | None
+    request: InferenceRequest, result: InferenceResult, rules: Rules, guard: FactGuard | None
 ) -> WorkingMemory:
-    if len(attempts) == 2:
-        retry = _retry_memory(request, attempts[0], rules, guard)
+    if len(result.attempts) == 2:
+        retry = _retry_memory(request, result, rules, guard)
         if retry is not None:
             return retry
     return request.memory
 
 
 def _attempts_problem(
-    request: InferenceRequest, attempts: tuple[Attempt, ...], rules: Rules, guard: FactGuard | None
+    request: InferenceRequest, result: InferenceResult, rules: Rules, guard: FactGuard | None
 ) -> str | None:
+    attempts = result.attempts
     if len(attempts) > 2:
         return f"{len(attempts)} attempts (serving makes at most 2)"
     memories: list[WorkingMemory | None] = [request.memory]
     if len(attempts) == 2:
-        memories.append(_retry_memory(request, attempts[0], rules, guard))
+        memories.append(_retry_memory(request, result, rules, guard))
     for n, (attempt, memory) in enumerate(zip(attempts, memories[: len(attempts)], strict=True), 1):
         if memory is None:
             return f"attempt {n}: a retry that serving would not have made"

@@ -23,10 +23,11 @@ import msgspec
 
 from sim.audit import Attempt
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError, OverBudgetError, RejectedOutputError
+from sim.inference._counted import counted_memory
 from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import fallback_result
-from sim.inference.backends import Backend, Limited
-from sim.memory import WorkingMemory, build_working_memory
+from sim.inference.backends import Backend, Limited, Tokenizer, Tokenizing
+from sim.memory import WorkingMemory
 from sim.output import REPLY_SCHEMA, FactGuard, Rules, Verdict, judge_reply
 from sim.wire.inference import InferenceRequest, InferenceResult
 
@@ -50,12 +51,16 @@ def raw_excerpt(text: str) -> str:
     return f"{text[:RAW_EXCERPT_CHARS]}\n[reply cut: {RAW_EXCERPT_CHARS} of {len(text)} characters kept]"
 
 
-def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verdict) -> WorkingMemory | None:
-    """The working memory of the one retry after a rejected reply, or None when there is none.
+async def retry_memory(
+    request: InferenceRequest, memory: WorkingMemory, verdict: Verdict, tokenizer: Tokenizer | None
+) -> tuple[WorkingMemory, dict[str, int]] | None:
+    """The working memory of the one retry after a rejected reply and the server's token
+    counts it was cut with, or None when there is none.
 
     It is built by `sim.memory` from the request's state with the prohibition as mandatory
-    content inside the same budget: flexible items make room for it. When the rule does not
-    fit even then, there is no retry (the fallback speaks), so a retry never goes over a
+    content inside the same budget: flexible items make room for it; under `tokenizer =
+    "server"` its counts are fetched from `tokenizer` before the build. When the rule does
+    not fit even then, there is no retry (the fallback speaks), so a retry never goes over a
     budget the first attempt kept.
     """
     if memory.prohibition is not None or verdict.prohibition is None:
@@ -63,15 +68,25 @@ def retry_memory(request: InferenceRequest, memory: WorkingMemory, verdict: Verd
     if request.state is None or request.config is None:
         return None
     try:
-        retry = build_working_memory(
-            request.state, memory.player_input, request.config, prohibition=verdict.prohibition
+        retry, counts = await counted_memory(
+            request.state, memory.player_input, request.config, tokenizer, prohibition=verdict.prohibition
         )
     except OverBudgetError:
         return None  # policy "raise"
     if retry.report.over_budget and not memory.report.over_budget:
         log.info("no retry for %s: the rule does not fit the budget", request.agent_id)
         return None
-    return retry
+    return retry, counts
+
+
+@functools.cache
+def _tokenizing(kind: type) -> bool:
+    """Whether backends of `kind` carry a server's tokenizer: asked once per type."""
+    return issubclass(kind, Tokenizing)
+
+
+def _tokenizer(backend: Backend) -> Tokenizer | None:
+    return backend.tokenizer() if _tokenizing(type(backend)) and isinstance(backend, Tokenizing) else None
 
 
 @functools.cache
@@ -131,6 +146,7 @@ async def serve(
     rules = msgspec.structs.replace(rules, output=policy)
     schema = REPLY_SCHEMA if policy is not None and policy.structured else None
     attempts: list[Attempt] = []
+    counts: dict[str, int] = {}
     in_flight: Attempt | None = None
     raw: str | None = None
     reason: str
@@ -162,10 +178,13 @@ async def serve(
                         worker=worker,
                         attempts=tuple(attempts),
                         prompt_tokens=reply.usage.prompt_tokens,
+                        counts=counts,
                     ), backend)
                 counters.rejected_outputs += 1
-                memory = retry_memory(request, memory, verdict)
-                if memory is not None:
+                retry = await retry_memory(request, memory, verdict, _tokenizer(backend))
+                memory = None if retry is None else retry[0]
+                if retry is not None:
+                    counts = retry[1]
                     log.info("rejected output for %s (%s): %r; retrying once", request.agent_id, verdict.problem, raw)
             raise RejectedOutputError(attempts[-1].problem or "rejected")
     except TimeoutError:
@@ -188,5 +207,5 @@ async def serve(
     backend_ms = (time.perf_counter() - started) * 1000
     return _with_limits(fallback_result(
         request, reason, backend=backend.name, model=backend.model, raw_response=raw,
-        timings={"backend_ms": backend_ms}, worker=worker, attempts=tuple(attempts),
+        timings={"backend_ms": backend_ms}, worker=worker, attempts=tuple(attempts), counts=counts,
     ), backend)

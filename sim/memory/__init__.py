@@ -1,9 +1,11 @@
 """The pure core: NPC state, ephemeral working memory with priority truncation.
 
 No I/O happens here, and nothing here imports the I/O layers; a tokenizer's vocabulary is
-read once per process (cl100k's from its package, a GGUF's from its file), and a counter
-that asks a server is installed by the layer that opened it (`counting_with`, see
-`sim.memory._tokens`). The prompt's format, piece by piece (for whoever re-renders or
+read once per process (cl100k's from its package, a GGUF's from its file). A server's
+token counts are fetched by the layer that talks to it and handed to the build
+(`build_working_memory(..., counts=...)`); a text they lack stops the build with
+`CountsMissing`, which names what to fetch before building again (`sim.memory._tokens`).
+The prompt's format, piece by piece (for whoever re-renders or
 measures a prompt on its own: the checker, tests, benchmarks), is the public module
 `sim.memory.render`; its docstring says why it is a module of its own.
 `explain_truncation` names every item a working memory dropped and why, derived from the
@@ -11,8 +13,7 @@ snapshot (the report it explains is all that audit records keep).
 `distinct` is the state a working memory chooses from: no memory that a line of its
 dialogue says already; `leave_out_event` the state a line is answered from (the line is
 the input). `ranking` is a scored selection's order of each flexible category among those
-candidates (`selection = "scored"` in the config; `Relevance` is the hook that supplies
-relevance scores instead of the lexical ones).
+candidates (`selection = "scored"` in the config).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
 `prefix_reuse` is how much of a prompt is a prefix of the previous one (what a model
@@ -22,7 +23,7 @@ and the audit compute it.
 
 from sim.errors import OverBudgetError
 from sim.memory import render
-from sim.memory._budget import SELECTIONS, ScoredSelection, Selection, WorkingMemoryConfig
+from sim.memory._budget import SELECTIONS, ScoredSelection, Selection, WorkingMemoryConfig, counted_by_server
 from sim.memory._build import CategoryReport, TruncationReport, WorkingMemory, build_working_memory
 from sim.memory._duplicates import Distinct, distinct, leave_out_event
 from sim.memory._explain import (
@@ -35,7 +36,7 @@ from sim.memory._explain import (
 )
 from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
 from sim.memory._reuse import PrefixReuse, prefix_reuse
-from sim.memory._scoring import Relevance, ranking
+from sim.memory._scoring import ranking
 from sim.memory._state import (
     Belief,
     Episode,
@@ -49,13 +50,14 @@ from sim.memory._state import (
     line_order,
     world_order,
 )
-from sim.memory._tokens import TOKENIZER_FORMS, TOKENIZERS, TokenCounter, counting_with, token_counter
+from sim.memory._tokens import TOKENIZER_FORMS, TOKENIZERS, CountsMissing, TokenCounter, token_counter
 from sim.memory.render import RENDERER_VERSION, inert
 
 __all__ = [
     "Belief",
     "CategoryExplanation",
     "CategoryReport",
+    "CountsMissing",
     "DROP_REASONS",
     "Distinct",
     "DropReason",
@@ -68,7 +70,6 @@ __all__ = [
     "PrefixReuse",
     "QUOTE_MARKS",
     "RENDERER_VERSION",
-    "Relevance",
     "SELECTIONS",
     "ScoredSelection",
     "Selection",
@@ -82,7 +83,7 @@ __all__ = [
     "WorldFact",
     "belief_order",
     "build_working_memory",
-    "counting_with",
+    "counted_by_server",
     "distinct",
     "episode_order",
     "explain_truncation",

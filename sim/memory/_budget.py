@@ -10,9 +10,9 @@ from typing import Literal
 import msgspec
 
 from sim.errors import ConfigError
-from sim.memory._tokens import TOKENIZERS, check_tokenizer, token_counter
+from sim.memory._tokens import SERVER, TOKENIZERS, check_tokenizer, token_counter
 
-__all__ = ["SELECTIONS", "OverflowPolicy", "ScoredSelection", "Selection", "WorkingMemoryConfig"]
+__all__ = ["SELECTIONS", "OverflowPolicy", "ScoredSelection", "Selection", "WorkingMemoryConfig", "counted_by_server"]
 
 OverflowPolicy = Literal["keep", "raise"]
 Selection = Literal["recency", "scored"]
@@ -113,3 +113,9 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             # tokenizer is opened with the run (a record naming one must decode without it)
             token_counter(self.tokenizer)
 
+
+
+def counted_by_server(config: WorkingMemoryConfig) -> bool:
+    """Whether `config`'s token budget is counted by a server (`tokenizer = "server"`): its
+    counts are fetched by the I/O layer and handed to the build."""
+    return config.max_context_tokens is not None and config.tokenizer == SERVER

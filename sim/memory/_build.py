@@ -10,23 +10,19 @@ newest first, or `sim.memory._scoring`'s ranking of those candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
 from sim.memory._budget import Selection, WorkingMemoryConfig
-from sim.memory._scoring import Relevance, candidates
+from sim.memory._scoring import candidates
 from sim.memory._selection import (
-    ALWAYS,
     BELIEFS,
     DIALOGUE,
     EPISODIC,
-    FACTS,
-    FLEXIBLE,
     NO_CAP,
-    WORLD,
     Category,
     Frame,
     fit_exact_tokens,
@@ -34,8 +30,8 @@ from sim.memory._selection import (
 )
 from sim.memory._stable import stabilise
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
-from sim.memory._tokens import token_counter
-from sim.memory.render import RENDER_ORDER, RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
+from sim.memory._tokens import KnownCounts, TokenCounter, token_counter
+from sim.memory.render import RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]
 
@@ -142,43 +138,70 @@ def build_working_memory(
     config: WorkingMemoryConfig | None = None,
     *,
     prohibition: str | None = None,
-    relevance: Relevance | None = None,
+    counts: TokenCounter | Mapping[str, int] | None = None,
 ) -> WorkingMemory:
     """Build a fresh, immutable working memory for one inference.
 
     `prohibition` makes it a retry's memory: the rule is mandatory content inside the same
-    budget, so flexible items make room for it. `relevance` supplies a scored selection's
-    relevance scores (`sim.memory.Relevance`) instead of the lexical ones.
+    budget, so flexible items make room for it.
+
+    `counts` is what a token budget is counted with: a counting function, or the counts
+    of the texts (text -> tokens; a server tokenizer's, fetched before the build), or None
+    for the config's tokenizer read from its package or file. Counts that lack a text the
+    build needs raise `CountsMissing` naming every such text it met.
     """
     cfg = _DEFAULT_CONFIG if config is None else config
-    caps = (NO_CAP, NO_CAP, cfg.max_beliefs, cfg.max_episodic_memories, cfg.max_dialogue_lines)
-    chosen, ranks = candidates(state, player_input, cfg, relevance, {RENDER_ORDER[i]: caps[i] for i in FLEXIBLE})
+    if cfg.max_context_tokens is None:
+        return _build(state, player_input, cfg, prohibition, None)
+    if counts is None:
+        return _build(state, player_input, cfg, prohibition, token_counter(cfg.tokenizer))
+    count = counts if callable(counts) else KnownCounts(counts)
+    return _build(state, player_input, cfg, prohibition, count)
+
+
+def _build(
+    state: NpcState,
+    player_input: str,
+    cfg: WorkingMemoryConfig,
+    prohibition: str | None,
+    count: TokenCounter | None,
+) -> WorkingMemory:
+    scored = cfg.selection == "scored"
+    limits = {"beliefs": cfg.max_beliefs, "episodic": cfg.max_episodic_memories,
+              "dialogue": cfg.max_dialogue_lines} if scored else None
+    chosen, ranks = candidates(state, player_input, cfg, limits)
     state = chosen.state  # from here on, what is chosen from
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))
-    always = (cfg.always_include_canonical_facts, cfg.always_include_world_state, False, False, False)
-    shares = (0.0, 0.0, cfg.belief_share, cfg.episodic_share, cfg.dialogue_share)
-    categories = [
-        Category(section, cap, flag, section.newest_sums, kept=len(section.lines) if flag else 0)
-        for section, cap, flag in zip(rendering.sections, caps, always, strict=True)
-    ]
+    in_facts, in_world, in_beliefs, in_episodic, in_dialogue = rendering.sections
+    always_facts, always_world = cfg.always_include_canonical_facts, cfg.always_include_world_state
+    facts = Category(in_facts, NO_CAP, always_facts, in_facts.newest_sums,
+                     kept=len(in_facts.lines) if always_facts else 0)
+    world = Category(in_world, NO_CAP, always_world, in_world.newest_sums,
+                     kept=len(in_world.lines) if always_world else 0)
+    beliefs = Category(in_beliefs, cfg.max_beliefs, False, in_beliefs.newest_sums)
+    episodic = Category(in_episodic, cfg.max_episodic_memories, False, in_episodic.newest_sums)
+    dialogue = Category(in_dialogue, cfg.max_dialogue_lines, False, in_dialogue.newest_sums)
+    categories = [facts, world, beliefs, episodic, dialogue]  # the prompt's order (RENDER_ORDER)
 
     mandatory_chars = len(frame.head) + len(frame.rule) + len(frame.closing)
-    for i in ALWAYS:
-        if categories[i].always:
-            mandatory_chars += len(categories[i].section.text)
+    if always_facts:
+        mandatory_chars += len(in_facts.text)
+    if always_world:
+        mandatory_chars += len(in_world.text)
     flex_chars = cfg.max_context_chars - mandatory_chars
 
-    count: Callable[[str], int] | None = None
     mandatory_tokens: int | None = None
     flex_tokens = 0
-    if cfg.max_context_tokens is not None:
-        count = token_counter(cfg.tokenizer)
+    if count is not None and cfg.max_context_tokens is not None:
         mandatory_tokens = count(frame.prompt(categories)[0])
         flex_tokens = cfg.max_context_tokens - mandatory_tokens
-        sizes = token_sizes(state, count)
+        known = count if isinstance(count, KnownCounts) else None
+        sizes = token_sizes(state, count, keep=known is None)  # counts handed in are one build's
         for category, sums, header in zip(categories, sizes.newest_sums, sizes.headers, strict=True):
             category.token_sums, category.token_header = sums, header
+        if known is not None:
+            known.check()  # every item's count at once; the whole prompts' come one by one
 
     over_budget = flex_chars < 0 or flex_tokens < 0
     if over_budget:
@@ -186,10 +209,12 @@ def build_working_memory(
             raise OverBudgetError(_over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
     else:
         if ranks:
-            for i in FLEXIBLE:
-                categories[i].order_by(ranks[RENDER_ORDER[i]])
-        for i in FLEXIBLE:
-            categories[i].budget = (int(flex_chars * shares[i]), int(flex_tokens * shares[i]))
+            beliefs.order_by(ranks["beliefs"])
+            episodic.order_by(ranks["episodic"])
+            dialogue.order_by(ranks["dialogue"])
+        beliefs.budget = (int(flex_chars * cfg.belief_share), int(flex_tokens * cfg.belief_share))
+        episodic.budget = (int(flex_chars * cfg.episodic_share), int(flex_tokens * cfg.episodic_share))
+        dialogue.budget = (int(flex_chars * cfg.dialogue_share), int(flex_tokens * cfg.dialogue_share))
         select(categories, (flex_chars, flex_tokens), cfg.redistribute_unused)
 
     prompt, context_chars = frame.prompt(categories)
@@ -209,9 +234,10 @@ def build_working_memory(
         )
         stable_cost = ordinary - len(prompt)
 
-    reports = [_category_report(category) for category in categories]
+    facts_report = _category_report(facts)
+    episodic_report = _category_report(episodic)
     if chosen.duplicates:
-        reports[EPISODIC] = msgspec.structs.replace(reports[EPISODIC], duplicate=len(chosen.duplicates))
+        episodic_report = msgspec.structs.replace(episodic_report, duplicate=len(chosen.duplicates))
     report = TruncationReport(
         limit_chars=cfg.max_context_chars,
         limit_tokens=cfg.max_context_tokens,
@@ -220,11 +246,11 @@ def build_working_memory(
         prompt_chars=len(prompt),
         prompt_tokens=prompt_tokens,
         over_budget=over_budget,
-        canonical_facts=reports[FACTS],
-        world_state=reports[WORLD],
-        dialogue=reports[DIALOGUE],
-        episodic=reports[EPISODIC],
-        beliefs=reports[BELIEFS],
+        canonical_facts=facts_report,
+        world_state=_category_report(world),
+        dialogue=_category_report(dialogue),
+        episodic=episodic_report,
+        beliefs=_category_report(beliefs),
         selection=cfg.selection,
         stable_cost_chars=stable_cost,
     )
@@ -233,15 +259,15 @@ def build_working_memory(
         player_input=player_input,
         prompt=prompt,
         context_chars=context_chars,
-        canonical_facts=_kept(state.canonical_facts, categories[FACTS]),
-        world_state=_kept(state.world_state, categories[WORLD]),
-        dialogue=_kept(state.dialogue, categories[DIALOGUE]),
-        episodic=_kept(state.episodic, categories[EPISODIC]),
-        beliefs=_kept(state.beliefs, categories[BELIEFS]),
+        canonical_facts=_kept(state.canonical_facts, facts),
+        world_state=_kept(state.world_state, world),
+        dialogue=_kept(state.dialogue, dialogue),
+        episodic=_kept(state.episodic, episodic),
+        beliefs=_kept(state.beliefs, beliefs),
         report=report,
         prohibition=prohibition,
         renderer=RENDERER_VERSION,
-        system_chars=len(rendering.head) + reports[FACTS].used,
+        system_chars=len(rendering.head) + facts_report.used,
     )
 
 

@@ -33,14 +33,16 @@ items' counts, and tokens can merge across items).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
-from sim.memory._scoring import SCORED, Relevance, candidates
+from sim.memory._scoring import SCORED, candidates
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, item_text
+from sim.memory._tokens import CountsMissing
 
 __all__ = ["DROP_REASONS", "CategoryExplanation", "DropReason", "DroppedItem", "TruncationExplanation",
            "explain_truncation"]
@@ -139,7 +141,7 @@ def explain_truncation(
     memory: WorkingMemory | None = None,
     *,
     most_dropped: int | None = None,
-    relevance: Relevance | None = None,
+    counts: Mapping[str, int] | None = None,
 ) -> TruncationExplanation:
     """Explain the working memory built from (`state`, `player_input`, `config`).
 
@@ -147,18 +149,23 @@ def explain_truncation(
     must have been built from these arguments: the explanation reads its report and takes
     the dropped items from `state`. `most_dropped` names only that many
     dropped items per category, the first of its `dropped` (a trace, after every inference,
-    needs no more). `relevance` is the one the memory was built with, if any.
+    needs no more). `counts` are the server tokenizer's counts it was cut with
+    (`build_working_memory`); what `stable_prefix` cost is told apart only where they also
+    cut the ordinary selection.
     """
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
-        memory = build_working_memory(state, player_input, cfg, relevance=relevance)
-    chosen, ranks = candidates(state, player_input, cfg, relevance)
+        memory = build_working_memory(state, player_input, cfg, counts=counts)
+    chosen, ranks = candidates(state, player_input, cfg)
     report = memory.report
     ordinary = report
     if report.stable_cost_chars:
         unstable = msgspec.structs.replace(cfg, stable_prefix=False)
-        ordinary = build_working_memory(state, player_input, unstable, prohibition=memory.prohibition,
-                                        relevance=relevance).report
+        try:
+            ordinary = build_working_memory(state, player_input, unstable, prohibition=memory.prohibition,
+                                            counts=counts).report
+        except CountsMissing:
+            ordinary = report
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
     flexible_tokens = None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from sim.memory._budget import WorkingMemoryConfig
+from sim.memory._budget import WorkingMemoryConfig, counted_by_server
 from sim.memory._tokens import token_counter
 
 __all__ = ["PrefixReuse", "common_prefix", "prefix_reuse"]
@@ -49,9 +49,11 @@ def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
 def prefix_reuse(previous: str, prompt: str, config: WorkingMemoryConfig | None = None) -> PrefixReuse:
     """How much of `prompt` is a prefix of `previous`; in tokens too when `config` has a token
     limit (its tokenizer's count of the shared text: a token merging across the boundary may
-    make it one more than a server reuses)."""
+    make it one more than a server reuses). A "server" tokenizer's counts are the server's,
+    asked by the I/O layer for what a build needs: the shared text is not among them, so its
+    reuse is in characters only."""
     chars = common_prefix(previous, prompt)
-    if config is None or config.max_context_tokens is None:
+    if config is None or config.max_context_tokens is None or counted_by_server(config):
         return PrefixReuse(chars=chars, prompt_chars=len(prompt))
     count = token_counter(config.tokenizer)
     return PrefixReuse(chars=chars, prompt_chars=len(prompt), tokens=count(prompt[:chars]),

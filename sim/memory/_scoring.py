@@ -10,8 +10,7 @@ An item's score is
 significance, a belief's confidence, `dialogue_importance` for a line; `relevance` is the
 Okapi BM25 score of the item's words (a line's text, not its speaker) against the words of
 the input and of the addressee (the NPC's id), divided by what an item holding every such
-word at its best weight would score, so it lies in [0, 1]. A `Relevance` callable (an
-embedding model, say) may supply it instead. Ties go to the newer item, so
+word at its best weight would score, so it lies in [0, 1]. Ties go to the newer item, so
 the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
 
 The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
@@ -38,21 +37,16 @@ import operator
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from sim.errors import ConfigError
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._duplicates import Distinct, distinct
-from sim.memory._state import Belief, Episode, Line, NpcState, item_text
+from sim.memory._state import Belief, Episode, Line, NpcState
 
-__all__ = ["SCORED", "Relevance", "candidates", "ranking", "words"]
+__all__ = ["SCORED", "candidates", "ranking", "words"]
 
 SCORED = ("beliefs", "episodic", "dialogue")
 """The categories a scored selection ranks, in the prompt's order."""
-
-Relevance = Callable[[str, str, tuple[str, ...]], Sequence[float]]
-"""`relevance(player_input, category, texts)`: one score in [0, 1] per text (the items' texts,
-oldest first, as `explain_truncation` names them), used instead of the lexical score."""
 
 _WORD = re.compile(r"\w+")
 _K1 = 1.2
@@ -204,21 +198,10 @@ def _indexes(state: NpcState) -> tuple[dict[str, _Index], int]:
     return cached
 
 
-def _supplied(relevance: Relevance, player_input: str, name: str, items: Sequence[Flexible]) -> list[float]:
-    scores = relevance(player_input, name, tuple(item_text(item) for item in items))
-    if len(scores) != len(items):
-        raise ConfigError(f"relevance: {len(scores)} scores for {len(items)} {name} items")
-    for score in scores:
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
-            raise ConfigError(f"relevance: a {name} score must be a number from 0 to 1, got {score!r}")
-    return [float(score) for score in scores]
-
-
 def ranking(
     state: NpcState,
     player_input: str,
     cfg: WorkingMemoryConfig,
-    relevance: Relevance | None = None,
     limits: dict[str, int] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Per scored category, its items' positions in the state (oldest is 0), best first.
@@ -226,13 +209,12 @@ def ranking(
     `limits` cuts a category's ranking after that many items (its cap): the top of the
     whole ranking, the same positions in the same order.
     """
-    return {name: _ranked(state, name, player_input, cfg, relevance, None if limits is None else limits[name])
+    return {name: _ranked(state, name, player_input, cfg, None if limits is None else limits[name])
             for name in SCORED}
 
 
 def _ranked(
-    state: NpcState, name: str, player_input: str, cfg: WorkingMemoryConfig, relevance: Relevance | None,
-    limit: int | None,
+    state: NpcState, name: str, player_input: str, cfg: WorkingMemoryConfig, limit: int | None
 ) -> tuple[int, ...]:
     """One category's ranking, as `ranking` gives it."""
     indexes, newest = _indexes(state)
@@ -241,18 +223,13 @@ def _ranked(
         return ()
     if limit is not None and limit >= index.size:
         limit = None
-    if relevance is None or cfg.scored.relevance_weight == 0.0:
-        return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
-    given = _supplied(relevance, player_input, name, getattr(state, name))
-    weight = cfg.scored.relevance_weight
-    return _best([base + weight * r for base, r in zip(index.base(cfg, newest), given, strict=True)], limit)
+    return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
 
 
 def candidates(
     state: NpcState,
     player_input: str,
     cfg: WorkingMemoryConfig,
-    relevance: Relevance | None = None,
     limits: dict[str, int] | None = None,
 ) -> tuple[Distinct, dict[str, tuple[int, ...]]]:
     """What a working memory chooses from, and with a scored selection the order it chooses in.
@@ -269,11 +246,11 @@ def candidates(
     def limit(name: str, more: int = 0) -> int | None:
         return None if limits is None else limits[name] + more
 
-    beliefs = _ranked(state, "beliefs", player_input, cfg, relevance, limit("beliefs"))
-    lines = _ranked(state, "dialogue", player_input, cfg, relevance, limit("dialogue"))
+    beliefs = _ranked(state, "beliefs", player_input, cfg, limit("beliefs"))
+    lines = _ranked(state, "dialogue", player_input, cfg, limit("dialogue"))
     chosen = distinct(state, cfg.max_dialogue_lines, lines)
     # The memories ranked as far as the cap reaches once the duplicates are passed over.
-    episodic = _ranked(state, "episodic", player_input, cfg, relevance, limit("episodic", len(chosen.duplicates)))
+    episodic = _ranked(state, "episodic", player_input, cfg, limit("episodic", len(chosen.duplicates)))
     if chosen.duplicates:
         left_out = {id(e) for e in chosen.duplicates}
         where = {p: i for i, p in enumerate(p for p, e in enumerate(state.episodic) if id(e) not in left_out)}

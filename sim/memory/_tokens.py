@@ -5,8 +5,10 @@
 - "gguf:PATH": the vocabulary of the model file at PATH, loaded vocab-only (no weights)
   through llama-cpp-python (extra `llm`): the model's own tokens, with no server.
 - "server": the llama.cpp server's `POST /tokenize`. Counting it is I/O, which the core does
-  not do: whoever opens the server installs its counter here (`counting_with`), and a build
-  with "server" and no counter installed is refused in one line.
+  not do: the layer that talks to the server fetches the counts before a build and hands
+  them in (`KnownCounts`); a text they lack stops the build with `CountsMissing`, naming
+  every text it needs, so that layer fetches those and builds again. A build with "server"
+  and no counts handed in is refused in one line.
 
 A vocabulary is loaded once per process (its load reads a file, never the network); the
 same text always counts the same, so a working memory stays a pure function of its inputs.
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, NpcsimError
 
-__all__ = ["TOKENIZERS", "TOKENIZER_FORMS", "TokenCounter", "check_tokenizer", "counting_with", "token_counter"]
+__all__ = [
+    "TOKENIZERS", "TOKENIZER_FORMS", "CountsMissing", "KnownCounts", "TokenCounter", "check_tokenizer", "token_counter",
+]
 
 TokenCounter = Callable[[str], int]
 
@@ -37,8 +40,44 @@ _GGUF_MAGIC = b"GGUF"
 _LLAMA_LOGGER = "llama-cpp-python"  # the logger llama-cpp-python prints llama.cpp's log through
 _INT32_MIN = -(2**31)  # llama_tokenize's answer when the count does not fit its int32
 
-# Each name's counters in the order they were installed; the newest is the one counting.
-_installed: dict[str, list[TokenCounter]] = {}
+
+class CountsMissing(NpcsimError):
+    """A build counted with counts handed in met texts they lack (`texts`, in the order it
+    met them, each once): fetch their counts and build again."""
+
+    def __init__(self, texts: tuple[str, ...]) -> None:
+        super().__init__(f"tokenizer 'server': the counts handed in lack {len(texts)} texts the build needs")
+        self.texts = texts
+
+
+class KnownCounts:
+    """A counting function over counts handed in (text -> tokens), for one build.
+
+    The build first counts its mandatory part and every item; a text lacking then counts 0
+    and is noted, and `check` raises `CountsMissing` naming them all at once (one round of
+    fetching). After `check`, the whole prompts it counts depend on the counts before
+    them, so a text lacking raises at once: a few rounds at most, the last one exact.
+    """
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        self._counts = counts
+        self._missing: dict[str, None] = {}
+        self._checked = False
+
+    def __call__(self, text: str) -> int:
+        count = self._counts.get(text)
+        if count is not None:
+            return count
+        if self._checked:
+            raise CountsMissing((text,))
+        self._missing[text] = None
+        return 0
+
+    def check(self) -> None:
+        """A CountsMissing naming every text lacking so far; from now on a text lacking raises."""
+        self._checked = True
+        if self._missing:
+            raise CountsMissing(tuple(self._missing))
 
 
 def check_tokenizer(name: object) -> None:
@@ -51,31 +90,15 @@ def _gguf_path(name: str) -> str:
     return name.removeprefix(_GGUF) if name.startswith(_GGUF) else ""
 
 
-@contextmanager
-def counting_with(name: str, count: TokenCounter) -> Iterator[None]:
-    """Make `count` the counter `token_counter(name)` gives in this process while the block
-    runs. Blocks may end in any order (two runs, or a run's shard and its workers, in one
-    process): each removes only its own counter, and the newest one still open counts."""
-    counters = _installed.setdefault(name, [])
-    counters.append(count)
-    try:
-        yield
-    finally:
-        for index in range(len(counters) - 1, -1, -1):
-            if counters[index] is count:
-                del counters[index]
-                break
-
-
 def token_counter(name: str) -> TokenCounter:
-    """A function counting the tokens of a text; a ConfigError in one line when it cannot be had."""
+    """A function counting the tokens of a text with a vocabulary read from a package or a
+    file; a ConfigError in one line when it cannot be had ("server" always: its counts are
+    fetched by the I/O layer and handed to the build)."""
     check_tokenizer(name)
-    if _installed.get(name):
-        return _installed[name][-1]
     if name == SERVER:
         raise ConfigError(
             "tokenizer 'server' counts with a llama.cpp server's /tokenize, and none is open in this process "
-            "(a run opens its first server's; `audit replay` and a fork take --backend openai --base-url URL)"
+            "(a run fetches its counts from its first server's; `audit replay` reads them from each record)"
         )
     path = _gguf_path(name)
     return _gguf_counter(path) if path else _tiktoken_counter(name)

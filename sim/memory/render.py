@@ -278,14 +278,17 @@ def rendered(state: NpcState) -> RenderedState:
     return found
 
 
-def token_sizes(state: NpcState, count: Callable[[str], int]) -> TokenSizes:
-    """Per-item token counts of `rendered(state)` for the counter `count`, computed once."""
+def token_sizes(state: NpcState, count: Callable[[str], int], *, keep: bool = True) -> TokenSizes:
+    """Per-item token counts of `rendered(state)` for the counter `count`, computed once per
+    state and counter (each time with `keep` false: a counter that lives for one build)."""
     cache: dict[Callable[[str], int], TokenSizes] = state.__dict__.setdefault(_TOKEN_SIZES, {})
     sizes = cache.get(count)
     if sizes is None:
         sections = rendered(state).sections
-        sizes = cache[count] = TokenSizes(
+        sizes = TokenSizes(
             newest_sums=tuple(_newest_sums([count(line) for line in s.lines]) for s in sections),
             headers=tuple(count(s.header) for s in sections),
         )
+        if keep:
+            cache[count] = sizes
     return sizes

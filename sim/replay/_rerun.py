@@ -7,7 +7,8 @@ The shard takes the recorded outside inputs and world-state changes at their tic
 (`RecordedInputs`) and the pool answers every inference with the replies recorded for it
 (sim.inference's `recorded`: each attempt in order, retries and fallbacks included), so
 nothing but the engine decides what happens; everything is written to a new store, to be
-compared with the original (sim.replay._compare).
+compared with the original (sim.replay._compare). Under `tokenizer = "server"` the prompts
+are counted with the counts the records kept (`KeptCounts`): no server is asked.
 
 A fork (`fork_at`) answers from the record only the inferences of the ticks before it;
 from that tick on the backend given answers, live.
@@ -27,7 +28,7 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import ConfigError, InferenceError
-from sim.inference import InferenceRequest, Reply
+from sim.inference import InferenceRequest, KeptCounts, Reply
 from sim.memory import WorkingMemory, WorkingMemoryConfig
 from sim.mqtt import LocalBroker
 from sim.replay._recording import Recording
@@ -135,6 +136,7 @@ async def execute(
         transport=broker.transport(), claim=keep_identity, backend=None if live else _Unrecorded(),
         recorded=recorded, inputs=recording.inputs,
         memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory),
+        tokenizer=KeptCounts({text: n for record in records.values() for text, n in record.counts.items()}),
     ) as shard:
         await shard.start()
         ticking = time.perf_counter()

@@ -31,8 +31,8 @@ import msgspec
 
 from sim.bus import Bus
 from sim.errors import ConfigError
-from sim.inference import InferenceRequest, Pool, Priority
-from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, build_working_memory, leave_out_event
+from sim.inference import InferenceRequest, Pool, Priority, Tokenizer, counted_memory
+from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, leave_out_event
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec, Scenario
@@ -61,7 +61,8 @@ class ShardContext:
 
     `tick` is the tick being stepped (the shard sets it as each tick begins).
     `memory_config_of` gives each NPC's working-memory config at a tick; by default the
-    scenario's, for every NPC at every tick.
+    scenario's, for every NPC at every tick. `tokenizer` is the server's that the NPCs'
+    token budgets are counted with (`tokenizer = "server"`), fetched before each build.
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class ShardContext:
         clock: Clock | None = None,
         layout: ShardLayout | None = None,
         memory_config_of: MemoryConfigOf | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = config
@@ -95,6 +97,7 @@ class ShardContext:
         self.specs = self.layout.specs
         self.kinds = agent_kinds(self.layout.kinds)
         self.memory_config_of = memory_config_of or (lambda _npc, _tick: scenario.memory)
+        self.tokenizer = tokenizer
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
@@ -241,7 +244,7 @@ class AgentContext:
         if answering is not None:
             state = leave_out_event(state, answering)
         config = shard.memory_config_of(spec.id, tick)
-        memory = build_working_memory(state, said, config)
+        memory, counts = await counted_memory(state, said, config, shard.tokenizer)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
         player = turn == 1 and to not in shard.npc_location
@@ -275,7 +278,7 @@ class AgentContext:
         await apply_proposals(shard.store, shard.bus, run_id=shard.run_id, state=state, result=result,
                               reply_to=say.reply_to)
         spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result,
-                        output=request.output, rules=shard.pool.config.rules)
+                        output=request.output, rules=shard.pool.config.rules, counts=counts)
         await shard.recorder.record(spoken)
         return result.line
 

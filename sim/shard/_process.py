@@ -129,8 +129,8 @@ async def _run(
         shard = str(parse_shard(config.shard)[0])
         stats.run_id = run_id
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
-        tokenizer = open_tokenizer(scenario.memory, config.inference.backend, config.inference.backend_options)
-        async with tokenizer, _workdir() as workdir:
+        counting = open_tokenizer(scenario.memory, config.inference.backend, config.inference.backend_options)
+        async with counting as tokenizer, _workdir() as workdir:
             db = Path(config.record.db) if config.record.db else workdir / f"{run_id}.shard{shard}.db"
             async with open_broker(config.broker.url, tls=config.broker.tls, ws_port=config.broker.ws_port) as broker:
 
@@ -145,7 +145,7 @@ async def _run(
                 async with open_shard(
                     config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop,
                     broker=broker.address, protocol=broker.protocol, claim=claim_run, layout=layout,
-                    metrics=metrics, clock=clock,
+                    metrics=metrics, clock=clock, tokenizer=tokenizer,
                 ) as one:
                     await one.start()
                     collector.start_up_done()

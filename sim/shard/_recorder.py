@@ -40,7 +40,9 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     `heard` is the input the working memory was built for (the audit's player input),
     `state` the state it was built from, `config` the working-memory config it was built with,
     `output` the NPC's output policy the reply was judged under, `rules` the pool's rules
-    around it (the line limit, the fact guard), kept in the audit record for replaying them.
+    around it (the line limit, the fact guard), kept in the audit record for replaying them;
+    `counts` the server tokenizer's counts the memory was cut with (`tokenizer = "server"`;
+    empty otherwise).
     """
 
     say: SayMessage
@@ -51,6 +53,7 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     result: InferenceResult
     output: OutputPolicy | None = None
     rules: Rules = Rules()
+    counts: dict[str, int] = {}
 
 
 class Recorder:
@@ -112,6 +115,7 @@ class Recorder:
             attempts=result.attempts,
             output=spoken.output,
             rules=spoken.rules,
+            counts={**spoken.counts, **result.counts} if result.counts else spoken.counts,
         )
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)

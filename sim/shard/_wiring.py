@@ -21,7 +21,7 @@ from typing import Literal
 
 from sim.audit import AuditRecord
 from sim.bus import BusConfig, open_bus
-from sim.inference import Backend, InferenceRequest, PoolConfig, open_pool
+from sim.inference import Backend, InferenceRequest, PoolConfig, Tokenizer, open_pool
 from sim.metrics import MetricsSink, NullMetrics
 from sim.mqtt import BrokerAddress, Transport
 from sim.protocol.seal import RunKey
@@ -62,6 +62,7 @@ async def open_shard(
     memory_config_of: MemoryConfigOf | None = None,
     metrics: MetricsSink | None = None,
     clock: Clock | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> AsyncIterator[Shard]:
     """Shard `config.shard` of `scenario`, its store at `db`, not started yet.
 
@@ -69,6 +70,7 @@ async def open_shard(
     through `transport` (an in-memory broker) and the pool serves in this process or its
     own worker process (`pool_transport`). A replay gives the pool a `backend` and the
     `recorded` answers, and the shard its outside `inputs` (by default what arrives on the bus).
+    `tokenizer` is the server's its NPCs' token budgets are counted with (`tokenizer = "server"`).
     """
     layout = layout or ShardLayout(scenario, config.shard, seed)
     shard = str(layout.index)
@@ -89,5 +91,5 @@ async def open_shard(
             metrics.watch_pool(pool.statistics)
             metrics.watch_bus(bus.stats)
             ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
-                               layout=layout, memory_config_of=memory_config_of)
+                               layout=layout, memory_config_of=memory_config_of, tokenizer=tokenizer)
             yield Shard(ctx, stop, source=inputs)

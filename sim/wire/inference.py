@@ -79,6 +79,13 @@ ServerLimits = Annotated[dict[str, Annotated[int, msgspec.Meta(ge=1)]], msgspec.
 """Each model server's adaptive limit on requests in flight, by the server's URL (no login)."""
 
 
+MAX_COUNTED_TEXTS = 4096
+"""Texts a result may give token counts for: a retry's build counts its items and a few prompts."""
+
+TokenCounts = Annotated[dict[str, Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=MAX_COUNTED_TEXTS)]
+"""A server tokenizer's counts a working memory was cut with, by text."""
+
+
 class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What the NPC says and how it came about; `timings` in milliseconds.
 
@@ -87,7 +94,9 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     made to the backend, in order (none for a stale request). `server_limits` is the
     serving worker's adaptive limit on each of its model servers as it answered (an
     `openai` backend; empty for the others): how a worker process or a remote worker
-    tells the pool the limits it settled on.
+    tells the pool the limits it settled on. `counts` are the server tokenizer's counts a
+    retry's working memory was cut with (`tokenizer = "server"`; empty otherwise): the
+    audit keeps them, so the retry is rebuilt with no server.
     """
 
     id: str
@@ -106,6 +115,7 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     attempts: tuple[Attempt, ...] = ()
     prompt_tokens: int | None = None
     server_limits: ServerLimits = msgspec.field(default_factory=dict)
+    counts: TokenCounts = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.msgpack.Encoder()

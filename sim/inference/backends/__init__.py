@@ -12,15 +12,28 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.errors import ConfigError
-from sim.inference.backends._base import PROMPT_FORMS, PROMPT_PREFIXES, Backend, Limited, Reply, convert_options
+from sim.inference.backends._base import (
+    PROMPT_FORMS,
+    PROMPT_PREFIXES,
+    Backend,
+    Limited,
+    Reply,
+    Tokenizer,
+    Tokenizing,
+    convert_options,
+)
 from sim.memory import WorkingMemoryConfig
 from sim.wire.attempt import ServedBy
 
+if TYPE_CHECKING:
+    from sim.inference.backends.tokenize import ServerTokenizer
+
 __all__ = [
-    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "check_context_window",
+    "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "Tokenizer", "Tokenizing",
+    "check_context_window",
     "convert_options", "open_backend", "open_tokenizer", "served_now",
 ]
 
@@ -40,13 +53,16 @@ async def check_context_window(name: str, options: Mapping[str, Any], budget_tok
 
 
 @asynccontextmanager
-async def open_tokenizer(config: WorkingMemoryConfig, name: str, options: Mapping[str, Any]) -> AsyncIterator[None]:
+async def open_tokenizer(
+    config: WorkingMemoryConfig, name: str, options: Mapping[str, Any]
+) -> AsyncIterator[ServerTokenizer | None]:
     """Open the tokenizer `config`'s token budget is counted with, for the named backend's
-    run (`tokenizer = "server"`: its first server's `/tokenize`), or refuse it in one line."""
+    run, or refuse it in one line: `tokenizer = "server"` gives its first server's
+    `/tokenize` (`ServerTokenizer`), another tokenizer is loaded and None given."""
     from sim.inference.backends.tokenize import open_tokenizer as open_counting
 
-    async with open_counting(config, name, options):
-        yield
+    async with open_counting(config, name, options) as tokenizer:
+        yield tokenizer
 
 
 async def served_now(name: str, options: Mapping[str, Any]) -> ServedBy:
@@ -70,8 +86,8 @@ async def open_backend(
 ) -> AsyncIterator[Backend]:
     """Open the named backend; `concurrency` is the worker's slot count (a default for N in flight).
 
-    `openai` installs its first server's counter as tokenizer "server" while it is open, so
-    that a worker builds a retry's working memory in the same tokens as the shard.
+    `openai` carries its first server's tokenizer (`Tokenizing`), so that a worker builds a
+    retry's working memory in the same tokens as the shard.
     `time_limit` is the worker's bound on one inference: a backend's own timeouts fit in it.
     """
     if name == "scripted":
@@ -80,11 +96,13 @@ async def open_backend(
         yield ScriptedBackend(options)
     elif name == "openai":
         from sim.inference.backends.servers import open_servers
-        from sim.inference.backends.tokenize import server_counter
+        from sim.inference.backends.tokenize import open_server_tokenizer
 
-        async with open_servers(options, concurrency, time_limit) as backend:
-            with server_counter(options):
-                yield backend
+        async with (
+            open_server_tokenizer(options) as tokenizer,
+            open_servers(options, concurrency, time_limit, tokenizer=tokenizer) as backend,
+        ):
+            yield backend
     elif name == "llamacpp":
         from sim.inference.backends.llamacpp import open_llamacpp
 

@@ -9,7 +9,7 @@ reply checks both read them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
@@ -18,7 +18,10 @@ from sim.errors import ConfigError
 from sim.memory import WorkingMemory
 from sim.wire.attempt import ServedBy, Usage
 
-__all__ = ["FEW_SHOT", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "convert_options"]
+__all__ = [
+    "FEW_SHOT", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "Tokenizer", "Tokenizing",
+    "convert_options",
+]
 
 T = TypeVar("T")
 
@@ -76,6 +79,28 @@ class Limited(Protocol):
 
     def limits(self) -> dict[str, int]:
         """Each server's limit now, by its URL."""
+        ...
+
+
+class Tokenizer(Protocol):
+    """Where a server's token counts come from (`sim.inference.backends.tokenize.ServerTokenizer`)."""
+
+    def known(self, text: str) -> int | None:
+        """The count of `text` when it is at hand, without asking."""
+        ...
+
+    async def fetch(self, texts: Sequence[str]) -> dict[str, int]:
+        """The counts of `texts`, asked where they are not at hand."""
+        ...
+
+
+@runtime_checkable
+class Tokenizing(Protocol):
+    """A backend whose server counts tokens (`openai`: its first server's `/tokenize`), for a
+    retry's working memory under `tokenizer = "server"`."""
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The server's tokenizer, if it was opened with one."""
         ...
 
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, ServerUnavailableError
-from sim.inference.backends._base import Reply, convert_options
+from sim.inference.backends._base import Reply, Tokenizer, convert_options
 from sim.inference.backends._reported import server_slots
 from sim.inference.backends.openai import OpenAIBackend, OpenAIOptions, open_openai
 from sim.inference.backends.spread import AdaptiveLimit, rendezvous_order
@@ -96,12 +96,14 @@ class Server:
 
 
 class ServersBackend:
-    """The `openai` backend over `servers`, each NPC's requests on its own server first."""
+    """The `openai` backend over `servers`, each NPC's requests on its own server first;
+    `tokenizer()` is the first server's (`Tokenizing`)."""
 
     name = "openai"
 
-    def __init__(self, servers: Sequence[Server]) -> None:
+    def __init__(self, servers: Sequence[Server], tokenizer: Tokenizer | None = None) -> None:
         self.servers = {server.url: server for server in servers}
+        self._tokenizer = tokenizer
         first = servers[0].backend
         self.model, self.prompt_form, self.prompt_prefix = first.model, first.prompt_form, first.prompt_prefix
 
@@ -109,6 +111,9 @@ class ServersBackend:
         """The servers in `agent_id`'s order, those with an open breaker last."""
         ranked = [self.servers[url] for url in rendezvous_order(agent_id, list(self.servers))]
         return [s for s in ranked if not s.down] + [s for s in ranked if s.down]
+
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
 
     def limits(self) -> dict[str, int]:
         """Each server's adaptive limit now."""
@@ -130,11 +135,12 @@ class ServersBackend:
 @asynccontextmanager
 async def open_servers(
     options: Mapping[str, Any], concurrency: int, time_limit: float | None = None, *,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = time.monotonic, tokenizer: Tokenizer | None = None,
 ) -> AsyncIterator[ServersBackend]:
     """Open a client for each server of `options["base_url"]`; all are closed however the block ends.
 
     `concurrency` bounds each server's adaptive limit; `clock` is the breakers' and the limits'.
+    `tokenizer` is the first server's, which the backend carries (`Tokenizing`).
     """
     async with AsyncExitStack() as stack:
         servers = []
@@ -147,4 +153,4 @@ async def open_servers(
                             shown_url(opts.base_url))
             limit = AdaptiveLimit(opts.in_flight or concurrency, clock=clock)
             servers.append(Server(backend, limit, shown_url(opts.base_url), slots))
-        yield ServersBackend(servers)
+        yield ServersBackend(servers, tokenizer)

@@ -2,26 +2,25 @@
 
 `ServerTokenizer` asks llama.cpp's `POST /tokenize` at the server's root (with several
 servers, the first one's: the same server in every process of a run), special tokens
-neither added nor parsed, as npcsim's other tokenizers count. The working-memory builder
-counts synchronously, so this is a synchronous client: its requests go over loopback or a
-local network, and each text's count is kept in an LRU of `CACHED_TEXTS` texts, so an
-item is asked once however many prompts hold it; each build's exact count of its whole
-prompt is one request, and one more for each further item it offers to keep.
+neither added nor parsed, as npcsim's other tokenizers count. It is asynchronous and is
+asked only between builds, never from inside one (`sim.inference._counted`): it fetches
+the texts a build named (concurrently, `FETCHED_AT_ONCE` at a time), and keeps each
+text's count in an LRU of `CACHED_TEXTS` texts, so an item is asked once however many
+prompts hold it.
 
-The core counts with it once it is installed (`sim.memory.counting_with`): by
-`open_tokenizer` for a run's shard, which first checks that the server answers
-`/tokenize` (a vLLM or OpenAI server does not), and by every openai backend opened
-(`server_counter`), so that a worker in any process builds a retry's working memory
-in the same tokens as the shard.
+A run's shard opens it with `open_tokenizer`, which first checks that the server answers
+`/tokenize` (a vLLM or OpenAI server does not); an openai backend opens its own
+(`open_server_tokenizer`), with which a worker builds a retry's working memory in the same
+tokens as the shard.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -32,20 +31,22 @@ from sim.inference.backends._base import convert_options
 from sim.inference.backends._reported import server_root
 from sim.inference.backends.openai import OpenAIOptions
 from sim.inference.backends.servers import each_server, shown_url
-from sim.memory import TokenCounter, WorkingMemoryConfig, counting_with, token_counter
+from sim.memory import WorkingMemoryConfig, counted_by_server, token_counter
 
-__all__ = ["CACHED_TEXTS", "ServerTokenizer", "open_tokenizer", "server_counter"]
+__all__ = ["CACHED_TEXTS", "FETCHED_AT_ONCE", "ServerTokenizer", "open_server_tokenizer", "open_tokenizer"]
 
 CACHED_TEXTS = 8192
 """How many texts' counts a server tokenizer keeps (least recently used out first)."""
 
-SERVER = "server"
+FETCHED_AT_ONCE = 16
+"""How many texts a server tokenizer asks for at the same time."""
+
 _READ_S = 10.0  # seconds to wait for one count: a loopback server answers in milliseconds
 _PROBE = "npcsim"
 
 
 class ServerTokenizer:
-    """Counts a text's tokens with one server's `POST /tokenize`; `count` is the cached counter."""
+    """Counts texts' tokens with one server's `POST /tokenize`; `fetch` asks, `counts` keeps."""
 
     def __init__(self, options: OpenAIOptions) -> None:
         self.url = f"{server_root(options.base_url)}/tokenize"
@@ -53,19 +54,41 @@ class ServerTokenizer:
         api_key = os.environ.get(options.api_key_env)
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(timeout=httpx.Timeout(_READ_S, connect=options.connect_timeout), headers=headers)
-        self.count: TokenCounter = functools.lru_cache(maxsize=CACHED_TEXTS)(self._ask)
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(_READ_S, connect=options.connect_timeout),
+                                         headers=headers)
+        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._at_once = asyncio.Semaphore(FETCHED_AT_ONCE)
 
-    def close(self) -> None:
-        self._client.close()
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
-    def _ask(self, text: str) -> int:
+    def known(self, text: str) -> int | None:
+        """The count of `text` when it was fetched and is still kept."""
+        count = self._cache.get(text)
+        if count is not None:
+            self._cache.move_to_end(text)
+        return count
+
+    async def fetch(self, texts: Sequence[str]) -> dict[str, int]:
+        """The counts of `texts`, asked of the server for those not kept."""
+        wanted = list(dict.fromkeys(texts))
+        asked = [text for text in wanted if self.known(text) is None]
+        got = dict(zip(asked, await asyncio.gather(*(self._ask(text) for text in asked)), strict=True))
+        for text, count in got.items():
+            self._cache[text] = count
+            self._cache.move_to_end(text)
+        while len(self._cache) > CACHED_TEXTS:
+            self._cache.popitem(last=False)
+        return {text: got[text] if text in got else self._cache[text] for text in wanted}
+
+    async def _ask(self, text: str) -> int:
         """The count of `text`; a ServerUnavailableError when the server cannot answer now, a
         ConfigError when it is no tokenizer."""
         shown = shown_url(self.url)
         try:
-            response = self._client.post(self.url, json={"content": text, "add_special": False,
-                                                         "parse_special": False})
+            async with self._at_once:
+                response = await self._client.post(self.url, json={"content": text, "add_special": False,
+                                                                   "parse_special": False})
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"tokenizer 'server': POST {shown}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
@@ -88,41 +111,41 @@ def _tokens(response: httpx.Response) -> list[Any] | None:
     return tokens if isinstance(tokens, list) else None
 
 
-@contextmanager
-def server_counter(options: Mapping[str, Any]) -> Iterator[ServerTokenizer]:
-    """Install the first server's counter as tokenizer "server" while the block runs; it asks
-    nothing until a working memory counts with it."""
+@asynccontextmanager
+async def open_server_tokenizer(options: Mapping[str, Any]) -> AsyncIterator[ServerTokenizer]:
+    """The first server's tokenizer, closed when the block ends; it asks nothing until a
+    build needs counts."""
     tokenizer = ServerTokenizer(convert_options("openai", each_server(options)[0], OpenAIOptions))
     try:
-        with counting_with(SERVER, tokenizer.count):
-            yield tokenizer
+        yield tokenizer
     finally:
-        tokenizer.close()
+        await tokenizer.aclose()
 
 
 @asynccontextmanager
-async def open_tokenizer(config: WorkingMemoryConfig, backend: str, options: Mapping[str, Any]) -> AsyncIterator[None]:
+async def open_tokenizer(
+    config: WorkingMemoryConfig, backend: str, options: Mapping[str, Any]
+) -> AsyncIterator[ServerTokenizer | None]:
     """Open the tokenizer a run's token budget is counted with, or refuse it in one line.
 
-    "server" needs the openai backend and a first server that answers `/tokenize`; it is
-    installed while the block runs. Another tokenizer is loaded now, so that a bad one is
-    refused before the run starts. Without a token budget nothing is counted.
+    "server" needs the openai backend and a first server that answers `/tokenize`; its
+    tokenizer is given while the block runs. Another tokenizer is loaded now, so that a bad
+    one is refused before the run starts, and None is given. Without a token budget nothing
+    is counted.
     """
-    if config.max_context_tokens is None:
-        yield
-        return
-    if config.tokenizer != SERVER:
-        await asyncio.to_thread(token_counter, config.tokenizer)
-        yield
+    if not counted_by_server(config):
+        if config.max_context_tokens is not None:
+            await asyncio.to_thread(token_counter, config.tokenizer)
+        yield None
         return
     if backend != "openai":
         raise ConfigError(
             f"tokenizer 'server' counts with a llama.cpp server's /tokenize, and backend {backend!r} has none: "
             "use --backend openai --base-url URL, or tokenizer 'gguf:PATH' or 'cl100k'"
         )
-    with server_counter(options) as tokenizer:
+    async with open_server_tokenizer(options) as tokenizer:
         try:
-            await asyncio.to_thread(tokenizer.count, _PROBE)
+            await tokenizer.fetch([_PROBE])
         except ServerUnavailableError as exc:
             raise ConfigError(str(exc)) from exc
-        yield
+        yield tokenizer
