@@ -30,7 +30,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import msgspec
 
@@ -55,6 +54,7 @@ __all__ = [
     "GateCheck",
     "ReplayResult",
     "ReplayTally",
+    "Response",
     "attempt_prompt",
     "decode_record",
     "encode_record",
@@ -207,41 +207,60 @@ def encoding_sha256(wm: WorkingMemory) -> str:
     return hashlib.sha256(_ENCODER.encode(wm)).hexdigest()
 
 
+class Response(msgspec.Struct, frozen=True, kw_only=True):
+    """What came of an inference, as its record keeps it: who answered (`backend`, `model`,
+    the request `params`), the line said, whether it was the fallback and why, the timings in
+    milliseconds by phase, and every attempt."""
+
+    backend: str
+    model: str
+    params: dict[str, Param] = {}
+    raw_response: str | None = None
+    line: str = ""
+    fallback: bool = False
+    fallback_reason: str | None = None
+    timings: dict[str, float] = {}
+    attempts: tuple[Attempt, ...] = ()
+
+
 def make_record(
+    memory: WorkingMemory,
     *,
     id: str,
     run_id: str,
-    state: NpcState,
-    player_input: str,
-    config: WorkingMemoryConfig,
-    memory: WorkingMemory,
     tick: int,
-    backend: str,
-    model: str,
-    **response: Any,
+    state: NpcState,
+    config: WorkingMemoryConfig,
+    response: Response,
+    output: OutputPolicy | None = None,
 ) -> AuditRecord:
-    """A record for an inference whose working memory `memory` was built from `state`.
-
-    `response` takes the remaining fields (params, raw_response, line, fallback,
-    fallback_reason, timings, attempts).
-    """
+    """The record of inference `id`: its working memory `memory`, built from `state` (for
+    `memory.player_input`) with `config`, and what came of it; `output`: the NPC's output
+    policy the reply was judged under."""
     return AuditRecord(
         id=id,
         run_id=run_id,
         agent_id=state.agent_id,
         tick=tick,
         state=state,
-        player_input=player_input,
+        player_input=memory.player_input,
         config=config,
         prompt_sha256=prompt_sha256(memory),
         encoding_sha256=encoding_sha256(memory),
         report=memory.report,
-        backend=backend,
-        model=model,
+        backend=response.backend,
+        model=response.model,
+        params=response.params,
+        raw_response=response.raw_response,
+        line=response.line,
+        fallback=response.fallback,
+        fallback_reason=response.fallback_reason,
+        timings=response.timings,
+        attempts=response.attempts,
         prompt=memory.prompt,
         renderer=memory.renderer,
         version=RECORD_VERSION,
-        **response,
+        output=output,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.audit import make_record
+from sim.audit import Response, make_record
 from sim.cli import main
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import print_truncation
@@ -145,9 +145,9 @@ async def _stored_run(db: Path) -> str:
     state = NpcState(agent_id="echo", system_prompt="You repeat.", canonical_facts=(Fact(id="f", text=HOSTILE),))
     config = WorkingMemoryConfig()
     memory = build_working_memory(state, f"p: {HOSTILE}", config)
-    record = make_record(id="r:echo:0:1", run_id="r", state=state, player_input=f"p: {HOSTILE}", config=config,
-                         memory=memory, tick=0, backend="scripted", model="scripted", raw_response=HOSTILE,
-                         line=HOSTILE + " and a line far longer than a preview of sixty characters")
+    record = make_record(memory, id="r:echo:0:1", run_id="r", state=state, config=config, tick=0,
+                         response=Response(backend="scripted", model="scripted", raw_response=HOSTILE,
+                                           line=HOSTILE + " and a line far longer than a preview of sixty characters"))
     async with open_store(db) as store:
         await store.ensure_agent(state, writer=Writer.SCENARIO)
         await store.record(record)

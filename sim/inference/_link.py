@@ -44,7 +44,7 @@ from sim.inference._dispatch import Dispatch, fallback_result
 from sim.inference._guard import FactGuard
 from sim.inference._pool_config import PoolConfig
 from sim.inference._replies import reply_problem
-from sim.mqtt import Link, MqttTransport, Transport, topic_matches
+from sim.mqtt import ClientOptions, Link, MqttTransport, Transport, topic_matches
 from sim.protocol.batcher import Batcher
 from sim.protocol.seal import seal
 from sim.wire import topics
@@ -92,7 +92,7 @@ class _PoolLink:
     def transport(self) -> MqttTransport:
         return MqttTransport(
             self.config.broker, name=f"inference pool of shard {self.config.shard}", policy=self.config.reconnect,
-            identifier=self.identifier, max_inflight=2 * self.config.max_in_flight,
+            client=ClientOptions(identifier=self.identifier, max_inflight=2 * self.config.max_in_flight),
         )
 
     def lost(self) -> None:

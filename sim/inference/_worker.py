@@ -28,7 +28,7 @@ from sim.inference._guard import FactGuard, load_fact_guard
 from sim.inference._pool_config import WorkerConfig
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
-from sim.mqtt import LastWill, Link, MqttTransport, Transport
+from sim.mqtt import ClientOptions, LastWill, Link, MqttTransport, Transport
 from sim.protocol.batcher import Batcher
 from sim.protocol.seal import RunKey, seal, sealed_nonce
 from sim.wire import topics
@@ -72,8 +72,8 @@ class RemoteWorker:
         self._request_topic = topics.infer_request_shared(config.run_id, config.group)
         self._will = self._last_will()
         self._transport = transport or MqttTransport(
-            config.broker, name=f"worker {self.name}", policy=config.reconnect, identifier=self.name,
-            max_inflight=4 * config.concurrency, will=self._will,
+            config.broker, name=f"worker {self.name}", policy=config.reconnect,
+            client=ClientOptions(identifier=self.name, max_inflight=4 * config.concurrency, will=self._will),
         )
 
     def statistics(self) -> PoolStatistics:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from sim.audit import make_record
+from sim.audit import Response, make_record
 from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, prefix_reuse
@@ -38,13 +38,11 @@ _SERVERS_NAMED = 64  # servers counted by name; a remote worker's replies could 
 class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     """One line said: the `say` message published, and how it came about.
 
-    `heard` is the input the working memory was built for (the audit's player input),
-    `state` the state it was built from, `config` the working-memory config it was built with,
+    `state` is the state the working memory was built from, `config` the config it was built with,
     `output` the NPC's output policy the reply was judged under.
     """
 
     say: SayMessage
-    heard: str
     state: NpcState
     config: WorkingMemoryConfig
     memory: WorkingMemory
@@ -92,25 +90,11 @@ class Recorder:
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
         self._count_verdicts(say.agent, result)
-        record = make_record(
-            id=say.inference_id,
-            run_id=self._run_id,
-            state=spoken.state,
-            player_input=spoken.heard,
-            config=spoken.config,
-            memory=spoken.memory,
-            tick=say.tick,
-            backend=result.backend,
-            model=result.model,
-            params=result.params,
-            raw_response=result.raw_response,
-            line=result.line,
-            fallback=result.fallback,
-            fallback_reason=result.fallback_reason,
-            timings=result.timings,
-            attempts=result.attempts,
-            output=spoken.output,
-        )
+        response = Response(backend=result.backend, model=result.model, params=result.params,
+                            raw_response=result.raw_response, line=result.line, fallback=result.fallback,
+                            fallback_reason=result.fallback_reason, timings=result.timings, attempts=result.attempts)
+        record = make_record(spoken.memory, id=say.inference_id, run_id=self._run_id, tick=say.tick,
+                             state=spoken.state, config=spoken.config, response=response, output=spoken.output)
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
