@@ -22,6 +22,7 @@ The modules, one job each:
 - `_window`, `_perception`: shared perception: a place's log, trimmed by the window rule, and
   the listeners' memories merged from it;
 - `_recorder`: audit records, traces, metrics and counters of every line said;
+- `_prefix`: `PrefixSketches`, how much of a prompt the NPC's previous one holds, from a sketch;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
 - `_inputs`: the tick's inputs (phase 1), `InputSource`, the live one and a recorded run's

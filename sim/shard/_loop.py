@@ -206,7 +206,6 @@ class Shard:
         await self._commit(tick)
         self.next_tick = tick + 1
         self.stats.ticks_done += 1
-        self.stats.server_limits = self.ctx.pool.statistics().server_limits
         self.ctx.metrics.tick_done(self.clock.now() - started)
         return True
 

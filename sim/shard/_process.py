@@ -160,7 +160,6 @@ async def _run(
                     try:
                         await one.run(until=one.end)
                     finally:
-                        stats.inference_resends = one.ctx.pool.statistics().resent
                         if stop.is_set():
                             one.ctx.bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()

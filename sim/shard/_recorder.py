@@ -20,9 +20,10 @@ import msgspec
 from sim.audit import Response, make_record
 from sim.bus import Bus
 from sim.inference import InferenceResult
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, prefix_reuse
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.metrics import MetricsSink
 from sim.output import OutputPolicy
+from sim.shard._prefix import PrefixSketches
 from sim.shard._stats import RunStats
 from sim.store import Store
 from sim.wire.events import SayMessage
@@ -76,8 +77,7 @@ class Recorder:
         self._keep_dialogue = keep_dialogue
         self._trace_prompts = trace_prompts
         self._over_budget_logged: set[str] = set()
-        # Each NPC's last prompt, for `prefix_reuse`: one prompt per NPC that spoke on this shard.
-        self._previous_prompt: dict[str, str] = {}
+        self._previous = PrefixSketches()  # each NPC's last prompt, sketched in a fixed size
 
     async def record(self, spoken: Spoken) -> None:
         say, result = spoken.say, spoken.result
@@ -125,12 +125,11 @@ class Recorder:
 
     def _count_reuse(self, agent: str, memory: WorkingMemory) -> None:
         """How much of the prompt (the first attempt's) is a prefix of the NPC's previous one,
-        in characters; and what `stable_prefix` cost."""
-        previous = self._previous_prompt.get(agent)
-        if previous is not None:
+        in characters (sim.shard._prefix); and what `stable_prefix` cost."""
+        shared = self._previous.reuse(agent, memory.prompt)
+        if shared is not None:
             self._stats.prefix_reuse_pairs += 1
-            self._stats.prefix_reuse_share += prefix_reuse(previous, memory.prompt).share
-        self._previous_prompt[agent] = memory.prompt
+            self._stats.prefix_reuse_share += shared / len(memory.prompt) if memory.prompt else 0.0
         self._stats.stable_cost_chars += memory.report.stable_cost_chars
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:

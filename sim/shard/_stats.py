@@ -1,7 +1,9 @@
 """What a run tells its watchers: `RunStats`, updated by the shard as it goes, and `RunStarted`.
 
 The progress display and the summary read it (sim.cli.run), and the metrics read its
-counters at scrape time (sim.metrics, `RunCounts`): each is counted here once. Its times
+counters at scrape time (sim.metrics, `RunCounts`): each is counted here once. What the
+pool and the bus count is theirs: it is read from them when asked (`pool`, `bus`), never
+copied here. Its times
 come from the shard's clock (`started`, `running_since`, `awaiting_since` are the clock's
 monotonic seconds). It holds no login: what a watcher attaches with comes with
 `RunStarted`, from the broker that made it.
@@ -9,9 +11,11 @@ monotonic seconds). It holds no login: what a watcher attaches with comes with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.broker import BrokerInfo
+from sim.inference import PoolStatistics
 from sim.protocol.router import BusStats
 from sim.shard._startup import StartupProgress
 from sim.wire.events import SayMessage
@@ -50,7 +54,6 @@ class RunStats:
     memories_pruned: int = 0  # rows deleted by --retain-memories
     resends: int = 0  # re-sends of kept barrier messages made for peers' Joins
     resends_folded: int = 0  # peers' Joins folded into a later re-send by the per-peer rate limit
-    inference_resends: int = 0  # inference requests sent to remote workers again (an outage, a dead worker)
     started: float = 0.0  # the clock's now() when the run started (`run` sets it)
     running_since: float | None = None  # the clock's now() when start-up ended and the ticks began
     bus: BusStats | None = None
@@ -59,7 +62,17 @@ class RunStats:
     dialogue: list[SayMessage] = field(default_factory=list)
     verdicts: dict[str, int] = field(default_factory=dict)  # the gates' verdicts but "ok", by code (docs/npc-output.md)
     answered_by: dict[str, int] = field(default_factory=dict)  # calls answered, by model server (ServedBy.server)
-    server_limits: dict[str, int] = field(default_factory=dict)  # each server's adaptive limit, as of the last tick
+    pool: Callable[[], PoolStatistics] | None = None  # the shard's pool's statistics (open_shard hands them)
+
+    @property
+    def server_limits(self) -> dict[str, int]:
+        """Each model server's adaptive limit, as the pool keeps it now."""
+        return {} if self.pool is None else self.pool().server_limits
+
+    @property
+    def inference_resends(self) -> int:
+        """Inference requests sent to remote workers again (an outage, a dead worker)."""
+        return 0 if self.pool is None else self.pool().resent
 
 
 @dataclass(frozen=True)

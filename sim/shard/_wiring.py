@@ -93,7 +93,7 @@ async def open_shard(
             open_bus(bus_config, transport=connection.transport) as bus,
             open_pool(pool_config, backend=replay.backend, recorded=replay.recorded) as pool,
         ):
-            stats.bus = bus.stats
+            stats.bus, stats.pool = bus.stats, pool.statistics
             metrics = metrics or NullMetrics()
             metrics.watch_run(stats)
             metrics.watch_pool(pool.statistics)
