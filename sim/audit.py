@@ -2,25 +2,23 @@
 
 A record holds the exact `NpcState` the working memory was built from, the player input
 and the config, so `replay` can rebuild the working memory with the same pure function and
-compare SHA-256 of the prompt and of the msgpack encoding, byte for byte. The prompt
-itself is stored too (optional, for old writers): it is what "what exactly did the model
-see" means, and it lets a drift be shown as a diff instead of two hashes.
+compare SHA-256 of the prompt and of the msgpack encoding, byte for byte.
 
 Every attempt of an inference is kept (`attempts`): the exact text the model was given
 (for the chat endpoint, the messages' contents in order, joined by a blank line), its raw
 reply (None when none came) and why it was rejected (None when accepted). A retry's
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
-checks every attempt byte for byte too. An attempt keeps the gates' verdict on each part of
+checks every attempt byte for byte too, and a drift is shown as a diff of the attempt's text
+(none for an inference that made no call: the hashes are compared). An attempt keeps the gates' verdict on each part of
 its reply (`proposals`), and the record the NPC's `output` policy they applied: `replay`
 with a `GateCheck` runs the gates again and compares. An attempt also keeps what the server
 said the call cost (`Usage`: prompt tokens, those of them reused from its cache, tokens
 generated, its own milliseconds) and which model answered (`ServedBy`), each field None
 where the server said nothing: never guessed.
 
-A record names the `renderer` that made its prompt (1 when absent). This npcsim has one,
+A record names the `renderer` that made its prompt. This npcsim has one,
 `RENDERER_VERSION`: a record made by another is refused in one line when it is rebuilt
-(replay, show, explain), never rendered another way. `version` 1 (when absent) is a
-record without attempts; `raw_response` is None when no reply came.
+(replay, show, explain), never rendered another way.
 
 This module does no I/O; the store writes and reads records (`sim.store`).
 """
@@ -48,7 +46,6 @@ from sim.output.policy import OutputPolicy, ProposalVerdict
 from sim.wire.served import ServedBy, Usage
 
 __all__ = [
-    "RECORD_VERSION",
     "Attempt",
     "AuditRecord",
     "GateCheck",
@@ -67,10 +64,6 @@ __all__ = [
 
 # A request parameter: a scalar, or a list of them (stop sequences).
 Param = str | int | float | bool | None | list[str | int | float | bool | None]
-
-RECORD_VERSION = 3
-"""2: records carry `attempts` and `renderer`; 3: attempts carry `proposals`, `usage` and `served_by`,
-records their `output` policy."""
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     """One call to a backend: what the model was given, what came back, what was wrong.
@@ -112,16 +105,13 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     report: TruncationReport
     backend: str
     model: str
+    renderer: int
     params: dict[str, Param] = {}
-    raw_response: str | None = None
     line: str = ""
     fallback: bool = False
     fallback_reason: str | None = None
     timings: dict[str, float] = {}
-    prompt: str | None = None
     attempts: tuple[Attempt, ...] = ()
-    renderer: int = 1
-    version: int = 1
     output: OutputPolicy | None = None
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
@@ -215,7 +205,6 @@ class Response(msgspec.Struct, frozen=True, kw_only=True):
     backend: str
     model: str
     params: dict[str, Param] = {}
-    raw_response: str | None = None
     line: str = ""
     fallback: bool = False
     fallback_reason: str | None = None
@@ -250,16 +239,13 @@ def make_record(
         report=memory.report,
         backend=response.backend,
         model=response.model,
+        renderer=memory.renderer,
         params=response.params,
-        raw_response=response.raw_response,
         line=response.line,
         fallback=response.fallback,
         fallback_reason=response.fallback_reason,
         timings=response.timings,
         attempts=response.attempts,
-        prompt=memory.prompt,
-        renderer=memory.renderer,
-        version=RECORD_VERSION,
         output=output,
     )
 
@@ -344,19 +330,9 @@ def _attempt_difference(record: AuditRecord, wm: WorkingMemory) -> str:
 
 
 def _first_difference(record: AuditRecord, wm: WorkingMemory, got_prompt: str, got_encoding: str) -> str:
-    if record.prompt is not None and hashlib.sha256(record.prompt.encode("utf-8")).hexdigest() != record.prompt_sha256:
-        return "the stored prompt does not match the stored prompt_sha256 (the record was altered)"
     if got_prompt != record.prompt_sha256:
         head = f"prompt_sha256: recorded {record.prompt_sha256}, rebuilt {got_prompt}\n"
-        if record.prompt is None:
-            return head
-        diff = difflib.unified_diff(
-            record.prompt.splitlines(keepends=True),
-            wm.prompt.splitlines(keepends=True),
-            fromfile="recorded prompt",
-            tofile="rebuilt prompt",
-        )
-        return head + "".join(diff)
+        return head + _attempt_difference(record, wm)  # the diff of what the model was given
     if got_encoding != record.encoding_sha256:
         field = _first_report_field(record.report, wm.report)
         where = f" (first differing field: {field})" if field else ""

@@ -25,7 +25,7 @@ from tests.inference_helpers import make_request, smith_state
 async def _record(db: Path, request: InferenceRequest, result: InferenceResult) -> None:
     assert request.state is not None and request.config is not None
     response = Response(backend=result.backend, model=result.model, params=result.params,
-                        raw_response=result.raw_response, line=result.line, fallback=result.fallback,
+                        line=result.line, fallback=result.fallback,
                         fallback_reason=result.fallback_reason, timings=result.timings, attempts=result.attempts)
     record = make_record(request.memory, id=request.id, run_id=request.run_id, state=request.state,
                          config=request.config, tick=request.tick, response=response)
@@ -126,8 +126,7 @@ async def test_a_record_with_a_null_raw_response_and_no_attempts_reads_back(
     failed = make_record(
         build_working_memory(request.state, request.memory.player_input), id=request.id, run_id="test",
         state=request.state, config=request.config, tick=3,
-        response=Response(backend="openai", model="m", raw_response=None, fallback=True,
-                          fallback_reason="backend_error"),
+        response=Response(backend="openai", model="m", fallback=True, fallback_reason="backend_error"),
     )
     store_instead(db, failed)
     assert _read_back(db, request.id, capsys) == []

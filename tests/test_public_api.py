@@ -95,7 +95,7 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Attempt", "AuditRecord", "GateCheck", "RECORD_VERSION", "ReplayResult", "ReplayTally", "Response",
+        "Attempt", "AuditRecord", "GateCheck", "ReplayResult", "ReplayTally", "Response",
         "attempt_prompt", "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
         "replay_records",
     },

@@ -17,7 +17,7 @@ from tests.inference_helpers import ScriptBackend, make_request
 def record_of(request: InferenceRequest, result: InferenceResult) -> AuditRecord:
     assert request.state is not None and request.config is not None
     response = Response(backend=result.backend, model=result.model, params=result.params,
-                        raw_response=result.raw_response, line=result.line, fallback=result.fallback,
+                        line=result.line, fallback=result.fallback,
                         fallback_reason=result.fallback_reason, attempts=result.attempts)
     return make_record(request.memory, id=request.id, run_id=request.run_id, state=request.state,
                        config=request.config, tick=request.tick, response=response)

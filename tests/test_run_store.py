@@ -50,7 +50,7 @@ async def test_run_records_every_inference_and_resumes(mosquitto: MosquittoProce
         assert reader.last_tick() == 13
         assert len(reader.audit_summaries()) == first.inferences + second.inferences
         smith = [r for r in reader.audit_records("snack_machine")]
-    assert smith and all("capitalist snack machine" in (r.prompt or "") for r in smith)
+    assert smith and all("capitalist snack machine" in r.attempts[0].prompt for r in smith)
     assert main(["audit", "replay", "--db", str(db)]) == 0
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.store._items
-from sim.audit import AuditRecord, Response, decode_record, encode_record, make_record, replay
+from sim.audit import Attempt, AuditRecord, Response, decode_record, encode_record, make_record, replay
 from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.store import HOT_LIMIT, StoreError, Writer, open_reader, open_store
@@ -71,8 +71,8 @@ def shared_records(draw: st.DrawFn) -> list[AuditRecord]:
                 state=state,
                 config=config,
                 tick=draw(st.integers(min_value=0, max_value=50)),
-                response=Response(backend="scripted", model="m", raw_response=draw(texts), line=draw(texts),
-                                  fallback=draw(st.booleans())),
+                response=Response(backend="scripted", model="m", line=draw(texts), fallback=draw(st.booleans()),
+                                  attempts=(Attempt(prompt=wm.prompt, raw_response=draw(texts)),)),
             )
         )
     return records

@@ -143,7 +143,7 @@ async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path:
         records = list(reader.audit_records())
     assert records
     for record in records:
-        text = json.dumps([record.prompt, record.line, record.raw_response, record.player_input,
+        text = json.dumps([[(a.prompt, a.raw_response) for a in record.attempts], record.line, record.player_input,
                            [f.value for f in record.state.world_state]])
         assert FORGED not in text and "ZZZZZZZZ" not in text and "k19999" not in text
     raw = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists()

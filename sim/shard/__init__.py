@@ -26,7 +26,7 @@ The modules, one job each:
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
 - `_inputs`: the tick's inputs (phase 1), `InputSource`, the live one and a recorded run's
-  (`RecordedInputs`, for sim.replay), `WorldState`;
+  (`RecordedInputs`, for sim.replay), what every shard applies at one tick (`RunWideInputs`);
 - `_turns`: the tick's turns (phase 2), taken by a bounded set of workers;
 - `_exchange`: publish and the barrier (phases 3 and 4), the status topic;
 - `_intake`: what the bus hands over, to the part that owns it;

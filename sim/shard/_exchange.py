@@ -74,7 +74,8 @@ class Publisher:
             barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
         self._source.close_done(tick)  # shard 0: what every shard applies that arrived until now
         await self._intake.take()
-        topic, payload = await bus.publish_barrier(barrier.finish(tick, *self._run_wide.announce(tick)))
+        announced = self._run_wide.announce(tick)
+        topic, payload = await bus.publish_barrier(barrier.finish(tick, announced.world, announced.inputs))
         barrier.keep(tick, topic, payload)
 
 

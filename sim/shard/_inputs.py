@@ -23,7 +23,7 @@ same tick in one place: what arrived for each tick's TickDone, what is due next 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -42,10 +42,18 @@ from sim.wire import topics
 from sim.wire.events import Notice, Speech, event_id
 from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
 
-__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideInputs", "TickInputs"]
+__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideChanges", "RunWideInputs", "TickInputs"]
 
 _WORLD_SLICE = 20_000  # NPCs whose world state or facts are set between two yields
 _OUTSIDE_SEQ = 1_000_000  # an outside input's event is numbered after every line its speaker says in a tick
+
+
+class RunWideChanges(NamedTuple):
+    """What every shard applies at one tick: the world-state changes (None when nothing
+    changed) and the presence and facts for every NPC, in the order shard 0 took them."""
+
+    world: dict[str, str] | None
+    inputs: tuple[RunWide, ...]
 
 
 class RunWideInputs:
@@ -70,16 +78,17 @@ class RunWideInputs:
             case RunWideArrival(tick=tick, input=taken):
                 self._inputs.setdefault(tick, []).append(taken)
 
-    def announce(self, tick: int) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
+    def announce(self, tick: int) -> RunWideChanges:
         """What the TickDone of `tick` announces: what arrived for it, in the order it came (of
-        the world state, the later key wins; None when nothing changed)."""
+        the world state, the later key wins)."""
         world: dict[str, str] = {}
         for state in self._world.pop(tick, []):
             world.update(state)
-        return world or None, tuple(self._inputs.pop(tick, []))
+        return RunWideChanges(world or None, tuple(self._inputs.pop(tick, [])))
 
-    def take_due(self) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
-        due = self.world, self.inputs
+    def take_due(self) -> RunWideChanges:
+        """What is due at the start of the next tick, taken."""
+        due = RunWideChanges(self.world, self.inputs)
         self.world, self.inputs = None, ()
         return due
 
@@ -213,8 +222,8 @@ class TickInputs:
 
     async def take(self, tick: int) -> None:
         plan, stats, store = self._plan, self._stats, self._store
-        due_world, due_inputs = self._run_wide.take_due()
-        world = self._source.world_at(tick, due_world)
+        due = self._run_wide.take_due()
+        world = self._source.world_at(tick, due.world)
         if world:
             stats.world_changes += await _apply_world_state(store, (s.id for s in plan.layout.specs), world)
             await store.resume.record_world(tick, world)
@@ -224,7 +233,7 @@ class TickInputs:
                 stats.player_inputs += 1
         self._source.close_inputs(tick)  # what arrived until now is this tick's input
         await self._take_events()
-        for taken in self._source.inputs_at(tick, due_inputs):
+        for taken in self._source.inputs_at(tick, due.inputs):
             if await self._take(tick, taken):
                 await store.resume.record_input(tick, taken)
         for refusal in self._source.take_refused():

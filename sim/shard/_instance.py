@@ -89,7 +89,7 @@ async def claim_store(
     nonce = new_nonce() if learn is None else await learn()
     identity = msgspec.structs.replace(claim, nonce=nonce.hex())
     if store.last_tick is not None:
-        log.warning("%s holds no run identity (an older npcsim wrote it): it now belongs to %s",
+        log.warning("%s holds ticks but no run identity: it now belongs to %s",
                     store.path, identity.describe(scenario=True))
     await store.keep_identity(identity, scenario_data)
     return nonce

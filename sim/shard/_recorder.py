@@ -90,9 +90,9 @@ class Recorder:
         if self._keep_dialogue:
             self._stats.dialogue.append(say)
         self._count_verdicts(say.agent, result)
-        response = Response(backend=result.backend, model=result.model, params=result.params,
-                            raw_response=result.raw_response, line=result.line, fallback=result.fallback,
-                            fallback_reason=result.fallback_reason, timings=result.timings, attempts=result.attempts)
+        response = Response(backend=result.backend, model=result.model, params=result.params, line=result.line,
+                            fallback=result.fallback, fallback_reason=result.fallback_reason,
+                            timings=result.timings, attempts=result.attempts)
         record = make_record(spoken.memory, id=say.inference_id, run_id=self._run_id, tick=say.tick,
                              state=spoken.state, config=spoken.config, response=response, output=spoken.output)
         await self._store.record(record)

@@ -101,6 +101,7 @@ def trace_of(
     """The trace of an inference from its audit record: all but the state snapshot.
 
     `memory`: the record's working memory, when the caller holds it (not built again)."""
+    memory = record.memory() if memory is None else memory
     return TraceMessage(
         run=record.run_id,
         shard=shard,
@@ -117,7 +118,7 @@ def trace_of(
         prompt_sha256=record.prompt_sha256,
         report=record.report,
         latency_ms=record.timings.get("total_ms"),
-        prompt=record.prompt if prompts else None,
+        prompt=memory.prompt if prompts else None,
         attempts=tuple(
             TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
                          prohibition=a.prohibition, usage=a.usage, proposals=a.proposals)
