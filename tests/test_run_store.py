@@ -105,8 +105,8 @@ async def test_game_system_sets_world_state_over_mqtt(mosquitto: MosquittoProces
         stats = await job
     assert stats.world_changes == 1  # one publish of one key, whatever the number of NPCs holding it
     assert stats.bus.malformed.get("world state") == 1
-    assert "king: crowned: Queen Ysolde" in (latest[-1].prompt or "")
-    assert "king: dead" not in (latest[-1].prompt or "")
+    assert "king: crowned: Queen Ysolde" in latest[-1].attempts[0].prompt
+    assert "king: dead" not in latest[-1].attempts[0].prompt
 
 
 def answers(db: Path, agent: str, player: str) -> list[AuditRecord]:
