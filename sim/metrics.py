@@ -46,12 +46,23 @@ class RunCounts(Protocol):
     agents: int
     first_tick: int
     ticks_done: int
-    over_budget: int
-    resends: int
-    resends_folded: int
-    verdicts: dict[str, int]
-    prompt_tokens_evaluated: int
-    prompt_tokens_cached: int
+    @property
+    def over_budget(self) -> int: ...
+
+    @property
+    def verdicts(self) -> dict[str, int]: ...
+
+    @property
+    def prompt_tokens_evaluated(self) -> int: ...
+
+    @property
+    def prompt_tokens_cached(self) -> int: ...
+
+    @property
+    def resends(self) -> int: ...
+
+    @property
+    def resends_folded(self) -> int: ...
 
 
 class MetricsSink(Protocol):

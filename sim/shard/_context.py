@@ -96,10 +96,11 @@ class ShardContext:
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
-            run_id=plan.run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
+            run_id=plan.run_id, shard=self.shard, store=store, bus=bus, metrics=metrics,
             npc_location=self.npc_location,
             keep_dialogue=self.config.record.keep_dialogue, trace_prompts=self.config.record.trace_prompts,
         )
+        stats.recorded = self.recorder.counts  # read, never copied
         self.tick = 0
 
     def neighbours(self, location: str) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ from sim.shard._clock import Clock, checkpoint
 from sim.shard._inputs import InputSource, RunWideInputs
 from sim.shard._intake import Intake
 from sim.shard._plan import ShardPlan
-from sim.shard._stats import RunStats
+from sim.shard._stats import BarrierWaits, RunStats
 from sim.wire.events import StatusMessage
 
 __all__ = ["BarrierWait", "Publisher", "Status"]
@@ -83,15 +83,16 @@ class BarrierWait:
     """Phase 4 of a shard's tick. The intake's barrier starts at the shard's first tick, whose
     wait is not counted (it also waits for the other shards to start)."""
 
-    def __init__(self, plan: ShardPlan, bus: Bus, clock: Clock, stats: RunStats, metrics: MetricsSink,
-                 intake: Intake, run_wide: RunWideInputs, status: Status, stop: asyncio.Event) -> None:
-        self._plan, self._bus, self._clock, self._stats, self._metrics = plan, bus, clock, stats, metrics
+    def __init__(self, plan: ShardPlan, bus: Bus, clock: Clock, metrics: MetricsSink, intake: Intake,
+                 run_wide: RunWideInputs, status: Status, stop: asyncio.Event) -> None:
+        self._plan, self._bus, self._clock, self._metrics = plan, bus, clock, metrics
         self._intake, self._run_wide, self._status, self._stop = intake, run_wide, status, stop
         self._first = intake.barrier.tick
+        self.waits = BarrierWaits()
 
     async def wait(self, tick: int) -> bool:
         """Until the barrier for `tick` passes; False when asked to stop while it holds."""
-        barrier, clock, stats, metrics = self._intake.barrier, self._clock, self._stats, self._metrics
+        barrier, clock, waits, metrics = self._intake.barrier, self._clock, self.waits, self._metrics
         started, since = clock.now(), clock.wall()
         look = started + _BARRIER_POLL
         announced = ""
@@ -118,22 +119,22 @@ class BarrierWait:
                 metrics.awaiting(len(awaited))
                 if awaiting != announced:
                     announced = awaiting
-                    stats.awaiting, stats.awaiting_since = awaiting, started
+                    waits.awaiting, waits.awaiting_since = awaiting, started
                     await self._status.say(awaiting=awaiting, since=since)
                 waited = now - started
                 if waited >= self._plan.config.limits.echo_timeout and not warned:
                     warned = True
-                    stats.stalls += 1
+                    waits.stalls += 1
                     log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
             await clock.wait(self._bus.arrived, look - now)
         barrier.advance(tick)
         self._bus.drop_batches_before(barrier.tick)
         metrics.awaiting(0)
         if tick > self._first:
-            stats.barrier_seconds += clock.now() - started
-            stats.barrier_ticks += 1
+            waits.seconds += clock.now() - started
+            waits.ticks += 1
         if announced:
-            stats.awaiting, stats.awaiting_since = "", None
+            waits.awaiting, waits.awaiting_since = "", None
             await self._status.say()
         return True
 
@@ -144,7 +145,6 @@ class BarrierWait:
         now = self._clock.now()
         since = peers.resend_from(now)
         if since is not None:
-            self._stats.resends = peers.resends.resends
             for topic, payload in self._intake.barrier.kept(since):
                 await self._bus.publish(topic, payload)
         folded = peers.folded(now)

@@ -36,7 +36,7 @@ from sim.protocol.received import InputRefused, Outside, refused
 from sim.shard._clock import Clock, checkpoint
 from sim.shard._plan import ShardPlan
 from sim.shard._registry import Player
-from sim.shard._stats import RunStats
+from sim.shard._stats import InputCounts
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import Notice, Speech, event_id
@@ -208,11 +208,11 @@ class TickInputs:
     """Phase 1: the world-state changes due, the players' inputs and the outside inputs of a
     tick, as events in its outbox (and in the store, with the tick that takes them)."""
 
-    def __init__(self, plan: ShardPlan, store: Store, bus: Bus, outbox: Outbox, clock: Clock, stats: RunStats,
-                 source: InputSource, run_wide: RunWideInputs, take_events: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, plan: ShardPlan, store: Store, bus: Bus, outbox: Outbox, clock: Clock, source: InputSource,
+                 run_wide: RunWideInputs, take_events: Callable[[], Awaitable[None]]) -> None:
         """`take_events`: what the bus queued, acted on (sim.shard._intake)."""
-        self._plan, self._store, self._bus, self._outbox = plan, store, bus, outbox
-        self._clock, self._stats = clock, stats
+        self._plan, self._store, self._bus, self._outbox, self._clock = plan, store, bus, outbox, clock
+        self.counts = InputCounts()
         self._source, self._run_wide, self._take_events = source, run_wide, take_events
         self.players: list[Player] = []  # shard 0's scripted and bot players (set at start)
         self.presence: dict[str, str] = {}
@@ -221,16 +221,16 @@ class TickInputs:
         """The ids of the facts for every NPC taken so far (the store's, read again on resume)."""
 
     async def take(self, tick: int) -> None:
-        plan, stats, store = self._plan, self._stats, self._store
+        plan, counts, store = self._plan, self.counts, self._store
         due = self._run_wide.take_due()
         world = self._source.world_at(tick, due.world)
         if world:
-            stats.world_changes += await _apply_world_state(store, (s.id for s in plan.layout.specs), world)
+            counts.world_changes += await _apply_world_state(store, (s.id for s in plan.layout.specs), world)
             await store.resume.record_world(tick, world)
         for player in self.players:
             for event in player.inputs(tick):
                 self._emit_player(player.location, event)
-                stats.player_inputs += 1
+                counts.player_inputs += 1
         self._source.close_inputs(tick)  # what arrived until now is this tick's input
         await self._take_events()
         for taken in self._source.inputs_at(tick, due.inputs):
@@ -251,7 +251,7 @@ class TickInputs:
                 event = Speech(id=event_id(plan.run_id, player, tick, _OUTSIDE_SEQ + seq), tick=tick, location=location,
                                speaker=player, to=to, text=text, from_player=True, input_id=input_id)
                 self._emit_player(location, event)
-                self._stats.player_inputs += 1
+                self.counts.player_inputs += 1
             case Presence(player=player, location=None):
                 self.presence.pop(player, None)
             case Presence(player=player, location=str(location)):

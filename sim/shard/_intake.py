@@ -33,7 +33,6 @@ from sim.protocol.received import (
 from sim.protocol.router import retained_why
 from sim.shard._clock import Clock
 from sim.shard._plan import ShardPlan
-from sim.shard._stats import RunStats
 from sim.store import Store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, TickDone, Welcome
@@ -45,9 +44,8 @@ __all__ = ["Intake"]
 class Intake:
     """Takes what the bus queued and hands it on; `rejoin` after (re)connecting."""
 
-    def __init__(self, plan: ShardPlan, bus: Bus, store: Store, clock: Clock, stats: RunStats, barrier: Barrier,
-                 peers: Peers) -> None:
-        self._plan, self._bus, self._store, self._clock, self._stats = plan, bus, store, clock, stats
+    def __init__(self, plan: ShardPlan, bus: Bus, store: Store, clock: Clock, barrier: Barrier, peers: Peers) -> None:
+        self._plan, self._bus, self._store, self._clock = plan, bus, store, clock
         self.barrier, self.peers = barrier, peers
 
     async def take(self) -> None:
@@ -62,7 +60,6 @@ class Intake:
                     barrier.done_received(done)
                 case BarrierReceived(message=Join() | Hello() | Welcome() as request):
                     self._refuse(self.peers.receive(request, self._clock.now()))
-                    self._stats.resends_folded = self.peers.resends.folded
                 case PlayerInputReceived() | PresenceReceived() | GameEventReceived() | GameFactReceived():
                     unknown = self._unknown(event)
                     if unknown is not None and self._answers(None):

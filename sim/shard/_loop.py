@@ -90,15 +90,15 @@ class Shard:
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
         plan, bus, store, clock, stats = ctx.plan, self.bus, self.store, self.clock, self.stats
-        self.intake = Intake(plan, bus, store, clock, stats, self.barrier, self.peers)
+        stats.resending = self.peers.resends
+        self.intake = Intake(plan, bus, store, clock, self.barrier, self.peers)
         self.status = Status(plan, bus, stats, self.first)
-        self.inputs = TickInputs(plan, store, bus, ctx.outbox, clock, stats, self.source, self.run_wide,
-                                 self.intake.take)
+        self.inputs = TickInputs(plan, store, bus, ctx.outbox, clock, self.source, self.run_wide, self.intake.take)
         self.turns = Turns(layout, bus, ctx.perception, ctx.agent, stop=stop,
                            workers=2 * self.config.inference.concurrency)  # the pool always has turns waiting
         self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide)
-        self.barrier_wait = BarrierWait(plan, bus, clock, stats, ctx.metrics, self.intake, self.run_wide, self.status,
-                                        stop)
+        self.barrier_wait = BarrierWait(plan, bus, clock, ctx.metrics, self.intake, self.run_wide, self.status, stop)
+        stats.taken, stats.waits = self.inputs.counts, self.barrier_wait.waits  # read, never copied
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
 
     # --- starting and stopping ---------------------------------------------------------

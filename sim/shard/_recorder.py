@@ -24,7 +24,7 @@ from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.metrics import MetricsSink
 from sim.output import OutputPolicy
 from sim.shard._prefix import PrefixSketches
-from sim.shard._stats import RunStats
+from sim.shard._stats import RecordCounts
 from sim.store import Store
 from sim.wire.events import SayMessage
 from sim.wire.trace import trace_of
@@ -61,7 +61,6 @@ class Recorder:
         shard: str,
         store: Store,
         bus: Bus,
-        stats: RunStats,
         metrics: MetricsSink,
         npc_location: Mapping[str, str],
         keep_dialogue: bool,
@@ -71,7 +70,7 @@ class Recorder:
         self._shard = shard
         self._store = store
         self._bus = bus
-        self._stats = stats
+        self.counts = RecordCounts()
         self._metrics = metrics
         self._npc_location = npc_location
         self._keep_dialogue = keep_dialogue
@@ -82,13 +81,13 @@ class Recorder:
     async def record(self, spoken: Spoken) -> None:
         say, result = spoken.say, spoken.result
         self._count_over_budget(say.agent, spoken.memory)
-        self._stats.inferences += 1
-        self._stats.fallbacks += result.fallback
-        self._stats.lines += 1
+        self.counts.inferences += 1
+        self.counts.fallbacks += result.fallback
+        self.counts.lines += 1
         self._count_calls(result)
         self._count_reuse(say.agent, spoken.memory)
         if self._keep_dialogue:
-            self._stats.dialogue.append(say)
+            self.counts.dialogue.append(say)
         self._count_verdicts(say.agent, result)
         response = Response(backend=result.backend, model=result.model, params=result.params, line=result.line,
                             fallback=result.fallback, fallback_reason=result.fallback_reason,
@@ -105,7 +104,7 @@ class Recorder:
         for n, attempt in enumerate(result.attempts, 1):
             for verdict in attempt.proposals:
                 if verdict.code != "ok":
-                    self._stats.verdicts[verdict.code] = self._stats.verdicts.get(verdict.code, 0) + 1
+                    self.counts.verdicts[verdict.code] = self.counts.verdicts.get(verdict.code, 0) + 1
                     log.info("%s: attempt %d of %s: %s %r %s (%s): %s", agent, n, result.id, verdict.kind,
                              verdict.text[:80], verdict.verdict, verdict.code, verdict.detail)
 
@@ -115,27 +114,27 @@ class Recorder:
         for attempt in result.attempts:
             server = attempt.served_by.server if attempt.served_by is not None else None
             if server is not None:
-                named = self._stats.answered_by
+                named = self.counts.answered_by
                 key = server if server in named or len(named) < _SERVERS_NAMED else "(other servers)"
                 named[key] = named.get(key, 0) + 1
             usage = attempt.usage
             if usage is not None and usage.evaluated_tokens is not None:
-                self._stats.prompt_tokens_evaluated += usage.evaluated_tokens
-                self._stats.prompt_tokens_cached += usage.cached_tokens or 0
+                self.counts.prompt_tokens_evaluated += usage.evaluated_tokens
+                self.counts.prompt_tokens_cached += usage.cached_tokens or 0
 
     def _count_reuse(self, agent: str, memory: WorkingMemory) -> None:
         """How much of the prompt (the first attempt's) is a prefix of the NPC's previous one,
         in characters (sim.shard._prefix); and what `stable_prefix` cost."""
         shared = self._previous.reuse(agent, memory.prompt)
         if shared is not None:
-            self._stats.prefix_reuse_pairs += 1
-            self._stats.prefix_reuse_share += shared / len(memory.prompt) if memory.prompt else 0.0
-        self._stats.stable_cost_chars += memory.report.stable_cost_chars
+            self.counts.prefix_reuse_pairs += 1
+            self.counts.prefix_reuse_share += shared / len(memory.prompt) if memory.prompt else 0.0
+        self.counts.stable_cost_chars += memory.report.stable_cost_chars
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:
             return
-        self._stats.over_budget += 1
+        self.counts.over_budget += 1
         if agent not in self._over_budget_logged:
             self._over_budget_logged.add(agent)
             report = memory.report
