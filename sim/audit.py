@@ -2,26 +2,25 @@
 
 A record holds the exact `NpcState` the working memory was built from, the player input
 and the config, so `replay` can rebuild the working memory with the same pure function and
-compare SHA-256 of the prompt and of the msgpack encoding, byte for byte. The prompt
-itself is stored too (optional, for old writers): it is what "what exactly did the model
-see" means, and it lets a drift be shown as a diff instead of two hashes.
+compare SHA-256 of the prompt and of the msgpack encoding, byte for byte.
 
 Every attempt of an inference is kept (`attempts`): the exact text the model was given
 (for the chat endpoint, the messages' contents in order, joined by a blank line), its raw
 reply (None when none came) and why it was rejected (None when accepted). A retry's
 working memory is the first one rebuilt with the attempt's prohibition, so `replay`
-checks every attempt byte for byte too. An attempt keeps the gates' verdict on each part of
-its reply (`proposals`), and the record the NPC's `output` policy they applied and the
-run's `rules` around it (the line limit, the fact guard): `replay` with a `GateCheck`
-(sim.output.gate_difference) judges again under them and compares. An attempt also keeps what the server
+checks every attempt byte for byte too, and a drift is shown as a diff of the attempt's text
+(none for an inference that made no call: the hashes are compared). An attempt keeps the
+gates' verdict on each part of its reply (`proposals`), and the record the NPC's `output`
+policy they applied and the run's `rules` around it (the line limit, the fact guard):
+`replay` with a `GateCheck` (sim.output.gate_difference) judges again under them and
+compares. An attempt also keeps what the server
 said the call cost (`Usage`: prompt tokens, those of them reused from its cache, tokens
 generated, its own milliseconds) and which model answered (`ServedBy`), each field None
 where the server said nothing: never guessed.
 
-A record names the `renderer` that made its prompt (1 when absent). This npcsim has one,
+A record names the `renderer` that made its prompt. This npcsim has one,
 `RENDERER_VERSION`: a record made by another is refused in one line when it is rebuilt
-(replay, show, explain), never rendered another way. `version` 1 (when absent) is a
-record without attempts; `raw_response` is None when no reply came.
+(replay, show, explain), never rendered another way.
 
 This module does no I/O; the store writes and reads records (`sim.store`).
 """
@@ -31,7 +30,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import msgspec
 
@@ -50,12 +48,12 @@ from sim.wire.attempt import Attempt, OutputPolicy, Rules
 from sim.wire.trace import TRACE_DROPPED, TraceAttempt, TraceMessage, for_trace
 
 __all__ = [
-    "RECORD_VERSION",
     "Attempt",
     "AuditRecord",
     "GateCheck",
     "ReplayResult",
     "ReplayTally",
+    "Response",
     "attempt_prompt",
     "decode_record",
     "encode_record",
@@ -70,9 +68,6 @@ __all__ = [
 # A request parameter: a scalar, or a list of them (stop sequences).
 Param = str | int | float | bool | None | list[str | int | float | bool | None]
 
-RECORD_VERSION = 3
-"""2: records carry `attempts` and `renderer`; 3: attempts carry `proposals`, `usage` and `served_by`,
-records their `output` policy."""
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything about one inference: what the model saw, said, and why.
@@ -98,16 +93,13 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     report: TruncationReport
     backend: str
     model: str
+    renderer: int
     params: dict[str, Param] = {}
-    raw_response: str | None = None
     line: str = ""
     fallback: bool = False
     fallback_reason: str | None = None
     timings: dict[str, float] = {}
-    prompt: str | None = None
     attempts: tuple[Attempt, ...] = ()
-    renderer: int = 1
-    version: int = 1
     output: OutputPolicy | None = None
     rules: Rules = Rules()
     counts: dict[str, int] = {}
@@ -196,41 +188,64 @@ def encoding_sha256(wm: WorkingMemory) -> str:
     return hashlib.sha256(_ENCODER.encode(wm)).hexdigest()
 
 
+class Response(msgspec.Struct, frozen=True, kw_only=True):
+    """What came of an inference, as its record keeps it: who answered (`backend`, `model`,
+    the request `params`), the line said, whether it was the fallback and why, the timings in
+    milliseconds by phase, every attempt, and the server tokenizer's counts its working
+    memories were cut with (`tokenizer = "server"`; empty otherwise)."""
+
+    backend: str
+    model: str
+    params: dict[str, Param] = {}
+    line: str = ""
+    fallback: bool = False
+    fallback_reason: str | None = None
+    timings: dict[str, float] = {}
+    attempts: tuple[Attempt, ...] = ()
+    counts: dict[str, int] = {}
+
+
+_DEFAULT_RULES = Rules()
+
+
 def make_record(
+    memory: WorkingMemory,
     *,
     id: str,
     run_id: str,
-    state: NpcState,
-    player_input: str,
-    config: WorkingMemoryConfig,
-    memory: WorkingMemory,
     tick: int,
-    backend: str,
-    model: str,
-    **response: Any,
+    state: NpcState,
+    config: WorkingMemoryConfig,
+    response: Response,
+    output: OutputPolicy | None = None,
+    rules: Rules = _DEFAULT_RULES,
 ) -> AuditRecord:
-    """A record for an inference whose working memory `memory` was built from `state`.
-
-    `response` takes the remaining fields (params, raw_response, line, fallback,
-    fallback_reason, timings, attempts).
-    """
+    """The record of inference `id`: its working memory `memory`, built from `state` (for
+    `memory.player_input`) with `config`, and what came of it; `output`: the NPC's output
+    policy the reply was judged under, `rules` the run's rules around it."""
     return AuditRecord(
         id=id,
         run_id=run_id,
         agent_id=state.agent_id,
         tick=tick,
         state=state,
-        player_input=player_input,
+        player_input=memory.player_input,
         config=config,
         prompt_sha256=prompt_sha256(memory),
         encoding_sha256=encoding_sha256(memory),
         report=memory.report,
-        backend=backend,
-        model=model,
-        prompt=memory.prompt,
+        backend=response.backend,
+        model=response.model,
         renderer=memory.renderer,
-        version=RECORD_VERSION,
-        **response,
+        params=response.params,
+        line=response.line,
+        fallback=response.fallback,
+        fallback_reason=response.fallback_reason,
+        timings=response.timings,
+        attempts=response.attempts,
+        output=output,
+        rules=rules,
+        counts=response.counts,
     )
 
 
@@ -314,19 +329,9 @@ def _attempt_difference(record: AuditRecord, wm: WorkingMemory) -> str:
 
 
 def _first_difference(record: AuditRecord, wm: WorkingMemory, got_prompt: str, got_encoding: str) -> str:
-    if record.prompt is not None and hashlib.sha256(record.prompt.encode("utf-8")).hexdigest() != record.prompt_sha256:
-        return "the stored prompt does not match the stored prompt_sha256 (the record was altered)"
     if got_prompt != record.prompt_sha256:
         head = f"prompt_sha256: recorded {record.prompt_sha256}, rebuilt {got_prompt}\n"
-        if record.prompt is None:
-            return head
-        diff = difflib.unified_diff(
-            record.prompt.splitlines(keepends=True),
-            wm.prompt.splitlines(keepends=True),
-            fromfile="recorded prompt",
-            tofile="rebuilt prompt",
-        )
-        return head + "".join(diff)
+        return head + _attempt_difference(record, wm)  # the diff of what the model was given
     if got_encoding != record.encoding_sha256:
         field = _first_report_field(record.report, wm.report)
         where = f" (first differing field: {field})" if field else ""
@@ -359,6 +364,7 @@ def trace_of(
     """The trace of an inference from its audit record (sim.wire.trace): all but the state snapshot.
 
     `memory`: the record's working memory, when the caller holds it (not built again)."""
+    memory = record.memory() if memory is None else memory
     return TraceMessage(
         run=record.run_id,
         shard=shard,
@@ -375,7 +381,7 @@ def trace_of(
         prompt_sha256=record.prompt_sha256,
         report=record.report,
         latency_ms=record.timings.get("total_ms"),
-        prompt=record.prompt if prompts else None,
+        prompt=memory.prompt if prompts else None,
         attempts=tuple(
             TraceAttempt(prompt_chars=len(a.prompt), raw_response=a.raw_response, problem=a.problem,
                          prohibition=a.prohibition, usage=a.usage, proposals=a.proposals)

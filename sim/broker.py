@@ -19,9 +19,9 @@ broker's files live in a directory of their own that is removed as soon as Mosqu
 (it reads them once at start), so nothing is left behind even after `kill -9` of the run.
 
 The child is stopped on every exit path of the context manager (normal exit, exception,
-cancellation by SIGINT/SIGTERM in the runner). It gets its own process group and a
-parent-death signal, so a SIGKILLed shard does not leave it behind either: Mosquitto
-started as root would drop to the user `mosquitto`, and that change of identity clears the
+cancellation by SIGINT/SIGTERM in the shard process that opened it, sim.shard). It gets its
+own process group and a parent-death signal, so a SIGKILLed shard does not leave it behind
+either: Mosquitto started as root would drop to the user `mosquitto`, and that change of identity clears the
 parent-death signal, so it is told to run as the user that started it (the same privilege
 as the run itself, no more). Without Mosquitto an embedded amqtt broker runs in-process: it
 speaks MQTT 3.1.1 only, has no shared subscriptions and no ACL, so the bus falls back to

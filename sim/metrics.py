@@ -30,7 +30,7 @@ from sim.inference import PoolStatistics
 from sim.memory import TruncationReport
 from sim.protocol.router import BusStats
 
-if TYPE_CHECKING:  # the runner imports this module; the load test's machinery stays out of it
+if TYPE_CHECKING:  # a shard (sim.shard) imports this module; the load test's machinery stays out of it
     from sim.loadtest import Progress
 
 __all__ = ["Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"]
@@ -46,12 +46,23 @@ class RunCounts(Protocol):
     agents: int
     first_tick: int
     ticks_done: int
-    over_budget: int
-    resends: int
-    resends_folded: int
-    verdicts: dict[str, int]
-    prompt_tokens_evaluated: int
-    prompt_tokens_cached: int
+    @property
+    def over_budget(self) -> int: ...
+
+    @property
+    def verdicts(self) -> dict[str, int]: ...
+
+    @property
+    def prompt_tokens_evaluated(self) -> int: ...
+
+    @property
+    def prompt_tokens_cached(self) -> int: ...
+
+    @property
+    def resends(self) -> int: ...
+
+    @property
+    def resends_folded(self) -> int: ...
 
 
 class MetricsSink(Protocol):
@@ -199,7 +210,7 @@ def _loadtest_families(progress: Progress) -> Iterator[Any]:
 
 
 class Metrics:
-    """The process's metrics; the runner, the worker and the loadtest feed it (a `MetricsSink`)."""
+    """The process's metrics; a shard, a worker and the load test feed it (a `MetricsSink`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

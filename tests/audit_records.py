@@ -8,7 +8,7 @@ import random
 import sqlite3
 from pathlib import Path
 
-from sim.audit import AuditRecord, make_record
+from sim.audit import Attempt, AuditRecord, Response, make_record
 from sim.memory import (
     SELECTIONS,
     Belief,
@@ -72,21 +72,22 @@ def random_record(rng: random.Random, n: int) -> AuditRecord:
     wm = build_working_memory(state, said, config)
     fallback = rng.random() < 0.1
     return make_record(
+        wm,
         id=f"inf-{n:05d}",
         run_id="run-1",
         state=state,
-        player_input=said,
         config=config,
-        memory=wm,
         tick=tick,
-        backend="scripted",
-        model="scripted-v1",
-        params={"temperature": 0.7, "seed": 42, "max_tokens": 64},
-        raw_response=f"{agent_id}: Good day ({n}).",
-        line=f"Good day ({n}).",
-        fallback=fallback,
-        fallback_reason="timeout" if fallback else None,
-        timings={"build": 0.1, "infer": 12.5},
+        response=Response(
+            backend="scripted",
+            model="scripted-v1",
+            params={"temperature": 0.7, "seed": 42, "max_tokens": 64},
+            line=f"Good day ({n}).",
+            fallback=fallback,
+            fallback_reason="timeout" if fallback else None,
+            timings={"build": 0.1, "infer": 12.5},
+            attempts=(Attempt(prompt=wm.prompt, raw_response=f"{agent_id}: Good day ({n})."),),
+        ),
     )
 
 

@@ -16,7 +16,7 @@ import msgspec
 
 from sim.protocol.seal import RunKey
 from sim.scenario import Scenario
-from sim.shard import RunConfig, RunStats, Shard, VirtualClock, open_shard
+from sim.shard import Connection, RunConfig, RunStats, Shard, ShardPlan, VirtualClock, open_shard
 from sim.store import Store
 from tests.memory_broker import MemoryBroker
 
@@ -47,8 +47,10 @@ async def memory_shard(
 
     in_process = msgspec.structs.replace(
         config, inference=msgspec.structs.replace(config.inference, placement="in-process"))
+    plan = ShardPlan(in_process, scenario, run_id=config.run_id or "mem",
+                     seed=scenario.scenario.seed if seed is None else seed)
     async with open_shard(
-        in_process, scenario, run_id=config.run_id or "mem", seed=scenario.scenario.seed if seed is None else seed,
-        db=db, stats=stats, stop=stop, transport=broker.transport(), claim=bound, clock=broker.clock,
+        plan, db, stats=stats, stop=stop, connection=Connection(transport=broker.transport()), claim=bound,
+        clock=broker.clock,
     ) as shard:
         yield shard

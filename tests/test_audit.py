@@ -47,12 +47,12 @@ def test_replay_names_the_drift() -> None:
     result = replay(tight)
     assert not result.ok
     assert "--- recorded prompt" in result.difference and "+++ rebuilt prompt" in result.difference
-    # without the stored prompt, the hashes are what is compared
-    result = replay(msgspec.structs.replace(tight, prompt=None))
+    # without an attempt (no call was made), the hashes are what is compared
+    result = replay(msgspec.structs.replace(tight, attempts=()))
     assert not result.ok and result.difference.startswith("prompt_sha256: recorded")
-    # an edited prompt no longer matches its own hash
-    edited = msgspec.structs.replace(record, prompt=(record.prompt or "") + "x")
-    assert "altered" in replay(edited).difference
+    # an edited prompt no longer matches what the record rebuilds
+    attempt = msgspec.structs.replace(record.attempts[0], prompt=record.attempts[0].prompt + "x")
+    assert "attempt 1 differs" in replay(msgspec.structs.replace(record, attempts=(attempt,))).difference
     # a changed report alone is caught too
     report = msgspec.structs.replace(record.report, mandatory_chars=record.report.mandatory_chars + 1)
     assert "report.mandatory_chars" in replay(msgspec.structs.replace(record, report=report)).difference
@@ -94,9 +94,10 @@ async def test_list_show_and_export(audit_db: Path, tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     with open_reader(audit_db) as reader:
         record = reader.audit_record("inf-00042")
-    assert record.prompt is not None
-    assert record.raw_response in out and "replay identical" in out and "episodic" in out
-    for line in record.prompt.splitlines():
+    [attempt] = record.attempts
+    assert attempt.raw_response is not None
+    assert attempt.raw_response in out and "replay identical" in out and "episodic" in out
+    for line in attempt.prompt.splitlines():
         assert line.strip() in out
     shown = record.explanation().dropped()
     assert f"dropped ({len(shown)})" in out and shown and shown[0].text.split()[0] in out
@@ -151,8 +152,8 @@ def alter(db: Path, record_id: str) -> None:
 async def test_two_processes_print_what_one_prints(audit_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(plan_spans([str(audit_db)], 2).spans) > 2  # the records are really split
     one = replay_output(audit_db, 1, capsys)
-    # random records hold no attempts
-    assert one == (0, f"replayed {RECORDS} records: all byte-identical (0 attempts checked)\n")
+    # random records hold one attempt each
+    assert one == (0, f"replayed {RECORDS} records: all byte-identical ({RECORDS} attempts checked)\n")
     assert replay_output(audit_db, 2, capsys) == one
     # two drifts in different spans: the count is of both, the first is reported, as one process does
     alter(audit_db, "inf-00450")

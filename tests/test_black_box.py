@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sim.audit import attempt_prompt, make_record
+from sim.audit import Response, attempt_prompt, make_record
 from sim.cli import main
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from sim.memory import WorkingMemoryConfig, build_working_memory
@@ -24,12 +24,11 @@ from tests.inference_helpers import make_request, smith_state
 
 async def _record(db: Path, request: InferenceRequest, result: InferenceResult) -> None:
     assert request.state is not None and request.config is not None
-    record = make_record(
-        id=request.id, run_id=request.run_id, state=request.state, player_input=request.memory.player_input,
-        config=request.config, memory=request.memory, tick=request.tick, backend=result.backend, model=result.model,
-        params=result.params, raw_response=result.raw_response, line=result.line, fallback=result.fallback,
-        fallback_reason=result.fallback_reason, timings=result.timings, attempts=result.attempts,
-    )
+    response = Response(backend=result.backend, model=result.model, params=result.params,
+                        line=result.line, fallback=result.fallback,
+                        fallback_reason=result.fallback_reason, timings=result.timings, attempts=result.attempts)
+    record = make_record(request.memory, id=request.id, run_id=request.run_id, state=request.state,
+                         config=request.config, tick=request.tick, response=response)
     async with open_store(db) as store:
         await store.record(record)
         await store.end_tick(request.tick)
@@ -125,9 +124,9 @@ async def test_a_record_with_a_null_raw_response_and_no_attempts_reads_back(
     await _record(db, request, result)
     assert request.state is not None and request.config is not None
     failed = make_record(
-        id=request.id, run_id="test", state=request.state, player_input=request.memory.player_input,
-        config=request.config, memory=build_working_memory(request.state, request.memory.player_input),
-        tick=3, backend="openai", model="m", raw_response=None, fallback=True, fallback_reason="backend_error",
+        build_working_memory(request.state, request.memory.player_input), id=request.id, run_id="test",
+        state=request.state, config=request.config, tick=3,
+        response=Response(backend="openai", model="m", fallback=True, fallback_reason="backend_error"),
     )
     store_instead(db, failed)
     assert _read_back(db, request.id, capsys) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.audit import make_record
+from sim.audit import Attempt, Response, make_record
 from sim.cli import main
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import print_truncation
@@ -145,9 +145,10 @@ async def _stored_run(db: Path) -> str:
     state = NpcState(agent_id="echo", system_prompt="You repeat.", canonical_facts=(Fact(id="f", text=HOSTILE),))
     config = WorkingMemoryConfig()
     memory = build_working_memory(state, f"p: {HOSTILE}", config)
-    record = make_record(id="r:echo:0:1", run_id="r", state=state, player_input=f"p: {HOSTILE}", config=config,
-                         memory=memory, tick=0, backend="scripted", model="scripted", raw_response=HOSTILE,
-                         line=HOSTILE + " and a line far longer than a preview of sixty characters")
+    record = make_record(memory, id="r:echo:0:1", run_id="r", state=state, config=config, tick=0,
+                         response=Response(backend="scripted", model="scripted",
+                                           attempts=(Attempt(prompt=memory.prompt, raw_response=HOSTILE),),
+                                           line=HOSTILE + " and a line far longer than a preview of sixty characters"))
     async with open_store(db) as store:
         await store.ensure_agent(state, writer=Writer.SCENARIO)
         await store.record(record)
@@ -162,7 +163,7 @@ async def test_audit_list_and_show_in_a_pipe_are_full_and_escaped(tmp_path: Path
     assert listed.returncode == 0 and listed.stderr == "1 records, 0 over budget\n"
     (row,) = listed.stdout.splitlines()
     fields = row.split("\t")
-    assert fields[:5] == [record_id, "echo", "0", "scripted/scripted", "0"]
+    assert fields[:5] == [record_id, "echo", "0", "scripted/scripted", "1"]  # one attempt
     assert fields[-1] == printable(HOSTILE) + " and a line far longer than a preview of sixty characters"
     shown = npcsim(["audit", "show", "--db", str(db), record_id], tmp_path)
     assert shown.returncode == 0 and no_raw_controls(shown.stdout)
@@ -174,7 +175,7 @@ async def test_audit_list_and_show_in_a_pipe_are_full_and_escaped(tmp_path: Path
     assert set(entry) == {"id", "agent", "tick", "backend", "model", "tries", "over_budget", "fallback",
                           "fallback_reason", "line"}
     exported = npcsim(["audit", "export", "--db", str(db)], tmp_path)
-    assert no_raw_controls(exported.stdout) and json.loads(exported.stdout)["raw_response"] == HOSTILE
+    assert no_raw_controls(exported.stdout) and json.loads(exported.stdout)["attempts"][-1]["raw_response"] == HOSTILE
 
 
 def test_scenario_list_and_memory_show_as_json_lines(capsys: pytest.CaptureFixture[str]) -> None:

@@ -242,7 +242,8 @@ async def test_a_run_answered_50_mb_costs_bounded_memory_and_store(
     assert growth_kb < 20 * 1024, f"peak RSS {huge} KiB against {normal} KiB (the replies are 50 MB each)"
     with open_reader(tmp_path / "huge.db") as reader:
         records = list(reader.audit_records())
-    assert records and all(r.fallback_reason == "backend_error" and r.raw_response is None for r in records)
+    assert records and all(r.fallback_reason == "backend_error" and r.attempts[-1].raw_response is None
+                           for r in records)
     sizes = {name: _store_size(tmp_path, name) for name in ("normal", "huge")}
     assert sizes["huge"] < sizes["normal"] + 256 * 1024, sizes
 

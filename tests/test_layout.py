@@ -349,3 +349,24 @@ def test_the_direction_checks_see_what_they_are_about() -> None:
     assert (network_path("sim.inference.backends") or [""])[-1] == "httpx"
     assert (network_path("sim.store") or [""])[-1] in ("aiosqlite", "sqlite3")
     assert (network_path("sim.mqtt") or [""])[-1] in NETWORK_CLIENTS
+
+
+def test_no_function_takes_more_than_nine_parameters() -> None:
+    """A function of sim or agents over 9 parameters (every one but self/cls, keyword-only and
+    *args/**kwargs included) asks for parts, not a longer list."""
+    limit = 9
+
+    def counted(args: ast.arguments) -> int:
+        names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+        return len(names) - (names[:1] in (["self"], ["cls"])) + (args.vararg is not None) + (args.kwarg is not None)
+
+    def over(source: str) -> Iterator[str]:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (n := counted(node.args)) > limit:
+                yield f"{node.lineno}: {node.name}, {n} parameters"
+
+    assert list(over("def f(self, a, b, c, d, e, f, g, h, *i): pass\n")) == []
+    assert list(over("async def f(a, b, c, d, e, f, g, h, *, i, **j): pass\n")) == ["1: f, 10 parameters"]
+    long = [f"{MODULES[m].relative_to(REPO)}: {what}" for m in sorted(MODULES) if m.startswith(("sim", "agents"))
+            for what in over(MODULES[m].read_text())]
+    assert not long, "parameter lists instead of parts:\n" + "\n".join(long)

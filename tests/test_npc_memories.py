@@ -98,7 +98,7 @@ def test_the_authors_beliefs_stay_and_only_accepted_proposals_add_any(
     at_57 = [(r, m) for r, m in village if r.agent_id == "snack_machine" and r.tick == 57]
     assert at_57, "the snack machine speaks at tick 57 of the village"
     for record, _ in at_57:
-        assert f"- {AUTHORED}\n" in record.prompt
+        assert f"- {AUTHORED}\n" in record.attempts[0].prompt
 
 
 def test_nothing_is_said_twice_in_a_prompt(village: list[tuple[AuditRecord, WorkingMemory]]) -> None:

@@ -7,11 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sim.cli.run import summary_rows
 from sim.errors import ConfigError
 from sim.memory import prefix_reuse
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
+from sim.shard._prefix import PrefixSketches
 from sim.store import open_reader
 from tests.helpers import VILLAGE, MosquittoProcess, npcsim_in_process, require_mosquitto, run_npcsim
 
@@ -19,6 +22,20 @@ from tests.helpers import VILLAGE, MosquittoProcess, npcsim_in_process, require_
 def test_a_bad_stable_prefix_override_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^--set memory.stable_prefix=yes: Expected `bool`, got `str`$"):
         RunConfig(scenario=VILLAGE, memory={"stable_prefix": "yes"})
+
+
+@given(st.text(max_size=3000), st.text(max_size=600), st.integers(min_value=0, max_value=3000))
+def test_a_prompt_sketch_gives_the_shared_prefix_to_a_block(previous: str, tail: str, cut: int) -> None:
+    """Exact when the previous prompt is a prefix of the new one; otherwise at most one block
+    (1/32 of the previous prompt, at least 16 characters) short, never more than shared."""
+    for prompt in (previous + tail, previous[:cut] + tail, previous[:cut]):
+        sketches = PrefixSketches()
+        assert sketches.reuse("a", previous) is None
+        shared = sketches.reuse("a", prompt)
+        exact = prefix_reuse(previous, prompt).chars
+        assert shared is not None and shared <= exact < shared + max(16, -(-len(previous) // 32))
+        if prompt.startswith(previous):
+            assert shared == exact == len(previous)
 
 
 def test_no_prefix_rows_before_an_npc_spoke_twice() -> None:

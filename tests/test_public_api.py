@@ -55,8 +55,9 @@ PACKAGES: dict[str, set[str]] = {
         "PrefixReuse", "prefix_reuse", "ScoredSelection", "counted_by_server",
     },
     "sim.mqtt": {
-        "Backoff", "BrokerAddress", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker", "MqttTransport",
-        "ReconnectPolicy", "TlsFiles", "Transport", "open_client", "redact", "stay_connected", "topic_matches",
+        "Backoff", "BrokerAddress", "ClientOptions", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker",
+        "MqttTransport", "ReconnectPolicy", "TlsFiles", "Transport", "open_client", "redact", "stay_connected",
+        "topic_matches",
     },
     "sim.output": {
         "Arg", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "FORBIDDEN_RULE", "MAX_ARG_CHARS", "MAX_LINE_CHARS",
@@ -75,10 +76,10 @@ PACKAGES: dict[str, set[str]] = {
         "records_of", "what_if", "write_plot",
     },
     "sim.shard": {
-        "AGENT_KINDS", "Agent", "AgentContext", "BrokerConfig", "Claim", "Clock", "InferenceConfig", "Limits",
-        "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Placement", "Player", "RecordConfig", "RecordedInputs",
-        "RunConfig", "RunStarted", "RunStats", "Shard",
-        "ShardContext", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
+        "AGENT_KINDS", "Agent", "AgentContext", "BrokerConfig", "Claim", "Clock", "Connection", "InferenceConfig",
+        "Limits", "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Placement", "Player", "RecordConfig",
+        "RecordedInputs", "ReplaySeam", "RunConfig", "RunStarted", "RunStats", "Shard",
+        "ShardContext", "ShardPlan", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
         "assign_places", "create_agents", "hot_limit", "open_shard", "parse_shard", "run", "shard_npcs",
     },
     "sim.store": {
@@ -97,8 +98,8 @@ PACKAGES: dict[str, set[str]] = {
 # Public modules whose names are a format or a contract others build on.
 MODULES: dict[str, set[str]] = {
     "sim.audit": {
-        "Attempt", "AuditRecord", "GateCheck", "RECORD_VERSION", "ReplayResult", "ReplayTally", "attempt_prompt",
-        "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
+        "Attempt", "AuditRecord", "GateCheck", "ReplayResult", "ReplayTally", "Response",
+        "attempt_prompt", "decode_record", "encode_record", "encoding_sha256", "make_record", "prompt_sha256", "replay",
         "replay_records", "trace_of",
     },
     "sim.memory.render": {

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from sim.audit import AuditRecord, make_record
+from sim.audit import AuditRecord, Response, make_record
 from sim.errors import BackendTimeoutError, CircuitOpenError, InferenceError
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from tests.inference_helpers import ScriptBackend, make_request
@@ -16,12 +16,11 @@ from tests.inference_helpers import ScriptBackend, make_request
 
 def record_of(request: InferenceRequest, result: InferenceResult) -> AuditRecord:
     assert request.state is not None and request.config is not None
-    return make_record(
-        id=request.id, run_id=request.run_id, state=request.state, player_input=request.memory.player_input,
-        config=request.config, memory=request.memory, tick=request.tick, backend=result.backend,
-        model=result.model, params=result.params, raw_response=result.raw_response, line=result.line,
-        fallback=result.fallback, fallback_reason=result.fallback_reason, attempts=result.attempts,
-    )
+    response = Response(backend=result.backend, model=result.model, params=result.params,
+                        line=result.line, fallback=result.fallback,
+                        fallback_reason=result.fallback_reason, attempts=result.attempts)
+    return make_record(request.memory, id=request.id, run_id=request.run_id, state=request.state,
+                       config=request.config, tick=request.tick, response=response)
 
 
 def same(a: InferenceResult, b: InferenceResult) -> None:

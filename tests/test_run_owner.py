@@ -149,7 +149,7 @@ async def test_a_store_from_before_identities_is_resumed_and_claimed(
         record=RecordConfig(db=str(db), resume=True),
     ))
     assert (again.first_tick, again.tick) == (3, 5)
-    assert "holds no run identity (an older npcsim wrote it): it now belongs to run old seed 7" in caplog.text
+    assert "holds ticks but no run identity: it now belongs to run old seed 7" in caplog.text
     with open_reader(db) as reader:
         identity = reader.run_identity()
     assert identity is not None and (identity.run_id, identity.seed, identity.shard) == ("old", 7, "0/1")

@@ -50,7 +50,7 @@ async def test_run_records_every_inference_and_resumes(mosquitto: MosquittoProce
         assert reader.last_tick() == 13
         assert len(reader.audit_summaries()) == first.inferences + second.inferences
         smith = [r for r in reader.audit_records("snack_machine")]
-    assert smith and all("capitalist snack machine" in (r.prompt or "") for r in smith)
+    assert smith and all("capitalist snack machine" in r.attempts[0].prompt for r in smith)
     assert main(["audit", "replay", "--db", str(db)]) == 0
 
 
@@ -105,8 +105,8 @@ async def test_game_system_sets_world_state_over_mqtt(mosquitto: MosquittoProces
         stats = await job
     assert stats.world_changes == 1  # one publish of one key, whatever the number of NPCs holding it
     assert stats.bus.malformed.get("world state") == 1
-    assert "king: crowned: Queen Ysolde" in (latest[-1].prompt or "")
-    assert "king: dead" not in (latest[-1].prompt or "")
+    assert "king: crowned: Queen Ysolde" in latest[-1].attempts[0].prompt
+    assert "king: dead" not in latest[-1].attempts[0].prompt
 
 
 def answers(db: Path, agent: str, player: str) -> list[AuditRecord]:

@@ -15,7 +15,13 @@ import pytest
 from sim.inference import PoolConfig, RemoteWorker, WorkerConfig, open_pool
 from sim.inference._counters import MAX_WORKERS, Counters
 from sim.wire import topics
-from sim.wire.inference import MAX_SERVERS, WORKER_OFFLINE, InferenceResult, decode_result, encode_result
+from sim.wire.inference import (
+    MAX_SERVERS,
+    WORKER_OFFLINE,
+    WorkerLimits,
+    decode_worker_limits,
+    encode_worker_limits,
+)
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import MosquittoProcess, eventually
 from tests.inference_helpers import make_request, running
@@ -119,23 +125,18 @@ async def _say_offline(mosquitto: MosquittoProcess, topic: str) -> None:
         await client.publish(topic, WORKER_OFFLINE, qos=1)
 
 
-def result_with(worker: str, limits: dict[str, int]) -> InferenceResult:
-    return InferenceResult(id="r", agent_id="a", tick=0, line="Aye.", raw_response="Aye.", backend="openai",
-                           model="m", worker=worker, server_limits=limits)
-
-
-def test_a_limit_below_one_or_too_many_servers_is_a_malformed_result() -> None:
+def test_a_limit_below_one_or_too_many_servers_is_a_malformed_worker_status() -> None:
     for limits in ({"http://a/v1": 0}, {f"http://s{n}/v1": 1 for n in range(MAX_SERVERS + 1)}):
-        payload = msgspec.msgpack.encode(msgspec.structs.asdict(result_with("w", {})) | {"server_limits": limits})
         with pytest.raises(msgspec.ValidationError):
-            decode_result(payload)
-    assert decode_result(encode_result(result_with("w", {"http://a/v1": 3}))).server_limits == {"http://a/v1": 3}
+            decode_worker_limits(msgspec.msgpack.encode({"limits": limits}))
+    said = encode_worker_limits(WorkerLimits(limits={"http://a/v1": 3}))
+    assert decode_worker_limits(said).limits == {"http://a/v1": 3}
 
 
-def test_results_naming_more_workers_than_a_pool_keeps_count_for_nothing() -> None:
+def test_limits_of_more_workers_than_a_pool_keeps_count_for_nothing() -> None:
     counters = Counters()
     for n in range(MAX_WORKERS + 5):
-        counters.count_result(result_with(f"w{n}", {"http://a/v1": 1}))
+        counters.hear_limits(f"w{n}", {"http://a/v1": 1})
     assert counters.snapshot().server_limits == {"http://a/v1": MAX_WORKERS}
-    counters.count_result(result_with("w0", {"http://a/v1": 2}))  # a worker kept still speaks
+    counters.hear_limits("w0", {"http://a/v1": 2})  # a worker kept still speaks
     assert counters.snapshot().server_limits == {"http://a/v1": MAX_WORKERS + 1}

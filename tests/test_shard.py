@@ -24,7 +24,7 @@ from sim.inference import PoolConfig, open_pool
 from sim.mqtt import BrokerAddress
 from sim.protocol.outside import RunWideArrival, WorldArrival
 from sim.scenario import load_scenario, parse_scenario
-from sim.shard import RunConfig, RunStats, Shard, ShardContext, VirtualClock, ambient_roll
+from sim.shard import RunConfig, RunStats, Shard, ShardContext, ShardPlan, VirtualClock, ambient_roll
 from sim.shard._dice import AmbientDice
 from sim.shard._inputs import RunWideInputs
 from sim.store import Writer, open_reader, open_store
@@ -252,7 +252,7 @@ async def agent_world(tmp_path: Path) -> AsyncIterator[tuple[ShardContext, Memor
         for npc in scenario.npcs:
             await store.ensure_agent(scenario.initial_state(npc.id), writer=Writer.SCENARIO)
         config = RunConfig(scenario="two.toml", run_id="two")
-        yield ShardContext(scenario, config, "two", 4, bus, pool, store, RunStats()), broker
+        yield ShardContext(ShardPlan(config, scenario, run_id="two", seed=4), bus, pool, store, RunStats()), broker
 
 
 async def test_an_npc_answers_what_came_before_its_tick_and_keeps_the_rest(tmp_path: Path) -> None:

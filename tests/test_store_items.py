@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.store._items
-from sim.audit import AuditRecord, decode_record, encode_record, make_record, replay
+from sim.audit import Attempt, AuditRecord, Response, decode_record, encode_record, make_record, replay
 from sim.cli import main
 from sim.memory import Belief, Episode, Line, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.store import HOT_LIMIT, StoreError, Writer, open_reader, open_store
@@ -65,18 +65,14 @@ def shared_records(draw: st.DrawFn) -> list[AuditRecord]:
             continue  # the config's overflow policy refuses this state: nothing to record
         records.append(
             make_record(
+                wm,
                 id=f"inf-{n}",
                 run_id="prop",
                 state=state,
-                player_input=said,
                 config=config,
-                memory=wm,
                 tick=draw(st.integers(min_value=0, max_value=50)),
-                backend="scripted",
-                model="m",
-                raw_response=draw(texts),
-                line=draw(texts),
-                fallback=draw(st.booleans()),
+                response=Response(backend="scripted", model="m", line=draw(texts), fallback=draw(st.booleans()),
+                                  attempts=(Attempt(prompt=wm.prompt, raw_response=draw(texts)),)),
             )
         )
     return records
@@ -152,8 +148,8 @@ async def test_each_thing_is_stored_once(tmp_path: Path) -> None:
             state = store.state(agents[n % 2])
             memory = build_working_memory(state, "hello", CONFIG)
             record = make_record(
-                id=f"inf-{n}", run_id="r", state=state, player_input="hello", config=CONFIG, memory=memory,
-                tick=4, backend="scripted", model="m", line="Good day.",
+                memory, id=f"inf-{n}", run_id="r", state=state, config=CONFIG,
+                tick=4, response=Response(backend="scripted", model="m", line="Good day."),
             )  # fmt: skip
             await store.record(record)
         await store.end_tick(4)

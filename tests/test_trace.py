@@ -49,7 +49,7 @@ async def test_every_inference_is_traced_like_its_audit_record(
         record = records[trace.inference_id]
         assert (trace.report, trace.prompt_sha256, trace.line, trace.fallback) == (
             record.report, record.prompt_sha256, record.line, record.fallback)
-        assert trace.prompt == (record.prompt if prompts else None)
+        assert trace.prompt == (record.memory().prompt if prompts else None)
         assert trace.location is not None and trace.shard == "0"
         assert [(a.prompt_chars, a.problem, a.raw_response, a.proposals) for a in trace.attempts] == [
             (len(a.prompt), a.problem, a.raw_response, a.proposals) for a in record.attempts]

@@ -143,7 +143,7 @@ async def test_attacks_are_refused_or_counted_and_leave_no_forged_text(tmp_path:
         records = list(reader.audit_records())
     assert records
     for record in records:
-        text = json.dumps([record.prompt, record.line, record.raw_response, record.player_input,
+        text = json.dumps([[(a.prompt, a.raw_response) for a in record.attempts], record.line, record.player_input,
                            [f.value for f in record.state.world_state]])
         assert FORGED not in text and "ZZZZZZZZ" not in text and "k19999" not in text
     raw = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists()
@@ -330,4 +330,4 @@ async def test_no_escape_sequence_reaches_the_say_topic_or_the_audit(
         records = list(reader.audit_records())
     assert any(escape in r.player_input for r in records)  # the NPC heard it whole ...
     assert records and all(not _UNPRINTABLE.search(r.line) for r in records)  # ... and said nothing raw
-    assert any(r.raw_response == reply and r.line for r in records)  # the reply came raw, and was said cleaned
+    assert any(r.attempts[-1].raw_response == reply and r.line for r in records)  # came raw, was said cleaned

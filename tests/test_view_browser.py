@@ -96,7 +96,7 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
         assert bar == {"mandatory": report.mandatory_chars, "dialogue": report.dialogue.used,
                        "episodic": report.episodic.used, "beliefs": report.beliefs.used}
         prompt = await asyncio.to_thread(lambda: browser.find_element("id", "prompt").text)
-        assert record.prompt is not None and prompt.split("\n")[0] == record.prompt.split("\n")[0]
+        assert prompt.split("\n")[0] == record.memory().prompt.split("\n")[0]
         await asyncio.to_thread(browser.save_screenshot, str(tmp_path / "view.png"))
         if target := os.environ.get("NPCSIM_SCREENSHOT"):
             shutil.copyfile(tmp_path / "view.png", target)

@@ -40,7 +40,7 @@ import msgspec
 from sim.bus._sender import Outgoing, Sender
 from sim.bus._traces import TraceBatches
 from sim.errors import single_error
-from sim.mqtt import BrokerAddress, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
+from sim.mqtt import BrokerAddress, ClientOptions, LastWill, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.bounds import ErrorReplies, InputBounds
 from sim.protocol.received import OutsideReceived, Received
 from sim.protocol.router import Router
@@ -300,11 +300,13 @@ def _mqtt_transport(config: BusConfig) -> MqttTransport:
         config.broker,
         name=f"bus of shard {config.shard}",
         policy=config.reconnect,
-        protocol=config.protocol,
-        will=LastWill(topics.status(config.run, config.shard), offline, retain=True),
-        timeout=config.publish_timeout,
-        max_inflight=config.publish_window,
-        keep_session=True,
+        client=ClientOptions(
+            protocol=config.protocol,
+            will=LastWill(topics.status(config.run, config.shard), offline, retain=True),
+            timeout=config.publish_timeout,
+            max_inflight=config.publish_window,
+            keep_session=True,
+        ),
         publish_timeout=math.inf,  # no timer per message: the sender cancels what a lost connection holds
     )
 

@@ -185,7 +185,7 @@ def _first_prompt(record: AuditRecord) -> str:
     record that kept no attempts)."""
     if record.attempts:
         return record.attempts[0].prompt
-    return record.prompt if record.prompt is not None else record.memory().prompt
+    return record.memory().prompt
 
 
 def _reuse_json(reuse: PrefixReuse) -> dict[str, object]:
@@ -228,9 +228,8 @@ def show_command(args: argparse.Namespace) -> int:
     reuse = None if previous is None else prefix_reuse(_first_prompt(previous), _first_prompt(record), record.config)
     wm = record.memory()
     result = replay(record, gate_difference)
-    prompt = record.prompt if record.prompt is not None else wm.prompt
-    source = "recorded" if record.prompt is not None else "rebuilt from the recorded state"
-    out.block(f"{record.id}: {record.agent_id} at tick {record.tick} (prompt {source})", prompt)
+    out.block(f"{record.id}: {record.agent_id} at tick {record.tick} (prompt rebuilt from the recorded state)",
+              wm.prompt)
     print_truncation(out, wm.report, record.explanation())
     verdict = ("replay identical", "green") if result.ok else (
         "replay DIFFERS (see `npcsim audit replay`)", "bold red")
@@ -238,7 +237,7 @@ def show_command(args: argparse.Namespace) -> int:
     out.table(("field", "value"), [
         ("backend", f"{record.backend} / {record.model}"),
         ("params", json_line(record.params)),
-        ("raw response", _raw(record.raw_response)),
+        ("raw response", _raw(record.attempts[-1].raw_response if record.attempts else None)),
         ("line", record.line),
         ("fallback", _fallback(record) if record.fallback else "no"),
         ("timings (ms)", ", ".join(f"{k} {v:.1f}" for k, v in sorted(record.timings.items()))),

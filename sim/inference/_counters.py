@@ -2,9 +2,10 @@
 
 Both ends of the inference path count the same things: the in-process pool, the MQTT
 link and a remote worker each keep one `Counters`, and `statistics()` hands out a frozen
-snapshot. The model servers' adaptive limits come with the results
-(`InferenceResult.server_limits`), in process, from the worker process and from remote
-workers alike: each worker's latest word is kept, and a server's limit is the sum over the
+snapshot. The model servers' adaptive limits are read where they are kept: from the
+backend serving in this process once it served (`served_limits`), and, for a worker process
+and remote workers, from what each said last (`hear_limits`: a worker process with each
+frame of results, a remote worker on its status topic); a server's limit is the sum over the
 workers that spoke of it (what it may get at once from all of them) until a worker is gone
 (`forget_worker`). `LogOnce` keeps a failure that repeats at every request (a dead backend,
 a forger on the broker) to one warning.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 
 import msgspec
 
@@ -22,7 +24,7 @@ from sim.wire.inference import InferenceResult
 __all__ = ["MAX_WORKERS", "Counters", "LogOnce", "PoolStatistics"]
 
 MAX_WORKERS = 256
-"""Workers whose limits a pool keeps: results that name more (forged ones) count for nothing there."""
+"""Workers whose limits a pool keeps: more (forged ones) count for nothing there."""
 
 
 class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,17 +63,26 @@ class Counters:
         self.attempts = 0
         self.retries = 0
         self.resent = 0
-        self.worker_limits: dict[str, dict[str, int]] = {}  # each worker's latest server_limits
+        self.worker_limits: dict[str, dict[str, int]] = {}  # each worker's latest word on its limits
+        self.served_limits: Callable[[], dict[str, int]] | None = None
+        """The limits of the backend serving in this process, once it served (`sim.inference._serve`)."""
 
     def forget_worker(self, worker: str) -> None:
         """A worker is gone: its limits no longer count."""
         self.worker_limits.pop(worker, None)
+
+    def hear_limits(self, worker: str, limits: dict[str, int]) -> None:
+        """What `worker` said of its servers' limits (a pool keeps at most MAX_WORKERS workers')."""
+        if worker in self.worker_limits or len(self.worker_limits) < MAX_WORKERS:
+            self.worker_limits[worker] = limits
 
     def server_limits(self) -> dict[str, int]:
         """Each server's limit, summed over the workers that serve on it."""
         total: collections.Counter[str] = collections.Counter()
         for limits in self.worker_limits.values():
             total.update(limits)
+        if self.served_limits is not None:
+            total.update(self.served_limits())
         return dict(sorted(total.items()))
 
     def count_result(self, result: InferenceResult) -> None:
@@ -80,8 +91,6 @@ class Counters:
         self.retries += max(len(result.attempts) - 1, 0)
         if result.fallback:
             self.fallbacks[result.fallback_reason or "unknown"] += 1
-        if result.server_limits and (result.worker in self.worker_limits or len(self.worker_limits) < MAX_WORKERS):
-            self.worker_limits[result.worker] = result.server_limits
 
     def snapshot(self) -> PoolStatistics:
         return PoolStatistics(

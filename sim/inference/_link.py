@@ -43,13 +43,20 @@ from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import Dispatch, fallback_result
 from sim.inference._pool_config import PoolConfig
 from sim.inference._replies import reply_problem
-from sim.mqtt import Link, MqttTransport, Transport, topic_matches
+from sim.mqtt import ClientOptions, Link, MqttTransport, Transport, topic_matches
 from sim.output import FactGuard
 from sim.protocol.batcher import Batcher
 from sim.protocol.seal import seal
 from sim.wire import topics
 from sim.wire.batch import encode_batch
-from sim.wire.inference import WORKER_OFFLINE, InferenceRequest, InferenceResult, decode_result, encode_request
+from sim.wire.inference import (
+    WORKER_OFFLINE,
+    InferenceRequest,
+    InferenceResult,
+    decode_result,
+    decode_worker_limits,
+    encode_request,
+)
 
 __all__ = ["RESEND_BACKOFF", "RESEND_GAP", "open_mqtt_dispatch"]
 
@@ -92,7 +99,7 @@ class _PoolLink:
     def transport(self) -> MqttTransport:
         return MqttTransport(
             self.config.broker, name=f"inference pool of shard {self.config.shard}", policy=self.config.reconnect,
-            identifier=self.identifier, max_inflight=2 * self.config.max_in_flight,
+            client=ClientOptions(identifier=self.identifier, max_inflight=2 * self.config.max_in_flight),
         )
 
     def lost(self) -> None:
@@ -116,7 +123,7 @@ class _PoolLink:
             tg.create_task(self.resend_unanswered(link))
             async for topic, payload, _ in link.messages():
                 if topic_matches(topic, self.workers_topic):
-                    self.worker_gone(topic, payload)
+                    self.worker_said(topic, payload)
                 else:
                     self.receive(topic, payload)
 
@@ -147,17 +154,29 @@ class _PoolLink:
             self.counters.resent += len(again)
             await asyncio.sleep(RESEND_GAP)
 
-    def worker_gone(self, topic: str, payload: bytes) -> None:
-        """A worker's last will: every request sent and not answered yet goes out again."""
+    def worker_said(self, topic: str, payload: bytes) -> None:
+        """A worker's word on its status topic: its servers' limits, or "offline" (its last will)."""
         key = self.config.run_key
         body: bytes | None = payload
         if key is not None:
             opened = key.open_any(topic, payload)  # a worker seals for any instance of the run
             body = None if opened is None else opened[1]
-        if body != WORKER_OFFLINE:
-            self.counters.malformed += 1
-            self.warn("worker-status", "worker status on %s dropped: not a sealed \"offline\"", topic)
+        if body == WORKER_OFFLINE:
+            self.worker_gone(topic)
             return
+        worker = topics.parse(topic)
+        try:
+            said = None if body is None or worker is None else decode_worker_limits(body)
+        except msgspec.DecodeError:
+            said = None
+        if said is None or worker is None:
+            self.counters.malformed += 1
+            self.warn("worker-status", "worker status on %s dropped: not sealed limits nor \"offline\"", topic)
+            return
+        self.counters.hear_limits(worker.name, dict(said.limits))
+
+    def worker_gone(self, topic: str) -> None:
+        """A worker's last will: every request sent and not answered yet goes out again."""
         held = [w for w in self.waiting.values() if w.sent_on and not w.future.done()]
         for entry in held:
             entry.resending = True

@@ -103,6 +103,8 @@ class _LocalDispatch:
                         break
                     self._counters.rejected_outputs += reply.rejected_outputs
                     self._counters.dropped_stale += reply.dropped_stale
+                    if reply.server_limits:
+                        self._counters.hear_limits("process", reply.server_limits)
                     if reply.results:
                         deaths = 0
                     for result in reply.results:

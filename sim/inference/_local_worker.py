@@ -47,7 +47,8 @@ class _Replies:
         if not self._ready:
             return
         c = self._counters
-        reply = LocalReply(results=self._ready, rejected_outputs=c.rejected_outputs, dropped_stale=c.dropped_stale)
+        reply = LocalReply(results=self._ready, rejected_outputs=c.rejected_outputs, dropped_stale=c.dropped_stale,
+                           server_limits=c.server_limits())
         self._ready, c.rejected_outputs, c.dropped_stale = [], 0, 0
         self._write(encode(reply))
 

@@ -95,11 +95,10 @@ def _limited(kind: type) -> bool:
     return issubclass(kind, Limited)
 
 
-def _with_limits(result: InferenceResult, backend: Backend) -> InferenceResult:
-    """`result` with the backend's limits as they are now, when it has some."""
-    if _limited(type(backend)) and isinstance(backend, Limited):  # the cached test first: isinstance is slow here
-        return msgspec.structs.replace(result, server_limits=backend.limits())
-    return result
+def _watch_limits(counters: Counters, backend: Backend) -> None:
+    """The counters read the backend's limits from now on, when it has some."""
+    if counters.served_limits is None and _limited(type(backend)) and isinstance(backend, Limited):
+        counters.served_limits = backend.limits  # the cached test first: isinstance is slow here
 
 
 def _attempt(backend: Backend, memory: WorkingMemory) -> Attempt:
@@ -134,13 +133,12 @@ async def serve(
     """
     started = time.perf_counter()
     warn = warn or LogOnce(log)
+    _watch_limits(counters, backend)
     left = request.deadline - clock()
     if left <= 0:
         counters.dropped_stale += 1
         log.debug("dropped stale request %s of %s (%.3fs past its deadline)", request.id, request.agent_id, -left)
-        return _with_limits(
-            fallback_result(request, "stale", backend=backend.name, model=backend.model, worker=worker), backend
-        )
+        return fallback_result(request, "stale", backend=backend.name, model=backend.model, worker=worker)
     limit = min(time_limit, left)
     policy = request.output
     rules = msgspec.structs.replace(rules, output=policy)
@@ -164,7 +162,7 @@ async def serve(
                                                         served_by=reply.served_by))
                 in_flight = None
                 if verdict.problem is None:
-                    return _with_limits(InferenceResult(
+                    return InferenceResult(
                         id=request.id,
                         agent_id=request.agent_id,
                         tick=request.tick,
@@ -179,7 +177,7 @@ async def serve(
                         attempts=tuple(attempts),
                         prompt_tokens=reply.usage.prompt_tokens,
                         counts=counts,
-                    ), backend)
+                    )
                 counters.rejected_outputs += 1
                 retry = await retry_memory(request, memory, verdict, _tokenizer(backend))
                 memory = None if retry is None else retry[0]
@@ -205,7 +203,7 @@ async def serve(
     if in_flight is not None:
         attempts.append(msgspec.structs.replace(in_flight, problem=f"{reason}: {detail}"))
     backend_ms = (time.perf_counter() - started) * 1000
-    return _with_limits(fallback_result(
+    return fallback_result(
         request, reason, backend=backend.name, model=backend.model, raw_response=raw,
         timings={"backend_ms": backend_ms}, worker=worker, attempts=tuple(attempts), counts=counts,
-    ), backend)
+    )

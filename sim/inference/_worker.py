@@ -11,7 +11,9 @@ it subscribes again; the pool's link re-sends what was lost. Its MQTT 5 last wil
 "offline" on `npcsim/{run}/infer/worker/{name}` (sealed with the run key, not retained): a
 worker killed mid-inference is noticed by every pool at once, and they send the requests it
 held again (sim.inference._link). A worker stopped (cancelled) says the same itself before it
-disconnects, since a broker sends no will for a clean disconnect.
+disconnects, since a broker sends no will for a clean disconnect. On the same topic it says
+its model servers' adaptive limits (`WorkerLimits`) before a reply batch, when they changed
+and once a second while it serves (a pool that joined since hears them), never on every reply.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 
 from sim.errors import BrokerError
@@ -27,13 +30,20 @@ from sim.inference._counters import Counters, LogOnce, PoolStatistics
 from sim.inference._pool_config import WorkerConfig
 from sim.inference._serve import serve
 from sim.inference.backends import Backend, open_backend
-from sim.mqtt import LastWill, Link, MqttTransport, Transport
+from sim.mqtt import ClientOptions, LastWill, Link, MqttTransport, Transport
 from sim.output import FactGuard, load_fact_guard
 from sim.protocol.batcher import Batcher
 from sim.protocol.seal import RunKey, seal, sealed_nonce
 from sim.wire import topics
 from sim.wire.batch import encode_batch
-from sim.wire.inference import WORKER_OFFLINE, InferenceRequest, InferenceResult, decode_request
+from sim.wire.inference import (
+    WORKER_OFFLINE,
+    InferenceRequest,
+    InferenceResult,
+    WorkerLimits,
+    decode_request,
+    encode_worker_limits,
+)
 
 __all__ = ["RemoteWorker"]
 
@@ -41,6 +51,22 @@ log = logging.getLogger(__name__)
 
 _ReplyTo = tuple[str, bytes | None]  # the asking shard, and the run nonce its request was sealed with
 OFFLINE_SAY_S = 2.0  # how long a stopping worker tries to say it is offline
+LIMITS_SAY_S = 1.0  # a serving worker says its limits again this often: a pool that joined since hears them
+
+
+class _SaidLimits:
+    """The servers' limits a worker said last on its connection, and when."""
+
+    def __init__(self) -> None:
+        self.limits: dict[str, int] = {}
+        self.at = -LIMITS_SAY_S
+
+    def due(self, limits: dict[str, int], now: float) -> bool:
+        """Whether `limits` are to be said now (and, if so, they count as said)."""
+        if not limits or (limits == self.limits and now - self.at < LIMITS_SAY_S):
+            return False
+        self.limits, self.at = limits, now
+        return True
 
 
 class RemoteWorker:
@@ -72,8 +98,8 @@ class RemoteWorker:
         self._request_topic = topics.infer_request_shared(config.run_id, config.group)
         self._will = self._last_will()
         self._transport = transport or MqttTransport(
-            config.broker, name=f"worker {self.name}", policy=config.reconnect, identifier=self.name,
-            max_inflight=4 * config.concurrency, will=self._will,
+            config.broker, name=f"worker {self.name}", policy=config.reconnect,
+            client=ClientOptions(identifier=self.name, max_inflight=4 * config.concurrency, will=self._will),
         )
 
     def statistics(self) -> PoolStatistics:
@@ -98,8 +124,16 @@ class RemoteWorker:
         slots = asyncio.Semaphore(self.config.concurrency)
         await link.subscribe([self._request_topic])
 
+        said = _SaidLimits()  # a new connection says them again: a pool may have forgotten them meanwhile
+
         async def send(batch: list[tuple[_ReplyTo, InferenceResult]]) -> None:
-            """One message per shard (and run instance); a lost connection ends the session, which reconnects."""
+            """One message per shard (and run instance); a lost connection ends the session, which reconnects.
+            The servers' limits go first when they changed, or now and then (`LIMITS_SAY_S`)."""
+            limits = self._counters.server_limits()
+            if said.due(limits, time.monotonic()):
+                topic = self._will.topic
+                body = encode_worker_limits(WorkerLimits(limits=limits))
+                await link.publish(topic, seal(self.config.run_key, topic, body), qos=1, retain=False)
             by_shard: dict[_ReplyTo, list[InferenceResult]] = {}
             for reply_to, result in batch:
                 by_shard.setdefault(reply_to, []).append(result)

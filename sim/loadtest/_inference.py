@@ -124,7 +124,7 @@ async def open_inference(settings: InferenceSettings) -> AsyncIterator[Infer]:
             result = await pool.infer(request)
             usage = result.attempts[-1].usage if result.attempts else None
             cached = None if usage is None else usage.cached_tokens
-            limits = pool.statistics().server_limits if result.server_limits else {}  # all workers' together
+            limits = pool.statistics().server_limits  # all workers' together
             return Answer(bool(result.fallback), result.prompt_tokens, result.tokens, cached, result.attempts, limits)
 
         yield infer

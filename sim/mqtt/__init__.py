@@ -22,13 +22,14 @@ from sim.backoff import Backoff
 from sim.mqtt._address import ENV_PASSWORD, ENV_USERNAME, BrokerAddress, TlsFiles, redact
 from sim.mqtt._connection import ReconnectPolicy, open_client, stay_connected
 from sim.mqtt._local import LocalBroker
-from sim.mqtt._transport import LastWill, Link, MqttTransport, Transport, topic_matches
+from sim.mqtt._transport import ClientOptions, LastWill, Link, MqttTransport, Transport, topic_matches
 
 __all__ = [
     "ENV_PASSWORD",
     "ENV_USERNAME",
     "Backoff",
     "BrokerAddress",
+    "ClientOptions",
     "LastWill",
     "Link",
     "LocalBroker",

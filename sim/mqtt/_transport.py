@@ -28,7 +28,9 @@ from sim.errors import BrokerError
 from sim.mqtt._address import BrokerAddress
 from sim.mqtt._connection import LinkLost, ReconnectPolicy, mqtt_error, open_client, stay_connected
 
-__all__ = ["SESSION_KEPT_S", "LastWill", "Link", "MqttTransport", "Session", "Transport", "topic_matches"]
+__all__ = [
+    "SESSION_KEPT_S", "ClientOptions", "LastWill", "Link", "MqttTransport", "Session", "Transport", "topic_matches",
+]
 
 SESSION_KEPT_S = 60
 """Seconds the broker keeps a kept session after its connection is lost (MQTT 5): long
@@ -115,17 +117,36 @@ class _MqttLink:
             yield message.topic.value, data, bool(message.retain)
 
 
+class ClientOptions(NamedTuple):
+    """How an MQTT client of a transport connects.
+
+    `identifier`: the MQTT client id (None: the library's). `keep_session` (MQTT 5): one
+    session for the transport's life, taken up again by each new connection, so a QoS 1
+    message the broker had sent on a lost connection is sent again, not lost; the first
+    connection starts clean, and another process never takes this one's session.
+    `timeout`: seconds for the connection and, by default, for a publish's acknowledgement;
+    `max_inflight`: publishes at once (the client's normal load).
+    """
+
+    protocol: Literal[5, 311] = 5
+    identifier: str | None = None
+    will: LastWill | None = None
+    timeout: float = 10.0
+    max_inflight: int | None = None
+    keep_session: bool = False
+
+
+_DEFAULT_CLIENT = ClientOptions()
+
+
 class MqttTransport:
     """A connection over sim.mqtt: login, TLS, last will, reconnection with backoff.
 
-    `identifier`: the MQTT client id (None: the library's). `keep_session` (MQTT 5): one
-    session for this transport's life, taken up again by each new connection, so a QoS 1
-    message the broker had sent on a lost connection is sent again, not lost; the first
-    connection starts clean, and another process never takes this one's session.
-    `publish_timeout`: how long a publish waits for its acknowledgement (None: `timeout`;
-    `math.inf`: until the connection is found dead). `check_refusals`: a publish the broker
-    refuses (an MQTT 5 PUBACK with a failure code) is a BrokerError; publishes then go one
-    at a time.
+    `client`: how each connection's client connects (protocol, id, last will, session).
+    `publish_timeout`: how long a publish waits for its acknowledgement (None: the client's
+    `timeout`; `math.inf`: until the connection is found dead). `check_refusals`: a publish
+    the broker refuses (an MQTT 5 PUBACK with a failure code) is a BrokerError; publishes
+    then go one at a time.
     """
 
     def __init__(
@@ -134,35 +155,29 @@ class MqttTransport:
         *,
         name: str,
         policy: ReconnectPolicy,
-        protocol: Literal[5, 311] = 5,
-        identifier: str | None = None,
-        will: LastWill | None = None,
-        timeout: float = 10.0,
-        max_inflight: int | None = None,
-        keep_session: bool = False,
+        client: ClientOptions = _DEFAULT_CLIENT,
         publish_timeout: float | None = None,
         check_refusals: bool = False,
     ) -> None:
         self.address = address
         self._name = name
         self._policy = policy
-        self._protocol: Literal[5, 311] = protocol
-        self._will = will
-        self._timeout = timeout
-        self._max_inflight = max_inflight
-        self._keep_session = keep_session
+        self._options = client
         self._publish_timeout = publish_timeout
         self._check_refusals = check_refusals
-        self._identifier = f"npcsim-{secrets.token_hex(8)}" if identifier is None and keep_session else identifier
+        keep = client.keep_session
+        self._identifier = f"npcsim-{secrets.token_hex(8)}" if client.identifier is None and keep else client.identifier
         self._connected = False
 
     def _client(self) -> aiomqtt.Client:
-        will = None if self._will is None else aiomqtt.Will(self._will.topic, self._will.payload, qos=1,
-                                                            retain=self._will.retain)
+        options = self._options
+        will = None if options.will is None else aiomqtt.Will(options.will.topic, options.will.payload, qos=1,
+                                                              retain=options.will.retain)
         return open_client(
-            self.address, protocol=self._protocol, will=will, timeout=self._timeout, max_inflight=self._max_inflight,
-            identifier=self._identifier, session_expiry=SESSION_KEPT_S if self._keep_session else None,
-            resume_session=self._keep_session and self._connected,
+            self.address, protocol=options.protocol, will=will, timeout=options.timeout,
+            max_inflight=options.max_inflight, identifier=self._identifier,
+            session_expiry=SESSION_KEPT_S if options.keep_session else None,
+            resume_session=options.keep_session and self._connected,
         )
 
     async def run(self, session: Session, *, on_lost: Callable[[], None] | None = None) -> None:

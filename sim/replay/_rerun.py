@@ -33,7 +33,17 @@ from sim.memory import WorkingMemory, WorkingMemoryConfig
 from sim.mqtt import LocalBroker
 from sim.replay._recording import Recording
 from sim.scenario import Scenario, parse_scenario
-from sim.shard import InferenceConfig, MemoryConfigOf, RecordConfig, RunConfig, RunStats, open_shard
+from sim.shard import (
+    Connection,
+    InferenceConfig,
+    MemoryConfigOf,
+    RecordConfig,
+    RunConfig,
+    RunStats,
+    Seams,
+    ShardPlan,
+    open_shard,
+)
 from sim.store import RunSettings, Store
 
 __all__ = ["Executed", "execute"]
@@ -131,12 +141,13 @@ async def execute(
     async def keep_identity(store: Store) -> None:
         await store.keep_identity(claim, recording.scenario)
 
+    plan = ShardPlan(config, scenario, run_id=identity.run_id, seed=identity.seed)
+    seams = Seams(backend=None if live else _Unrecorded(), recorded=recorded, inputs=recording.inputs,
+                  memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory),
+                  tokenizer=KeptCounts({text: n for record in records.values() for text, n in record.counts.items()}))
     async with open_shard(
-        config, scenario, run_id=identity.run_id, seed=identity.seed, db=out, stats=stats, stop=stop,
-        transport=broker.transport(), claim=keep_identity, backend=None if live else _Unrecorded(),
-        recorded=recorded, inputs=recording.inputs,
-        memory_config_of=_forked_memory(scenario.memory, fork_at, fork_memory),
-        tokenizer=KeptCounts({text: n for record in records.values() for text, n in record.counts.items()}),
+        plan, out, stats=stats, stop=stop, connection=Connection(transport=broker.transport()), claim=keep_identity,
+        seams=seams,
     ) as shard:
         await shard.start()
         ticking = time.perf_counter()

@@ -204,8 +204,7 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
             config = configs.get(n, record.config, record.agent_id)
             memory = build_working_memory(state, record.player_input, config)
             tally.inferences += 1
-            changed = memory.prompt != record.prompt if record.prompt is not None else (
-                prompt_sha256(memory) != record.prompt_sha256)
+            changed = prompt_sha256(memory) != record.prompt_sha256
             tally.prompts_changed += changed
             new = memory.report
             tally.chars += new.prompt_chars

@@ -2,7 +2,8 @@
 
     stats = await run(RunConfig(scenario="scenarios/village.toml", ticks=20))   # one shard, as a process
 
-    async with open_shard(config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop) as shard:
+    plan = ShardPlan(config, scenario, run_id=run_id, seed=seed)
+    async with open_shard(plan, db, stats=stats, stop=stop) as shard:
         await shard.start()
         await shard.step(shard.next_tick)    # one whole tick: inputs, turns, publish, barrier, perceive, commit
         await shard.run(until=shard.end)     # the rest, paced by tick_ms
@@ -15,14 +16,17 @@ The modules, one job each:
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
 - `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, who stands where, the
   dice table), built off the event loop at start-up;
-- `_context`: `ShardContext` (the shard's parts) and `AgentContext` (what an agent may do);
+- `_plan`: `ShardPlan`, what a shard is before anything opens (config, scenario, run id, seed,
+  layout, its places' topics): every phase reads it;
+- `_context`: `ShardContext` (what the agents share) and `AgentContext` (what an agent may do);
 - `_window`, `_perception`: shared perception: a place's log, trimmed by the window rule, and
   the listeners' memories merged from it;
 - `_recorder`: audit records, traces, metrics and counters of every line said;
+- `_prefix`: `PrefixSketches`, how much of a prompt the NPC's previous one holds, from a sketch;
 - `_registry`: agent and player kinds by import string (`sim` never imports `agents`);
 - `_dice`: the ambient dice, rolled by the shard for all its NPCs in one loop;
 - `_inputs`: the tick's inputs (phase 1), `InputSource`, the live one and a recorded run's
-  (`RecordedInputs`, for sim.replay), and what is run-wide (`RunWideInputs`);
+  (`RecordedInputs`, for sim.replay), what every shard applies at one tick (`RunWideInputs`);
 - `_turns`: the tick's turns (phase 2), taken by a bounded set of workers;
 - `_exchange`: publish and the barrier (phases 3 and 4), the status topic;
 - `_intake`: what the bus hands over, to the part that owns it;
@@ -31,7 +35,8 @@ The modules, one job each:
 - `_loop`: `Shard`, the tick loop: its six phases, start, resume;
 - `_trust`: the run key and the trust announcements at start;
 - `_instance`: the run instance a shard belongs to (its store's identity, the run nonce);
-- `_wiring`: `open_shard(...)`, a Shard with its store, bus, pool and context, assembled in one place;
+- `_wiring`: `open_shard(plan, db, ...)`, a Shard with its store, bus, pool and context, assembled in
+  one place from its parts (`Connection`, `Seams`);
 - `_process`: `run(config)`, the broker and the signals around `open_shard`.
 """
 
@@ -41,6 +46,7 @@ from sim.shard._dice import ambient_roll
 from sim.shard._inputs import RecordedInputs
 from sim.shard._loop import Shard
 from sim.shard._place_shares import assign_places
+from sim.shard._plan import ShardPlan
 from sim.shard._process import run
 from sim.shard._registry import AGENT_KINDS, PLAYER_KINDS, Agent, Player
 from sim.shard._run_config import (
@@ -56,7 +62,7 @@ from sim.shard._run_config import (
 )
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStarted, RunStats
-from sim.shard._wiring import Claim, open_shard
+from sim.shard._wiring import Claim, Connection, Seams, open_shard
 
 __all__ = [
     "AGENT_KINDS",
@@ -66,6 +72,7 @@ __all__ = [
     "BrokerConfig",
     "Claim",
     "Clock",
+    "Connection",
     "InferenceConfig",
     "Limits",
     "MemoryConfigOf",
@@ -74,11 +81,13 @@ __all__ = [
     "Player",
     "RecordConfig",
     "RecordedInputs",
+    "Seams",
     "RunConfig",
     "RunStarted",
     "RunStats",
     "Shard",
     "ShardContext",
+    "ShardPlan",
     "StartupPhase",
     "StartupProgress",
     "SystemClock",

@@ -1,10 +1,10 @@
 """The contexts: what the shard's machinery shares, and the narrow handle each agent gets.
 
-`ShardContext` holds the run's identity and the shard's parts (scenario, config, bus,
-pool, store, stats, metrics, clock, the tick's outbox, the recorder, its layout (its NPCs
-and their kinds' names, who stands where: sim.shard._layout), its agent kinds resolved
-from those names (`agent_kinds`, through sim.shard._registry), the perception of its
-places); the shard, its recorder and its agents' contexts share it. `state(spec)` is an NPC's
+`ShardContext` holds what the shard's agents share: its plan (the run's identity, config,
+scenario and the shard's layout: sim.shard._plan), its parts (bus, pool, store, stats,
+metrics, clock), the tick's outbox, the recorder, its agent kinds resolved from the
+layout's names (`agent_kinds`, through sim.shard._registry) and the perception of its
+places. The phases of the tick are handed only the parts each uses (sim.shard._loop). `state(spec)` is an NPC's
 state as a working memory is built from it: the store's hot state with what it heard at
 its place merged in (sim.shard._perception).
 
@@ -35,17 +35,15 @@ from sim.inference import InferenceRequest, Pool, Priority, Tokenizer, counted_m
 from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, leave_out_event
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
-from sim.scenario import NpcSpec, Scenario
+from sim.scenario import NpcSpec
 from sim.shard._clock import Clock, SystemClock
-from sim.shard._layout import ShardLayout
 from sim.shard._perception import EpisodeOf, Perception
+from sim.shard._plan import ShardPlan
 from sim.shard._proposals import apply_proposals
 from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
-from sim.shard._run_config import RunConfig
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
-from sim.wire import topics
 from sim.wire.events import AnyEvent, SayMessage, Speech, event_id
 
 __all__ = ["AgentContext", "AgentFactory", "AgentKind", "MemoryConfigOf", "ShardContext", "agent_kinds"]
@@ -57,7 +55,7 @@ _NO_METRICS = NullMetrics()  # keeps nothing, so one instance serves every shard
 
 
 class ShardContext:
-    """The run's identity and one shard's parts; `agent_context(spec)` makes an agent's handle.
+    """What a shard's agents share: its plan and parts; `agent_context(spec)` makes an agent's handle.
 
     `tick` is the tick being stepped (the shard sets it as each tick begins).
     `memory_config_of` gives each NPC's working-memory config at a tick; by default the
@@ -67,10 +65,7 @@ class ShardContext:
 
     def __init__(
         self,
-        scenario: Scenario,
-        config: RunConfig,
-        run_id: str,
-        seed: int,
+        plan: ShardPlan,
         bus: Bus,
         pool: Pool,
         store: Store,
@@ -78,50 +73,49 @@ class ShardContext:
         metrics: MetricsSink = _NO_METRICS,
         *,
         clock: Clock | None = None,
-        layout: ShardLayout | None = None,
         memory_config_of: MemoryConfigOf | None = None,
         tokenizer: Tokenizer | None = None,
     ) -> None:
-        self.scenario = scenario
-        self.config = config
-        self.run_id = run_id
-        self.seed = seed
+        self.plan = plan
+        self.scenario, self.config, self.run_id, self.seed = plan.scenario, plan.config, plan.run_id, plan.seed
         self.bus = bus
         self.pool = pool
         self.store = store
         self.stats = stats
         self.metrics: MetricsSink = metrics
         self.clock: Clock = clock or SystemClock()
-        self.layout = layout or ShardLayout(scenario, config.shard, seed)
-        self.shard = str(self.layout.index)
+        self.layout = plan.layout
+        self.shard = plan.shard
         self.specs = self.layout.specs
         self.kinds = agent_kinds(self.layout.kinds)
+        scenario = plan.scenario
         self.memory_config_of = memory_config_of or (lambda _npc, _tick: scenario.memory)
         self.tokenizer = tokenizer
         self.npc_location = self.layout.npc_location
         self._neighbours = self.layout.neighbours
-        self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
-        self.locations = self._location_topics.keys()
-        """Every place of the run, in any shard."""
-        window = max(config.record.retain_memories or 0, store.hot_limit)  # retention prunes place rows by the windows
+        self.location_topic = plan.location_topic
+        # retention prunes place rows by the windows
+        window = max(self.config.record.retain_memories or 0, store.hot_limit)
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
-            run_id=run_id, shard=self.shard, store=store, bus=bus, stats=stats, metrics=metrics,
+            run_id=plan.run_id, shard=self.shard, store=store, bus=bus, metrics=metrics,
             npc_location=self.npc_location,
-            keep_dialogue=config.record.keep_dialogue, trace_prompts=config.record.trace_prompts,
+            keep_dialogue=self.config.record.keep_dialogue, trace_prompts=self.config.record.trace_prompts,
         )
+        stats.recorded = self.recorder.counts  # read, never copied
         self.tick = 0
 
     def neighbours(self, location: str) -> tuple[str, ...]:
         """Every NPC at `location`, in any shard, in id order."""
         return self._neighbours.get(location, ())
 
-    def location_topic(self, location: str) -> str:
-        return self._location_topics[location]
-
     def agent_context(self, spec: NpcSpec) -> AgentContext:
         return AgentContext(self, spec)
+
+    def agent(self, spec: NpcSpec) -> Agent:
+        """The agent of `spec`'s kind, for one turn, with its handle."""
+        return self.kinds[spec.kind].build(spec, AgentContext(self, spec))
 
     def state(self, spec: NpcSpec) -> NpcState:
         """The NPC's state now: its own hot state, with the place's log it heard merged into
@@ -277,7 +271,7 @@ class AgentContext:
                                                  event=inference_id), writer=Writer.NPC)
         await apply_proposals(shard.store, shard.bus, run_id=shard.run_id, state=state, result=result,
                               reply_to=say.reply_to)
-        spoken = Spoken(say=say, heard=said, state=state, config=config, memory=memory, result=result,
+        spoken = Spoken(say=say, state=state, config=config, memory=memory, result=result,
                         output=request.output, rules=shard.pool.config.rules, counts=counts)
         await shard.recorder.record(spoken)
         return result.line

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
+from sim.bus import Bus
 from sim.errors import ConfigError
-from sim.protocol.admission import Peers
-from sim.protocol.barrier import Barrier, summarise
-from sim.shard._clock import checkpoint
-from sim.shard._context import ShardContext
+from sim.metrics import MetricsSink
+from sim.protocol.barrier import summarise
+from sim.protocol.outbox import Outbox
+from sim.shard._clock import Clock, checkpoint
 from sim.shard._inputs import InputSource, RunWideInputs
+from sim.shard._intake import Intake
+from sim.shard._plan import ShardPlan
+from sim.shard._stats import BarrierWaits, RunStats
 from sim.wire.events import StatusMessage
 
 __all__ = ["BarrierWait", "Publisher", "Status"]
@@ -36,35 +39,28 @@ log = logging.getLogger(__name__)
 _BARRIER_POLL = 0.5  # seconds between looks at a held barrier (status, stall warning)
 _DELIVERY_SLICE = 5_000  # events delivered locally between two yields
 
-TakeEvents = Callable[[], Awaitable[None]]
-"""What the bus queued, acted on (sim.shard._intake)."""
-
-
 class Status:
     """The shard's state on its status topic: online (and whom it waits for), offline."""
 
-    def __init__(self, ctx: ShardContext, first: int) -> None:
-        self._ctx, self._first = ctx, first
+    def __init__(self, plan: ShardPlan, bus: Bus, stats: RunStats, first: int) -> None:
+        self._plan, self._bus, self._stats, self._first = plan, bus, stats, first
 
     async def say(self, state: str = "online", *, awaiting: str | None = None, since: float | None = None) -> None:
-        ctx = self._ctx
-        tick = ctx.stats.tick if ctx.stats.tick >= 0 else self._first
-        await ctx.bus.send(
+        plan, tick = self._plan, self._stats.tick if self._stats.tick >= 0 else self._first
+        await self._bus.send(
             "status",
-            StatusMessage(run=ctx.run_id, shard=ctx.shard, state=state, tick=tick, awaiting=awaiting, since=since)
+            StatusMessage(run=plan.run_id, shard=plan.shard, state=state, tick=tick, awaiting=awaiting, since=since)
         )
 
 
 class Publisher:
     """Phase 3 of a shard's tick."""
 
-    def __init__(self, ctx: ShardContext, barrier: Barrier, source: InputSource, run_wide: RunWideInputs,
-                 take_events: TakeEvents) -> None:
-        self._ctx, self._barrier, self._source, self._run_wide = ctx, barrier, source, run_wide
-        self._take_events = take_events
+    def __init__(self, bus: Bus, outbox: Outbox, intake: Intake, source: InputSource, run_wide: RunWideInputs) -> None:
+        self._bus, self._outbox, self._intake, self._source, self._run_wide = bus, outbox, intake, source, run_wide
 
     async def publish(self, tick: int) -> None:
-        bus, barrier, outbox = self._ctx.bus, self._barrier, self._ctx.outbox
+        bus, barrier, outbox = self._bus, self._intake.barrier, self._outbox
         delivered = 0
         for batch in outbox.take():
             if bus.is_routed(batch.topic):
@@ -78,32 +74,35 @@ class Publisher:
             await bus.publish(sealed.topic, sealed.payload)
             barrier.keep(tick, sealed.topic, sealed.payload, events=sealed.events)
         self._source.close_done(tick)  # shard 0: what every shard applies that arrived until now
-        await self._take_events()
-        topic, payload = await bus.publish_barrier(barrier.finish(tick, *self._run_wide.announce(tick)))
+        await self._intake.take()
+        announced = self._run_wide.announce(tick)
+        topic, payload = await bus.publish_barrier(barrier.finish(tick, announced.world, announced.inputs))
         barrier.keep(tick, topic, payload)
 
 
 class BarrierWait:
-    """Phase 4 of a shard's tick; `first` is the shard's first tick (it also waits for the
-    other shards to start, so its wait is not counted)."""
+    """Phase 4 of a shard's tick. The intake's barrier starts at the shard's first tick, whose
+    wait is not counted (it also waits for the other shards to start)."""
 
-    def __init__(self, ctx: ShardContext, barrier: Barrier, peers: Peers, run_wide: RunWideInputs, status: Status,
-                 take_events: TakeEvents, *, stop: asyncio.Event, first: int) -> None:
-        self._ctx, self._barrier, self._peers, self._run_wide, self._status = ctx, barrier, peers, run_wide, status
-        self._take_events, self._stop, self._first = take_events, stop, first
+    def __init__(self, plan: ShardPlan, bus: Bus, clock: Clock, metrics: MetricsSink, intake: Intake,
+                 run_wide: RunWideInputs, status: Status, stop: asyncio.Event) -> None:
+        self._plan, self._bus, self._clock, self._metrics = plan, bus, clock, metrics
+        self._intake, self._run_wide, self._status, self._stop = intake, run_wide, status, stop
+        self._first = intake.barrier.tick
+        self.waits = BarrierWaits()
 
     async def wait(self, tick: int) -> bool:
         """Until the barrier for `tick` passes; False when asked to stop while it holds."""
-        ctx, barrier, clock, stats = self._ctx, self._barrier, self._ctx.clock, self._ctx.stats
+        barrier, clock, waits, metrics = self._intake.barrier, self._clock, self.waits, self._metrics
         started, since = clock.now(), clock.wall()
         look = started + _BARRIER_POLL
         announced = ""
         warned = False
         while True:
-            await self._take_events()
+            await self._intake.take()
             await self._serve_resends()
             if barrier.conflict is not None:
-                raise ConfigError(f"--shard {ctx.config.shard}: {barrier.conflict}")
+                raise ConfigError(f"--shard {self._plan.config.shard}: {barrier.conflict}")
             if barrier.passed(tick):
                 zero = barrier.announced(tick)  # shard 0's TickDone: what every shard applies next tick
                 if zero is not None:
@@ -118,38 +117,37 @@ class BarrierWait:
                 look = now + _BARRIER_POLL
                 awaited = barrier.awaited(tick)
                 awaiting = summarise(awaited)
-                ctx.metrics.awaiting(len(awaited))
+                metrics.awaiting(len(awaited))
                 if awaiting != announced:
                     announced = awaiting
-                    stats.awaiting, stats.awaiting_since = awaiting, started
+                    waits.awaiting, waits.awaiting_since = awaiting, started
                     await self._status.say(awaiting=awaiting, since=since)
                 waited = now - started
-                if waited >= ctx.config.limits.echo_timeout and not warned:
+                if waited >= self._plan.config.limits.echo_timeout and not warned:
                     warned = True
-                    stats.stalls += 1
+                    waits.stalls += 1
                     log.warning("tick %d: waiting for %s for %.1f s; the run holds until then", tick, awaiting, waited)
-            await clock.wait(ctx.bus.arrived, look - now)
+            await clock.wait(self._bus.arrived, look - now)
         barrier.advance(tick)
-        ctx.bus.drop_batches_before(barrier.tick)
-        ctx.metrics.awaiting(0)
+        self._bus.drop_batches_before(barrier.tick)
+        metrics.awaiting(0)
         if tick > self._first:
-            stats.barrier_seconds += clock.now() - started
-            stats.barrier_ticks += 1
+            waits.seconds += clock.now() - started
+            waits.ticks += 1
         if announced:
-            stats.awaiting, stats.awaiting_since = "", None
+            waits.awaiting, waits.awaiting_since = "", None
             await self._status.say()
         return True
 
     async def _serve_resends(self) -> None:
         """Re-send what peers' Joins asked for, when it is due; say once per interval how many
         were folded."""
-        ctx, peers = self._ctx, self._peers
-        now = ctx.clock.now()
+        peers = self._intake.peers
+        now = self._clock.now()
         since = peers.resend_from(now)
         if since is not None:
-            ctx.stats.resends = peers.resends.resends
-            for topic, payload in self._barrier.kept(since):
-                await ctx.bus.publish(topic, payload)
+            for topic, payload in self._intake.barrier.kept(since):
+                await self._bus.publish(topic, payload)
         folded = peers.folded(now)
         if folded:
             detail = ", ".join(f"{n} of shard {peer}" for peer, n in sorted(folded.items()))

@@ -23,27 +23,37 @@ same tick in one place: what arrived for each tick's TickDone, what is due next 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
 from sim.bus import Bus
 from sim.memory import Fact, WorldFact
 from sim.protocol.bounds import limit_player_inputs
+from sim.protocol.outbox import Outbox
 from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
 from sim.protocol.received import InputRefused, OutsideReceived, refused
-from sim.shard._clock import checkpoint
-from sim.shard._context import ShardContext
+from sim.shard._clock import Clock, checkpoint
+from sim.shard._plan import ShardPlan
 from sim.shard._registry import Player
+from sim.shard._stats import InputCounts
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import Notice, Speech, event_id
 from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
 
-__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideInputs", "TickInputs"]
+__all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideChanges", "RunWideInputs", "TickInputs"]
 
 _WORLD_SLICE = 20_000  # NPCs whose world state or facts are set between two yields
 _OUTSIDE_SEQ = 1_000_000  # an outside input's event is numbered after every line its speaker says in a tick
+
+
+class RunWideChanges(NamedTuple):
+    """What every shard applies at one tick: the world-state changes (None when nothing
+    changed) and the presence and facts for every NPC, in the order shard 0 took them."""
+
+    world: dict[str, str] | None
+    inputs: tuple[RunWide, ...]
 
 
 class RunWideInputs:
@@ -68,16 +78,17 @@ class RunWideInputs:
             case RunWideArrival(tick=tick, input=taken):
                 self._inputs.setdefault(tick, []).append(taken)
 
-    def announce(self, tick: int) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
+    def announce(self, tick: int) -> RunWideChanges:
         """What the TickDone of `tick` announces: what arrived for it, in the order it came (of
-        the world state, the later key wins; None when nothing changed)."""
+        the world state, the later key wins)."""
         world: dict[str, str] = {}
         for state in self._world.pop(tick, []):
             world.update(state)
-        return world or None, tuple(self._inputs.pop(tick, []))
+        return RunWideChanges(world or None, tuple(self._inputs.pop(tick, [])))
 
-    def take_due(self) -> tuple[dict[str, str] | None, tuple[RunWide, ...]]:
-        due = self.world, self.inputs
+    def take_due(self) -> RunWideChanges:
+        """What is due at the start of the next tick, taken."""
+        due = RunWideChanges(self.world, self.inputs)
         self.world, self.inputs = None, ()
         return due
 
@@ -197,10 +208,12 @@ class TickInputs:
     """Phase 1: the world-state changes due, the players' inputs and the outside inputs of a
     tick, as events in its outbox (and in the store, with the tick that takes them)."""
 
-    def __init__(self, ctx: ShardContext, source: InputSource, run_wide: RunWideInputs,
-                 take_events: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, plan: ShardPlan, store: Store, bus: Bus, outbox: Outbox, clock: Clock, source: InputSource,
+                 run_wide: RunWideInputs, take_events: Callable[[], Awaitable[None]]) -> None:
         """`take_events`: what the bus queued, acted on (sim.shard._intake)."""
-        self._ctx, self._source, self._run_wide, self._take_events = ctx, source, run_wide, take_events
+        self._plan, self._store, self._bus, self._outbox, self._clock = plan, store, bus, outbox, clock
+        self.counts = InputCounts()
+        self._source, self._run_wide, self._take_events = source, run_wide, take_events
         self.players: list[Player] = []  # shard 0's scripted and bot players (set at start)
         self.presence: dict[str, str] = {}
         """Where each outside player stands, as the game system said (kept with each tick's commit)."""
@@ -208,19 +221,19 @@ class TickInputs:
         """The ids of the facts for every NPC taken so far (the store's, read again on resume)."""
 
     async def take(self, tick: int) -> None:
-        ctx, stats, store = self._ctx, self._ctx.stats, self._ctx.store
-        due_world, due_inputs = self._run_wide.take_due()
-        world = self._source.world_at(tick, due_world)
+        plan, counts, store = self._plan, self.counts, self._store
+        due = self._run_wide.take_due()
+        world = self._source.world_at(tick, due.world)
         if world:
-            stats.world_changes += await _apply_world_state(store, (s.id for s in ctx.specs), world)
+            counts.world_changes += await _apply_world_state(store, (s.id for s in plan.layout.specs), world)
             await store.resume.record_world(tick, world)
         for player in self.players:
             for event in player.inputs(tick):
                 self._emit_player(player.location, event)
-                stats.player_inputs += 1
+                counts.player_inputs += 1
         self._source.close_inputs(tick)  # what arrived until now is this tick's input
         await self._take_events()
-        for taken in self._source.inputs_at(tick, due_inputs):
+        for taken in self._source.inputs_at(tick, due.inputs):
             if await self._take(tick, taken):
                 await store.resume.record_input(tick, taken)
         for refusal in self._source.take_refused():
@@ -229,26 +242,26 @@ class TickInputs:
     async def _take(self, tick: int, taken: Taken) -> bool:
         """Act on one outside input; whether this shard took it (a recorded run's input for
         another shard's NPC or place, or a fact refused, is not)."""
-        ctx = self._ctx
+        plan = self._plan
         match taken:
             case OutsideInput(seq=seq, player=player, to=to, text=text, id=input_id):
-                if to not in ctx.layout.local:
+                if to not in plan.layout.local:
                     return False
                 location = self.presence.get(player)
-                event = Speech(id=event_id(ctx.run_id, player, tick, _OUTSIDE_SEQ + seq), tick=tick, location=location,
+                event = Speech(id=event_id(plan.run_id, player, tick, _OUTSIDE_SEQ + seq), tick=tick, location=location,
                                speaker=player, to=to, text=text, from_player=True, input_id=input_id)
                 self._emit_player(location, event)
-                ctx.stats.player_inputs += 1
+                self.counts.player_inputs += 1
             case Presence(player=player, location=None):
                 self.presence.pop(player, None)
             case Presence(player=player, location=str(location)):
                 self.presence[player] = location
             case GameEvent(seq=seq, location=location, text=text, significance=significance):
-                if location not in ctx.layout.places:
+                if location not in plan.layout.places:
                     return False
-                notice = Notice(id=event_id(ctx.run_id, "game", tick, _OUTSIDE_SEQ + seq), tick=tick,
+                notice = Notice(id=event_id(plan.run_id, "game", tick, _OUTSIDE_SEQ + seq), tick=tick,
                                 location=location, text=text, significance=significance)
-                ctx.outbox.emit(ctx.location_topic(location), notice)
+                self._outbox.emit(plan.location_topic(location), notice)
             case GameFact():
                 return await self._add_fact(taken)
         return True
@@ -261,8 +274,8 @@ class TickInputs:
         Each refusal follows from what every layout of the run holds alike (the NPC's facts,
         the facts for every NPC, which every shard takes at the same tick), so the run is the
         same on any number of shards; one shard answers it (the NPC's, or shard 0)."""
-        ctx, store = self._ctx, self._ctx.store
-        local = ctx.layout.local
+        layout, store = self._plan.layout, self._store
+        local = layout.local
         if fact.npc is not None:
             if fact.npc not in local:
                 return False
@@ -273,10 +286,10 @@ class TickInputs:
         else:
             if fact.id in self.run_wide_facts:
                 await self._refuse_fact(fact, f"a fact {fact.id!r} for every NPC was added already",
-                                        answer=ctx.layout.index == 0)
+                                        answer=layout.index == 0)
                 return False
             self.run_wide_facts.add(fact.id)
-            agents = [s.id for s in ctx.specs if store.fact_text(s.id, fact.id) is None]
+            agents = [s.id for s in layout.specs if store.fact_text(s.id, fact.id) is None]
         for n, agent in enumerate(agents, start=1):
             await store.add_fact(agent, Fact(id=fact.id, text=fact.text), writer=Writer.GAME)
             if n % _WORLD_SLICE == 0:
@@ -285,24 +298,23 @@ class TickInputs:
 
     async def _refuse_fact(self, fact: GameFact, why: str, *, answer: bool) -> None:
         """Count a refused fact on this shard; `answer`: this shard answers it (`exists`)."""
-        ctx, topic = self._ctx, topics.game_fact(self._ctx.run_id)
+        topic = topics.game_fact(self._plan.run_id)
         if answer:
             await self._answer(refused("exists", topic, f"{why}; canonical facts are add-only", input_id=fact.id))
-        ctx.bus.refuse("game fact that exists", topic, f"fact {fact.id!r}")
+        self._bus.refuse("game fact that exists", topic, f"fact {fact.id!r}")
 
     async def _answer(self, refusal: InputRefused) -> None:
-        ctx = self._ctx
-        await ctx.bus.publish_error(refusal.player, refusal.error, ctx.clock.now())
+        await self._bus.publish_error(refusal.player, refusal.error, self._clock.now())
 
     def _emit_player(self, location: str | None, event: Speech) -> None:
         """A player standing at the NPC's place is overheard there; otherwise it is a direct message."""
-        ctx = self._ctx
+        plan = self._plan
         if event.to is None:
             raise ValueError(f"player event {event.id!r} has no addressee")
-        if location is not None and location == ctx.npc_location.get(event.to):
-            ctx.outbox.emit(ctx.location_topic(location), event)
+        if location is not None and location == plan.layout.npc_location.get(event.to):
+            self._outbox.emit(plan.location_topic(location), event)
         else:
-            ctx.outbox.emit(topics.agent_inbox(ctx.run_id, event.to), msgspec.structs.replace(event, location=None))
+            self._outbox.emit(topics.agent_inbox(plan.run_id, event.to), msgspec.structs.replace(event, location=None))
 
 
 async def _apply_world_state(store: Store, agents: Iterable[str], state: dict[str, str]) -> int:

@@ -31,7 +31,7 @@ from typing import Literal
 import msgspec
 
 from sim.errors import ConfigError, single_error
-from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transport
+from sim.mqtt import BrokerAddress, ClientOptions, Link, MqttTransport, ReconnectPolicy, Transport
 from sim.protocol.seal import RunKey, new_nonce, sealed_nonce
 from sim.scenario import Scenario
 from sim.shard._clock import Clock
@@ -89,7 +89,7 @@ async def claim_store(
     nonce = new_nonce() if learn is None else await learn()
     identity = msgspec.structs.replace(claim, nonce=nonce.hex())
     if store.last_tick is not None:
-        log.warning("%s holds no run identity (an older npcsim wrote it): it now belongs to %s",
+        log.warning("%s holds ticks but no run identity: it now belongs to %s",
                     store.path, identity.describe(scenario=True))
     await store.keep_identity(identity, scenario_data)
     return nonce
@@ -158,7 +158,8 @@ async def learn_run_nonce(
 
     log.info("shard %s: asking shard 0 for the run nonce", shard)
     transport = transport or MqttTransport(
-        address, name=f"shard {shard} (run nonce)", policy=ReconnectPolicy(initial=0.05), protocol=protocol
+        address, name=f"shard {shard} (run nonce)", policy=ReconnectPolicy(initial=0.05),
+        client=ClientOptions(protocol=protocol),
     )
     await transport.run(session)
     log.info("shard %s: shard 0 told the run nonce", shard)

@@ -82,20 +82,23 @@ class Shard:
                                trusted=trusted, session=secrets.token_hex(8))
         self.run_wide = RunWideInputs()
         # resumed: the first tick takes what the journal kept for it, what arrives now is the next one's
-        journal = OutsideJournal(layout.local, layout.places, ctx.locations, shard_zero=self.index == 0,
+        journal = OutsideJournal(layout.local, layout.places, ctx.plan.locations, shard_zero=self.index == 0,
                                  tick=self.first if last is None else self.first + 1)
         self.source: InputSource = source or LiveInputs(
             self.store, self.bus, self.run_wide, journal=journal,
             per_tick=self.config.limits.bounds.player_inputs_per_tick,
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
-        self.intake = Intake(ctx, self.barrier, self.peers)
-        self.status = Status(ctx, self.first)
-        self.inputs = TickInputs(ctx, self.source, self.run_wide, self.intake.take)
-        self.turns = Turns(ctx, stop)
-        self.publisher = Publisher(ctx, self.barrier, self.source, self.run_wide, self.intake.take)
-        self.barrier_wait = BarrierWait(ctx, self.barrier, self.peers, self.run_wide, self.status, self.intake.take,
-                                        stop=stop, first=self.first)
+        plan, bus, store, clock, stats = ctx.plan, self.bus, self.store, self.clock, self.stats
+        stats.resending = self.peers.resends
+        self.intake = Intake(plan, bus, store, clock, self.barrier, self.peers)
+        self.status = Status(plan, bus, stats, self.first)
+        self.inputs = TickInputs(plan, store, bus, ctx.outbox, clock, self.source, self.run_wide, self.intake.take)
+        self.turns = Turns(layout, bus, ctx.perception, ctx.agent, stop=stop,
+                           workers=2 * self.config.inference.concurrency)  # the pool always has turns waiting
+        self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide)
+        self.barrier_wait = BarrierWait(plan, bus, clock, ctx.metrics, self.intake, self.run_wide, self.status, stop)
+        stats.taken, stats.waits = self.inputs.counts, self.barrier_wait.waits  # read, never copied
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
 
     # --- starting and stopping ---------------------------------------------------------
@@ -204,7 +207,6 @@ class Shard:
         await self._commit(tick)
         self.next_tick = tick + 1
         self.stats.ticks_done += 1
-        self.stats.server_limits = self.ctx.pool.statistics().server_limits
         self.ctx.metrics.tick_done(self.clock.now() - started)
         return True
 

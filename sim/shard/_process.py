@@ -34,6 +34,7 @@ from sim.shard._clock import Clock, SystemClock
 from sim.shard._context import agent_kinds
 from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._layout import ShardLayout
+from sim.shard._plan import ShardPlan
 from sim.shard._run_config import (
     RunConfig,
     check_resumable,
@@ -55,7 +56,7 @@ from sim.shard._startup import (
 )
 from sim.shard._stats import RunStarted, RunStats
 from sim.shard._trust import announce_trust, run_key_for
-from sim.shard._wiring import open_shard
+from sim.shard._wiring import Connection, Seams, open_shard
 from sim.store import RunIdentity, Store
 from sim.wire import topics
 
@@ -142,10 +143,10 @@ async def _run(
                     announce_trust(broker, run_id, run_key, workdir if config.inference.placement == "remote" else None)
                     return run_key
 
+                plan = ShardPlan(config, scenario, run_id=run_id, seed=seed, layout=layout)
                 async with open_shard(
-                    config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop,
-                    broker=broker.address, protocol=broker.protocol, claim=claim_run, layout=layout,
-                    metrics=metrics, clock=clock, tokenizer=tokenizer,
+                    plan, db, stats=stats, stop=stop, connection=Connection(broker.address, broker.protocol),
+                    claim=claim_run, metrics=metrics, clock=clock, seams=Seams(tokenizer=tokenizer),
                 ) as one:
                     await one.start()
                     collector.start_up_done()
@@ -159,7 +160,6 @@ async def _run(
                     try:
                         await one.run(until=one.end)
                     finally:
-                        stats.inference_resends = one.ctx.pool.statistics().resent
                         if stop.is_set():
                             one.ctx.bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()

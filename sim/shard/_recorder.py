@@ -17,13 +17,14 @@ from collections.abc import Mapping
 
 import msgspec
 
-from sim.audit import make_record, trace_of
+from sim.audit import Response, make_record, trace_of
 from sim.bus import Bus
 from sim.inference import InferenceResult
-from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig, prefix_reuse
+from sim.memory import NpcState, WorkingMemory, WorkingMemoryConfig
 from sim.metrics import MetricsSink
 from sim.output import OutputPolicy, Rules
-from sim.shard._stats import RunStats
+from sim.shard._prefix import PrefixSketches
+from sim.shard._stats import RecordCounts
 from sim.store import Store
 from sim.wire.events import SayMessage
 
@@ -37,8 +38,7 @@ _SERVERS_NAMED = 64  # servers counted by name; a remote worker's replies could 
 class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     """One line said: the `say` message published, and how it came about.
 
-    `heard` is the input the working memory was built for (the audit's player input),
-    `state` the state it was built from, `config` the working-memory config it was built with,
+    `state` is the state the working memory was built from, `config` the config it was built with,
     `output` the NPC's output policy the reply was judged under, `rules` the pool's rules
     around it (the line limit, the fact guard), kept in the audit record for replaying them;
     `counts` the server tokenizer's counts the memory was cut with (`tokenizer = "server"`;
@@ -46,7 +46,6 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     say: SayMessage
-    heard: str
     state: NpcState
     config: WorkingMemoryConfig
     memory: WorkingMemory
@@ -66,7 +65,6 @@ class Recorder:
         shard: str,
         store: Store,
         bus: Bus,
-        stats: RunStats,
         metrics: MetricsSink,
         npc_location: Mapping[str, str],
         keep_dialogue: bool,
@@ -76,47 +74,32 @@ class Recorder:
         self._shard = shard
         self._store = store
         self._bus = bus
-        self._stats = stats
+        self.counts = RecordCounts()
         self._metrics = metrics
         self._npc_location = npc_location
         self._keep_dialogue = keep_dialogue
         self._trace_prompts = trace_prompts
         self._over_budget_logged: set[str] = set()
-        # Each NPC's last prompt, for `prefix_reuse`: one prompt per NPC that spoke on this shard.
-        self._previous_prompt: dict[str, str] = {}
+        self._previous = PrefixSketches()  # each NPC's last prompt, sketched in a fixed size
 
     async def record(self, spoken: Spoken) -> None:
         say, result = spoken.say, spoken.result
         self._count_over_budget(say.agent, spoken.memory)
-        self._stats.inferences += 1
-        self._stats.fallbacks += result.fallback
-        self._stats.lines += 1
+        self.counts.inferences += 1
+        self.counts.fallbacks += result.fallback
+        self.counts.lines += 1
         self._count_calls(result)
         self._count_reuse(say.agent, spoken.memory)
         if self._keep_dialogue:
-            self._stats.dialogue.append(say)
+            self.counts.dialogue.append(say)
         self._count_verdicts(say.agent, result)
-        record = make_record(
-            id=say.inference_id,
-            run_id=self._run_id,
-            state=spoken.state,
-            player_input=spoken.heard,
-            config=spoken.config,
-            memory=spoken.memory,
-            tick=say.tick,
-            backend=result.backend,
-            model=result.model,
-            params=result.params,
-            raw_response=result.raw_response,
-            line=result.line,
-            fallback=result.fallback,
-            fallback_reason=result.fallback_reason,
-            timings=result.timings,
-            attempts=result.attempts,
-            output=spoken.output,
-            rules=spoken.rules,
-            counts={**spoken.counts, **result.counts} if result.counts else spoken.counts,
-        )
+        response = Response(backend=result.backend, model=result.model, params=result.params, line=result.line,
+                            fallback=result.fallback, fallback_reason=result.fallback_reason,
+                            timings=result.timings, attempts=result.attempts,
+                            counts={**spoken.counts, **result.counts} if result.counts else spoken.counts)
+        record = make_record(spoken.memory, id=say.inference_id, run_id=self._run_id, tick=say.tick,
+                             state=spoken.state, config=spoken.config, response=response, output=spoken.output,
+                             rules=spoken.rules)
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
@@ -127,7 +110,7 @@ class Recorder:
         for n, attempt in enumerate(result.attempts, 1):
             for verdict in attempt.proposals:
                 if verdict.code != "ok":
-                    self._stats.verdicts[verdict.code] = self._stats.verdicts.get(verdict.code, 0) + 1
+                    self.counts.verdicts[verdict.code] = self.counts.verdicts.get(verdict.code, 0) + 1
                     log.info("%s: attempt %d of %s: %s %r %s (%s): %s", agent, n, result.id, verdict.kind,
                              verdict.text[:80], verdict.verdict, verdict.code, verdict.detail)
 
@@ -137,28 +120,27 @@ class Recorder:
         for attempt in result.attempts:
             server = attempt.served_by.server if attempt.served_by is not None else None
             if server is not None:
-                named = self._stats.answered_by
+                named = self.counts.answered_by
                 key = server if server in named or len(named) < _SERVERS_NAMED else "(other servers)"
                 named[key] = named.get(key, 0) + 1
             usage = attempt.usage
             if usage is not None and usage.evaluated_tokens is not None:
-                self._stats.prompt_tokens_evaluated += usage.evaluated_tokens
-                self._stats.prompt_tokens_cached += usage.cached_tokens or 0
+                self.counts.prompt_tokens_evaluated += usage.evaluated_tokens
+                self.counts.prompt_tokens_cached += usage.cached_tokens or 0
 
     def _count_reuse(self, agent: str, memory: WorkingMemory) -> None:
         """How much of the prompt (the first attempt's) is a prefix of the NPC's previous one,
-        in characters; and what `stable_prefix` cost."""
-        previous = self._previous_prompt.get(agent)
-        if previous is not None:
-            self._stats.prefix_reuse_pairs += 1
-            self._stats.prefix_reuse_share += prefix_reuse(previous, memory.prompt).share
-        self._previous_prompt[agent] = memory.prompt
-        self._stats.stable_cost_chars += memory.report.stable_cost_chars
+        in characters (sim.shard._prefix); and what `stable_prefix` cost."""
+        shared = self._previous.reuse(agent, memory.prompt)
+        if shared is not None:
+            self.counts.prefix_reuse_pairs += 1
+            self.counts.prefix_reuse_share += shared / len(memory.prompt) if memory.prompt else 0.0
+        self.counts.stable_cost_chars += memory.report.stable_cost_chars
 
     def _count_over_budget(self, agent: str, memory: WorkingMemory) -> None:
         if not memory.report.over_budget:
             return
-        self._stats.over_budget += 1
+        self.counts.over_budget += 1
         if agent not in self._over_budget_logged:
             self._over_budget_logged.add(agent)
             report = memory.report

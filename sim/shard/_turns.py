@@ -15,9 +15,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
+from sim.bus import Bus
 from sim.errors import single_error
+from sim.scenario import NpcSpec
 from sim.shard._clock import checkpoint
-from sim.shard._context import ShardContext
+from sim.shard._layout import ShardLayout
+from sim.shard._perception import Perception
+from sim.shard._registry import Agent
 
 __all__ = ["Turns", "take_turns"]
 
@@ -29,27 +33,28 @@ _DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the even
 class Turns:
     """Phase 2 of a shard's tick; `stop` ends it between slices and turns."""
 
-    def __init__(self, ctx: ShardContext, stop: asyncio.Event) -> None:
-        self._ctx, self._stop = ctx, stop
-        self._workers = 2 * ctx.config.inference.concurrency  # the pool always has turns waiting to order
+    def __init__(self, layout: ShardLayout, bus: Bus, perception: Perception, agent: Callable[[NpcSpec], Agent], *,
+                 workers: int, stop: asyncio.Event) -> None:
+        """`agent(spec)`: the NPC's agent for one turn; `workers`: turns taken at once."""
+        self._layout, self._bus, self._perception, self._agent = layout, bus, perception, agent
+        self._workers, self._stop = workers, stop
 
     async def take(self, tick: int) -> bool:
         """Every turn of `tick` taken; False when asked to stop first."""
-        ctx, dice = self._ctx, self._ctx.layout.dice
+        layout, dice = self._layout, self._layout.dice
         fallen: list[str] = []
         for start in range(0, len(dice), _DICE_SLICE):
             if self._stop.is_set():
                 return False
             fallen += dice.roll(tick, start, start + _DICE_SLICE)
             await checkpoint()
-        mailed = sorted({*ctx.bus.mail.mail_holders(tick), *ctx.perception.mail_holders()})
+        mailed = sorted({*self._bus.mail.mail_holders(tick), *self._perception.mail_holders()})
         ambient = set(fallen)
         woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
         woken.update((agent, True) for agent in fallen)
 
         async def turn(item: tuple[str, bool]) -> None:
-            spec = ctx.layout.by_id[item[0]]
-            await ctx.kinds[spec.kind].build(spec, ctx.agent_context(spec)).step(tick, item[1])
+            await self._agent(layout.by_id[item[0]]).step(tick, item[1])
 
         return await take_turns(woken.items(), turn, workers=self._workers, stop=self._stop)
 

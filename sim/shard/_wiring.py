@@ -1,7 +1,7 @@
 """`open_shard`: one shard with its store, pool, bus and context, assembled in one place.
 
-    async with open_shard(config, scenario, run_id=run_id, seed=seed, db=db, stats=stats, stop=stop,
-                          transport=broker.transport()) as shard:
+    plan = ShardPlan(config, scenario, run_id=run_id, seed=seed)
+    async with open_shard(plan, db, stats=stats, stop=stop, connection=Connection(transport=t)) as shard:
         await shard.start()
         await shard.run(until=shard.end)
 
@@ -9,6 +9,10 @@ A process run (sim.shard._process), a replay (sim.replay) and the tests' in-memo
 all open their shard here, so the order is written once: the store first, then `claim`
 (what must hold of the store before anyone connects: that it belongs to this run; it gives
 the run key), then the bus and the pool with that key, then the context and the shard.
+The caller hands over the parts: the shard's plan (sim.shard._plan), where its store is,
+how it reaches the broker (`Connection`), and what the caller puts in place of a live run's
+defaults (`Seams`: a re-execution's recorded answers and inputs, the tokenizer a token
+budget is counted with).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sim.audit import AuditRecord
 from sim.bus import BusConfig, open_bus
@@ -25,71 +29,79 @@ from sim.inference import Backend, InferenceRequest, PoolConfig, Tokenizer, open
 from sim.metrics import MetricsSink, NullMetrics
 from sim.mqtt import BrokerAddress, Transport
 from sim.protocol.seal import RunKey
-from sim.scenario import Scenario
 from sim.shard._clock import Clock
 from sim.shard._context import MemoryConfigOf, ShardContext
 from sim.shard._inputs import InputSource
-from sim.shard._layout import ShardLayout
 from sim.shard._loop import Shard
-from sim.shard._run_config import RunConfig, hot_limit, pool_transport
+from sim.shard._plan import ShardPlan
+from sim.shard._run_config import hot_limit, pool_transport
 from sim.shard._stats import RunStats
 from sim.store import Store, open_store
 
-__all__ = ["Claim", "open_shard"]
+__all__ = ["Claim", "Connection", "Seams", "open_shard"]
 
 Claim = Callable[[Store], Awaitable[RunKey | None]]
 """What is done with the open store before the bus and the pool connect; gives the run key (or None)."""
 
 
+class Connection(NamedTuple):
+    """How a shard's bus and pool reach the broker: at `address` over MQTT `protocol`, or the
+    bus through `transport` (an in-memory broker; the pool then serves in this process or its
+    own worker process: `pool_transport`)."""
+
+    address: BrokerAddress = BrokerAddress()
+    protocol: Literal[5, 311] = 5
+    transport: Transport | None = None
+
+
+class Seams(NamedTuple):
+    """What the caller puts in place of a live run's defaults: for a re-execution (sim.replay)
+    the pool's `backend` and the `recorded` answers, the shard's outside `inputs` (live: what
+    arrives on the bus) and each NPC's working-memory config at a tick (`memory_config_of`: a
+    fork's); for a budget counted by a server (`tokenizer = "server"`), the `tokenizer` that
+    fetches its counts (a run's opens its server's, a re-execution's reads the records')."""
+
+    backend: Backend | None = None
+    recorded: Callable[[InferenceRequest], AuditRecord | None] | None = None
+    inputs: InputSource | None = None
+    memory_config_of: MemoryConfigOf | None = None
+    tokenizer: Tokenizer | None = None
+
+
+_MQTT = Connection()  # the default broker's address, over MQTT 5
+_LIVE = Seams()  # a live run: nothing put in place
+
+
 @contextlib.asynccontextmanager
 async def open_shard(
-    config: RunConfig,
-    scenario: Scenario,
-    *,
-    run_id: str,
-    seed: int,
+    plan: ShardPlan,
     db: Path,
+    *,
     stats: RunStats,
     stop: asyncio.Event,
-    broker: BrokerAddress | None = None,
-    protocol: Literal[5, 311] = 5,
-    transport: Transport | None = None,
+    connection: Connection = _MQTT,
     claim: Claim | None = None,
-    layout: ShardLayout | None = None,
-    backend: Backend | None = None,
-    recorded: Callable[[InferenceRequest], AuditRecord | None] | None = None,
-    inputs: InputSource | None = None,
-    memory_config_of: MemoryConfigOf | None = None,
     metrics: MetricsSink | None = None,
     clock: Clock | None = None,
-    tokenizer: Tokenizer | None = None,
+    seams: Seams = _LIVE,
 ) -> AsyncIterator[Shard]:
-    """Shard `config.shard` of `scenario`, its store at `db`, not started yet.
-
-    The bus and the pool reach the broker at `broker` (MQTT `protocol`), or the bus goes
-    through `transport` (an in-memory broker) and the pool serves in this process or its
-    own worker process (`pool_transport`). A replay gives the pool a `backend` and the
-    `recorded` answers, and the shard its outside `inputs` (by default what arrives on the bus).
-    `tokenizer` is the server's its NPCs' token budgets are counted with (`tokenizer = "server"`).
-    """
-    layout = layout or ShardLayout(scenario, config.shard, seed)
-    shard = str(layout.index)
-    address = broker or BrokerAddress()
-    async with open_store(db, hot_limit=hot_limit(scenario.memory), keep_tail=False) as store:
+    """The shard of `plan`, its store at `db`, not started yet."""
+    config, shard = plan.config, plan.shard
+    async with open_store(db, hot_limit=hot_limit(plan.scenario.memory), keep_tail=False) as store:
         run_key = None if claim is None else await claim(store)
-        bus_config = BusConfig(broker=address, run=run_id, shard=shard, protocol=protocol, bounds=config.limits.bounds,
-                               run_key=run_key)
-        pool_config = PoolConfig.from_run(config.inference, transport=pool_transport(config, len(layout.specs)),
-                                          broker=address, run_key=run_key, run_id=run_id, shard=shard)
+        bus_config = BusConfig(broker=connection.address, run=plan.run_id, shard=shard, protocol=connection.protocol,
+                               bounds=config.limits.bounds, run_key=run_key)
+        pool_config = PoolConfig.from_run(config.inference, transport=pool_transport(config, len(plan.layout.specs)),
+                                          broker=connection.address, run_key=run_key, run_id=plan.run_id, shard=shard)
         async with (
-            open_bus(bus_config, transport=transport) as bus,
-            open_pool(pool_config, backend=backend, recorded=recorded) as pool,
+            open_bus(bus_config, transport=connection.transport) as bus,
+            open_pool(pool_config, backend=seams.backend, recorded=seams.recorded) as pool,
         ):
-            stats.bus = bus.stats
+            stats.bus, stats.pool = bus.stats, pool.statistics
             metrics = metrics or NullMetrics()
             metrics.watch_run(stats)
             metrics.watch_pool(pool.statistics)
             metrics.watch_bus(bus.stats)
-            ctx = ShardContext(scenario, config, run_id, seed, bus, pool, store, stats, metrics, clock=clock,
-                               layout=layout, memory_config_of=memory_config_of, tokenizer=tokenizer)
-            yield Shard(ctx, stop, source=inputs)
+            ctx = ShardContext(plan, bus, pool, store, stats, metrics, clock=clock,
+                               memory_config_of=seams.memory_config_of, tokenizer=seams.tokenizer)
+            yield Shard(ctx, stop, source=seams.inputs)

@@ -15,8 +15,8 @@ prompt, then the lists of `_LISTS`, whose lengths `counts` gives) and its config
 `compressed` holds two msgpack maps, the record's other fields (less the ones the `audit`
 table holds as columns; the first `top_length` bytes) and the state's other fields,
 deflated with a preset dictionary made of the template and the referenced bodies. The
-prompt is kept (it is what the model saw, and it lets a drift show as a diff); it
-compresses well against the items it was rendered from. zlib was chosen by measurement
+attempts' prompts are kept (what the model saw, and a drift shows as a diff); they
+compress well against the items they were rendered from. zlib was chosen by measurement
 over zstd (docs/store.md). Every field of `AuditRecord`, including fields added later,
 rides along, and unpacking assembles the exact msgpack of the record from these bytes
 and decodes it once, with the record's own decoder.

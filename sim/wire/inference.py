@@ -25,10 +25,13 @@ __all__ = [
     "InferenceResult",
     "Priority",
     "ServerLimits",
+    "WorkerLimits",
     "decode_request",
     "decode_result",
+    "decode_worker_limits",
     "encode_request",
     "encode_result",
+    "encode_worker_limits",
 ]
 
 
@@ -91,12 +94,9 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
     `fallback_reason` is one of "stale", "timeout", "circuit_open", "backend_error",
     "rejected", "transport_error" when `fallback` is true. `attempts` holds every call
-    made to the backend, in order (none for a stale request). `server_limits` is the
-    serving worker's adaptive limit on each of its model servers as it answered (an
-    `openai` backend; empty for the others): how a worker process or a remote worker
-    tells the pool the limits it settled on. `counts` are the server tokenizer's counts a
-    retry's working memory was cut with (`tokenizer = "server"`; empty otherwise): the
-    audit keeps them, so the retry is rebuilt with no server.
+    made to the backend, in order (none for a stale request). `counts` are the server
+    tokenizer's counts a retry's working memory was cut with (`tokenizer = "server"`; empty
+    otherwise): the audit keeps them, so the retry is rebuilt with no server.
     """
 
     id: str
@@ -114,13 +114,21 @@ class InferenceResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     worker: str = ""
     attempts: tuple[Attempt, ...] = ()
     prompt_tokens: int | None = None
-    server_limits: ServerLimits = msgspec.field(default_factory=dict)
     counts: TokenCounts = msgspec.field(default_factory=dict)
+
+
+class WorkerLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a remote worker says on `infer/worker/{name}` when its model servers' adaptive
+    limits changed (and now and then while it serves, for the pools that joined since): each
+    server's limit, by URL. The pools sum them over the workers that serve on a server."""
+
+    limits: ServerLimits
 
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgpack_reader(InferenceRequest)
 _result_decoder = msgpack_reader(InferenceResult)
+_limits_decoder = msgpack_reader(WorkerLimits)
 
 
 def encode_request(request: InferenceRequest) -> bytes:
@@ -139,3 +147,12 @@ def encode_result(result: InferenceResult) -> bytes:
 def decode_result(payload: bytes) -> InferenceResult:
     """Raises msgspec.DecodeError, as `decode_request` does."""
     return _result_decoder.decode(payload)
+
+
+def encode_worker_limits(limits: WorkerLimits) -> bytes:
+    return _encoder.encode(limits)
+
+
+def decode_worker_limits(payload: bytes) -> WorkerLimits:
+    """Raises msgspec.DecodeError, as `decode_request` does."""
+    return _limits_decoder.decode(payload)

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from sim.wire.attempt import Rules
-from sim.wire.inference import InferenceResult
+from sim.wire.inference import InferenceResult, ServerLimits
 
 __all__ = [
     "FRAME_HEADER",
@@ -67,11 +67,13 @@ class LocalWorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 class LocalReply(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Results served since the last reply, with what the pool's statistics count and only
-    serving sees (outputs rejected, stale requests dropped) since the last reply too."""
+    serving sees (outputs rejected, stale requests dropped) since the last reply too, and the
+    model servers' adaptive limits now (`server_limits`, an `openai` backend's)."""
 
     results: list[InferenceResult] = []
     rejected_outputs: int = 0
     dropped_stale: int = 0
+    server_limits: ServerLimits = {}
 
 
 class ParseScenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
