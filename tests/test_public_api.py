@@ -78,7 +78,7 @@ PACKAGES: dict[str, set[str]] = {
     "sim.shard": {
         "AGENT_KINDS", "Agent", "AgentContext", "BrokerConfig", "Claim", "Clock", "Connection", "InferenceConfig",
         "Limits", "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Placement", "Player", "RecordConfig",
-        "RecordedInputs", "ReplaySeam", "RunConfig", "RunStarted", "RunStats", "Shard",
+        "RecordedInputs", "RunConfig", "RunStarted", "RunStats", "Seams", "Shard",
         "ShardContext", "ShardPlan", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
         "assign_places", "create_agents", "hot_limit", "open_shard", "parse_shard", "run", "shard_npcs",
     },
