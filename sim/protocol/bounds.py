@@ -3,24 +3,29 @@
 Players and the game system reach the simulation only through public JSON topics, which
 anyone allowed on the broker can write. Over a bound a message is refused whole (never
 truncated), counted by kind for the summary, and logged once per kind. Per tick, each
-player is heard at most `player_inputs_per_tick` times (`limit_player_inputs`): the excess
-is refused too (its client gets a `rate_limited` error), never queued for later.
+player is heard at most `player_inputs_per_tick` times, each NPC is told at most
+`npc_inputs_per_tick` inputs and a shard takes at most `inputs_per_tick` in all
+(`limit_player_inputs`): the excess is refused too (its client gets a `rate_limited` error,
+or `busy` when the NPC or the shard is the one at its bound), never queued for later. An
+NPC makes at most `npc_inferences_per_tick` inferences a tick, whoever asks (sim.shard), so
+a flood of players costs a bounded number of model calls. Error replies are bounded per
+client and in all (`ErrorReplies`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from sim.wire.channel import Bound, TextBound
-from sim.wire.events import ErrorMessage
+from sim.wire.events import ErrorCode, ErrorMessage
 from sim.wire.inputs import OutsideInput, Taken
 
 __all__ = [
-    "ErrorReplies", "InputBounds", "Refusals", "bound_problem", "limit_player_inputs",
+    "ErrorReplies", "InputBounds", "OverBound", "Refusals", "bound_problem", "limit_player_inputs",
 ]
 
 log = logging.getLogger(__name__)
@@ -31,6 +36,10 @@ class InputBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     player_text_chars: int = 500
     player_inputs_per_tick: int = 3
+    npc_inputs_per_tick: int = 8
+    inputs_per_tick: int = 256  # per shard: with one shard, per run
+    npc_inferences_per_tick: int = 8
+    facts_per_npc: int = 64
     game_text_chars: int = 1000
     world_keys: int = 64
     world_key_chars: int = 64
@@ -67,18 +76,41 @@ class Refusals:
             log.warning("refused %s on %s: %s (logged once per kind, counted in the summary)", kind, where, why)
 
 
-def limit_player_inputs(inputs: Sequence[Taken], per_tick: int) -> tuple[list[Taken], list[OutsideInput]]:
-    """The first `per_tick` inputs of each player, in arrival order, with the game system's
-    inputs (never limited here); and the players' inputs over the bound, to be refused."""
+class OverBound(NamedTuple):
+    """A player's input refused at a tick's bound: `code` is `rate_limited` (the player's own
+    bound) or `busy` (the NPC's or the shard's), `why` says which."""
+
+    input: OutsideInput
+    code: ErrorCode
+    why: str
+
+
+def limit_player_inputs(inputs: Sequence[Taken], bounds: InputBounds) -> tuple[list[Taken], list[OverBound]]:
+    """The inputs a tick takes, in arrival order: each player's first `player_inputs_per_tick`,
+    each NPC's first `npc_inputs_per_tick`, and `inputs_per_tick` in all, with the game
+    system's inputs (never limited here); and the players' inputs over a bound, to be refused."""
     kept: list[Taken] = []
-    over: list[OutsideInput] = []
-    seen: dict[str, int] = {}
+    over: list[OverBound] = []
+    by_player: dict[str, int] = {}
+    by_npc: dict[str, int] = {}
+    taken_inputs = 0
     for taken in inputs:
         if isinstance(taken, OutsideInput):
-            seen[taken.player] = seen.get(taken.player, 0) + 1
-            if seen[taken.player] > per_tick:
-                over.append(taken)
+            player, npc = by_player.get(taken.player, 0), by_npc.get(taken.to, 0)
+            if player >= bounds.player_inputs_per_tick:
+                over.append(OverBound(taken, "rate_limited",
+                                      f"more than {bounds.player_inputs_per_tick} inputs in one tick"))
                 continue
+            if npc >= bounds.npc_inputs_per_tick:
+                over.append(OverBound(taken, "busy", f"{taken.to!r} is told more than "
+                                                     f"{bounds.npc_inputs_per_tick} inputs in one tick; try again"))
+                continue
+            if taken_inputs >= bounds.inputs_per_tick:
+                over.append(OverBound(taken, "busy", f"more than {bounds.inputs_per_tick} inputs in one tick "
+                                                     "in all; try again"))
+                continue
+            by_player[taken.player], by_npc[taken.to] = player + 1, npc + 1
+            taken_inputs += 1
         kept.append(taken)
     return kept, over
 
@@ -86,16 +118,32 @@ def limit_player_inputs(inputs: Sequence[Taken], per_tick: int) -> tuple[list[Ta
 class ErrorReplies:
     """Error replies to outside clients, bounded per client: at most `per_window` in a window
     of `window` seconds, then one `rate_limited` error, then none until the window ends. A
-    flood costs a client a bounded number of replies, and `clients` clients in one window
-    at most are answered; what is held back is counted."""
+    flood costs a client a bounded number of replies, `clients` clients in one window at most
+    are answered, and `in_all` replies at most in any window, whoever the clients (a flood
+    from thousands of ids costs no more); what is held back is counted."""
 
-    def __init__(self, *, per_window: int = 10, window: float = 10.0, clients: int = 10_000) -> None:
-        self._per_window, self._window, self._clients = per_window, window, clients
+    def __init__(self, *, per_window: int = 10, window: float = 10.0, clients: int = 10_000,
+                 in_all: int = 1_000) -> None:
+        self._per_window, self._window, self._clients, self._in_all = per_window, window, clients, in_all
         self._windows: dict[str | None, tuple[float, int]] = {}  # client -> (window start, replies in it)
+        self._all: tuple[float, int] = (0.0, 0)  # (window start, replies sent in it), every client's
         self.held = 0
 
     def admit(self, client: str | None, error: ErrorMessage, now: float) -> ErrorMessage | None:
         """The reply to send `client` (None: the game system) for `error` now, or None (held back)."""
+        reply = self._admit(client, error, now)
+        if reply is None:
+            return None
+        start, sent = self._all
+        if now - start >= self._window:
+            start, sent = now, 0
+        if sent >= self._in_all:
+            self.held += 1
+            return None
+        self._all = (start, sent + 1)
+        return reply
+
+    def _admit(self, client: str | None, error: ErrorMessage, now: float) -> ErrorMessage | None:
         start, sent = self._windows.get(client, (now, 0))
         if now - start >= self._window:
             start, sent = now, 0

@@ -154,13 +154,14 @@ def agent_kinds(named: Mapping[str, str]) -> dict[str, AgentKind]:
 class AgentContext:
     """One agent's handle on the engine: its mail, its memory, its place, its voice."""
 
-    __slots__ = ("_seq", "_seq_tick", "_shard", "spec")
+    __slots__ = ("_seq", "_seq_tick", "_shard", "_spoken", "spec")
 
     def __init__(self, shard: ShardContext, spec: NpcSpec) -> None:
         self._shard = shard
         self.spec = spec
         self._seq_tick = -1
         self._seq = 0
+        self._spoken = (-1, 0)  # (tick, inferences made in it)
 
     @property
     def id(self) -> str:
@@ -222,8 +223,10 @@ class AgentContext:
     # --- speaking ------------------------------------------------------------------------
 
     async def speak(self, to: str, said: str, turn: int, *, reply_to: str | None = None,
-                    answering: str | None = None) -> str:
-        """Answer `said` (what `to` said, or an ambient prompt) to `to`; returns the line said.
+                    answering: str | None = None) -> str | None:
+        """Answer `said` (what `to` said, or an ambient prompt) to `to`; returns the line said,
+        or None when the NPC made its `npc_inferences_per_tick` inferences of this tick already
+        (counted, nothing said: a flood of talk costs a bounded number of model calls).
 
         `turn` counts the replies of an exchange: 0 is ambient chatter, 1 an answer. The `say`
         of an answer to a player names the player (`in_reply_to`) and carries `reply_to`, the
@@ -234,6 +237,12 @@ class AgentContext:
         """
         shard, spec = self._shard, self.spec
         tick = shard.tick
+        made = self._spoken[1] if self._spoken[0] == tick else 0
+        if made >= shard.config.limits.bounds.npc_inferences_per_tick:
+            shard.bus.refuse("inferences over the per-NPC bound", spec.id,
+                             f"{spec.id!r} made {made} inferences in tick {tick} already")
+            return None
+        self._spoken = (tick, made + 1)
         state = shard.state(spec)
         if answering is not None:
             state = leave_out_event(state, answering)

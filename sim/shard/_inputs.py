@@ -28,8 +28,8 @@ from typing import NamedTuple, Protocol
 import msgspec
 
 from sim.bus import Bus
-from sim.memory import Fact, WorldFact
-from sim.protocol.bounds import limit_player_inputs
+from sim.memory import Fact, OverBudgetError, WorldFact, build_working_memory, counted_by_server
+from sim.protocol.bounds import InputBounds, limit_player_inputs
 from sim.protocol.outbox import Outbox
 from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
 from sim.protocol.received import InputRefused, OutsideReceived, refused
@@ -39,7 +39,7 @@ from sim.shard._registry import Player
 from sim.shard._stats import InputCounts
 from sim.store import Store, Writer
 from sim.wire import topics
-from sim.wire.events import Notice, Speech, event_id
+from sim.wire.events import ErrorCode, Notice, Speech, event_id
 from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
 
 __all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideChanges", "RunWideInputs", "TickInputs"]
@@ -129,10 +129,10 @@ class LiveInputs:
     shards acted on) is sent again the same."""
 
     def __init__(self, store: Store, bus: Bus, run_wide: RunWideInputs, *, journal: OutsideJournal,
-                 per_tick: int) -> None:
+                 bounds: InputBounds) -> None:
         self._store, self._bus, self._run_wide = store, bus, run_wide
         self._stamps = journal
-        self._per_tick = per_tick
+        self._bounds = bounds
         self._held: dict[int, list[Taken]] = {}
         self._refused: list[InputRefused] = []
         for arrival in store.arrivals.pending:  # a tick cut short (kill -9) takes them again
@@ -162,12 +162,12 @@ class LiveInputs:
 
     def inputs_at(self, tick: int, announced: tuple[RunWide, ...]) -> list[Taken]:
         arrived = [*announced, *self._held.pop(tick, [])]
-        taken, over = limit_player_inputs(arrived, self._per_tick)
-        for player_input in over:
-            why = f"more than {self._per_tick} inputs in one tick"
-            self._bus.refuse("player inputs over the per-tick bound", f"player {player_input.player!r}", why)
+        taken, over = limit_player_inputs(arrived, self._bounds)
+        for player_input, code, why in over:
+            kind = "player inputs over the per-tick bound" if code == "rate_limited" else "player inputs to a busy NPC"
+            self._bus.refuse(kind, f"player {player_input.player!r}", why)
             topic = topics.player_input(self._bus.config.run, player_input.player)
-            self._refused.append(refused("rate_limited", topic, why, player=player_input.player,
+            self._refused.append(refused(code, topic, why, player=player_input.player,
                                          npc=player_input.to, input_id=player_input.id))
         return [msgspec.structs.replace(t, seq=seq) for seq, t in enumerate(taken)]
 
@@ -282,6 +282,10 @@ class TickInputs:
             if store.fact_text(fact.npc, fact.id) is not None:
                 await self._refuse_fact(fact, f"NPC {fact.npc!r} holds a fact {fact.id!r} already", answer=True)
                 return False
+            why = self._fact_problem(fact.npc, fact)
+            if why is not None:
+                await self._refuse_fact(fact, why, answer=True, code="over_budget")
+                return False
             agents = [fact.npc]
         else:
             if fact.id in self.run_wide_facts:
@@ -290,18 +294,45 @@ class TickInputs:
                 return False
             self.run_wide_facts.add(fact.id)
             agents = [s.id for s in layout.specs if store.fact_text(s.id, fact.id) is None]
+            held = [agent for agent in agents if self._fact_problem(agent, fact) is None]
+            if len(held) < len(agents):  # each NPC's own state decides: the same on any layout
+                self._bus.refuse("game fact an NPC cannot hold", topics.game_fact(self._plan.run_id),
+                                 f"fact {fact.id!r}: {len(agents) - len(held)} NPCs of this shard cannot hold it")
+            agents = held
         for n, agent in enumerate(agents, start=1):
             await store.add_fact(agent, Fact(id=fact.id, text=fact.text), writer=Writer.GAME)
             if n % _WORLD_SLICE == 0:
                 await checkpoint()
         return True
 
-    async def _refuse_fact(self, fact: GameFact, why: str, *, answer: bool) -> None:
-        """Count a refused fact on this shard; `answer`: this shard answers it (`exists`)."""
+    def _fact_problem(self, agent: str, fact: GameFact) -> str | None:
+        """Why `agent` cannot hold `fact`, or None: it holds `facts_per_npc` facts already, or
+        with it the mandatory part of its prompt would not fit its budget (refused when the fact
+        arrives, not found over budget in every later prompt). A budget counted by a server's
+        tokenizer is checked by the prompts themselves: its counts are not at hand here."""
+        state, bound = self._store.state(agent), self._plan.config.limits.bounds.facts_per_npc
+        if len(state.canonical_facts) >= bound:
+            return f"NPC {agent!r} holds {len(state.canonical_facts)} facts, its bound"
+        config = self._plan.scenario.memory
+        if counted_by_server(config) or not config.always_include_canonical_facts:
+            return None
+        held = msgspec.structs.replace(state, canonical_facts=(*state.canonical_facts,
+                                                                Fact(id=fact.id, text=fact.text)))
+        try:
+            over = build_working_memory(held, "", config).report.over_budget
+        except OverBudgetError:
+            over = True
+        return f"with fact {fact.id!r}, NPC {agent!r}'s mandatory prompt would not fit its budget" if over else None
+
+    async def _refuse_fact(self, fact: GameFact, why: str, *, answer: bool, code: ErrorCode = "exists") -> None:
+        """Count a refused fact on this shard; `answer`: this shard answers it (`exists`, or
+        `over_budget` for a fact its NPC cannot hold)."""
         topic = topics.game_fact(self._plan.run_id)
         if answer:
-            await self._answer(refused("exists", topic, f"{why}; canonical facts are add-only", input_id=fact.id))
-        self._bus.refuse("game fact that exists", topic, f"fact {fact.id!r}")
+            reason = f"{why}; canonical facts are add-only" if code == "exists" else why
+            await self._answer(refused(code, topic, reason, input_id=fact.id))
+        self._bus.refuse("game fact that exists" if code == "exists" else "game fact over an NPC's bound", topic,
+                         f"fact {fact.id!r}")
 
     async def _answer(self, refusal: InputRefused) -> None:
         await self._bus.publish_error(refusal.player, refusal.error, self._clock.now())

@@ -86,7 +86,7 @@ class Shard:
                                  tick=self.first if last is None else self.first + 1)
         self.source: InputSource = source or LiveInputs(
             self.store, self.bus, self.run_wide, journal=journal,
-            per_tick=self.config.limits.bounds.player_inputs_per_tick,
+            bounds=self.config.limits.bounds,
         )
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
         plan, bus, store, clock, stats = ctx.plan, self.bus, self.store, self.clock, self.stats

@@ -180,7 +180,7 @@ class GameFactMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 ErrorCode = Literal[
     "not_json", "schema", "not_allowed", "unknown_npc", "unknown_location", "too_long", "rate_limited", "retained",
-    "exists",
+    "exists", "busy", "over_budget",
 ]
 """Why a message on a public topic was refused (docs/topics.md, "Errors"):
 `not_json` (the payload is not JSON), `schema` (not the topic's fields and types, or a
@@ -188,7 +188,9 @@ player id that is not a name), `not_allowed` (a player id that is an internal ro
 login), `unknown_npc`, `unknown_location`, `too_long` (over a
 bound of the run), `rate_limited` (over a rate; also the one reply when a client's errors
 are held back), `retained` (a retained message: only live ones are taken), `exists` (a
-fact id the NPC holds already)."""
+fact id the NPC holds already), `busy` (the NPC or the shard took all the inputs a tick
+takes; try again), `over_budget` (a fact the NPC cannot hold: past its count, or its prompt's
+mandatory part would not fit the budget)."""
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
 
 
