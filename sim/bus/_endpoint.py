@@ -93,6 +93,7 @@ class Bus:
     def __init__(self, config: BusConfig, transport: Transport) -> None:
         self.config = config
         self._transport = transport
+        self._redeliveries = transport.redeliveries if isinstance(transport, MqttTransport) else None
         self._router = Router(
             config.run, config.shard, mailbox_size=config.mailbox_size, seen_events=config.seen_ids,
             bounds=config.bounds, run_key=config.run_key,
@@ -164,6 +165,8 @@ class Bus:
 
     def take_events(self) -> list[BusEvent]:
         """Everything queued for the shard since the last call, in arrival order."""
+        if self._redeliveries is not None:
+            self.stats.redelivered = self._redeliveries.count
         events = list(self._events)
         self._events.clear()
         self.arrived.clear()

@@ -165,7 +165,7 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
         rows += [
             ("events delivered", bus.events_delivered),
             ("events delivered/s", f"{bus.events_delivered / elapsed:,.0f}"),
-            ("duplicates dropped", bus.duplicates),
+            ("duplicates dropped", bus.duplicates + bus.redelivered),
             ("malformed dropped", sum(bus.malformed.values())),
             ("reconnects", bus.reconnects),
             ("mailbox overflow dropped", bus.mailbox_overflow),

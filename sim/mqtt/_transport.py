@@ -18,6 +18,8 @@ through it, so the in-memory broker can stand in for each of them.
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
@@ -85,13 +87,42 @@ def topic_matches(topic: str, pattern: str) -> bool:
     return aiomqtt.Topic(topic).matches(pattern)
 
 
+class Redeliveries:
+    """What a kept session was delivered lately, so that a redelivery is recognised.
+
+    MQTT's QoS 1 is at least once: a message the broker sent on a connection that was lost
+    before our acknowledgement reached it is sent again on the session's next connection,
+    with the same packet id. The broker numbers a session's messages in turn, so a packet
+    id comes back for a new message only after the others have gone round; `size` recent
+    deliveries (by packet id, topic and a digest of the payload) are far fewer, and a
+    message that matches one of them is the same message again: dropped and counted."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._seen: collections.OrderedDict[tuple[int, str, bytes], None] = collections.OrderedDict()
+        self.count = 0
+
+    def again(self, mid: int, topic: str, payload: bytes) -> bool:
+        """Whether this delivery is one the session had already; remembers it otherwise."""
+        key = (mid, topic, hashlib.blake2b(payload, digest_size=16).digest())
+        if key in self._seen:
+            self.count += 1
+            return True
+        self._seen[key] = None
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return False
+
+
 class _MqttLink:
     def __init__(
-        self, client: aiomqtt.Client, publish_timeout: float | None, checked: _CheckedPublisher | None
+        self, client: aiomqtt.Client, publish_timeout: float | None, checked: _CheckedPublisher | None,
+        redeliveries: Redeliveries | None,
     ) -> None:
         self._client = client
         self._publish_timeout = publish_timeout
         self._checked = checked
+        self._redeliveries = redeliveries
 
     async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
         if self._checked is not None:
@@ -110,11 +141,15 @@ class _MqttLink:
             await self._client.subscribe([(f, 1) for f in filters[i : i + _SUBSCRIBE_CHUNK]])
 
     async def messages(self) -> AsyncIterator[tuple[str, bytes, bool]]:
+        again = self._redeliveries
         async for message in self._client.messages:
             payload = message.payload
             # paho hands every received payload over as bytes; anything else is junk the receiver counts
             data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
-            yield message.topic.value, data, bool(message.retain)
+            topic = message.topic.value
+            if again is not None and message.qos > 0 and again.again(message.mid, topic, data):
+                continue  # sent again after a lost connection: it was delivered once already
+            yield topic, data, bool(message.retain)
 
 
 class ClientOptions(NamedTuple):
@@ -168,6 +203,9 @@ class MqttTransport:
         keep = client.keep_session
         self._identifier = f"npcsim-{secrets.token_hex(8)}" if client.identifier is None and keep else client.identifier
         self._connected = False
+        self.redeliveries: Redeliveries | None = Redeliveries() if keep else None
+        """With a kept session, what it was delivered lately: `redeliveries.count` messages were
+        sent again after a lost connection and dropped (each delivered once)."""
 
     def _client(self) -> aiomqtt.Client:
         options = self._options
@@ -184,7 +222,7 @@ class MqttTransport:
         async def on_client(client: aiomqtt.Client) -> None:
             self._connected = True
             checked = _CheckedPublisher(client, self._name) if self._check_refusals else None
-            await session(_MqttLink(client, self._publish_timeout, checked))
+            await session(_MqttLink(client, self._publish_timeout, checked, self.redeliveries))
 
         await stay_connected(
             self.address, on_client, name=self._name, policy=self._policy, connect=self._client, on_lost=on_lost

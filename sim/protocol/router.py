@@ -69,6 +69,7 @@ class BusStats:
     events_local: int = 0  # events this shard delivered to itself, without the broker
     events_delivered: int = 0
     duplicates: int = 0
+    redelivered: int = 0  # messages the broker sent again after a lost connection, dropped (sim.mqtt)
     stale_batches: int = 0  # re-sent batches of ticks already perceived, dropped
     reconnects: int = 0
     malformed: dict[str, int] = field(default_factory=dict)

@@ -63,7 +63,8 @@ def netns(tag: int) -> Iterator[Netns]:
 class FaultProxy:
     """Forwards loopback TCP to `upstream_port`; `reset()` cuts every connection with an RST,
     `stall(s)` holds every byte for `s` seconds (`held` counts the chunks it held), `delay_s`
-    adds latency to every chunk."""
+    adds latency to every chunk; `hold_upward` holds what the client sends (its acknowledgements
+    too) while the broker's bytes still pass, until it is unset or the link reset."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -73,6 +74,7 @@ class FaultProxy:
         self.held = 0
         self._open = asyncio.Event()
         self._open.set()
+        self.hold_upward = False
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -84,15 +86,18 @@ class FaultProxy:
         pair = (writer, up_writer)
         self._conns.add(pair)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(self._pipe(reader, up_writer, upward=True), self._pipe(up_reader, writer))
         finally:
             self._conns.discard(pair)
             for w in pair:
                 w.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upward: bool = False) -> None:
         try:
             while chunk := await reader.read(65536):
+                if upward and self.hold_upward:
+                    self.held += 1
+                    continue  # never sent: the link is reset before it is let go
                 if not self._open.is_set():
                     self.held += 1
                     await self._open.wait()
