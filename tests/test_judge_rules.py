@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from sim.audit import Attempt, AuditRecord, decode_record, encode_record, make_record, replay
+from sim.audit import Attempt, AuditRecord, Response, decode_record, encode_record, make_record, replay
 from sim.inference import PoolConfig, WorkerConfig
 from sim.memory import Fact, NpcState, WorkingMemoryConfig, build_working_memory
 from sim.output import MAX_LINE_CHARS, OutputPolicy, Rules, gate_difference, judge_reply, record_rules
@@ -32,9 +32,9 @@ def _record(rules: Rules) -> AuditRecord:
     memory = build_working_memory(STATE, "player: which way?", config)
     verdict = judge_reply(LONG, memory, msgspec.structs.replace(rules, output=POLICY))
     attempt = Attempt(prompt=memory.prompt, raw_response=LONG, problem=verdict.problem, proposals=verdict.proposals)
-    return make_record(id="r1", run_id="run", state=STATE, player_input="player: which way?", config=config,
-                       memory=memory, tick=1, backend="scripted", model="scripted", line=verdict.line,
-                       attempts=(attempt,), output=POLICY, rules=rules)
+    response = Response(backend="scripted", model="scripted", line=verdict.line, attempts=(attempt,))
+    return make_record(memory, id="r1", run_id="run", tick=1, state=STATE, config=config, response=response,
+                       output=POLICY, rules=rules)
 
 
 def test_the_rules_are_defined_once() -> None:
