@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin, get_typ
 import msgspec
 
 from sim.errors import ConfigError
+from sim.wire.decoding import read_any_json
 
 __all__ = ["check_settings", "parse_settings", "setting_value", "with_settings"]
 
@@ -55,7 +56,7 @@ def setting_value(kind: type[msgspec.Struct], key: str, value: object) -> Any:
         return None
     if value[:1] in ("[", "{"):
         try:
-            return _converted(key, msgspec.json.decode(value), hint, value)
+            return _converted(key, read_any_json(value.encode()), hint, value)
         except msgspec.DecodeError:
             pass
     return _converted(key, value, hint, value)

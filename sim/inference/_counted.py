@@ -25,6 +25,7 @@ from sim.memory import (
 
 __all__ = ["KeptCounts", "counted_memory"]
 
+
 class KeptCounts:
     """A `Tokenizer` with no server: the counts an audit kept (a re-execution's). A text they
     lack is refused in one line: it would take the server to count it."""
