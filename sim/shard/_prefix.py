@@ -15,6 +15,7 @@ never kept beyond the run.
 from __future__ import annotations
 
 import struct
+from array import array
 
 __all__ = ["PrefixSketches"]
 
@@ -31,8 +32,7 @@ def _blocks(prompt: str, block: int, length: int) -> list[int]:
 def _sketch(prompt: str) -> bytes:
     length = len(prompt)
     block = max(_MIN_BLOCK, -(-length // _BLOCKS))
-    hashes = _blocks(prompt, block, length)
-    return _HEAD.pack(length, block, hash(prompt)) + struct.pack(f"<{len(hashes)}q", *hashes)
+    return _HEAD.pack(length, block, hash(prompt)) + array("q", _blocks(prompt, block, length)).tobytes()
 
 
 def _shared(sketch: bytes, prompt: str) -> int:
@@ -43,10 +43,11 @@ def _shared(sketch: bytes, prompt: str) -> int:
     previous, block, whole = _HEAD.unpack_from(sketch)
     if len(prompt) >= previous and hash(prompt[:previous]) == whole:
         return previous
-    theirs = struct.unpack_from(f"<{(len(sketch) - _HEAD.size) // 8}q", sketch, _HEAD.size)
+    theirs = array("q", sketch[_HEAD.size:])
+    end = min(len(prompt), previous) // block * block
     same = 0
-    for ours, recorded in zip(_blocks(prompt, block, min(len(prompt), previous)), theirs, strict=False):
-        if ours != recorded:
+    for start, recorded in zip(range(0, end, block), theirs, strict=False):  # block by block, to the first change
+        if hash(prompt[start:start + block]) != recorded:
             break
         same += 1
     return same * block

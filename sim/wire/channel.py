@@ -71,18 +71,19 @@ class Channel:
     subscribe: Callable[[str], str] | None = None
     sender_named: bool = False
 
-    @property
+    @cached_property
     def kind(self) -> topics.TopicKind:
         """What `topics.parse` says a topic of this channel is."""
         parsed = topics.parse(self.address)
         assert parsed is not None, f"{self.address}: a topic that topics.parse does not read"
         return parsed.kind
 
-    @property
+    @cached_property
     def parameters(self) -> tuple[str, ...]:
+        """The names its topic function takes (`run`, then fields of the message): read once."""
         return tuple(inspect.signature(self.topic).parameters)
 
-    @property
+    @cached_property
     def what(self) -> str:
         """What its messages are called in the malformed and refusal counts: `player input`."""
         return self.kind.replace("_", " ")
