@@ -8,6 +8,7 @@ import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sim.broker import BROKER_CONFIG
@@ -65,7 +66,7 @@ def test_the_commented_memory_defaults_are_the_real_ones() -> None:
     block = text[text.index("# [memory]"):]
     lines = [line.removeprefix("# ") for line in block.splitlines() if "max_context_tokens" not in line]
     raw = tomllib.loads("\n".join(lines))
-    assert WorkingMemoryConfig(**raw["memory"]) == WorkingMemoryConfig()
+    assert msgspec.convert(raw["memory"], WorkingMemoryConfig) == WorkingMemoryConfig()  # as a scenario reads it
     assert set(raw["memory"]) | {"max_context_tokens"} == set(WorkingMemoryConfig.__struct_fields__)
 
 

@@ -45,10 +45,13 @@ def records(db: Path) -> list[AuditRecord]:
 
 
 def expected_changes(record: AuditRecord, **settings: Any) -> list[tuple[str, str, str, str]]:
-    """(record, category, lost|gained, item as JSON) for one record, built here, not by sim.replay."""
+    """(record, category, lost|gained, item as JSON) for one record, built here, not by sim.replay;
+    none when the prompt is the same (two items of the same text kept in each other's place)."""
     before = build_working_memory(record.state, record.player_input, record.config)
     config = msgspec.structs.replace(record.config, **settings)
     after = build_working_memory(record.state, record.player_input, config)
+    if after.prompt == before.prompt:
+        return []
     changes = []
     for category in CATEGORIES:
         old = [json.dumps(msgspec.to_builtins(i), sort_keys=True) for i in getattr(before, category)]
