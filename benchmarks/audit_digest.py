@@ -1,4 +1,5 @@
-"""The digest of an audit export: ids, prompts and lines (every attempt's too), in id order.
+"""The digest of an audit export: ids, prompts (by their SHA-256) and lines, every attempt's
+prompt and raw reply too, in id order.
 
     npcsim audit export --db run.db --out run.jsonl
     python benchmarks/audit_digest.py run.jsonl other.jsonl
@@ -15,13 +16,13 @@ import sys
 
 
 def digest(path: str) -> tuple[int, str]:
-    """(records, SHA-256 of their ids, prompts, lines and attempts, in id order)."""
+    """(records, SHA-256 of their ids, prompt digests, lines and attempts, in id order)."""
     rows = []
     with open(path, encoding="utf-8") as lines:
         for text in lines:
             record = json.loads(text)
             attempts = [(a.get("prompt"), a.get("raw_response")) for a in record.get("attempts") or []]
-            rows.append((record["id"], record["prompt"], record["line"], attempts))
+            rows.append((record["id"], record["prompt_sha256"], record["line"], attempts))
     rows.sort(key=lambda row: row[0])
     h = hashlib.sha256()
     for row in rows:
