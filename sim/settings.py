@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -150,4 +150,15 @@ def _converted(key: str, value: object, hint: Any, shown: object) -> Any:
     try:
         return msgspec.convert(value, hint, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"--set {key}={_shown(shown)}: {exc}") from None
+        choices = _choices(hint)
+        known = f" (one of: {', '.join(map(str, choices))})" if choices else ""
+        raise ConfigError(f"--set {key}={_shown(shown)}: {exc}{known}") from None
+
+
+def _choices(hint: Any) -> tuple[Any, ...]:
+    """The values a `Literal` setting takes (through `Annotated` and `| None`), else ()."""
+    while get_origin(hint) is Annotated:
+        hint = get_args(hint)[0]
+    if get_origin(hint) in (Union, types.UnionType):
+        return tuple(c for arg in get_args(hint) if arg is not type(None) for c in _choices(arg))
+    return get_args(hint) if get_origin(hint) is Literal else ()

@@ -58,6 +58,8 @@ def test_a_setting_is_converted_by_its_type() -> None:
      r"^--set memory\.scored\.relevance_weight=-1: relevance_weight must be a number >= 0, got -1\.0$"),
     ({"selection.x": "1"}, r"^--set memory\.selection\.x: selection is one value, with no settings inside it$"),
     ({"dialogue_share": "0.9"}, r"^--set memory\.dialogue_share=0\.9: dialogue_share \+ episodic_share"),
+    ({"selection": "best"}, r"^--set memory\.selection=best: Invalid enum value 'best' \(one of: recency, scored\)$"),
+    ({"on_overflow": "drop"}, r"^--set memory\.on_overflow=drop: Invalid enum value 'drop' \(one of: keep, raise\)$"),
 ])
 def test_a_bad_setting_is_one_line_naming_it(settings: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as refused:
