@@ -78,3 +78,27 @@ def test_a_flood_of_client_ids_keeps_the_table_bounded() -> None:
 def test_docs_list_every_code_and_no_other() -> None:
     errors = (REPO / "docs" / "topics.md").read_text().split("## Errors", 1)[1]
     assert re.findall(r"^\| `(\w+)` \|", errors, re.MULTILINE) == list(ERROR_CODES)
+
+
+def test_every_refusal_echoes_the_inputs_id_when_it_has_a_valid_one() -> None:
+    r = router()
+    r.route("player-input")
+    payload = b'{"to": "innkeeper", "text": "hi", "id": "q7"}'
+    for topic, retained, code in (
+        (topics.player_input("r", "game"), False, "not_allowed"),  # a player calling itself an internal role
+        (topics.player_input("r", "bad name"), False, "schema"),
+        (topics.player_input("r", "alice"), True, "retained"),
+    ):
+        refusal = r.receive(topic, payload, retained=retained)
+        assert isinstance(refusal, InputRefused) and (refusal.error.code, refusal.error.id) == (code, "q7"), topic
+
+
+def test_an_empty_payload_clears_a_retained_message_and_gets_no_reply() -> None:
+    r = router()
+    r.route("player-input")
+    for topic in (topics.player_input("r", "alice"), FACT, EVENT, PRESENCE):
+        assert r.receive(topic, b"", retained=True) is None, topic  # as a broker sends the clear
+        assert r.receive(topic, b"") is None, topic  # and as a live subscriber gets it
+    assert r.stats.malformed == {}
+    assert r.stats.refused == {"empty player message (a retained one cleared)": 2,
+                               "empty game message (a retained one cleared)": 6}

@@ -270,27 +270,35 @@ class Router:
 
     def _receive_outside(
         self, channel: Channel, topic: str, name: str, payload: bytes, retained: bool
-    ) -> OutsideReceived | InputRefused:
+    ) -> OutsideReceived | InputRefused | None:
         """Outside input on `channel`, read as the channel says; a refusal's error goes to the
-        player the topic names when it is the sender's own topic, to the game system otherwise."""
+        player the topic names when it is the sender's own topic, to the game system otherwise,
+        with the message's `id` when one can be read. An empty payload on a channel that keeps
+        nothing retained is how MQTT clears a retained message (`mosquitto_pub -r -n`): counted,
+        never answered."""
         what, player = channel.what, name if channel.sender_named else None
+        if not payload and not channel.retained:
+            self.stats.refusals.refuse(f"empty {channel.publishers[0].acl} message (a retained one cleared)", topic,
+                                       "an empty payload clears a retained message; it is no input")
+            return None
+        has_id = "id" in channel.payload.__struct_fields__
         if retained and not channel.retained:
             self.stats.refusals.refuse(f"retained {channel.publishers[0].acl} input", topic, retained_why(topic))
-            return refused("retained", topic, "a retained message: only live input is taken", player=player)
+            return refused("retained", topic, "a retained message: only live input is taken", player=player,
+                           input_id=id_in(payload) if has_id else None)
         if len(channel.parameters) > 1 and not is_name(name):
             why = f"{channel.parameters[-1]} id {name[:40]!r} is not a name ({NAME_RULE})"
             self.count_malformed(what, topic, ValueError(why))
-            return refused("schema", topic, why, player=player)
+            return refused("schema", topic, why, player=player, input_id=id_in(payload) if has_id else None)
         if channel.sender_named and name in topics.ROLE_LOGINS:
             why = f"{name!r} is an internal role's login, not a {channel.parameters[-1]}"
             self.stats.refusals.refuse(f"{what} as an internal role", topic, why)
-            return refused("not_allowed", topic, why, player=player)
+            return refused("not_allowed", topic, why, player=player, input_id=id_in(payload) if has_id else None)
         try:
             message = channel.reader.decode(payload)
         except msgspec.DecodeError as exc:
             self.count_malformed(what, topic, exc)
-            input_id = id_in(payload) if "id" in channel.payload.__struct_fields__ else None
-            return refused(error_code(exc), topic, str(exc), player=player, input_id=input_id)
+            return refused(error_code(exc), topic, str(exc), player=player, input_id=id_in(payload) if has_id else None)
         problem = bound_problem(channel.bound, message, self.bounds)
         if problem is not None:
             assert channel.bound is not None
