@@ -52,7 +52,8 @@ PACKAGES: dict[str, set[str]] = {
         "world_order", "CategoryExplanation", "DROP_REASONS", "DropReason", "DroppedItem", "TruncationExplanation",
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "CountsMissing",
-        "PrefixReuse", "prefix_reuse", "ScoredSelection", "counted_by_server",
+        "PrefixReuse", "prefix_reuse", "ScoredSelection", "counted_by_server", "FOLD_EVENTS", "KEEP_SIGNIFICANCE",
+        "MAX_KEPT", "MAX_SUMMARIES", "kept_rank", "recall", "strength", "summary_of", "with_recalled",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ClientOptions", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker",
@@ -86,7 +87,7 @@ PACKAGES: dict[str, set[str]] = {
         "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",
         "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
         "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "open_own", "open_reader",
-        "open_store", "read_arrivals",
+        "open_store", "read_arrivals", "Summaries", "Summary",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",

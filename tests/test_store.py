@@ -154,7 +154,7 @@ async def test_many_agents_load_in_a_bounded_number_of_queries(tmp_path: Path) -
         await store._conn.set_trace_callback(statements.append)
         assert await store.load_agents(ids) == ()
         await store._conn.set_trace_callback(None)
-        assert len(statements) == 7  # five tables, plus heard rows and their items
+        assert len(statements) == 8  # five tables, heard rows and their items, kept episodes
         assert {agent_id: store.state(agent_id) for agent_id in ids} == expected
 
 

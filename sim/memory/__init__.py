@@ -16,6 +16,9 @@ the input). `ranking` is a scored selection's order of each flexible category am
 candidates (`selection = "scored"` in the config).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
+`recall` is what an NPC brings back, for an input, from what it kept of its whole history
+(its significant episodes, its place's `summary_of` its talk); `with_recalled` is its state
+with them, what a scored selection with `recall` ranks (`sim.memory._recall`).
 `prefix_reuse` is how much of a prompt is a prefix of the previous one (what a model
 server's prompt cache can reuse); the builder remembers no previous prompt, so the recorder
 and the audit compute it.
@@ -35,6 +38,17 @@ from sim.memory._explain import (
     explain_truncation,
 )
 from sim.memory._quotes import QUOTE_MARKS, own_words, quoted
+from sim.memory._recall import (
+    FOLD_EVENTS,
+    KEEP_SIGNIFICANCE,
+    MAX_KEPT,
+    MAX_SUMMARIES,
+    kept_rank,
+    recall,
+    strength,
+    summary_of,
+    with_recalled,
+)
 from sim.memory._reuse import PrefixReuse, prefix_reuse
 from sim.memory._scoring import ranking
 from sim.memory._state import (
@@ -59,6 +73,10 @@ __all__ = [
     "CategoryReport",
     "CountsMissing",
     "DROP_REASONS",
+    "FOLD_EVENTS",
+    "KEEP_SIGNIFICANCE",
+    "MAX_KEPT",
+    "MAX_SUMMARIES",
     "Distinct",
     "DropReason",
     "DroppedItem",
@@ -89,13 +107,18 @@ __all__ = [
     "explain_truncation",
     "fact_order",
     "inert",
+    "kept_rank",
     "leave_out_event",
     "line_order",
     "own_words",
     "prefix_reuse",
     "quoted",
     "ranking",
+    "recall",
     "render",
+    "strength",
+    "summary_of",
     "token_counter",
+    "with_recalled",
     "world_order",
 ]

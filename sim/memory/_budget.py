@@ -19,6 +19,8 @@ Selection = Literal["recency", "scored"]
 SELECTIONS: tuple[Selection, ...] = ("recency", "scored")
 
 _SHARE_TOLERANCE = 1e-9
+MAX_RECALL = 64
+"""The most kept memories one input may retrieve: more than any prompt's caps could use."""
 
 
 def _require_count(name: str, value: object) -> None:
@@ -39,15 +41,21 @@ class ScoredSelection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """How `selection = "scored"` ranks a category's items (`sim.memory._scoring`): recency
     halving every `half_life_ticks`, importance (`dialogue_importance` for a line of dialogue)
     and relevance to the input, weighted. Read only by that selection ([memory.scored] in a
-    scenario)."""
+    scenario). `recall` is how many of the NPC's kept memories (its significant episodes and
+    its place's summaries, from its whole history: `sim.memory._recall`) are retrieved for
+    each input and ranked with the hot state; 0 ranks the hot state alone."""
 
     half_life_ticks: float = 20.0
     recency_weight: float = 1.0
     importance_weight: float = 1.0
     relevance_weight: float = 1.0
     dialogue_importance: float = 0.5
+    recall: int = 0
 
     def __post_init__(self) -> None:
+        _require_count("recall", self.recall)
+        if self.recall > MAX_RECALL:
+            raise ConfigError(f"recall must be at most {MAX_RECALL} (memories retrieved per input), got {self.recall}")
         for name in ("recency_weight", "importance_weight", "relevance_weight"):
             _require_number(name, getattr(self, name), "a number >= 0", lambda x: x >= 0.0)
         _require_number("half_life_ticks", self.half_life_ticks, "a number > 0", lambda x: x > 0.0)

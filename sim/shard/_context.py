@@ -32,7 +32,17 @@ import msgspec
 from sim.bus import Bus
 from sim.errors import ConfigError
 from sim.inference import InferenceRequest, Pool, Priority, Tokenizer, counted_memory
-from sim.memory import Belief, Line, NpcState, WorkingMemoryConfig, leave_out_event
+from sim.memory import (
+    KEEP_SIGNIFICANCE,
+    Belief,
+    Episode,
+    Line,
+    NpcState,
+    WorkingMemoryConfig,
+    leave_out_event,
+    recall,
+    with_recalled,
+)
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec
@@ -44,7 +54,7 @@ from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
-from sim.wire.events import AnyEvent, SayMessage, Speech, event_id
+from sim.wire.events import AnyEvent, Notice, SayMessage, Speech, event_id
 
 __all__ = ["AgentContext", "AgentFactory", "AgentKind", "MemoryConfigOf", "ShardContext", "agent_kinds"]
 
@@ -125,6 +135,30 @@ class ShardContext:
         return own if episodic is own.episodic else msgspec.structs.replace(own, episodic=episodic)
 
 
+    def recalled(self, spec: NpcSpec, state: NpcState, said: str, to: str, config: WorkingMemoryConfig,
+                 answering: str | None) -> tuple[Episode, ...]:
+        """What the NPC recalls for what `to` said (`said`, "to: words" when it answers a line)
+        from everything it kept (its significant episodes, its place's summaries) that `state`
+        does not hold: a scored selection's `recall` best (`sim.memory.recall`); nothing under
+        any other selection. By the words said, not by who said them: a question about
+        bread recalls nothing of what its asker once said about a relic."""
+        top = config.scored.recall
+        if config.selection != "scored" or not top:
+            return ()
+        kept = (*self.store.kept(spec.id), *self.perception.summaries(spec.location))
+        return recall(kept, said.removeprefix(f"{to}: "), top, present={e.id for e in state.episodic},
+                      leave_out=answering)
+
+    async def keep_notices(self, place: str, events: Sequence[AnyEvent]) -> None:
+        """A significant notice at `place` is kept by each of this shard's NPCs there (its kind's
+        memory of it): what the game announced is never only in a summary."""
+        for event in events:
+            if isinstance(event, Notice) and event.significance >= KEEP_SIGNIFICANCE:
+                for npc in self.layout.places.get(place, ()):
+                    spec = self.layout.by_id[npc]
+                    await self.store.keep(npc, self.kinds[spec.kind].episode_of(event, False), writer=Writer.NPC)
+
+
 AgentFactory = Callable[[NpcSpec, "AgentContext"], Agent]
 
 
@@ -188,6 +222,8 @@ class AgentContext:
             if not (isinstance(event, Speech) and event.speaker == spec.id):
                 episode = episode_of(event, isinstance(event, Speech) and event.to == spec.id)
                 await shard.store.add_episode(spec.id, episode, writer=Writer.NPC)
+        for event in heard:  # said to it at its place: the place's log holds it, its own memory keeps it
+            await shard.store.keep(spec.id, episode_of(event, True), writer=Writer.NPC)
         if not heard:
             return inbox
         return sorted((*heard, *inbox), key=lambda e: (e.tick, e.id))
@@ -247,6 +283,7 @@ class AgentContext:
         if answering is not None:
             state = leave_out_event(state, answering)
         config = shard.memory_config_of(spec.id, tick)
+        state = with_recalled(state, shard.recalled(spec, state, said, to, config, answering))
         memory, counts = await counted_memory(state, said, config, shard.tokenizer)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)

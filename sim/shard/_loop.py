@@ -151,6 +151,7 @@ class Shard:
             self.barrier.keep(tick, topic, payload)
         for topic, payload in await resume.says():  # lines said that may never have left
             await self.bus.publish(topic, payload)
+        perception.restore_summaries(await self.store.summaries())
         for place, rows in (await self.store.place_log()).items():
             for tick, events in rows:
                 perception.append(place, events, mail=tick == last)
@@ -223,8 +224,11 @@ class Shard:
         perception = self.ctx.perception
         for n, (place, events) in enumerate(self.bus.mail.take_place_events(tick), start=1):
             await self.store.add_place_events(place, tick, events, since=perception.perceive(place, events))
+            await self.ctx.keep_notices(place, events)
             if n % _PLACE_SLICE == 0:
                 await checkpoint()
+        for place, summary in perception.take_summaries():
+            await self.store.add_summary(place, summary)
 
     async def _commit(self, tick: int) -> None:
         """The tick, what it sent and what waits for the next one, in one transaction; status

@@ -17,6 +17,10 @@ working memory and the audit's state snapshot are the same, byte for byte.
 Mail is what is addressed: an event of the log said to a listener there becomes that
 listener's mail for the next tick (it answers, takes it into its dialogue); nobody else is
 woken by it.
+
+Each place's events also go to its chronicle (sim.shard._chronicle), which folds them into
+summaries its listeners may recall; the place's log is needed from the oldest event its
+window keeps or its chronicle has not folded yet, whichever is older (`front_tick`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from sim.memory import Episode, episode_order
+from sim.shard._chronicle import Chronicle
 from sim.shard._window import PlaceWindow
+from sim.store import Summaries, Summary
 from sim.wire.events import AnyEvent, Speech
 
 __all__ = ["EpisodeOf", "Perception"]
@@ -47,22 +53,28 @@ class Perception:
         self.limit = limit
         self._listeners = {place: frozenset(listeners) for place, listeners in places.items() if listeners}
         self._windows = {place: PlaceWindow(listeners, window) for place, listeners in self._listeners.items()}
+        self._chronicles = {place: Chronicle(place) for place in self._listeners}
+        self._folded: list[tuple[str, Summary]] = []
         self._mail: dict[str, list[AnyEvent]] = {}
         self._stored: dict[str, int] = {}  # each place's front tick as the store last had it
 
     def fronts(self) -> dict[str, int]:
-        """Each place's `front_tick`, for the places whose window holds something."""
+        """Each place's `front_tick`, for the places whose log is needed from some tick."""
         fronts = {}
-        for place, window in self._windows.items():
-            front = window.front_tick
+        for place in self._windows:
+            front = self.front_tick(place)
             if front is not None:
                 fronts[place] = front
         return fronts
 
     def front_tick(self, place: str) -> int | None:
-        """The tick of the oldest event the place's window keeps."""
+        """The tick from which the place's log is needed: the oldest event its window keeps or
+        its chronicle has not folded, whichever is older."""
         window = self._windows.get(place)
-        return None if window is None else window.front_tick
+        if window is None:
+            return None
+        ticks = [t for t in (window.front_tick, self._chronicles[place].start) if t is not None]
+        return min(ticks) if ticks else None
 
     # --- the log -------------------------------------------------------------------------
 
@@ -73,6 +85,9 @@ class Perception:
         if window is None:
             return  # nobody listens there
         window.append(events)
+        folded = self._chronicles[place].append(events)
+        if folded is not None:
+            self._folded.append((place, folded))
         if mail:
             listeners = self._listeners[place]
             for event in events:
@@ -92,6 +107,23 @@ class Perception:
     def stored(self) -> None:
         """The store holds every place's log from its front tick now (a resume read it back)."""
         self._stored = self.fronts()
+
+    # --- summaries -----------------------------------------------------------------------
+
+    def restore_summaries(self, summaries: Summaries) -> None:
+        """The places' summaries as the store holds them (before their logs are appended on resume)."""
+        for place, chronicle in self._chronicles.items():
+            chronicle.restore(summaries.get(place, ()))
+
+    def take_summaries(self) -> list[tuple[str, Summary]]:
+        """The summaries folded since the last call, for the store."""
+        folded, self._folded = self._folded, []
+        return folded
+
+    def summaries(self, place: str) -> Sequence[Episode]:
+        """The place's summaries of its talk (by slot), what its listeners may recall."""
+        chronicle = self._chronicles.get(place)
+        return () if chronicle is None else chronicle.summaries
 
     # --- mail ----------------------------------------------------------------------------
 

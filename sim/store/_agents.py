@@ -8,11 +8,12 @@ with the run's parts beside it: its identity, the places' logs, the audit, the t
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import msgspec
 
 from sim.errors import StoreError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact
@@ -23,6 +24,8 @@ from sim.store._writer import BatchWriter
 from sim.store.sql import RowKind
 
 __all__ = ["AgentStore"]
+
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 class AgentStore:
@@ -55,6 +58,10 @@ class AgentStore:
         fact = self._hot_for(agent_id).facts.get(fact_id)
         return None if fact is None else fact.text
 
+    def kept(self, agent_id: str) -> Sequence[Episode]:
+        """The agent's kept episodes (`Hot.keep`), what its recall ranks; a view, not a copy."""
+        return self._hot_for(agent_id).kept
+
     def state(self, agent_id: str) -> NpcState:
         """The agent's own bounded hot state, from memory; built once per change.
 
@@ -67,7 +74,7 @@ class AgentStore:
     # -- loading and creating --------------------------------------------------------------
 
     async def load_agents(self, agent_ids: Iterable[str]) -> tuple[str, ...]:
-        """Load hot state for many agents in seven queries; returns the ids not on disk.
+        """Load hot state for many agents in eight queries; returns the ids not on disk.
 
         Agents already in memory are left as they are: their hot state is newer than
         anything the writer has not yet run.
@@ -105,7 +112,7 @@ class AgentStore:
     async def ensure_agents(self, states: Iterable[NpcState], *, writer: Writer) -> int:
         """Create, in one transaction, every agent of `states` that exists neither in memory nor on disk.
 
-        The bulk form of `ensure_agent` for start-up: one `load_agents` (seven queries) for the
+        The bulk form of `ensure_agent` for start-up: one `load_agents` (eight queries) for the
         whole batch, the rows of the new agents queued, then one commit. The caller bounds the
         batch (a chunk of a few thousand agents), so the number of database round trips grows
         with the number of chunks, not of agents. Returns how many agents were created.
@@ -136,6 +143,10 @@ class AgentStore:
         rows.setdefault("line", []).extend(
             _line_row(agent_id, line) for line in state.dialogue
         )
+        for episode in state.episodic:
+            slot = hot.keep(episode)
+            if slot is not None:
+                rows.setdefault("kept", []).append((agent_id, slot, _ENCODER.encode(episode)))
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -163,9 +174,19 @@ class AgentStore:
         await self._writer.put("world", (agent_id, entry.key, entry.value, writer.value))
 
     async def add_episode(self, agent_id: str, episode: Episode, *, writer: Writer) -> None:
+        """Add an episode to the agent's own memory (kept for recall too when significant)."""
         self._authority.check(agent_id, "episodic", writer)
         self._hot_for(agent_id).add_episode(episode)
         await self._writer.put("episode", (agent_id, episode.tick, episode_item(episode)))
+        await self.keep(agent_id, episode, writer=writer)
+
+    async def keep(self, agent_id: str, episode: Episode, *, writer: Writer) -> None:
+        """Keep a significant episode for recall (`Hot.keep`): an episode of the agent's own,
+        or the memory of a line said to it at its place (which its place's log holds)."""
+        self._authority.check(agent_id, "episodic", writer)
+        slot = self._hot_for(agent_id).keep(episode)
+        if slot is not None:
+            await self._writer.put("kept", (agent_id, slot, _ENCODER.encode(episode)))
 
     async def add_belief(self, agent_id: str, belief: Belief, *, writer: Writer) -> None:
         self._authority.check(agent_id, "beliefs", writer)

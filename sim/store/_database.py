@@ -7,7 +7,7 @@
 | `_hot` | each loaded agent's bounded state in memory, loading it from disk |
 | `_writer` | the one writer task: queued operations, batching, commits, failure |
 | `_items` | content addressing of episodes, events and audit records before they are written |
-| `_places` | the places' logs: a place's events of a tick as one row, loaded in one query |
+| `_places` | the places' logs: a place's events of a tick as one row, loaded in one query; their summaries |
 | `_resume` | resume metadata (`Store.resume`): what a tick replaces, the inputs and world changes it took |
 | `_arrivals` | the arrivals journal (`Store.arrivals`): outside input on disk as it arrives, until its tick commits |
 | `_identity` | the run the store belongs to (`RunIdentity`) |
@@ -42,7 +42,7 @@ from sim.store._arrivals import Arrivals
 from sim.store._identity import RunIdentity, decode_identity, encode_identity
 from sim.store._items import Addresser, event_item
 from sim.store._lock import hold_writer_lock
-from sim.store._places import PlaceRows, load_place_log
+from sim.store._places import PlaceRows, Summaries, Summary, load_place_log, load_summaries
 from sim.store._resume import Resume, TickRecord, read_last_tick
 from sim.store._schema import SCHEMA, SCHEMA_VERSION, check_file, check_version
 from sim.store._writer import BatchWriter
@@ -54,6 +54,9 @@ from sim.wire.events import AnyEvent
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
 
 log = logging.getLogger(__name__)
+
+_JSON = msgspec.json.Encoder()
+_MSGPACK = msgspec.msgpack.Encoder()
 
 # Newest items kept in memory per agent and category: at least the largest default count
 # cap (10 dialogue lines), with room for configs that raise the caps.
@@ -142,6 +145,18 @@ class Store(AgentStore):
             return await load_place_log(self._conn)
         except sqlite3.Error as exc:
             raise StoreError(f"{self._path}: loading the places' logs failed: {exc}") from exc
+
+    async def add_summary(self, place: str, summary: Summary) -> None:
+        """Queue a summary of the place's talk into its slot (replacing the slot's older one)."""
+        events = _JSON.encode(summary.events).decode()
+        await self._writer.put("summary", (place, summary.slot, events, _MSGPACK.encode(summary.episode)))
+
+    async def summaries(self) -> Summaries:
+        """Every place's committed summaries, by slot, with the events each folds."""
+        try:
+            return await load_summaries(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: loading the places' summaries failed: {exc}") from exc
 
     async def record(self, record: AuditRecord) -> None:
         """Queue one audit record; the first record of an inference id wins."""

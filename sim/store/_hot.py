@@ -2,8 +2,10 @@
 
 An agent's hot state holds all its facts and world state and the newest `limit` items of
 each flexible category (episodic, beliefs, dialogue) in NpcState's recency order; that is
-all a working memory is built from. `load_hot` reads it for many agents at once, in
-seven queries whatever their number.
+all a working memory is built from. Beside it, `kept` holds the agent's significant
+episodes from its whole history (at most `MAX_KEPT`, by slot: `sim.memory` recall), what a
+scored selection may recall. `load_hot` reads it for many agents at once, in eight
+queries whatever their number.
 """
 
 from __future__ import annotations
@@ -16,9 +18,23 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 
-from sim.memory import Belief, Episode, Fact, Line, NpcState, WorldFact, belief_order, episode_order, line_order
+from sim.memory import (
+    KEEP_SIGNIFICANCE,
+    MAX_KEPT,
+    Belief,
+    Episode,
+    Fact,
+    Line,
+    NpcState,
+    WorldFact,
+    belief_order,
+    episode_order,
+    kept_rank,
+    line_order,
+    strength,
+)
 from sim.store.records import unpack_keys
-from sim.store.sql import HEARD_RECENT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT, fetch
+from sim.store.sql import HEARD_RECENT, ITEM_BODIES, LOAD_FACTS, LOAD_KEPT, LOAD_PROMPTS, LOAD_WORLD, RECENT, fetch
 
 __all__ = ["Hot", "load_hot"]
 
@@ -41,7 +57,8 @@ def _insert_bounded(items: list[T], item: T, key: Callable[[T], Any], limit: int
 class Hot:
     """One agent's state in memory; `state()` builds its NpcState once per change."""
 
-    __slots__ = ("agent_id", "beliefs", "dialogue", "episodic", "facts", "limit", "snapshot", "system_prompt", "world")
+    __slots__ = ("agent_id", "beliefs", "dialogue", "episodic", "facts", "kept", "limit", "snapshot", "system_prompt",
+                 "world")
 
     def __init__(self, agent_id: str, system_prompt: str, limit: int) -> None:
         self.agent_id = agent_id
@@ -52,6 +69,7 @@ class Hot:
         self.episodic: list[Episode] = []
         self.beliefs: list[Belief] = []
         self.dialogue: list[Line] = []
+        self.kept: list[Episode] = []  # by slot
         self.snapshot: NpcState | None = None
 
     @classmethod
@@ -102,9 +120,25 @@ class Hot:
         _insert_bounded(self.dialogue, line, line_order, self.limit)
         self.snapshot = None
 
+    def keep(self, episode: Episode) -> int | None:
+        """Keep a significant episode for recall; the slot it took, or None when it is not
+        significant, is kept already, or is weaker than everything a full store holds (the
+        weakest gives its slot up otherwise: the same choice a restart's order makes)."""
+        kept = self.kept
+        if episode.significance < KEEP_SIGNIFICANCE or any(e.id == episode.id for e in kept):
+            return None
+        if len(kept) < MAX_KEPT:
+            kept.append(episode)
+            return len(kept) - 1
+        weakest = kept_rank(kept)
+        if strength(episode) <= strength(kept[weakest]):
+            return None
+        kept[weakest] = episode
+        return weakest
+
 
 async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: int) -> dict[str, Hot]:
-    """The hot state of those of `agent_ids` that are on disk, in seven queries.
+    """The hot state of those of `agent_ids` that are on disk, in eight queries.
 
     Raises sqlite3.Error; the caller names the file.
     """
@@ -115,6 +149,7 @@ async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: 
     heard = await _heard(conn, ids, limit)
     beliefs = await fetch(conn, RECENT["beliefs"], (ids, limit))
     dialogue = await fetch(conn, RECENT["dialogue"], (ids, limit))
+    kept = await fetch(conn, LOAD_KEPT, (ids,))
     loaded = {agent: Hot(agent, prompt, limit) for agent, prompt in prompts}
     for agent, fid, text in facts:
         loaded[agent].facts[fid] = Fact(id=fid, text=text)
@@ -127,6 +162,8 @@ async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: 
         loaded[agent].beliefs.append(Belief(id=bid, tick=tick, text=text, confidence=confidence))
     for agent, tick, seq, speaker, text, event in dialogue:
         loaded[agent].dialogue.append(Line(tick=tick, seq=seq, speaker=speaker, text=text, event=event or None))
+    for agent, _slot, body in kept:  # slots in order, with no gap: they are taken in turn
+        loaded[agent].kept.append(_EPISODE_DECODER.decode(body))
     return loaded
 
 

@@ -20,7 +20,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _USER_VERSION_OFFSET = 60
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py.
 SCHEMA: tuple[str, ...] = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
@@ -41,6 +41,10 @@ SCHEMA: tuple[str, ...] = (
     "CREATE TABLE place_events (place TEXT NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
     "CREATE INDEX place_events_recent ON place_events (place, tick)",
     "CREATE TABLE place_windows (place TEXT PRIMARY KEY, since INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE kept (agent TEXT NOT NULL, slot INTEGER NOT NULL, body BLOB NOT NULL,"
+    " PRIMARY KEY (agent, slot)) WITHOUT ROWID",
+    "CREATE TABLE summaries (place TEXT NOT NULL, slot INTEGER NOT NULL, events TEXT NOT NULL, body BLOB NOT NULL,"
+    " PRIMARY KEY (place, slot)) WITHOUT ROWID",
     "CREATE TABLE beliefs (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
     " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
     "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",

@@ -23,7 +23,9 @@ __all__ = [
     "BLOB_LAST",
     "ITEM_BODIES",
     "LOAD_FACTS",
+    "LOAD_KEPT",
     "LOAD_PROMPTS",
+    "LOAD_SUMMARIES",
     "LOAD_WORLD",
     "PLACE_LOG",
     "RECENT",
@@ -44,7 +46,7 @@ __all__ = [
 
 RowKind = Literal[
     "agent", "fact", "world", "episode", "agent_key", "item", "heard", "belief", "line", "audit", "input", "meta",
-    "place", "place_events", "place_window", "run", "world_change", "scenario",
+    "place", "place_events", "place_window", "run", "world_change", "scenario", "kept", "summary",
 ]
 """What a queued row is: its statement in `INSERT`, except `episode` and `place` (which the
 writer turns into `item` rows and `heard` or `place_events` rows, `sim.store._items`)."""
@@ -61,6 +63,8 @@ INSERT: dict[RowKind, str] = {
     "place_events": "INSERT INTO place_events (place, tick, items) VALUES (?, ?, ?)",
     "place_window": "INSERT INTO place_windows (place, since) VALUES (?, ?)"
     " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
+    "kept": "INSERT OR REPLACE INTO kept (agent, slot, body) VALUES (?, ?, ?)",
+    "summary": "INSERT OR REPLACE INTO summaries (place, slot, events, body) VALUES (?, ?, ?, ?)",
     "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
     "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text, event) VALUES (?, ?, ?, ?, ?, ?)",
     "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
@@ -73,7 +77,9 @@ INSERT: dict[RowKind, str] = {
 }
 # The row kinds whose last value is a blob: it travels apart from the JSON rows (as an
 # offset and a length into one blob of all of them); every other value is JSON.
-BLOB_LAST: frozenset[RowKind] = frozenset({"item", "heard", "place_events", "audit", "meta", "scenario"})
+BLOB_LAST: frozenset[RowKind] = frozenset(
+    {"item", "heard", "place_events", "audit", "meta", "scenario", "kept", "summary"}
+)
 
 
 def _bulk(statement: str, blob_last: bool) -> str:
@@ -133,6 +139,8 @@ _IDS = "agent IN (SELECT value FROM json_each(?))"
 LOAD_PROMPTS = "SELECT agent, system_prompt FROM agents WHERE " + _IDS
 LOAD_FACTS = "SELECT agent, id, text FROM facts WHERE " + _IDS
 LOAD_WORLD = "SELECT agent, key, value FROM world WHERE " + _IDS
+LOAD_KEPT = "SELECT agent, slot, body FROM kept WHERE " + _IDS + " ORDER BY agent, slot"
+LOAD_SUMMARIES = "SELECT place, slot, events, body FROM summaries ORDER BY place, slot"
 
 
 # Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same

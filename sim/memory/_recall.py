@@ -1,0 +1,165 @@
+"""Recall: what an NPC brings back, for what it is asked, from everything it kept.
+
+A working memory is built from an NPC's hot state (its newest items per category). What
+must outlive that window is kept apart: the NPC's significant episodes (`KEEP_SIGNIFICANCE`
+or more: what was said to it, what the game told it, what it chose to remember), at most
+`MAX_KEPT` of them, the weakest (`strength`) given up first; and the summaries its place
+folds its overheard talk into (`summary_of`), never a significant episode. When the NPC
+speaks under a scored selection with `[memory.scored] recall = N`, `recall` ranks what it
+kept against what it was told, and the N best (that its state does not hold already) join
+its state as candidates; the scored ranking, budgets, caps and rendering then apply as to
+any item. The state with them is the one the audit records, so a replay needs no store.
+
+Ranking is Okapi BM25 over the kept items alone (the NPC's own statistics, never a
+table's shared by other NPCs or shards), with the words of the question less the most
+common English words, so a question with nothing in common with a memory recalls nothing.
+Deterministic: words sorted, ties by (score, tick, id), never a set's or dict's order.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import operator
+from collections import Counter
+from collections.abc import Collection, Sequence
+
+import msgspec
+
+from sim.memory._quotes import own_words
+from sim.memory._scoring import words
+from sim.memory._state import Episode, NpcState
+
+__all__ = [
+    "FOLD_EVENTS",
+    "KEEP_SIGNIFICANCE",
+    "MAX_KEPT",
+    "MAX_SUMMARIES",
+    "SUMMARY_SIGNIFICANCE",
+    "kept_rank",
+    "recall",
+    "strength",
+    "summary_of",
+    "with_recalled",
+]
+
+KEEP_SIGNIFICANCE = 0.5
+"""Episodes at least this significant are kept for recall and never folded into a summary."""
+MAX_KEPT = 256
+"""Kept episodes per NPC; past it the weakest goes (`strength`), so the store stays bounded."""
+FOLD_EVENTS = 32
+"""A place folds its talk into a summary once this many events wait to be folded."""
+MAX_SUMMARIES = 128
+"""Summaries kept per place; the oldest is forgotten when a new one is made."""
+SUMMARY_SIGNIFICANCE = 0.4
+"""A summary's significance: above overheard chatter (0.3), below what was said to the NPC."""
+
+_K1 = 1.2
+_B = 0.75
+_QUOTE_CHARS = 60
+_EXTRACTS = 2
+_SPEAKERS = 4
+_ELLIPSIS = "\u2026"
+
+STOPWORDS = frozenset(
+    "a about after again all am an and any are as at be been before being but by can could did do does doing"
+    " down for from had has have having he her here hers him his how i if in into is it its just me more most"
+    " my no nor not now of off on once only or other our ours out over own said say says same she should so"
+    " some such than that the their theirs them then there these they this those through to too under until up"
+    " very was we were what when where which while who whom why will with would you your yours".split()
+)
+"""Words that tell no memory apart: a question's words less these are what it recalls by."""
+
+
+def strength(episode: Episode) -> tuple[float, int, str]:
+    """How strongly a kept episode holds, weakest first when sorted: significance, then age
+    (the newer holds), then id; the weakest is what `MAX_KEPT` gives up."""
+    return (episode.significance, episode.tick, episode.id)
+
+
+def kept_rank(kept: Sequence[Episode]) -> int:
+    """The position of the weakest of `kept` (what a full store gives up for a stronger one)."""
+    return min(range(len(kept)), key=lambda p: strength(kept[p]))
+
+
+def _telling(text: str) -> list[str]:
+    return [w for w in words(text) if w not in STOPWORDS]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _counted(text: str) -> tuple[dict[str, int], int]:
+    """A kept text's telling words with their counts, and how many there are (shared, never
+    mutated: a summary is recalled by every NPC of its place)."""
+    found = _telling(text)
+    return dict(Counter(found)), len(found)
+
+
+def recall(kept: Sequence[Episode], question: str, top: int, *, present: Collection[str] = (),
+           leave_out: str | None = None) -> tuple[Episode, ...]:
+    """The `top` items of `kept` that best answer `question`, in recency order; none when no
+    telling word of the question is in any of them.
+
+    `present` are ids the state holds already (never recalled twice) and `leave_out` the
+    event being answered (its memory is the input). BM25 with the NPC's own statistics.
+    """
+    if top <= 0 or not kept:
+        return ()
+    query = sorted(set(_telling(question)))
+    if not query:
+        return ()
+    pool = [e for e in kept if e.id not in present and (leave_out is None or e.event != leave_out)]
+    if not pool:
+        return ()
+    counted = [_counted(e.text) for e in pool]
+    counts = list(map(operator.itemgetter(0), counted))
+    n = len(pool)
+    average = sum(map(operator.itemgetter(1), counted)) / n or 1.0
+    wanted = frozenset(query)
+    touched = list(itertools.compress(range(n), map(operator.not_, map(wanted.isdisjoint, counts))))
+    if not touched:
+        return ()
+    df = Counter(w for p in touched for w in query if w in counts[p])
+    idf = {w: math.log(1.0 + (n - k + 0.5) / (k + 0.5)) for w, k in df.items()}
+    scored: list[tuple[float, int, str, Episode]] = []
+    for p in touched:
+        held, norm = counts[p], _K1 * (1.0 - _B + _B * counted[p][1] / average)
+        total = 0.0
+        for word in query:
+            tf = held.get(word, 0)
+            if tf:
+                total += idf[word] * tf * (_K1 + 1.0) / (tf + norm)
+        episode = pool[p]
+        scored.append((total, episode.tick, episode.id, episode))
+    scored.sort(key=lambda s: (s[0], s[1], s[2]), reverse=True)
+    return tuple(sorted((s[3] for s in scored[:top]), key=lambda e: (e.tick, e.id)))
+
+
+def with_recalled(state: NpcState, recalled: Sequence[Episode]) -> NpcState:
+    """`state` with `recalled` among its episodes (the state puts them in recency order)."""
+    if not recalled:
+        return state
+    return msgspec.structs.replace(state, episodic=(*recalled, *state.episodic))
+
+
+def summary_of(place: str, first: int, last: int, said: Sequence[tuple[str, str]]) -> Episode:
+    """The summary of what was said at `place` in ticks `first` to `last`: `said` is each
+    event's (speaker, text), "" for a notice of the game's, in order. Extractive: who spoke
+    most, and the lines that hold the most of the block's common words, quoted one level
+    (`own_words`) and cut short; the same events give the same text.
+    """
+    speakers = Counter(who for who, _ in said if who)
+    block = Counter(w for _, text in said for w in set(_telling(text)))
+    ranked = sorted(range(len(said)),
+                    key=lambda p: (-sum(block[w] for w in set(_telling(said[p][1]))), p))[:_EXTRACTS]
+    extracts = []
+    for p in sorted(ranked):
+        who, text = said[p]
+        line = own_words(text)
+        if len(line) > _QUOTE_CHARS:
+            line = line[: _QUOTE_CHARS - 1].rstrip() + _ELLIPSIS
+        extracts.append(f'{who or "news"}: "{line}"')
+    talkers = ", ".join(f"{who} ({n})" for who, n in sorted(speakers.items(), key=lambda s: (-s[1], s[0]))[:_SPEAKERS])
+    heard = f"Heard at {place}, ticks {first}-{last}: {len(said)} lines"
+    text = f"{heard}, most from {talkers}; {'; '.join(extracts)}" if talkers else f"{heard}; {'; '.join(extracts)}"
+    return Episode(id=f"sum:{place}:{first}-{last}", tick=last, text=text, significance=SUMMARY_SIGNIFICANCE)
