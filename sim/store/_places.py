@@ -17,8 +17,8 @@ import json
 import aiosqlite
 import msgspec
 
-from sim.store.records import unpack_keys
 from sim.memory import Episode
+from sim.store.records import unpack_keys
 from sim.store.sql import ITEM_BODIES, LOAD_SUMMARIES, PLACE_LOG, fetch
 from sim.wire.events import AnyEvent
 
