@@ -62,9 +62,15 @@ _EXTRACTS = 2
 _SPEAKERS = 4
 _ELLIPSIS = "\u2026"
 
-STOPWORDS = frozenset(
-    ["a", "about", "after", "again", "all", "am", "an", "and", "any", "are", "as", "at", "be", "been", "before", "being", "but", "by", "can", "could", "did", "do", "does", "doing", "down", "for", "from", "had", "has", "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just", "me", "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out", "over", "own", "said", "say", "says", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours"]
+_STOPWORD_TEXT = (
+    "a about after again all am an and any are as at be been before being but by can could did do does "
+    "doing down for from had has have having he her here hers him his how i if in into is it its just me "
+    "more most my no nor not now of off on once only or other our ours out over own said say says same "
+    "she should so some such than that the their theirs them then there these they this those through to "
+    "too under until up very was we were what when where which while who whom why will with would you "
+    "your yours "
 )
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 """Words that tell no memory apart: a question's words less these are what it recalls by."""
 
 
