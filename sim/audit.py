@@ -78,7 +78,9 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     (the line limit, the fact guard; their own `output` left None: the policy is `output`).
     `counts` are the server tokenizer's token counts (text -> tokens) its working memories
     (the first, and a retry's) were cut with under `tokenizer = "server"`, empty otherwise:
-    they are what rebuilds them with no server.
+    they are what rebuilds them with no server. `recalled` are the ids of the state's
+    episodes that recall brought back from the NPC's whole history (`[memory.scored] recall`):
+    kept significant episodes, and the summaries of its place's talk (`sum:PLACE:FIRST-LAST`).
     """
 
     id: str
@@ -103,6 +105,7 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     output: OutputPolicy | None = None
     rules: Rules = Rules()
     counts: dict[str, int] = {}
+    recalled: tuple[str, ...] = ()
 
     def memory(self, prohibition: str | None = None) -> WorkingMemory:
         """The working memory of this record (or of its retry with `prohibition`), rebuilt;
@@ -219,10 +222,12 @@ def make_record(
     response: Response,
     output: OutputPolicy | None = None,
     rules: Rules = _DEFAULT_RULES,
+    recalled: tuple[str, ...] = (),
 ) -> AuditRecord:
     """The record of inference `id`: its working memory `memory`, built from `state` (for
     `memory.player_input`) with `config`, and what came of it; `output`: the NPC's output
-    policy the reply was judged under, `rules` the run's rules around it."""
+    policy the reply was judged under, `rules` the run's rules around it, `recalled` the ids
+    of the episodes of `state` that recall brought back."""
     return AuditRecord(
         id=id,
         run_id=run_id,
@@ -246,6 +251,7 @@ def make_record(
         output=output,
         rules=rules,
         counts=response.counts,
+        recalled=recalled,
     )
 
 

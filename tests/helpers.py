@@ -41,7 +41,7 @@ import pytest
 
 from sim.broker import loopback_interface
 from sim.cli import main
-from sim.generate import write_scenario
+from sim.generate import generate_scenario, write_scenario
 from sim.mqtt import BrokerAddress
 from sim.store import open_reader
 
@@ -313,6 +313,35 @@ def small_world(
 def generated_world(directory: Path) -> str:
     """The generated world the determinism tests run: 200 NPCs on 12 places, seed 5; its path."""
     return str(write_scenario(directory / "generated.toml", npcs=200, locations=12, seed=5))
+
+
+RECALL_SECRETS = (
+    # (tick told, npc, what the player said, tick asked, the question)
+    (3, "n0", "Keep this secret: I buried the silver relic under the old oak by the mill.", 60,
+     "Where did I say I buried the silver relic?"),
+    (4, "n1", "Tell no one: the smuggler's boat hides in the reeds below the weir.", 62,
+     "Where does the smuggler's boat hide?"),
+    (5, "n2", "Between us: the mayor's ledger is behind the chapel organ.", 64, "Where is the mayor's ledger?"),
+)
+
+
+def recall_world(directory: Path) -> str:
+    """A busy world whose NPCs recall (scored selection, `recall = 8`): 24 NPCs on 3 places,
+    chatting often, so that places fold their talk into summaries within a few dozen ticks;
+    a player at each of l0, l1, l2 tells an NPC a secret early and asks about it late. Its path."""
+    text = generate_scenario(npcs=24, locations=3, seed=11, ambient_chance=0.3)
+    players = []
+    for n, (told, npc, secret, asked, question) in enumerate(RECALL_SECRETS):
+        place = f"l{int(npc[1:]) % 3}"
+        players.append(
+            f'\n[[players]]\nid = "p{n}"\nlocation = "{place}"\nscript = [\n'
+            f'  {{ tick = {told}, to = "{npc}", text = "{secret}" }},\n'
+            f'  {{ tick = {asked}, to = "{npc}", text = "{question}" }},\n]\n'
+        )
+    memory = '\n[memory]\nselection = "scored"\n\n[memory.scored]\nrecall = 8\n'
+    path = directory / "recall.toml"
+    path.write_text(text + memory + "".join(players))
+    return str(path)
 
 
 # --- running npcsim -----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The run is a function of scenario, seed and inputs, however it is deployed and whatever fails.
 
 On a real Mosquitto, with the scripted backend, for the village and a generated world of
-200 NPCs, the set of audit records (id, SHA-256 of the prompt, line) is the same for:
+200 NPCs (and, for one shard, three, and kill -9 with --resume, a busy world whose NPCs
+recall from their whole history: sim.memory recall, a place's summaries), the set of audit records (id, SHA-256 of the prompt, line) is the same for:
 one shard; three shards; two shards serving their inferences in worker processes; two
 shards with one started seconds after the other; a broker
 stopped for longer than the echo timeout and started again; a kill -9 of one shard at a
@@ -24,12 +25,21 @@ from sim.shard import BrokerConfig, InferenceConfig, Limits, RecordConfig, RunCo
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_status
-from tests.helpers import VILLAGE, MosquittoProcess, committed_tick, elapse, eventually, generated_world, start_npcsim
+from tests.helpers import (
+    VILLAGE,
+    MosquittoProcess,
+    committed_tick,
+    elapse,
+    eventually,
+    generated_world,
+    recall_world,
+    start_npcsim,
+)
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 
 RUN = "same"
-HORIZON = {"village": 60, "generated": 16}
+HORIZON = {"village": 60, "generated": 16, "recall": 70}
 AuditSet = set[tuple[str, str, str]]
 _REFERENCE: dict[str, AuditSet] = {}
 
@@ -37,6 +47,8 @@ _REFERENCE: dict[str, AuditSet] = {}
 def scenario_path(world: str, tmp_path: Path) -> str:
     if world == "village":
         return VILLAGE
+    if world == "recall":
+        return recall_world(tmp_path)
     return generated_world(tmp_path)
 
 
@@ -91,6 +103,11 @@ async def reference(world: str, tmp_path: Path, mosquitto: MosquittoProcess) -> 
         dbs, _ = await run_shards(world, where, mosquitto.url, 1)
         _REFERENCE[world] = audit_set(dbs)
         assert len(_REFERENCE[world]) > 20, "too few inferences for the comparison to mean anything"
+        if world == "recall":
+            with open_reader(dbs[0]) as reader:
+                recalled = {i for r in reader.audit_records() for i in r.recalled}
+            assert any(i.startswith("sum:") for i in recalled), "no summary recalled: the world does not test folding"
+            assert any(i.startswith("ev:") for i in recalled), "no kept memory recalled"
     return _REFERENCE[world]
 
 
@@ -105,16 +122,18 @@ LIVE_S = 120.0  # how long a condition on a live run may take (generous: the mac
 
 
 WORLDS = pytest.mark.parametrize("world", ["village", "generated"])
+RECALLING = pytest.mark.parametrize("world", ["village", "generated", "recall"])
+"""The cases a world that recalls from its whole history (retrieval, summaries) runs too."""
 
 
-@WORLDS
+@RECALLING
 async def test_one_shard_twice(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
     again, _ = await run_shards(world, tmp_path, mosquitto.url, 1)
     assert_same(world, expected, audit_set(again), "1 shard")
 
 
-@WORLDS
+@RECALLING
 async def test_three_shards(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
     dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 3)
@@ -163,7 +182,7 @@ async def test_broker_down_longer_than_the_echo_timeout(
     assert_same(world, expected, audit_set(dbs), "2 shards, broker down 2.5 s (echo timeout 1 s)")
 
 
-@WORLDS
+@RECALLING
 async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
     horizon = HORIZON[world]

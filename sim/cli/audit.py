@@ -42,7 +42,7 @@ from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
 from sim.inference.backends import served_now
-from sim.memory import PrefixReuse, prefix_reuse
+from sim.memory import PrefixReuse, WorkingMemory, prefix_reuse
 from sim.output import gate_difference
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
 from sim.store import delete_audit_records, open_reader
@@ -231,6 +231,8 @@ def show_command(args: argparse.Namespace) -> int:
     out.block(f"{record.id}: {record.agent_id} at tick {record.tick} (prompt rebuilt from the recorded state)",
               wm.prompt)
     print_truncation(out, wm.report, record.explanation())
+    if record.recalled:
+        out.record(_recalled_text(record, wm))
     verdict = ("replay identical", "green") if result.ok else (
         "replay DIFFERS (see `npcsim audit replay`)", "bold red")
     out.record(f"prompt sha256 {record.prompt_sha256}  ", verdict)
@@ -250,6 +252,14 @@ def show_command(args: argparse.Namespace) -> int:
     else:
         out.record("no attempts recorded (a stale request, or a record written before attempts were kept)")
     return 0
+
+
+def _recalled_text(record: AuditRecord, wm: WorkingMemory) -> str:
+    """The episodes recall brought back, each with its tick and whether the prompt kept it."""
+    kept = {e.id for e in wm.episodic}
+    ticks = {e.id: e.tick for e in record.state.episodic}
+    items = [f"{i} (tick {ticks.get(i, '?')}, {'kept' if i in kept else 'dropped'})" for i in record.recalled]
+    return f"recalled from the whole history ({len(items)}): " + ", ".join(items)
 
 
 def _other_models(args: argparse.Namespace, out: Out, records: int) -> None:

@@ -283,7 +283,8 @@ class AgentContext:
         if answering is not None:
             state = leave_out_event(state, answering)
         config = shard.memory_config_of(spec.id, tick)
-        state = with_recalled(state, shard.recalled(spec, state, said, to, config, answering))
+        recalled = shard.recalled(spec, state, said, to, config, answering)
+        state = with_recalled(state, recalled)
         memory, counts = await counted_memory(state, said, config, shard.tokenizer)
         seq = self.next_seq()
         inference_id = event_id(shard.run_id, spec.id, tick, seq)
@@ -318,7 +319,8 @@ class AgentContext:
         await apply_proposals(shard.store, shard.bus, run_id=shard.run_id, state=state, result=result,
                               reply_to=say.reply_to)
         spoken = Spoken(say=say, state=state, config=config, memory=memory, result=result,
-                        output=request.output, rules=shard.pool.config.rules, counts=counts)
+                        output=request.output, rules=shard.pool.config.rules, counts=counts,
+                        recalled=tuple(e.id for e in recalled))
         await shard.recorder.record(spoken)
         return result.line
 

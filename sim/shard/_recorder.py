@@ -42,7 +42,7 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     `output` the NPC's output policy the reply was judged under, `rules` the pool's rules
     around it (the line limit, the fact guard), kept in the audit record for replaying them;
     `counts` the server tokenizer's counts the memory was cut with (`tokenizer = "server"`;
-    empty otherwise).
+    empty otherwise); `recalled` the ids of the state's episodes its recall brought back.
     """
 
     say: SayMessage
@@ -53,6 +53,7 @@ class Spoken(msgspec.Struct, frozen=True, kw_only=True):
     output: OutputPolicy | None = None
     rules: Rules = Rules()
     counts: dict[str, int] = {}
+    recalled: tuple[str, ...] = ()
 
 
 class Recorder:
@@ -99,7 +100,7 @@ class Recorder:
                             counts={**spoken.counts, **result.counts} if result.counts else spoken.counts)
         record = make_record(spoken.memory, id=say.inference_id, run_id=self._run_id, tick=say.tick,
                              state=spoken.state, config=spoken.config, response=response, output=spoken.output,
-                             rules=spoken.rules)
+                             rules=spoken.rules, recalled=spoken.recalled)
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
