@@ -2,7 +2,8 @@
 
 On a real Mosquitto, with the scripted backend, for the village and a generated world of
 200 NPCs (and, for one shard, three, and kill -9 with --resume, a busy world whose NPCs
-recall from their whole history: sim.memory recall, a place's summaries), the set of audit records (id, SHA-256 of the prompt, line) is the same for:
+recall from their whole history: sim.memory recall, a place's summaries), the set of audit
+records (id, SHA-256 of the prompt, line) is the same for:
 one shard; three shards; two shards serving their inferences in worker processes; two
 shards with one started seconds after the other; a broker
 stopped for longer than the echo timeout and started again; a kill -9 of one shard at a
