@@ -98,19 +98,20 @@ def _counted(text: str) -> tuple[dict[str, int], int]:
 
 
 def recall(kept: Sequence[Episode], question: str, top: int, *, present: Collection[str] = (),
-           leave_out: str | None = None) -> tuple[Episode, ...]:
+           said: Collection[str] = ()) -> tuple[Episode, ...]:
     """The `top` items of `kept` that best answer `question`, in recency order; none when no
     telling word of the question is in any of them.
 
-    `present` are ids the state holds already (never recalled twice) and `leave_out` the
-    event being answered (its memory is the input). BM25 with the NPC's own statistics.
+    `present` are ids the state holds already (never recalled twice) and `said` the events
+    whose memory would say nothing new (the one being answered: it is the input; those its
+    dialogue's lines record). BM25 with the NPC's own statistics.
     """
     if top <= 0 or not kept:
         return ()
     query = sorted(set(_telling(question)))
     if not query:
         return ()
-    pool = [e for e in kept if e.id not in present and (leave_out is None or e.event != leave_out)]
+    pool = [e for e in kept if e.id not in present and e.event not in said]
     if not pool:
         return ()
     counted = [_counted(e.text) for e in pool]

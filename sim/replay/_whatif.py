@@ -30,9 +30,11 @@ from typing import Any
 import msgspec
 
 from sim.audit import AuditRecord, prompt_sha256
+from sim.errors import ConfigError
 from sim.memory import (
     SELECTIONS,
     CategoryReport,
+    NpcState,
     WorkingMemory,
     WorkingMemoryConfig,
     build_working_memory,
@@ -202,7 +204,7 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
         facts, world = len(state.canonical_facts), len(state.world_state)
         for n, tally in enumerate(tallies):
             config = configs.get(n, record.config, record.agent_id)
-            memory = build_working_memory(state, record.player_input, config)
+            memory = build_working_memory(_recalled_under(record, config), record.player_input, config)
             tally.inferences += 1
             changed = prompt_sha256(memory) != record.prompt_sha256
             tally.prompts_changed += changed
@@ -223,6 +225,23 @@ def what_if(records: Iterable[AuditRecord], variants: Sequence[Variant], example
             if changed:
                 _count_changes(tally, record, memory, examples, taken[n])
     return tallies
+
+
+def _recalled_under(record: AuditRecord, config: WorkingMemoryConfig) -> NpcState:
+    """The record's state as `config` recalls: without what recall brought back when `config`
+    does not recall; as recorded when it recalls as the run did. Recall anew needs what the NPC
+    kept then, which no snapshot holds: a ConfigError names the fork that re-executes it."""
+    recalls = config.scored.recall if config.selection == "scored" else 0
+    recorded = record.config.scored.recall if record.config.selection == "scored" else 0
+    if recalls == recorded or (not record.recalled and not recalls):
+        return record.state
+    if recalls:
+        raise ConfigError(
+            f"memory.scored.recall={recalls}: a what-if can turn recall off (recall=0), not recall anew (the run "
+            f"recalled {recorded}): fork the run instead (npcsim replay --fork-at TICK --set memory.scored.recall=N)"
+        )
+    gone = frozenset(record.recalled)
+    return msgspec.structs.replace(record.state, episodic=tuple(e for e in record.state.episodic if e.id not in gone))
 
 
 def _judge_again(

@@ -146,8 +146,10 @@ class ShardContext:
         if config.selection != "scored" or not top:
             return ()
         kept = (*self.store.kept(spec.id), *self.perception.summaries(spec.location))
-        return recall(kept, said.removeprefix(f"{to}: "), top, present={e.id for e in state.episodic},
-                      leave_out=answering)
+        events = {line.event for line in state.dialogue if line.event is not None}
+        if answering is not None:
+            events.add(answering)
+        return recall(kept, said.removeprefix(f"{to}: "), top, present={e.id for e in state.episodic}, said=events)
 
     async def keep_notices(self, place: str, events: Sequence[AnyEvent]) -> None:
         """A significant notice at `place` is kept by each of this shard's NPCs there (its kind's
