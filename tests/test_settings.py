@@ -60,6 +60,10 @@ def test_a_setting_is_converted_by_its_type() -> None:
     ({"dialogue_share": "0.9"}, r"^--set memory\.dialogue_share=0\.9: dialogue_share \+ episodic_share"),
     ({"selection": "best"}, r"^--set memory\.selection=best: Invalid enum value 'best' \(one of: recency, scored\)$"),
     ({"on_overflow": "drop"}, r"^--set memory\.on_overflow=drop: Invalid enum value 'drop' \(one of: keep, raise\)$"),
+    ({"scored.recall": "-1"}, r"^--set memory\.scored\.recall=-1: recall must be a whole number >= 0, got -1$"),
+    ({"scored.recall": "65"}, r"^--set memory\.scored\.recall=65: recall must be at most 64 \(memories retrieved"),
+    ({"scored.recall": "many"}, r"^--set memory\.scored\.recall=many: Expected `int`, got `str`$"),
+    ({"scored.recall": "2.5"}, r"^--set memory\.scored\.recall=2\.5: Expected `int`, got `str`$"),
 ])
 def test_a_bad_setting_is_one_line_naming_it(settings: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as refused:
