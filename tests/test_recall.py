@@ -12,7 +12,6 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,7 +104,8 @@ async def test_keeping_is_bounded_keeps_the_strongest_and_survives_reopening(tmp
 
 
 def _speech(tick: int, n: int) -> Speech:
-    return Speech(id=f"e{tick}-{n}", tick=tick, location="l0", speaker=f"n{n}", to=f"n{n + 1}", text=f"Line {tick} {n}.")
+    return Speech(id=f"e{tick}-{n}", tick=tick, location="l0", speaker=f"n{n}", to=f"n{n + 1}",
+                  text=f"Line {tick} {n}.")
 
 
 def test_a_chronicle_folds_every_fold_of_events_and_resumes_exactly() -> None:
@@ -116,7 +116,8 @@ def test_a_chronicle_folds_every_fold_of_events_and_resumes_exactly() -> None:
             folded.append(summary)
     assert [s.slot for s in folded] == list(range(len(folded))) and len(folded) == 180 // FOLD_EVENTS
     assert all(len(s.events) >= FOLD_EVENTS for s in folded)
-    assert [e for s in folded for e in s.events] == [e.id for t in ticks for e in t][: sum(len(s.events) for s in folded)]
+    every = [e.id for t in ticks for e in t]
+    assert [e for s in folded for e in s.events] == every[: sum(len(s.events) for s in folded)]
     # a shard resumed after tick 30: its summaries restored, the place's log appended from its since
     resumed = Chronicle("l0")
     done = [s for s in folded if s.episode.tick <= 30]
