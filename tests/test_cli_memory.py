@@ -116,3 +116,28 @@ def test_memory_show_unknown_npc_and_broken_file(capsys: pytest.CaptureFixture[s
     bad.write_text("[scenario]\nname = 'x'\n")
     assert main(["memory", "show", str(bad)]) == 2
     assert "bad.toml" in capsys.readouterr().err
+
+
+def test_memory_show_recalls_as_a_run_does_from_beyond_the_hot_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An NPC whose scenario gives it more memories than a run holds hot: its oldest, significant
+    one is in the prompt only when recall brings it back (what a run's first tick would see)."""
+    episodes = ", ".join(
+        f'{{ id = "e{i:02}", tick = {i}, text = "The baker sold bread on market day {i}.", significance = 0.2 }}'
+        for i in range(1, 45)
+    )
+    scenario = tmp_path / "old.toml"
+    scenario.write_text(
+        '[scenario]\nname = "old"\n\n[[locations]]\nid = "mill"\n\n[[npcs]]\nid = "miller"\nname = "Miller"\n'
+        'location = "mill"\nsystem_prompt = "You are the miller."\nepisodic = [\n'
+        '  { id = "e00", tick = 0, text = "The player buried the silver relic under the old oak.", significance = 0.9 },\n'
+        f"  {episodes},\n]\n\n[memory]\nselection = \"scored\"\n"
+    )
+    args = ["memory", "show", str(scenario), "--json", "--input", "p0: Where is the silver relic buried?"]
+    assert main(args) == 0
+    hot_only = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*args, "--set", "memory.scored.recall=8"]) == 0
+    recalled = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all("silver relic under" not in r["prompt"] for r in hot_only)
+    assert all("- [tick 0] The player buried the silver relic under the old oak.\n" in r["prompt"] for r in recalled)

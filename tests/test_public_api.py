@@ -53,7 +53,8 @@ PACKAGES: dict[str, set[str]] = {
         "explain_truncation", "QUOTE_MARKS", "own_words", "quoted", "SELECTIONS", "Selection", "ranking",
         "Distinct", "distinct", "leave_out_event", "TOKENIZER_FORMS", "TokenCounter", "CountsMissing",
         "PrefixReuse", "prefix_reuse", "ScoredSelection", "counted_by_server", "FOLD_EVENTS", "KEEP_SIGNIFICANCE",
-        "MAX_KEPT", "MAX_SUMMARIES", "kept_rank", "recall", "strength", "summary_of", "with_recalled",
+        "MAX_KEPT", "MAX_SUMMARIES", "kept_rank", "recall", "strength", "hot_and_kept",
+        "recalled_for", "summary_of", "with_recalled",
     },
     "sim.mqtt": {
         "Backoff", "BrokerAddress", "ClientOptions", "ENV_PASSWORD", "ENV_USERNAME", "LastWill", "Link", "LocalBroker",

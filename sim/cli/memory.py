@@ -1,5 +1,9 @@
 """`npcsim memory show`: every NPC's working memory at the default and a tight budget.
 
+Built as a run builds it at its first tick: from the newest `HOT_LIMIT` items per category,
+with what a scored selection's `recall` brings back of the significant episodes beyond
+them (`sim.memory.recalled_for`, the rule a live run recalls by).
+
 Each is printed as its prompt, its truncation report and what it dropped (and why); with
 `--json`, one JSON object per NPC and budget instead.
 """
@@ -16,15 +20,18 @@ from sim.cli._terminal import Out
 from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError
 from sim.memory import (
-    NpcState,
     TruncationExplanation,
     WorkingMemory,
     WorkingMemoryConfig,
     build_working_memory,
     explain_truncation,
+    hot_and_kept,
+    recalled_for,
+    with_recalled,
 )
 from sim.scenario import Scenario, load_scenario
 from sim.settings import with_settings
+from sim.store import HOT_LIMIT
 
 __all__ = ["register"]
 
@@ -67,9 +74,10 @@ def show_command(args: argparse.Namespace) -> int:
     for spec in scenario.npcs:
         if spec.id not in wanted:
             continue
-        state: NpcState = scenario.initial_state(spec.id)
         said = args.input if args.input is not None else _first_input(scenario, spec.id)
+        hot, kept = hot_and_kept(scenario.initial_state(spec.id), HOT_LIMIT)
         for label, config in (("default", default), ("tight", tight)):
+            state = with_recalled(hot, recalled_for(hot, kept, said, config, speaker=said.partition(": ")[0]))
             wm = build_working_memory(state, said, config)
             explanation = explain_truncation(state, said, config, wm)
             if args.json:

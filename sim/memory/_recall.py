@@ -27,6 +27,7 @@ from collections.abc import Collection, Sequence
 
 import msgspec
 
+from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._quotes import own_words
 from sim.memory._scoring import words
 from sim.memory._state import Episode, NpcState
@@ -37,8 +38,10 @@ __all__ = [
     "MAX_KEPT",
     "MAX_SUMMARIES",
     "SUMMARY_SIGNIFICANCE",
+    "hot_and_kept",
     "kept_rank",
     "recall",
+    "recalled_for",
     "strength",
     "summary_of",
     "with_recalled",
@@ -136,6 +139,33 @@ def recall(kept: Sequence[Episode], question: str, top: int, *, present: Collect
         scored.append((total, episode.tick, episode.id, episode))
     scored.sort(key=lambda s: (s[0], s[1], s[2]), reverse=True)
     return tuple(sorted((s[3] for s in scored[:top]), key=lambda e: (e.tick, e.id)))
+
+
+def recalled_for(state: NpcState, kept: Sequence[Episode], said: str, config: WorkingMemoryConfig, *,
+                 speaker: str, answering: str | None = None) -> tuple[Episode, ...]:
+    """What an NPC of `state` recalls from `kept` for `said` (what `speaker` said, "speaker:
+    words" when it answers a line): a scored selection's `recall` best, nothing under any
+    other selection. By the words said, not by who said them (a question about bread recalls
+    nothing of what its asker once said about a relic); never what `state` holds, nor the
+    memory of a line its dialogue holds or of the event `answering` (the input). The one
+    rule a live run and `npcsim memory show` recall by."""
+    top = config.scored.recall
+    if config.selection != "scored" or not top:
+        return ()
+    events = {line.event for line in state.dialogue if line.event is not None}
+    if answering is not None:
+        events.add(answering)
+    return recall(kept, said.removeprefix(f"{speaker}: "), top, present={e.id for e in state.episodic},
+                  said=events)
+
+
+def hot_and_kept(state: NpcState, hot_limit: int) -> tuple[NpcState, tuple[Episode, ...]]:
+    """A whole history as a run holds it: the newest `hot_limit` items per flexible category,
+    and the significant episodes it keeps (the newest `MAX_KEPT` by strength)."""
+    kept = sorted((e for e in state.episodic if e.significance >= KEEP_SIGNIFICANCE), key=strength)[-MAX_KEPT:]
+    hot = msgspec.structs.replace(state, episodic=state.episodic[-hot_limit:], beliefs=state.beliefs[-hot_limit:],
+                                  dialogue=state.dialogue[-hot_limit:])
+    return hot, tuple(kept)
 
 
 def with_recalled(state: NpcState, recalled: Sequence[Episode]) -> NpcState:

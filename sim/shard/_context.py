@@ -40,7 +40,7 @@ from sim.memory import (
     NpcState,
     WorkingMemoryConfig,
     leave_out_event,
-    recall,
+    recalled_for,
     with_recalled,
 )
 from sim.metrics import MetricsSink, NullMetrics
@@ -137,19 +137,10 @@ class ShardContext:
 
     def recalled(self, spec: NpcSpec, state: NpcState, said: str, to: str, config: WorkingMemoryConfig,
                  answering: str | None) -> tuple[Episode, ...]:
-        """What the NPC recalls for what `to` said (`said`, "to: words" when it answers a line)
-        from everything it kept (its significant episodes, its place's summaries) that `state`
-        does not hold: a scored selection's `recall` best (`sim.memory.recall`); nothing under
-        any other selection. By the words said, not by who said them: a question about
-        bread recalls nothing of what its asker once said about a relic."""
-        top = config.scored.recall
-        if config.selection != "scored" or not top:
-            return ()
+        """What the NPC recalls for what `to` said from everything it kept: its significant
+        episodes and its place's summaries (`sim.memory.recalled_for`)."""
         kept = (*self.store.kept(spec.id), *self.perception.summaries(spec.location))
-        events = {line.event for line in state.dialogue if line.event is not None}
-        if answering is not None:
-            events.add(answering)
-        return recall(kept, said.removeprefix(f"{to}: "), top, present={e.id for e in state.episodic}, said=events)
+        return recalled_for(state, kept, said, config, speaker=to, answering=answering)
 
     async def keep_notices(self, place: str, events: Sequence[AnyEvent]) -> None:
         """A significant notice at `place` is kept by each of this shard's NPCs there (its kind's
