@@ -131,7 +131,8 @@ def test_memory_show_recalls_as_a_run_does_from_beyond_the_hot_window(
     scenario.write_text(
         '[scenario]\nname = "old"\n\n[[locations]]\nid = "mill"\n\n[[npcs]]\nid = "miller"\nname = "Miller"\n'
         'location = "mill"\nsystem_prompt = "You are the miller."\nepisodic = [\n'
-        '  { id = "e00", tick = 0, text = "The player buried the silver relic under the old oak.", significance = 0.9 },\n'
+        '  { id = "e00", tick = 0, text = "The player buried the silver relic under the old oak.",'
+        ' significance = 0.9 },\n'
         f"  {episodes},\n]\n\n[memory]\nselection = \"scored\"\n"
     )
     args = ["memory", "show", str(scenario), "--json", "--input", "p0: Where is the silver relic buried?"]
