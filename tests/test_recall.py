@@ -7,6 +7,7 @@ exactly; and on a live run (real Mosquitto), every summary traced to the events 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sqlite3
 from pathlib import Path
@@ -28,10 +29,10 @@ from sim.memory import (
 )
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
 from sim.shard._chronicle import Chronicle
-from sim.store import Writer, open_store
+from sim.store import Writer, open_reader, open_store
 from sim.store.records import unpack_keys
 from sim.wire.events import AnyEvent, Notice, Speech
-from tests.helpers import MosquittoProcess, recall_world
+from tests.helpers import MosquittoProcess, npcsim_in_process, recall_world
 from tests.store_states import village_state
 
 SECRET = Episode(id="ev:secret", tick=5, text='p0 said to me: "I buried the silver relic under the old oak."',
@@ -154,6 +155,35 @@ async def test_every_summary_of_a_live_run_is_traced_to_the_events_it_folds(
             ids = [event.id for tick in range(first, last + 1) for event in said.get((place, tick), ())]
             assert list(summary.events) == ids, f"{summary.episode.id} folds other events than its ticks'"
             assert summary.episode.text.startswith(f"Heard at {place}, ticks {first}-{last}: {len(ids)} lines")
+
+
+@pytest.mark.mosquitto
+@pytest.mark.timeout(180)
+async def test_a_run_that_recalls_replays_identical_and_a_what_if_turns_recall_off(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "recall.db"
+    config = RunConfig(scenario=recall_world(tmp_path), broker=BrokerConfig(url=mosquitto.url), run_id="again",
+                       until_tick=70, record=RecordConfig(db=str(db)))
+    await run(config, stats=RunStats())
+    with open_reader(db) as reader:
+        records = list(reader.audit_records())
+    recalled = [r for r in records if r.recalled]
+    assert recalled and any(i.startswith("sum:") for r in recalled for i in r.recalled)
+    again = await asyncio.to_thread(npcsim_in_process, capsys, "replay", "--db", str(db))
+    assert again.code == 0 and again.out.strip() == f"identical: {len(records)} records, 24 NPCs, 70 ticks", again
+    off = await asyncio.to_thread(npcsim_in_process, capsys, "replay", "--db", str(db), "--set",
+                                  "memory.scored.recall=0", "--examples", "1")
+    assert off.code == 0, off.err
+    header, variant = off.out.splitlines()[:2]
+    row = dict(zip(header.split("\t"), variant.split("\t"), strict=True))
+    assert row["variant"] == "memory.scored.recall=0" and int(row["prompts changed"]) > 0
+    assert int(row["items lost"]) > 0, "turning recall off lost nothing it had brought back"
+    lost = [line for line in off.out.splitlines() if "\tepisodic\tlost\t" in line]
+    assert lost and any(i in lost[0] for r in recalled for i in r.recalled), lost
+    anew = await asyncio.to_thread(npcsim_in_process, capsys, "replay", "--db", str(db), "--set",
+                                   "memory.scored.recall=3")
+    assert anew.code == 2 and len(anew.err.strip().splitlines()) == 1 and "--fork-at" in anew.err
 
 
 def place_events(db: Path) -> dict[tuple[str, int], list[AnyEvent]]:
