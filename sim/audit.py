@@ -45,7 +45,7 @@ from sim.memory import (
     explain_truncation,
 )
 from sim.wire.attempt import Attempt, OutputPolicy, Rules
-from sim.wire.trace import TRACE_DROPPED, TraceAttempt, TraceMessage, for_trace
+from sim.wire.trace import TRACE_DROPPED, Recalled, TraceAttempt, TraceMessage, for_trace
 
 __all__ = [
     "Attempt",
@@ -395,4 +395,6 @@ def trace_of(
         ),
         explanation=for_trace(record.explanation(memory, most_dropped=TRACE_DROPPED if prompts else 0),
                               texts=prompts),
+        recalled=tuple(Recalled(e.id, e.text if prompts else "") for e in record.state.episodic
+                       if e.id in record.recalled) if record.recalled else (),
     )

@@ -30,7 +30,7 @@ from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
 from sim.wire.trace import TRACE_DROPPED
 from tests.browser import WAIT_S, click, css, on_page
-from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually
+from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually, recall_world
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
@@ -523,3 +523,37 @@ async def test_the_view_shows_refused_proposals_with_their_codes(browser: Any) -
             for li in css(browser, "#proposals-refused li.refused")])
         assert refused == [("intent", "open_vault()"), ("authority", "player: Canonical fact: the king lives.")]
         assert text_of(browser, "beliefs-learned") == "none"
+
+
+async def test_the_stored_view_marks_what_recall_brought_back(
+    browser: Any, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """A busy world that recalls (tests.helpers.recall_world): n0 answers a secret told 57 ticks
+    earlier, and its episodic segment marks the secret as recalled."""
+    db = tmp_path / "recall.db"
+    scenario = recall_world(tmp_path)
+    await run(RunConfig(scenario=scenario, run_id="recall", until_tick=62, broker=BrokerConfig(url=mosquitto.url),
+                        record=RecordConfig(db=str(db))))
+    with open_reader(db) as reader:
+        answer = next(r for r in reader.audit_records("n0") if r.player_input.startswith("p0: Where did I say"))
+    memory = answer.memory()
+    back = [e for e in memory.episodic if e.id in answer.recalled]
+    assert back and "silver relic" in back[0].text, "n0 did not recall the secret"
+    stored = StoredRun(db, load_scenario(scenario))
+    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
+    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
+        await asyncio.to_thread(browser.get, url)
+        await click(browser, "n0's chip", '.npc-chip[data-npc="n0"]')
+        await click(browser, "the answer's bar", f'#bars .snapshot[data-inference="{answer.id}"]')
+
+        from selenium.webdriver import ActionChains
+
+        def hover() -> str:
+            segment = css(browser, f'#bars .snapshot[data-inference="{answer.id}"] .seg[data-cat="episodic"]')[0]
+            ActionChains(browser).move_to_element(segment).perform()
+            return text_of(browser, "seg-info")
+
+        shown = await on_page("the episodic segment's items", lambda: "[recalled" in hover() and hover())
+    assert f"- {back[0].text}  [recalled]" in shown
+    marked = [line for line in shown.splitlines() if "[recalled" in line]
+    assert len(marked) == sum(e.id in answer.recalled for e in memory.episodic), shown

@@ -30,6 +30,7 @@ from sim.wire.decoding import json_reader
 
 __all__ = [
     "TRACE_DROPPED",
+    "Recalled",
     "RosterEntry",
     "RosterMessage",
     "TraceAttempt",
@@ -57,6 +58,14 @@ class TraceAttempt(msgspec.Struct, frozen=True, kw_only=True):
     proposals: tuple[ProposalVerdict, ...] = ()
 
 
+class Recalled(msgspec.Struct, frozen=True, array_like=True):
+    """`[id, text]`: a memory recall brought back (a summary of its place's talk when the id
+    starts with `sum:`), its text as the prompt's item shows it."""
+
+    id: str
+    text: str
+
+
 class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
     """One inference as a viewer sees it; joins the `say` line by `inference_id`."""
 
@@ -78,6 +87,7 @@ class TraceMessage(msgspec.Struct, frozen=True, kw_only=True):
     prompt: str | None = None
     attempts: tuple[TraceAttempt, ...] = ()  # every call to the backend; more than one for a retry
     explanation: TruncationExplanation | None = None  # None from a shard that predates it
+    recalled: tuple[Recalled, ...] = ()  # what recall brought back from the NPC's whole history
 
 
 class RosterEntry(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

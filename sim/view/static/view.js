@@ -153,7 +153,17 @@ function segmentItems(trace, name) {
   if (!e) return head;
   const kept = e[name].kept_items;
   if (!kept.length && r[name].kept) return head + " (the run does not publish prompts)";
-  return head + (kept.length ? ", newest first:\n" + kept.map((t) => "- " + t).join("\n") : "");
+  const back = recalledMarks(trace);
+  return head + (kept.length ? ", newest first:\n" + kept.map((t) => "- " + t + (back.get(t) || "")).join("\n") : "");
+}
+// What recall brought back from the NPC's whole history, by the text the prompt shows:
+// a kept memory, or a summary of its place's talk (an id "sum:PLACE:FIRST-LAST").
+function recalledMarks(trace) {
+  const marks = new Map();
+  for (const [id, text] of trace.recalled || []) {
+    marks.set(text, id.startsWith("sum:") ? "  [recalled summary]" : "  [recalled]");
+  }
+  return marks;
 }
 function showSegment(trace, name) {
   const info = $("seg-info");
