@@ -3,8 +3,9 @@
 A player's input with an `id` is answered by a `say` that carries it (`reply_to`) and the
 player (`in_reply_to`); an event the game system publishes at the inn is in the
 innkeeper's memory and prompt the tick after; a fact it adds is in every later prompt of
-its NPC, add-only (the same id again is refused with `exists` on `game/error`), and
-survives `--resume`; `npcsim replay` executes the run again to the same lines, the same
+its NPC (the same id added again is refused with `exists` on `game/error`), and survives
+`--resume`; replaced, its new text is in every later prompt and the old in none;
+withdrawn, it is in none (a change of a fact the NPC does not hold is refused `no_fact`); `npcsim replay` executes the run again to the same lines, the same
 `say` included.
 """
 
@@ -39,6 +40,7 @@ pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 RUN = "game"
 EVENT = "A travelling bard starts to sing by the fire."
 FACT = "A bard named Osric is staying at the inn."
+REPLACED = "The bard Osric left the inn at dawn."
 
 
 class Heard:
@@ -121,7 +123,7 @@ async def test_correlation_events_and_facts_survive_resume_and_replay(
         await job
     assert (said.agent, said.to, said.reply_to, said.in_reply_to) == ("innkeeper", "visitor", "q1", "visitor")
     assert exists == [ErrorMessage(code="exists", id="bard", topic=topics.game_fact(RUN),
-                                   message=exists[0].message)] and "add-only" in exists[0].message
+                                   message=exists[0].message)] and '"replace"' in exists[0].message
     npcs = {"blacksmith", "innkeeper", "guard_captain", "snack_machine"}
     assert all((s.reply_to, s.in_reply_to) == (None, None) for s in heard.says if s.to in npcs)
     assert all((s.reply_to, s.in_reply_to) == (None, "player") for s in heard.says if s.to == "player")  # scripted
@@ -133,14 +135,36 @@ async def test_correlation_events_and_facts_survive_resume_and_replay(
 
     resumed = RunStats()
     async with listening(mosquitto) as (client, heard), asyncio.TaskGroup() as group:
-        job = group.create_task(run(config(db, 45, mosquitto=mosquitto, resume=True), stats=resumed))
+        job = group.create_task(run(config(db, 70, mosquitto=mosquitto, resume=True), stats=resumed))
         await eventually(lambda: resumed.tick >= 32, what="the resumed run under way", within=60)
         again = await ask(client, heard, resumed, "q2", "Still singing?")
+        fact = topics.game_fact(RUN)
+        await publish(client, fact, {"npc": "innkeeper", "id": "bard", "text": REPLACED, "action": "replace"})
+        await publish(client, fact, {"npc": "innkeeper", "id": "harp", "action": "withdraw"})  # never held
+        await publish(client, fact, {"npc": "innkeeper", "id": "bard", "action": "replace"})  # no text
+        published = resumed.tick
+        await eventually(lambda: resumed.tick >= published + 3, what="the replacement taken", within=60)
+        replaced = await ask(client, heard, resumed, "q3", "Who sings now?")
+        await publish(client, fact, {"npc": "innkeeper", "id": "bard", "action": "withdraw"})
+        published = resumed.tick
+        await eventually(lambda: resumed.tick >= published + 3, what="the withdrawal taken", within=60)
+        gone = await ask(client, heard, resumed, "q4", "Anyone singing?")
+        refused = await eventually(lambda: [e for e in heard.errors if e.code in ("no_fact", "schema")],
+                                   what="the bad changes refused", within=60)
         await job
     assert (again.reply_to, again.in_reply_to) == ("q2", "visitor")
+    assert sorted((e.code, e.id) for e in refused) == [("no_fact", "harp"), ("schema", "bard")], refused
     with open_reader(db) as reader:
         later = [r for r in reader.audit_records("innkeeper") if r.tick > said.tick]
-    assert later and all(FACT in r.memory().prompt for r in later)
+    prompts = {r.id: (r.tick, r.memory().prompt) for r in later}
+    assert prompts[replaced.inference_id][1].count(REPLACED) == 1 and FACT not in prompts[replaced.inference_id][1]
+    assert REPLACED not in prompts[gone.inference_id][1] and FACT not in prompts[gone.inference_id][1]
+    assert all(FACT in p for t, p in prompts.values() if t <= again.tick), "the fact went before it was replaced"
+    first_replaced = min(t for t, p in prompts.values() if REPLACED in p)
+    withdrawn = min(t for t, p in prompts.values() if t > first_replaced and REPLACED not in p)
+    for tick, prompt in prompts.values():  # the old text until it was replaced, the new until withdrawn, then none
+        expected = FACT if tick < first_replaced else REPLACED if tick < withdrawn else None
+        assert all((text in prompt) == (text == expected) for text in (FACT, REPLACED)), (tick, expected)
 
     monkeypatch.setattr("sim.replay._rerun.LocalBroker", SaysLocally)
     ran: Ran = await asyncio.to_thread(npcsim_in_process, capsys, "replay", "--db", str(db))
@@ -148,6 +172,7 @@ async def test_correlation_events_and_facts_survive_resume_and_replay(
     assert ran.out.startswith("identical: "), ran.out
     replayed = {s.inference_id: s for s in SaysLocally.says}
     assert replayed[said.inference_id] == said and replayed[again.inference_id] == again
+    assert replayed[replaced.inference_id] == replaced and replayed[gone.inference_id] == gone
     assert msgspec.json.encode(replayed[said.inference_id]) == msgspec.json.encode(said)
 
 

@@ -284,3 +284,30 @@ async def test_commit_tick_puts_the_tick_and_what_it_replaces_on_disk_together(t
         assert await store.resume.sent() == record.sent
         assert await store.resume.says() == record.says
         assert await store.resume.pending() == record.pending
+
+
+async def test_only_the_game_replaces_or_withdraws_a_fact_and_a_withdrawn_one_stays_gone(tmp_path: Path) -> None:
+    db = tmp_path / "facts.db"
+    async with open_store(db) as store:
+        await store.ensure_agent(village_state(), writer=Writer.SCENARIO)
+        await store.add_fact("smith", Fact(id="queen", text="The queen rules."), writer=Writer.GAME)
+        for writer in (Writer.NPC, Writer.SCENARIO):
+            with pytest.raises(AuthorityError):
+                await store.replace_fact("smith", Fact(id="king", text="The king lives."), writer=writer)
+            with pytest.raises(AuthorityError):
+                await store.withdraw_fact("smith", "king", writer=writer)
+        with pytest.raises(StoreError, match="holds no fact 'prince'"):
+            await store.withdraw_fact("smith", "prince", writer=Writer.GAME)
+        await store.replace_fact("smith", Fact(id="king", text="The king lives."), writer=Writer.GAME)
+        await store.withdraw_fact("smith", "queen", writer=Writer.GAME)
+        await store.end_tick(1)
+        facts = store.state("smith").canonical_facts
+    assert facts == (Fact(id="king", text="The king lives."),)
+    async with open_store(db) as store:
+        await store.load_agents(["smith"])
+        assert store.state("smith").canonical_facts == facts
+        await store.add_fact("smith", Fact(id="queen", text="A new queen rules."), writer=Writer.GAME)  # again
+        await store.end_tick(2)
+    async with open_store(db) as store:
+        await store.load_agents(["smith"])
+        assert [f.text for f in store.state("smith").canonical_facts] == ["The king lives.", "A new queen rules."]

@@ -38,7 +38,7 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class Fact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A canonical fact: true in the world, add-only, never truncated."""
+    """A canonical fact: true in the world, never truncated; only the game replaces or withdraws one."""
 
     id: NonEmpty
     text: str

@@ -62,7 +62,7 @@ def taken_of(event: OutsideReceived) -> Taken:
         case GameEventMessage() as m:
             return GameEvent(location=m.location, text=m.text, significance=m.significance)
         case GameFactMessage() as m:
-            return GameFact(npc=m.npc, id=m.id, text=m.text)
+            return GameFact(npc=m.npc, id=m.id, text=m.text, action=m.action)
     raise ValueError(f"{event.channel}: a world state is not taken as an input")
 
 

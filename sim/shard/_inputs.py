@@ -219,6 +219,7 @@ class TickInputs:
         """Where each outside player stands, as the game system said (kept with each tick's commit)."""
         self.run_wide_facts: set[str] = set()
         """The ids of the facts for every NPC taken so far (the store's, read again on resume)."""
+        self._scenario_facts = frozenset(f.id for spec in plan.scenario.npcs for f in spec.facts)
 
     async def take(self, tick: int) -> None:
         plan, counts, store = self._plan, self.counts, self._store
@@ -263,7 +264,7 @@ class TickInputs:
                                 location=location, text=text, significance=significance)
                 self._outbox.emit(plan.location_topic(location), notice)
             case GameFact():
-                return await self._add_fact(taken)
+                return await (self._add_fact(taken) if taken.action == "add" else self._change_fact(taken))
         return True
 
     async def _add_fact(self, fact: GameFact) -> bool:
@@ -300,9 +301,47 @@ class TickInputs:
                                  f"fact {fact.id!r}: {len(agents) - len(held)} NPCs of this shard cannot hold it")
             agents = held
         for n, agent in enumerate(agents, start=1):
-            await store.add_fact(agent, Fact(id=fact.id, text=fact.text), writer=Writer.GAME)
+            await store.add_fact(agent, Fact(id=fact.id, text=fact.text or ""), writer=Writer.GAME)
             if n % _WORLD_SLICE == 0:
                 await checkpoint()
+        return True
+
+    async def _change_fact(self, fact: GameFact) -> bool:
+        """Replace or withdraw a fact with the game system's authority: its NPC's, refused
+        `no_fact` when the NPC does not hold it (or `over_budget` for a new text it cannot
+        hold); or every NPC's of the shard that holds it, refused (by shard 0) when the run
+        never had it for every NPC (the scenario's, or one added for every NPC): what every
+        layout knows alike. A fact for every NPC withdrawn may be added again."""
+        layout, store = self._plan.layout, self._store
+        if fact.npc is not None:
+            if fact.npc not in layout.local:
+                return False
+            if store.fact_text(fact.npc, fact.id) is None:
+                await self._refuse_fact(fact, f"NPC {fact.npc!r} holds no fact {fact.id!r}", answer=True, code="no_fact")
+                return False
+            agents = [fact.npc]
+        else:
+            if fact.id not in self.run_wide_facts and fact.id not in self._scenario_facts:
+                await self._refuse_fact(fact, f"no fact {fact.id!r} for every NPC", answer=layout.index == 0,
+                                        code="no_fact")
+                return False
+            agents = [s.id for s in layout.specs if store.fact_text(s.id, fact.id) is not None]
+        if fact.action == "withdraw":
+            for agent in agents:
+                await store.withdraw_fact(agent, fact.id, writer=Writer.GAME)
+            if fact.npc is None:
+                self.run_wide_facts.discard(fact.id)
+            return True
+        held = [agent for agent in agents if self._fact_problem(agent, fact) is None]
+        if len(held) < len(agents):
+            if fact.npc is not None:
+                await self._refuse_fact(fact, str(self._fact_problem(fact.npc, fact)), answer=True,
+                                        code="over_budget")
+                return False
+            self._bus.refuse("game fact an NPC cannot hold", topics.game_fact(self._plan.run_id),
+                             f"fact {fact.id!r}: {len(agents) - len(held)} NPCs of this shard cannot hold it")
+        for agent in held:
+            await store.replace_fact(agent, Fact(id=fact.id, text=fact.text or ""), writer=Writer.GAME)
         return True
 
     def _fact_problem(self, agent: str, fact: GameFact) -> str | None:
@@ -311,13 +350,13 @@ class TickInputs:
         arrives, not found over budget in every later prompt). A budget counted by a server's
         tokenizer is checked by the prompts themselves: its counts are not at hand here."""
         state, bound = self._store.state(agent), self._plan.config.limits.bounds.facts_per_npc
-        if len(state.canonical_facts) >= bound:
+        others = tuple(f for f in state.canonical_facts if f.id != fact.id)  # a replaced fact's old text goes
+        if len(others) >= bound:
             return f"NPC {agent!r} holds {len(state.canonical_facts)} facts, its bound"
         config = self._plan.scenario.memory
         if counted_by_server(config) or not config.always_include_canonical_facts:
             return None
-        held = msgspec.structs.replace(state, canonical_facts=(*state.canonical_facts,
-                                                                Fact(id=fact.id, text=fact.text)))
+        held = msgspec.structs.replace(state, canonical_facts=(*others, Fact(id=fact.id, text=fact.text or "")))
         try:
             over = build_working_memory(held, "", config).report.over_budget
         except OverBudgetError:
@@ -329,10 +368,10 @@ class TickInputs:
         `over_budget` for a fact its NPC cannot hold)."""
         topic = topics.game_fact(self._plan.run_id)
         if answer:
-            reason = f"{why}; canonical facts are add-only" if code == "exists" else why
+            reason = f"{why}; replace it with action \"replace\"" if code == "exists" else why
             await self._answer(refused(code, topic, reason, input_id=fact.id))
-        self._bus.refuse("game fact that exists" if code == "exists" else "game fact over an NPC's bound", topic,
-                         f"fact {fact.id!r}")
+        kind = {"exists": "game fact that exists", "no_fact": "game fact to change that is not held"}
+        self._bus.refuse(kind.get(code, "game fact over an NPC's bound"), topic, f"fact {fact.id!r}")
 
     async def _answer(self, refusal: InputRefused) -> None:
         await self._bus.publish_error(refusal.player, refusal.error, self._clock.now())

@@ -136,7 +136,7 @@ class AgentStore:
         hot = self._hot[agent_id] = Hot.created(state, self._limit)
         w = writer.value
         rows.setdefault("agent", []).append((agent_id, state.system_prompt))
-        rows.setdefault("fact", []).extend((agent_id, f.id, f.text, w) for f in hot.facts.values())
+        rows.setdefault("fact", []).extend((agent_id, f.id, f.text, w, 0) for f in hot.facts.values())
         rows.setdefault("world", []).extend((agent_id, wf.key, wf.value, w) for wf in hot.world.values())
         rows.setdefault("episode", []).extend((agent_id, e.tick, episode_item(e)) for e in state.episodic)
         rows.setdefault("belief", []).extend((agent_id, b.id, b.tick, b.text, b.confidence) for b in state.beliefs)
@@ -165,7 +165,29 @@ class AgentStore:
                 f"fact {fact.id!r} exists with text {existing.text!r}; canonical facts are add-only",
             )
         hot.add_fact(fact)
-        await self._writer.put("fact", (agent_id, fact.id, fact.text, writer.value))
+        await self._writer.put("fact", (agent_id, fact.id, fact.text, writer.value, 0))
+
+    async def replace_fact(self, agent_id: str, fact: Fact, *, writer: Writer) -> None:
+        """Give a fact the agent holds another text: the game's alone (the king comes back)."""
+        hot = self._game_fact(agent_id, fact.id, writer, "replace")
+        hot.add_fact(fact)
+        await self._writer.put("fact", (agent_id, fact.id, fact.text, writer.value, 0))
+
+    async def withdraw_fact(self, agent_id: str, fact_id: str, *, writer: Writer) -> None:
+        """Withdraw a fact the agent holds: the game's alone; no later prompt holds it."""
+        hot = self._game_fact(agent_id, fact_id, writer, "withdraw")
+        hot.withdraw_fact(fact_id)
+        await self._writer.put("fact", (agent_id, fact_id, "", writer.value, 1))
+
+    def _game_fact(self, agent_id: str, fact_id: str, writer: Writer, act: str) -> Hot:
+        """The agent's hot state, when `writer` is the game and the agent holds `fact_id`."""
+        self._authority.check(agent_id, "canonical_facts", writer)
+        if writer is not Writer.GAME:
+            self._authority.refuse(agent_id, "canonical_facts", writer, f"only the game may {act} a fact")
+        hot = self._hot_for(agent_id)
+        if fact_id not in hot.facts:
+            raise StoreError(f"agent {agent_id!r} holds no fact {fact_id!r} to {act}")
+        return hot
 
     async def set_world(self, agent_id: str, entry: WorldFact, *, writer: Writer) -> None:
         """Set a world-state entry (game system only)."""

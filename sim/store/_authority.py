@@ -2,7 +2,7 @@
 
 | category | who may write |
 |---|---|
-| canonical facts | SCENARIO, GAME; add-only, same id with other text refused |
+| canonical facts | SCENARIO, GAME; added once (same id with other text refused), replaced or withdrawn by GAME only |
 | world state | GAME (SCENARIO only when creating the agent) |
 | episodic, beliefs, dialogue | NPC (SCENARIO/GAME only when creating the agent) |
 | a new agent | SCENARIO, GAME |

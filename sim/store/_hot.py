@@ -97,7 +97,12 @@ class Hot:
         return self.snapshot
 
     def add_fact(self, fact: Fact) -> None:
+        """Add or replace a fact (the caller checked the game may)."""
         self.facts[fact.id] = fact
+        self.snapshot = None
+
+    def withdraw_fact(self, fact_id: str) -> None:
+        del self.facts[fact_id]
         self.snapshot = None
 
     def set_world(self, entry: WorldFact) -> None:

@@ -110,7 +110,7 @@ class StoreReader:
         state: dict[str, dict[str, list[tuple[object, ...]]]] = {}
         queries = {
             "system_prompt": "SELECT agent, system_prompt FROM agents",
-            "canonical_facts": "SELECT agent, id, text FROM facts",
+            "canonical_facts": "SELECT agent, id, text FROM facts WHERE withdrawn = 0",
             "world_state": "SELECT agent, key, value FROM world",
             "beliefs": "SELECT agent, tick, id, text, confidence FROM beliefs",
             "dialogue": "SELECT agent, tick, seq, speaker, text, event FROM dialogue",

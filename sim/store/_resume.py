@@ -101,13 +101,20 @@ class Resume:
             raise StoreError(f"{self._path}: unreadable: an outside input of tick {tick}: {exc}") from exc
 
     async def run_wide_facts(self) -> set[str]:
-        """The ids of the facts for every NPC the committed ticks took."""
+        """The ids of the facts for every NPC the committed ticks took, less those withdrawn since."""
         rows = await fetch(self._conn, SELECT_ALL_INPUTS, ())
         try:
             taken = [decode_taken(text) for (_, text) in rows]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: unreadable: an outside input: {exc}") from exc
-        return {t.id for t in taken if isinstance(t, GameFact) and t.npc is None}
+        held: set[str] = set()
+        for t in taken:
+            if isinstance(t, GameFact) and t.npc is None:
+                if t.action == "add":
+                    held.add(t.id)
+                elif t.action == "withdraw":
+                    held.discard(t.id)
+        return held
 
     async def keep(self, record: TickRecord) -> None:
         """Queue what the tick replaces: what was sent, the unacknowledged says, what is pending."""

@@ -29,6 +29,7 @@ SCHEMA: tuple[str, ...] = (
     "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL) WITHOUT ROWID",
     "CREATE TABLE agent_keys (n INTEGER PRIMARY KEY, agent TEXT NOT NULL UNIQUE)",
     "CREATE TABLE facts (agent TEXT NOT NULL, id TEXT NOT NULL, text TEXT NOT NULL, writer TEXT NOT NULL,"
+    " withdrawn INTEGER NOT NULL DEFAULT 0,"
     " PRIMARY KEY (agent, id)) WITHOUT ROWID",
     "CREATE TABLE world (agent TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, writer TEXT NOT NULL,"
     " PRIMARY KEY (agent, key)) WITHOUT ROWID",

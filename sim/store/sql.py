@@ -54,7 +54,7 @@ writer turns into `item` rows and `heard` or `place_events` rows, `sim.store._it
 # Statements by row kind, in the order a batch runs them.
 INSERT: dict[RowKind, str] = {
     "agent": "INSERT OR IGNORE INTO agents (agent, system_prompt) VALUES (?, ?)",
-    "fact": "INSERT OR IGNORE INTO facts (agent, id, text, writer) VALUES (?, ?, ?, ?)",
+    "fact": "INSERT OR REPLACE INTO facts (agent, id, text, writer, withdrawn) VALUES (?, ?, ?, ?, ?)",
     "world": "INSERT INTO world (agent, key, value, writer) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, writer = excluded.writer",
     "agent_key": "INSERT INTO agent_keys (n, agent) VALUES (?, ?)",
@@ -137,7 +137,7 @@ SELECT_AGENT_KEYS = "SELECT agent, n FROM agent_keys"
 # The agents in a JSON array (the one parameter).
 _IDS = "agent IN (SELECT value FROM json_each(?))"
 LOAD_PROMPTS = "SELECT agent, system_prompt FROM agents WHERE " + _IDS
-LOAD_FACTS = "SELECT agent, id, text FROM facts WHERE " + _IDS
+LOAD_FACTS = "SELECT agent, id, text FROM facts WHERE withdrawn = 0 AND " + _IDS
 LOAD_WORLD = "SELECT agent, key, value FROM world WHERE " + _IDS
 LOAD_KEPT = "SELECT agent, slot, body FROM kept WHERE " + _IDS + " ORDER BY agent, slot"
 LOAD_SUMMARIES = "SELECT place, slot, events, body FROM summaries ORDER BY place, slot"

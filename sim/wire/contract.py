@@ -146,11 +146,14 @@ CHANNELS: tuple[Channel, ...] = (
         "game-fact", topics.game_fact, GameFactMessage, (GAME,), retained=False,
         bound=TextBound("game_text_chars"),
         readers="the server",
-        summary="A canonical fact added with the game system's authority, to NPC `npc` or to every NPC "
-                "(null: at the same tick on every shard, like a world-state change): in every later prompt "
-                "of the NPC, never truncated. Add-only: a fact for an NPC that holds its id already is "
-                "refused (`exists`), as is a fact for every NPC whose id one for every NPC had before; an "
-                "NPC that holds the id of a fact for every NPC keeps its own.",
+        summary="A canonical fact added, replaced or withdrawn (`action`: add, the default, replace, withdraw) "
+                "with the game system's authority, for NPC `npc` or for every NPC (null: at the same tick on "
+                "every shard, like a world-state change): in every later prompt of the NPC, never truncated. "
+                "Added: a fact for an NPC that holds its id already is refused (`exists`), as is a fact for "
+                "every NPC whose id one for every NPC has; an NPC that holds the id of a fact for every NPC "
+                "keeps its own. Replaced (with its new `text`) or withdrawn (no `text`): by id, for the NPC or "
+                "for every NPC that holds it; refused (`no_fact`) when the NPC, or for every NPC the run, "
+                "does not hold it.",
     ),
     Channel(
         "game-error", topics.game_error, ErrorMessage, (SERVER,), retained=False,

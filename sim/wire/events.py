@@ -22,6 +22,7 @@ __all__ = [
     "ERROR_CODES",
     "AnyEvent",
     "ErrorCode",
+    "FactAction",
     "ErrorMessage",
     "EventBatch",
     "GameEventMessage",
@@ -169,18 +170,28 @@ class GameEventMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     significance: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
 
 
+FactAction = Literal["add", "replace", "withdraw"]
+
+
 class GameFactMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A canonical fact the game system adds (`game/fact`): to NPC `npc`, or to every NPC when
-    `npc` is null. Add-only: a fact id an NPC holds already is refused (`exists`)."""
+    """A canonical fact the game system adds, replaces or withdraws (`game/fact`), by id: for
+    NPC `npc`, or for every NPC when `npc` is null. `add` (the default) refuses an id the NPC
+    holds already (`exists`); `replace` gives a held fact a new text and `withdraw` removes
+    it (no `text`), each refused `no_fact` when no NPC it is for holds the id."""
 
     id: Name
-    text: Text
+    text: Text | None = None
     npc: Name | None = None
+    action: FactAction = "add"
+
+    def __post_init__(self) -> None:
+        if (self.text is None) != (self.action == "withdraw"):
+            raise ValueError(f"a fact to {self.action} {'needs its' if self.text is None else 'takes no'} `text`")
 
 
 ErrorCode = Literal[
     "not_json", "schema", "not_allowed", "unknown_npc", "unknown_location", "too_long", "rate_limited", "retained",
-    "exists", "busy", "over_budget",
+    "exists", "busy", "over_budget", "no_fact",
 ]
 """Why a message on a public topic was refused (docs/topics.md, "Errors"):
 `not_json` (the payload is not JSON), `schema` (not the topic's fields and types, or a
@@ -190,7 +201,8 @@ bound of the run), `rate_limited` (over a rate; also the one reply when a client
 are held back), `retained` (a retained message: only live ones are taken), `exists` (a
 fact id the NPC holds already), `busy` (the NPC or the shard took all the inputs a tick
 takes; try again), `over_budget` (a fact the NPC cannot hold: past its count, or its prompt's
-mandatory part would not fit the budget)."""
+mandatory part would not fit the budget), `no_fact` (a fact to replace or withdraw that no NPC
+it is for holds)."""
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
 
 

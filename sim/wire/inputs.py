@@ -13,7 +13,7 @@ from typing import Annotated, TypeGuard
 
 import msgspec
 
-from sim.wire.events import Name, Text
+from sim.wire.events import FactAction, Name, Text
 
 __all__ = ["GameEvent", "GameFact", "OutsideInput", "Presence", "RunWide", "Taken", "is_run_wide"]
 
@@ -48,12 +48,14 @@ class GameEvent(msgspec.Struct, frozen=True, kw_only=True, tag="event"):
 
 
 class GameFact(msgspec.Struct, frozen=True, kw_only=True, tag="fact"):
-    """A canonical fact for NPC `npc`, or for every NPC when None."""
+    """A canonical fact for NPC `npc`, or for every NPC when None, added, replaced or
+    withdrawn (`action`; a withdrawn fact has no text)."""
 
     seq: _Seq = 0
     npc: Name | None
     id: Name
-    text: Text
+    text: Text | None
+    action: FactAction = "add"
 
 
 Taken = OutsideInput | Presence | GameEvent | GameFact
