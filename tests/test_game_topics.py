@@ -5,8 +5,8 @@ player (`in_reply_to`); an event the game system publishes at the inn is in the
 innkeeper's memory and prompt the tick after; a fact it adds is in every later prompt of
 its NPC (the same id added again is refused with `exists` on `game/error`), and survives
 `--resume`; replaced, its new text is in every later prompt and the old in none;
-withdrawn, it is in none (a change of a fact the NPC does not hold is refused `no_fact`); `npcsim replay` executes the run again to the same lines, the same
-`say` included.
+withdrawn, it is in none (a change of a fact the NPC does not hold is refused `no_fact`);
+`npcsim replay` executes the run again to the same lines, the same `say` included.
 """
 
 from __future__ import annotations

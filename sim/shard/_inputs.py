@@ -317,7 +317,8 @@ class TickInputs:
             if fact.npc not in layout.local:
                 return False
             if store.fact_text(fact.npc, fact.id) is None:
-                await self._refuse_fact(fact, f"NPC {fact.npc!r} holds no fact {fact.id!r}", answer=True, code="no_fact")
+                await self._refuse_fact(fact, f"NPC {fact.npc!r} holds no fact {fact.id!r}", answer=True,
+                                        code="no_fact")
                 return False
             agents = [fact.npc]
         else:
