@@ -222,12 +222,10 @@ def make_record(
     response: Response,
     output: OutputPolicy | None = None,
     rules: Rules = _DEFAULT_RULES,
-    recalled: tuple[str, ...] = (),
 ) -> AuditRecord:
     """The record of inference `id`: its working memory `memory`, built from `state` (for
     `memory.player_input`) with `config`, and what came of it; `output`: the NPC's output
-    policy the reply was judged under, `rules` the run's rules around it, `recalled` the ids
-    of the episodes of `state` that recall brought back."""
+    policy the reply was judged under, `rules` the run's rules around it."""
     return AuditRecord(
         id=id,
         run_id=run_id,
@@ -251,7 +249,6 @@ def make_record(
         output=output,
         rules=rules,
         counts=response.counts,
-        recalled=recalled,
     )
 
 

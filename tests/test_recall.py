@@ -91,7 +91,7 @@ async def test_keeping_is_bounded_keeps_the_strongest_and_survives_reopening(tmp
                                 writer=Writer.NPC)
         await store.keep("smith", SECRET, writer=Writer.NPC)
         for i in range(MAX_KEPT + 20):
-            await store.keep("smith", Episode(id=f"k{i}", tick=10 + i, text=f"Heard {i}.", significance=0.6),
+            await store.keep("smith", Episode(id=f"k{i}", tick=10 + i, text=f"Heard {i}.", significance=0.85),
                              writer=Writer.NPC)
         await store.keep("smith", SECRET, writer=Writer.NPC)  # kept once
         kept = list(store.kept("smith"))

@@ -2,7 +2,7 @@
 
 A working memory is built from an NPC's hot state (its newest items per category). What
 must outlive that window is kept apart: the NPC's significant episodes (`KEEP_SIGNIFICANCE`
-or more: what was said to it, what the game told it, what it chose to remember), at most
+or more: what a player said to it, what the game told it, what it chose to remember), at most
 `MAX_KEPT` of them, the weakest (`strength`) given up first; and the summaries its place
 folds its overheard talk into (`summary_of`), never a significant episode. When the NPC
 speaks under a scored selection with `[memory.scored] recall = N`, `recall` ranks what it
@@ -47,9 +47,12 @@ __all__ = [
     "with_recalled",
 ]
 
-KEEP_SIGNIFICANCE = 0.5
-"""Episodes at least this significant are kept for recall and never folded into a summary."""
-MAX_KEPT = 256
+KEEP_SIGNIFICANCE = 0.8
+"""Episodes at least this significant are kept for recall: what a player said to the NPC
+(0.9), what it chose to remember, what the game told it as important. Talk between NPCs
+(0.7 when said to it) is its place's, folded into summaries: kept per NPC it would cost a
+busy world's memory as many episodes as lines."""
+MAX_KEPT = 128
 """Kept episodes per NPC; past it the weakest goes (`strength`), so the store stays bounded."""
 FOLD_EVENTS = 32
 """A place folds its talk into a summary once this many events wait to be folded."""

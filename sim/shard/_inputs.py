@@ -28,18 +28,19 @@ from typing import NamedTuple, Protocol
 import msgspec
 
 from sim.bus import Bus
-from sim.memory import Fact, OverBudgetError, WorldFact, build_working_memory, counted_by_server
+from sim.memory import WorldFact
 from sim.protocol.bounds import InputBounds, limit_player_inputs
 from sim.protocol.outbox import Outbox
 from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
 from sim.protocol.received import InputRefused, OutsideReceived, refused
 from sim.shard._clock import Clock, checkpoint
+from sim.shard._facts import GameFacts
 from sim.shard._plan import ShardPlan
 from sim.shard._registry import Player
 from sim.shard._stats import InputCounts
 from sim.store import Store, Writer
 from sim.wire import topics
-from sim.wire.events import ErrorCode, Notice, Speech, event_id
+from sim.wire.events import Notice, Speech, event_id
 from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
 
 __all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideChanges", "RunWideInputs", "TickInputs"]
@@ -217,9 +218,7 @@ class TickInputs:
         self.players: list[Player] = []  # shard 0's scripted and bot players (set at start)
         self.presence: dict[str, str] = {}
         """Where each outside player stands, as the game system said (kept with each tick's commit)."""
-        self.run_wide_facts: set[str] = set()
-        """The ids of the facts for every NPC taken so far (the store's, read again on resume)."""
-        self._scenario_facts = frozenset(f.id for spec in plan.scenario.npcs for f in spec.facts)
+        self.facts = GameFacts(plan, store, bus, self._answer)
 
     async def take(self, tick: int) -> None:
         plan, counts, store = self._plan, self.counts, self._store
@@ -264,115 +263,8 @@ class TickInputs:
                                 location=location, text=text, significance=significance)
                 self._outbox.emit(plan.location_topic(location), notice)
             case GameFact():
-                return await (self._add_fact(taken) if taken.action == "add" else self._change_fact(taken))
+                return await self.facts.take(taken)
         return True
-
-    async def _add_fact(self, fact: GameFact) -> bool:
-        """Add a canonical fact with the game system's authority: to its NPC, refused when the
-        NPC holds its id already; or to every NPC of the shard that does not hold its id yet
-        (one that does keeps its own), refused when a fact for every NPC had that id.
-
-        Each refusal follows from what every layout of the run holds alike (the NPC's facts,
-        the facts for every NPC, which every shard takes at the same tick), so the run is the
-        same on any number of shards; one shard answers it (the NPC's, or shard 0)."""
-        layout, store = self._plan.layout, self._store
-        local = layout.local
-        if fact.npc is not None:
-            if fact.npc not in local:
-                return False
-            if store.fact_text(fact.npc, fact.id) is not None:
-                await self._refuse_fact(fact, f"NPC {fact.npc!r} holds a fact {fact.id!r} already", answer=True)
-                return False
-            why = self._fact_problem(fact.npc, fact)
-            if why is not None:
-                await self._refuse_fact(fact, why, answer=True, code="over_budget")
-                return False
-            agents = [fact.npc]
-        else:
-            if fact.id in self.run_wide_facts:
-                await self._refuse_fact(fact, f"a fact {fact.id!r} for every NPC was added already",
-                                        answer=layout.index == 0)
-                return False
-            self.run_wide_facts.add(fact.id)
-            agents = [s.id for s in layout.specs if store.fact_text(s.id, fact.id) is None]
-            held = [agent for agent in agents if self._fact_problem(agent, fact) is None]
-            if len(held) < len(agents):  # each NPC's own state decides: the same on any layout
-                self._bus.refuse("game fact an NPC cannot hold", topics.game_fact(self._plan.run_id),
-                                 f"fact {fact.id!r}: {len(agents) - len(held)} NPCs of this shard cannot hold it")
-            agents = held
-        for n, agent in enumerate(agents, start=1):
-            await store.add_fact(agent, Fact(id=fact.id, text=fact.text or ""), writer=Writer.GAME)
-            if n % _WORLD_SLICE == 0:
-                await checkpoint()
-        return True
-
-    async def _change_fact(self, fact: GameFact) -> bool:
-        """Replace or withdraw a fact with the game system's authority: its NPC's, refused
-        `no_fact` when the NPC does not hold it (or `over_budget` for a new text it cannot
-        hold); or every NPC's of the shard that holds it, refused (by shard 0) when the run
-        never had it for every NPC (the scenario's, or one added for every NPC): what every
-        layout knows alike. A fact for every NPC withdrawn may be added again."""
-        layout, store = self._plan.layout, self._store
-        if fact.npc is not None:
-            if fact.npc not in layout.local:
-                return False
-            if store.fact_text(fact.npc, fact.id) is None:
-                await self._refuse_fact(fact, f"NPC {fact.npc!r} holds no fact {fact.id!r}", answer=True,
-                                        code="no_fact")
-                return False
-            agents = [fact.npc]
-        else:
-            if fact.id not in self.run_wide_facts and fact.id not in self._scenario_facts:
-                await self._refuse_fact(fact, f"no fact {fact.id!r} for every NPC", answer=layout.index == 0,
-                                        code="no_fact")
-                return False
-            agents = [s.id for s in layout.specs if store.fact_text(s.id, fact.id) is not None]
-        if fact.action == "withdraw":
-            for agent in agents:
-                await store.withdraw_fact(agent, fact.id, writer=Writer.GAME)
-            if fact.npc is None:
-                self.run_wide_facts.discard(fact.id)
-            return True
-        held = [agent for agent in agents if self._fact_problem(agent, fact) is None]
-        if len(held) < len(agents):
-            if fact.npc is not None:
-                await self._refuse_fact(fact, str(self._fact_problem(fact.npc, fact)), answer=True,
-                                        code="over_budget")
-                return False
-            self._bus.refuse("game fact an NPC cannot hold", topics.game_fact(self._plan.run_id),
-                             f"fact {fact.id!r}: {len(agents) - len(held)} NPCs of this shard cannot hold it")
-        for agent in held:
-            await store.replace_fact(agent, Fact(id=fact.id, text=fact.text or ""), writer=Writer.GAME)
-        return True
-
-    def _fact_problem(self, agent: str, fact: GameFact) -> str | None:
-        """Why `agent` cannot hold `fact`, or None: it holds `facts_per_npc` facts already, or
-        with it the mandatory part of its prompt would not fit its budget (refused when the fact
-        arrives, not found over budget in every later prompt). A budget counted by a server's
-        tokenizer is checked by the prompts themselves: its counts are not at hand here."""
-        state, bound = self._store.state(agent), self._plan.config.limits.bounds.facts_per_npc
-        others = tuple(f for f in state.canonical_facts if f.id != fact.id)  # a replaced fact's old text goes
-        if len(others) >= bound:
-            return f"NPC {agent!r} holds {len(state.canonical_facts)} facts, its bound"
-        config = self._plan.scenario.memory
-        if counted_by_server(config) or not config.always_include_canonical_facts:
-            return None
-        held = msgspec.structs.replace(state, canonical_facts=(*others, Fact(id=fact.id, text=fact.text or "")))
-        try:
-            over = build_working_memory(held, "", config).report.over_budget
-        except OverBudgetError:
-            over = True
-        return f"with fact {fact.id!r}, NPC {agent!r}'s mandatory prompt would not fit its budget" if over else None
-
-    async def _refuse_fact(self, fact: GameFact, why: str, *, answer: bool, code: ErrorCode = "exists") -> None:
-        """Count a refused fact on this shard; `answer`: this shard answers it (`exists`, or
-        `over_budget` for a fact its NPC cannot hold)."""
-        topic = topics.game_fact(self._plan.run_id)
-        if answer:
-            reason = f"{why}; replace it with action \"replace\"" if code == "exists" else why
-            await self._answer(refused(code, topic, reason, input_id=fact.id))
-        kind = {"exists": "game fact that exists", "no_fact": "game fact to change that is not held"}
-        self._bus.refuse(kind.get(code, "game fact over an NPC's bound"), topic, f"fact {fact.id!r}")
 
     async def _answer(self, refusal: InputRefused) -> None:
         await self._bus.publish_error(refusal.player, refusal.error, self._clock.now())

@@ -161,7 +161,7 @@ class Shard:
         self.bus.mail.restore_mail(pending.mail)
         self.run_wide.world, self.run_wide.inputs = pending.world, pending.run_wide
         self.inputs.presence = dict(pending.presence)
-        self.inputs.run_wide_facts = await resume.run_wide_facts()
+        self.inputs.facts.run_wide = await resume.run_wide_facts()
 
     # --- the ticks -----------------------------------------------------------------------
 

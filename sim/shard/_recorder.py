@@ -100,7 +100,9 @@ class Recorder:
                             counts={**spoken.counts, **result.counts} if result.counts else spoken.counts)
         record = make_record(spoken.memory, id=say.inference_id, run_id=self._run_id, tick=say.tick,
                              state=spoken.state, config=spoken.config, response=response, output=spoken.output,
-                             rules=spoken.rules, recalled=spoken.recalled)
+                             rules=spoken.rules)
+        if spoken.recalled:
+            record = msgspec.structs.replace(record, recalled=spoken.recalled)
         await self._store.record(record)
         self._metrics.inference(record.report, result.timings.get("total_ms", 0.0) / 1000)
         trace = trace_of(record, shard=self._shard, location=self._npc_location.get(record.agent_id),
