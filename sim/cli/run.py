@@ -39,7 +39,6 @@ from sim.settings import parse_settings, with_settings
 from sim.shard import (
     BrokerConfig,
     InferenceConfig,
-    Placement,
     RecordConfig,
     RunConfig,
     RunStarted,
@@ -65,9 +64,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--run-id", type=run_id, default=None, help="run id (default: scenario name and seed)")
     cmd.add_argument("--db", default=None, help="SQLite file for this shard")
     add_backend_arguments(cmd)
-    cmd.add_argument("--remote-workers", action="store_true",
-                     help="send inferences to `npcsim worker` processes on the broker instead of in-process "
-                     "(--set inference.placement=remote)")
     cmd.add_argument("--run-key-file", metavar="FILE",
                      help="sign internal messages with this secret (HMAC; every process of the run needs it); "
                      "generated for --broker auto")
@@ -84,10 +80,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="serve the web view of the run on http://127.0.0.1:PORT/ (loopback only)")
     add_view_arguments(cmd)
     add_metrics_argument(cmd)
-    cmd.add_argument("--stable-prefix", action=argparse.BooleanOptionalAction, default=None,
-                     help="move the start of each memory category only in steps, so that an NPC's prompts "
-                     "extend each other and a model server's cache reuses them (default: the scenario's [memory])")
-    add_set_argument(cmd, "memory.KEY (the scenario's [memory]), inference.KEY, inference.backend_options.NAME, "
+    add_set_argument(cmd, "memory.KEY (the scenario's [memory]: memory.stable_prefix=true, ...), inference.KEY "
+                     "(inference.placement=remote: to `npcsim worker` processes), inference.backend_options.NAME, "
                      "limits.KEY, record.KEY, broker.KEY, bots, ... (the fields of RunConfig)")
     cmd.set_defaults(func=run_command)
 
@@ -229,12 +223,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
     """The run the flags and the `--set` settings (which win) describe; a bad setting is a
     ConfigError naming it."""
     settings = parse_settings(args.set)
-    memory: dict[str, object] = {} if args.stable_prefix is None else {"stable_prefix": args.stable_prefix}
-    memory.update((k.removeprefix("memory."), v) for k, v in settings.items() if k.startswith("memory."))
-    placement: Placement = "remote" if args.remote_workers else "auto"
-    asked = settings.get("inference.placement")
-    if args.remote_workers and asked is not None and asked != "remote":
-        raise ConfigError(f"--remote-workers and --set inference.placement={asked}: inferences go to one or the other")
+    memory = {k.removeprefix("memory."): v for k, v in settings.items() if k.startswith("memory.")}
     config = RunConfig(
         scenario=args.scenario,
         shard=args.shard,
@@ -244,8 +233,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         until_tick=args.until_tick,
         tick_ms=args.tick_ms,
         broker=BrokerConfig(url=args.broker, run_key_file=args.run_key_file),
-        inference=InferenceConfig(backend=args.backend, backend_options=backend_options(args, settings),
-                                  placement=placement),
+        inference=InferenceConfig(backend=args.backend, backend_options=backend_options(args, settings)),
         record=RecordConfig(db=args.db, resume=args.resume,
                             keep_dialogue=(args.dialogue or args.follow) and not args.quiet),
         memory=memory,
