@@ -1,7 +1,7 @@
 """`npcsim run` and `npcsim scenario generate`.
 
-A run prints, on standard error, where to watch it: the view's address and how to attach
-(sim.cli._attach); on standard output the dialogue (`--follow`, `--dialogue`) and the
+A run prints, on standard error, where to watch it: the view's address, how to attach and
+where its store is (sim.cli._attach); on standard output the dialogue (`--follow`, `--dialogue`) and the
 summary, one record per line in a pipe. `--quiet` prints nothing but errors.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -48,7 +49,10 @@ from sim.shard import (
     run,
 )
 
-__all__ = ["register", "summary_rows"]
+__all__ = ["RUNS_ENV", "register", "summary_rows"]
+
+RUNS_ENV = "NPCSIM_RUNS"
+"""The environment variable naming the folder a run without `--db` keeps its store in (default ./runs)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--tick-ms", type=whole(0), default=0, help="milliseconds per tick; 0 = as fast as possible")
     cmd.add_argument("--seed", type=int, default=None)
     cmd.add_argument("--run-id", type=run_id, default=None, help="run id (default: scenario name and seed)")
-    cmd.add_argument("--db", default=None, help="SQLite file for this shard")
+    cmd.add_argument("--db", default=None,
+                     help=f"SQLite file for this shard (default: a new file in ${RUNS_ENV} or ./runs, which keeps "
+                     "the newest 10: --set record.runs_kept=N; --resume continues the run's newest there)")
     add_backend_arguments(cmd)
     cmd.add_argument("--run-key-file", metavar="FILE",
                      help="sign internal messages with this secret (HMAC; every process of the run needs it); "
@@ -234,7 +240,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         tick_ms=args.tick_ms,
         broker=BrokerConfig(url=args.broker, run_key_file=args.run_key_file),
         inference=InferenceConfig(backend=args.backend, backend_options=backend_options(args, settings)),
-        record=RecordConfig(db=args.db, resume=args.resume,
+        record=RecordConfig(db=args.db, resume=args.resume, runs_dir=os.environ.get(RUNS_ENV) or "runs",
                             keep_dialogue=(args.dialogue or args.follow) and not args.quiet),
         memory=memory,
     )
