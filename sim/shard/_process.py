@@ -195,8 +195,8 @@ def _prune(record: RecordConfig) -> None:
     assert record.runs_dir is not None
     deleted = prune_stores(Path(record.runs_dir), record.runs_kept)
     if deleted:
-        log.warning("%s: deleted the %d oldest stores, beyond the newest %d (record.runs_kept): %s",
-                    record.runs_dir, len(deleted), record.runs_kept, ", ".join(p.name for p in deleted))
+        log.warning("%s: deleted %s (record.runs_kept=%d: the newest stores stay)",
+                    record.runs_dir, ", ".join(p.name for p in deleted), record.runs_kept)
 
 
 async def _bound_run_key(
