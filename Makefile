@@ -67,7 +67,8 @@ $(VENV)/bin/llama-server: $(LLAMA_SERVER_BUILT) | $(PY)
 llama-server: $(VENV)/bin/llama-server
 
 # The village at about a tick a second with the web view (its address is printed first) and
-# the dialogue in the terminal, until Ctrl-C. VIEW_PORT=8081 make run if 8080 is taken.
+# the dialogue in the terminal, until Ctrl-C. VIEW_PORT=8081 make run if 8080 is taken. Its
+# store, the black box, stays in runs/ (the path is printed; the newest 10 stores are kept).
 VIEW_PORT ?= 8080
 run: $(VENV)/.installed-run
 	$(VENV)/bin/npcsim run scenarios/village.toml --broker auto --backend scripted --tick-ms 1000 \

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from sim.cli.run import RUNS_ENV
 from tests.browser import chromium
 from tests.helpers import IN_CI, MosquittoProcess, require_mosquitto
 from tests.llama_server import LlamaServer, require_llama_server
@@ -19,6 +20,15 @@ settings.register_profile(
     "ci", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("ci" if IN_CI else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(autouse=True)
+def runs_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder where a run without --db keeps its store (sim.cli.run.RUNS_ENV), the test's
+    own: `npcsim run` in a test, in this process or a child, never writes the clone's ./runs."""
+    folder = tmp_path_factory.mktemp("runs")
+    monkeypatch.setenv(RUNS_ENV, str(folder))
+    return folder
 
 
 @pytest.fixture

@@ -87,8 +87,8 @@ PACKAGES: dict[str, set[str]] = {
     "sim.store": {
         "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",
         "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
-        "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "open_own", "open_reader",
-        "open_store", "read_arrivals", "Summaries", "Summary",
+        "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "new_store", "newest_store",
+        "open_own", "open_reader", "open_store", "prune_stores", "read_arrivals", "Summaries", "Summary",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",

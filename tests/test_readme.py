@@ -29,7 +29,8 @@ The convention the documents follow:
 What the test changes itself: the ports of the examples (8080, 8081, ... and Prometheus'
 9100) become free ports; a broker on 127.0.0.1:1883 (and `mosquitto_pub`/`mosquitto_sub`,
 which default to it) becomes the test's own Mosquitto, never the system's; `make TARGET`
-runs in the clone with this test's virtualenv and without re-installing it. A command fails
+runs in the clone with this test's virtualenv and without re-installing it, keeping a run's
+store in the scratch directory's `runs/` (as the other commands do there), not the clone's. A command fails
 the test when it exits non-zero: so does an example that names an audit id or a file that
 the commands before it did not make.
 """
@@ -50,6 +51,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sim.cli.run import RUNS_ENV
 from tests.helpers import REPO, MosquittoProcess, elapse_sync, eventually_sync, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(1200)]
@@ -148,8 +150,9 @@ def blocks(document: str) -> list[Block]:
 class Rewrite:
     """The test's own substitutions: free ports, the test's broker, the console script, make."""
 
-    def __init__(self, broker: MosquittoProcess) -> None:
+    def __init__(self, broker: MosquittoProcess, scratch: Path) -> None:
         self.broker = broker
+        self.scratch = scratch
         self.ports: dict[str, int] = {}
 
     def _port(self, match: re.Match[str]) -> str:
@@ -167,8 +170,8 @@ class Rewrite:
         command = re.sub(r"\b(mosquitto_(?:pub|sub))\b(?! -p)", rf"\1 -p {port}", command)
         command = command.replace(".venv/bin/npcsim", str(BIN / "npcsim"))
         view = "" if "VIEW_PORT=" in command else f"VIEW_PORT={free_port()} "
-        return re.sub(r"^make (\w+)", rf"make -C {REPO} -o {VENV}/.installed-run -o {VENV}/.installed-test "
-                                      rf"VENV={VENV} {view}\1", command)
+        return re.sub(r"^make (\w+)", rf"{RUNS_ENV}={self.scratch / 'runs'} make -C {REPO} -o {VENV}/.installed-run "
+                                      rf"-o {VENV}/.installed-test VENV={VENV} {view}\1", command)
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -210,6 +213,7 @@ class Runner:
         runs.mkdir(mode=0o700)
         self.env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                     "XDG_RUNTIME_DIR": str(runs), "COLUMNS": "120"}
+        self.env.pop(RUNS_ENV, None)  # a run without --db keeps its store in ./runs, as the documents show
         self.count = 0
 
     def start(self, command: str) -> Running:
@@ -267,7 +271,7 @@ class Runner:
 
 def run_document(document: str, scratch: Path, broker: MosquittoProcess) -> int:
     """Run every example of `document` in order; returns how many commands ran."""
-    rewrite = Rewrite(broker)
+    rewrite = Rewrite(broker, scratch)
     runner = Runner(scratch, rewrite)
     ran = 0
     for block in blocks(document):

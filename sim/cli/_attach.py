@@ -6,7 +6,8 @@ role: public topics, the trace, player input) and the file holding that login's 
 (the password itself only with `--show-password`), and keeps a run file (sim.attach), so
 that `npcsim subscribe --run ID` and `npcsim view --run ID` find it without `--broker`; it
 also prints its MQTT-over-WebSockets address for browser clients. A run on an external
-broker prints the commands with that broker's URL (never its password).
+broker prints the commands with that broker's URL (never its password). Either prints where
+its store is (`store: PATH`): its black box, for `npcsim audit` and `npcsim memory show --db`.
 
 A watcher names a run by its id: none of that id is an error naming the runs there are, and
 two runs of one id on this machine (each on its own private broker) are an error listing
@@ -39,8 +40,17 @@ _PROBE_S = 2.0
 
 def attach_lines(started: RunStarted, run_file: Path | None, *, show_password: bool = False) -> list[str]:
     """What a started run prints so that others can watch it, and the game system publish to
-    it: each password is named by its file beside `run_file`, and printed only with
-    `show_password`."""
+    it (each password is named by its file beside `run_file`, and printed only with
+    `show_password`), and where its store is, to read during the run and after it."""
+    lines = _broker_lines(started, run_file, show_password)
+    if started.store is not None:
+        db = shlex.quote(str(started.store))
+        lines.append(f"store: {started.store}  (npcsim audit list --db {db}; "
+                     f"npcsim memory show --db {db} --npc ID)")
+    return lines
+
+
+def _broker_lines(started: RunStarted, run_file: Path | None, show_password: bool) -> list[str]:
     run_id = started.stats.run_id
     run = shlex.quote(run_id)
     say = shlex.quote(f"{topics.run_root(run_id)}/agent/+/say")

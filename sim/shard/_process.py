@@ -1,7 +1,8 @@
 """One shard as a process: `run(config)` puts the broker and the signals around a shard (sim.shard._wiring).
 
 In order: the scenario is parsed off the loop, the broker opened (or started), then the
-store (its one writer: sim.store), which must belong to this run (sim.shard._instance);
+store (its one writer: sim.store; without `record.db`, a new file in `record.runs_dir`,
+whose oldest stores go once this one has started), which must belong to this run (sim.shard._instance);
 the run key is read or made, bound to the run's nonce, and the trust announcements made;
 then the bus and the pool. The Shard starts up, runs its ticks and says "offline" at the
 end.
@@ -36,6 +37,7 @@ from sim.shard._instance import claim_store, learn_run_nonce, run_claim
 from sim.shard._layout import ShardLayout
 from sim.shard._plan import ShardPlan
 from sim.shard._run_config import (
+    RecordConfig,
     RunConfig,
     check_resumable,
     check_resume,
@@ -57,7 +59,7 @@ from sim.shard._startup import (
 from sim.shard._stats import RunStarted, RunStats
 from sim.shard._trust import announce_trust, run_key_for
 from sim.shard._wiring import Connection, Seams, open_shard
-from sim.store import RunIdentity, Store
+from sim.store import RunIdentity, Store, new_store, newest_store, prune_stores
 from sim.wire import topics
 
 __all__ = ["run"]
@@ -114,7 +116,6 @@ async def _run(
         scenario = msgspec.structs.replace(scenario, memory=memory_config(config, scenario))  # the run's overrides
         config = with_servers(config, scenario)
         check_retention(config, hot_limit(scenario.memory))
-        check_resumable(config)
         check_shards(config, scenario)
         if config.inference.placement != "remote":  # remote workers bring their own servers
             await check_context_window(config.inference.backend, config.inference.backend_options,
@@ -129,6 +130,9 @@ async def _run(
             raise ConfigError(f"--run-id: {exc}") from exc
         shard = str(parse_shard(config.shard)[0])
         stats.run_id = run_id
+        kept = config.record.db is None and config.record.runs_dir is not None
+        config = _kept_store(config, run_id)
+        check_resumable(config)
         claim = run_claim(config, run_id=run_id, seed=seed, scenario=scenario, sha256=text.sha256)
         counting = open_tokenizer(scenario.memory, config.inference.backend, config.inference.backend_options)
         async with counting as tokenizer, _workdir() as workdir:
@@ -149,11 +153,13 @@ async def _run(
                     claim=claim_run, metrics=metrics, clock=clock, seams=Seams(tokenizer=tokenizer),
                 ) as one:
                     await one.start()
+                    if kept:
+                        await in_thread(lambda: _prune(config.record), "npcsim-retention")
                     collector.start_up_done()
                     stats.startup_progress.enter(StartupPhase.RUNNING)
                     stats.running_since = clock.now()
                     if on_ready is not None:
-                        on_ready(RunStarted(stats=stats, broker=broker))
+                        on_ready(RunStarted(stats=stats, broker=broker, store=None if config.record.db is None else db))
                     if one.end <= one.first:
                         log.warning("nothing to run: the store is at tick %d and the run ends before tick %d",
                                     one.first, one.end)
@@ -163,6 +169,34 @@ async def _run(
                         if stop.is_set():
                             one.ctx.bus.hurry(_STOPPING_FLUSH)
                         await one.go_offline()
+
+
+def _kept_store(config: RunConfig, run_id: str) -> RunConfig:
+    """The run with its store in `record.runs_dir` when it names no file of its own: a new
+    file there (`RUN-ID.db`; shard i of n>1: `RUN-ID.shardI.db`), or with `--resume` the
+    newest of this run and shard there."""
+    record = config.record
+    if record.db is not None or record.runs_dir is None:
+        return config
+    index, count = parse_shard(config.shard)
+    directory = Path(record.runs_dir)
+    if record.resume:
+        db = newest_store(directory, run_id, f"{index}/{count}")
+        if db is None:
+            shard = "" if count == 1 else f", shard {index}/{count}"
+            raise ConfigError(f"--resume: no store of run {run_id}{shard} in {directory}: give its --db")
+    else:
+        db = new_store(directory, run_id if count == 1 else f"{run_id}.shard{index}")
+    return msgspec.structs.replace(config, record=msgspec.structs.replace(record, db=str(db)))
+
+
+def _prune(record: RecordConfig) -> None:
+    """Retention in the folder of kept stores: one log line naming what went."""
+    assert record.runs_dir is not None
+    deleted = prune_stores(Path(record.runs_dir), record.runs_kept)
+    if deleted:
+        log.warning("%s: deleted %s (record.runs_kept=%d: the newest stores stay)",
+                    record.runs_dir, ", ".join(p.name for p in deleted), record.runs_kept)
 
 
 async def _bound_run_key(

@@ -131,18 +131,25 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RecordConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """What the run keeps and tells: its store (`db`; None: a temporary file), whether it
-    continues the store's run, how many memories of each category each agent keeps (None: all),
-    whether the dialogue is kept for printing, and whether the trace carries each prompt."""
+    """What the run keeps and tells: its store (`db`), whether it continues the store's run,
+    how many memories of each category each agent keeps (None: all), whether the dialogue is
+    kept for printing, and whether the trace carries each prompt.
+
+    Without `db` the store goes in the folder `runs_dir` (sim.store.new_store; `--resume`
+    continues the newest of the run there), which keeps the newest `runs_kept` stores; with
+    neither, in a temporary file, gone with the run.
+    """
 
     db: str | None = None
     resume: bool = False
     retain_memories: int | None = None
     keep_dialogue: bool = False
     trace_prompts: bool = True
+    runs_dir: str | None = None
+    runs_kept: int = 10
 
     def __post_init__(self) -> None:
-        _check_whole(self, {"retain_memories": 1}, "record.")
+        _check_whole(self, {"retain_memories": 1, "runs_kept": 1}, "record.")
 
 
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -219,8 +226,8 @@ def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
 
 
 def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
-    """The scenario's working-memory config with the run's changes (`--set memory.KEY=VALUE`,
-    `--stable-prefix`); a combination the config refuses is a ConfigError naming them."""
+    """The scenario's working-memory config with the run's changes (`--set memory.KEY=VALUE`);
+    a combination the config refuses is a ConfigError naming them."""
     return with_settings(scenario.memory, config.memory, "memory.")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sim.broker import BrokerInfo
 from sim.inference import PoolStatistics
@@ -189,9 +190,10 @@ class RunStats:
 
 @dataclass(frozen=True)
 class RunStarted:
-    """What `run` hands its `on_ready` once the ticks begin: the run's stats and its broker
+    """What `run` hands its `on_ready` once the ticks begin: the run's stats, its broker
     (the shard's login, `run --view` follows the run with it; `viewer`, the watchers' login
-    on a broker the run started)."""
+    on a broker the run started) and its store (None: a temporary file, gone with the run)."""
 
     stats: RunStats
     broker: BrokerInfo
+    store: Path | None = None

@@ -3,7 +3,8 @@
 `open_store` is the writer side (one process at a time: a second writer is refused);
 `open_reader` is a read-only view for the CLI that never modifies the file;
 `delete_audit_records` rotates exported records out of a file. `RunIdentity` is the run a
-store belongs to (`Store.identity`, `StoreReader.run_identity`).
+store belongs to (`Store.identity`, `StoreReader.run_identity`). `new_store`, `newest_store`
+and `prune_stores` keep the stores of runs without a file of their own in one folder.
 """
 
 from sim.errors import AuthorityError, SchemaError, StoreError
@@ -11,6 +12,7 @@ from sim.store._arrivals import arrivals_path, read_arrivals
 from sim.store._authority import Writer
 from sim.store._database import HOT_LIMIT, Store, StoreStatistics, open_store
 from sim.store._identity import RunIdentity, RunSettings
+from sim.store._kept import new_store, newest_store, prune_stores
 from sim.store._places import PlaceRows, Summaries, Summary
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._resume import Pending, Resume, TickRecord
@@ -39,8 +41,11 @@ __all__ = [
     "Writer",
     "arrivals_path",
     "delete_audit_records",
+    "new_store",
+    "newest_store",
     "open_own",
     "open_reader",
     "open_store",
+    "prune_stores",
     "read_arrivals",
 ]

@@ -170,6 +170,19 @@ class StoreReader:
         )
         return self._decode(rows)[0] if rows else None
 
+    def latest_audit_record(self, agent_id: str, tick: int | None = None) -> AuditRecord | None:
+        """The agent's last record in (tick, id) order, of tick `tick` or before when given;
+        None when it has none."""
+        bound, params = ("AND tick <= ?", (agent_id, tick)) if tick is not None else ("", (agent_id,))
+        rows = self._query(
+            f"SELECT {_RECORD_COLUMNS} FROM audit WHERE agent = ? {bound} ORDER BY tick DESC, id DESC LIMIT 1", params
+        )
+        return self._decode(rows)[0] if rows else None
+
+    def has_agent(self, agent_id: str) -> bool:
+        """Whether the run had an NPC of this id."""
+        return bool(self._query("SELECT 1 FROM agents WHERE agent = ?", (agent_id,)))
+
     def audit_records(
         self, agent_id: str | None = None, *, from_tick: int | None = None, to_tick: int | None = None
     ) -> Iterator[AuditRecord]:
