@@ -120,7 +120,7 @@ MODULES: dict[str, set[str]] = {
     },
     "sim.wire.trace": {
         "RosterEntry", "RosterMessage", "TRACE_DROPPED", "TraceAttempt", "TraceMessage", "decode_roster",
-        "decode_traces", "encode_roster", "encode_trace", "for_trace",
+        "decode_traces", "encode_roster", "encode_trace", "for_trace", "Recalled",
     },
     "sim.wire.attempt": {
         "MAX_LINE_CHARS", "Arg", "ArgType", "Attempt", "OutputPolicy", "ProposalVerdict", "Rules", "ServedBy", "Usage",
