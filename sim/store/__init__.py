@@ -12,11 +12,11 @@ from sim.store._arrivals import arrivals_path, read_arrivals
 from sim.store._authority import Writer
 from sim.store._database import HOT_LIMIT, Store, StoreStatistics, open_store
 from sim.store._identity import RunIdentity, RunSettings
-from sim.store._runs import new_store, newest_store, prune_stores
 from sim.store._places import PlaceRows, Summaries, Summary
 from sim.store._reader import AuditSummary, StoreReader, open_reader
 from sim.store._resume import Pending, Resume, TickRecord
 from sim.store._rotate import delete_audit_records
+from sim.store._runs import new_store, newest_store, prune_stores
 from sim.store._schema import SCHEMA_VERSION
 from sim.store.files import open_own
 
