@@ -29,7 +29,8 @@ PUBLIC = {"agent/a/say", "world/state", "status/0", "roster/0"}
 READ = {  # role -> topics it may read, of those the shard publishes: the public ones, and
     "worker": {*PUBLIC, "infer/req"},
     "game": {*PUBLIC, "game/error"},
-    "viewer": {*PUBLIC, "trace/0", "player/bob/input", "player/alice/input", "player/viewer/input"},
+    "viewer": {*PUBLIC, "trace/0", "player/bob/input", "player/alice/input", "player/viewer/input",
+               "player/alice/error", "player/bob/error"},  # what players say, and what the run refused them
     "alice": {*PUBLIC, "player/alice/error"},  # its own errors, never bob's
     "bob": {*PUBLIC, "player/bob/error"},
 }

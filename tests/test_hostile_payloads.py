@@ -74,7 +74,7 @@ def test_every_other_reader_of_outside_bytes_refuses_nesting(payload: bytes) -> 
     for topic in (topics.world_state("r"), topics.status("r", "0"), topics.trace("r", "0"), topics.roster("r", "0"),
                   topics.agent_say("r", "innkeeper")):
         model.feed(topic, payload, now=0.0)
-    assert model.health.refused == 5
+    assert model.health.malformed == 5
     with pytest.raises(Exception) as raised:
         decode_traces(payload)
     assert not isinstance(raised.value, RecursionError)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
@@ -118,16 +120,26 @@ def test_rates_come_from_the_injected_clock() -> None:
 def test_a_malformed_message_is_counted_by_kind_and_dropped(topic: str, payload: bytes) -> None:
     model = RunModel(RUN)
     model.feed(topic, payload, 0.0)
-    assert model.health.refused == 1
-    assert sum(model.refused_kinds.values()) == 1
+    assert model.health.malformed == 1 and model.health.refused == 0
+    assert sum(model.malformed_kinds.values()) == 1
     assert model.lines() == [] and model.npcs == {}
+
+
+def test_an_input_the_run_refused_is_counted_by_code_apart_from_what_the_view_cannot_read() -> None:
+    model = RunModel(RUN)
+    for code in ("too_long", "unknown_npc", "too_long"):
+        error = {"code": code, "message": "no", "topic": topics.player_input(RUN, "x"), "id": "q1"}
+        model.feed(topics.player_error(RUN, "x"), json.dumps(error).encode(), 0.0)
+    model.feed(topics.player_error(RUN, "x"), b'{"code": "nonsense"}', 0.0)
+    assert (model.health.refused, model.health.malformed) == (3, 1)
+    assert model.health_view(0.0)["refused_codes"] == {"too_long": 2, "unknown_npc": 1}
 
 
 def test_unknown_topics_of_the_run_are_ignored() -> None:
     model = RunModel(RUN)
     model.feed(f"npcsim/{RUN}/loc/square/events", b"\x00", 0.0)
     model.feed("npcsim", b"", 0.0)
-    assert model.health.refused == 0
+    assert model.health.refused == 0 and model.health.malformed == 0
 
 
 def test_the_page_never_renders_run_data_as_html() -> None:
@@ -171,7 +183,7 @@ def test_a_trace_with_an_explanation_reaches_the_page_and_an_old_one_still_reads
                                                                                   "memory 1", "memory 0"]
     old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(new).items() if k != "explanation"})
     model.feed(topics.trace(RUN, "0"), old, 0.0)
-    assert model.health.refused == 0 and model.npc_view("smith")["traces"][0]["explanation"] is None  # type: ignore[index]
+    assert model.health.malformed == 0 and model.npc_view("smith")["traces"][0]["explanation"] is None  # type: ignore[index]
 
     class OldTrace(msgspec.Struct):  # a viewer from before the field: it decodes the new trace
         agent: str
@@ -187,7 +199,7 @@ def test_a_batch_of_traces_shows_each_of_them() -> None:
     model.feed(topics.trace(RUN, "0"), batch, 0.0)
     assert [len(model.npc_view(agent)["traces"]) for agent in ("smith", "guard")] == [1, 1]  # type: ignore[index]
     model.feed(topics.trace(RUN, "0"), b"[" + encode_trace(trace("smith", 3, 1)) + b", 3]", 0.0)
-    assert model.health.refused == 1 and len(model.npc_view("smith")["traces"]) == 1  # type: ignore[index]
+    assert model.health.malformed == 1 and len(model.npc_view("smith")["traces"]) == 1  # type: ignore[index]
 
 
 def test_the_npc_shows_what_it_learned_emitted_and_was_refused() -> None:

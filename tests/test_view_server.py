@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -121,9 +122,20 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
                 # a hostile client publishes junk on the trace topic: counted, nothing else changes
                 async with aiomqtt.Client("127.0.0.1", mosquitto.port) as hostile:
                     await hostile.publish(topics.trace("lv", "9"), b"\x00junk", qos=1)
-                refused = await eventually(lambda: _refused(client), what="the junk counted", within=VIEW_S,
-                                           every=0.1)
-                assert refused == 1
+                malformed = await eventually(lambda: _malformed(client), what="the junk counted", within=VIEW_S,
+                                             every=0.1)
+                assert malformed == 1
+                # a player's input the run refuses: the view counts it by its code
+                async with aiomqtt.Client("127.0.0.1", mosquitto.port) as player:
+                    await player.publish(topics.player_input("lv", "loud"), json.dumps(
+                        {"to": "innkeeper", "text": "A" * 600, "id": "q9"}).encode(), qos=1)
+
+                async def refused() -> Any:
+                    health = (await client.get("/api/state")).json()["health"]
+                    return health if health["refused"] else None
+
+                health = await eventually(refused, what="the refusal counted", within=VIEW_S, every=0.1)
+                assert health["refused_codes"] == {"too_long": 1} and health["malformed"] == 1
                 said = await say(client, {"to": "innkeeper", "text": "Ale?"})
                 assert said.status_code == 200
 
@@ -141,8 +153,8 @@ async def test_live_view_follows_a_run_streams_and_speaks(mosquitto: MosquittoPr
     assert view.model.health.inferences > 0
 
 
-async def _refused(client: httpx.AsyncClient) -> int:
-    return int((await client.get("/api/state")).json()["health"]["refused"])
+async def _malformed(client: httpx.AsyncClient) -> int:
+    return int((await client.get("/api/state")).json()["health"]["malformed"])
 
 
 @pytest.mark.mosquitto

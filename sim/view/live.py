@@ -41,6 +41,7 @@ class LiveFeed:
         self._filters = [
             f"{root}/agent/+/say",
             f"{root}/player/+/input",
+            f"{root}/player/+/error",
             topics.world_state(model.run),
             f"{root}/status/+",
             f"{root}/trace/+",

@@ -23,6 +23,7 @@ from sim.wire import topics
 from sim.wire.events import (
     PlayerInputMessage,
     SayMessage,
+    decode_error,
     decode_player_input,
     decode_say,
     decode_status,
@@ -57,7 +58,8 @@ class _Health(msgspec.Struct, kw_only=True):
     tick: int = -1
     inferences: int = 0
     fallbacks: int = 0
-    refused: int = 0
+    malformed: int = 0  # messages the view could not read (dropped)
+    refused: int = 0  # inputs the run refused (its errors on player/+/error)
     lines: int = 0
 
 
@@ -70,7 +72,8 @@ class RunModel:
         self.world: dict[str, str] = {}
         self.shards: dict[str, dict[str, Any]] = {}
         self.health = _Health()
-        self.refused_kinds: collections.Counter[str] = collections.Counter()
+        self.malformed_kinds: collections.Counter[str] = collections.Counter()
+        self.refused_codes: collections.Counter[str] = collections.Counter()
         self.version = 0  # bumped on any change; the event stream compares it
         self.world_version = 0  # bumped when the NPC list, the places or the world state change
         self._lines: collections.deque[DialogueLine] = collections.deque(maxlen=max_lines)
@@ -86,7 +89,8 @@ class RunModel:
     # --- feeding -------------------------------------------------------------------------
 
     def feed(self, topic: str, payload: bytes, now: float) -> None:
-        """Apply one MQTT message of this run; a malformed one is counted by kind and dropped."""
+        """Apply one MQTT message of this run; a malformed one is counted by kind and dropped
+        (`malformed`); an error the run sent a player is counted by code (`refused`)."""
         parsed = topics.parse(topic)
         if parsed is None:
             return
@@ -108,11 +112,14 @@ class RunModel:
                     self.add_trace(trace)
             elif kind == "roster":
                 self.set_roster(decode_roster(payload).npcs)
+            elif kind == "player_error":
+                self.refused_codes[decode_error(payload).code] += 1
+                self.health.refused += 1
             else:
                 return
         except (msgspec.DecodeError, msgspec.ValidationError):
-            self.refused_kinds[kind] += 1
-            self.health.refused += 1
+            self.malformed_kinds[kind] += 1
+            self.health.malformed += 1
         self._sample(now)
         self.version += 1
 
@@ -213,7 +220,8 @@ class RunModel:
             **msgspec.structs.asdict(self.health),
             "ticks_per_s": round(ticks_per_s, 2),
             "inferences_per_s": round(inferences_per_s, 2),
-            "refused_kinds": dict(self.refused_kinds),
+            "malformed_kinds": dict(self.malformed_kinds),
+            "refused_codes": dict(self.refused_codes),
             "shards": {k: self.shards[k] for k in sorted(self.shards)},
         }
 

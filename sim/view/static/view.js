@@ -39,6 +39,7 @@ function showHealth(h) {
   $("health-inferences-per-s").textContent = h.inferences_per_s;
   $("health-fallbacks").textContent = h.fallbacks;
   $("health-refused").textContent = h.refused;
+  $("health-malformed").textContent = h.malformed;
   const shards = Object.entries(h.shards).map(([id, s]) => id + ": " + s.state + (s.tick == null ? "" : " @" + s.tick));
   $("health-shards").textContent = shards.length ? shards.join(", ") : "-";
 }
