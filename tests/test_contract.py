@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from jsonschema import Draft7Validator
 
-from sim.protocol.bounds import InputBounds
+from sim.protocol.bounds import InputBounds, bound_problem
 from sim.shard import BrokerConfig, RunConfig, run
 from sim.wire import topics
 from sim.wire.channel import EntriesBound, TextBound
@@ -215,7 +215,6 @@ def test_a_fixed_length_array_is_said_in_draft_07() -> None:
 FORGED = [
     ("player-input", {"to": "innkeeper"}),
     ("player-input", {"to": "innkeeper", "text": ""}),
-    ("player-input", {"to": "innkeeper", "text": "x" * 4001}),
     ("player-input", {"to": "inn keeper", "text": "hi"}),
     ("player-input", {"to": "i" * 129, "text": "hi"}),
     ("player-input", {"to": "innkeeper", "text": "hi", "admin": True}),
@@ -234,6 +233,35 @@ def test_the_schemas_refuse_what_the_server_refuses(name: str, forged: Any) -> N
     decode = {"player-input": decode_player_input, "world-state": decode_world_state}[name]
     with pytest.raises(msgspec.ValidationError):
         decode(json.dumps(forged).encode())
+
+
+def test_each_schema_states_the_bound_the_run_holds_its_channel_to() -> None:
+    """The schema's `maxLength` (and `maxProperties`) is the run's default bound, and the decoder
+    leaves the length to the bound: one character more is the run's `too_long`, never `schema`."""
+    bounds = InputBounds()
+    bounded = [c for c in CHANNELS if c.bound is not None]
+    assert {c.name for c in bounded} == {"player-input", "game-event", "game-fact", "world-state"}
+    for channel in bounded:
+        schema = message_schema(channel.name)
+        properties = schema["definitions"][channel.payload.__name__]["properties"]
+        if isinstance(channel.bound, TextBound):
+            chars = properties["text"]["maxLength"]
+            assert chars == getattr(bounds, channel.bound.chars), channel.name
+            fields = {"to": "innkeeper", "location": "inn", "id": "f1"}
+            at_bound = {k: v for k, v in fields.items() if k in properties} | {"text": "x" * chars}
+            over = at_bound | {"text": "x" * (chars + 1)}
+            assert not Draft7Validator(schema).is_valid(over) and Draft7Validator(schema).is_valid(at_bound)
+            assert bound_problem(channel.bound, channel.reader.decode(json.dumps(at_bound).encode()), bounds) is None
+            assert bound_problem(channel.bound, channel.reader.decode(json.dumps(over).encode()), bounds)
+            continue
+        assert isinstance(channel.bound, EntriesBound)
+        state = properties["state"]
+        said = (state["maxProperties"], state["propertyNames"]["maxLength"], state["additionalProperties"]["maxLength"])
+        assert said == (bounds.world_keys, bounds.world_key_chars, bounds.world_value_chars)
+        for over in ({f"k{n}": "v" for n in range(bounds.world_keys + 1)}, {"k" * (bounds.world_key_chars + 1): "v"},
+                     {"k": "v" * (bounds.world_value_chars + 1)}):
+            assert not Draft7Validator(schema).is_valid({"state": over})
+            assert bound_problem(channel.bound, decode_world_state(json.dumps({"state": over}).encode()), bounds)
 
 
 # --- the command -----------------------------------------------------------------------------

@@ -111,7 +111,7 @@ MODULES: dict[str, set[str]] = {
         "token_sizes",
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
-    "sim.wire.channel": {"Bound", "Channel", "EntriesBound", "Role", "TextBound"},
+    "sim.wire.channel": {"Bound", "Channel", "EntriesBound", "MessageBounds", "Role", "TextBound"},
     "sim.wire.contract": {
         "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "OWN_PLAYER",
         "PLAYER",

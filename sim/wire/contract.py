@@ -8,7 +8,8 @@ its publisher's own login), the type of its JSON payload, the bound the run hold
 server decodes and checks what it takes by this table: sim.protocol.router), who publishes it
 (the ACL's role), whether it is retained, and who may read it. Adding a public channel is
 adding an entry there. The schemas are msgspec's (`msgspec.json.schema_components`), so the
-document cannot drift from the decoders.
+document cannot drift from the decoders; a channel's bound is added to its schema from the
+defaults the run holds the channel to (`MessageBounds`), so the two cannot drift either.
 
 AsyncAPI's Schema Object is JSON Schema draft-07; msgspec writes draft 2020-12. The two differ
 in what our types use in one keyword (a fixed-length array: 2020-12 `prefixItems`, draft-07
@@ -18,13 +19,13 @@ end of text `\\Z` is ECMA's `$`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
 
 from sim.wire import topics
-from sim.wire.channel import Channel, EntriesBound, Role, TextBound
+from sim.wire.channel import Bound, Channel, EntriesBound, MessageBounds, Role, TextBound
 from sim.wire.events import (
     NAME_RULE,
     ErrorMessage,
@@ -208,10 +209,41 @@ def channel_of(topic: str) -> Channel | None:
     return next((c for c in CHANNELS if c.kind == parsed.kind), None)
 
 
-def _schemas(types: Iterable[Any], ref_template: str) -> tuple[list[Any], dict[str, Any]]:
-    """msgspec's schemas of `types` and the components they refer to, in draft-07."""
-    payloads, components = msgspec.json.schema_components(types, ref_template=ref_template)
-    return [_draft_07(p) for p in payloads], {name: _draft_07(s) for name, s in components.items()}
+def _schemas(channels: Sequence[Channel], ref_template: str) -> tuple[list[Any], dict[str, Any]]:
+    """msgspec's schemas of the channels' payloads and the components they refer to, in
+    draft-07, each with its channel's bound."""
+    payloads, components = msgspec.json.schema_components([c.payload for c in channels], ref_template=ref_template)
+    components = {name: _draft_07(s) for name, s in components.items()}
+    for channel in channels:
+        if channel.bound is not None:
+            _bounded(components[_struct(channel.payload).__name__]["properties"], channel.bound)
+    return [_draft_07(p) for p in payloads], components
+
+
+_DEFAULT_BOUNDS = MessageBounds()
+
+
+def _bounded(properties: dict[str, Any], bound: Bound) -> None:
+    """Say `bound` in a payload's `properties`: the run's default, and how a run sets its own."""
+    def said(name: str) -> int:
+        return int(getattr(_DEFAULT_BOUNDS, name))
+
+    def unless(*names: str) -> str:
+        settings = ", ".join(f"`--set limits.bounds.{name}=N`" for name in names)
+        return (f"the run's bound{'s' if len(names) > 1 else ''} unless `npcsim run` sets its own ({settings}); "
+                "over it, the message is refused with `too_long`.")
+
+    if isinstance(bound, TextBound):
+        properties["text"].update(maxLength=said(bound.chars),
+                                  description=f"At most {said(bound.chars)} characters: {unless(bound.chars)}")
+        return
+    state = properties["state"]
+    state.update(maxProperties=said(bound.keys),
+                 description=f"At most {said(bound.keys)} keys of at most {said(bound.key_chars)} characters, "
+                             f"each value at most {said(bound.value_chars)}: "
+                             f"{unless(bound.keys, bound.key_chars, bound.value_chars)}")
+    state["propertyNames"]["maxLength"] = said(bound.key_chars)
+    state["additionalProperties"]["maxLength"] = said(bound.value_chars)
 
 
 def _draft_07(schema: Any) -> Any:
@@ -234,13 +266,13 @@ def _draft_07(schema: Any) -> Any:
 def message_schema(name: str) -> dict[str, Any]:
     """The JSON Schema (draft-07, self-contained) of the payload of the channel called `name`."""
     channel = channel_named(name)
-    [payload], definitions = _schemas([channel.payload], "#/definitions/{name}")
+    [payload], definitions = _schemas([channel], "#/definitions/{name}")
     return {"$schema": DRAFT_07, **payload, "definitions": definitions}
 
 
 def asyncapi(version: str) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of every public channel; `version`: npcsim's."""
-    payloads, schemas = _schemas([c.payload for c in CHANNELS], "#/components/schemas/{name}")
+    payloads, schemas = _schemas(CHANNELS, "#/components/schemas/{name}")
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
