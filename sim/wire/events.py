@@ -136,9 +136,9 @@ class SayMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 class IntentMessage(msgspec.Struct, frozen=True, kw_only=True):
     """What an NPC proposes the game do, on its public `intent` topic: an intent on its
-    allow-list, with the arguments the allow-list types, that passed every gate
-    (docs/npc-output.md). `inference_id` names the inference (and its `say`); `reply_to`
-    is the `id` of the player input it answered (null when none)."""
+    allow-list, each argument of the type or one of the values the allow-list gives it, that
+    passed every gate (docs/npc-output.md). `inference_id` names the inference (and its
+    `say`); `reply_to` is the `id` of the player input it answered (null when none)."""
 
     run: str
     agent: str
