@@ -7,10 +7,10 @@ broker is an error within seconds (a run leaves its retained status on its broke
 two runs of one id on this machine are an error listing them; `--wait` waits for the run
 to start instead. Where it connected goes to standard error at once; standard output
 holds only the records (or, with `--json`, one JSON object per record: the payload as it
-came). `--show all` is for debugging: every topic of the run, the public ones as the JSON
-they are, the internal ones decoded from msgpack to JSON, a signed payload's signature taken
-off (not checked). On a private broker the viewer may read the public topics, the trace and
-player input, so that is what `--show all` shows there.
+came, with its topic for `--show all`). `--show all` is for debugging: every topic of the
+run, the public ones as the JSON they are, the internal ones decoded from msgpack to JSON, a
+signed payload's signature taken off (not checked). On a private broker the viewer may read
+the public topics, the trace and player input, so that is what `--show all` shows there.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="lines: what NPCs say (the default); intents: what they propose the game do (their "
                      "`intent` topics); all: every topic of the run, decoded to JSON (internal msgpack too), for "
                      "debugging")
-    sub.add_argument("--json", action="store_true", help="JSON Lines: one object per record (its payload)")
+    sub.add_argument("--json", action="store_true",
+                     help="JSON Lines: one object per record (its payload; with --show all, its topic too)")
     sub.add_argument("--wait", action="store_true",
                      help="wait for --run to start (on --broker, else on this machine's private brokers); "
                      "without it, a run that is not there is an error within seconds")
