@@ -30,7 +30,7 @@ import rtoml
 
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
-from sim.output import ArgType, OutputPolicy
+from sim.output import ArgSpec, OutputPolicy, allow_list_problem
 from sim.protocol.bounds import InputBounds, bound_problem
 from sim.resources import bundled_scenario, scenario_names
 from sim.wire.contract import channel_named
@@ -80,7 +80,7 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
     `output`, `forbidden` and `intents` are its output policy (docs/npc-output.md): a line or
     a structured reply, the phrases it must never reveal, the intents it may propose with
-    their arguments' types.
+    their arguments' types, or the values an argument may be.
     """
 
     id: Name
@@ -97,7 +97,7 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     dialogue: list[Line] = []
     output: Literal["line", "structured"] = "line"
     forbidden: list[Phrase] = []
-    intents: dict[Name, dict[Name, ArgType]] = {}
+    intents: dict[Name, dict[Name, ArgSpec]] = {}
 
     def policy(self) -> OutputPolicy | None:
         """What its replies are held to; None for a line with nothing forbidden (as every NPC before)."""
@@ -225,6 +225,10 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
         raw = rtoml.loads(text)
     except rtoml.TomlParsingError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc
+    npcs = raw.get("npcs")
+    for i, npc in enumerate(npcs if isinstance(npcs, list) else ()):  # before the types: they name no table key
+        if isinstance(npc, dict) and (problem := allow_list_problem(npc.get("intents"))) is not None:
+            raise ScenarioError(f"{_npc_at(source, npc.get('id'), i)}, field {problem}")
     try:
         scenario = msgspec.convert(raw, Scenario)
     except msgspec.ValidationError as exc:
@@ -353,12 +357,12 @@ def _check_references(scenario: Scenario, source: str) -> None:
     npc_ids: set[str] = set()
     for i, npc in enumerate(scenario.npcs):
         if npc.id in npc_ids:
-            raise ScenarioError(f"{_npc_at(source, npc, i)}, field id: duplicate NPC id {npc.id!r}")
+            raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field id: duplicate NPC id {npc.id!r}")
         npc_ids.add(npc.id)
         if npc.location not in locations:
-            raise ScenarioError(f"{_npc_at(source, npc, i)}, field location: unknown location {npc.location!r}")
+            raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field location: unknown location {npc.location!r}")
         if npc.intents and npc.output != "structured":
-            raise ScenarioError(f"{_npc_at(source, npc, i)}, field intents: intents need output = \"structured\"")
+            raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field intents: intents need output = \"structured\"")
         for field, ids in (
             ("facts", [f.id for f in npc.facts]),
             ("episodic", [e.id for e in npc.episodic]),
@@ -366,7 +370,7 @@ def _check_references(scenario: Scenario, source: str) -> None:
             ("world", [w.key for w in npc.world]),
         ):
             if len(ids) > 1 and len(set(ids)) != len(ids):  # a million NPCs: no Counter for each list
-                raise ScenarioError(f"{_npc_at(source, npc, i)}, field {field}: duplicate ids {_duplicates(ids)}")
+                raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field {field}: duplicate ids {_duplicates(ids)}")
     player_ids: set[str] = set()
     for i, player in enumerate(scenario.players):
         where = f"{source}: player {player.id!r} (players[{i}])"
@@ -380,8 +384,8 @@ def _check_references(scenario: Scenario, source: str) -> None:
                 raise ScenarioError(f"{where}, field script[{j}].to: unknown NPC {line.to!r}")
 
 
-def _npc_at(source: str, npc: NpcSpec, index: int) -> str:
-    return f"{source}: npc {npc.id!r} (npcs[{index}])"
+def _npc_at(source: str, npc_id: object, index: int) -> str:
+    return f"{source}: npc {npc_id!r} (npcs[{index}])"
 
 
 def _bundled(name: str) -> ScenarioText:

@@ -344,6 +344,21 @@ def recall_world(directory: Path) -> str:
     return str(path)
 
 
+LISTED_INTENTS = ('intents = { give_item = { item = ["lantern", "ale"] }, call_guards = {}, '
+                  'tip = { coins = "integer" } }')
+"""The innkeeper's allow-list in `listed_village`: `item` limited to listed values."""
+
+
+def listed_village(directory: Path) -> str:
+    """The village with the innkeeper's intents as LISTED_INTENTS; its path."""
+    typed = 'intents = { give_item = { item = "string" }, call_guards = {} }'
+    text = Path(VILLAGE).read_text()
+    assert typed in text, "the village's innkeeper changed its intents"
+    path = directory / "listed.toml"
+    path.write_text(text.replace(typed, LISTED_INTENTS))
+    return str(path)
+
+
 # --- running npcsim -----------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from jsonschema import Draft7Validator
 
-from sim.protocol.bounds import InputBounds
+from sim.protocol.bounds import InputBounds, bound_problem
 from sim.shard import BrokerConfig, RunConfig, run
 from sim.wire import topics
 from sim.wire.channel import EntriesBound, TextBound
@@ -46,7 +46,7 @@ from sim.wire.events import (
     decode_world_state,
     encode_json,
 )
-from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually, npcsim_in_process
+from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually, listed_village, npcsim_in_process
 
 ASYNCAPI_SCHEMA = REPO / "tests" / "asyncapi" / "asyncapi-3.0.0.json"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -75,7 +75,7 @@ def problems(name: str, message: Any) -> list[str]:
 
 @pytest.mark.parametrize("form", ["yaml", "json"])
 def test_the_document_is_asyncapi_3(capsys: pytest.CaptureFixture[str], form: str) -> None:
-    ran = npcsim_in_process(capsys, "contract", *(["--json"] if form == "json" else []))
+    ran = npcsim_in_process(capsys, "contract", *(["--format", "json"] if form == "json" else []))
     assert ran.code == 0, ran.err
     document = msgspec.yaml.decode(ran.out) if form == "yaml" else json.loads(ran.out)
     assert document["asyncapi"] == "3.0.0"
@@ -215,7 +215,6 @@ def test_a_fixed_length_array_is_said_in_draft_07() -> None:
 FORGED = [
     ("player-input", {"to": "innkeeper"}),
     ("player-input", {"to": "innkeeper", "text": ""}),
-    ("player-input", {"to": "innkeeper", "text": "x" * 4001}),
     ("player-input", {"to": "inn keeper", "text": "hi"}),
     ("player-input", {"to": "i" * 129, "text": "hi"}),
     ("player-input", {"to": "innkeeper", "text": "hi", "admin": True}),
@@ -234,6 +233,35 @@ def test_the_schemas_refuse_what_the_server_refuses(name: str, forged: Any) -> N
     decode = {"player-input": decode_player_input, "world-state": decode_world_state}[name]
     with pytest.raises(msgspec.ValidationError):
         decode(json.dumps(forged).encode())
+
+
+def test_each_schema_states_the_bound_the_run_holds_its_channel_to() -> None:
+    """The schema's `maxLength` (and `maxProperties`) is the run's default bound, and the decoder
+    leaves the length to the bound: one character more is the run's `too_long`, never `schema`."""
+    bounds = InputBounds()
+    bounded = [c for c in CHANNELS if c.bound is not None]
+    assert {c.name for c in bounded} == {"player-input", "game-event", "game-fact", "world-state"}
+    for channel in bounded:
+        schema = message_schema(channel.name)
+        properties = schema["definitions"][channel.payload.__name__]["properties"]
+        if isinstance(channel.bound, TextBound):
+            chars = properties["text"]["maxLength"]
+            assert chars == getattr(bounds, channel.bound.chars), channel.name
+            fields = {"to": "innkeeper", "location": "inn", "id": "f1"}
+            at_bound = {k: v for k, v in fields.items() if k in properties} | {"text": "x" * chars}
+            over = at_bound | {"text": "x" * (chars + 1)}
+            assert not Draft7Validator(schema).is_valid(over) and Draft7Validator(schema).is_valid(at_bound)
+            assert bound_problem(channel.bound, channel.reader.decode(json.dumps(at_bound).encode()), bounds) is None
+            assert bound_problem(channel.bound, channel.reader.decode(json.dumps(over).encode()), bounds)
+            continue
+        assert isinstance(channel.bound, EntriesBound)
+        state = properties["state"]
+        said = (state["maxProperties"], state["propertyNames"]["maxLength"], state["additionalProperties"]["maxLength"])
+        assert said == (bounds.world_keys, bounds.world_key_chars, bounds.world_value_chars)
+        for over in ({f"k{n}": "v" for n in range(bounds.world_keys + 1)}, {"k" * (bounds.world_key_chars + 1): "v"},
+                     {"k": "v" * (bounds.world_value_chars + 1)}):
+            assert not Draft7Validator(schema).is_valid({"state": over})
+            assert bound_problem(channel.bound, decode_world_state(json.dumps({"state": over}).encode()), bounds)
 
 
 # --- the command -----------------------------------------------------------------------------
@@ -257,23 +285,64 @@ def test_out_writes_the_file_and_markdown_replaces_between_the_markers(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "contract.json"
-    assert npcsim_in_process(capsys, "contract", "--json", "--out", str(out)).code == 0
+    assert npcsim_in_process(capsys, "contract", "--format", "json", "--out", str(out)).code == 0
     assert json.loads(out.read_text())["channels"].keys() == DOCUMENT["channels"].keys()
 
     page = tmp_path / "topics.md"
     page.write_text(f"# Topics\n\nbefore\n\n{MARKDOWN_BEGIN}\nold table\n{MARKDOWN_END}\n\nafter\n")
-    assert npcsim_in_process(capsys, "contract", "--markdown", "--out", str(page)).code == 0
+    assert npcsim_in_process(capsys, "contract", "--format", "markdown", "--out", str(page)).code == 0
     assert page.read_text() == f"# Topics\n\nbefore\n\n{markdown()}\nafter\n"
-    assert npcsim_in_process(capsys, "contract", "--markdown", "--out", str(page)).code == 0  # and again: the same
+    again = npcsim_in_process(capsys, "contract", "--format", "markdown", "--out", str(page))
+    assert again.code == 0  # and again: the same
     assert page.read_text() == f"# Topics\n\nbefore\n\n{markdown()}\nafter\n"
 
     bare = tmp_path / "bare.md"
     bare.write_text("# nothing to replace\n")
-    ran = npcsim_in_process(capsys, "contract", "--markdown", "--out", str(bare))
+    ran = npcsim_in_process(capsys, "contract", "--format", "markdown", "--out", str(bare))
     assert ran.code == 2 and "contract:begin" in ran.err and len(ran.err.strip().splitlines()) == 1
     assert bare.read_text() == "# nothing to replace\n"
     ran = npcsim_in_process(capsys, "contract", "--out", str(tmp_path / "no" / "such" / "dir.yaml"))
     assert ran.code == 2 and ran.err.startswith("npcsim: error: --out ")
+
+
+def intent(agent: str, name: str, **args: object) -> dict[str, object]:
+    return {"run": "r", "agent": agent, "tick": 3, "name": name, "args": args, "inference_id": "r:i:3:0"}
+
+
+def test_with_a_scenario_the_intent_schema_holds_its_npcs_intents_and_listed_values(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ran = npcsim_in_process(capsys, "contract", listed_village(tmp_path), "--schema", "intent")
+    assert ran.code == 0, ran.err
+    schema = json.loads(ran.out)
+    alternatives = schema["definitions"]["IntentMessage"]["anyOf"]
+    give = next(a for a in alternatives if a["properties"]["name"] == {"const": "give_item"})
+    assert give["properties"]["agent"] == {"enum": ["innkeeper"]}
+    assert give["properties"]["args"]["properties"]["item"] == {"type": "string", "enum": ["lantern", "ale"]}
+    valid = Draft7Validator(schema).is_valid
+    assert valid(intent("innkeeper", "give_item", item="lantern")) and valid(intent("innkeeper", "call_guards"))
+    assert valid(intent("innkeeper", "tip", coins=3))
+    for refused in (intent("innkeeper", "give_item", item="crown jewels"), intent("blacksmith", "give_item",
+                    item="ale"), intent("innkeeper", "give_item"), intent("innkeeper", "give_item", item="ale", n=1),
+                    intent("innkeeper", "open_vault"), intent("innkeeper", "tip", coins=2.5)):
+        assert not valid(refused), refused
+    document = npcsim_in_process(capsys, "contract", listed_village(tmp_path), "--format", "json")
+    assert document.code == 0 and not list(asyncapi_validator().iter_errors(json.loads(document.out)))
+    generic = message_schema("intent")  # without a scenario: the types alone
+    assert "anyOf" not in generic["definitions"]["IntentMessage"]
+    assert Draft7Validator(generic).is_valid(intent("anyone", "give_item", item="crown jewels"))
+
+
+def test_a_scenario_without_intents_allows_none_and_the_table_takes_no_scenario(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain.toml"
+    plain.write_text('[scenario]\nname = "p"\n[[locations]]\nid = "inn"\n[[npcs]]\nid = "tobin"\nname = "T"\n'
+                     'location = "inn"\nsystem_prompt = "You are Tobin."\n')
+    ran = npcsim_in_process(capsys, "contract", str(plain), "--schema", "intent")
+    assert ran.code == 0 and not Draft7Validator(json.loads(ran.out)).is_valid(intent("tobin", "give_item"))
+    ran = npcsim_in_process(capsys, "contract", str(plain), "--format", "markdown")
+    assert ran.code == 2 and "--format markdown" in ran.err and len(ran.err.strip().splitlines()) == 1
 
 
 # --- the documents ---------------------------------------------------------------------------
@@ -282,7 +351,7 @@ def test_out_writes_the_file_and_markdown_replaces_between_the_markers(
 def test_docs_topics_holds_the_generated_table() -> None:
     text = (REPO / "docs" / "topics.md").read_text()
     start, end = text.index(MARKDOWN_BEGIN), text.index(MARKDOWN_END) + len(MARKDOWN_END)
-    assert text[start:end] + "\n" == markdown(), "run: npcsim contract --markdown --out docs/topics.md"
+    assert text[start:end] + "\n" == markdown(), "run: npcsim contract --format markdown --out docs/topics.md"
 
 
 def _console_examples(text: str) -> list[tuple[str, str]]:

@@ -104,6 +104,12 @@ def say(agent: str, to: str, text: str, **reply: str) -> bytes:
                        **reply}).encode()
 
 
+def intent(agent: str, name: str, inference_id: str, args: dict[str, object]) -> bytes:
+    """An NPC's intent on its intent topic, carried by the answer whose `inference_id` it has."""
+    return json.dumps({"run": "r", "agent": agent, "tick": 3, "name": name, "args": args,
+                       "inference_id": inference_id}).encode()
+
+
 def error(code: str, message: str, **id_: str) -> bytes:
     return json.dumps({"code": code, "message": message, "topic": f"{R}/player/tester/input", **id_}).encode()
 
@@ -221,6 +227,8 @@ async def test_the_python_game_asks_every_npc_of_a_live_run_and_prints_the_answe
             played = await game("--broker", mosquitto.url, "--run", "village-7", "--player", "tester", "--wait", "20")
             refused = await game("--broker", mosquitto.url, "--run", "village-7", "--player", "tester",
                                  "--npc", "innkeeper", "--text", "x" * 600, "--wait", "20")
+            given = await game("--broker", mosquitto.url, "--run", "village-7", "--player", "tester",
+                               "--npc", "innkeeper", "--text", "Can I have a lantern?", "--wait", "20")
             watching.cancel()
     finally:
         end = await ended(proc, terminate=True)
@@ -240,6 +248,13 @@ async def test_the_python_game_asks_every_npc_of_a_live_run_and_prints_the_answe
     assert re.fullmatch(rf"error {re.escape(asked_id)}: too_long: .+", error), refused.out
     assert summary == "0 of 1 answered, 1 refused"
 
+    assert given.code == 0, (given.out, given.err)
+    asked, answer, intent, summary = given.out.splitlines()[1:]
+    asked_id = asked.split()[1]
+    assert answer.startswith(f"answer {asked_id} <- innkeeper: ")
+    assert intent == f'intent {asked_id} <- innkeeper: give_item {{"item": "lantern"}}'  # the game acts on it
+    assert summary == "1 of 1 answered, 0 refused"
+
 
 async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malformed_messages(
     mosquitto: MosquittoProcess,
@@ -256,6 +271,11 @@ async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malf
                                                               in_reply_to="other"), qos=1)
             await run.publish(f"{R}/agent/innkeeper/say", say("innkeeper", "tester", "Welcome.\x1b[2J\u202e",
                                                               reply_to=first, in_reply_to="tester"), qos=1)
+            for agent, inference_id, args in (("innkeeper", "r:x:9:9", {"item": "not yours"}),
+                                              ("smith", "r:x:3:0", {"item": "not its"}),
+                                              ("innkeeper", "r:x:3:0", {"item": "lantern\x1b[2J"})):
+                await run.publish(f"{R}/agent/{agent}/intent", intent(agent, "give_item", inference_id, args), qos=1)
+            await run.publish(f"{R}/agent/innkeeper/intent", b'{"agent": "innkeeper"}', qos=1)
             second = await next_input(run, "smith", "Hello?")
             await run.publish(f"{R}/player/tester/error", error("unknown_npc", "no NPC smith here", id=second),
                               qos=1)
@@ -266,11 +286,12 @@ async def test_the_python_game_matches_by_reply_to_prints_errors_and_counts_malf
         f"asked {first} -> innkeeper: Hello?",
         f"answer {first} <- innkeeper: Welcome.\\u001b[2J\\u202e",  # escapes: nothing drives the terminal
         f"asked {second} -> smith: Hello?",
+        f'intent {first} <- innkeeper: give_item {{"item": "lantern\\u001b[2J"}}',  # the answer's, by inference_id
         f"error {second}: unknown_npc: no NPC smith here",
         "1 of 2 answered, 1 refused",
     ]
     assert "ignored a message on npcsim/r/roster/1: not JSON" in ran.err
-    assert "ignored 3 malformed message(s)" in ran.err  # two rosters and a line
+    assert "ignored 4 malformed message(s)" in ran.err  # two rosters, a line and an intent
 
 
 @pytest.mark.parametrize(("args", "complaint"), [

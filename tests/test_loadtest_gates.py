@@ -18,7 +18,7 @@ from tests.broken_gates import accept_every_proposal
 
 REFUSALS = {"authority", "canonical_fact", "forbidden", "intent", "intent_args", "bounds"}
 POLICY = OutputPolicy(structured=True, forbidden=("cellar key", "moonstone"),
-                      intents={"give_item": {"item": "string"}})
+                      intents={"give_item": {"item": "string"}, "pour": {"drink": ("ale", "mead")}})
 
 
 def structured(**fields: object) -> LoadTestConfig:
@@ -94,6 +94,9 @@ def test_the_check_names_each_rule_an_accepted_part_breaks() -> None:
     assert _broken(accepted("intent", "open_gate", args={})) == {"intent"}
     assert _broken(accepted("intent", "give_item", args={"item": "x", "count": 3})) == {"intent_args"}
     assert _broken(accepted("intent", "give_item", args={"item": 3})) == {"intent_args"}
+    assert _broken(accepted("intent", "pour", args={"drink": "mead"})) == set()
+    assert _broken(accepted("intent", "pour", args={"drink": "crown jewels"})) == {"intent_args"}
+    assert _broken(accepted("intent", "pour", args={"drink": "Ale"})) == {"intent_args"}
     assert _broken(*(accepted("memory", f"memory {n}") for n in range(4))) == {"bounds"}
     assert _broken(accepted("belief", "x" * 301, about="player")) == {"bounds"}
     assert _broken(accepted("belief", "A factual account: the mill burned.", about="player")) == set()

@@ -30,7 +30,14 @@ from sim.shard._instance import learn_run_nonce
 from sim.view import LiveFeed, RunModel
 from sim.wire import topics
 from sim.wire.barrier import Hello, Welcome
-from sim.wire.events import PlayerInputMessage, SayMessage, WorldStateMessage, encode_json
+from sim.wire.events import (
+    IntentMessage,
+    PlayerInputMessage,
+    SayMessage,
+    WorldStateMessage,
+    decode_intent,
+    encode_json,
+)
 from tests.helpers import eventually
 from tests.inference_helpers import make_request, running
 from tests.memory_broker import MemoryBroker
@@ -120,7 +127,7 @@ async def test_the_live_view_follows_and_speaks_over_the_memory_broker() -> None
 async def test_subscribe_prints_what_npcs_say_over_the_memory_broker() -> None:
     broker = MemoryBroker(seed=4, clock=SystemClock(), max_delay=0.005)
     printed, noted = io.StringIO(), io.StringIO()
-    args = argparse.Namespace(run="mem", agent="+", all=False, json=True)
+    args = argparse.Namespace(run="mem", agent="+", show="lines", json=True)
     say = SayMessage(run="mem", agent="smith", tick=3, to=None, text="Mind the forge.", inference_id="i1")
     async with serving(broker), asyncio.TaskGroup() as group:
         following = group.create_task(_subscribe(BrokerAddress(), args, Out(printed), Out(noted),
@@ -130,3 +137,27 @@ async def test_subscribe_prints_what_npcs_say_over_the_memory_broker() -> None:
         await eventually(lambda: printed.getvalue().endswith("\n"), what="the line printed")
         following.cancel()
     assert json.loads(printed.getvalue())["text"] == "Mind the forge."
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+async def test_subscribe_shows_intents_and_only_them(as_json: bool) -> None:
+    """`npcsim subscribe --show intents`: each intent an NPC proposes, as a record (or its JSON); no line said."""
+    broker = MemoryBroker(seed=5, clock=SystemClock(), max_delay=0.005)
+    printed, noted = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(run="mem", agent="+", show="intents", json=as_json)
+    intent = IntentMessage(run="mem", agent="innkeeper", tick=12, name="give_item", args={"item": "lantern"},
+                           inference_id="mem:innkeeper:12:1", reply_to="q2")
+    say = SayMessage(run="mem", agent="innkeeper", tick=12, to="me", text="Here.", inference_id="mem:innkeeper:12:1")
+    async with serving(broker), asyncio.TaskGroup() as group:
+        following = group.create_task(_subscribe(BrokerAddress(), args, Out(printed), Out(noted),
+                                                 transport=broker.transport()))
+        await eventually(lambda: "connected to" in noted.getvalue(), what="the subscription")
+        broker.publish(topics.agent_say("mem", "innkeeper"), encode_json(say))
+        broker.publish(topics.agent_intent("mem", "innkeeper"), encode_json(intent))
+        await eventually(lambda: printed.getvalue().endswith("\n"), what="the intent printed")
+        following.cancel()
+    assert "waiting for intents on npcsim/mem/agent/+/intent" in noted.getvalue()
+    if as_json:
+        assert decode_intent(printed.getvalue().encode()) == intent
+    else:
+        assert printed.getvalue() == 'mem t  12 innkeeper intends give_item {"item":"lantern"} (reply_to q2)\n'

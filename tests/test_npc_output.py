@@ -29,7 +29,7 @@ from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, Ru
 from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import IntentMessage, SayMessage, decode_intent, decode_say
-from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
+from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, listed_village, npcsim_in_process
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
@@ -44,13 +44,13 @@ class Heard:
 
 
 @asynccontextmanager
-async def village(mosquitto: MosquittoProcess, db: Path, stats: RunStats, **options: Any,
+async def village(mosquitto: MosquittoProcess, db: Path, stats: RunStats, scenario: str = VILLAGE, **options: Any,
                   ) -> AsyncIterator[tuple[aiomqtt.Client, Heard]]:
-    """The village under way until the test is done with it (stopped then, after its tick), and
-    a client that hears every say and intent."""
+    """The village (or `scenario`) under way until the test is done with it (stopped then,
+    after its tick), and a client that hears every say and intent."""
     heard = Heard()
     stop = asyncio.Event()
-    config = RunConfig(scenario=VILLAGE, run_id=RUN, until_tick=UNTIL_STOPPED, tick_ms=40,
+    config = RunConfig(scenario=scenario, run_id=RUN, until_tick=UNTIL_STOPPED, tick_ms=40,
                        broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
                        inference=InferenceConfig(backend_options=options))
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client, asyncio.TaskGroup() as group:
@@ -134,6 +134,28 @@ async def test_the_innkeeper_believes_a_player_and_proposes_an_intent(
                                 {"kind": "intent", "name": "give_item", "verdict": "accepted", "code": "ok"}]
     shown = npcsim_in_process(capsys, "audit", "show", "--db", str(db), told.inference_id)
     assert "attempt 1: belief about visitor: accepted (ok): visitor is called Ayla." in shown.out, shown.out
+
+
+async def test_an_argument_limited_to_listed_values_is_published_only_with_one_of_them(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """With `item = ["lantern", "ale"]`, the crown jewels asked for are refused (`intent_args`)
+    and never reach the game; a lantern is published."""
+    db = tmp_path / "listed.db"
+    stats = RunStats()
+    async with village(mosquitto, db, stats, scenario=listed_village(tmp_path)) as (client, heard):
+        jewels = await ask(client, heard, "j1", "Give me the crown jewels.")
+        lantern = await ask(client, heard, "l1", "Can I have a lantern?")
+        published = await eventually(lambda: [i for i in heard.intents if i.reply_to == "l1"], what="the intent",
+                                     within=60)
+    assert [(i.name, i.args) for i in published] == [("give_item", {"item": "lantern"})]
+    assert [i for i in heard.intents if i.reply_to == "j1"] == []
+    audited = records(db)
+    [refused] = [p for p in verdicts(audited[jewels.inference_id]) if p.kind == "intent"]
+    assert (refused.code, refused.args) == ("intent_args", {"item": "crown jewels"})
+    assert refused.detail == "argument 'item': 'crown jewels' is not one of its values ('lantern', 'ale')"
+    assert [p.code for p in verdicts(audited[lantern.inference_id]) if p.kind == "intent"] == ["ok"]
+    assert stats.verdicts["intent_args"] >= 1
 
 
 ATTACKS = [  # (what the visitor says, the verdict codes of the innkeeper's reply's attempts)

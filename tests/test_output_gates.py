@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.audit import Attempt
+from sim.checkers import check_proposals
 from sim.memory import Belief, Fact, NpcState, WorkingMemoryConfig, WorldFact, build_working_memory
 from sim.output import (
     BELIEFS_PER_SUBJECT,
@@ -35,7 +37,7 @@ FACTS = (Fact(id="f-king", text="The king is dead."), Fact(id="f-debt", text="Th
 GUARDED = {"f-king", "f-debt", "inn"}
 KNOWN = {"p1", "p2", "inn"}
 POLICY = OutputPolicy(structured=True, forbidden=("third barrel", "swordfish"),
-                      intents={"give_item": {"item": "string"}, "call_guards": {}})
+                      intents={"give_item": {"item": "string"}, "call_guards": {}, "pour": {"drink": ("ale", "mead")}})
 
 
 def gate(beliefs: list[Any] = [], memories: list[Any] = [], intent: Any = None,  # noqa: B006 (read only)
@@ -162,6 +164,25 @@ def test_an_intent_must_be_on_the_allow_list_with_its_arguments(intent: Any, cod
     assert verdict.code == code
 
 
+LISTED = OutputPolicy(structured=True, intents={"give_item": {"item": ("lantern", "ale")}})
+
+
+@pytest.mark.parametrize(("item", "code"), [
+    ("lantern", "ok"), ("ale", "ok"), (" lantern\n", "ok"), ("crown jewels", "intent_args"), ("Lantern", "intent_args"),
+    ("lantern, ale", "intent_args"), (3, "intent_args"), (True, "intent_args"),
+])
+def test_an_argument_whose_values_are_listed_passes_only_with_one_of_them(item: Any, code: str) -> None:
+    (verdict,) = gate(intent={"name": "give_item", "args": {"item": item}}, policy=LISTED)
+    assert verdict.code == code, verdict.detail
+    if code == "ok":
+        assert verdict.args == {"item": item.strip()}  # kept cleaned: exactly the listed value
+    else:
+        assert "is not one of its values ('lantern', 'ale')" in verdict.detail
+    checked = check_proposals([Attempt(prompt="", proposals=(accepted("intent", "give_item", args={"item": item}),))],
+                              memory(), LISTED, contradicted_fact)
+    assert [v.invariant for v in checked] == ([] if item in ("lantern", "ale") else ["intent_args"])
+
+
 def test_bounds_count_what_passed_and_measure_the_text() -> None:
     many = [belief(f"p1 likes song {n}.") for n in range(5)]
     verdicts = gate([belief("The king is alive."), *many, belief("x" * (MAX_PROPOSAL_CHARS + 1)), belief(" \n ")])
@@ -245,8 +266,9 @@ items = st.one_of(
     st.dictionaries(st.sampled_from(["about", "text", "confidence", "x"]), scalars, max_size=4),
 )
 intents = st.one_of(st.none(), scalars, st.fixed_dictionaries({
-    "name": st.sampled_from(["give_item", "call_guards", "open_vault", ""]),
-    "args": st.dictionaries(st.sampled_from(["item", "count"]), scalars, max_size=2),
+    "name": st.sampled_from(["give_item", "call_guards", "open_vault", "pour", ""]),
+    "args": st.dictionaries(st.sampled_from(["item", "count", "drink"]), st.one_of(scalars, st.sampled_from(
+        ["ale", " mead ", "Ale", "wine"])), max_size=2),
 }))
 
 
@@ -264,10 +286,13 @@ def test_whatever_is_proposed_what_passes_keeps_every_rule(beliefs: list[Any], m
         assert 0.0 <= v.weight <= 1.0
         if v.kind == "intent":
             assert v.text in POLICY.intents and set(v.args) == set(POLICY.intents[v.text])
+            assert all(v.args[k] in spec for k, spec in POLICY.intents[v.text].items() if isinstance(spec, tuple))
         else:
             assert contradicted_fact(v.text, FACTS) is None
             assert v.about not in GUARDED and "\n" not in v.text and 0 < len(v.text) <= MAX_PROPOSAL_CHARS
             assert not fold(v.text).lstrip("# ").startswith(("fact:", "canonical fact", "world state"))
+    intents_passed = tuple(v for v in passed if v.kind == "intent")  # the independent check agrees
+    assert check_proposals([Attempt(prompt="", proposals=intents_passed)], memory(), POLICY, contradicted_fact) == []
 
 
 @given(st.lists(items, max_size=4), st.lists(items, max_size=4), intents, texts)

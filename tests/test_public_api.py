@@ -62,12 +62,12 @@ PACKAGES: dict[str, set[str]] = {
         "topic_matches",
     },
     "sim.output": {
-        "Arg", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "FORBIDDEN_RULE", "MAX_ARG_CHARS", "MAX_LINE_CHARS",
-        "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "RESERVED_NAMES", "SCHEMA_RULE", "FactGuard", "Judged", "OutputPolicy",
-        "ProposalVerdict", "RawReply", "Rules", "Verdict", "accepted", "belief_of", "clean_line", "clean_text",
-        "contradicted_fact", "forbidden_phrase", "gate_difference", "gate_proposals", "judge_attempts", "judge_reply",
-        "known_names", "load_fact_guard", "memory_of", "read_reply", "record_rules", "rejected", "said_proposals",
-        "say_part",
+        "Arg", "ArgSpec", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "FORBIDDEN_RULE", "MAX_ARG_CHARS",
+        "MAX_LINE_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "RESERVED_NAMES", "SCHEMA_RULE", "FactGuard", "Judged",
+        "OutputPolicy", "ProposalVerdict", "RawReply", "Rules", "Verdict", "accepted", "allow_list_problem",
+        "belief_of", "clean_line", "clean_text", "contradicted_fact", "forbidden_phrase", "gate_difference",
+        "gate_proposals", "intent_schemas", "judge_attempts", "judge_reply", "known_names", "load_fact_guard",
+        "memory_of", "read_reply", "record_rules", "rejected", "said_proposals", "say_part",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
@@ -111,11 +111,11 @@ MODULES: dict[str, set[str]] = {
         "token_sizes",
     },
     "sim.metrics": {"Metrics", "MetricsSink", "NullMetrics", "RunCounts", "serve_metrics"},
-    "sim.wire.channel": {"Bound", "Channel", "EntriesBound", "Role", "TextBound"},
+    "sim.wire.channel": {"Bound", "Channel", "EntriesBound", "MessageBounds", "Role", "TextBound"},
     "sim.wire.contract": {
         "ASYNCAPI_VERSION", "CHANNELS", "GAME", "MARKDOWN_BEGIN", "MARKDOWN_END", "MQTT_BINDING_VERSION", "OWN_PLAYER",
         "PLAYER",
-        "SERVER", "ChannelName", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
+        "SERVER", "ChannelName", "Intents", "asyncapi", "channel_named", "channel_of", "encode_document", "markdown",
         "message_schema",
     },
     "sim.wire.trace": {
@@ -123,7 +123,8 @@ MODULES: dict[str, set[str]] = {
         "decode_traces", "encode_roster", "encode_trace", "for_trace", "Recalled",
     },
     "sim.wire.attempt": {
-        "MAX_LINE_CHARS", "Arg", "ArgType", "Attempt", "OutputPolicy", "ProposalVerdict", "Rules", "ServedBy", "Usage",
+        "MAX_LINE_CHARS", "Arg", "ArgSpec", "ArgType", "Attempt", "OutputPolicy", "ProposalVerdict", "Rules",
+        "ServedBy", "Usage",
     },
 }
 

@@ -20,7 +20,8 @@ from sim.protocol.bounds import ErrorReplies, InputBounds, limit_player_inputs
 from sim.shard import BrokerConfig, Limits, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from sim.wire import topics
-from sim.wire.events import ErrorMessage, decode_error
+from sim.wire.contract import message_schema
+from sim.wire.events import ErrorMessage, decode_error, decode_say
 from sim.wire.inputs import GameFact, OutsideInput
 from tests.helpers import VILLAGE, MosquittoProcess, eventually
 
@@ -131,3 +132,85 @@ async def test_facts_past_an_npcs_bound_or_its_budget_are_refused_when_they_arri
     assert innkeeper and all(len(r.state.canonical_facts) <= 5 for r in innkeeper)
     assert not any(r.report.over_budget for r in blacksmith)
     assert all("The forge. The forge." not in r.memory().prompt for r in blacksmith)
+
+
+def at_and_over(name: str) -> list[tuple[str, dict[str, object], bool]]:
+    """Messages of channel `name` at its schema's bounds (taken) and one past each (refused):
+    (what, payload, over). The numbers are read from the contract's schema alone."""
+    schema = message_schema(name)
+    properties = next(iter(schema["definitions"].values()))["properties"]
+    if name == "world-state":
+        state = properties["state"]
+        keys, key_chars, value_chars = (state["maxProperties"], state["propertyNames"]["maxLength"],
+                                        state["additionalProperties"]["maxLength"])
+        return [(f"{keys} keys", {"state": {f"k{n}": "v" for n in range(keys)}}, False),
+                (f"{keys + 1} keys", {"state": {f"k{n}": "v" for n in range(keys + 1)}}, True),
+                (f"a key of {key_chars}", {"state": {"k" * key_chars: "v"}}, False),
+                (f"a key of {key_chars + 1}", {"state": {"k" * (key_chars + 1): "v"}}, True),
+                (f"a value of {value_chars}", {"state": {"k": "v" * value_chars}}, False),
+                (f"a value of {value_chars + 1}", {"state": {"k": "v" * (value_chars + 1)}}, True)]
+    chars = properties["text"]["maxLength"]
+    fields: dict[str, object] = {"player-input": {"to": "innkeeper"}, "game-event": {"location": "inn"},
+                                 "game-fact": {"npc": "innkeeper"}}[name]
+    found = []
+    for n in (chars, chars + 1):
+        named = {"id": f"{name}-{n}"} if "id" in properties else {}
+        found.append((f"{name} of {n}", fields | named | {"text": "x" * n}, n > chars))
+    return found
+
+
+@pytest.mark.mosquitto
+@pytest.mark.timeout(180)
+async def test_a_message_at_the_contracts_bound_is_taken_and_one_character_more_is_refused_too_long(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """For every channel the run holds to a bound: what `npcsim contract --schema` says is the
+    most is what a default run takes, and past it the run answers `too_long`."""
+    run_id, db, stats = "bounds", tmp_path / "bounds.db", RunStats()
+    assert message_schema("player-input")["definitions"]["PlayerInputMessage"]["properties"]["text"]["maxLength"] \
+        == InputBounds().player_text_chars  # the schema's number is the run's
+    errors: list[ErrorMessage] = []
+    answered: list[str | None] = []
+    config = RunConfig(scenario=VILLAGE, run_id=run_id, until_tick=60, tick_ms=100,
+                       broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)))
+    sent = {name: at_and_over(name) for name in ("player-input", "game-event", "game-fact", "world-state")}
+    (_, question, _), (_, fact, _) = sent["player-input"][0], sent["game-fact"][0]
+    asked = question["id"]
+    topic_of = {"player-input": topics.player_input(run_id, "tester"), "game-event": topics.game_event(run_id),
+                "game-fact": topics.game_fact(run_id), "world-state": topics.world_state(run_id)}
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+        for topic in (topics.player_error(run_id, "tester"), topics.game_error(run_id),
+                      topics.agent_say(run_id, "innkeeper")):
+            await client.subscribe(topic, qos=1)
+
+        async def read() -> None:
+            async for message in client.messages:
+                payload = bytes(message.payload)  # type: ignore[arg-type]
+                if message.topic.value.endswith("/say"):
+                    answered.append(decode_say(payload).reply_to)
+                else:
+                    errors.append(decode_error(payload))
+
+        reader = asyncio.create_task(read())
+        try:
+            async with asyncio.TaskGroup() as group:
+                job = group.create_task(run(config, stats=stats))
+                await eventually(lambda: stats.tick >= 2, what="the run under way", within=60)
+                for name, messages in sent.items():
+                    for _, payload, _ in messages:
+                        await client.publish(topic_of[name], json.dumps(payload), qos=1)
+                overs = sum(over for messages in sent.values() for _, _, over in messages)
+                await eventually(lambda: len(errors) >= overs and asked in answered,
+                                 what="each message past its bound refused, the one at it answered", within=60)
+                settled = stats.tick + 3
+                await eventually(lambda: stats.tick >= settled, what="three ticks more", within=60)
+            await job
+        finally:
+            reader.cancel()
+    refused = [(e.code, e.topic, e.id) for e in errors]
+    expected = [("too_long", topic_of[name], payload.get("id")) for name, messages in sent.items()
+                for _, payload, over in messages if over]
+    assert sorted(refused, key=str) == sorted(expected, key=str), [e.message for e in errors]
+    with open_reader(db) as reader_:
+        innkeeper = list(reader_.audit_records("innkeeper"))
+    assert any(f.id == fact["id"] for f in innkeeper[-1].state.canonical_facts)

@@ -129,7 +129,19 @@ system_prompt = "You are Tobin."
 @pytest.mark.parametrize(("extra", "message"), [
     ('intents = { give_item = { item = "string" } }', 'field intents: intents need output = "structured"'),
     ('output = "json"', "output"),
-    ('output = "structured"\nintents = { give_item = { item = "text" } }', "intents"),
+    ('output = "structured"\nintents = { give_item = { item = "text" } }',
+     r"field intents\.give_item\.item: unknown type 'text': an argument is a type \(string, integer, number, "
+     r"boolean\) or a list of the values it may be$"),
+    ('output = "structured"\nintents = { give_item = { item = [] } }',
+     r"field intents\.give_item\.item: an empty list of values: none would pass$"),
+    ('output = "structured"\nintents = { give_item = { item = ["lantern", 3] } }',
+     r"field intents\.give_item\.item: value 3: each value is a string of 1 to 120 characters on one line"),
+    ('output = "structured"\nintents = { give_item = { item = ["ale", "lantern", "ale"] } }',
+     r"field intents\.give_item\.item: value 'ale' is listed twice$"),
+    ('output = "structured"\nintents = { give_item = { item = ["ale", "  mead"] } }',
+     r"field intents\.give_item\.item: value '  mead': each value"),
+    ('output = "structured"\nintents = { give_item = { item = 3 } }',
+     r"field intents\.give_item\.item: 3: an argument"),
     ('output = "structured"\nintents = { "give item" = {} }', "intents"),
     ('forbidden = [""]', "forbidden"),
 ])
@@ -137,6 +149,12 @@ def test_the_output_fields_are_checked_when_the_scenario_loads(extra: str, messa
     with pytest.raises(ScenarioError, match=message) as error:
         parse_scenario(BASE + extra, source="t.toml")
     assert "tobin" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_argument_may_list_the_values_it_takes() -> None:
+    scenario = parse_scenario(BASE + 'output = "structured"\nintents = { give_item = { item = ["lantern", "ale"] } }')
+    assert scenario.npc("tobin").policy() == OutputPolicy(structured=True,
+                                                          intents={"give_item": {"item": ("lantern", "ale")}})
 
 
 async def test_a_broken_reply_is_retried_told_the_schema_then_its_say_is_said_else_the_fallback() -> None:

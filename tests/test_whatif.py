@@ -267,13 +267,16 @@ async def test_a_phrase_no_longer_forbidden_flips_to_accepted(village_db: Path) 
         (record, n, "forbidden", "accepted", "ok") for record, n in expected]
 
 
-def test_a_variant_keeps_the_recorded_argument_types_of_an_intent() -> None:
+def test_a_variant_keeps_the_recorded_argument_types_and_values_of_an_intent() -> None:
     recorded = OutputPolicy(structured=True, forbidden=("cellar key",),
                             intents={"give_item": {"item": "string"}, "call_guards": {}})
     [variant] = parse_overrides(["npc.innkeeper.intents=give_item;open_door"])
     assert variant.policy(recorded, "innkeeper") == OutputPolicy(
         structured=True, forbidden=("cellar key",), intents={"give_item": {"item": "string"}, "open_door": {}})
     assert variant.policy(recorded, "blacksmith") == recorded
+    listed = msgspec.structs.replace(recorded, intents={"give_item": {"item": ("lantern", "ale")}})
+    kept = variant.policy(msgspec.msgpack.decode(msgspec.msgpack.encode(listed), type=OutputPolicy), "innkeeper")
+    assert kept.intents == {"give_item": {"item": ("lantern", "ale")}, "open_door": {}}  # as a record keeps them
     [none] = parse_overrides(["forbidden=none"])
     assert none.policy(recorded, "innkeeper").forbidden == ()
     assert none.config(WorkingMemoryConfig(), "innkeeper") == WorkingMemoryConfig(on_overflow="keep")

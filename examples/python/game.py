@@ -4,8 +4,9 @@
 
 It reads the NPCs from the run's retained roster, asks each of them in turn (or only --npc)
 a question with an id of its own, prints each answer (matched by `reply_to`, else by NPC and
-player) and each error the run sends back, and exits: 0 when every question was answered.
-It needs only aiomqtt. Topics and payloads: docs/integrate.md.
+player), each intent an answer carries (what the NPC proposes the game do: matched by the
+answer's `inference_id`) and each error the run sends back, and exits: 0 when every question
+was answered. It needs only aiomqtt. Topics and payloads: docs/integrate.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import aiomqtt
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # the rule of every id in npcsim (run, player, NPC)
 ROSTER_QUIET_S = 1.0  # the retained rosters arrive together after the subscription: this long after one, all are in
+INTENT_AFTER_S = 1.0  # an answer's intent follows its line at once: this long after the last answer, it is in
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Question:
     npc: str
     answered: bool = False
     failed: bool = False
+    inference_id: str | None = None  # its answer's: the intent that answer carries has the same
 
     @property
     def closed(self) -> bool:
@@ -115,6 +118,8 @@ class Game:
             self.roster(topic, leaf, message)
         elif leaf == "say":
             self.said(topic, message)
+        elif leaf == "intent":
+            self.intended(topic, message)
         elif leaf == "error":
             self.failed(topic, message)
 
@@ -144,7 +149,19 @@ class Game:
         if question is None or question.npc != agent:
             return
         question.answered = True
+        question.inference_id = say.get("inference_id") if isinstance(say.get("inference_id"), str) else None
         print(f"answer {question.id} <- {agent}: {shown(text)}", flush=True)
+
+    def intended(self, topic: str, intent: dict[str, Any]) -> None:
+        """An intent: printed when it came with an answer to this player (the game would act on it here)."""
+        agent, name, args, inference_id = (intent.get(k) for k in ("agent", "name", "args", "inference_id"))
+        if not (isinstance(agent, str) and isinstance(name, str) and isinstance(args, dict)
+                and isinstance(inference_id, str)):
+            return self.ignore(topic, "no agent, name, args or inference_id")
+        question = next((q for q in self.questions.values() if q.inference_id == inference_id), None)
+        if question is not None and question.npc == agent:
+            print(f"intent {question.id} <- {agent}: {shown(name)} {shown(json.dumps(args, ensure_ascii=False))}",
+                  flush=True)
 
     def failed(self, topic: str, error: dict[str, Any]) -> None:
         code, text, id_ = error.get("code"), error.get("message"), error.get("id")
@@ -170,7 +187,7 @@ async def play(args: argparse.Namespace) -> int:
     tls = ssl.create_default_context() if broker.tls else None
     async with aiomqtt.Client(broker.host, broker.port, username=broker.username, password=broker.password,
                               tls_context=tls) as client:
-        for topic in ("roster/+", "agent/+/say", f"player/{args.player}/error"):
+        for topic in ("roster/+", "agent/+/say", "agent/+/intent", f"player/{args.player}/error"):
             await client.subscribe(f"{game.root}/{topic}", qos=1)
         loop = asyncio.get_running_loop()
         end = loop.time() + args.wait
@@ -199,6 +216,10 @@ async def play(args: argparse.Namespace) -> int:
                 game.receive(message.topic.value, bytes(message.payload))
             if not question.closed:
                 print(f"no answer {question.id} from {npc} within {args.wait:g} s", flush=True)
+        if any(q.answered for q in game.questions.values()):  # the last answer's intent may be on its way
+            end = loop.time() + INTENT_AFTER_S
+            while message := await next_message(client, end - loop.time()):
+                game.receive(message.topic.value, bytes(message.payload))
     questions = game.questions.values()
     answered, failed = sum(q.answered for q in questions), sum(q.failed for q in questions)
     print(f"{answered} of {len(questions)} answered, {failed} refused", flush=True)

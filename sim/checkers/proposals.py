@@ -12,7 +12,7 @@ by the gate that should have refused it:
 - `forbidden`: a part that says a phrase of the NPC's `forbidden` list (on whole words, or
   with the separators between its letters taken out for a phrase of six letters or more);
 - `intent` / `intent_args`: an intent off the allow-list, or arguments not exactly the
-  allow-list's, each of its type;
+  allow-list's, each of its type (or, where it lists an argument's values, one of them);
 - `bounds`: more accepted beliefs, memories or intents in one attempt than the policy
   allows, or a text empty or over `MAX_PROPOSAL_CHARS`.
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from sim.audit import Attempt
 from sim.checkers.violation import Violation
 from sim.memory import WorkingMemory
-from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, FactGuard, OutputPolicy, ProposalVerdict
+from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, ArgSpec, FactGuard, OutputPolicy, ProposalVerdict
 from sim.text import fold
 
 __all__ = ["check_proposals"]
@@ -44,6 +44,11 @@ _TYPES: dict[str, Callable[[object], bool]] = {
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     and abs(v) < 2**53,
 }
+
+
+def _allowed(value: object, spec: ArgSpec) -> bool:
+    """Whether an accepted argument is as the allow-list gives it: one of its values where it lists them."""
+    return value in spec if isinstance(spec, tuple) else _TYPES[spec](value)
 
 
 def _poses_as_fact(text: str) -> bool:
@@ -105,7 +110,7 @@ def _part_problems(part: ProposalVerdict, memory: WorkingMemory, policy: OutputP
         allowed = policy.intents.get(part.text)
         if allowed is None:
             found.append(Violation("intent", f"{what}: not on the allow-list"))
-        elif set(part.args) != set(allowed) or not all(_TYPES[t](part.args[k]) for k, t in allowed.items()):
+        elif set(part.args) != set(allowed) or not all(_allowed(part.args[k], t) for k, t in allowed.items()):
             found.append(Violation("intent_args", f"{what}: arguments {sorted(part.args)} not as allowed"))
     return found
 

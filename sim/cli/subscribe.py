@@ -1,15 +1,16 @@
-"""`npcsim subscribe`: what NPCs say as it happens, or (`--all`) every message of a run.
+"""`npcsim subscribe`: what NPCs say as it happens, what they propose the game do (`--show
+intents`), or (`--show all`) every message of a run.
 
 Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
 and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. A run found on no
 broker is an error within seconds (a run leaves its retained status on its broker), and
 two runs of one id on this machine are an error listing them; `--wait` waits for the run
 to start instead. Where it connected goes to standard error at once; standard output
-holds only the lines (or, with `--json`, one JSON object per line). `--all` is for
-debugging: every topic of the run, the public ones as the JSON they are, the internal
-ones decoded from msgpack to JSON, a signed payload's signature taken off (not checked).
-On a private broker the viewer may read the public topics, the trace and player input, so
-that is what `--all` shows there.
+holds only the records (or, with `--json`, one JSON object per record: the payload as it
+came, with its topic for `--show all`). `--show all` is for debugging: every topic of the
+run, the public ones as the JSON they are, the internal ones decoded from msgpack to JSON, a
+signed payload's signature taken off (not checked). On a private broker the viewer may read
+the public topics, the trace and player input, so that is what `--show all` shows there.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -29,27 +31,34 @@ from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transp
 from sim.protocol.seal import unchecked_body
 from sim.wire import topics
 from sim.wire.decoding import read_any_json, read_any_msgpack
-from sim.wire.events import SayMessage, decode_say
+from sim.wire.events import IntentMessage, SayMessage, decode_intent, decode_say
 
-__all__ = ["DEFAULT_BROKER", "broker_for", "register", "say_record", "subscribe_command"]
+__all__ = ["DEFAULT_BROKER", "SHOWN", "broker_for", "intent_record", "register", "say_record", "subscribe_command"]
+
+T = TypeVar("T")
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+SHOWN = ("lines", "intents", "all")
+"""What `--show` prints: the lines said (`agent/+/say`), the intents (`agent/+/intent`), or every topic."""
 _WAIT_POLL_S = 0.25  # how often --wait looks for the run's file
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = subparsers.add_parser(
-        "subscribe", help="print what NPCs say, as it happens",
-        description="Print each line an NPC says as it is said (standard output; where it connected goes to "
-        "standard error). In a pipe: one line per record, nothing wrapped.",
+        "subscribe", help="print what NPCs say (or propose the game do), as it happens",
+        description="Print each line an NPC says as it is said, or each intent it proposes (standard output; "
+        "where it connected goes to standard error). In a pipe: one line per record, nothing wrapped.",
     )
     add_broker_arguments(sub, default=None,
                          found=f"the private broker of --run on this machine, else {DEFAULT_BROKER}")
     sub.add_argument("--run", default="+", help="run id (default: every run)")
     sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
-    sub.add_argument("--all", action="store_true",
-                     help="every topic of the run, decoded to JSON (internal msgpack too): for debugging")
-    sub.add_argument("--json", action="store_true", help="JSON Lines: one object per line said (or message)")
+    sub.add_argument("--show", choices=SHOWN, default="lines",
+                     help="lines: what NPCs say (the default); intents: what they propose the game do (their "
+                     "`intent` topics); all: every topic of the run, decoded to JSON (internal msgpack too), for "
+                     "debugging")
+    sub.add_argument("--json", action="store_true",
+                     help="JSON Lines: one object per record (its payload; with --show all, its topic too)")
     sub.add_argument("--wait", action="store_true",
                      help="wait for --run to start (on --broker, else on this machine's private brokers); "
                      "without it, a run that is not there is an error within seconds")
@@ -127,21 +136,20 @@ async def _subscribe(
 ) -> None:
     """Print every line said (or message); rides out a broker restart like every npcsim client.
     `transport` defaults to MQTT to `address`."""
-    everything = f"{topics.ROOT}/{args.run}/#"
-    topic = everything if args.all else f"{topics.ROOT}/{args.run}/agent/{args.agent}/say"
+    leaf = {"lines": f"agent/{args.agent}/say", "intents": f"agent/{args.agent}/intent", "all": "#"}[args.show]
+    topic = f"{topics.ROOT}/{args.run}/{leaf}"  # --run and --agent may be wildcards: no topic function
+    show = {"lines": _print_say, "intents": _print_intent, "all": _print_any}[args.show]
     told = False
 
     async def session(link: Link) -> None:
         nonlocal told
         await link.subscribe([topic])
         if not told:
-            note.record(f"connected to {address.url}, waiting for {'messages' if args.all else 'lines'} on {topic}")
+            note.record(f"connected to {address.url}, waiting for {'messages' if args.show == 'all' else args.show} "
+                        f"on {topic}")
             told = True
         async for received, payload, _ in link.messages():
-            if args.all:
-                _print_any(out, received, payload, json=args.json)
-            else:
-                _print_say(out, received, payload, json=args.json)
+            show(out, received, payload, json=args.json)
 
     await (transport or MqttTransport(address, name="subscribe", policy=ReconnectPolicy())).run(session)
 
@@ -152,9 +160,25 @@ def say_record(say: SayMessage) -> list[Piece]:
     return [(f"{say.run} t{say.tick:>4}", "dim"), " ", (say.agent, "bold cyan"), *to, ": ", say.text]
 
 
+def intent_record(intent: IntentMessage) -> list[Piece]:
+    """An intent, as one record: `run tTICK agent intends NAME {args}`, and the input it answers."""
+    answers: list[Piece] = [(f" (reply_to {intent.reply_to})", "dim")] if intent.reply_to else []
+    return [(f"{intent.run} t{intent.tick:>4}", "dim"), " ", (intent.agent, "bold cyan"), " intends ",
+            (intent.name, "bold"), " ", json_line(intent.args), *answers]
+
+
 def _print_say(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
+    _print_read(out, topic, payload, decode_say, say_record, json=json)
+
+
+def _print_intent(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
+    _print_read(out, topic, payload, decode_intent, intent_record, json=json)
+
+
+def _print_read(out: Out, topic: str, payload: bytes, decode: Callable[[bytes], T],
+                record: Callable[[T], list[Piece]], *, json: bool) -> None:
     try:
-        say = decode_say(payload)
+        message = decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         if json:
             out.json({"topic": topic, "unreadable": str(exc)})
@@ -162,9 +186,9 @@ def _print_say(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
             out.record((f"{topic}: unreadable payload ({exc})", "dim"))
         return
     if json:
-        out.json(say)
+        out.json(message)
     else:
-        out.record(*say_record(say))
+        out.record(*record(message))
 
 
 def _print_any(out: Out, topic: str, payload: bytes, *, json: bool) -> None:

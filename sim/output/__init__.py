@@ -8,12 +8,13 @@ verdict, and its replay over an audit record's attempts (`judge_attempts`,
 (`clean_line`); `guard` the fact guard (`contradicted_fact`, `load_fact_guard`); `reply`
 the structured reply's shape (`REPLY_SCHEMA`, the retry's `SCHEMA_RULE`) and its repair
 (`say_part`); `gates` the gates and their verdict codes (`CODES`), the knowledge boundaries
-(`forbidden_phrase`); `apply` which proposals are applied (`said_proposals`) and what each
-becomes in the NPC's state. The rules (`Rules`, `OutputPolicy`) and the verdicts
-(`ProposalVerdict`) are value types of sim.wire.attempt, shared with the wire and the
-audit. The inference package calls `judge_reply` on every attempt; the shard applies what
-passed, the view shows it; replay, the audit and the load test judge again through here.
-See docs/npc-output.md.
+(`forbidden_phrase`), what an intent's allow-list may hold (`allow_list_problem`) and what
+passes it as JSON Schema (`intent_schemas`); `apply` which proposals are applied
+(`said_proposals`) and what each becomes in the NPC's state.
+The rules (`Rules`, `OutputPolicy`) and the verdicts (`ProposalVerdict`) are value types of
+sim.wire.attempt, shared with the wire and the audit. The inference package calls
+`judge_reply` on every attempt; the shard applies what passed, the view shows it; replay,
+the audit and the load test judge again through here. See docs/npc-output.md.
 """
 
 from sim.output.apply import BELIEFS_PER_SUBJECT, Judged, belief_of, memory_of, said_proposals
@@ -23,9 +24,11 @@ from sim.output.gates import (
     MAX_PROPOSAL_CHARS,
     RESERVED_NAMES,
     accepted,
+    allow_list_problem,
     clean_text,
     forbidden_phrase,
     gate_proposals,
+    intent_schemas,
     known_names,
     rejected,
 )
@@ -33,10 +36,11 @@ from sim.output.guard import FactGuard, contradicted_fact, load_fact_guard
 from sim.output.judge import FORBIDDEN_RULE, gate_difference, judge_attempts, judge_reply, record_rules
 from sim.output.line import Verdict, clean_line
 from sim.output.reply import REPLY_SCHEMA, SCHEMA_RULE, RawReply, read_reply, say_part
-from sim.wire.attempt import MAX_LINE_CHARS, Arg, ArgType, OutputPolicy, ProposalVerdict, Rules
+from sim.wire.attempt import MAX_LINE_CHARS, Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict, Rules
 
 __all__ = [
     "Arg",
+    "ArgSpec",
     "ArgType",
     "BELIEFS_PER_SUBJECT",
     "CODES",
@@ -55,6 +59,7 @@ __all__ = [
     "Rules",
     "Verdict",
     "accepted",
+    "allow_list_problem",
     "belief_of",
     "clean_line",
     "clean_text",
@@ -62,6 +67,7 @@ __all__ = [
     "forbidden_phrase",
     "gate_difference",
     "gate_proposals",
+    "intent_schemas",
     "judge_attempts",
     "judge_reply",
     "known_names",

@@ -11,7 +11,7 @@
 3. `canonical_fact`: the fact guard finds no kept canonical fact the text denies.
 4. `forbidden`: it reveals none of the phrases the author forbade the NPC (`forbidden_phrase`).
 5. `intent` / `intent_args`: an intent is on the NPC's allow-list, its arguments exactly
-   the allow-list's, each of its type.
+   the allow-list's, each of its type, or one of its values where the allow-list lists them.
 6. `bounds`: at most `max_beliefs` beliefs and `max_memories` memories a turn (the first
    ones that passed), a text of 1 to `MAX_PROPOSAL_CHARS` characters once cleaned, a letter
    or digit among them ("..." says nothing, as a line of it does).
@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Sequence
-from typing import Any, Literal
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Literal, get_args
 
 from sim.memory import Fact, WorkingMemory
 from sim.output.guard import FactGuard
 from sim.text import fold, without_controls
-from sim.wire.attempt import Arg, OutputPolicy, ProposalVerdict
+from sim.wire.attempt import Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict
 from sim.wire.events import NAME_RULE, is_name
 from sim.wire.topics import ROLE_LOGINS
 
@@ -45,9 +46,11 @@ __all__ = [
     "MAX_PROPOSAL_CHARS",
     "RESERVED_NAMES",
     "accepted",
+    "allow_list_problem",
     "clean_text",
     "forbidden_phrase",
     "gate_proposals",
+    "intent_schemas",
     "known_names",
     "rejected",
 ]
@@ -64,6 +67,8 @@ RESERVED_NAMES = ROLE_LOGINS | {"viewer"}
 
 MAX_ARG_CHARS = 120
 """An intent's string argument, at most."""
+
+_ARG_TYPES: tuple[ArgType, ...] = get_args(ArgType)
 
 _CLAIM = r"(?:(?<!\bin )facts?|canonical|world[\s_-]*state)\b"
 _FORGED = re.compile(
@@ -210,14 +215,18 @@ def _intent(p: ProposalVerdict, policy: OutputPolicy) -> tuple[str, str] | None:
         return "intent", f"{p.text[:80]!r} is not on the allow-list ({allowed})"
     if set(p.args) != set(schema):
         return "intent_args", f"arguments {sorted(p.args)[:8]}, expected {sorted(schema)}"
-    for name, kind in schema.items():
-        problem = _arg_problem(p.args[name], kind)
+    for name, spec in schema.items():
+        problem = _arg_problem(p.args[name], spec)
         if problem:
             return "intent_args", f"argument {name!r}: {problem}"
     return None
 
 
-def _arg_problem(value: Arg, kind: str) -> str:
+def _arg_problem(value: Arg, kind: ArgSpec) -> str:
+    if isinstance(kind, tuple):
+        if isinstance(value, str) and clean_text(value) in kind:
+            return ""
+        return f"{str(value)[:40]!r} is not one of its values ({_listed(kind)})"
     if kind == "string":
         if not isinstance(value, str):
             return "not a string"
@@ -229,6 +238,70 @@ def _arg_problem(value: Arg, kind: str) -> str:
     if kind == "integer" and not isinstance(value, int):
         return "not an integer"
     return "" if math.isfinite(value) and abs(value) < 2**53 else "out of range"
+
+
+def _arg_schema(spec: ArgSpec) -> dict[str, Any]:
+    """The JSON Schema of the values an argument passes the gate with, as the intent topic
+    carries them: one of its values, else a value of its type (`_arg_problem`'s bounds)."""
+    if isinstance(spec, tuple):
+        return {"type": "string", "enum": list(spec)}
+    if spec == "string":
+        return {"type": "string", "minLength": 1, "maxLength": MAX_ARG_CHARS}
+    if spec == "boolean":
+        return {"type": "boolean"}
+    return {"type": spec, "minimum": 1 - 2**53, "maximum": 2**53 - 1}
+
+
+def intent_schemas(policies: Mapping[str, OutputPolicy | None]) -> list[dict[str, Any]]:
+    """What the NPCs of `policies` (id -> policy) may publish on their intent topics, as JSON
+    Schema alternatives of its payload: one for each intent with its arguments, naming the
+    NPCs that may propose it (`agent`) and each argument's type or values (`_arg_schema`)."""
+    agents: dict[tuple[str, tuple[tuple[str, ArgSpec], ...]], list[str]] = {}
+    for agent, policy in policies.items():
+        for name, args in (policy.intents if policy is not None else {}).items():
+            agents.setdefault((name, tuple(args.items())), []).append(agent)
+    return [{"properties": {
+        "agent": {"enum": ids},
+        "name": {"const": name},
+        "args": {"type": "object", "properties": {arg: _arg_schema(spec) for arg, spec in args},
+                 "required": [arg for arg, _ in args], "additionalProperties": False},
+    }} for (name, args), ids in agents.items()]
+
+
+def _listed(values: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(repr(v[:40]) for v in values[:most])
+    return shown + (f" and {len(values) - most} more" if len(values) > most else "")
+
+
+def allow_list_problem(intents: object) -> str | None:
+    """Why an NPC's `intents` as its scenario writes them (TOML read to Python) hold an
+    argument no value passes the gate with, as `intents.NAME.ARG: why`; None when each is a
+    type or a list of the values it may be: some, none twice, each kept as the
+    gate keeps a string (one line, spaces collapsed, 1 to MAX_ARG_CHARS characters). What is
+    not a table is left to the scenario's types."""
+    tables = intents.items() if isinstance(intents, dict) else ()
+    for intent, args in tables:
+        for arg, spec in args.items() if isinstance(args, dict) else ():
+            if (problem := _spec_problem(spec)) is not None:
+                return f"intents.{intent}.{arg}: {problem}"
+    return None
+
+
+def _spec_problem(spec: object) -> str | None:
+    either = f"an argument is a type ({', '.join(_ARG_TYPES)}) or a list of the values it may be"
+    if isinstance(spec, str):
+        return None if spec in _ARG_TYPES else f"unknown type {spec[:40]!r}: {either}"
+    if not isinstance(spec, list):
+        return f"{repr(spec)[:40]}: {either}"
+    if not spec:
+        return "an empty list of values: none would pass"
+    odd = next((v for v in spec if not (isinstance(v, str) and 0 < len(v) <= MAX_ARG_CHARS and clean_text(v) == v)),
+               None)
+    if odd is not None:
+        return (f"value {repr(odd)[:40]}: each value is a string of 1 to {MAX_ARG_CHARS} characters on one line, "
+                "no space at either end nor two together")
+    twice = [value for value, n in Counter(spec).items() if n > 1]
+    return f"value {twice[0][:40]!r} is listed twice" if twice else None
 
 
 def _said(p: ProposalVerdict) -> str:

@@ -18,9 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import msgspec
-
-from sim.wire.channel import Bound, TextBound
+from sim.wire.channel import Bound, MessageBounds, TextBound
 from sim.wire.events import ErrorCode, ErrorMessage
 from sim.wire.inputs import OutsideInput, Taken
 
@@ -31,22 +29,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class InputBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The defaults suit a chat-like game; operators raise them per run (RunConfig.limits.bounds)."""
+class InputBounds(MessageBounds, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Each message's bounds (`MessageBounds`: the contract's), and the run's per tick. The
+    defaults suit a chat-like game; operators raise them per run (RunConfig.limits.bounds)."""
 
-    player_text_chars: int = 500
     player_inputs_per_tick: int = 3
     npc_inputs_per_tick: int = 8
     inputs_per_tick: int = 256  # per shard: with one shard, per run
     npc_inferences_per_tick: int = 8
     facts_per_npc: int = 64
-    game_text_chars: int = 1000
-    world_keys: int = 64
-    world_key_chars: int = 64
-    world_value_chars: int = 256
 
 
-def bound_problem(bound: Bound | None, message: Any, bounds: InputBounds) -> str | None:
+def bound_problem(bound: Bound | None, message: Any, bounds: MessageBounds) -> str | None:
     """Why `message` is over `bound` (its channel's, sim.wire.contract) with the run's `bounds`, or None."""
     if bound is None:
         return None

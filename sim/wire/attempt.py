@@ -21,6 +21,7 @@ import msgspec
 __all__ = [
     "MAX_LINE_CHARS",
     "Arg",
+    "ArgSpec",
     "ArgType",
     "Attempt",
     "OutputPolicy",
@@ -88,20 +89,22 @@ class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
 
 Arg = str | int | float | bool  # an intent's argument
 ArgType = Literal["string", "integer", "number", "boolean"]  # what an intent's argument may be
+ArgSpec = ArgType | tuple[str, ...]
+"""An argument as an allow-list gives it: its type, or the strings it may be (the only ones)."""
 
 
 class OutputPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What an NPC may say and propose, as its scenario's author wrote it (docs/npc-output.md).
 
     `structured`: a structured reply, not a line; `forbidden`: phrases it must never reveal;
-    `intents`: those it may propose, with their arguments' types; `max_beliefs`,
+    `intents`: those it may propose, with their arguments' types or values; `max_beliefs`,
     `max_memories`: at most this many a turn. The request carries it to the worker, the
     record keeps it for replaying the gates (sim.output applies it).
     """
 
     structured: bool = False
     forbidden: tuple[str, ...] = ()
-    intents: dict[str, dict[str, ArgType]] = {}
+    intents: dict[str, dict[str, ArgSpec]] = {}
     max_beliefs: int = 3
     max_memories: int = 3
 

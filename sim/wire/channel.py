@@ -1,6 +1,10 @@
 """What a public channel is: its route, payload type, bound and roles (sim.wire.contract's
 `CHANNELS` holds one `Channel` per channel). Pure, and a leaf of sim.wire: the protocol reads
-a channel's bound and decoder here without the documents' types."""
+a channel's bound and decoder here without the documents' types.
+
+A bound names fields of `MessageBounds`, whose defaults are both what a run holds a message
+to (sim.protocol.bounds) and what the contract's schema states (`maxLength`, ...): one number
+for each, so the two cannot disagree."""
 
 from __future__ import annotations
 
@@ -8,12 +12,15 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
 
 from sim.wire import topics
 from sim.wire.decoding import Reader, json_reader
+from sim.wire.events import MAX_NAME_CHARS, MAX_TEXT_CHARS
 
-__all__ = ["Bound", "Channel", "EntriesBound", "Role", "TextBound"]
+__all__ = ["Bound", "Channel", "EntriesBound", "MessageBounds", "Role", "TextBound"]
 
 
 @dataclass(frozen=True)
@@ -27,9 +34,25 @@ class Role:
     """Its role in broker-config/acl (a player's login is its id)."""
 
 
+TextChars = Annotated[int, msgspec.Meta(ge=1, le=MAX_TEXT_CHARS)]
+"""Outside text becomes an event's, which carries at most MAX_TEXT_CHARS."""
+
+
+class MessageBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the run holds one outside message to, named by the channels' bounds. The defaults
+    are the contract's (its schemas state them); a run may set its own (`npcsim run --set
+    limits.bounds.NAME=VALUE`, sim.protocol.bounds' `InputBounds`), as far as the wire carries."""
+
+    player_text_chars: TextChars = 500
+    game_text_chars: TextChars = 1000
+    world_keys: Annotated[int, msgspec.Meta(ge=1)] = 64
+    world_key_chars: Annotated[int, msgspec.Meta(ge=1, le=MAX_NAME_CHARS)] = 64
+    world_value_chars: Annotated[int, msgspec.Meta(ge=1)] = 256
+
+
 @dataclass(frozen=True)
 class TextBound:
-    """The payload's `text` has at most `InputBounds.<chars>` characters (sim.protocol.bounds)."""
+    """The payload's `text` has at most `MessageBounds.<chars>` characters."""
 
     chars: str
     over: ClassVar[str] = "too long"
@@ -38,8 +61,8 @@ class TextBound:
 
 @dataclass(frozen=True)
 class EntriesBound:
-    """The payload's `state` has at most `InputBounds.<keys>` entries, each key at most
-    `<key_chars>` characters and each value at most `<value_chars>` (sim.protocol.bounds)."""
+    """The payload's `state` has at most `MessageBounds.<keys>` entries, each key at most
+    `<key_chars>` characters and each value at most `<value_chars>`."""
 
     keys: str
     key_chars: str
@@ -48,7 +71,7 @@ class EntriesBound:
 
 
 Bound = TextBound | EntriesBound
-"""What the run holds a channel's payload to, named by `InputBounds`' fields."""
+"""What the run holds a channel's payload to, named by `MessageBounds`' fields."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ its publisher's own login), the type of its JSON payload, the bound the run hold
 server decodes and checks what it takes by this table: sim.protocol.router), who publishes it
 (the ACL's role), whether it is retained, and who may read it. Adding a public channel is
 adding an entry there. The schemas are msgspec's (`msgspec.json.schema_components`), so the
-document cannot drift from the decoders.
+document cannot drift from the decoders; a channel's bound is added to its schema from the
+defaults the run holds the channel to (`MessageBounds`), so the two cannot drift either.
+Given a scenario's intents (`Intents`), the intent payload is one of them: the NPCs that may
+propose each, its arguments and their types or listed values.
 
 AsyncAPI's Schema Object is JSON Schema draft-07; msgspec writes draft 2020-12. The two differ
 in what our types use in one keyword (a fixed-length array: 2020-12 `prefixItems`, draft-07
@@ -18,13 +21,13 @@ end of text `\\Z` is ECMA's `$`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
 
 from sim.wire import topics
-from sim.wire.channel import Channel, EntriesBound, Role, TextBound
+from sim.wire.channel import Bound, Channel, EntriesBound, MessageBounds, Role, TextBound
 from sim.wire.events import (
     NAME_RULE,
     ErrorMessage,
@@ -50,6 +53,7 @@ __all__ = [
     "PLAYER",
     "SERVER",
     "ChannelName",
+    "Intents",
     "asyncapi",
     "channel_named",
     "channel_of",
@@ -105,7 +109,8 @@ CHANNELS: tuple[Channel, ...] = (
         "intent", topics.agent_intent, IntentMessage, (SERVER,), retained=False,
         readers=EVERYONE,
         summary="What an NPC proposes the game do, from the shard that holds the NPC: an intent on the "
-                "NPC's allow-list (its scenario's `intents`), with the arguments the allow-list types, that "
+                "NPC's allow-list (its scenario's `intents`), each argument of the type or one of the values "
+                "the allow-list gives it (`npcsim contract SCENARIO --schema intent` says which), that "
                 "passed every gate (docs/npc-output.md). The game acts on it or not: a model never changes "
                 "the world. `inference_id` names the inference, as on `say`; `reply_to` is the `id` of the "
                 "player input it answered (null when none).",
@@ -211,10 +216,51 @@ def channel_of(topic: str) -> Channel | None:
     return next((c for c in CHANNELS if c.kind == parsed.kind), None)
 
 
-def _schemas(types: Iterable[Any], ref_template: str) -> tuple[list[Any], dict[str, Any]]:
-    """msgspec's schemas of `types` and the components they refer to, in draft-07."""
-    payloads, components = msgspec.json.schema_components(types, ref_template=ref_template)
-    return [_draft_07(p) for p in payloads], {name: _draft_07(s) for name, s in components.items()}
+Intents = Sequence[dict[str, Any]]
+"""The intents a scenario allows, as JSON Schema alternatives of the intent payload
+(sim.output's `intent_schemas`); with none, `npcsim contract` says no more than the types."""
+
+
+def _schemas(
+    channels: Sequence[Channel], ref_template: str, intents: Intents | None
+) -> tuple[list[Any], dict[str, Any]]:
+    """msgspec's schemas of the channels' payloads and the components they refer to, in
+    draft-07, each with its channel's bound, the intent payload one of `intents` (when given)."""
+    payloads, components = msgspec.json.schema_components([c.payload for c in channels], ref_template=ref_template)
+    components = {name: _draft_07(s) for name, s in components.items()}
+    for channel in channels:
+        if channel.bound is not None:
+            _bounded(components[_struct(channel.payload).__name__]["properties"], channel.bound)
+    intent = components.get(_struct(channel_named("intent").payload).__name__)
+    if intent is not None and intents is not None:
+        intent["anyOf"] = list(intents) or [{"not": {}, "description": "This scenario allows no intent."}]
+    return [_draft_07(p) for p in payloads], components
+
+
+_DEFAULT_BOUNDS = MessageBounds()
+
+
+def _bounded(properties: dict[str, Any], bound: Bound) -> None:
+    """Say `bound` in a payload's `properties`: the run's default, and how a run sets its own."""
+    def said(name: str) -> int:
+        return int(getattr(_DEFAULT_BOUNDS, name))
+
+    def unless(*names: str) -> str:
+        settings = ", ".join(f"`--set limits.bounds.{name}=N`" for name in names)
+        return (f"the run's bound{'s' if len(names) > 1 else ''} unless `npcsim run` sets its own ({settings}); "
+                "over it, the message is refused with `too_long`.")
+
+    if isinstance(bound, TextBound):
+        properties["text"].update(maxLength=said(bound.chars),
+                                  description=f"At most {said(bound.chars)} characters: {unless(bound.chars)}")
+        return
+    state = properties["state"]
+    state.update(maxProperties=said(bound.keys),
+                 description=f"At most {said(bound.keys)} keys of at most {said(bound.key_chars)} characters, "
+                             f"each value at most {said(bound.value_chars)}: "
+                             f"{unless(bound.keys, bound.key_chars, bound.value_chars)}")
+    state["propertyNames"]["maxLength"] = said(bound.key_chars)
+    state["additionalProperties"]["maxLength"] = said(bound.value_chars)
 
 
 def _draft_07(schema: Any) -> Any:
@@ -234,16 +280,16 @@ def _draft_07(schema: Any) -> Any:
     return translated
 
 
-def message_schema(name: str) -> dict[str, Any]:
+def message_schema(name: str, intents: Intents | None = None) -> dict[str, Any]:
     """The JSON Schema (draft-07, self-contained) of the payload of the channel called `name`."""
     channel = channel_named(name)
-    [payload], definitions = _schemas([channel.payload], "#/definitions/{name}")
+    [payload], definitions = _schemas([channel], "#/definitions/{name}", intents)
     return {"$schema": DRAFT_07, **payload, "definitions": definitions}
 
 
-def asyncapi(version: str) -> dict[str, Any]:
+def asyncapi(version: str, intents: Intents | None = None) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of every public channel; `version`: npcsim's."""
-    payloads, schemas = _schemas([c.payload for c in CHANNELS], "#/components/schemas/{name}")
+    payloads, schemas = _schemas(CHANNELS, "#/components/schemas/{name}", intents)
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}

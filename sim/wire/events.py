@@ -20,6 +20,8 @@ from sim.wire.decoding import json_reader, msgpack_reader
 
 __all__ = [
     "ERROR_CODES",
+    "MAX_NAME_CHARS",
+    "MAX_TEXT_CHARS",
     "AnyEvent",
     "ErrorCode",
     "FactAction",
@@ -51,13 +53,20 @@ __all__ = [
 ]
 
 Tick = Annotated[int, msgspec.Meta(ge=0)]
-Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
-_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}\Z"
+MAX_TEXT_CHARS = 4000
+"""An event's text at most (a line, a player's input, the game system's narration or fact): so
+also the most a run's bound on outside text may be (sim.wire.channel's `MessageBounds`)."""
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+OutsideText = Annotated[str, msgspec.Meta(min_length=1)]
+"""Text on a public topic a client writes: its length is held to the run's bound (the channel's
+`Bound`, which the contract's schema states), never by the decoder, so over it is `too_long`."""
+MAX_NAME_CHARS = 128
+_NAME_PATTERN = rf"^[A-Za-z0-9_.-]{{1,{MAX_NAME_CHARS}}}\Z"
 """An id (an NPC, a player, a place, a world-state key): `NAME_RULE`. One rule for the wire
 (`Name`), the scenario, the topics (`topics.check_player`), the router (a player id read
 from its topic) and the output gates (a belief's subject). `\\Z`, not `$`: `$` lets a
 trailing newline through."""
-NAME_RULE = "1-128 characters of A-Z a-z 0-9 _ . -"
+NAME_RULE = f"1-{MAX_NAME_CHARS} characters of A-Z a-z 0-9 _ . -"
 """`Name`'s rule in words, for errors and the contract's documents."""
 Name = Annotated[str, msgspec.Meta(pattern=_NAME_PATTERN)]
 _NAME = re.compile(_NAME_PATTERN)
@@ -128,9 +137,9 @@ class SayMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 class IntentMessage(msgspec.Struct, frozen=True, kw_only=True):
     """What an NPC proposes the game do, on its public `intent` topic: an intent on its
-    allow-list, with the arguments the allow-list types, that passed every gate
-    (docs/npc-output.md). `inference_id` names the inference (and its `say`); `reply_to`
-    is the `id` of the player input it answered (null when none)."""
+    allow-list, each argument of the type or one of the values the allow-list gives it, that
+    passed every gate (docs/npc-output.md). `inference_id` names the inference (and its
+    `say`); `reply_to` is the `id` of the player input it answered (null when none)."""
 
     run: str
     agent: str
@@ -149,7 +158,7 @@ class PlayerInputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     """
 
     to: Name
-    text: Text
+    text: OutsideText
     id: Name | None = None
 
 
@@ -166,7 +175,7 @@ class GameEventMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     as a memory of the given significance (0 to 1)."""
 
     location: Name
-    text: Text
+    text: OutsideText
     significance: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
 
 
@@ -180,7 +189,7 @@ class GameFactMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     it (no `text`), each refused `no_fact` when no NPC it is for holds the id."""
 
     id: Name
-    text: Text | None = None
+    text: OutsideText | None = None
     npc: Name | None = None
     action: FactAction = "add"
 
