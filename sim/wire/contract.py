@@ -77,8 +77,8 @@ PLAYER = Role("a player", "receive",
 GAME = Role("the game system", "receive", "the game system (broker login `game`)", "game")
 
 EVERYONE = "every client: each login, and anonymous ones where the broker lets them in"
-OWN_PLAYER = ("that player's own login alone (and anonymous clients, where the broker lets them in: they may "
-              "write any player's input too)")
+OWN_PLAYER = ("that player's own login, and the `viewer` (it shows what the run refused); anonymous clients "
+              "where the broker lets them in (they may write any player's input too)")
 
 PARAMETERS = {
     "run": "The run's id (`npcsim run --run-id`; by default the scenario's name and seed, e.g. `village-7`).",
