@@ -313,3 +313,36 @@ async def test_the_python_game_says_in_one_line_that_the_broker_is_not_there() -
     ran = await game("--broker", "mqtt://127.0.0.1:1", "--run", "r", "--player", "p", within=30)
     assert ran.code == 1 and ran.out == ""
     assert ran.err.splitlines() == ["127.0.0.1:1: [Errno 111] Connection refused"]
+
+
+async def test_the_python_game_reports_a_publish_the_broker_refuses_and_a_game_login_adds_a_fact(
+    tmp_path: Path,
+) -> None:
+    """MQTT 5 on the shipped ACL: alice may not publish the game system's `game/fact` (the PUBACK says
+    "Not authorized", which the example reports instead of carrying on); the `game` login may."""
+    from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
+    from sim.store import open_reader
+    from sim.wire.inputs import GameFact
+    from tests.helpers import eventually
+    from tests.secured import secured_broker
+
+    db = tmp_path / "facts.db"
+    with secured_broker() as broker:
+        stats = RunStats()
+        config = RunConfig(scenario=VILLAGE, run_id="ex", until_tick=60, tick_ms=100,
+                           broker=BrokerConfig(url=broker.url_for("shard")), record=RecordConfig(db=str(db)))
+        async with asyncio.TaskGroup() as group:
+            job = group.create_task(run(config, stats=stats))
+            await eventually(lambda: stats.tick >= 3, what="the run under way", within=60)
+            common = ("--run", "ex", "--npc", "innkeeper", "--wait", "20", "--fact", "bard=A bard sings tonight.")
+            refused = await game("--broker", broker.url_for("alice"), "--player", "alice", *common)
+            added = await game("--broker", broker.url_for("game"), "--player", "alice", *common)
+            await job
+    assert refused.code == 1 and refused.out == "", refused
+    assert refused.err.strip() == ("refused: game/fact bard: Not authorized (the game system's topics need its "
+                                   "login: mqtt://game@host:port)")
+    assert added.out.splitlines()[0] == "fact bard -> innkeeper: A bard sings tonight.", added
+    assert "refused: player/alice/input: Not authorized" in added.err  # the game login does not speak as alice
+    with open_reader(db) as reader:
+        facts = [t for _, t in reader.all_inputs() if isinstance(t, GameFact)]
+    assert [(f.npc, f.id, f.text) for f in facts] == [("innkeeper", "bard", "A bard sings tonight.")]

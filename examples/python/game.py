@@ -66,6 +66,13 @@ def name(text: str) -> str:
     return text
 
 
+def fact(text: str) -> str:
+    fact_id, equals, said = text.partition("=")
+    if not (equals and NAME.fullmatch(fact_id) and said.strip()):
+        raise argparse.ArgumentTypeError(f"expected ID=TEXT (an id of A-Z a-z 0-9 _ . -), got {text!r}")
+    return text
+
+
 def seconds(text: str) -> float:
     try:
         value = float(text)
@@ -182,11 +189,45 @@ async def next_message(client: aiomqtt.Client, within: float) -> aiomqtt.Message
         return None
 
 
+class Acks:
+    """The reason code of each QoS 1 publish's PUBACK. MQTT 5 brokers answer a publish their ACL
+    refuses with "Not authorized" (Mosquitto 2 does), but aiomqtt returns from `publish` as if it
+    had been taken: this wraps the callback of aiomqtt's paho client (no public way) to see it.
+    Under MQTT 3.1.1 a PUBACK has no reason code, and a refused publish is silently dropped."""
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self.last: Any = None
+        paho = client._client
+        forward = paho.on_publish
+
+        def on_publish(paho_client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+            self.last = reason_code
+            forward(paho_client, userdata, mid, reason_code, properties)
+
+        paho.on_publish = on_publish
+
+    async def publish(self, client: aiomqtt.Client, topic: str, body: dict[str, Any]) -> str | None:
+        """Publish at QoS 1 (one at a time); why the broker refused it, or None."""
+        self.last = None
+        await client.publish(topic, json.dumps(body), qos=1)
+        return str(self.last) if getattr(self.last, "is_failure", False) else None
+
+
 async def play(args: argparse.Namespace) -> int:
     game, broker = Game(args.run, args.player), args.broker
     tls = ssl.create_default_context() if broker.tls else None
     async with aiomqtt.Client(broker.host, broker.port, username=broker.username, password=broker.password,
-                              tls_context=tls) as client:
+                              tls_context=tls, protocol=aiomqtt.ProtocolVersion.V5) as client:
+        acks = Acks(client)
+        if args.fact is not None:  # the game system's side: a canonical fact for the NPC (the `game` login)
+            fact_id, _, text = args.fact.partition("=")
+            body = {"npc": args.npc, "id": fact_id, "text": text}
+            refused = await acks.publish(client, f"{game.root}/game/fact", body)
+            if refused is not None:
+                print(f"refused: game/fact {fact_id}: {refused} (the game system's topics need its login: "
+                      "mqtt://game@host:port)", file=sys.stderr)
+                return 1
+            print(f"fact {fact_id} -> {args.npc}: {text}", flush=True)
         for topic in ("roster/+", "agent/+/say", "agent/+/intent", f"player/{args.player}/error"):
             await client.subscribe(f"{game.root}/{topic}", qos=1)
         loop = asyncio.get_running_loop()
@@ -209,7 +250,11 @@ async def play(args: argparse.Namespace) -> int:
             question = Question(f"{session}-q{n}", npc)
             game.questions[question.id] = question
             body = {"to": npc, "text": args.text, "id": question.id}
-            await client.publish(f"{game.root}/player/{args.player}/input", json.dumps(body), qos=1)
+            refused = await acks.publish(client, f"{game.root}/player/{args.player}/input", body)
+            if refused is not None:
+                print(f"refused: player/{args.player}/input: {refused} (does this login speak as {args.player}?)",
+                      file=sys.stderr)
+                return 1
             print(f"asked {question.id} -> {npc}: {args.text}", flush=True)
             end = loop.time() + args.wait  # one question at a time: a run hears a player a few times a tick
             while not question.closed and (message := await next_message(client, end - loop.time())):
@@ -236,11 +281,15 @@ def main() -> int:
     parser.add_argument("--player", type=name, required=True, help="who asks (a player id)")
     parser.add_argument("--npc", type=name, default=None, help="ask only this NPC (default: every NPC in the roster)")
     parser.add_argument("--text", default="What news?", help="the question (default: %(default)s)")
+    parser.add_argument("--fact", type=fact, default=None, metavar="ID=TEXT",
+                        help="first publish a canonical fact for --npc, as the game system (needs its login)")
     parser.add_argument("--wait", type=seconds, default=30.0, metavar="S",
                         help="seconds to wait for the roster, then for each answer (default 30)")
     args = parser.parse_args()
     if not args.text.strip():
         parser.error("--text: the question is empty")
+    if args.fact is not None and args.npc is None:
+        parser.error("--fact: name the NPC it is for with --npc")
     try:
         return asyncio.run(play(args))
     except aiomqtt.MqttError as exc:
