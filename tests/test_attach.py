@@ -209,7 +209,7 @@ async def test_subscribe_all_decodes_every_topic_of_the_run(mosquitto: Mosquitto
     key = tmp_path / "run.key"
     key.write_text("k" * 32)
     sub = await asyncio.create_subprocess_exec(
-        NPCSIM, "subscribe", "--broker", mosquitto.url, "--run", "all", "--show", "all", "--json", "--wait",
+        NPCSIM, "subscribe", "--broker", mosquitto.url, "--run", "all", "--all", "--json", "--wait",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env_for(tmp_path))
     assert sub.stdout is not None and sub.stderr is not None
     try:

@@ -141,7 +141,7 @@ async def test_subscribe_prints_what_npcs_say_over_the_memory_broker() -> None:
 
 @pytest.mark.parametrize("as_json", [False, True])
 async def test_subscribe_shows_intents_and_only_them(as_json: bool) -> None:
-    """`npcsim subscribe --show intents`: each intent an NPC proposes, as a record (or its JSON); no line said."""
+    """`npcsim subscribe --intents`: each intent an NPC proposes, as a record (or its JSON); no line said."""
     broker = MemoryBroker(seed=5, clock=SystemClock(), max_delay=0.005)
     printed, noted = io.StringIO(), io.StringIO()
     args = argparse.Namespace(run="mem", agent="+", show="intents", json=as_json)

@@ -1,5 +1,5 @@
-"""`npcsim subscribe`: what NPCs say as it happens, what they propose the game do (`--show
-intents`), or (`--show all`) every message of a run.
+"""`npcsim subscribe`: what NPCs say as it happens, what they propose the game do
+(`--intents`), or (`--all`) every message of a run.
 
 Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
 and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. A run found on no
@@ -7,10 +7,10 @@ broker is an error within seconds (a run leaves its retained status on its broke
 two runs of one id on this machine are an error listing them; `--wait` waits for the run
 to start instead. Where it connected goes to standard error at once; standard output
 holds only the records (or, with `--json`, one JSON object per record: the payload as it
-came, with its topic for `--show all`). `--show all` is for debugging: every topic of the
+came, with its topic for `--all`). `--all` is for debugging: every topic of the
 run, the public ones as the JSON they are, the internal ones decoded from msgpack to JSON, a
 signed payload's signature taken off (not checked). On a private broker the viewer may read
-the public topics, the trace and player input, so that is what `--show all` shows there.
+the public topics, the trace and player input, so that is what `--all` shows there.
 """
 
 from __future__ import annotations
@@ -39,8 +39,23 @@ T = TypeVar("T")
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 SHOWN = ("lines", "intents", "all")
-"""What `--show` prints: the lines said (`agent/+/say`), the intents (`agent/+/intent`), or every topic."""
+"""What subscribe prints: the lines said (`agent/+/say`, the default), the intents (`agent/+/intent`:
+`--intents`), or every topic (`--all`)."""
 _WAIT_POLL_S = 0.25  # how often --wait looks for the run's file
+
+
+class _Shown(argparse.Action):
+    """`--intents` or `--all`: one choice of what to print (`SHOWN`), named by the flag given."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        shown = (option_string or "").removeprefix("--")
+        if getattr(namespace, self.dest) not in (self.default, shown):
+            parser.error("--intents and --all: give one of them")
+        setattr(namespace, self.dest, shown)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,12 +68,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          found=f"the private broker of --run on this machine, else {DEFAULT_BROKER}")
     sub.add_argument("--run", default="+", help="run id (default: every run)")
     sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
-    sub.add_argument("--show", choices=SHOWN, default="lines",
-                     help="lines: what NPCs say (the default); intents: what they propose the game do (their "
-                     "`intent` topics); all: every topic of the run, decoded to JSON (internal msgpack too), for "
-                     "debugging")
+    sub.add_argument("--intents", "--all", dest="show", action=_Shown, default="lines",
+                     help="--intents: what NPCs propose the game do (their `intent` topics) instead of what they "
+                     "say; --all: every topic of the run, decoded to JSON (internal msgpack too), for debugging")
     sub.add_argument("--json", action="store_true",
-                     help="JSON Lines: one object per record (its payload; with --show all, its topic too)")
+                     help="JSON Lines: one object per record (its payload; with --all, its topic too)")
     sub.add_argument("--wait", action="store_true",
                      help="wait for --run to start (on --broker, else on this machine's private brokers); "
                      "without it, a run that is not there is an error within seconds")
