@@ -133,8 +133,8 @@ def test_the_namespace_and_its_veth_pair_are_removed_even_on_failure() -> None:
             ns.link(up=False)
             cut = connect_from_inside(ns, port)
             assert cut.returncode != 0 and b"timed out" in cut.stderr  # the partition
-            ns.link(up=True)
-            assert connect_from_inside(ns, port).returncode == 0
+            ns.link(up=True)  # a link brought up takes a moment to carry traffic (longer on a busy machine)
+            assert any(connect_from_inside(ns, port).returncode == 0 for _ in range(10)), "the link never came back"
         raise RuntimeError("the schedule failed")
     assert ns.name not in _namespaces()
     assert subprocess.run(["ip", "link", "show", ns.host_if], capture_output=True).returncode != 0
