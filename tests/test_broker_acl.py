@@ -96,3 +96,25 @@ async def test_anonymous_clients_are_refused(secured: SecuredBroker) -> None:
     with pytest.raises(aiomqtt.MqttError):
         async with client(secured, None):
             pass
+
+
+async def test_subscribe_check_tells_a_login_what_it_may_publish(
+    secured: SecuredBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`npcsim subscribe --broker URL --check`: the broker's own answer, channel by channel, as the ACL says."""
+    from tests.helpers import npcsim_in_process
+
+    said: dict[str, dict[str, str]] = {}
+    for login in ("game", "alice"):
+        ran = await asyncio.to_thread(npcsim_in_process, capsys, "subscribe", "--broker", secured.url_for(login),
+                                      "--check")
+        assert ran.code == 0, ran.err
+        head, *rows = ran.out.splitlines()
+        assert head.startswith(f"{login} on mqtt://{login}@127.0.0.1:{secured.port}: what it may publish")
+        said[login] = {row.split("\t")[0]: row.split("\t")[-1] for row in rows}
+    game, alice = said["game"], said["alice"]
+    for channel in ("game-fact", "game-event", "world-state", "presence"):
+        assert game[channel] == "yes" and alice[channel] == "refused (Not authorized)", channel
+    assert game["player-input"] == alice["player-input"] == "yes"  # as the player its login names
+    for channel in ("say", "intent", "status", "roster", "trace", "player-error", "game-error"):
+        assert game[channel] == alice[channel] == "refused (Not authorized)", channel

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from sim.cli._access import check_access
 from sim.cli._attach import check_run, local_broker, local_login
 from sim.cli._options import add_broker_arguments, broker_address, tls_files
 from sim.cli._terminal import Out, Piece, json_line
@@ -38,9 +39,9 @@ __all__ = ["DEFAULT_BROKER", "SHOWN", "broker_for", "intent_record", "register",
 T = TypeVar("T")
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
-SHOWN = ("lines", "intents", "all")
+SHOWN = ("lines", "intents", "all", "check")
 """What subscribe prints: the lines said (`agent/+/say`, the default), the intents (`agent/+/intent`:
-`--intents`), or every topic (`--all`)."""
+`--intents`), every topic (`--all`), or which channels its login may publish (`--check`)."""
 _WAIT_POLL_S = 0.25  # how often --wait looks for the run's file
 
 
@@ -54,7 +55,7 @@ class _Shown(argparse.Action):
                  option_string: str | None = None) -> None:
         shown = (option_string or "").removeprefix("--")
         if getattr(namespace, self.dest) not in (self.default, shown):
-            parser.error("--intents and --all: give one of them")
+            parser.error("--intents, --all and --check: give one of them")
         setattr(namespace, self.dest, shown)
 
 
@@ -68,9 +69,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          found=f"the private broker of --run on this machine, else {DEFAULT_BROKER}")
     sub.add_argument("--run", default="+", help="run id (default: every run)")
     sub.add_argument("--agent", default="+", help="agent id (default: every agent)")
-    sub.add_argument("--intents", "--all", dest="show", action=_Shown, default="lines",
+    sub.add_argument("--intents", "--all", "--check", dest="show", action=_Shown, default="lines",
                      help="--intents: what NPCs propose the game do (their `intent` topics) instead of what they "
-                     "say; --all: every topic of the run, decoded to JSON (internal msgpack too), for debugging")
+                     "say; --all: every topic of the run, decoded to JSON (internal msgpack too), for debugging; "
+                     "--check: ask the broker which public channels this login may publish (MQTT 5), then exit")
     sub.add_argument("--json", action="store_true",
                      help="JSON Lines: one object per record (its payload; with --all, its topic too)")
     sub.add_argument("--wait", action="store_true",
@@ -122,6 +124,9 @@ def subscribe_command(args: argparse.Namespace) -> int:
 
     async def located_then_subscribed() -> None:
         address = await _located(args, note)
+        if args.show == "check":
+            await check_access(address, Out(flush=True))
+            return
         await _subscribe(address, args, Out(flush=True), note)
 
     with contextlib.suppress(KeyboardInterrupt):
