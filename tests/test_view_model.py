@@ -110,6 +110,7 @@ def test_rates_come_from_the_injected_clock() -> None:
         (topics.agent_say(RUN, "smith"), b'{"run": "r1"}'),
         (topics.trace(RUN, "0"), b'{"agent": 5}'),
         (topics.trace(RUN, "0"), b"[" * 100_000),
+        (topics.trace(RUN, "0"), b" []"),
         (topics.roster(RUN, "0"), b'{"run": "r1", "shard": "0", "npcs": [["only-id"]]}'),
         (topics.player_input(RUN, "x"), b'{"to": "smith", "text": ""}'),
         (topics.player_input(RUN, "x"), b'{"to": "smith", "text": "hi", "admin": true}'),
