@@ -117,7 +117,7 @@ def test_a_malformed_element_costs_only_itself() -> None:
     assert [r.id for r in requests] == [good[0].id, good[2].id] and len(errors) == 2
     assert decode_batch(encode_batch(good), decode_request) == (good, [])
     assert decode_batch(encode_request(good[1]), decode_request) == ([good[1]], [])  # a single message
-    for junk in (b"", b"\xc1", b"\x93abc trailing", b"\xa3abc"):
+    for junk in (b"", b"\xc1", b"\x93abc trailing", b"\xa3abc", b"\x90", b"\xdc\x00\x00"):  # empty arrays too
         requests, errors = decode_batch(junk, decode_request)
         assert requests == [] and len(errors) == 1
 

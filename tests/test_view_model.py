@@ -110,6 +110,7 @@ def test_rates_come_from_the_injected_clock() -> None:
         (topics.agent_say(RUN, "smith"), b'{"run": "r1"}'),
         (topics.trace(RUN, "0"), b'{"agent": 5}'),
         (topics.trace(RUN, "0"), b"[" * 100_000),
+        (topics.trace(RUN, "0"), b" []"),
         (topics.roster(RUN, "0"), b'{"run": "r1", "shard": "0", "npcs": [["only-id"]]}'),
         (topics.player_input(RUN, "x"), b'{"to": "smith", "text": ""}'),
         (topics.player_input(RUN, "x"), b'{"to": "smith", "text": "hi", "admin": true}'),
@@ -139,7 +140,16 @@ def test_unknown_topics_of_the_run_are_ignored() -> None:
     model = RunModel(RUN)
     model.feed(f"npcsim/{RUN}/loc/square/events", b"\x00", 0.0)
     model.feed("npcsim", b"", 0.0)
+    model.feed("npcsim/other-run/player//input", b"", 0.0)
     assert model.health.refused == 0 and model.health.malformed == 0
+
+
+def test_a_topic_of_the_run_that_names_nobody_is_counted_not_dropped_unseen() -> None:
+    """`player/+/input` matches `player//input`, which names no player: what the view cannot read."""
+    model = RunModel(RUN)
+    model.feed(f"npcsim/{RUN}/player//input", b'{"to": "smith", "text": "hi"}', 0.0)
+    assert model.health.malformed == 1 and model.malformed_kinds == {"topic": 1}
+    assert model.lines() == []
 
 
 def test_the_page_never_renders_run_data_as_html() -> None:

@@ -90,9 +90,15 @@ class RunModel:
 
     def feed(self, topic: str, payload: bytes, now: float) -> None:
         """Apply one MQTT message of this run; a malformed one is counted by kind and dropped
-        (`malformed`); an error the run sent a player is counted by code (`refused`)."""
+        (`malformed`); an error the run sent a player is counted by code (`refused`). A topic of
+        this run that names nothing (`player//input` matches the view's `player/+/input`) is
+        malformed too, of kind "topic"; another run's or root's is none of the view's business."""
         parsed = topics.parse(topic)
         if parsed is None:
+            if topic.startswith(f"{topics.ROOT}/{self.run}/"):
+                self.malformed_kinds["topic"] += 1
+                self.health.malformed += 1
+                self.version += 1
             return
         kind, name = parsed.kind, parsed.name
         try:

@@ -4,7 +4,8 @@ One MQTT message per request caps the remote path at the broker's per-message co
 requests and replies travel many to a message (`sim.inference` decides when a batch goes).
 A batch is a msgpack array of the single messages' maps, whatever their type; a payload
 holding one map (a single message, as older peers send it) is read as a batch of one. A
-malformed element costs only itself: the others of its batch are still read.
+malformed element costs only itself: the others of its batch are still read. An empty array
+is malformed (no peer sends one), so a reader counts it instead of dropping it unseen.
 
 Not to be confused with `sim.wire.events.EventBatch`, which is one message: a tick's
 events at one place.
@@ -43,6 +44,8 @@ def decode_batch(payload: bytes, decode: Callable[[bytes], S]) -> tuple[list[S],
             return [decode(payload)], []
         except msgspec.DecodeError as exc:
             return [], [exc]
+    if not raws:
+        return [], [msgspec.DecodeError("an empty batch")]
     items: list[S] = []
     errors: list[msgspec.DecodeError] = []
     for raw in raws:

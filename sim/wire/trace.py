@@ -131,10 +131,14 @@ def encode_trace(message: TraceMessage) -> bytes:
 
 def decode_traces(data: bytes) -> list[TraceMessage]:
     """The traces of a `trace/{shard}` payload: a batch (a JSON array), or one trace object
-    as a batch of one. Raises msgspec.DecodeError (or ValidationError) on a malformed payload."""
+    as a batch of one. Raises msgspec.DecodeError (or ValidationError) on a malformed payload,
+    an empty batch included: no shard sends one, so a viewer counts it rather than skip it."""
     if data.lstrip()[:1] == b"{":
         return [_trace.decode(data)]
-    return _traces.decode(data)
+    traces = _traces.decode(data)
+    if not traces:
+        raise msgspec.DecodeError("an empty batch of traces")
+    return traces
 
 
 def encode_roster(message: RosterMessage) -> bytes:
