@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sim.memory import Fact
@@ -14,6 +14,7 @@ __all__ = ["accept_every_proposal"]
 def accept_every_proposal(
     beliefs: Sequence[Any], memories: Sequence[Any], intent: Any, *, facts: Sequence[Fact],
     guarded: Collection[str], known: Collection[str], policy: OutputPolicy, guard: FactGuard,
+    world: Mapping[str, str] | None = None,
 ) -> tuple[ProposalVerdict, ...]:
     """`sim.output.gate_proposals` broken: every proposal of its shape is accepted as it came."""
     taken = [accepted("belief", clean_text(str(b.get("text", ""))), about=str(b.get("about", "")),

@@ -22,6 +22,7 @@ from sim.output import (
     ProposalVerdict,
     RawReply,
     Rules,
+    WorldValues,
     accepted,
     belief_of,
     contradicted_fact,
@@ -339,3 +340,33 @@ def test_a_flood_of_proposals_keeps_the_first_few_and_a_verdict_for_each() -> No
     assert verdicts[-1].args == {} and len(verdicts[-1].text) <= MAX_PROPOSAL_CHARS  # a refused intent kept bounded
     (long_about,) = gate([belief("p1 is tall.", about="p" * 500)])
     assert long_about.code == "schema"
+
+
+STOCKED = OutputPolicy(structured=True, intents={"give_item": {"item": WorldValues(world="stock")}})
+
+
+@pytest.mark.parametrize(("stock", "item", "code"), [
+    ("lantern, ale", "lantern", "ok"), ("lantern, ale", " ale", "ok"), ("lantern,  hot  soup,", "hot soup", "ok"),
+    ("lantern, ale", "crown jewels", "intent_args"), ("lantern, ale", "lantern, ale", "intent_args"),
+    ("", "lantern", "intent_args"), (None, "lantern", "intent_args"), ("lantern", 3, "intent_args"),
+])
+def test_an_argument_limited_to_a_world_state_list_passes_with_what_it_lists_now(
+    stock: str | None, item: Any, code: str
+) -> None:
+    """`item = { world = "stock" }`: the game keeps the innkeeper's `stock` current, and the gate
+    reads it from the working memory the reply was made from; the independent checker agrees."""
+    world = {} if stock is None else {"stock": stock}
+    (verdict,) = gate_proposals([], [], {"name": "give_item", "args": {"item": item}}, facts=FACTS, guarded=GUARDED,
+                                known=KNOWN, policy=STOCKED, guard=contradicted_fact, world=world)
+    assert verdict.code == code, verdict.detail
+    if code != "ok":
+        assert "is not one of world state 'stock''s values" in verdict.detail
+    state = NpcState(agent_id="innkeeper", system_prompt="You are Tobin.",
+                     world_state=tuple(WorldFact(key=k, value=v) for k, v in world.items()))
+    wm = build_working_memory(state, "p1: Hello.", WorkingMemoryConfig())
+    judged = judge_reply(reply("Here.", intent={"name": "give_item", "args": {"item": item}}), wm,
+                         Rules(output=STOCKED))
+    assert [p.code for p in judged.proposals if p.kind == "intent"] == [code]
+    shown = accepted("intent", "give_item", args={"item": item.strip() if isinstance(item, str) else item})
+    checked = check_proposals([Attempt(prompt="", proposals=(shown,))], wm, STOCKED, contradicted_fact)
+    assert [v.invariant for v in checked] == ([] if code == "ok" else ["intent_args"])

@@ -67,7 +67,7 @@ PACKAGES: dict[str, set[str]] = {
         "OutputPolicy", "ProposalVerdict", "RawReply", "Rules", "Verdict", "accepted", "allow_list_problem",
         "belief_of", "clean_line", "clean_text", "contradicted_fact", "forbidden_phrase", "gate_difference",
         "gate_proposals", "intent_schemas", "judge_attempts", "judge_reply", "known_names", "load_fact_guard",
-        "memory_of", "read_reply", "record_rules", "rejected", "said_proposals", "say_part",
+        "memory_of", "read_reply", "record_rules", "rejected", "said_proposals", "say_part", "WorldValues",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {
@@ -124,7 +124,7 @@ MODULES: dict[str, set[str]] = {
     },
     "sim.wire.attempt": {
         "MAX_LINE_CHARS", "Arg", "ArgSpec", "ArgType", "Attempt", "OutputPolicy", "ProposalVerdict", "Rules",
-        "ServedBy", "Usage",
+        "ServedBy", "Usage", "WorldValues",
     },
 }
 

@@ -15,7 +15,7 @@ from sim.errors import ScenarioError
 from sim.inference import PoolConfig, open_pool, reply_problem
 from sim.inference.backends import llamacpp
 from sim.inference.backends.scripted import ScriptedBackend
-from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, Rules, accepted
+from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, Rules, WorldValues, accepted
 from sim.scenario import load_scenario, parse_scenario
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE
@@ -131,7 +131,12 @@ system_prompt = "You are Tobin."
     ('output = "json"', "output"),
     ('output = "structured"\nintents = { give_item = { item = "text" } }',
      r"field intents\.give_item\.item: unknown type 'text': an argument is a type \(string, integer, number, "
-     r"boolean\) or a list of the values it may be$"),
+     r"boolean\), a list of the values it may be, or \{ world = KEY \}: the values the NPC's world-state entry KEY "
+     r"lists$"),
+    ('output = "structured"\nintents = { give_item = { item = { world = "the stock" } } }',
+     r"field intents\.give_item\.item: \{'world': 'the stock'\}: an argument is a type"),
+    ('output = "structured"\nintents = { give_item = { item = { stock = "x" } } }',
+     r"field intents\.give_item\.item: \{'stock': 'x'\}: an argument is a type"),
     ('output = "structured"\nintents = { give_item = { item = [] } }',
      r"field intents\.give_item\.item: an empty list of values: none would pass$"),
     ('output = "structured"\nintents = { give_item = { item = ["lantern", 3] } }',
@@ -155,6 +160,12 @@ def test_an_argument_may_list_the_values_it_takes() -> None:
     scenario = parse_scenario(BASE + 'output = "structured"\nintents = { give_item = { item = ["lantern", "ale"] } }')
     assert scenario.npc("tobin").policy() == OutputPolicy(structured=True,
                                                           intents={"give_item": {"item": ("lantern", "ale")}})
+
+
+def test_an_argument_may_take_the_values_a_world_state_entry_lists() -> None:
+    scenario = parse_scenario(BASE + 'output = "structured"\nintents = { give_item = { item = { world = "stock" } } }')
+    assert scenario.npc("tobin").policy() == OutputPolicy(structured=True,
+                                                          intents={"give_item": {"item": WorldValues(world="stock")}})
 
 
 async def test_a_broken_reply_is_retried_told_the_schema_then_its_say_is_said_else_the_fallback() -> None:

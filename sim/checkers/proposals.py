@@ -29,7 +29,15 @@ from collections.abc import Callable, Sequence
 from sim.audit import Attempt
 from sim.checkers.violation import Violation
 from sim.memory import WorkingMemory
-from sim.output import MAX_ARG_CHARS, MAX_PROPOSAL_CHARS, ArgSpec, FactGuard, OutputPolicy, ProposalVerdict
+from sim.output import (
+    MAX_ARG_CHARS,
+    MAX_PROPOSAL_CHARS,
+    ArgSpec,
+    FactGuard,
+    OutputPolicy,
+    ProposalVerdict,
+    WorldValues,
+)
 from sim.text import fold
 
 __all__ = ["check_proposals"]
@@ -46,8 +54,12 @@ _TYPES: dict[str, Callable[[object], bool]] = {
 }
 
 
-def _allowed(value: object, spec: ArgSpec) -> bool:
-    """Whether an accepted argument is as the allow-list gives it: one of its values where it lists them."""
+def _allowed(value: object, spec: ArgSpec, memory: WorkingMemory) -> bool:
+    """Whether an accepted argument is as the allow-list gives it: one of its values where it
+    lists them, or where the NPC's world-state entry it names lists them (comma-separated)."""
+    if isinstance(spec, WorldValues):
+        listed = next((w.value for w in memory.world_state if w.key == spec.world), "")
+        return value in {" ".join(part.split()) for part in listed.split(",")} - {""}
     return value in spec if isinstance(spec, tuple) else _TYPES[spec](value)
 
 
@@ -110,7 +122,7 @@ def _part_problems(part: ProposalVerdict, memory: WorkingMemory, policy: OutputP
         allowed = policy.intents.get(part.text)
         if allowed is None:
             found.append(Violation("intent", f"{what}: not on the allow-list"))
-        elif set(part.args) != set(allowed) or not all(_allowed(part.args[k], t) for k, t in allowed.items()):
+        elif set(part.args) != set(allowed) or not all(_allowed(part.args[k], t, memory) for k, t in allowed.items()):
             found.append(Violation("intent_args", f"{what}: arguments {sorted(part.args)} not as allowed"))
     return found
 

@@ -36,11 +36,12 @@ from sim.output.guard import FactGuard, contradicted_fact, load_fact_guard
 from sim.output.judge import FORBIDDEN_RULE, gate_difference, judge_attempts, judge_reply, record_rules
 from sim.output.line import Verdict, clean_line
 from sim.output.reply import REPLY_SCHEMA, SCHEMA_RULE, RawReply, read_reply, say_part
-from sim.wire.attempt import MAX_LINE_CHARS, Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict, Rules
+from sim.wire.attempt import MAX_LINE_CHARS, Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict, Rules, WorldValues
 
 __all__ = [
     "Arg",
     "ArgSpec",
+    "WorldValues",
     "ArgType",
     "BELIEFS_PER_SUBJECT",
     "CODES",

@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 from sim.memory import Fact, WorkingMemory
 from sim.output.guard import FactGuard
 from sim.text import fold, without_controls
-from sim.wire.attempt import Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict
+from sim.wire.attempt import Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict, WorldValues
 from sim.wire.events import NAME_RULE, is_name
 from sim.wire.topics import ROLE_LOGINS
 
@@ -47,6 +47,7 @@ __all__ = [
     "RESERVED_NAMES",
     "accepted",
     "allow_list_problem",
+    "world_values",
     "clean_text",
     "forbidden_phrase",
     "gate_proposals",
@@ -208,7 +209,7 @@ def _authority(p: ProposalVerdict, guarded: Collection[str], known: Collection[s
     return None
 
 
-def _intent(p: ProposalVerdict, policy: OutputPolicy) -> tuple[str, str] | None:
+def _intent(p: ProposalVerdict, policy: OutputPolicy, world: Mapping[str, str]) -> tuple[str, str] | None:
     schema = policy.intents.get(p.text)
     if schema is None:
         allowed = ", ".join(sorted(policy.intents)) or "none"
@@ -216,13 +217,25 @@ def _intent(p: ProposalVerdict, policy: OutputPolicy) -> tuple[str, str] | None:
     if set(p.args) != set(schema):
         return "intent_args", f"arguments {sorted(p.args)[:8]}, expected {sorted(schema)}"
     for name, spec in schema.items():
-        problem = _arg_problem(p.args[name], spec)
+        problem = _arg_problem(p.args[name], spec, world)
         if problem:
             return "intent_args", f"argument {name!r}: {problem}"
     return None
 
 
-def _arg_problem(value: Arg, kind: ArgSpec) -> str:
+def world_values(value: str) -> tuple[str, ...]:
+    """The values a world-state entry lists: its comma-separated parts, each cleaned as a
+    string argument is (`clean_text`), the empty ones left out."""
+    return tuple(part for part in map(clean_text, value.split(",")) if part)
+
+
+def _arg_problem(value: Arg, kind: ArgSpec, world: Mapping[str, str]) -> str:
+    if isinstance(kind, WorldValues):
+        values = world_values(world.get(kind.world, ""))
+        if isinstance(value, str) and clean_text(value) in values:
+            return ""
+        listed = _listed(values) if values else "none now"
+        return f"{str(value)[:40]!r} is not one of world state {kind.world!r}'s values ({listed})"
     if isinstance(kind, tuple):
         if isinstance(value, str) and clean_text(value) in kind:
             return ""
@@ -243,6 +256,10 @@ def _arg_problem(value: Arg, kind: ArgSpec) -> str:
 def _arg_schema(spec: ArgSpec) -> dict[str, Any]:
     """The JSON Schema of the values an argument passes the gate with, as the intent topic
     carries them: one of its values, else a value of its type (`_arg_problem`'s bounds)."""
+    if isinstance(spec, WorldValues):
+        return {"type": "string", "minLength": 1, "maxLength": MAX_ARG_CHARS,
+                "description": f"one of the values the NPC's world-state entry `{spec.world}` lists (comma-separated)"
+                               " when it proposes: a list the game keeps current"}
     if isinstance(spec, tuple):
         return {"type": "string", "enum": list(spec)}
     if spec == "string":
@@ -288,9 +305,15 @@ def allow_list_problem(intents: object) -> str | None:
 
 
 def _spec_problem(spec: object) -> str | None:
-    either = f"an argument is a type ({', '.join(_ARG_TYPES)}) or a list of the values it may be"
+    either = (f"an argument is a type ({', '.join(_ARG_TYPES)}), a list of the values it may be, or "
+              "{ world = KEY }: the values the NPC's world-state entry KEY lists")
     if isinstance(spec, str):
         return None if spec in _ARG_TYPES else f"unknown type {spec[:40]!r}: {either}"
+    if isinstance(spec, dict):
+        key = spec.get("world")
+        if set(spec) != {"world"} or not (isinstance(key, str) and is_name(key)):
+            return f"{repr(spec)[:60]}: {either}"
+        return None
     if not isinstance(spec, list):
         return f"{repr(spec)[:40]}: {either}"
     if not spec:
@@ -310,7 +333,7 @@ def _said(p: ProposalVerdict) -> str:
 
 
 def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], known: Collection[str],
-           policy: OutputPolicy, guard: FactGuard, counts: dict[str, int]) -> ProposalVerdict:
+           policy: OutputPolicy, guard: FactGuard, counts: dict[str, int], world: Mapping[str, str]) -> ProposalVerdict:
     """Gates 2 to 6 on a proposal of its shape: the first that refuses it, or accepted."""
     why = _authority(p, guarded, known)
     if why is not None:
@@ -319,7 +342,7 @@ def _judge(p: ProposalVerdict, facts: Sequence[Fact], guarded: Collection[str], 
         return _refuse(p, "canonical_fact", f"denies canonical fact {fact.id!r}")
     if (phrase := forbidden_phrase(_said(p), policy.forbidden)) is not None:
         return _refuse(p, "forbidden", f"reveals forbidden phrase #{policy.forbidden.index(phrase) + 1}")
-    if p.kind == "intent" and (problem := _intent(p, policy)) is not None:
+    if p.kind == "intent" and (problem := _intent(p, policy, world)) is not None:
         return _refuse(p, *problem)
     limit = {"belief": policy.max_beliefs, "memory": policy.max_memories, "intent": 1}[p.kind]
     if counts[p.kind] >= limit:
@@ -348,12 +371,15 @@ def gate_proposals(
     known: Collection[str],
     policy: OutputPolicy,
     guard: FactGuard,
+    world: Mapping[str, str] | None = None,
 ) -> tuple[ProposalVerdict, ...]:
     """Every proposal's verdict, in the reply's order (beliefs, memories, the intent).
 
     `facts` are the canonical facts the working memory kept (the fact guard's), `guarded`
     the ids no proposal may be about: every canonical fact's and world-state key of the NPC;
-    `known` the ids a belief may be about (`known_names`).
+    `known` the ids a belief may be about (`known_names`); `world` the NPC's world state as
+    its working memory holds it (key -> value), whose lists an intent's argument may be
+    limited to (`WorldValues`).
     """
     counts = {"belief": 0, "memory": 0, "intent": 0}
     items: list[tuple[Kind, Any]] = [("belief", b) for b in beliefs] + [("memory", m) for m in memories]
@@ -363,5 +389,5 @@ def gate_proposals(
     for kind, item in items:
         shaped = _shaped(kind, item)
         verdicts.append(shaped if shaped.verdict == "rejected"
-                        else _judge(shaped, facts, guarded, known, policy, guard, counts))
+                        else _judge(shaped, facts, guarded, known, policy, guard, counts, world or {}))
     return tuple(verdicts)

@@ -60,7 +60,8 @@ def judge_reply(raw: str, memory: WorkingMemory, rules: Rules, guard: FactGuard 
     line = _line(judge_line(reply.say, memory, rules.max_line_chars, guard), policy, salvaged=False)
     guarded = {f.id for f in memory.canonical_facts} | {w.key for w in memory.world_state}
     proposals = gate_proposals(reply.beliefs, reply.remember, reply.intent, facts=memory.canonical_facts,
-                               guarded=guarded, known=known_names(memory), policy=policy, guard=guard)
+                               guarded=guarded, known=known_names(memory), policy=policy, guard=guard,
+                               world={w.key: w.value for w in memory.world_state})
     return msgspec.structs.replace(line, proposals=line.proposals + proposals)
 
 

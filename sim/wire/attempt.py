@@ -23,6 +23,7 @@ __all__ = [
     "Arg",
     "ArgSpec",
     "ArgType",
+    "WorldValues",
     "Attempt",
     "OutputPolicy",
     "ProposalVerdict",
@@ -89,8 +90,19 @@ class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
 
 Arg = str | int | float | bool  # an intent's argument
 ArgType = Literal["string", "integer", "number", "boolean"]  # what an intent's argument may be
-ArgSpec = ArgType | tuple[str, ...]
-"""An argument as an allow-list gives it: its type, or the strings it may be (the only ones)."""
+
+
+class WorldValues(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An argument limited to the values the NPC's world-state entry `world` lists when it
+    proposes (comma-separated): a list the game keeps current, such as what the innkeeper has
+    (`item = { world = "stock" }`)."""
+
+    world: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,128}\Z")]
+
+
+ArgSpec = ArgType | tuple[str, ...] | WorldValues
+"""An argument as an allow-list gives it: its type, the strings it may be (the only ones), or
+the values a world-state entry of the NPC lists."""
 
 
 class OutputPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
