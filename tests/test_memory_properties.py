@@ -9,6 +9,7 @@ The CI profile runs 2,000 examples per invariant.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 from sim.checkers import check_working_memory
 from sim.memory import (
+    Episode,
     NpcState,
     ScoredSelection,
     WorkingMemory,
@@ -29,7 +31,7 @@ from sim.memory import (
     distinct,
     ranking,
 )
-from tests.strategies import configs, player_inputs, states
+from tests.strategies import configs, player_inputs, states, unit
 
 REPO = Path(__file__).resolve().parent.parent
 CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
@@ -201,9 +203,20 @@ def test_scored_keeps_the_top_of_its_ranking_in_time_order(state: NpcState, said
         assert kept == tuple(items[p] for p in sorted(chosen[: len(kept)])), name
 
 
-@given(states(), player_inputs, configs(selection="scored"))
-def test_scored_with_recency_alone_is_the_recency_selection(state: NpcState, said: str, config) -> None:
-    """Weights (w, 0, 0): the ranking is newest first (ties go to the newer), so the prompt is recency's."""
+def _of_one_importance(state: NpcState, importance: float) -> NpcState:
+    """`state` with every memory's significance and every belief's confidence `importance`."""
+    return NpcState(state.agent_id, state.system_prompt, state.canonical_facts, state.world_state,
+                    episodic=[msgspec.structs.replace(e, significance=importance) for e in state.episodic],
+                    beliefs=[msgspec.structs.replace(b, confidence=importance) for b in state.beliefs],
+                    dialogue=state.dialogue)
+
+
+@given(states(), player_inputs, configs(selection="scored"), unit)
+def test_scored_with_recency_alone_is_the_recency_selection(state: NpcState, said: str, config,
+                                                             importance: float) -> None:
+    """Weights (w, 0, 0) and items of one importance: the ranking is newest first (ties go to
+    the newer), so the prompt is recency's."""
+    state = _of_one_importance(state, importance)
     recency_alone = ScoredSelection(recency_weight=max(config.scored.recency_weight, 0.5), importance_weight=0.0,
                                     relevance_weight=0.0, half_life_ticks=config.scored.half_life_ticks,
                                     dialogue_importance=config.scored.dialogue_importance)
@@ -225,3 +238,52 @@ def test_a_ranking_cut_at_a_limit_is_the_top_of_the_whole_ranking(
     assert whole == again
     for name in FLEXIBLE:
         assert cut[name] == whole[name][:limit], name
+
+
+_RECENCY_ALONE = WorkingMemoryConfig(selection="scored", scored=ScoredSelection(importance_weight=0.0,
+                                                                              relevance_weight=0.0))
+
+
+def _memories_ranked(ticks_and_significance: list[tuple[int, float]], half_life: float) -> list[int]:
+    """The memories' ranking by recency alone (weights (1, 0, 0)), as the indexes of the list
+    given (ids in its order, so an index later in it at the same tick is the newer)."""
+    state = NpcState("smith", "You are a smith.", episodic=[
+        Episode(id=f"m{i:02d}", tick=tick, text="The bell rang.", significance=significance)
+        for i, (tick, significance) in enumerate(ticks_and_significance)
+    ])
+    config = msgspec.structs.replace(_RECENCY_ALONE, scored=msgspec.structs.replace(_RECENCY_ALONE.scored,
+                                                                                    half_life_ticks=half_life))
+    return [int(state.episodic[p].id[1:]) for p in ranking(state, "", config)["episodic"]]
+
+
+@given(st.lists(unit, min_size=2, max_size=8), st.integers(min_value=1, max_value=50),
+       st.sampled_from([0.5, 3.0, 20.0, 1000.0]))
+def test_of_memories_of_one_age_the_more_important_never_has_the_lower_recency(
+    significances: list[float], age: int, half_life: float
+) -> None:
+    """Recency alone: memories of one tick (and one text: one relevance) rank by significance,
+    the more significant first; one ranks before a more significant one only when their
+    recency is equal, which rounding allows for significances a hair apart (the tie goes
+    to the newer)."""
+    ranked = _memories_ranked([(0, s) for s in significances] + [(age, 0.0)], half_life)
+    same_age = [i for i in ranked if i < len(significances)]
+    for before, after in itertools.combinations(same_age, 2):
+        a, b = significances[before], significances[after]
+        assert a >= b or (before > after and b - a < 1e-6), (before, after)
+
+
+@given(st.lists(unit, min_size=1, max_size=8), st.sampled_from([0.5, 3.0, 20.0, 1000.0]))
+def test_at_age_0_importance_leaves_recency_alone(significances: list[float], half_life: float) -> None:
+    """The newest memories all have recency 1, whatever their significance: newest first."""
+    assert _memories_ranked([(7, s) for s in significances], half_life) == list(range(len(significances)))[::-1]
+
+
+@given(st.integers(min_value=1, max_value=40))
+def test_a_memory_of_importance_1_halves_in_two_half_lives(half_life: int) -> None:
+    """Against a memory of significance 0 one half-life old (recency 1/2): the one of
+    significance 1 ranks first while younger than two half-lives, and ties at two (the tie
+    goes to the newer, the other one)."""
+    for age, first in ((2 * half_life - 1, 0), (2 * half_life, 1), (2 * half_life + 1, 1)):
+        newest = 2 * half_life + 1
+        ranked = _memories_ranked([(newest - age, 1.0), (newest - half_life, 0.0), (newest, 0.0)], half_life)
+        assert ranked[1] == first, age

@@ -37,9 +37,9 @@ def _require_number(name: str, value: object, wanted: str, holds: Callable[[floa
 
 class ScoredSelection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How `selection = "scored"` ranks a category's items (`sim.memory._scoring`): recency
-    halving every `half_life_ticks`, importance (`dialogue_importance` for a line of dialogue)
-    and relevance to the input, weighted. Read only by that selection ([memory.scored] in a
-    scenario)."""
+    halving every `half_life_ticks` (slower the more important the item), importance
+    (`dialogue_importance` for a line of dialogue) and relevance to the input, weighted. Read
+    only by that selection ([memory.scored] in a scenario)."""
 
     half_life_ticks: float = 20.0
     recency_weight: float = 1.0

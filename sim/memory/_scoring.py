@@ -2,7 +2,7 @@
 
 An item's score is
 
-    recency_weight * 0.5 ** (age / half_life_ticks)
+    recency_weight * 0.5 ** (age * (1 - 0.5 * importance) / half_life_ticks)
     + importance_weight * importance
     + relevance_weight * relevance
 
@@ -10,8 +10,11 @@ An item's score is
 significance, a belief's confidence, `dialogue_importance` for a line; `relevance` is the
 Okapi BM25 score of the item's words (a line's text, not its speaker) against the words of
 the input and of the addressee (the NPC's id), divided by what an item holding every such
-word at its best weight would score, so it lies in [0, 1]. Ties go to the newer item, so
-the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
+word at its best weight would score, so it lies in [0, 1]. The more important an item, the
+slower it fades (LlamaBrain's rule: the decay rate scaled by 1 - 0.5 * importance), so an
+item of importance 1 halves every two half-lives, whatever the importance weight. Ties go
+to the newer item, so the ranking is a total order and "recency" is what it becomes with
+weights (1, 0, 0) among items of one importance (the dialogue's always are).
 
 The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
 candidate lines (the first `max_dialogue_lines` of its ranking) say already
@@ -43,7 +46,7 @@ from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._duplicates import Distinct, distinct
 from sim.memory._state import Belief, Episode, Line, NpcState
 
-__all__ = ["SCORED", "candidates", "ranking", "words"]
+__all__ = ["SCORED", "candidates", "decay", "ranking", "words"]
 
 SCORED = ("beliefs", "episodic", "dialogue")
 """The categories a scored selection ranks, in the prompt's order."""
@@ -61,6 +64,13 @@ Flexible = Episode | Belief | Line
 def words(text: str) -> list[str]:
     """The normalised words of a text: NFKC, case-folded, runs of letters and digits."""
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def decay(age: float, importance: float, half_life: float) -> float:
+    """What is left of an item's recency after `age` ticks: it halves every `half_life` ticks,
+    slower the more important the item (every two half-lives at importance 1), so that what
+    mattered is remembered longer."""
+    return math.pow(0.5, age * (1.0 - 0.5 * importance) / half_life)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -134,7 +144,8 @@ class _Index:
         return found
 
     def base(self, cfg: WorkingMemoryConfig, newest: int) -> list[float]:
-        """Recency and importance per item: once per state and config."""
+        """Recency (its decay slowed by importance) and importance per item: once per state and
+        config (the key holds everything read here besides the state's items)."""
         scored = cfg.scored
         key = (scored.half_life_ticks, scored.recency_weight, scored.importance_weight, scored.dialogue_importance)
         found = self.bases.get(key)
@@ -142,7 +153,7 @@ class _Index:
             importance = self.importance or [scored.dialogue_importance] * self.size
             half_life, recency, weighted = scored.half_life_ticks, scored.recency_weight, scored.importance_weight
             found = self.bases[key] = [
-                recency * 0.5 ** ((newest - tick) / half_life) + weighted * weight
+                recency * decay(newest - tick, weight, half_life) + weighted * weight
                 for tick, weight in zip(self.ticks, importance, strict=True)
             ]
         return found
