@@ -33,7 +33,6 @@ keeps the ordinary selection (`stabilise` returns what it was given).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
@@ -67,7 +66,7 @@ def _stable_start(items: Sequence[Episode | Belief | Line], kept: list[int], eve
 
 def stabilise(
     frame: Frame,
-    categories: list[Category],
+    categories: Sequence[Category],
     items: Mapping[int, Sequence[Episode | Belief | Line]],
     count: Callable[[str], int] | None,
     limit_tokens: int | None,
@@ -80,7 +79,7 @@ def stabilise(
     ordinary selection's prompt, context length and tokens, given back, with `categories`
     as they were, when the stable prompt counts over `limit_tokens`.
     """
-    saved = [dataclasses.replace(category) for category in categories]
+    saved = [(category.kept, category.rank, category.sums, category.token_sums) for category in categories]
     moved = False
     for i in FLEXIBLE:
         category = categories[i]
@@ -97,7 +96,8 @@ def stabilise(
     if count is None:
         return prompt, context_chars, None
     tokens = count(prompt)
-    if limit_tokens is not None and tokens > limit_tokens:
-        categories[:] = saved
+    if limit_tokens is not None and tokens > limit_tokens:  # restored in place: the builder holds the categories
+        for category, before in zip(categories, saved, strict=True):
+            category.kept, category.rank, category.sums, category.token_sums = before
         return fitted
     return prompt, context_chars, tokens
