@@ -1,9 +1,10 @@
 """Property tests of the working-memory invariants I1-I8 on random states, for both selections.
 
 The independent checker (sim.checkers) is the oracle for I1, I2, I3, I6 and I8; I4, I5 and
-I7 are asserted here directly, and I8 once more on the prompt's text. The configs drawn use
-either selection ("recency" or "scored"), unless a test names one, and for I1-I4, I6 and
-I8 either value of `stable_prefix` (tests/test_memory_stable.py has its own invariants).
+I7 are asserted here directly, and I8 once more on the kept items and the explanation. The
+configs drawn use either selection ("recency" or "scored"), unless a test names one, and
+for I1-I4, I6 and I8 either value of `stable_prefix` (tests/test_memory_stable.py has its
+own invariants).
 The CI profile runs 2,000 examples per invariant.
 """
 
@@ -29,6 +30,7 @@ from sim.memory import (
     WorkingMemoryConfig,
     build_working_memory,
     distinct,
+    explain_truncation,
     ranking,
 )
 from tests.strategies import configs, player_inputs, states, unit
@@ -67,15 +69,31 @@ def test_i6_maximal_with_redistribution(state: NpcState, said: str, config) -> N
 def test_i8_nothing_said_twice(state: NpcState, said: str, config) -> None:
     assert violations(state, said, config, "I8") == []
     wm = build_working_memory(state, said, config)
-    # by the events, apart from the checker: a kept line's memory is not in the prompt
+    # by the events, apart from the checker: no kept memory's event is a kept line's...
     said_by_lines = {line.event for line in wm.dialogue} - {None}
-    for episode in state.episodic:
-        if episode.event in said_by_lines:
-            assert episode not in wm.episodic
-    ranked = ranking(state, said, config)["dialogue"] if config.selection == "scored" else None
-    left_out = distinct(state, config.max_dialogue_lines, ranked).duplicates
-    assert wm.report.episodic.duplicate == len(left_out)
-    assert wm.report.episodic.kept + wm.report.episodic.dropped + len(left_out) == len(state.episodic)
+    assert not any(e.event in said_by_lines for e in wm.episodic)
+    # ...the duplicates are the memories of the kept lines, and only they...
+    of_kept_lines = sorted((e.tick, e.text) for e in state.episodic if e.event in said_by_lines)
+    explained = explain_truncation(state, said, config, wm).episodic.dropped
+    assert sorted((d.tick, d.text) for d in explained if d.reason == "duplicate") == of_kept_lines
+    row = wm.report.episodic
+    assert row.duplicate == len(of_kept_lines)
+    # ...and every memory is kept, dropped or a duplicate
+    assert row.kept + row.dropped + row.duplicate == len(state.episodic)
+    # deterministic: a copy of the state (no cache shared) gives the same bytes
+    copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=NpcState)
+    assert msgspec.msgpack.encode(build_working_memory(copy, said, config)) == msgspec.msgpack.encode(wm)
+
+
+@given(states(max_items=8), player_inputs, configs(tokens=True, stable=None))
+def test_i8_with_tokens(state: NpcState, said: str, config) -> None:
+    """The exact token fit drops and offers lines: what they say follows them."""
+    wm = build_working_memory(state, said, config)
+    said_by_lines = {line.event for line in wm.dialogue} - {None}
+    assert not any(e.event in said_by_lines for e in wm.episodic)
+    row = wm.report.episodic
+    assert row.duplicate == sum(e.event in said_by_lines for e in state.episodic)
+    assert row.kept + row.dropped + row.duplicate == len(state.episodic)
 
 
 @given(states(max_items=8), player_inputs, configs(tokens=True, stable=None))
@@ -124,17 +142,23 @@ def test_i4_deterministic_across_hash_seeds() -> None:
     assert len(digests) == 1
 
 
-def _kept(wm: WorkingMemory) -> dict[str, set[object]]:
-    return {name: set(getattr(wm, name)) for name in FLEXIBLE}
+def _said(state: NpcState, wm: WorkingMemory) -> dict[str, set[object]]:
+    """What the prompt says of each flexible category: its kept items, and for the memories
+    also those a kept line says (the line says the memory's event)."""
+    said: dict[str, set[object]] = {name: set(getattr(wm, name)) for name in FLEXIBLE}
+    said["episodic"] |= set(distinct(state, wm.dialogue).duplicates)
+    return said
 
 
 @given(states(), player_inputs, configs(redistribute=False), st.integers(0, 3000), st.integers(0, 3000))
 def test_i5_fixed_split_monotonic(state: NpcState, said: str, config, a: int, b: int) -> None:
+    """A higher limit drops nothing the prompt says: a memory it no longer keeps is said by
+    a line it now keeps."""
     low, high = sorted((a, b))
     at_low = build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=low))
-    at_high = build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=high))
-    for name, items in _kept(at_low).items():
-        assert items <= _kept(at_high)[name], name
+    at_high = _said(state, build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=high)))
+    for name, items in _said(state, at_low).items():
+        assert items <= at_high[name], name
 
 
 @given(states(), player_inputs, configs(redistribute=True), st.integers(0, 3000), st.integers(0, 3000))
@@ -143,18 +167,19 @@ def test_i5_redistribution_contains_fixed_split_at_any_lower_limit(
 ) -> None:
     low, high = sorted((a, b))
     fixed = msgspec.structs.replace(config, redistribute_unused=False)
-    redistributed = _kept(build_working_memory(state, said, msgspec.structs.replace(config, max_context_chars=high)))
+    redistributed = _said(state, build_working_memory(state, said,
+                                                      msgspec.structs.replace(config, max_context_chars=high)))
     for limit in (low, high):
         at_limit = build_working_memory(state, said, msgspec.structs.replace(fixed, max_context_chars=limit))
-        for name, items in _kept(at_limit).items():
+        for name, items in _said(state, at_limit).items():
             assert items <= redistributed[name], (name, limit)
 
 
 def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> dict[str, int]:
-    """The seed article's fixed split over the candidates, written out plainly: counts kept per category."""
+    """The seed article's fixed split, written out plainly: counts kept per category; the
+    dialogue first, then the memories its kept lines do not say."""
     from sim.memory.render import CATEGORY_HEADERS, render_belief, render_episode, render_line
 
-    episodic = [e for e in state.episodic if e not in distinct(state, config.max_dialogue_lines).duplicates]
     mandatory_only = build_working_memory(
         NpcState(state.agent_id, state.system_prompt, state.canonical_facts, state.world_state), said, config
     )
@@ -162,12 +187,16 @@ def _seed_reference(state: NpcState, said: str, config: WorkingMemoryConfig) -> 
     if remaining < 0:
         return {name: 0 for name in FLEXIBLE}
     plan = {
-        "dialogue": (remaining * config.dialogue_share, state.dialogue, render_line, config.max_dialogue_lines),
-        "episodic": (remaining * config.episodic_share, episodic, render_episode, config.max_episodic_memories),
-        "beliefs": (remaining * config.belief_share, state.beliefs, render_belief, config.max_beliefs),
+        "dialogue": (remaining * config.dialogue_share, render_line, config.max_dialogue_lines),
+        "episodic": (remaining * config.episodic_share, render_episode, config.max_episodic_memories),
+        "beliefs": (remaining * config.belief_share, render_belief, config.max_beliefs),
     }
     kept = {}
-    for name, (share, items, render, cap) in plan.items():
+    for name, (share, render, cap) in plan.items():
+        items = getattr(state, name)
+        if name == "episodic":
+            lines = state.dialogue[len(state.dialogue) - kept["dialogue"] :]
+            items = [e for e in items if e.event is None or e.event not in {line.event for line in lines}]
         budget = int(share)
         used = 0
         count = 0
@@ -191,10 +220,10 @@ def test_i7_seed_split_reproduced_without_redistribution(state: NpcState, said: 
 @given(states(), player_inputs, configs(selection="scored"))
 def test_scored_keeps_the_top_of_its_ranking_in_time_order(state: NpcState, said: str, config) -> None:
     """I3 restated, on its own: the kept items are the first of the ranking, rendered oldest
-    first; a memory that one of the dialogue's first `max_dialogue_lines` lines says is passed over."""
+    first; a memory that a kept line says is passed over."""
     wm = build_working_memory(state, said, config)
     ranks = ranking(state, said, config)
-    left_out = distinct(state, config.max_dialogue_lines, ranks["dialogue"]).duplicates
+    left_out = distinct(state, wm.dialogue).duplicates
     for name in FLEXIBLE:
         rank, kept = ranks[name], getattr(wm, name)
         items = getattr(state, name)

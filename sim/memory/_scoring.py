@@ -16,9 +16,9 @@ item of importance 1 halves every two half-lives, whatever the importance weight
 to the newer item, so the ranking is a total order and "recency" is what it becomes with
 weights (1, 0, 0) among items of one importance (the dialogue's always are).
 
-The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
-candidate lines (the first `max_dialogue_lines` of its ranking) say already
-(`sim.memory._duplicates`), and the memories' ranking is the whole one without them.
+The whole state is ranked; a build passes over the memories that the dialogue's kept lines
+say already (`sim.memory._duplicates`), so it takes the memories' ranking as far as its cap
+reaches once those are passed over (`capped_ranking`).
 
 Deterministic (I4): words are NFKC-normalised and case-folded; floats are combined in one
 fixed order (query words sorted), never through set or dict iteration order.
@@ -43,10 +43,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from sim.memory._budget import WorkingMemoryConfig
-from sim.memory._duplicates import Distinct, distinct
+from sim.memory._duplicates import carried
 from sim.memory._state import Belief, Episode, Line, NpcState
 
-__all__ = ["SCORED", "candidates", "decay", "ranking", "words"]
+__all__ = ["SCORED", "capped_ranking", "decay", "ranking", "words"]
 
 SCORED = ("beliefs", "episodic", "dialogue")
 """The categories a scored selection ranks, in the prompt's order."""
@@ -237,33 +237,15 @@ def _ranked(
     return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
 
 
-def candidates(
-    state: NpcState,
-    player_input: str,
-    cfg: WorkingMemoryConfig,
-    limits: dict[str, int] | None = None,
-) -> tuple[Distinct, dict[str, tuple[int, ...]]]:
-    """What a working memory chooses from, and with a scored selection the order it chooses in.
-
-    Recency: the state without the memories its newest `max_dialogue_lines` lines say, and no
-    ranking (the order is newest first). Scored: the dialogue's candidate lines are the first
-    `max_dialogue_lines` of its ranking, and each category's ranking is of the candidates
-    (positions in the returned state, best first). `limits` as for `ranking`; the dialogue's
-    must be at least `max_dialogue_lines`.
-    """
-    if cfg.selection != "scored":
-        return distinct(state, cfg.max_dialogue_lines), {}
-
-    def limit(name: str, more: int = 0) -> int | None:
-        return None if limits is None else limits[name] + more
-
-    beliefs = _ranked(state, "beliefs", player_input, cfg, limit("beliefs"))
-    lines = _ranked(state, "dialogue", player_input, cfg, limit("dialogue"))
-    chosen = distinct(state, cfg.max_dialogue_lines, lines)
-    # The memories ranked as far as the cap reaches once the duplicates are passed over.
-    episodic = _ranked(state, "episodic", player_input, cfg, limit("episodic", len(chosen.duplicates)))
-    if chosen.duplicates:
-        left_out = {id(e) for e in chosen.duplicates}
-        where = {p: i for i, p in enumerate(p for p, e in enumerate(state.episodic) if id(e) not in left_out)}
-        episodic = tuple([where[p] for p in episodic if p in where][: limit("episodic")])
-    return chosen, {"beliefs": beliefs, "episodic": episodic, "dialogue": lines}
+def capped_ranking(state: NpcState, player_input: str, cfg: WorkingMemoryConfig) -> dict[str, tuple[int, ...]]:
+    """Each category's ranking as far as a build can reach: up to its cap, and for the
+    memories past as many more as the dialogue's first `max_dialogue_lines` lines (the most
+    it can keep) carry, since a memory a kept line carries is passed over."""
+    lines = _ranked(state, "dialogue", player_input, cfg, cfg.max_dialogue_lines)
+    carries = carried(state)
+    said = len(carries.said(lines)) if carries is not None else 0
+    return {
+        "beliefs": _ranked(state, "beliefs", player_input, cfg, cfg.max_beliefs),
+        "episodic": _ranked(state, "episodic", player_input, cfg, cfg.max_episodic_memories + said),
+        "dialogue": lines,
+    }
