@@ -1,5 +1,6 @@
-"""Nothing said twice in one prompt: a memory whose line the dialogue can keep is left out
-(reason `duplicate`), the line answered is only the input, and the checker catches a
+"""Nothing said twice in one prompt: a memory whose line the dialogue keeps is left out
+(reason `duplicate`), and only it: the memory of a line the budget or the cap drops is a
+candidate like any other. The line answered is only the input, and the checker catches a
 builder that says something twice (I8)."""
 
 from __future__ import annotations
@@ -63,8 +64,29 @@ def test_a_line_past_the_dialogue_cap_leaves_its_memory_in() -> None:
     memory = build_working_memory(state, "hello", config)
     assert [e.id for e in memory.episodic] == ["e1", "ev:a", "ev:n"]
     assert [line.event for line in memory.dialogue] == ["q"]
-    assert distinct(state, 1).duplicates == (state.episodic[-1],)
-    assert distinct(state, 0).state is state  # no line can be kept: nothing is a duplicate
+    assert distinct(state, memory.dialogue).duplicates == (state.episodic[-1],)
+    assert distinct(state, ()).state is state  # no line kept: nothing is a duplicate
+    assert check_working_memory(state, "hello", config, memory) == []
+
+
+def test_a_line_the_budget_drops_leaves_its_memory_in_when_it_fits() -> None:
+    """The captain's line is one of the ten the dialogue may keep, but the budget holds only
+    the newest two lines: the memory of the captain's order is said, among the memories,
+    instead of neither."""
+    state = msgspec.structs.replace(_state(), dialogue=(
+        Line(tick=6, speaker="guard_captain", text="Ale, and be quick about it, the whole garrison is thirsty.",
+             event="a"),
+        *_state().dialogue[1:],
+    ))
+    config = WorkingMemoryConfig(max_context_chars=200)
+    memory = build_working_memory(state, "hello", config)
+    assert [line.event for line in memory.dialogue] == ["r", "q"]  # the captain's line did not fit
+    assert [e.id for e in memory.episodic] == ["ev:a", "ev:n"]  # its memory did
+    assert "Ale." in memory.prompt and memory.prompt.count(QUESTION) == 1
+    row = memory.report.episodic
+    assert (row.kept, row.dropped, row.duplicate) == (2, 1, 1)  # e1 did not fit; the question is the line's
+    explained = explain_truncation(state, "hello", config, memory)
+    assert [(d.tick, d.reason) for d in explained.episodic.dropped] == [(0, "budget"), (11, "duplicate")]
     assert check_working_memory(state, "hello", config, memory) == []
 
 

@@ -13,6 +13,7 @@ from sim.memory import (
     Fact,
     Line,
     NpcState,
+    WorkingMemory,
     WorkingMemoryConfig,
     WorldFact,
     build_working_memory,
@@ -28,16 +29,15 @@ CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs
 FLEXIBLE = ("dialogue", "episodic", "beliefs")
 
 
-def _next_cost(state: NpcState, said: str, config: WorkingMemoryConfig, name: str, kept: int) -> int:
+def _next_cost(state: NpcState, said: str, config: WorkingMemoryConfig, name: str, memory: WorkingMemory) -> int:
     """What adding the category's next candidate (the first dropped in its order: the newest, or
     the best ranked) to the prompt would cost, in characters."""
     orders = {n: getattr(state, n)[::-1] for n in CATEGORIES}
     ranks = ranking(state, said, config) if config.selection == "scored" else {}
     orders.update({n: tuple(getattr(state, n)[p] for p in rank) for n, rank in ranks.items()})
-    lines = orders["dialogue"][: config.max_dialogue_lines]
-    left_out = distinct(state, config.max_dialogue_lines, ranks.get("dialogue")).duplicates
-    assert {e.event for e in left_out} <= {line.event for line in lines}  # the candidate lines say them
+    left_out = distinct(state, memory.dialogue).duplicates  # the kept lines say them
     order = [item for item in orders[name] if name != "episodic" or item not in left_out]
+    kept = len(getattr(memory, name))
     return len(render.RENDER[name](order[kept])) + (len(render.CATEGORY_HEADERS[name]) if kept == 0 else 0)
 
 
@@ -61,7 +61,7 @@ def test_dropped_counts_equal_the_report_and_every_reason_holds(state: NpcState,
             assert why.cap is not None and row.kept >= why.cap
         elif why.reason == "budget":
             assert why.cap is None or row.kept < why.cap
-            cost = _next_cost(state, said, config, name, row.kept)
+            cost = _next_cost(state, said, config, name, memory)
             if name in FLEXIBLE and not config.redistribute_unused:
                 assert row.used + cost > why.split, name  # it did not fit the category's share
             else:

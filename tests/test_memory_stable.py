@@ -3,7 +3,8 @@
 The invariants with it on (docs/working-memory.md, "Stable prefix"): mandatory content always
 there and within budget (the checker, tests/test_memory_properties.py, draws it too); the
 newest item of a category kept whenever the ordinary selection keeps it; only items the
-ordinary selection kept are given up, and the report counts their characters; deterministic,
+ordinary selection kept are given up (a line with the memory it said: dropped, no longer a
+duplicate), and the report counts their characters; deterministic,
 and the same whatever the state's window holds before the ordinary start; appending the
 newest line of dialogue extends the dialogue's kept text or moves its start forward.
 """
@@ -127,7 +128,7 @@ def test_a_token_count_over_the_limit_after_the_step_keeps_the_ordinary_selectio
     monkeypatch.setattr("sim.memory._build.token_counter", lambda name: count)
     ordinary = build_working_memory(state, "hello", config)
     fallen_back = build_working_memory(state, "hello", _stable(config))
-    assert fallen_back.prompt == ordinary.prompt
+    assert fallen_back == ordinary  # its kept items and report too, not only its prompt
     assert fallen_back.report.stable_cost_chars == 0
     assert fallen_back.report.prompt_tokens == ordinary.report.prompt_tokens <= 430
 
@@ -148,6 +149,46 @@ def test_the_explanation_names_what_stability_gave_up() -> None:
     assert len(explained.dropped) == wm.report.dialogue.dropped
     few = explain_truncation(state, "hello", config, wm, most_dropped=1).dialogue
     assert [d.reason for d in few.dropped] == ["stable_prefix"]
+
+
+def test_a_line_given_up_takes_the_memory_it_said_with_it() -> None:
+    """Each line has its memory: the ordinary selection says the lines' events by the lines; the
+    stable start gives up the oldest five, and their memories go with them (reason
+    `stable_prefix`), never left as duplicates of lines the prompt no longer holds."""
+    talk = _talk(40)
+    state = msgspec.structs.replace(
+        talk, dialogue=tuple(msgspec.structs.replace(line, event=f"ev{line.tick}") for line in talk.dialogue),
+        episodic=tuple(Episode(id=f"m{t}", tick=t, text=f"heard line {t}", event=f"ev{t}") for t in range(40)))
+    config = _stable(WorkingMemoryConfig(max_context_chars=420))
+    wm = build_working_memory(state, "hello", config)
+    ordinary = build_working_memory(state, "hello", msgspec.structs.replace(config, stable_prefix=False))
+    assert [line.tick for line in ordinary.dialogue] == list(range(30, 40))
+    assert [line.tick for line in wm.dialogue] == list(range(35, 40))
+    assert ordinary.report.episodic.duplicate == 10 and wm.report.episodic.duplicate == 5
+    assert wm.episodic == ordinary.episodic and wm.report.episodic.dropped == ordinary.report.episodic.dropped + 5
+    explained = explain_truncation(state, "hello", config, wm).episodic
+    assert [(d.tick, d.reason) for d in explained.dropped[:6]] == [
+        (34, "stable_prefix"), (33, "stable_prefix"), (32, "stable_prefix"), (31, "stable_prefix"),
+        (30, "stable_prefix"), (28, "budget")]
+    assert check_working_memory(state, "hello", config, wm) == []
+
+
+def test_a_memory_a_kept_line_says_is_never_the_memories_anchor() -> None:
+    """The memory of the greeting lies between the kept memories, and its id makes it an
+    anchor; it is no candidate (the kept line says it), so the stable start passes over it
+    to the next anchor, the newest memory."""
+    state = NpcState("smith", "You are the smith.", episodic=(
+        Episode(id="0", tick=0, text="Mended a net."),
+        Episode(id="000", tick=0, text='player said to me: "Hello."', event="hi"),
+        Episode(id="0", tick=1, text="Rain."),
+        Episode(id="1", tick=1, text="Sun."),
+    ), dialogue=(Line(tick=0, speaker="player", text="Hello.", event="hi"),))
+    config = WorkingMemoryConfig(max_dialogue_lines=1, max_episodic_memories=3, stable_prefix=True)
+    wm = build_working_memory(state, "", config)
+    ordinary = build_working_memory(state, "", msgspec.structs.replace(config, stable_prefix=False))
+    assert [e.text for e in ordinary.episodic] == ["Mended a net.", "Rain.", "Sun."]
+    assert [e.text for e in wm.episodic] == ["Sun."]
+    assert check_working_memory(state, "", config, wm) == []
 
 
 def test_prefix_reuse_in_characters_and_tokens() -> None:
@@ -192,22 +233,26 @@ def test_gives_up_only_what_the_ordinary_selection_kept_and_never_the_newest(
         assert set(kept) <= set(before), name
         if before:
             assert kept and kept[-1] == before[-1], name
-        row = getattr(stable.report, name)
-        assert row.kept == len(kept) and row.kept + row.dropped == getattr(ordinary.report, name).kept + getattr(
-            ordinary.report, name).dropped
+        row, before_row = getattr(stable.report, name), getattr(ordinary.report, name)
+        assert row.kept == len(kept)
+        assert row.kept + row.dropped + row.duplicate == before_row.kept + before_row.dropped + before_row.duplicate
+    # a memory whose line stability gave up goes with it: dropped, no longer a duplicate
+    assert stable.report.episodic.duplicate <= ordinary.report.episodic.duplicate
     assert stable.report.stable_cost_chars == len(ordinary.prompt) - len(stable.prompt) >= 0
 
 
-def _after(state: NpcState, wm: WorkingMemory, config: WorkingMemoryConfig) -> NpcState:
-    """The state without its flexible items older than what `wm` keeps of each category (the
-    dialogue's candidate lines stay: they decide which memories are duplicates)."""
+def _after(state: NpcState, wm: WorkingMemory) -> NpcState:
+    """The state without its flexible items older than what `wm` says of each category (of
+    the memories, the oldest it says is the oldest it keeps or a kept line says: a memory a
+    line carries took part in the choice, it may have been kept before the line was)."""
     fields = {}
+    said = {line.event for line in wm.dialogue} - {None}
     for name in FLEXIBLE:
         kept, items = getattr(wm, name), getattr(state, name)
-        start = items.index(kept[0]) if kept else 0
-        if name == "dialogue":
-            start = min(start, max(len(items) - config.max_dialogue_lines, 0))
-        fields[name] = items[start:]
+        starts = [items.index(kept[0])] if kept else []
+        if name == "episodic":
+            starts += [p for p, e in enumerate(items) if e.event in said][:1]
+        fields[name] = items[min(starts, default=0):]
     return msgspec.structs.replace(state, **fields)
 
 
@@ -216,7 +261,7 @@ def test_the_window_before_the_ordinary_start_changes_nothing(
     state: NpcState, said: str, config: WorkingMemoryConfig
 ) -> None:
     ordinary, stable = _both(state, said, config)
-    assert build_working_memory(_after(state, ordinary, config), said, _stable(config)).prompt == stable.prompt
+    assert build_working_memory(_after(state, ordinary), said, _stable(config)).prompt == stable.prompt
     assert build_working_memory(state, said, _stable(config)) == stable
 
 

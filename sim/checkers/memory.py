@@ -4,18 +4,20 @@ It trusts nothing the builder says about itself: it sorts the state's items on i
 re-renders the prompt from the kept items with the format functions of the public
 `sim.memory.render` (it checks the builder's choices, not the format of each piece), and
 measures sizes on the rendered text. It derives the candidates on its own too: the
-memories left once those whose event a candidate line of the dialogue records are set
-aside (the first `max_dialogue_lines` of its order). With `selection = "scored"` a
-category's order is the public `sim.memory.ranking` of the state, without those memories
-(it checks the choice made from the scores, not the scores' formula).
-The builder's report is only checked against what the checker measured (an `over_budget`
-flag is legitimate only when the mandatory content really exceeds the limit).
+memories left once those whose event a kept line of the dialogue records are set aside.
+With `selection = "scored"` a category's order is the public `sim.memory.ranking` of the
+state, without those memories (it checks the choice made from the scores, not the scores'
+formula). The builder's report is only checked against what the checker measured (an
+`over_budget` flag is legitimate only when the mandatory content really exceeds the limit,
+and the duplicates it counts are the memories the kept lines say).
 
 With `stable_prefix`, I3 reads: a flexible category keeps what the stable start leaves of
 the first k candidates of its order, for some k within its cap (the anchors computed here
-on their own: blake2b of each item's identity); I6 holds of the ordinary selection, so it is
-checked when the report says stability gave nothing up. Tests use it
-as the oracle; `npcsim loadtest` runs it on every snapshot.
+on their own: blake2b of each item's identity); the memories' candidates are those the
+ordinary selection's lines (the dialogue's first k, for such a k) do not say, since a line
+stability gives up takes its memory with it. I6 holds of the ordinary selection, so it is
+checked when the report says stability gave nothing up. Tests use it as the oracle;
+`npcsim loadtest` runs it on every snapshot.
 """
 
 from __future__ import annotations
@@ -73,18 +75,25 @@ def _history(state: NpcState) -> dict[str, list[Any]]:
 
 
 def _orders(state: NpcState, player_input: str, config: WorkingMemoryConfig) -> dict[str, list[Any]]:
-    """Each category's candidates in the order it keeps them: newest first, or a scored
-    selection's ranking. A memory that a candidate line (among the first `max_dialogue_lines`
-    of the dialogue's order) records is no candidate: the line says it."""
+    """Each category's items in the order it keeps them: newest first, or a scored
+    selection's ranking (the memories' candidates are these less what the kept lines say:
+    `_unsaid`)."""
     orders = {name: items[::-1] for name, items in _history(state).items()}
     if config.selection == "scored":
         for name, rank in ranking(state, player_input, config).items():
             items = getattr(state, name)
             orders[name] = [items[p] for p in rank]
-    lines = orders["dialogue"][: max(config.max_dialogue_lines, 0)]
-    said = {line.event for line in lines if line.event is not None}
-    orders["episodic"] = [e for e in orders["episodic"] if e.event is None or e.event not in said]
     return orders
+
+
+def _said(lines: Sequence[Any]) -> set[str]:
+    return {line.event for line in lines if line.event is not None}
+
+
+def _unsaid(memories: Sequence[Any], lines: Sequence[Any]) -> list[Any]:
+    """The memories no line of `lines` says (by its event): the candidates beside those lines."""
+    said = _said(lines)
+    return [e for e in memories if e.event is None or e.event not in said]
 
 
 def _anchor(item: Any, every: int) -> bool:
@@ -109,10 +118,10 @@ def _stable_keeps(name: str, run: Sequence[Any], candidates: Sequence[Any], cap:
     return ordered if start is None else [item for item in ordered if key(item) >= key(start)]
 
 
-def _stable_violation(name: str, order: list[Any], kept: list[Any], cap: int) -> bool:
-    """True when no first run of the order within the cap leaves `kept` once stabilised."""
+def _stable_runs(name: str, order: list[Any], kept: list[Any], cap: int) -> list[int]:
+    """Each k within the cap whose first run of the order leaves `kept` once stabilised."""
     limit = min(cap, len(order))
-    return all(_stable_keeps(name, order[:k], order, cap) != kept for k in range(len(kept), limit + 1))
+    return [k for k in range(len(kept), limit + 1) if _stable_keeps(name, order[:k], order, cap) == kept]
 
 
 def check_working_memory(
@@ -140,22 +149,37 @@ def check_working_memory(
         return count is None or config.max_context_tokens is None or count(text) <= config.max_context_tokens
 
     # I3: each category keeps the first of its candidates in its order (newest, or best
-    # ranked), rendered oldest first, within its cap.
+    # ranked), rendered oldest first, within its cap; the memories' candidates are those the
+    # kept lines (with a stable prefix: the ordinary selection's) do not say.
+    memories = orders["episodic"]
+    orders["episodic"] = _unsaid(memories, kept["dialogue"])
     for name in RENDER_ORDER:
         order, k = orders[name], len(kept[name])
         if config.stable_prefix and name in caps:
-            if _stable_violation(name, order, kept[name], caps[name]):
+            if name == "episodic":
+                lines = orders["dialogue"]
+                runs = _stable_runs("dialogue", lines, kept["dialogue"], caps["dialogue"])
+                choices = [_unsaid(memories, lines[:n]) for n in runs] or [order]
+            else:
+                choices = [order]
+            if not any(_stable_runs(name, choice, kept[name], caps[name]) for choice in choices):
                 out.append(Violation("I3", f"{name}: kept items are not a stable start of the first candidates"))
         elif k > len(order) or kept[name] != sorted(order[:k], key=_RECENCY[name]):
             out.append(Violation("I3", f"{name}: kept items are not the first candidates of its order"))
         if name in caps and k > caps[name]:
             out.append(Violation("I3", f"{name}: kept {k} items, over the cap {caps[name]}"))
 
-    # I8: nothing said twice: no kept memory records the event of a kept line.
-    said = {line.event for line in kept["dialogue"] if line.event is not None}
+    # I8: nothing said twice: no kept memory records the event of a kept line, and the
+    # memories counted as duplicates are those the kept lines say.
+    said = _said(kept["dialogue"])
     for episode in kept["episodic"]:
         if episode.event is not None and episode.event in said:
             out.append(Violation("I8", f"memory {episode.id!r} is said again by a kept line of the dialogue"))
+    row = wm.report.episodic
+    duplicates = len(state.episodic) - len(_unsaid(state.episodic, kept["dialogue"]))
+    if row.duplicate != duplicates or row.kept + row.dropped + row.duplicate != len(state.episodic):
+        out.append(Violation("I8", f"the report counts {row.duplicate} duplicates ({row.kept} kept, {row.dropped} "
+                                   f"dropped), the kept lines say {duplicates} of {len(state.episodic)} memories"))
 
     prompt = wm.prompt
     rule = render_rule(wm.prohibition)

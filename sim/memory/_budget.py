@@ -39,11 +39,12 @@ def _require_number(name: str, value: object, wanted: str, holds: Callable[[floa
 
 class ScoredSelection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How `selection = "scored"` ranks a category's items (`sim.memory._scoring`): recency
-    halving every `half_life_ticks`, importance (`dialogue_importance` for a line of dialogue)
-    and relevance to the input, weighted. Read only by that selection ([memory.scored] in a
-    scenario). `recall` is how many of the NPC's kept memories (its significant episodes and
-    its place's summaries, from its whole history: `sim.memory._recall`) are retrieved for
-    each input and ranked with the hot state; 0 ranks the hot state alone."""
+    halving every `half_life_ticks` (slower the more important the item), importance
+    (`dialogue_importance` for a line of dialogue) and relevance to the input, weighted. Read
+    only by that selection ([memory.scored] in a scenario). `recall` is how many of the NPC's
+    kept memories (its significant episodes and its place's summaries, from its whole
+    history: `sim.memory._recall`) are retrieved for each input and ranked with the hot
+    state; 0 ranks the hot state alone."""
 
     half_life_ticks: float = 20.0
     recency_weight: float = 1.0

@@ -3,9 +3,9 @@
 `build_working_memory` is a pure function: same state, input and config give the same
 bytes. Sizes are exact because the prompt is a concatenation of pieces whose sizes the
 rendering computed once per state (see `sim.memory.render.rendered`); what each category
-keeps is chosen in `sim.memory._selection`, among the candidates `sim.memory._duplicates`
-leaves (no item that another one already says), in the order of the config's selection:
-newest first, or `sim.memory._scoring`'s ranking of those candidates.
+keeps is chosen in `sim.memory._selection`, in the order of the config's selection: newest
+first, or `sim.memory._scoring`'s ranking. The dialogue is chosen first, and the memories
+among those its kept lines do not say already (`sim.memory._duplicates`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import msgspec
 
 from sim.errors import ConfigError, OverBudgetError
 from sim.memory._budget import Selection, WorkingMemoryConfig
-from sim.memory._scoring import candidates
+from sim.memory._duplicates import carried
+from sim.memory._scoring import capped_ranking
 from sim.memory._selection import (
     BELIEFS,
     DIALOGUE,
     EPISODIC,
     NO_CAP,
     Category,
+    Duplicates,
     Frame,
     fit_exact_tokens,
     select,
@@ -39,9 +41,10 @@ __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working
 class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
     """What one category was given and what it kept; sizes in characters (and tokens).
 
-    `dropped` counts the items truncation left out (cap, budget, over budget); `duplicate`
-    the memories left out before selection because a candidate line of the dialogue says
-    them already (`sim.memory._duplicates`): kept + dropped + duplicate is the state's count.
+    `dropped` counts the items truncation left out (cap, budget, over budget, stable prefix);
+    `duplicate` the memories left out because a line the dialogue keeps says them already
+    (`sim.memory._duplicates`): kept + dropped + duplicate is the state's count, and a memory
+    whose line is not kept is never a duplicate.
 
     `budget` is the category's share of the flexible budget (for a truncatable
     always-include category: what was left); `used` may exceed it when unused budget
@@ -166,11 +169,8 @@ def _build(
     prohibition: str | None,
     count: TokenCounter | None,
 ) -> WorkingMemory:
-    scored = cfg.selection == "scored"
-    limits = {"beliefs": cfg.max_beliefs, "episodic": cfg.max_episodic_memories,
-              "dialogue": cfg.max_dialogue_lines} if scored else None
-    chosen, ranks = candidates(state, player_input, cfg, limits)
-    state = chosen.state  # from here on, what is chosen from
+    ranks = capped_ranking(state, player_input, cfg) if cfg.selection == "scored" else {}
+    lines = carried(state)
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))
     in_facts, in_world, in_beliefs, in_episodic, in_dialogue = rendering.sections
@@ -199,11 +199,13 @@ def _build(
         known = count if isinstance(count, KnownCounts) else None
         sizes = token_sizes(state, count, keep=known is None)  # counts handed in are one build's
         for category, sums, header in zip(categories, sizes.newest_sums, sizes.headers, strict=True):
-            category.token_sums, category.token_header = sums, header
+            category.token_sums = category.newest_token_sums = sums
+            category.token_header = header
         if known is not None:
             known.check()  # every item's count at once; the whole prompts' come one by one
 
     over_budget = flex_chars < 0 or flex_tokens < 0
+    duplicates: Duplicates | None = None
     if over_budget:
         if cfg.on_overflow == "raise":
             raise OverBudgetError(_over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
@@ -212,15 +214,18 @@ def _build(
             beliefs.order_by(ranks["beliefs"])
             episodic.order_by(ranks["episodic"])
             dialogue.order_by(ranks["dialogue"])
+        if lines is not None:
+            duplicates = Duplicates(dialogue, episodic, lines, ranks["episodic"] if ranks else lines.newest_first)
         beliefs.budget = (int(flex_chars * cfg.belief_share), int(flex_tokens * cfg.belief_share))
         episodic.budget = (int(flex_chars * cfg.episodic_share), int(flex_tokens * cfg.episodic_share))
         dialogue.budget = (int(flex_chars * cfg.dialogue_share), int(flex_tokens * cfg.dialogue_share))
-        select(categories, (flex_chars, flex_tokens), cfg.redistribute_unused)
+        select(categories, (flex_chars, flex_tokens), cfg.redistribute_unused, duplicates)
 
     prompt, context_chars = frame.prompt(categories)
     prompt_tokens: int | None = None
     if count is not None and not over_budget:
-        prompt, context_chars, prompt_tokens = fit_exact_tokens(frame, categories, cfg, count, (prompt, context_chars))
+        prompt, context_chars, prompt_tokens = fit_exact_tokens(frame, categories, cfg, count, (prompt, context_chars),
+                                                                duplicates)
     elif count is not None:
         prompt_tokens = count(prompt)
     stable_cost = 0
@@ -229,15 +234,15 @@ def _build(
         items: dict[int, tuple[Episode | Belief | Line, ...]] = {
             BELIEFS: state.beliefs, EPISODIC: state.episodic, DIALOGUE: state.dialogue
         }
+        left_out = duplicates.left_out if duplicates is not None else frozenset()
         prompt, context_chars, prompt_tokens = stabilise(
-            frame, categories, items, count, cfg.max_context_tokens, (prompt, context_chars, prompt_tokens)
+            frame, categories, items, count, cfg.max_context_tokens, (prompt, context_chars, prompt_tokens), left_out
         )
         stable_cost = ordinary - len(prompt)
 
     facts_report = _category_report(facts)
-    episodic_report = _category_report(episodic)
-    if chosen.duplicates:
-        episodic_report = msgspec.structs.replace(episodic_report, duplicate=len(chosen.duplicates))
+    # the memories the kept lines say; those of lines `stable_prefix` gave up went with them (dropped)
+    duplicate = len(duplicates.said()) if duplicates is not None else 0
     report = TruncationReport(
         limit_chars=cfg.max_context_chars,
         limit_tokens=cfg.max_context_tokens,
@@ -249,7 +254,7 @@ def _build(
         canonical_facts=facts_report,
         world_state=_category_report(world),
         dialogue=_category_report(dialogue),
-        episodic=episodic_report,
+        episodic=_category_report(episodic, duplicate),
         beliefs=_category_report(beliefs),
         selection=cfg.selection,
         stable_cost_chars=stable_cost,
@@ -279,18 +284,20 @@ def _kept(items: tuple[Any, ...], category: Category) -> tuple[Any, ...]:
     return items[len(items) - k :] if k else ()
 
 
-def _category_report(category: Category) -> CategoryReport:
+def _category_report(category: Category, duplicate: int = 0) -> CategoryReport:
     section, k = category.section, category.kept
     used = (len(section.header) + category.sums[k]) if k else 0
     budget = used if category.always else category.budget[0]
+    dropped = len(section.lines) - k - duplicate
     if category.token_sums is None:
-        return CategoryReport(budget=budget, used=used, kept=k, dropped=len(section.lines) - k)
+        return CategoryReport(budget=budget, used=used, kept=k, dropped=dropped, duplicate=duplicate)
     used_tokens = (category.token_header + category.token_sums[k]) if k else 0
     return CategoryReport(
         budget=budget,
         used=used,
         kept=k,
-        dropped=len(section.lines) - k,
+        dropped=dropped,
+        duplicate=duplicate,
         budget_tokens=used_tokens if category.always else category.budget[1],
         used_tokens=used_tokens,
     )

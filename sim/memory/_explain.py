@@ -13,11 +13,13 @@ shares that item's reason:
 - `budget`: the next item did not fit what was left of the budget (characters or tokens);
 - `over_budget`: the mandatory content alone took the whole limit, nothing flexible is kept;
 - `stable_prefix`: the ordinary selection kept it, but `stable_prefix` started the category's
-  run at a later anchor (`sim.memory._stable`). These come first among the dropped, in the
+  run at a later anchor (`sim.memory._stable`); or, a memory, a line the ordinary selection
+  kept said it, and that line was given up so. These come first among the dropped, in the
   category's order; the explanation finds them by building the ordinary selection once more
   (only when the report says stability cost something).
-A memory that a candidate line of the dialogue says already was never a candidate
-(`sim.memory._duplicates`): its reason is `duplicate`.
+A memory that a kept line of the dialogue says already is no candidate
+(`sim.memory._duplicates`): its reason is `duplicate`. The memories' candidates are the
+others, those of lines the dialogue did not keep included.
 
 Budgets, per category: `split` is its share of the flexible budget (limit minus mandatory
 content) as the fixed split gives it; `final` is what it had once redistribution was done.
@@ -40,7 +42,8 @@ import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
-from sim.memory._scoring import SCORED, candidates
+from sim.memory._duplicates import distinct
+from sim.memory._scoring import ranking
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, item_text
 from sim.memory._tokens import CountsMissing
 
@@ -77,8 +80,9 @@ class CategoryExplanation(msgspec.Struct, frozen=True, kw_only=True):
     """One category: its budget as split and after redistribution, its cap, what it kept and dropped.
 
     `dropped` is in the category's order, newest (or best ranked) first: first the items
-    `stable_prefix` gave up, if any, then the item that did not fit or passed the cap and
-    those after it; after those, the duplicates (reason `duplicate`), newest first.
+    `stable_prefix` gave up, if any (then the memories of the lines it gave up, newest
+    first), then the item that did not fit or passed the cap and those after it; after
+    those, the duplicates (reason `duplicate`: a kept line says them), newest first.
     `reason` is the first dropped item's, None when truncation dropped nothing; `duplicate`
     counts the duplicates. `kept_items` are the kept items' texts (as a dropped item's),
     newest first. `mandatory`: always included (canonical facts and world state with their
@@ -156,16 +160,21 @@ def explain_truncation(
     cfg = WorkingMemoryConfig() if config is None else config
     if memory is None:
         memory = build_working_memory(state, player_input, cfg, counts=counts)
-    chosen, ranks = candidates(state, player_input, cfg)
     report = memory.report
-    ordinary = report
+    ordinary = memory
     if report.stable_cost_chars:
         unstable = msgspec.structs.replace(cfg, stable_prefix=False)
         try:
             ordinary = build_working_memory(state, player_input, unstable, prohibition=memory.prohibition,
-                                            counts=counts).report
+                                            counts=counts)
         except CountsMissing:
-            ordinary = report
+            ordinary = memory
+    ranks = ranking(state, player_input, cfg) if cfg.selection == "scored" else {}
+    # The memories' candidates: those no line of the ordinary selection says; of the others,
+    # those a kept line says are duplicates, those of a line stability gave up went with it.
+    candidates = distinct(state, ordinary.dialogue)
+    duplicates = distinct(state, memory.dialogue).duplicates
+    with_lines = tuple(e for e in reversed(candidates.duplicates) if e not in duplicates)
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
     flexible_tokens = None
@@ -173,12 +182,15 @@ def explain_truncation(
         flexible_tokens = report.limit_tokens - report.mandatory_tokens
     categories: dict[str, CategoryExplanation] = {}
     for name in _CATEGORIES:
-        items: tuple[Item, ...] = getattr(chosen.state, name)
-        order = ranks[name] if name in SCORED and ranks else range(len(items) - 1, -1, -1)
-        duplicates = chosen.duplicates if name == "episodic" else ()
-        categories[name] = _explain_category(name, getattr(report, name), getattr(ordinary, name).kept,
-                                             [items[p] for p in order], getattr(memory, name), duplicates, cfg,
-                                             over, most_dropped)
+        items: tuple[Item, ...] = getattr(state, name)
+        ordered = [items[p] for p in ranks.get(name, range(len(items) - 1, -1, -1))]
+        left_out: tuple[tuple[Item, ...], tuple[Item, ...]] = ((), ())
+        if name == "episodic" and candidates.duplicates:
+            said = set(candidates.duplicates)
+            ordered = [item for item in ordered if item not in said]
+            left_out = (with_lines, duplicates)
+        categories[name] = _explain_category(name, getattr(report, name), getattr(ordinary.report, name).kept,
+                                             ordered, getattr(memory, name), left_out, cfg, over, most_dropped)
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -200,19 +212,23 @@ def explain_truncation(
 
 def _explain_category(
     name: str, row: CategoryReport, ordinary: int, ordered: list[Item], kept: tuple[Item, ...],
-    duplicates: tuple[Item, ...], cfg: WorkingMemoryConfig, over: bool, most_dropped: int | None,
+    left_out: tuple[tuple[Item, ...], tuple[Item, ...]], cfg: WorkingMemoryConfig, over: bool,
+    most_dropped: int | None,
 ) -> CategoryExplanation:
     """`ordinary`: how many items the ordinary selection kept (more than `row.kept` when
     `stable_prefix` gave some up); `ordered`: the category's candidates in the order it keeps
     them (newest, or best ranked, first), the ordinary selection's kept ones first; `kept`:
-    the working memory's, oldest first; `duplicates`: the items left out before selection,
-    oldest first."""
+    the working memory's, oldest first; `left_out`: the memories that are no candidates, a
+    line of the ordinary selection saying them: those whose line stability gave up (newest
+    first), and the duplicates, whose line is kept (oldest first)."""
+    with_lines, duplicates = left_out
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
     truncated: DropReason = "over_budget" if over else "cap" if cap is not None and ordinary >= cap else "budget"
     given_up: list[Item] = []
     if ordinary > row.kept:
         keeps = set(kept)
         given_up = [item for item in ordered[:ordinary] if item not in keeps]
+    given_up += with_lines
     reason: DropReason | None = "stable_prefix" if given_up else truncated if row.dropped else None
     end = len(ordered) if most_dropped is None else min(ordinary + max(most_dropped - len(given_up), 0), len(ordered))
     dropped = tuple(

@@ -2,7 +2,7 @@
 
 An item's score is
 
-    recency_weight * 0.5 ** (age / half_life_ticks)
+    recency_weight * 0.5 ** (age * (1 - 0.5 * importance) / half_life_ticks)
     + importance_weight * importance
     + relevance_weight * relevance
 
@@ -10,12 +10,15 @@ An item's score is
 significance, a belief's confidence, `dialogue_importance` for a line; `relevance` is the
 Okapi BM25 score of the item's words (a line's text, not its speaker) against the words of
 the input and of the addressee (the NPC's id), divided by what an item holding every such
-word at its best weight would score, so it lies in [0, 1]. Ties go to the newer item, so
-the ranking is a total order and "recency" is what it becomes with weights (1, 0, 0).
+word at its best weight would score, so it lies in [0, 1]. The more important an item, the
+slower it fades (LlamaBrain's rule: the decay rate scaled by 1 - 0.5 * importance), so an
+item of importance 1 halves every two half-lives, whatever the importance weight. Ties go
+to the newer item, so the ranking is a total order and "recency" is what it becomes with
+weights (1, 0, 0) among items of one importance (the dialogue's always are).
 
-The whole state is ranked; `candidates` then leaves out the memories that the dialogue's
-candidate lines (the first `max_dialogue_lines` of its ranking) say already
-(`sim.memory._duplicates`), and the memories' ranking is the whole one without them.
+The whole state is ranked; a build passes over the memories that the dialogue's kept lines
+say already (`sim.memory._duplicates`), so it takes the memories' ranking as far as its cap
+reaches once those are passed over (`capped_ranking`).
 
 Deterministic (I4): words are NFKC-normalised and case-folded; floats are combined in one
 fixed order (query words sorted), never through set or dict iteration order.
@@ -40,10 +43,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from sim.memory._budget import WorkingMemoryConfig
-from sim.memory._duplicates import Distinct, distinct
+from sim.memory._duplicates import carried
 from sim.memory._state import Belief, Episode, Line, NpcState
 
-__all__ = ["SCORED", "candidates", "ranking", "words"]
+__all__ = ["SCORED", "capped_ranking", "decay", "ranking", "words"]
 
 SCORED = ("beliefs", "episodic", "dialogue")
 """The categories a scored selection ranks, in the prompt's order."""
@@ -61,6 +64,13 @@ Flexible = Episode | Belief | Line
 def words(text: str) -> list[str]:
     """The normalised words of a text: NFKC, case-folded, runs of letters and digits."""
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def decay(age: float, importance: float, half_life: float) -> float:
+    """What is left of an item's recency after `age` ticks: it halves every `half_life` ticks,
+    slower the more important the item (every two half-lives at importance 1), so that what
+    mattered is remembered longer."""
+    return math.pow(0.5, age * (1.0 - 0.5 * importance) / half_life)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -134,7 +144,8 @@ class _Index:
         return found
 
     def base(self, cfg: WorkingMemoryConfig, newest: int) -> list[float]:
-        """Recency and importance per item: once per state and config."""
+        """Recency (its decay slowed by importance) and importance per item: once per state and
+        config (the key holds everything read here besides the state's items)."""
         scored = cfg.scored
         key = (scored.half_life_ticks, scored.recency_weight, scored.importance_weight, scored.dialogue_importance)
         found = self.bases.get(key)
@@ -142,7 +153,7 @@ class _Index:
             importance = self.importance or [scored.dialogue_importance] * self.size
             half_life, recency, weighted = scored.half_life_ticks, scored.recency_weight, scored.importance_weight
             found = self.bases[key] = [
-                recency * 0.5 ** ((newest - tick) / half_life) + weighted * weight
+                recency * decay(newest - tick, weight, half_life) + weighted * weight
                 for tick, weight in zip(self.ticks, importance, strict=True)
             ]
         return found
@@ -226,33 +237,15 @@ def _ranked(
     return index.top(_query(player_input, state.agent_id), cfg, newest, limit)
 
 
-def candidates(
-    state: NpcState,
-    player_input: str,
-    cfg: WorkingMemoryConfig,
-    limits: dict[str, int] | None = None,
-) -> tuple[Distinct, dict[str, tuple[int, ...]]]:
-    """What a working memory chooses from, and with a scored selection the order it chooses in.
-
-    Recency: the state without the memories its newest `max_dialogue_lines` lines say, and no
-    ranking (the order is newest first). Scored: the dialogue's candidate lines are the first
-    `max_dialogue_lines` of its ranking, and each category's ranking is of the candidates
-    (positions in the returned state, best first). `limits` as for `ranking`; the dialogue's
-    must be at least `max_dialogue_lines`.
-    """
-    if cfg.selection != "scored":
-        return distinct(state, cfg.max_dialogue_lines), {}
-
-    def limit(name: str, more: int = 0) -> int | None:
-        return None if limits is None else limits[name] + more
-
-    beliefs = _ranked(state, "beliefs", player_input, cfg, limit("beliefs"))
-    lines = _ranked(state, "dialogue", player_input, cfg, limit("dialogue"))
-    chosen = distinct(state, cfg.max_dialogue_lines, lines)
-    # The memories ranked as far as the cap reaches once the duplicates are passed over.
-    episodic = _ranked(state, "episodic", player_input, cfg, limit("episodic", len(chosen.duplicates)))
-    if chosen.duplicates:
-        left_out = {id(e) for e in chosen.duplicates}
-        where = {p: i for i, p in enumerate(p for p, e in enumerate(state.episodic) if id(e) not in left_out)}
-        episodic = tuple([where[p] for p in episodic if p in where][: limit("episodic")])
-    return chosen, {"beliefs": beliefs, "episodic": episodic, "dialogue": lines}
+def capped_ranking(state: NpcState, player_input: str, cfg: WorkingMemoryConfig) -> dict[str, tuple[int, ...]]:
+    """Each category's ranking as far as a build can reach: up to its cap, and for the
+    memories past as many more as the dialogue's first `max_dialogue_lines` lines (the most
+    it can keep) carry, since a memory a kept line carries is passed over."""
+    lines = _ranked(state, "dialogue", player_input, cfg, cfg.max_dialogue_lines)
+    carries = carried(state)
+    said = len(carries.said(lines)) if carries is not None else 0
+    return {
+        "beliefs": _ranked(state, "beliefs", player_input, cfg, cfg.max_beliefs),
+        "episodic": _ranked(state, "episodic", player_input, cfg, cfg.max_episodic_memories + said),
+        "dialogue": lines,
+    }

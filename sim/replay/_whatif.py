@@ -4,11 +4,12 @@ The world unfolds exactly as recorded, so the state snapshot an audit record hol
 what that model call would have been given under any budget; `build_working_memory` of
 it with the variant's config is what the call would have seen, and no model, shard or
 broker is needed. What a variant lost or gained against the original is the difference of
-the two kept sets. Both are chosen among the candidates (`sim.memory.distinct`: no memory
-that a candidate line of the dialogue says): a recency selection's kept items are the
-newest candidates, as many as the record's report says; a scored selection's are rebuilt
-from the record (its own config). `duplicate` counts the memories a variant left out
-because a line of the dialogue says them.
+the two kept sets. A recency selection's kept items are the newest, as many as the record's
+report says, the memories among those the kept lines do not say (`sim.memory.distinct`);
+a scored selection's, and those of a record whose stable prefix gave something up (a line
+given up takes its memory with it), are rebuilt from the record (its own config).
+`duplicate` counts the memories a variant left out because a kept line of the dialogue says
+them.
 
 A variant that changes an NPC's output policy (`forbidden`, `intents`) has each of its
 recorded replies judged again by the gates under the new rules (`sim.replay._flips`): the
@@ -153,13 +154,16 @@ def _first(changes: Iterable[Change], limit: int) -> list[Change]:
 
 
 def _kept(record: AuditRecord, recorded: WorkingMemory | None, category: str) -> tuple[Any, ...]:
-    """The items the recorded working memory kept: `recorded`'s when it was rebuilt (a scored
-    selection), else the newest candidates, as many as the report says."""
+    """The items the recorded working memory kept: `recorded`'s when it was rebuilt, else the
+    newest, as many as the report says (memories among those the kept lines do not say)."""
     if recorded is not None:
         items: tuple[Any, ...] = getattr(recorded, category)
         return items
     section: CategoryReport = getattr(record.report, category)
-    items = getattr(distinct(record.state, record.config.max_dialogue_lines).state, category)
+    state = record.state
+    if category == "episodic":
+        state = distinct(state, _kept(record, None, "dialogue")).state
+    items = getattr(state, category)
     return items[len(items) - section.kept :] if section.kept else ()
 
 
@@ -268,7 +272,7 @@ def _judge_again(
 def _count_changes(
     tally: Tally, record: AuditRecord, memory: WorkingMemory, examples: int, taken: dict[tuple[str, str], int]
 ) -> None:
-    recorded = record.memory() if record.report.selection != "recency" else None
+    recorded = record.memory() if record.report.selection != "recency" or record.report.stable_cost_chars else None
     here = {"lost": 0, "gained": 0}
     for category in CATEGORIES:
         before, after = _kept(record, recorded, category), getattr(memory, category)
