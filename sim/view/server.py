@@ -42,7 +42,7 @@ from sim.view.access import RequestLog, ViewAccess, add_security_headers, check_
 from sim.view.model import RunModel
 from sim.wire import topics
 from sim.wire.decoding import json_reader
-from sim.wire.events import PlayerInputMessage
+from sim.wire.events import MAX_TEXT_CHARS, PlayerInputMessage
 
 __all__ = ["DEFAULT_PLAYER", "ViewSource", "build_app", "open_view_server"]
 
@@ -203,6 +203,9 @@ def build_app(source: ViewSource, clock: Callable[[], float] = time.monotonic) -
             message = _SAY.decode(await request.read())
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _error(400, f"say: {exc} (the body is {{to, text}}; the player is the view's: {source.player})")
+        if len(message.text) > MAX_TEXT_CHARS:  # more than any run takes (its own bound is at most this)
+            return _error(400, f"say: text of {len(message.text)} characters, more than any run takes "
+                               f"({MAX_TEXT_CHARS})")
         model = source.model(None)
         if model.npcs and message.to not in model.npcs:
             return _error(400, f"say: to {message.to!r}: no such NPC in run {model.run}")
