@@ -88,7 +88,8 @@ PACKAGES: dict[str, set[str]] = {
         "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",
         "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
         "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "open_own", "open_reader",
-        "open_store", "read_arrivals", "Summaries", "Summary",
+        "open_store", "read_arrivals", "Summaries", "Summary", "TamperError", "Verification", "kept_key",
+        "kept_key_path", "read_kept_key",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",
