@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiomqtt
+import msgspec
 import pytest
 
 from sim.protocol.outside import InputArrival
@@ -27,6 +29,7 @@ from sim.shard import BrokerConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import StoreError, TamperError, arrivals_path, open_reader, open_store
 from sim.wire import topics
 from sim.wire.inputs import OutsideInput
+from tests.audit_records import random_record
 from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process, require_mosquitto
 from tests.tampering import edit, redigest, reseal
 
@@ -383,3 +386,23 @@ def test_a_broker_auto_run_verifies_with_its_kept_key_and_refuses_an_edited_beli
                               "edited or added outside npcsim")
     assert os.stat(db.with_name("auto.db.key")).st_mode & 0o077 == 0
 
+
+
+@pytest.mark.parametrize("line", ["again", "a NUL \x00 goes row by row"])
+async def test_a_record_written_again_keeps_the_first_and_the_chain_holds(tmp_path: Path, line: str) -> None:
+    db = tmp_path / "again.db"
+    first = random_record(random.Random(1), 0)
+    again = msgspec.structs.replace(first, line=line)
+    async with open_store(db) as store:
+        await store.record(first)
+        await store.record(again)  # in the same batch
+        await store.flush()
+        await store.record(again)  # in the same transaction, a later batch
+        await store.end_tick(0)
+        await store.record(msgspec.structs.replace(first, line="later"))  # in a later commit
+        await store.record(msgspec.structs.replace(random_record(random.Random(2), 1), line=line))
+        await store.end_tick(1)
+    with open_reader(db) as reader:
+        verified = reader.verify(None)
+        assert (verified.commits, verified.records) == (3, 2)
+        assert reader.audit_record(first.id).line == first.line

@@ -32,11 +32,14 @@ __all__ = ["INSERT_LINK", "LAST_LINK", "SELECT_LINKS", "ChainEnd", "Link", "Seal
            "genesis", "link_digest", "next_head", "seal_rows"]
 
 _ENCODER = msgspec.msgpack.Encoder()
+_ENCODER_JSON = msgspec.json.Encoder()
 
 SELECT_LINKS = "SELECT n, tick, records, inputs, worlds, digest, head, seal FROM chain ORDER BY n"
 LAST_LINK = "SELECT n, tick, records, inputs, worlds, digest, head, seal FROM chain ORDER BY n DESC LIMIT 1"
 INSERT_LINK = "INSERT INTO chain (n, tick, records, inputs, worlds, digest, head, seal) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-_KEPT_RECORDS = " RETURNING id"  # which audit rows a statement inserted (the first of an id wins)
+# The ids of a batch's records inserted in the open transaction (when some were not: an id
+# already held keeps its record, and its older link).
+_KEPT_RECORDS = "SELECT id FROM audit WHERE link = ? AND id IN (SELECT value FROM json_each(?))"
 
 
 class Link(NamedTuple):
@@ -110,13 +113,15 @@ class ChainEnd:
         self.inputs: dict[tuple[int, int], int] = {}
         self.worlds: dict[int, int] = {}
 
-    def kept(self, rows: Iterable[tuple[Any, ...]], inserted: Iterable[str]) -> None:
-        """Of the audit rows just run, those the database inserted (`inserted`: their ids; an
-        id it had already is ignored, the first record of an inference id wins) join the link."""
+    def kept(self, rows: Iterable[tuple[Any, ...]], inserted: Iterable[str] | None = None) -> None:
+        """Of the audit rows just run, those the database inserted (`inserted`: their ids, None
+        for all; an id it held already is ignored: the first record of an inference id wins)
+        join the link."""
         digests: dict[str, int] = {}
         for row in rows:
             digests.setdefault(row[0], row[-2])
-        self.records.update((record_id, digests[record_id]) for record_id in inserted)
+        for record_id in digests if inserted is None else inserted:
+            self.records.setdefault(record_id, digests[record_id])
 
     def link(self, tick: int | None, sealer: Sealer) -> Link | None:
         """The open transaction's link; None for a commit of no tick that wrote nothing chained."""
@@ -195,16 +200,22 @@ class Seals:
         self, conn: aiosqlite.Connection, group: list[tuple[Any, ...]], parameters: tuple[bytes, ...] | None
     ) -> None:
         """Insert sealed audit rows (`parameters`: the bulk statement's, None for one at a time);
-        those inserted join the open link."""
+        those inserted join the open link: all of them, unless the database says it inserted
+        fewer (an id it held already), when it is asked which."""
+        inserted = 0
         if parameters is None:
-            inserted = []
             for row in group:
-                async with conn.execute(INSERT["audit"] + _KEPT_RECORDS, row) as cursor:
-                    inserted += [record_id for (record_id,) in await cursor.fetchall()]
+                async with conn.execute(INSERT["audit"], row) as cursor:
+                    inserted += cursor.rowcount
         else:
-            async with conn.execute(BULK["audit"] + _KEPT_RECORDS, parameters) as cursor:
-                inserted = [record_id for (record_id,) in await cursor.fetchall()]
-        self.chain.kept(group, inserted)
+            async with conn.execute(BULK["audit"], parameters) as cursor:
+                inserted = cursor.rowcount
+        ids = list(dict.fromkeys(row[0] for row in group))
+        if inserted == len(ids):
+            self.chain.kept(group)
+            return
+        async with conn.execute(_KEPT_RECORDS, (self.chain.n, _ENCODER_JSON.encode(ids))) as cursor:
+            self.chain.kept(group, [record_id for (record_id,) in await cursor.fetchall()])
 
     def link(self, tick: int | None) -> Link | None:
         """The open transaction's link, when its commit makes one (`ChainEnd.link`)."""
