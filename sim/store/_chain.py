@@ -168,16 +168,15 @@ def seal_rows(rows: dict[RowKind, list[tuple[Any, ...]]], sealer: Sealer, chain:
 
 
 class Seals:
-    """The writer's seals: the key (`sealer`), the chain's end, and whether the key's check value
-    is on disk (`meta.seal`, written with the first commit)."""
+    """The writer's seals: the key (`sealer`) and the chain's end."""
 
-    __slots__ = ("_keyed", "_marked", "_path", "_sealer", "chain")
+    __slots__ = ("_keyed", "_mark", "_path", "_sealer", "chain")
 
-    def __init__(self, path: Path, chain: ChainEnd, marker: int | None) -> None:
+    def __init__(self, path: Path, chain: ChainEnd, marker: int) -> None:
         self._path = path
         self.chain = chain
-        self._marked = marker is not None
-        self._keyed = marker is not None and marker != Sealer().check  # sealed with a run key
+        self._keyed = marker != Sealer().check  # `meta.seal`: the store is sealed with a run key
+        self._mark = False  # `meta.seal` is to say the key given
         self._sealer = Sealer()  # the run key's, once `Store.seal_with` gives it
 
     @property
@@ -190,8 +189,11 @@ class Seals:
         if self._keyed and not self._sealer.keyed:
             raise StoreError(f"{self._path}: the store is sealed with a run key: give it (Store.seal_with) first")
 
-    def use(self, sealer: Sealer) -> None:
+    def use(self, sealer: Sealer, *, mark: bool = False) -> None:
+        """Seal with `sealer` from now on; `mark`: a store nothing was written to takes its key,
+        said in `meta.seal` with the next commit."""
         self._sealer = sealer
+        self._mark = mark
 
     def seal(self, rows: dict[RowKind, list[tuple[Any, ...]]]) -> None:
         seal_rows(rows, self._sealer, self.chain)
@@ -222,15 +224,15 @@ class Seals:
         return self.chain.link(tick, self._sealer)
 
     async def end(self, conn: aiosqlite.Connection, link: Link | None) -> None:
-        """In the open transaction, before its commit: its link, the tick it commits, the key's check value."""
+        """In the open transaction, before its commit: its link, the tick it commits, the key taken."""
         if link is not None:
             await conn.execute(INSERT_LINK, link)
             if link.tick is not None:
                 await conn.execute(SET_LAST_TICK, (link.tick, self._sealer.mac("meta", ("last_tick", link.tick))))
-        if not self._marked:
+        if self._mark:
             check = self._sealer.check
             await conn.execute(INSERT["meta"], ("seal", self._sealer.mac("meta", ("seal", check)), check))
-            self._marked = True
+            self._mark = False
 
     def committed(self, link: Link | None) -> None:
         self.chain.advance(link)

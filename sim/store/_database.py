@@ -33,7 +33,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import aiosqlite
 import msgspec
@@ -69,6 +69,7 @@ _MSGPACK = msgspec.msgpack.Encoder()
 # cap (10 dialogue lines), with room for configs that raise the caps.
 HOT_LIMIT = 32
 _CACHE_KIB = -65_536  # SQLite's page cache, negative: in KiB
+_WRITTEN = "SELECT EXISTS (SELECT 1 FROM run) OR EXISTS (SELECT 1 FROM agents) OR EXISTS (SELECT 1 FROM chain)"
 
 
 class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,11 +187,22 @@ class Store(AgentStore):
         w = self._writer
         if w.rows_queued or w.commits or self._arrivals.opened:
             raise StoreError(f"{self._path}: a store is given its run key before its first write, not after")
-        sealer = Sealer(key)
-        opened = self._opened
-        await check_opening(self._conn, self._path, sealer, key_name, opened.marker, opened.store_id)
-        w.seals.use(sealer)
+        sealer, opened = Sealer(key), self._opened
+        first = sealer.keyed and opened.marker == Sealer().check and not await self._written()
+        # a store nothing was written to yet is sealed with no key until given one: it takes this
+        await check_opening(self._conn, self._path, Sealer() if first else sealer, key_name, opened.marker,
+                            opened.store_id)
+        w.seals.use(sealer, mark=first)
         self._arrivals.open(sealer)
+
+    async def _written(self) -> bool:
+        """Whether anything of a run was written to the store (an identity, an agent, a commit)."""
+        try:
+            async with self._conn.execute(_WRITTEN) as cursor:
+                row = await cursor.fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: cannot read the database: {exc}") from exc
+        return bool(row and row[0])
 
     # -- the run and its ticks -----------------------------------------------------------
 
@@ -326,7 +338,7 @@ class _Opened(NamedTuple):
     agent_keys: dict[str, int]
     identity: RunIdentity | None
     store_id: bytes  # `meta.store`: where its chain and its journal's MACs begin
-    marker: int | None  # `meta.seal`: the check value of the key it was sealed with; None before its first commit
+    marker: int  # `meta.seal`: the check value of the key it is sealed with
     last_link: Link | None
 
 
@@ -347,8 +359,9 @@ async def _prepare(conn: aiosqlite.Connection, path: Path) -> _Opened:
             await conn.execute("BEGIN IMMEDIATE")
             for statement in SCHEMA:
                 await conn.execute(statement)
-            store_id = secrets.token_bytes(16)
+            store_id, check = secrets.token_bytes(16), Sealer().check  # sealed with no key until given one
             await conn.execute(INSERT["meta"], ("store", digest("meta", ("store", store_id)), store_id))
+            await conn.execute(INSERT["meta"], ("seal", digest("meta", ("seal", check)), check))
             await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             await conn.execute("COMMIT")
         last_tick = await read_last_tick(conn)
@@ -356,20 +369,21 @@ async def _prepare(conn: aiosqlite.Connection, path: Path) -> _Opened:
             agent_keys = {str(agent): int(n) for agent, n in await cursor.fetchall()}
         async with conn.execute(SELECT_RUN) as cursor:
             row = await cursor.fetchone()
-        meta = {}
+        meta: dict[str, Any] = {}  # the value of each row found
         for key in ("store", "seal"):
             async with conn.execute(SELECT_META, (key,)) as cursor:
-                meta[key] = await cursor.fetchone()
+                if (found := await cursor.fetchone()) is not None:
+                    meta[key] = found[1]
         async with conn.execute(LAST_LINK) as cursor:
             link = await cursor.fetchone()
     except sqlite3.DatabaseError as exc:
         raise SchemaError(f"{path}: cannot use the database: {exc}") from exc
-    if meta["store"] is None:
-        raise TamperError(f"{path}: the store's own id (meta 'store') is missing: it was edited outside npcsim")
+    for key, what in (("store", "the store's own id"), ("seal", "the check value of its key")):
+        if key not in meta:
+            raise TamperError(f"{path}: {what} (meta {key!r}) is missing: it was edited outside npcsim")
     return _Opened(last_tick=last_tick, agent_keys=agent_keys,
-                   identity=None if row is None else _identity(path, row[0]), store_id=bytes(meta["store"][1]),
-                   marker=None if meta["seal"] is None else int(meta["seal"][1]),
-                   last_link=None if link is None else Link(*link))
+                   identity=None if row is None else _identity(path, row[0]), store_id=bytes(meta["store"]),
+                   marker=int(meta["seal"]), last_link=None if link is None else Link(*link))
 
 
 def _identity(path: Path, text: str) -> RunIdentity:

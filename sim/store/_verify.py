@@ -59,10 +59,10 @@ class Verification(msgspec.Struct, frozen=True, kw_only=True):
     sealed: bool
 
 
-def key_mismatch(path: Path, marker: int | None, sealer: Sealer, key_name: str) -> str | None:
+def key_mismatch(path: Path, marker: int, sealer: Sealer, key_name: str) -> str | None:
     """Why a start with `sealer` (its key: `key_name`) cannot use a store sealed with the key
     whose check value is `marker`; None when it can."""
-    if marker is None or marker == sealer.check:
+    if marker == sealer.check:
         return None
     if marker == Sealer().check:
         return (f"{path} is not sealed with a run key (its first start had none), and this start has {key_name}: "
@@ -85,7 +85,7 @@ def _check_meta(sealer: Sealer | None, row: tuple[Any, ...], where: str) -> None
 
 
 async def check_opening(
-    conn: aiosqlite.Connection, path: Path, sealer: Sealer, key_name: str, marker: int | None, store_id: bytes
+    conn: aiosqlite.Connection, path: Path, sealer: Sealer, key_name: str, marker: int, store_id: bytes
 ) -> None:
     """What a start reads before anything else, checked with `sealer` (its key: `key_name`): the
     key, the store's own rows (`meta`, identity, scenario), the chain's links and that its last
@@ -200,17 +200,18 @@ def verify_store(
     does not verify."""
     where = str(path)
     meta = {str(k): (k, v, mac) for k, v, mac in conn.execute("SELECT key, value, mac FROM meta")}
-    if "store" not in meta:
-        raise TamperError(f"{where}: the store's own id (meta 'store') is missing: it was edited outside npcsim")
-    marker = None if "seal" not in meta else int(meta["seal"][1])
+    for name, what in (("store", "the store's own id"), ("seal", "the check value of its key")):
+        if name not in meta:
+            raise TamperError(f"{where}: {what} (meta {name!r}) is missing: it was edited outside npcsim")
+    marker = int(meta["seal"][1])
     sealer: Sealer | None = Sealer(key)
-    keyed = marker is not None and marker != Sealer().check
+    keyed = marker != Sealer().check
     if key is None and keyed:
         sealer = None  # only the digests and the heads can be checked
-    elif key is not None and marker == Sealer().check:
+    elif key is not None and not keyed:
         raise TamperError(f"{where}: its seals say it was sealed without a run key, yet {key_name} is at hand: it "
                           "may have been sealed again without it")
-    elif marker is not None and marker != Sealer(key).check:
+    elif marker != Sealer(key).check:
         raise StoreError(f"{where} is sealed with another run key than {key_name}")
     for row in meta.values():
         _check_meta(sealer, row, where)
@@ -242,7 +243,7 @@ def verify_store(
             raise TamperError(f"{where}: item {k} does not match its digest: it was edited outside npcsim")
         items += 1
     return Verification(commits=n, last_tick=last_tick, **counts, rows=rows, items=items, head=head.hex(),
-                        keyed=keyed or (marker is None and key is not None), sealed=sealer is not None)
+                        keyed=keyed, sealed=sealer is not None)
 
 
 def _check_tables(conn: sqlite3.Connection, sealer: Sealer, where: str) -> int:

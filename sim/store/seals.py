@@ -16,8 +16,9 @@ the commit that wrote it; so do `inputs` and `world_changes` rows (`link` beside
 
 `meta` holds two rows of its own: `store`, 16 random bytes given to the store when it is
 made (where its chain and its arrivals journal begin, so neither can be taken from another
-store of the same run), and `seal`, the key's check value (`Sealer.check`), written with
-the first commit: a store sealed with one key is never resumed or rotated with another.
+store of the same run), and `seal`, the key's check value (`Sealer.check`): no key's when
+the store is made, the run key's once a store nothing was written to is given one
+(`Store.seal_with`). A store sealed with one key is never resumed or rotated with another.
 
 Public, like `sim.store.sql` and `sim.store.records`: the seals are part of the store's
 format (docs/store.md), and a tool that writes rows as the store does must seal them so.
