@@ -8,10 +8,11 @@
    `end_tick`, which commits. Target: >= 50,000 rows/s. The bound measured in the same
    run is raw `sqlite3.executemany` of the same rows, in one thread, one transaction per
    tick, same schema and pragmas: the store cannot beat it, the ratio says what the
-   asyncio layer, authority checks and hot-state upkeep cost.
+   asyncio layer, authority checks, hot-state upkeep and sealing (a MAC per row,
+   sim.store.seals: computed before the bound's clock) cost.
 2. Load: `--load-agents` agents with `--history` items per flexible category on disk;
    the time for `open_store` + `load_agents(all)` into bounded hot state, against the
-   same seven queries run raw in one thread (fetch only, no structs).
+   same seven queries run raw in one thread (fetch only, no structs, no seals checked).
 3. Storage (`--storage`): for store files written by `npcsim run`,
    the bytes on disk by table (SQLite's `dbstat`) and the bytes per tick, per inference
    and per perceived event (an episode an NPC stored).
@@ -34,9 +35,21 @@ import msgspec
 from sim.memory import Episode, Line, NpcState
 from sim.store import HOT_LIMIT, Writer, open_store
 from sim.store.records import item, pack_keys, unpack_keys
+from sim.store.seals import Sealer
 from sim.store.sql import HEARD_RECENT, INSERT, ITEM_BODIES, LOAD_FACTS, LOAD_PROMPTS, LOAD_WORLD, RECENT
 
 _ENCODER = msgspec.msgpack.Encoder()
+_SEALER = Sealer()  # a store without a run key: the same cost as with one
+
+
+def _sealed(table: str, row: tuple[object, ...]) -> tuple[object, ...]:
+    """A row with its `mac`, last (INSERT's order for a row whose last value is not a blob)."""
+    return (*row, _SEALER.mac(table, row))
+
+
+def _heard(row: tuple[int, int, bytes]) -> tuple[object, ...]:
+    """A heard row with its `mac` before the blob, as INSERT["heard"] takes it."""
+    return (*row[:2], _SEALER.mac("heard", row), row[2])
 
 TARGET_ROWS_PER_S = 50_000
 
@@ -82,7 +95,7 @@ def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.executemany(INSERT["agent_key"], [(n + 1, a) for n, a in enumerate(ids)])
+        conn.executemany(INSERT["agent_key"], [_sealed("agent_keys", (n + 1, a)) for n, a in enumerate(ids)])
         batches = []
         for tick in range(1, ticks + 1):
             items, heard = [], []
@@ -92,8 +105,9 @@ def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
                     it = item(_ENCODER.encode(Episode(id=f"{tick}.{n}", tick=tick, text=f"{a} saw thing {n}")))
                     items.append((it.key, it.body))
                     keys.append(it.key)
-                heard.append((n_agent + 1, tick, pack_keys(keys)))
-            lines = [(a, tick, n, a, f"line {n} of tick {tick}") for a in ids for n in range(rows // 2)]
+                heard.append(_heard((n_agent + 1, tick, pack_keys(keys))))
+            lines = [_sealed("dialogue", (a, tick, n, a, f"line {n} of tick {tick}", "")) for a in ids
+                     for n in range(rows // 2)]
             batches.append((items, heard, lines))
         start = time.perf_counter()
         for tick, (items, heard, lines) in enumerate(batches, start=1):
@@ -101,7 +115,8 @@ def raw_writer(path: Path, agents: int, ticks: int, rows: int) -> float:
             conn.executemany(INSERT["item"], items)
             conn.executemany(INSERT["heard"], heard)
             conn.executemany(INSERT["line"], lines)
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)", (tick,))
+            conn.execute("INSERT OR REPLACE INTO meta (key, value, mac) VALUES ('last_tick', ?, ?)",
+                         (tick, _SEALER.mac("meta", ("last_tick", tick))))
             conn.execute("COMMIT")
         return time.perf_counter() - start
     finally:
@@ -125,10 +140,11 @@ def fill_history(path: Path, agents: int, history: int) -> int:
         conn.execute("BEGIN")
         for i in range(agents):
             a = f"npc{i}"
-            conn.execute(INSERT["agent"], (a, f"You are {a}."))
-            conn.executemany(INSERT["fact"], [(a, f"f{k}", f"fact {k} of {a}", "scenario") for k in range(3)])
-            conn.executemany(INSERT["world"], [(a, f"w{k}", f"value {k}", "game") for k in range(2)])
-            conn.execute(INSERT["agent_key"], (i + 1, a))
+            conn.execute(INSERT["agent"], _sealed("agents", (a, f"You are {a}.")))
+            conn.executemany(INSERT["fact"], [_sealed("facts", (a, f"f{k}", f"fact {k} of {a}", "scenario", 0))
+                                              for k in range(3)])
+            conn.executemany(INSERT["world"], [_sealed("world", (a, f"w{k}", f"value {k}", "game")) for k in range(2)])
+            conn.execute(INSERT["agent_key"], _sealed("agent_keys", (i + 1, a)))
             episodes = [
                 item(_ENCODER.encode(Episode(id=f"e{k}", tick=k // 10, text=f"memory {k} of {a}")))
                 for k in range(history)
@@ -137,12 +153,14 @@ def fill_history(path: Path, agents: int, history: int) -> int:
             conn.executemany(
                 INSERT["heard"],
                 [
-                    (i + 1, t, pack_keys([it.key for it in episodes[t * 10 : t * 10 + 10]]))
+                    _heard((i + 1, t, pack_keys([it.key for it in episodes[t * 10 : t * 10 + 10]])))
                     for t in range((history + 9) // 10)
                 ],
             )
-            conn.executemany(INSERT["belief"], [(a, f"b{k}", k, f"belief {k}", 0.5) for k in range(history)])
-            conn.executemany(INSERT["line"], [(a, k, 0, "player", f"line {k}") for k in range(history)])
+            conn.executemany(INSERT["belief"], [_sealed("beliefs", (a, f"b{k}", k, f"belief {k}", 0.5))
+                                                for k in range(history)])
+            conn.executemany(INSERT["line"], [_sealed("dialogue", (a, k, 0, "player", f"line {k}", ""))
+                                              for k in range(history)])
             total += 5 + 3 * history
         conn.execute("COMMIT")
     finally:
@@ -170,7 +188,7 @@ def raw_load(path: Path, agents: int) -> float:
         for sql in RECENT.values():
             conn.execute(sql, (ids, HOT_LIMIT)).fetchall()
         heard = conn.execute(HEARD_RECENT, (ids, HOT_LIMIT - 1)).fetchall()
-        keys = sorted({k for _, blob in heard for k in unpack_keys(blob)})
+        keys = sorted({k for row in heard for k in unpack_keys(row[5])})  # (agent key row, heard row)
         for start_at in range(0, len(keys), 100_000):
             conn.execute(ITEM_BODIES, (json.dumps(keys[start_at : start_at + 100_000]),)).fetchall()
         return time.perf_counter() - start

@@ -6,7 +6,8 @@
     ├── OverBudgetError      mandatory content alone exceeds the budget, policy "raise"
     ├── StoreError           the SQLite store refused an operation
     │   ├── AuthorityError   a writer tried to change what it has no authority over
-    │   └── SchemaError      a store of another schema version, or not a database at all
+    │   ├── SchemaError      a store of another schema version, or not a database at all
+    │   └── TamperError      a store or its journal does not match its seals (edited outside npcsim)
     ├── BusError             the MQTT bus failed
     │   └── OutboxFullError  a QoS 1 publish could not be queued during an outage
     ├── BrokerError          a broker could not be started or reached
@@ -37,6 +38,7 @@ __all__ = [
     "ServerUnavailableError",
     "SchemaError",
     "StoreError",
+    "TamperError",
     "single_error",
 ]
 
@@ -71,6 +73,10 @@ class AuthorityError(StoreError):
 
 class SchemaError(StoreError):
     """The database file has an unknown schema or is not a database."""
+
+
+class TamperError(StoreError):
+    """A store, or its arrivals journal, does not match its seals: it was edited outside npcsim."""
 
 
 class BusError(NpcsimError):

@@ -21,6 +21,7 @@ from sim.memory import (
     build_working_memory,
 )
 from sim.store.records import RecordPacker
+from tests.tampering import reseal
 
 __all__ = ["AGENTS", "random_config", "random_record", "random_state", "store_instead"]
 
@@ -92,11 +93,13 @@ def random_record(rng: random.Random, n: int) -> AuditRecord:
 
 
 def store_instead(db: Path, record: AuditRecord) -> None:
-    """Store `record` in the store file `db` in place of the record with its id (packed as
-    the store packs it; the audit row's columns stay the original's)."""
+    """Store `record` in the store file `db` (sealed without a run key) in place of the record
+    with its id (packed as the store packs it; the audit row's columns stay the original's),
+    and seal the store again: the drift, not a broken chain, is what replay then sees."""
     blob, items = RecordPacker().pack(record)
     conn = sqlite3.connect(db)
     with conn:
         conn.executemany("INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)", [(i.key, i.body) for i in items])
         assert conn.execute("UPDATE audit SET record = ? WHERE id = ?", (blob, record.id)).rowcount == 1
     conn.close()
+    reseal(db)

@@ -198,6 +198,7 @@ async def as_run_1_sealed_it(db: Path, key_file: Path) -> bytes:
     the broker to capture: these are the bytes it would have put there.)
     """
     async with open_store(db) as store:
+        await store.seal_with(load_run_key(str(key_file)))  # the store is sealed with the run's key
         assert store.identity is not None and store.last_tick is not None
         nonce = bytes.fromhex(store.identity.nonce)
         said = [(tick, i.seq) for tick in range(store.last_tick + 1)
@@ -228,6 +229,7 @@ async def test_a_signed_message_of_an_earlier_run_of_the_same_id_is_dropped_and_
     assert second.bus is not None and second.bus.refused.get(OTHER_RUN, 0) >= 2
     assert prompts_with(tmp_path / "run2.db", GHOST) == 0
     async with open_store(tmp_path / "run2.db") as store:
+        await store.seal_with(load_run_key(str(key_file)))  # the store is sealed with the run's key
         heard = [i.text for tick in range(second.tick + 1) for i in await store.resume.inputs(tick)]
     assert heard == ["Ale!"]
 

@@ -89,6 +89,7 @@ PACKAGES: dict[str, set[str]] = {
         "RunIdentity", "RunSettings", "SCHEMA_VERSION", "SchemaError", "Store", "StoreError", "StoreReader",
         "StoreStatistics", "TickRecord", "Writer", "arrivals_path", "delete_audit_records", "new_store", "newest_store",
         "open_own", "open_reader", "open_store", "prune_stores", "read_arrivals", "Summaries", "Summary",
+        "TamperError", "Verification", "kept_key", "kept_key_path", "read_kept_key",
     },
     "sim.view": {
         "DEFAULT_PLAYER", "ENV_PASSWORD", "TOKEN_HEADER", "DialogueLine", "LiveFeed", "LiveView", "RunModel",

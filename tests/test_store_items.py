@@ -21,6 +21,7 @@ from sim.store import HOT_LIMIT, StoreError, Writer, open_reader, open_store
 from sim.store.records import Item, RecordPacker, read_packed, unpack_record
 from tests.audit_records import random_record
 from tests.strategies import beliefs, configs, episodes, facts, lines, player_inputs, texts, worlds
+from tests.tampering import edit, reseal
 
 CONFIG = WorkingMemoryConfig()
 
@@ -201,9 +202,8 @@ async def test_a_damaged_packed_record_is_one_clear_error(
     db = tmp_path / "shard.db"
     async with open_store(db) as store:
         await store.record(random_record(random.Random(1), 0))
-    with sqlite3.connect(db) as conn:
-        conn.execute(damage)
-    conn.close()
+    edit(db, damage)
+    reseal(db)  # as its writer would have sealed it: the damage, not the broken chain, is what replay meets
     assert main(["audit", "replay", "--db", str(db)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("npcsim: error:") and "inf-00000" in err and message in err
@@ -218,7 +218,7 @@ async def test_export_by_tick_range_to_gzip(tmp_path: Path, capsys: pytest.Captu
         for record in records:
             await store.record(record)
     out = tmp_path / "ticks-3-5.jsonl.gz"
-    assert main(["audit", "export", "--db", str(db), "--from-tick", "3", "--to-tick", "5", "--out", str(out)]) == 0
+    assert main(["audit", "export", "--db", str(db), "--ticks", "3:5", "--out", str(out)]) == 0
     decoder = msgspec.json.Decoder(AuditRecord)
     exported = [decoder.decode(line) for line in gzip.decompress(out.read_bytes()).splitlines()]
     wanted = sorted((r for r in records if 3 <= r.tick <= 5), key=lambda r: (r.tick, r.agent_id, r.id))
@@ -226,9 +226,10 @@ async def test_export_by_tick_range_to_gzip(tmp_path: Path, capsys: pytest.Captu
     assert [encode_record(r) for r in exported] == [encode_record(r) for r in wanted]
     capsys.readouterr()
     for argv, complaint in (
-        (["--from-tick", "-1"], "--from-tick must be >= 0, got -1"),
-        (["--to-tick", "-3"], "--to-tick must be >= 0, got -3"),
-        (["--from-tick", "6", "--to-tick", "5"], "--from-tick 6 is after --to-tick 5"),
+        (["--ticks=-1:"], "--ticks -1:: ticks are >= 0"),
+        (["--ticks", ":x"], "--ticks :x: not FROM:TO (3:9, 3: or :9)"),
+        (["--ticks", "5"], "--ticks 5: not FROM:TO (3:9, 3: or :9)"),
+        (["--ticks", "6:5"], "--ticks 6:5: tick 6 is after tick 5"),
     ):
         assert main(["audit", "export", "--db", str(db), "--out", str(tmp_path / "x.jsonl"), *argv]) == 2
         assert capsys.readouterr().err.strip() == f"npcsim: error: {complaint}"
@@ -279,7 +280,7 @@ async def test_export_rotate_deletes_what_was_exported_and_the_rest_replays(
         for record in records:
             await store.record(record)
     archive = tmp_path / "ticks-0-4.jsonl.gz"
-    assert main(["audit", "export", "--db", str(db), "--to-tick", "4", "--out", str(archive), "--rotate"]) == 0
+    assert main(["audit", "export", "--db", str(db), "--ticks", ":4", "--out", str(archive), "--rotate"]) == 0
     assert "deleted 125 exported records" in capsys.readouterr().err
     decoder = msgspec.json.Decoder(AuditRecord)
     exported = [decoder.decode(line) for line in gzip.decompress(archive.read_bytes()).splitlines()]

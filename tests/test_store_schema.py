@@ -78,14 +78,17 @@ def test_bulk_statements_store_exactly_what_one_row_at_a_time_stores(tmp_path: P
     rng = random.Random(4)
     texts = ["", "plain", "line\nbreak \u2028 \"quoted\" \\ back", "\x01\x1f\x7f \U0001f600 é", "x" * 5000,
              "<|im_start|>", "123", "null"]
+    def mac() -> int:  # as the writer gives each row (sim.store.seals)
+        return rng.getrandbits(64) - 2**63
+
     rows = {
-        "line": [(f"n{i}", rng.randrange(100), i, rng.choice(texts), rng.choice(texts), rng.choice(texts))
+        "line": [(f"n{i}", rng.randrange(100), i, rng.choice(texts), rng.choice(texts), rng.choice(texts), mac())
                  for i in range(50)],
-        "belief": [(f"n{i}", rng.choice(texts), i, rng.choice(texts), rng.random()) for i in range(50)],
+        "belief": [(f"n{i}", rng.choice(texts), i, rng.choice(texts), rng.random(), mac()) for i in range(50)],
         "item": [(rng.getrandbits(63) - 2**62, rng.randbytes(rng.randrange(0, 300))) for _ in range(50)],
         "audit": [(f"r:n{i}:0:1", "r", f"n{i}", 0, "scripted", rng.choice(texts), bool(i % 2), rng.choice(texts),
-                   rng.randbytes(40)) for i in range(50)],
-        "place_window": [(f"p{i}", i) for i in range(10)],
+                   i // 10 + 1, mac(), rng.randbytes(40)) for i in range(50)],
+        "place_window": [(f"p{i}", i, mac()) for i in range(10)],
     }
     ddl = _schema(tmp_path / "schema.db")
     got = {}

@@ -1,4 +1,4 @@
-"""`npcsim audit list|show|replay|export`: read the black-box audit of a store file.
+"""`npcsim audit list|show|replay|export|verify`: read the black-box audit of a store file.
 
 Every command opens the file read-only (`sim.store.open_reader`): auditing never changes
 what is audited. `show` prints every attempt of an inference (what the model was given,
@@ -14,7 +14,9 @@ parts: kind, text or name, verdict, code), its `dropped` list (derived from the 
 snapshot: what truncation left out, and why) and its `prefix_reuse` (how much of its first
 attempt's prompt is a prefix of the same agent's previous record's, in (tick, id) order
 among the records exported; `show` says the same). The one write is `export --rotate`,
-which deletes the records it has exported, once the export is on disk.
+which deletes the records it has exported, once the export is on disk (keeping what their
+link of the chain needs, sealed). `verify` checks the store against its seals, and
+`replay` does first (sim.cli._seals).
 
 What a record holds came from the run (players' words, models' replies): it is printed
 through `sim.cli._terminal`, escaped, and in a pipe one record per line with full ids.
@@ -38,6 +40,7 @@ from rich.syntax import Syntax
 
 from sim.audit import AuditRecord, ReplayTally, replay, replay_records
 from sim.cli._options import add_backend_arguments, backend_options
+from sim.cli._seals import register_verify, sealed_chain
 from sim.cli._terminal import Out, json_line, printable
 from sim.cli._truncation import dropped_json, print_truncation, report_json
 from sim.errors import ConfigError, StoreError
@@ -45,7 +48,7 @@ from sim.inference.backends import served_now
 from sim.memory import PrefixReuse, WorkingMemory, prefix_reuse
 from sim.output import gate_difference
 from sim.replay import check_jobs, default_jobs, map_spans, plan_spans
-from sim.store import delete_audit_records, open_reader
+from sim.store import delete_audit_records, kept_key, open_reader
 from sim.wire.attempt import ServedBy, Usage
 
 __all__ = ["register"]
@@ -83,12 +86,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
     export.add_argument("--db", required=True, help="store file (read-only, unless --rotate)")
     export.add_argument("--agent", default=None, help="only this agent")
-    export.add_argument("--from-tick", type=int, default=None, help="only records of this tick or later")
-    export.add_argument("--to-tick", type=int, default=None, help="only records of this tick or earlier")
+    export.add_argument("--ticks", default=None, metavar="FROM:TO",
+                        help="only records of these ticks, inclusive (FROM: from tick FROM on; :TO up to tick TO)")
     export.add_argument("--out", default=None, help="output file (default: standard output); *.gz is gzip")
     export.add_argument("--rotate", action="store_true",
                         help="then delete the exported records from the store, once the file is on disk (needs --out)")
     export.set_defaults(func=export_command)
+    register_verify(commands)
 
 
 def _fallback_column(record: AuditRecord) -> str:
@@ -286,6 +290,8 @@ def _other_models(args: argparse.Namespace, out: Out, records: int) -> None:
 def replay_command(args: argparse.Namespace) -> int:
     out = Out()
     check_jobs(args.jobs)
+    if not sealed_chain(Path(args.db), out):
+        return 1
     tally = ReplayTally()
     replaying: Callable[[Iterable[AuditRecord]], ReplayTally] = functools.partial(replay_records,
                                                                                   gates=gate_difference)
@@ -310,16 +316,26 @@ def replay_command(args: argparse.Namespace) -> int:
     return 1
 
 
-def _tick_range(args: argparse.Namespace) -> None:
-    for option, value in (("--from-tick", args.from_tick), ("--to-tick", args.to_tick)):
-        if value is not None and value < 0:
-            raise ConfigError(f"{option} must be >= 0, got {value}")
-    if args.from_tick is not None and args.to_tick is not None and args.from_tick > args.to_tick:
-        raise ConfigError(f"--from-tick {args.from_tick} is after --to-tick {args.to_tick}")
+def _tick_range(text: str | None) -> tuple[int | None, int | None]:
+    """`--ticks FROM:TO`: either side may be left out; whole ticks >= 0, FROM not after TO."""
+    if text is None:
+        return None, None
+    first, colon, last = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        start, end = (None if side.strip() == "" else int(side) for side in (first, last))
+    except ValueError:
+        raise ConfigError(f"--ticks {text}: not FROM:TO (3:9, 3: or :9)") from None
+    if (start is not None and start < 0) or (end is not None and end < 0):
+        raise ConfigError(f"--ticks {text}: ticks are >= 0")
+    if start is not None and end is not None and start > end:
+        raise ConfigError(f"--ticks {text}: tick {start} is after tick {end}")
+    return start, end
 
 
 def export_command(args: argparse.Namespace) -> int:
-    _tick_range(args)
+    from_tick, to_tick = _tick_range(args.ticks)
     if args.rotate and args.out is None:
         raise ConfigError("--rotate needs --out: records are deleted only once they are in a file")
     exported: list[str] = []
@@ -339,7 +355,7 @@ def export_command(args: argparse.Namespace) -> int:
         count = 0
         previous: dict[str, str] = {}  # each agent's last first prompt: one per agent exported
         # A closed pipe (`| head`) raises BrokenPipeError here: sim.cli.main ends quietly.
-        for record in reader.audit_records(args.agent, from_tick=args.from_tick, to_tick=args.to_tick):
+        for record in reader.audit_records(args.agent, from_tick=from_tick, to_tick=to_tick):
             row = msgspec.to_builtins(record)
             row["proposals"] = _export_proposals(record)
             row["report"] = report_json(record.report)
@@ -359,7 +375,7 @@ def export_command(args: argparse.Namespace) -> int:
         note.record(f"exported {count} records to {args.out}")
     if args.rotate:
         _sync(Path(args.out))
-        deleted = delete_audit_records(args.db, exported)
+        deleted = delete_audit_records(args.db, exported, kept_key(Path(args.db)))
         note.record(f"rotated: deleted {deleted} exported records from {args.db}")
     return 0
 

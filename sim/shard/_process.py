@@ -33,7 +33,7 @@ from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
 from sim.shard._context import agent_kinds
-from sim.shard._instance import claim_store, learn_run_nonce, run_claim
+from sim.shard._instance import claim_store, learn_run_nonce, run_claim, run_key_source
 from sim.shard._layout import ShardLayout
 from sim.shard._plan import ShardPlan
 from sim.shard._run_config import (
@@ -203,9 +203,11 @@ async def _bound_run_key(
     config: RunConfig, broker: BrokerInfo, store: Store, claim: RunIdentity, clock: Clock, scenario: bytes
 ) -> RunKey | None:
     """The run key (sim.shard._trust), bound to the nonce of the run the store belongs to
-    (sim.shard._instance: chosen by shard 0, learnt from it by the others)."""
+    (sim.shard._instance: chosen by shard 0, learnt from it by the others); the store is sealed
+    with it from its first write, and what it holds checked with it first."""
     db = config.record.db
     key = run_key_for(config.broker.run_key_file, broker, Path(db) if db else None)
+    await store.seal_with(key, run_key_source(config))
     index, count = parse_shard(config.shard)
 
     async def learn() -> bytes:

@@ -2,10 +2,10 @@
 
 - `run_key_for`: the run key from `--run-key-file`, or, for `--broker auto`, the one kept
   next to the store (`tw.db.key`, mode 0600: made at the first start, read at every
-  resume, so a resumed shard still opens its own messages), or a fresh one without `--db`.
-  A file beside the store, not a row in it: the store is read by `audit`, `view` and
-  whoever it is handed to, and its files (`-wal`, `-shm` too) take the umask's mode; the
-  key file alone is readable by its owner only.
+  resume, so a resumed shard still opens its own messages and its store's seals:
+  sim.store.seals), or a fresh one without `--db`. A file beside the store, not a row in
+  it: the store is read by `audit`, `view` and whoever it is handed to, and its files
+  (`-wal`, `-shm` too) take the umask's mode; the key file alone is readable by its owner only.
 - `announce_trust`: say once, at start, when the broker enforces no ACL that npcsim knows
   of and no run key stands in for it (anyone who can connect could then forge internal
   events), and tell the operator how remote workers join a private `--broker auto`.
@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from pathlib import Path
 
 from sim.broker import BrokerInfo
 from sim.errors import ConfigError
 from sim.mqtt import ENV_PASSWORD, ENV_USERNAME
-from sim.protocol.seal import RunKey, load_run_key, run_key_of
-from sim.store import open_own
+from sim.protocol.seal import RunKey, load_run_key
+from sim.store import kept_key_path, read_kept_key
 
-__all__ = ["announce_trust", "kept_key_path", "run_key_for"]
+__all__ = ["announce_trust", "run_key_for"]
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +40,16 @@ def run_key_for(path: str | None, broker: BrokerInfo, db: Path | None) -> RunKey
     return RunKey.generate() if db is None else _kept_key(kept_key_path(db))
 
 
-def kept_key_path(db: Path) -> Path:
-    return db.with_name(db.name + ".key")
-
-
 def _kept_key(path: Path) -> RunKey:
     """The key in `path`, made (mode 0600) when there is none; refused when others may read it."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:
-        return _read_kept_key(path)
+        try:
+            return read_kept_key(path)
+        except FileNotFoundError:  # removed since the exclusive create saw it
+            raise ConfigError(f"{path}: the run key kept with the store vanished while it was read; "
+                              "start again") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot keep the run key beside the store: {exc.strerror or exc}") from exc
     key = RunKey.generate()
@@ -58,24 +57,6 @@ def _kept_key(path: Path) -> RunKey:
         f.write(key.secret)
     log.info("the run key is kept in %s (mode 0600), for --resume", path)
     return key
-
-
-def _read_kept_key(path: Path) -> RunKey:
-    """The key kept beside the store: this user's regular file (not a link: a planted link would
-    hand the run a key its planter knows), readable by nobody else."""
-    try:
-        fd = open_own(path, os.O_RDONLY, "the run key kept with the store")
-    except FileNotFoundError:  # removed since the exclusive create saw it
-        raise ConfigError(f"{path}: the run key kept with the store vanished while it was read; start again") from None
-    with os.fdopen(fd, "rb") as file:
-        mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
-        if mode & 0o077:
-            raise ConfigError(
-                f"{path}: the run key kept with the store is readable by others (mode {mode:04o}); "
-                f"`chmod 600 {path}` and start again"
-            )
-        data = file.read()
-    return run_key_of(data, f"{path}: the run key kept with the store")
 
 
 def announce_trust(

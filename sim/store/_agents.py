@@ -83,7 +83,7 @@ class AgentStore:
         if not wanted:
             return ()
         try:
-            loaded = await load_hot(self._conn, wanted, self._limit)
+            loaded = await load_hot(self._conn, wanted, self._limit, self._writer.sealer, str(self._path))
         except sqlite3.Error as exc:
             raise StoreError(f"{self._path}: loading {len(wanted)} agents failed: {exc}") from exc
         for agent, hot in loaded.items():
@@ -139,7 +139,8 @@ class AgentStore:
         rows.setdefault("fact", []).extend((agent_id, f.id, f.text, w, 0) for f in hot.facts.values())
         rows.setdefault("world", []).extend((agent_id, wf.key, wf.value, w) for wf in hot.world.values())
         rows.setdefault("episode", []).extend((agent_id, e.tick, episode_item(e)) for e in state.episodic)
-        rows.setdefault("belief", []).extend((agent_id, b.id, b.tick, b.text, b.confidence) for b in state.beliefs)
+        rows.setdefault("belief", []).extend((agent_id, b.id, b.tick, b.text, float(b.confidence))
+                                             for b in state.beliefs)
         rows.setdefault("line", []).extend(
             _line_row(agent_id, line) for line in state.dialogue
         )
@@ -213,7 +214,8 @@ class AgentStore:
     async def add_belief(self, agent_id: str, belief: Belief, *, writer: Writer) -> None:
         self._authority.check(agent_id, "beliefs", writer)
         self._hot_for(agent_id).add_belief(belief)
-        await self._writer.put("belief", (agent_id, belief.id, belief.tick, belief.text, belief.confidence))
+        # a float as SQLite gives it back (a REAL): its seal is the same
+        await self._writer.put("belief", (agent_id, belief.id, belief.tick, belief.text, float(belief.confidence)))
 
     async def add_line(self, agent_id: str, line: Line, *, writer: Writer) -> None:
         self._authority.check(agent_id, "dialogue", writer)

@@ -20,11 +20,16 @@ Each record is appended with one write(2): once it returns the kernel has it, an
 kill -9 of the process loses nothing after that (`sync` flushes the file to the disk, for
 a machine that loses power: the shard calls it before the tick that takes an input can
 commit). What paho acknowledged but the bus had not read yet (a moment) can still go.
-Records are a 4-byte length and msgpack; a torn last record is dropped, counted, logged.
+Records are a 4-byte length, msgpack and a 16-byte MAC of the record before's MAC and this
+body (sim.store.seals: keyed with the run key; the first chained to the store's own
+`meta.store`), so a record edited, reordered, inserted or taken from another journal is
+refused in one line when the journal is opened; a torn last record is dropped, counted,
+logged. The MACs start again from the store's with every rewrite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -33,15 +38,17 @@ from pathlib import Path
 
 import msgspec
 
-from sim.errors import StoreError
+from sim.errors import StoreError, TamperError
 from sim.protocol.outside import Arrival
 from sim.store.files import open_own
+from sim.store.seals import Sealer
 
 __all__ = ["Arrivals", "arrivals_path", "read_arrivals"]
 
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
+_MAC = 16
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Arrival)
 
@@ -52,30 +59,56 @@ def arrivals_path(database: Path) -> Path:
 
 
 class Arrivals:
-    """The journal of one store; its writer's lock covers it. `add`, `sync`, `committed`."""
+    """The journal of one store; its writer's lock covers it. `open`, `add`, `sync`, `committed`.
 
-    def __init__(self, database: Path, last_tick: int | None) -> None:
+    It is read when the store's seals are known (`open`: sim.store.Store.seal_with, or the
+    first use), not when the store opens, since its MACs are the run key's.
+    """
+
+    def __init__(self, database: Path, last_tick: int | None, store_id: bytes) -> None:
         self.path = arrivals_path(database)
-        kept = _read(self.path, last_tick)
-        self._kept: list[tuple[int, bytes]] = [(a.tick, record) for a, record in kept]  # not yet committed
-        self.pending: list[Arrival] = [a for a, _ in kept]
+        self._last_tick = last_tick
+        self._store_id = store_id
+        self._sealer = Sealer()
+        self._kept: list[tuple[int, bytes]] = []  # (tick, body) of what is not yet committed
+        self._mac = store_id[:_MAC]  # the last record's MAC
+        self._fd: int | None = None
+        self.pending: list[Arrival] = []
         """What arrived for ticks after `last_tick` and is in no committed tick: a resume takes it."""
-        self._fd = self._rewrite()
         self._lock = threading.Lock()  # `sync` runs in a thread: the descriptor is not swapped under it
+        with contextlib.suppress(FileNotFoundError):  # a planted link is refused now, not at the first use
+            os.close(open_own(self.path, os.O_RDONLY, "the arrivals journal"))
+
+    @property
+    def opened(self) -> bool:
+        return self._fd is not None
+
+    def open(self, sealer: Sealer) -> None:
+        """Read the journal, refusing one whose MACs do not verify with `sealer`; keep what is
+        not committed (`pending`) and rewrite the file with it."""
+        self._sealer = sealer
+        kept = [(a, body) for a, body in _read(self.path, self._store_id, sealer)
+                if self._last_tick is None or a.tick > self._last_tick]
+        self._kept = [(a.tick, body) for a, body in kept]
+        self.pending = [a for a, _ in kept]
+        self._fd = self._rewrite()
 
     def add(self, arrival: Arrival) -> None:
         """Append one arrival (one write(2): the kernel has it when this returns)."""
+        if self._fd is None:
+            raise StoreError(f"{self.path}: the arrivals journal is not open")
         body = _encoder.encode(arrival)
-        record = _LENGTH.pack(len(body)) + body
+        mac = self._sealer.journal(self._mac, body)
         try:
-            os.write(self._fd, record)
+            os.write(self._fd, _LENGTH.pack(len(body)) + body + mac)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot append an outside input: {exc}") from exc
-        self._kept.append((arrival.tick, record))
+        self._mac = mac
+        self._kept.append((arrival.tick, body))
 
     def sync(self) -> None:
         """Flush what was appended to the disk (fdatasync); safe to call from another thread."""
-        if self._kept:
+        if self._kept and self._fd is not None:
             try:
                 with self._lock:
                     os.fdatasync(self._fd)
@@ -84,36 +117,46 @@ class Arrivals:
 
     def committed(self, tick: int) -> None:
         """Tick `tick` is on disk: drop the arrivals it (or an earlier tick) took."""
-        if any(t <= tick for t, _ in self._kept):
-            self._kept = [(t, r) for t, r in self._kept if t > tick]
+        if self._fd is not None and any(t <= tick for t, _ in self._kept):
+            self._kept = [(t, body) for t, body in self._kept if t > tick]
             fd = self._rewrite()
             with self._lock:
                 old, self._fd = self._fd, fd
             os.close(old)
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
 
     def _rewrite(self) -> int:
-        """Write the kept records to a new file, put it in place atomically; its descriptor."""
+        """Write the kept records to a new file, their MACs chained from the start again, put
+        it in place atomically; its descriptor."""
+        mac = self._store_id[:_MAC]
+        records = []
+        for _, body in self._kept:
+            mac = self._sealer.journal(mac, body)
+            records.append(_LENGTH.pack(len(body)) + body + mac)
         new = self.path.with_name(self.path.name + ".new")
         try:
             fd = open_own(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, "the arrivals journal", 0o644)
-            os.write(fd, b"".join(r for _, r in self._kept))
+            os.write(fd, b"".join(records))
             os.fdatasync(fd)
             os.replace(new, self.path)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot write the outside inputs: {exc}") from exc
+        self._mac = mac
         return fd
 
 
 def read_arrivals(database: Path, last_tick: int | None) -> list[Arrival]:
     """What the journal of the store `database` holds for ticks after `last_tick`, without
-    changing it (a watcher's or a test's look; the store's writer owns the file)."""
-    return [a for a, _ in _read(arrivals_path(database), last_tick)]
+    changing it or checking its MACs (a watcher's or a test's look; the store's writer owns
+    the file and checks them)."""
+    return [a for a, _ in _read(arrivals_path(database), None, None) if last_tick is None or a.tick > last_tick]
 
 
-def _read(path: Path, last_tick: int | None) -> list[tuple[Arrival, bytes]]:
+def _read(path: Path, store_id: bytes | None, sealer: Sealer | None) -> list[tuple[Arrival, bytes]]:
+    """Every whole record, with its body; with a `sealer`, each one's MAC checked, chained from `store_id`."""
     try:
         fd = open_own(path, os.O_RDONLY, "the arrivals journal")
     except FileNotFoundError:
@@ -123,20 +166,25 @@ def _read(path: Path, last_tick: int | None) -> list[tuple[Arrival, bytes]]:
             data = file.read()
     except OSError as exc:
         raise StoreError(f"{path}: cannot read the outside inputs: {exc}") from exc
-    kept: list[tuple[Arrival, bytes]] = []
+    found: list[tuple[Arrival, bytes]] = []
     at = 0
+    mac = b"" if store_id is None else store_id[:_MAC]
     while at + _LENGTH.size <= len(data):
         (size,) = _LENGTH.unpack_from(data, at)
-        end = at + _LENGTH.size + size
+        end = at + _LENGTH.size + size + _MAC
         if end > len(data):
             break
+        body = data[at + _LENGTH.size : end - _MAC]
+        if sealer is not None:
+            mac = sealer.journal(mac, body)
+            if mac != data[end - _MAC : end]:
+                raise TamperError(f"{path}: record {len(found) + 1} (at byte {at}) does not match its seal: the "
+                                  "journal was edited, reordered or added to outside npcsim; refusing to take it")
         try:
-            arrival = _decoder.decode(data[at + _LENGTH.size : end])
+            found.append((_decoder.decode(body), body))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{path}: the outside input at byte {at} is unreadable: {exc}") from exc
-        if last_tick is None or arrival.tick > last_tick:
-            kept.append((arrival, data[at:end]))
         at = end
     if at < len(data):
         log.warning("%s: a torn last record (%d bytes, cut by a kill during its write) dropped", path, len(data) - at)
-    return kept
+    return found

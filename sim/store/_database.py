@@ -6,6 +6,7 @@
 | `_authority` | who may write what, the violation count |
 | `_hot` | each loaded agent's bounded state in memory, loading it from disk |
 | `_writer` | the one writer task: queued operations, batching, commits, failure |
+| `seals`, `_chain`, `_verify` | seals on what a resume reads, the chain over the audit and inputs, their checks |
 | `_items` | content addressing of episodes, events and audit records before they are written |
 | `_places` | the places' logs: a place's events of a tick as one row, loaded in one query; their summaries |
 | `_resume` | resume metadata (`Store.resume`): what a tick replaces, the inputs and world changes it took |
@@ -27,28 +28,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import aiosqlite
 import msgspec
 
 from sim.audit import AuditRecord
-from sim.errors import SchemaError, StoreError
+from sim.errors import SchemaError, StoreError, TamperError
+from sim.protocol.seal import RunKey
 from sim.store._agents import AgentStore
 from sim.store._arrivals import Arrivals
+from sim.store._chain import LAST_LINK, ChainEnd, Link, Seals
 from sim.store._identity import RunIdentity, decode_identity, encode_identity
 from sim.store._items import Addresser, event_item
 from sim.store._lock import hold_writer_lock
 from sim.store._places import PlaceRows, Summaries, Summary, load_place_log, load_summaries
 from sim.store._resume import Resume, TickRecord, read_last_tick
 from sim.store._schema import SCHEMA, SCHEMA_VERSION, check_file, check_version
+from sim.store._verify import check_opening
 from sim.store._writer import BatchWriter
 from sim.store.files import check_store_file
 from sim.store.records import COLUMNS, RecordPacker
-from sim.store.sql import SELECT_AGENT_KEYS, SELECT_RUN
+from sim.store.seals import Sealer, digest
+from sim.store.sql import INSERT, SELECT_AGENT_KEYS, SELECT_META, SELECT_RUN
 from sim.wire.events import AnyEvent
 
 __all__ = ["HOT_LIMIT", "Store", "StoreStatistics", "open_store"]
@@ -62,6 +69,7 @@ _MSGPACK = msgspec.msgpack.Encoder()
 # cap (10 dialogue lines), with room for configs that raise the caps.
 HOT_LIMIT = 32
 _CACHE_KIB = -65_536  # SQLite's page cache, negative: in KiB
+_WRITTEN = "SELECT EXISTS (SELECT 1 FROM run) OR EXISTS (SELECT 1 FROM agents) OR EXISTS (SELECT 1 FROM chain)"
 
 
 class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,11 +98,12 @@ class Store(AgentStore):
         writer: BatchWriter,
         hot_limit: int,
         arrivals: Arrivals,
-        identity: RunIdentity | None = None,
+        opened: _Opened,
     ) -> None:
         super().__init__(conn, path, writer, hot_limit)
         self._arrivals = arrivals
-        self._identity = identity
+        self._opened = opened
+        self._identity = opened.identity
         self._packer = RecordPacker()
         self._resume = Resume(conn, path, writer)
 
@@ -142,7 +151,7 @@ class Store(AgentStore):
     async def place_log(self) -> PlaceRows:
         """Every place's committed log from the tick its window needs, in one query."""
         try:
-            return await load_place_log(self._conn)
+            return await load_place_log(self._conn, self._writer.sealer, str(self._path))
         except sqlite3.Error as exc:
             raise StoreError(f"{self._path}: loading the places' logs failed: {exc}") from exc
 
@@ -154,14 +163,46 @@ class Store(AgentStore):
     async def summaries(self) -> Summaries:
         """Every place's committed summaries, by slot, with the events each folds."""
         try:
-            return await load_summaries(self._conn)
+            return await load_summaries(self._conn, self._writer.sealer, str(self._path))
         except sqlite3.Error as exc:
             raise StoreError(f"{self._path}: loading the places' summaries failed: {exc}") from exc
 
     async def record(self, record: AuditRecord) -> None:
         """Queue one audit record; the first record of an inference id wins."""
         blob, items = self._packer.pack(record)
-        await self._writer.put("audit", (*(getattr(record, name) for name in COLUMNS), blob, items))
+        columns = [getattr(record, name) for name in COLUMNS]
+        columns[COLUMNS.index("fallback")] = int(record.fallback)  # as SQLite gives it back: its digest is the same
+        await self._writer.put("audit", (*columns, blob, items))
+
+    async def seal_with(self, key: RunKey | None, key_name: str = "a run key") -> None:
+        """Seal what this store writes with the run key `key` (None: digests only, which catch an
+        accidental edit, not a forger); before its first write.
+
+        First, what a start reads before anything else is checked with it: that the store was
+        sealed with this key, its identity, scenario and last tick, every link of its chain
+        (what the links digest is `npcsim audit verify`'s to read), and the arrivals journal.
+        Every load checks its rows with it from then on. TamperError names what does not verify;
+        a key that is not the store's is a StoreError naming `key_name` (where the key came from).
+        """
+        w = self._writer
+        if w.rows_queued or w.commits or self._arrivals.opened:
+            raise StoreError(f"{self._path}: a store is given its run key before its first write, not after")
+        sealer, opened = Sealer(key), self._opened
+        first = sealer.keyed and opened.marker == Sealer().check and not await self._written()
+        # a store nothing was written to yet is sealed with no key until given one: it takes this
+        await check_opening(self._conn, self._path, Sealer() if first else sealer, key_name, opened.marker,
+                            opened.store_id)
+        w.seals.use(sealer, mark=first)
+        self._arrivals.open(sealer)
+
+    async def _written(self) -> bool:
+        """Whether anything of a run was written to the store (an identity, an agent, a commit)."""
+        try:
+            async with self._conn.execute(_WRITTEN) as cursor:
+                row = await cursor.fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: cannot read the database: {exc}") from exc
+        return bool(row and row[0])
 
     # -- the run and its ticks -----------------------------------------------------------
 
@@ -181,7 +222,10 @@ class Store(AgentStore):
 
     @property
     def arrivals(self) -> Arrivals:
-        """The arrivals journal: outside input on disk as it arrives, with the tick that takes it."""
+        """The arrivals journal: outside input on disk as it arrives, with the tick that takes it
+        (opened, with the store's seals, at its first use when `seal_with` did not open it)."""
+        if not self._arrivals.opened:
+            self._arrivals.open(self._writer.sealer)
         return self._arrivals
 
     async def commit_tick(self, tick: int, record: TickRecord) -> asyncio.Future[None]:
@@ -194,7 +238,7 @@ class Store(AgentStore):
         on while SQLite writes this one.
         """
         await self._resume.keep(record)
-        await asyncio.to_thread(self._arrivals.sync)
+        await asyncio.to_thread(self.arrivals.sync)
         return await self._queue_commit(tick)
 
     async def end_tick(self, tick: int) -> None:
@@ -261,10 +305,12 @@ async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterato
     except sqlite3.Error as exc:
         raise StoreError(f"{p}: cannot open the database: {exc}") from exc
     try:
-        last_tick, agent_keys, identity = await _prepare(conn, p)
-        writer = BatchWriter(conn, p, Addresser(agent_keys), last_tick=last_tick, keep_tail=keep_tail)
-        arrivals = Arrivals(p, last_tick)
-        store = Store(conn, p, writer, hot_limit, arrivals, identity)
+        opened = await _prepare(conn, p)
+        seals = Seals(p, ChainEnd(opened.last_link, opened.store_id), opened.marker)
+        writer = BatchWriter(conn, p, Addresser(opened.agent_keys), seals, last_tick=opened.last_tick,
+                             keep_tail=keep_tail)
+        arrivals = Arrivals(p, opened.last_tick, opened.store_id)
+        store = Store(conn, p, writer, hot_limit, arrivals, opened)
         error: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
@@ -285,12 +331,20 @@ async def _open_locked(p: Path, hot_limit: int, keep_tail: bool) -> AsyncIterato
         await conn.close()
 
 
-async def _prepare(
-    conn: aiosqlite.Connection, path: Path
-) -> tuple[int | None, dict[str, int], RunIdentity | None]:
+class _Opened(NamedTuple):
+    """What an opened store holds that its parts start from."""
+
+    last_tick: int | None
+    agent_keys: dict[str, int]
+    identity: RunIdentity | None
+    store_id: bytes  # `meta.store`: where its chain and its journal's MACs begin
+    marker: int  # `meta.seal`: the check value of the key it is sealed with
+    last_link: Link | None
+
+
+async def _prepare(conn: aiosqlite.Connection, path: Path) -> _Opened:
     """Refuse foreign databases and other schema versions, switch to WAL, create the schema
-    in a new file; the last committed tick, the agents' integer keys and the run the store
-    belongs to."""
+    (and the store's own id) in a new file; what the store's parts start from."""
     try:
         version = await _scalar(conn, "PRAGMA user_version")
         check_version(path, version)
@@ -305,6 +359,9 @@ async def _prepare(
             await conn.execute("BEGIN IMMEDIATE")
             for statement in SCHEMA:
                 await conn.execute(statement)
+            store_id, check = secrets.token_bytes(16), Sealer().check  # sealed with no key until given one
+            await conn.execute(INSERT["meta"], ("store", digest("meta", ("store", store_id)), store_id))
+            await conn.execute(INSERT["meta"], ("seal", digest("meta", ("seal", check)), check))
             await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             await conn.execute("COMMIT")
         last_tick = await read_last_tick(conn)
@@ -312,9 +369,21 @@ async def _prepare(
             agent_keys = {str(agent): int(n) for agent, n in await cursor.fetchall()}
         async with conn.execute(SELECT_RUN) as cursor:
             row = await cursor.fetchone()
+        meta: dict[str, Any] = {}  # the value of each row found
+        for key in ("store", "seal"):
+            async with conn.execute(SELECT_META, (key,)) as cursor:
+                if (found := await cursor.fetchone()) is not None:
+                    meta[key] = found[1]
+        async with conn.execute(LAST_LINK) as cursor:
+            link = await cursor.fetchone()
     except sqlite3.DatabaseError as exc:
         raise SchemaError(f"{path}: cannot use the database: {exc}") from exc
-    return last_tick, agent_keys, None if row is None else _identity(path, row[0])
+    for key, what in (("store", "the store's own id"), ("seal", "the check value of its key")):
+        if key not in meta:
+            raise TamperError(f"{path}: {what} (meta {key!r}) is missing: it was edited outside npcsim")
+    return _Opened(last_tick=last_tick, agent_keys=agent_keys,
+                   identity=None if row is None else _identity(path, row[0]), store_id=bytes(meta["store"]),
+                   marker=int(meta["seal"]), last_link=None if link is None else Link(*link))
 
 
 def _identity(path: Path, text: str) -> RunIdentity:

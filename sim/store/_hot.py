@@ -5,7 +5,9 @@ each flexible category (episodic, beliefs, dialogue) in NpcState's recency order
 all a working memory is built from. Beside it, `kept` holds the agent's significant
 episodes from its whole history (at most `MAX_KEPT`, by slot: `sim.memory` recall), what a
 scored selection may recall. `load_hot` reads it for many agents at once, in eight
-queries whatever their number.
+queries whatever their number, and checks every row it reads against its seal and every
+item against its content address (sim.store.seals): an edited or injected row is a
+TamperError naming its table and row, never a memory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 
+from sim.errors import TamperError
 from sim.memory import (
     KEEP_SIGNIFICANCE,
     MAX_KEPT,
@@ -33,10 +36,11 @@ from sim.memory import (
     line_order,
     strength,
 )
-from sim.store.records import unpack_keys
+from sim.store.records import item, unpack_keys
+from sim.store.seals import Sealer
 from sim.store.sql import HEARD_RECENT, ITEM_BODIES, LOAD_FACTS, LOAD_KEPT, LOAD_PROMPTS, LOAD_WORLD, RECENT, fetch
 
-__all__ = ["Hot", "load_hot"]
+__all__ = ["Hot", "item_bodies", "load_hot"]
 
 T = TypeVar("T")
 
@@ -142,45 +146,72 @@ class Hot:
         return weakest
 
 
-async def load_hot(conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: int) -> dict[str, Hot]:
-    """The hot state of those of `agent_ids` that are on disk, in eight queries.
+async def load_hot(
+    conn: aiosqlite.Connection, agent_ids: Sequence[str], limit: int, sealer: Sealer, where: str
+) -> dict[str, Hot]:
+    """The hot state of those of `agent_ids` that are on disk, in eight queries, each row
+    checked with `sealer` (`where` names the store in a TamperError).
 
     Raises sqlite3.Error; the caller names the file.
     """
     ids = json.dumps(agent_ids)
-    prompts = await fetch(conn, LOAD_PROMPTS, (ids,))
-    facts = await fetch(conn, LOAD_FACTS, (ids,))
-    world = await fetch(conn, LOAD_WORLD, (ids,))
-    heard = await _heard(conn, ids, limit)
-    beliefs = await fetch(conn, RECENT["beliefs"], (ids, limit))
-    dialogue = await fetch(conn, RECENT["dialogue"], (ids, limit))
-    kept = await fetch(conn, LOAD_KEPT, (ids,))
-    loaded = {agent: Hot(agent, prompt, limit) for agent, prompt in prompts}
-    for agent, fid, text in facts:
-        loaded[agent].facts[fid] = Fact(id=fid, text=text)
-    for agent, key, value in world:
+    prompts = await _sealed(conn, LOAD_PROMPTS, (ids,), "agents", sealer, where)
+    facts = await _sealed(conn, LOAD_FACTS, (ids,), "facts", sealer, where)
+    world = await _sealed(conn, LOAD_WORLD, (ids,), "world", sealer, where)
+    heard = await _heard(conn, ids, limit, sealer, where)
+    beliefs = await _sealed(conn, RECENT["beliefs"], (ids, limit), "beliefs", sealer, where)
+    dialogue = await _sealed(conn, RECENT["dialogue"], (ids, limit), "dialogue", sealer, where)
+    kept = await _sealed(conn, LOAD_KEPT, (ids,), "kept", sealer, where)
+    loaded = {agent: Hot(agent, prompt, limit) for agent, prompt, _ in prompts}
+    for agent, fid, text, _writer, withdrawn, _ in facts:
+        if not withdrawn:  # a withdrawn fact is a row never loaded, checked all the same
+            loaded[agent].facts[fid] = Fact(id=fid, text=text)
+    for agent, key, value, _writer, _ in world:
         loaded[agent].world[key] = WorldFact(key=key, value=value)
     for agent, episodes in heard.items():
         episodes.sort(key=episode_order)
         loaded[agent].episodic = episodes[-limit:]
-    for agent, bid, tick, text, confidence in beliefs:
+    for agent, bid, tick, text, confidence, _ in beliefs:
         loaded[agent].beliefs.append(Belief(id=bid, tick=tick, text=text, confidence=confidence))
-    for agent, tick, seq, speaker, text, event in dialogue:
+    for agent, tick, seq, speaker, text, event, _ in dialogue:
         loaded[agent].dialogue.append(Line(tick=tick, seq=seq, speaker=speaker, text=text, event=event or None))
-    for agent, _slot, body in kept:  # slots in order, with no gap: they are taken in turn
+    for agent, _slot, body, _ in kept:  # slots in order, with no gap: they are taken in turn
         loaded[agent].kept.append(_EPISODE_DECODER.decode(body))
     return loaded
 
 
-async def _heard(conn: aiosqlite.Connection, ids: str, limit: int) -> dict[str, list[Episode]]:
+async def _sealed(conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...], table: str, sealer: Sealer,
+                  where: str) -> list[Any]:
+    """The rows of a query of a sealed table's columns and `mac`, each checked."""
+    rows = list(await fetch(conn, sql, params))
+    sealer.check_rows(table, rows, where)
+    return rows
+
+
+async def _heard(
+    conn: aiosqlite.Connection, ids: str, limit: int, sealer: Sealer, where: str
+) -> dict[str, list[Episode]]:
     """Each agent's newest episodes from `heard` (a superset of the newest `limit`)."""
     rows = await fetch(conn, HEARD_RECENT, (ids, limit - 1))
     keys: dict[str, list[int]] = {}
-    for agent, blob in rows:
-        keys.setdefault(agent, []).extend(unpack_keys(blob))
-    wanted = sorted({k for ks in keys.values() for k in ks})
+    for n, agent, key_mac, _, _, blob, _ in rows:
+        if agent not in keys:  # the agent's key row, once
+            sealer.check_row("agent_keys", (n, agent, key_mac), where)
+            keys[agent] = []
+        keys[agent].extend(unpack_keys(blob))
+    sealer.check_rows("heard", (row[3:] for row in rows), where)
+    bodies = await item_bodies(conn, {k for ks in keys.values() for k in ks}, where)
+    return {agent: [_EPISODE_DECODER.decode(bodies[k]) for k in ks] for agent, ks in keys.items()}
+
+
+async def item_bodies(conn: aiosqlite.Connection, keys: set[int], where: str) -> dict[int, bytes]:
+    """The bodies of these items, each checked against its key (the first bytes of its digest)."""
+    wanted = sorted(keys)
     bodies: dict[int, bytes] = {}
     for start in range(0, len(wanted), _BODIES_PER_QUERY):
         chunk = json.dumps(wanted[start : start + _BODIES_PER_QUERY])
         bodies.update(await fetch(conn, ITEM_BODIES, (chunk,)))
-    return {agent: [_EPISODE_DECODER.decode(bodies[k]) for k in ks] for agent, ks in keys.items()}
+    for k, body in bodies.items():
+        if item(body).key != k:
+            raise TamperError(f"{where}: item {k} does not match its digest: it was edited outside npcsim")
+    return bodies

@@ -24,9 +24,11 @@ import msgspec
 
 from sim.audit import AuditRecord
 from sim.errors import SchemaError, StoreError
+from sim.protocol.seal import RunKey
 from sim.store._identity import RunIdentity, decode_identity
 from sim.store._resume import decode_taken
 from sim.store._schema import check_file, check_version
+from sim.store._verify import Verification, verify_store
 from sim.store.records import COLUMNS, read_packed, unpack_keys, unpack_record
 from sim.store.sql import SELECT_ALL_INPUTS
 from sim.wire.inputs import Taken
@@ -90,7 +92,7 @@ class StoreReader:
         """Every outside input with the tick that took it, in (tick, seq) order."""
         rows = self._query(SELECT_ALL_INPUTS)
         try:
-            return [(int(t), decode_taken(str(x))) for t, x in rows]  # type: ignore[call-overload]
+            return [(int(t), decode_taken(str(x))) for t, _, x, _, _ in rows]  # type: ignore[call-overload]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: an outside input it holds is unreadable: {exc}") from exc
 
@@ -128,6 +130,14 @@ class StoreReader:
             for rows in categories.values():
                 rows.sort(key=repr)
         return state
+
+    def verify(self, key: RunKey | None, key_name: str = "the run key") -> Verification:
+        """Check the whole store against its seals with `key` (`key_name` says where it came
+        from); TamperError names the first tick and record, input or row that does not verify."""
+        try:
+            return verify_store(self._conn, self._path, key, key_name)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: reading its seals failed: {exc}") from exc
 
     def integrity_check(self) -> str:
         """SQLite's verdict on the file: "ok" when it is sound."""

@@ -7,27 +7,20 @@ replaces (`keep(TickRecord)`: what the shard sent in its last two committed tick
 its NPCs' inboxes and the world-state changes due), the outside inputs with the tick they
 take effect at (`record_input`) and the world-state changes with the tick they took effect
 at (`record_world`) are queued rows, so they are on disk exactly when their tick is.
+What is read back is checked against its seal (sim.store.seals) first.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
 from sim.store._writer import BatchWriter
-from sim.store.sql import (
-    SELECT_ALL_INPUTS,
-    SELECT_INPUTS,
-    SELECT_LAST_TICK,
-    SELECT_PENDING,
-    SELECT_SAYS,
-    SELECT_SENT,
-    fetch,
-)
+from sim.store.sql import SELECT_ALL_INPUTS, SELECT_INPUTS, SELECT_LAST_TICK, SELECT_META, fetch
 from sim.wire.events import AnyEvent
 from sim.wire.inputs import GameFact, RunWide, Taken
 
@@ -92,19 +85,25 @@ class Resume:
         """Queue the world-state change that took effect at `tick` (committed with that tick)."""
         await self._writer.put("world_change", (tick, _json.encode(state).decode()))
 
+    async def _inputs(self, sql: str, params: tuple[int, ...]) -> list[Any]:
+        """Inputs rows (tick, seq, input, link, mac), each checked."""
+        rows = list(await fetch(self._conn, sql, params))
+        self._writer.sealer.check_rows("inputs", rows, str(self._path))
+        return rows
+
     async def inputs(self, tick: int) -> list[Taken]:
         """The committed outside inputs of `tick`, in seq order."""
-        rows = await fetch(self._conn, SELECT_INPUTS, (tick,))
+        rows = await self._inputs(SELECT_INPUTS, (tick,))
         try:
-            return [decode_taken(text) for (text,) in rows]
+            return [decode_taken(text) for _, _, text, _, _ in rows]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: unreadable: an outside input of tick {tick}: {exc}") from exc
 
     async def run_wide_facts(self) -> set[str]:
         """The ids of the facts for every NPC the committed ticks took, less those withdrawn since."""
-        rows = await fetch(self._conn, SELECT_ALL_INPUTS, ())
+        rows = await self._inputs(SELECT_ALL_INPUTS, ())
         try:
-            taken = [decode_taken(text) for (_, text) in rows]
+            taken = [decode_taken(text) for _, _, text, _, _ in rows]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: unreadable: an outside input: {exc}") from exc
         held: set[str] = set()
@@ -124,22 +123,23 @@ class Resume:
 
     async def sent(self) -> list[tuple[int, str, bytes]]:
         """What the shard kept for re-sending at its last commit: (tick, topic, payload)."""
-        return await self._read(SELECT_SENT, _sent_decoder, "the kept messages of the last tick") or []
+        return await self._read("sent", _sent_decoder, "the kept messages of the last tick") or []
 
     async def says(self) -> list[tuple[str, bytes]]:
         """The `say` messages unacknowledged when the last tick committed."""
-        return await self._read(SELECT_SAYS, _says_decoder, "the unsent lines of the last tick") or []
+        return await self._read("says", _says_decoder, "the unsent lines of the last tick") or []
 
     async def pending(self) -> Pending:
         """What waited for the tick after the last commit."""
-        return await self._read(SELECT_PENDING, _pending_decoder, "what waits for the next tick") or Pending()
+        return await self._read("pending", _pending_decoder, "what waits for the next tick") or Pending()
 
-    async def _read(self, sql: str, decoder: msgspec.msgpack.Decoder[_T], what: str) -> _T | None:
-        """One `meta` value, decoded; None when there is none."""
-        rows = list(await fetch(self._conn, sql, ()))
+    async def _read(self, key: str, decoder: msgspec.msgpack.Decoder[_T], what: str) -> _T | None:
+        """One `meta` value, checked and decoded; None when there is none."""
+        rows = list(await fetch(self._conn, SELECT_META, (key,)))
         if not rows:
             return None
+        self._writer.sealer.check_row("meta", rows[0], str(self._path))
         try:
-            return decoder.decode(rows[0][0])
+            return decoder.decode(rows[0][1])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{self._path}: unreadable: {what}: {exc}") from exc

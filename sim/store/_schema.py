@@ -21,45 +21,54 @@ _HEADER_SIZE = 100
 _USER_VERSION_OFFSET = 60
 
 SCHEMA_VERSION = 9
-# The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py.
+# The tables and what they hold: docs/store.md. Items and packed records: sim/store/records.py;
+# `mac`, `digest`, `link`, `chain` and `rotated`: sim/store/seals.py.
 SCHEMA: tuple[str, ...] = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
-    "CREATE TABLE run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL)",
-    "CREATE TABLE scenario (id INTEGER PRIMARY KEY CHECK (id = 0), sha256 TEXT NOT NULL, data BLOB NOT NULL)",
-    "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE agent_keys (n INTEGER PRIMARY KEY, agent TEXT NOT NULL UNIQUE)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value, mac INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE run (id INTEGER PRIMARY KEY CHECK (id = 0), identity TEXT NOT NULL, mac INTEGER NOT NULL)",
+    "CREATE TABLE scenario (id INTEGER PRIMARY KEY CHECK (id = 0), sha256 TEXT NOT NULL, data BLOB NOT NULL,"
+    " mac INTEGER NOT NULL)",
+    "CREATE TABLE agents (agent TEXT PRIMARY KEY, system_prompt TEXT NOT NULL, mac INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE agent_keys (n INTEGER PRIMARY KEY, agent TEXT NOT NULL UNIQUE, mac INTEGER NOT NULL)",
     "CREATE TABLE facts (agent TEXT NOT NULL, id TEXT NOT NULL, text TEXT NOT NULL, writer TEXT NOT NULL,"
-    " withdrawn INTEGER NOT NULL DEFAULT 0,"
+    " withdrawn INTEGER NOT NULL DEFAULT 0, mac INTEGER NOT NULL,"
     " PRIMARY KEY (agent, id)) WITHOUT ROWID",
     "CREATE TABLE world (agent TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, writer TEXT NOT NULL,"
-    " PRIMARY KEY (agent, key)) WITHOUT ROWID",
+    " mac INTEGER NOT NULL, PRIMARY KEY (agent, key)) WITHOUT ROWID",
     "CREATE TABLE items (k INTEGER PRIMARY KEY, body BLOB NOT NULL)",
     "CREATE TRIGGER items_collision BEFORE INSERT ON items"
     " WHEN EXISTS (SELECT 1 FROM items WHERE k = NEW.k AND body <> NEW.body)"
     " BEGIN SELECT RAISE(ABORT, 'two different items with the same digest key'); END",
-    "CREATE TABLE heard (agent INTEGER NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
+    "CREATE TABLE heard (agent INTEGER NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL, mac INTEGER NOT NULL)",
     "CREATE INDEX heard_recent ON heard (agent, tick)",
-    "CREATE TABLE place_events (place TEXT NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL)",
+    "CREATE TABLE place_events (place TEXT NOT NULL, tick INTEGER NOT NULL, items BLOB NOT NULL,"
+    " mac INTEGER NOT NULL)",
     "CREATE INDEX place_events_recent ON place_events (place, tick)",
-    "CREATE TABLE place_windows (place TEXT PRIMARY KEY, since INTEGER NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE kept (agent TEXT NOT NULL, slot INTEGER NOT NULL, body BLOB NOT NULL,"
+    "CREATE TABLE place_windows (place TEXT PRIMARY KEY, since INTEGER NOT NULL, mac INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE kept (agent TEXT NOT NULL, slot INTEGER NOT NULL, body BLOB NOT NULL, mac INTEGER NOT NULL,"
     " PRIMARY KEY (agent, slot)) WITHOUT ROWID",
     "CREATE TABLE summaries (place TEXT NOT NULL, slot INTEGER NOT NULL, events TEXT NOT NULL, body BLOB NOT NULL,"
-    " PRIMARY KEY (place, slot)) WITHOUT ROWID",
+    " mac INTEGER NOT NULL, PRIMARY KEY (place, slot)) WITHOUT ROWID",
     "CREATE TABLE beliefs (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, id TEXT NOT NULL,"
-    " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL)",
+    " tick INTEGER NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL, mac INTEGER NOT NULL)",
     "CREATE INDEX beliefs_recent ON beliefs (agent, tick, id)",
     "CREATE TABLE dialogue (n INTEGER PRIMARY KEY, agent TEXT NOT NULL, tick INTEGER NOT NULL,"
-    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL, event TEXT NOT NULL)",
+    " seq INTEGER NOT NULL, speaker TEXT NOT NULL, text TEXT NOT NULL, event TEXT NOT NULL, mac INTEGER NOT NULL)",
     "CREATE INDEX dialogue_recent ON dialogue (agent, tick, seq)",
     "CREATE TABLE audit (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, agent TEXT NOT NULL,"
     " tick INTEGER NOT NULL, backend TEXT NOT NULL, model TEXT NOT NULL, fallback INTEGER NOT NULL,"
-    " line TEXT NOT NULL, record BLOB NOT NULL)",
+    " line TEXT NOT NULL, record BLOB NOT NULL, link INTEGER NOT NULL, digest INTEGER NOT NULL)",
     "CREATE INDEX audit_agent ON audit (agent, tick)",
     "CREATE INDEX audit_tick ON audit (tick)",
-    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, input TEXT NOT NULL,"
-    " PRIMARY KEY (tick, seq)) WITHOUT ROWID",
-    "CREATE TABLE world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL)",
+    "CREATE INDEX audit_link ON audit (link)",
+    "CREATE TABLE inputs (tick INTEGER NOT NULL, seq INTEGER NOT NULL, input TEXT NOT NULL, link INTEGER NOT NULL,"
+    " mac INTEGER NOT NULL, PRIMARY KEY (tick, seq)) WITHOUT ROWID",
+    "CREATE TABLE world_changes (tick INTEGER PRIMARY KEY, state TEXT NOT NULL, link INTEGER NOT NULL,"
+    " mac INTEGER NOT NULL)",
+    "CREATE TABLE chain (n INTEGER PRIMARY KEY, tick INTEGER, records INTEGER NOT NULL, inputs INTEGER NOT NULL,"
+    " worlds INTEGER NOT NULL, digest BLOB NOT NULL, head BLOB NOT NULL, seal BLOB NOT NULL)",
+    "CREATE TABLE rotated (id TEXT PRIMARY KEY, link INTEGER NOT NULL, digest INTEGER NOT NULL,"
+    " mac INTEGER NOT NULL) WITHOUT ROWID",
 )
 
 

@@ -1,11 +1,12 @@
 """The store's one writer task and the bounded queue of operations its producers fill.
 
-Every write is one `Row` on the queue. The task drains the queue, groups rows by
-statement and runs each group as one bulk statement (`sim.store.sql.BULK`) inside one
-open transaction; a `Commit`
-commits it (recording the tick in `meta` when it ends one), so a tick is either wholly on
-disk or not at all. Thousands of agents writing at once never wait on one another's
-commits, only (when the queue is full) on the writer: that is the backpressure.
+Every write is one `Row` on the queue. The task drains the queue, seals the rows
+(sim.store.seals), groups them by statement and runs each group as one bulk statement
+(`sim.store.sql.BULK`) inside one open transaction; a `Commit` commits it (recording the
+tick in `meta` when it ends one, with the transaction's link of the chain:
+sim.store._chain), so a tick is either wholly on disk or not at all. Thousands of agents
+writing at once never wait on one another's commits, only (when the queue is full) on the
+writer: that is the backpressure.
 
 On `Close` the task writes and commits what is queued, or, with `keep_tail=False`, rolls
 back the unfinished tail (rows queued after the last commit are dropped unwritten, and
@@ -31,17 +32,11 @@ import aiosqlite
 import msgspec
 
 from sim.errors import StoreError
+from sim.store._chain import Seals
 from sim.store._items import Addresser
 from sim.store._retention import PRUNE_SQL
-from sim.store.sql import (
-    BULK,
-    BULK_REPLACED_BELIEFS,
-    INSERT,
-    REPLACED_BELIEF,
-    SET_LAST_TICK,
-    RowKind,
-    bulk_parameters,
-)
+from sim.store.seals import Sealer
+from sim.store.sql import BULK, BULK_REPLACED_BELIEFS, INSERT, REPLACED_BELIEF, RowKind, bulk_parameters
 
 __all__ = ["BatchWriter", "Close", "Commit", "Operation", "Prune", "Row", "Rows"]
 
@@ -95,11 +90,13 @@ class BatchWriter:
     """
 
     def __init__(
-        self, conn: aiosqlite.Connection, path: Path, addresser: Addresser, *, last_tick: int | None, keep_tail: bool
+        self, conn: aiosqlite.Connection, path: Path, addresser: Addresser, seals: Seals, *,
+        last_tick: int | None, keep_tail: bool,
     ) -> None:
         self._conn = conn
         self._path = path
         self._addresser = addresser
+        self.seals = seals
         self._keep_tail = keep_tail
         self._queue: asyncio.Queue[Operation] = asyncio.Queue(_QUEUE_SIZE)
         self._closing = False
@@ -119,9 +116,15 @@ class BatchWriter:
     def queue_size(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def sealer(self) -> Sealer:
+        """What rows are sealed and checked with (`Seals.sealer`)."""
+        return self.seals.sealer
+
     # -- producers -----------------------------------------------------------------------
 
     def check_open(self) -> None:
+        self.seals.check_key()
         if self.failure is not None:
             raise StoreError(f"{self._path}: the store's writer failed: {self.failure}") from self.failure
         if self._closing:
@@ -256,6 +259,7 @@ class BatchWriter:
         if not rows:
             return
         self._addresser.address(rows)
+        self.seals.seal(rows)
         await self._begin()
         for kind, sql in BULK.items():
             group = rows.pop(kind, None)
@@ -268,7 +272,9 @@ class BatchWriter:
                         await self._conn.executemany(REPLACED_BELIEF, [row[:2] for row in group])
                     else:
                         await self._conn.execute(BULK_REPLACED_BELIEFS, parameters)
-                if parameters is None:
+                if kind == "audit":
+                    await self.seals.insert_records(self._conn, group, parameters)
+                elif parameters is None:
                     await self._conn.executemany(INSERT[kind], group)
                 else:
                     await self._conn.execute(sql, parameters)
@@ -276,13 +282,15 @@ class BatchWriter:
         self.batches += 1
 
     async def _commit_transaction(self, tick: int | None) -> None:
-        if tick is not None:
+        link = self.seals.link(tick)
+        if link is not None:
             await self._begin()
-            await self._conn.execute(SET_LAST_TICK, (tick,))
         if self._in_transaction:
+            await self.seals.end(self._conn, link)
             await self._conn.execute("COMMIT")
             self._in_transaction = False
             self.commits += 1
+        self.seals.committed(link)
         if tick is not None:
             self.last_tick = tick
 

@@ -6,6 +6,9 @@ could plant `RUN.db.lock -> victim` (the lock writes a pid and command line into
 beside a store (the writer lock, the run key, the arrivals journal) is opened with
 `O_NOFOLLOW` and checked to be a regular file of this user, and the store itself must be
 neither a link nor writable by group or others. Each refusal is one line naming the file.
+
+The run key `--broker auto` keeps beside the store (`RUN.db.key`, sim.shard's trust) seals
+the store too (sim.store.seals): `kept_key` reads it for the audit.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import os
 import stat
 from pathlib import Path
 
-from sim.errors import StoreError
+from sim.errors import ConfigError, StoreError
+from sim.protocol.seal import RunKey, run_key_of
 
-__all__ = ["check_store_file", "open_own"]
+__all__ = ["check_store_file", "kept_key", "kept_key_path", "open_own", "read_kept_key"]
 
 
 def open_own(path: Path, flags: int, what: str, mode: int = 0o600) -> int:
@@ -66,3 +70,31 @@ def _check_owned(st: os.stat_result, path: Path, what: str) -> None:
     if st.st_uid != os.geteuid():
         raise StoreError(f"{path}: {what} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
                          "refusing to use it")
+
+
+def kept_key_path(db: Path) -> Path:
+    """Where the run key of the store `db` is kept beside it: `RUN.db.key`."""
+    return db.with_name(db.name + ".key")
+
+
+def kept_key(db: Path) -> RunKey | None:
+    """The run key kept beside the store `db`; None when there is none."""
+    try:
+        return read_kept_key(kept_key_path(db))
+    except FileNotFoundError:
+        return None
+
+
+def read_kept_key(path: Path) -> RunKey:
+    """The key kept beside a store: this user's regular file (not a link: a planted link would
+    hand the run a key its planter knows), readable by nobody else. FileNotFoundError passes through."""
+    fd = open_own(path, os.O_RDONLY, "the run key kept with the store")
+    with os.fdopen(fd, "rb") as file:
+        mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"{path}: the run key kept with the store is readable by others (mode {mode:04o}); "
+                f"`chmod 600 {path}` and start again"
+            )
+        data = file.read()
+    return run_key_of(data, f"{path}: the run key kept with the store")

@@ -17,6 +17,7 @@ import msgspec
 
 __all__ = [
     "BULK",
+    "CHAINED",
     "BULK_REPLACED_BELIEFS",
     "HEARD_RECENT",
     "INSERT",
@@ -34,11 +35,11 @@ __all__ = [
     "SELECT_ALL_INPUTS",
     "SELECT_INPUTS",
     "SELECT_LAST_TICK",
-    "SELECT_PENDING",
     "SELECT_RUN",
-    "SELECT_SAYS",
-    "SELECT_SENT",
+    "SELECT_SCENARIO",
+    "SELECT_META",
     "SET_LAST_TICK",
+    "TABLES",
     "RowKind",
     "bulk_parameters",
     "fetch",
@@ -51,30 +52,42 @@ RowKind = Literal[
 """What a queued row is: its statement in `INSERT`, except `episode` and `place` (which the
 writer turns into `item` rows and `heard` or `place_events` rows, `sim.store._items`)."""
 
-# Statements by row kind, in the order a batch runs them.
+# Statements by row kind, in the order a batch runs them. A row is queued as its producer
+# makes it; the writer adds `link` (the commit) to the chained kinds and then the row's
+# `mac` (an audit row's `digest`), before the blob where the last value is one
+# (sim.store.seals: what they cover).
 INSERT: dict[RowKind, str] = {
-    "agent": "INSERT OR IGNORE INTO agents (agent, system_prompt) VALUES (?, ?)",
-    "fact": "INSERT OR REPLACE INTO facts (agent, id, text, writer, withdrawn) VALUES (?, ?, ?, ?, ?)",
-    "world": "INSERT INTO world (agent, key, value, writer) VALUES (?, ?, ?, ?)"
-    " ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, writer = excluded.writer",
-    "agent_key": "INSERT INTO agent_keys (n, agent) VALUES (?, ?)",
+    "agent": "INSERT OR IGNORE INTO agents (agent, system_prompt, mac) VALUES (?, ?, ?)",
+    "fact": "INSERT OR REPLACE INTO facts (agent, id, text, writer, withdrawn, mac) VALUES (?, ?, ?, ?, ?, ?)",
+    "world": "INSERT INTO world (agent, key, value, writer, mac) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, writer = excluded.writer, mac = excluded.mac",
+    "agent_key": "INSERT INTO agent_keys (n, agent, mac) VALUES (?, ?, ?)",
     "item": "INSERT OR IGNORE INTO items (k, body) VALUES (?, ?)",
-    "heard": "INSERT INTO heard (agent, tick, items) VALUES (?, ?, ?)",
-    "place_events": "INSERT INTO place_events (place, tick, items) VALUES (?, ?, ?)",
-    "place_window": "INSERT INTO place_windows (place, since) VALUES (?, ?)"
-    " ON CONFLICT (place) DO UPDATE SET since = excluded.since",
-    "kept": "INSERT OR REPLACE INTO kept (agent, slot, body) VALUES (?, ?, ?)",
-    "summary": "INSERT OR REPLACE INTO summaries (place, slot, events, body) VALUES (?, ?, ?, ?)",
-    "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence) VALUES (?, ?, ?, ?, ?)",
-    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text, event) VALUES (?, ?, ?, ?, ?, ?)",
-    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, record)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    "input": "INSERT OR REPLACE INTO inputs (tick, seq, input) VALUES (?, ?, ?)",
-    "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-    "run": "INSERT OR REPLACE INTO run (id, identity) VALUES (0, ?)",
-    "world_change": "INSERT OR REPLACE INTO world_changes (tick, state) VALUES (?, ?)",
-    "scenario": "INSERT OR REPLACE INTO scenario (id, sha256, data) VALUES (0, ?, ?)",
+    "heard": "INSERT INTO heard (agent, tick, mac, items) VALUES (?, ?, ?, ?)",
+    "place_events": "INSERT INTO place_events (place, tick, mac, items) VALUES (?, ?, ?, ?)",
+    "place_window": "INSERT INTO place_windows (place, since, mac) VALUES (?, ?, ?)"
+    " ON CONFLICT (place) DO UPDATE SET since = excluded.since, mac = excluded.mac",
+    "kept": "INSERT OR REPLACE INTO kept (agent, slot, mac, body) VALUES (?, ?, ?, ?)",
+    "summary": "INSERT OR REPLACE INTO summaries (place, slot, events, mac, body) VALUES (?, ?, ?, ?, ?)",
+    "belief": "INSERT INTO beliefs (agent, id, tick, text, confidence, mac) VALUES (?, ?, ?, ?, ?, ?)",
+    "line": "INSERT INTO dialogue (agent, tick, seq, speaker, text, event, mac) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "audit": "INSERT OR IGNORE INTO audit (id, run_id, agent, tick, backend, model, fallback, line, link, digest,"
+    " record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "input": "INSERT OR REPLACE INTO inputs (tick, seq, input, link, mac) VALUES (?, ?, ?, ?, ?)",
+    "meta": "INSERT OR REPLACE INTO meta (key, mac, value) VALUES (?, ?, ?)",
+    "run": "INSERT OR REPLACE INTO run (id, identity, mac) VALUES (0, ?, ?)",
+    "world_change": "INSERT OR REPLACE INTO world_changes (tick, state, link, mac) VALUES (?, ?, ?, ?)",
+    "scenario": "INSERT OR REPLACE INTO scenario (id, sha256, mac, data) VALUES (0, ?, ?, ?)",
 }
+TABLES: dict[RowKind, str] = {
+    "agent": "agents", "fact": "facts", "world": "world", "agent_key": "agent_keys", "heard": "heard",
+    "place_events": "place_events", "place_window": "place_windows", "kept": "kept", "summary": "summaries",
+    "belief": "beliefs", "line": "dialogue", "audit": "audit", "input": "inputs", "meta": "meta", "run": "run",
+    "world_change": "world_changes", "scenario": "scenario",
+}
+"""The table each kind's rows go to (items are content-addressed, not sealed)."""
+CHAINED: frozenset[RowKind] = frozenset({"audit", "input", "world_change"})
+"""The kinds whose rows carry `link`, the commit that wrote them (sim.store._chain)."""
 # The row kinds whose last value is a blob: it travels apart from the JSON rows (as an
 # offset and a length into one blob of all of them); every other value is JSON.
 BLOB_LAST: frozenset[RowKind] = frozenset(
@@ -130,17 +143,18 @@ def bulk_parameters(kind: RowKind, rows: Sequence[tuple[Any, ...]]) -> tuple[byt
     return None if _NUL in data else (data,)
 
 
-SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_tick', ?)"
+SET_LAST_TICK = "INSERT OR REPLACE INTO meta (key, value, mac) VALUES ('last_tick', ?, ?)"
 SELECT_LAST_TICK = "SELECT value FROM meta WHERE key = 'last_tick'"
+SELECT_META = "SELECT key, value, mac FROM meta WHERE key = ?"
 SELECT_AGENT_KEYS = "SELECT agent, n FROM agent_keys"
 
 # The agents in a JSON array (the one parameter).
 _IDS = "agent IN (SELECT value FROM json_each(?))"
-LOAD_PROMPTS = "SELECT agent, system_prompt FROM agents WHERE " + _IDS
-LOAD_FACTS = "SELECT agent, id, text FROM facts WHERE withdrawn = 0 AND " + _IDS
-LOAD_WORLD = "SELECT agent, key, value FROM world WHERE " + _IDS
-LOAD_KEPT = "SELECT agent, slot, body FROM kept WHERE " + _IDS + " ORDER BY agent, slot"
-LOAD_SUMMARIES = "SELECT place, slot, events, body FROM summaries ORDER BY place, slot"
+LOAD_PROMPTS = "SELECT agent, system_prompt, mac FROM agents WHERE " + _IDS
+LOAD_FACTS = "SELECT agent, id, text, writer, withdrawn, mac FROM facts WHERE " + _IDS
+LOAD_WORLD = "SELECT agent, key, value, writer, mac FROM world WHERE " + _IDS
+LOAD_KEPT = "SELECT agent, slot, body, mac FROM kept WHERE " + _IDS + " ORDER BY agent, slot"
+LOAD_SUMMARIES = "SELECT place, slot, events, body, mac FROM summaries ORDER BY place, slot"
 
 
 # Newest `limit` rows per agent for the agents in a JSON array, oldest first: the same
@@ -157,31 +171,31 @@ def _recent(table: str, columns: str, order: str) -> str:
 
 
 RECENT: dict[Literal["beliefs", "dialogue"], str] = {
-    "beliefs": _recent("beliefs", "id, tick, text, confidence", "tick, id, text, confidence"),
-    "dialogue": _recent("dialogue", "tick, seq, speaker, text, event", "tick, seq, speaker, text, event"),
+    "beliefs": _recent("beliefs", "id, tick, text, confidence, mac", "tick, id, text, confidence"),
+    "dialogue": _recent("dialogue", "tick, seq, speaker, text, event, mac", "tick, seq, speaker, text, event"),
 }
 
 # Heard rows hold several items each, so the newest `limit` rows by tick hold at least
 # `limit` items; every row of the boundary tick is taken too, and Python keeps the newest
-# `limit` items by (tick, id).
+# `limit` items by (tick, id). Each row comes with the agent's key row: both are checked.
 HEARD_RECENT = (
-    "SELECT a.agent, h.items FROM json_each(?) AS j JOIN agent_keys AS a ON a.agent = j.value"
+    "SELECT a.n, a.agent, a.mac, h.agent, h.tick, h.items, h.mac FROM json_each(?) AS j"
+    " JOIN agent_keys AS a ON a.agent = j.value"
     " JOIN heard AS h ON h.agent = a.n AND h.tick >= IFNULL((SELECT tick FROM heard WHERE agent = a.n"
     " ORDER BY tick DESC LIMIT 1 OFFSET ?), -1)"
 )
 ITEM_BODIES = "SELECT k, body FROM items WHERE k IN (SELECT value FROM json_each(?))"
 
-SELECT_INPUTS = "SELECT input FROM inputs WHERE tick = ? ORDER BY seq"
-SELECT_ALL_INPUTS = "SELECT tick, input FROM inputs ORDER BY tick, seq"
-SELECT_SENT = "SELECT value FROM meta WHERE key = 'sent'"
-SELECT_SAYS = "SELECT value FROM meta WHERE key = 'says'"
-SELECT_RUN = "SELECT identity FROM run WHERE id = 0"
-SELECT_PENDING = "SELECT value FROM meta WHERE key = 'pending'"
+# An input with its sealed columns (tick, seq, input, link) and its mac.
+SELECT_INPUTS = "SELECT tick, seq, input, link, mac FROM inputs WHERE tick = ? ORDER BY seq"
+SELECT_ALL_INPUTS = "SELECT tick, seq, input, link, mac FROM inputs ORDER BY tick, seq"
+SELECT_RUN = "SELECT identity, mac FROM run WHERE id = 0"
+SELECT_SCENARIO = "SELECT sha256, data, mac FROM scenario WHERE id = 0"
 
 # Every place's log from the tick its window still needs, in one query: rows in (place,
 # tick) order, each row's items in the order they were appended.
 PLACE_LOG = (
-    "SELECT p.place, p.tick, p.items FROM place_windows AS w JOIN place_events AS p"
+    "SELECT p.place, p.tick, p.items, p.mac, w.since, w.mac FROM place_windows AS w JOIN place_events AS p"
     " ON p.place = w.place AND p.tick >= w.since ORDER BY p.place, p.tick, p.rowid"
 )
 
