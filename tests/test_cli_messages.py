@@ -65,6 +65,6 @@ def test_remote_workers_without_a_worker_say_to_start_one(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="sim.inference"):
         assert main(["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "lonely", "--ticks", "3",
-                     "--set", "inference.placement=remote", "--set", "inference.inference_timeout=0.5", "--quiet"]) == 0
+                     "--remote-workers", "--set", "inference.inference_timeout=0.5", "--quiet"]) == 0
     (said,) = [r.getMessage() for r in caplog.records if "no reply to request" in r.getMessage()]
     assert f"Start one with `npcsim worker --broker {mosquitto.url} --run lonely`" in said, said

@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sim.cli import build_parser
+from sim.cli.run import run_command
 from sim.errors import ConfigError
 from sim.inference import InferenceRequest, InferenceResult, PoolConfig, open_pool
 from sim.shard import InferenceConfig, Placement, RunConfig
@@ -172,4 +174,7 @@ def test_which_shards_serve_in_a_worker_process(monkeypatch: pytest.MonkeyPatch)
     assert pool_transport(placed("remote"), 10**6) == "mqtt"
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
     assert pool_transport(config, 10**6) == "inprocess"  # one CPU: nothing to gain
+    with pytest.raises(ConfigError, match=r"--remote-workers and --set inference\.placement=process"):
+        run_command(build_parser().parse_args(["run", "x.toml", "--remote-workers",
+                                               "--set", "inference.placement=process"]))
 

@@ -1,5 +1,5 @@
 """`prefix_reuse` where prompts are recorded: the run's summary and `npcsim audit export`/`show`,
-with `stable_prefix` set by the run (`--set memory.stable_prefix=true`); a real village run over Mosquitto."""
+with `stable_prefix` set by the run (`--stable-prefix`); a real village run over Mosquitto."""
 
 from __future__ import annotations
 
@@ -89,10 +89,10 @@ async def test_the_run_and_the_audit_say_how_much_of_each_prompt_the_previous_on
 
 
 @pytest.mark.mosquitto
-def test_npcsim_run_takes_stable_prefix_from_its_setting(tmp_path: Path) -> None:
+def test_npcsim_run_takes_stable_prefix_from_its_flag(tmp_path: Path) -> None:
     require_mosquitto()
     db = tmp_path / "flag.db"
-    ran = run_npcsim("run", "village", "--db", str(db), "--ticks", "40", "--set", "memory.stable_prefix=true")
+    ran = run_npcsim("run", "village", "--db", str(db), "--ticks", "40", "--stable-prefix")
     assert ran.code == 0, ran.err
     summary = dict(line.split("\t") for line in ran.out.splitlines() if line.count("\t") == 1)
     assert summary["prompt prefix reuse (chars)"].endswith("%")

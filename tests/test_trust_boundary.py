@@ -181,7 +181,7 @@ async def test_the_broker_restarted_mid_run_under_remote_workers(
     db = tmp_path / "restart.db"
     worker = RemoteWorker(WorkerConfig(broker=mosquitto.address, run_id="rs", name="w"))
     argv = ["run", VILLAGE, "--broker", mosquitto.url, "--run-id", "rs", "--ticks", "40", "--tick-ms", "100",
-            "--set", "inference.placement=remote", "--quiet", "--db", str(db)]
+            "--remote-workers", "--quiet", "--db", str(db)]
     async with asyncio.TaskGroup() as group:
         serving = group.create_task(worker.run())
         await worker.ready.wait()

@@ -40,6 +40,7 @@ from sim.settings import parse_settings, with_settings
 from sim.shard import (
     BrokerConfig,
     InferenceConfig,
+    Placement,
     RecordConfig,
     RunConfig,
     RunStarted,
@@ -70,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help=f"SQLite file for this shard (default: a new file in ${RUNS_ENV} or ./runs, which keeps "
                      "the newest 10: --set record.runs_kept=N; --resume continues the run's newest there)")
     add_backend_arguments(cmd)
+    cmd.add_argument("--remote-workers", action="store_true",
+                     help="send inferences to `npcsim worker` processes on the broker instead of in-process "
+                     "(--set inference.placement=remote)")
     cmd.add_argument("--run-key-file", metavar="FILE",
                      help="sign internal messages with this secret (HMAC; every process of the run needs it); "
                      "generated for --broker auto")
@@ -86,8 +90,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="serve the web view of the run on http://127.0.0.1:PORT/ (loopback only)")
     add_view_arguments(cmd)
     add_metrics_argument(cmd)
-    add_set_argument(cmd, "memory.KEY (the scenario's [memory]: memory.stable_prefix=true, ...), inference.KEY "
-                     "(inference.placement=remote: to `npcsim worker` processes), inference.backend_options.NAME, "
+    cmd.add_argument("--stable-prefix", action=argparse.BooleanOptionalAction, default=None,
+                     help="move the start of each memory category only in steps, so that an NPC's prompts "
+                     "extend each other and a model server's cache reuses them (default: the scenario's [memory])")
+    add_set_argument(cmd, "memory.KEY (the scenario's [memory]), inference.KEY, inference.backend_options.NAME, "
                      "limits.KEY, record.KEY, broker.KEY, bots, ... (the fields of RunConfig)")
     cmd.set_defaults(func=run_command)
 
@@ -229,7 +235,12 @@ def _config(args: argparse.Namespace) -> RunConfig:
     """The run the flags and the `--set` settings (which win) describe; a bad setting is a
     ConfigError naming it."""
     settings = parse_settings(args.set)
-    memory = {k.removeprefix("memory."): v for k, v in settings.items() if k.startswith("memory.")}
+    memory: dict[str, object] = {} if args.stable_prefix is None else {"stable_prefix": args.stable_prefix}
+    memory.update((k.removeprefix("memory."), v) for k, v in settings.items() if k.startswith("memory."))
+    placement: Placement = "remote" if args.remote_workers else "auto"
+    asked = settings.get("inference.placement")
+    if args.remote_workers and asked is not None and asked != "remote":
+        raise ConfigError(f"--remote-workers and --set inference.placement={asked}: inferences go to one or the other")
     config = RunConfig(
         scenario=args.scenario,
         shard=args.shard,
@@ -239,7 +250,8 @@ def _config(args: argparse.Namespace) -> RunConfig:
         until_tick=args.until_tick,
         tick_ms=args.tick_ms,
         broker=BrokerConfig(url=args.broker, run_key_file=args.run_key_file),
-        inference=InferenceConfig(backend=args.backend, backend_options=backend_options(args, settings)),
+        inference=InferenceConfig(backend=args.backend, backend_options=backend_options(args, settings),
+                                  placement=placement),
         record=RecordConfig(db=args.db, resume=args.resume, runs_dir=os.environ.get(RUNS_ENV) or "runs",
                             keep_dialogue=(args.dialogue or args.follow) and not args.quiet),
         memory=memory,

@@ -226,8 +226,8 @@ def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
 
 
 def memory_config(config: RunConfig, scenario: Scenario) -> WorkingMemoryConfig:
-    """The scenario's working-memory config with the run's changes (`--set memory.KEY=VALUE`);
-    a combination the config refuses is a ConfigError naming them."""
+    """The scenario's working-memory config with the run's changes (`--set memory.KEY=VALUE`,
+    `--stable-prefix`); a combination the config refuses is a ConfigError naming them."""
     return with_settings(scenario.memory, config.memory, "memory.")
 
 

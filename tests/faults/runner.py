@@ -200,7 +200,7 @@ class Run:
                       "--set", f"inference.inference_timeout={INFERENCE_TIMEOUT_S}",
                       "--set", f"inference.backend_options.read_timeout={INFERENCE_TIMEOUT_S / 2}"]
         if self.s.workers:
-            extra += ["--set", "inference.placement=remote"]
+            extra += ["--remote-workers"]
         wrap = self.ns.wrap if self.ns is not None and self._net_target(shard.index) else ()
         with log.open("wb") as err:
             shard.proc = await start_npcsim(
