@@ -75,7 +75,7 @@ def problems(name: str, message: Any) -> list[str]:
 
 @pytest.mark.parametrize("form", ["yaml", "json"])
 def test_the_document_is_asyncapi_3(capsys: pytest.CaptureFixture[str], form: str) -> None:
-    ran = npcsim_in_process(capsys, "contract", *(["--format", "json"] if form == "json" else []))
+    ran = npcsim_in_process(capsys, "contract", *(["--json"] if form == "json" else []))
     assert ran.code == 0, ran.err
     document = msgspec.yaml.decode(ran.out) if form == "yaml" else json.loads(ran.out)
     assert document["asyncapi"] == "3.0.0"
@@ -285,20 +285,20 @@ def test_out_writes_the_file_and_markdown_replaces_between_the_markers(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "contract.json"
-    assert npcsim_in_process(capsys, "contract", "--format", "json", "--out", str(out)).code == 0
+    assert npcsim_in_process(capsys, "contract", "--json", "--out", str(out)).code == 0
     assert json.loads(out.read_text())["channels"].keys() == DOCUMENT["channels"].keys()
 
     page = tmp_path / "topics.md"
     page.write_text(f"# Topics\n\nbefore\n\n{MARKDOWN_BEGIN}\nold table\n{MARKDOWN_END}\n\nafter\n")
-    assert npcsim_in_process(capsys, "contract", "--format", "markdown", "--out", str(page)).code == 0
+    assert npcsim_in_process(capsys, "contract", "--markdown", "--out", str(page)).code == 0
     assert page.read_text() == f"# Topics\n\nbefore\n\n{markdown()}\nafter\n"
-    again = npcsim_in_process(capsys, "contract", "--format", "markdown", "--out", str(page))
+    again = npcsim_in_process(capsys, "contract", "--markdown", "--out", str(page))
     assert again.code == 0  # and again: the same
     assert page.read_text() == f"# Topics\n\nbefore\n\n{markdown()}\nafter\n"
 
     bare = tmp_path / "bare.md"
     bare.write_text("# nothing to replace\n")
-    ran = npcsim_in_process(capsys, "contract", "--format", "markdown", "--out", str(bare))
+    ran = npcsim_in_process(capsys, "contract", "--markdown", "--out", str(bare))
     assert ran.code == 2 and "contract:begin" in ran.err and len(ran.err.strip().splitlines()) == 1
     assert bare.read_text() == "# nothing to replace\n"
     ran = npcsim_in_process(capsys, "contract", "--out", str(tmp_path / "no" / "such" / "dir.yaml"))
@@ -326,7 +326,7 @@ def test_with_a_scenario_the_intent_schema_holds_its_npcs_intents_and_listed_val
                     item="ale"), intent("innkeeper", "give_item"), intent("innkeeper", "give_item", item="ale", n=1),
                     intent("innkeeper", "open_vault"), intent("innkeeper", "tip", coins=2.5)):
         assert not valid(refused), refused
-    document = npcsim_in_process(capsys, "contract", listed_village(tmp_path), "--format", "json")
+    document = npcsim_in_process(capsys, "contract", listed_village(tmp_path), "--json")
     assert document.code == 0 and not list(asyncapi_validator().iter_errors(json.loads(document.out)))
     generic = message_schema("intent")  # without a scenario: the types alone
     assert "anyOf" not in generic["definitions"]["IntentMessage"]
@@ -341,8 +341,8 @@ def test_a_scenario_without_intents_allows_none_and_the_table_takes_no_scenario(
                      'location = "inn"\nsystem_prompt = "You are Tobin."\n')
     ran = npcsim_in_process(capsys, "contract", str(plain), "--schema", "intent")
     assert ran.code == 0 and not Draft7Validator(json.loads(ran.out)).is_valid(intent("tobin", "give_item"))
-    ran = npcsim_in_process(capsys, "contract", str(plain), "--format", "markdown")
-    assert ran.code == 2 and "--format markdown" in ran.err and len(ran.err.strip().splitlines()) == 1
+    ran = npcsim_in_process(capsys, "contract", str(plain), "--markdown")
+    assert ran.code == 2 and "--markdown" in ran.err and len(ran.err.strip().splitlines()) == 1
 
 
 # --- the documents ---------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def test_a_scenario_without_intents_allows_none_and_the_table_takes_no_scenario(
 def test_docs_topics_holds_the_generated_table() -> None:
     text = (REPO / "docs" / "topics.md").read_text()
     start, end = text.index(MARKDOWN_BEGIN), text.index(MARKDOWN_END) + len(MARKDOWN_END)
-    assert text[start:end] + "\n" == markdown(), "run: npcsim contract --format markdown --out docs/topics.md"
+    assert text[start:end] + "\n" == markdown(), "run: npcsim contract --markdown --out docs/topics.md"
 
 
 def _console_examples(text: str) -> list[tuple[str, str]]:

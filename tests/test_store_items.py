@@ -218,7 +218,7 @@ async def test_export_by_tick_range_to_gzip(tmp_path: Path, capsys: pytest.Captu
         for record in records:
             await store.record(record)
     out = tmp_path / "ticks-3-5.jsonl.gz"
-    assert main(["audit", "export", "--db", str(db), "--ticks", "3:5", "--out", str(out)]) == 0
+    assert main(["audit", "export", "--db", str(db), "--from-tick", "3", "--to-tick", "5", "--out", str(out)]) == 0
     decoder = msgspec.json.Decoder(AuditRecord)
     exported = [decoder.decode(line) for line in gzip.decompress(out.read_bytes()).splitlines()]
     wanted = sorted((r for r in records if 3 <= r.tick <= 5), key=lambda r: (r.tick, r.agent_id, r.id))
@@ -227,9 +227,9 @@ async def test_export_by_tick_range_to_gzip(tmp_path: Path, capsys: pytest.Captu
     capsys.readouterr()
     for argv, complaint in (
         (["--ticks=-1:"], "--ticks -1:: ticks are >= 0"),
-        (["--ticks", ":x"], "--ticks :x: not FROM:TO (3:9, 3: or :9)"),
-        (["--ticks", "5"], "--ticks 5: not FROM:TO (3:9, 3: or :9)"),
-        (["--ticks", "6:5"], "--ticks 6:5: tick 6 is after tick 5"),
+        (["--from-tick", "-1"], "--from-tick must be >= 0, got -1"),
+        (["--to-tick", "-3"], "--to-tick must be >= 0, got -3"),
+        (["--from-tick", "6", "--to-tick", "5"], "--from-tick 6 is after --to-tick 5"),
     ):
         assert main(["audit", "export", "--db", str(db), "--out", str(tmp_path / "x.jsonl"), *argv]) == 2
         assert capsys.readouterr().err.strip() == f"npcsim: error: {complaint}"
@@ -280,7 +280,7 @@ async def test_export_rotate_deletes_what_was_exported_and_the_rest_replays(
         for record in records:
             await store.record(record)
     archive = tmp_path / "ticks-0-4.jsonl.gz"
-    assert main(["audit", "export", "--db", str(db), "--ticks", ":4", "--out", str(archive), "--rotate"]) == 0
+    assert main(["audit", "export", "--db", str(db), "--to-tick", "4", "--out", str(archive), "--rotate"]) == 0
     assert "deleted 125 exported records" in capsys.readouterr().err
     decoder = msgspec.json.Decoder(AuditRecord)
     exported = [decoder.decode(line) for line in gzip.decompress(archive.read_bytes()).splitlines()]

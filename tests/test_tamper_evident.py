@@ -280,7 +280,7 @@ def test_a_rotated_store_verifies_and_a_deletion_passed_off_as_a_rotation_does_n
     db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (before,) = query(db, "SELECT count(*) FROM audit WHERE tick <= 6")[0]
-    exported = npcsim_in_process(capsys, "audit", "export", "--db", str(db), "--ticks", ":6",
+    exported = npcsim_in_process(capsys, "audit", "export", "--db", str(db), "--to-tick", "6",
                                  "--out", str(tmp_path / "early.jsonl"), "--rotate")
     assert exported.code == 0 and f"deleted {before} exported records" in exported.err, exported
     verified = audit(capsys, "verify", db)

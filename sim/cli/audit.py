@@ -86,8 +86,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export = commands.add_parser("export", help="records as JSON Lines (gzip-compressed when --out ends in .gz)")
     export.add_argument("--db", required=True, help="store file (read-only, unless --rotate)")
     export.add_argument("--agent", default=None, help="only this agent")
-    export.add_argument("--ticks", default=None, metavar="FROM:TO",
-                        help="only records of these ticks, inclusive (FROM: from tick FROM on; :TO up to tick TO)")
+    export.add_argument("--from-tick", type=int, default=None, help="only records of this tick or later")
+    export.add_argument("--to-tick", type=int, default=None, help="only records of this tick or earlier")
     export.add_argument("--out", default=None, help="output file (default: standard output); *.gz is gzip")
     export.add_argument("--rotate", action="store_true",
                         help="then delete the exported records from the store, once the file is on disk (needs --out)")
@@ -316,26 +316,18 @@ def replay_command(args: argparse.Namespace) -> int:
     return 1
 
 
-def _tick_range(text: str | None) -> tuple[int | None, int | None]:
-    """`--ticks FROM:TO`: either side may be left out; whole ticks >= 0, FROM not after TO."""
-    if text is None:
-        return None, None
-    first, colon, last = text.partition(":")
-    try:
-        if not colon:
-            raise ValueError
-        start, end = (None if side.strip() == "" else int(side) for side in (first, last))
-    except ValueError:
-        raise ConfigError(f"--ticks {text}: not FROM:TO (3:9, 3: or :9)") from None
-    if (start is not None and start < 0) or (end is not None and end < 0):
-        raise ConfigError(f"--ticks {text}: ticks are >= 0")
-    if start is not None and end is not None and start > end:
-        raise ConfigError(f"--ticks {text}: tick {start} is after tick {end}")
-    return start, end
+def _tick_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """`--from-tick` and `--to-tick`: whole ticks >= 0, the first not after the last."""
+    for option, value in (("--from-tick", args.from_tick), ("--to-tick", args.to_tick)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{option} must be >= 0, got {value}")
+    if args.from_tick is not None and args.to_tick is not None and args.from_tick > args.to_tick:
+        raise ConfigError(f"--from-tick {args.from_tick} is after --to-tick {args.to_tick}")
+    return args.from_tick, args.to_tick
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from_tick, to_tick = _tick_range(args.ticks)
+    from_tick, to_tick = _tick_range(args)
     if args.rotate and args.out is None:
         raise ConfigError("--rotate needs --out: records are deleted only once they are in a file")
     exported: list[str] = []

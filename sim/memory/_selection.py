@@ -288,15 +288,22 @@ def _whole_runs(categories: Sequence[Category], flex: int, redistribute: bool, d
             return False
         dialogue.kept = k
         duplicates.sync()  # the memories' order without what the dialogue's whole run carries
-    whole = {i: _whole(categories[i]) for i in FLEXIBLE}
-    fits_share = all(cost <= categories[i].budget[0] for i, (_, cost) in whole.items())
-    total = sum(cost for _, cost in whole.values())
     facts, world = categories[FACTS], categories[WORLD]
-    truncatable_empty = (facts.always or not facts.section.lines) and (world.always or not world.section.lines)
-    if not (truncatable_empty and (fits_share or (redistribute and total <= flex))):
+    if not ((facts.always or not facts.section.lines) and (world.always or not world.section.lines)):
         dialogue.kept = 0
         return False
-    for i, (k, _) in whole.items():
+    runs = []  # a loop, not comprehensions: this is the common build's whole selection
+    fits_share, total = True, 0
+    for i in FLEXIBLE:
+        category = categories[i]
+        k, cost = _whole(category)
+        runs.append(k)
+        fits_share = fits_share and cost <= category.budget[0]
+        total += cost
+    if not (fits_share or (redistribute and total <= flex)):
+        dialogue.kept = 0
+        return False
+    for i, k in zip(FLEXIBLE, runs, strict=True):
         categories[i].kept = k
     return True
 
