@@ -3,7 +3,8 @@
 The AsyncAPI 3.0 document (YAML, or `--json`), one message's JSON Schema (`--schema NAME`),
 or the table of docs/topics.md (`--markdown`); to standard output, or to `--out FILE`. With a
 scenario, the intent payload is one of the intents its NPCs may propose, with their arguments'
-types or listed values (sim.output's `intent_schemas`). With `--markdown`, `--out` replaces the part of FILE between the contract's markers, so a document
+types or listed values (sim.output's `intent_schemas`). With `--markdown`, `--out` replaces
+the part of FILE between the contract's markers, so a document
 keeps its prose around the generated table.
 """
 
