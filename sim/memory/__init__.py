@@ -17,8 +17,10 @@ candidates (`selection = "scored"` in the config).
 `quoted` and `own_words` are how a remembered line is quoted: one level, never a quote in
 a quote (the NPC brain and the scripted backend both retell what was said).
 `recall` is what an NPC brings back, for an input, from what it kept of its whole history
-(its significant episodes, its place's `summary_of` its talk); `with_recalled` is its state
-with them, what a scored selection with `recall` ranks (`sim.memory._recall`).
+(its significant episodes, its place's `summary_of` its talk); `recalled_for` the one rule a
+run and `memory show` recall by, `hot_and_kept` a whole history as a run holds it, and
+`with_recalled` the state with what was recalled, what a scored selection with `recall`
+ranks (`sim.memory._recall`).
 `prefix_reuse` is how much of a prompt is a prefix of the previous one (what a model
 server's prompt cache can reuse); the builder remembers no previous prompt, so the recorder
 and the audit compute it.
