@@ -543,8 +543,11 @@ async def test_the_stored_view_marks_what_recall_brought_back(
     source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
     async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
         await asyncio.to_thread(browser.get, url)
+        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
         await click(browser, "n0's chip", '.npc-chip[data-npc="n0"]')
-        await click(browser, "the answer's bar", f'#bars .snapshot[data-inference="{answer.id}"]')
+        bar = f'#bars .snapshot[data-inference="{answer.id}"]'
+        await on_page("n0's bars", lambda: css(browser, bar))
+        await click(browser, "the answer's bar", bar)
 
         from selenium.webdriver import ActionChains
 
