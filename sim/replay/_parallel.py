@@ -154,6 +154,9 @@ async def _in_workers(work: Work[T], spans: Sequence[Span], workers: int) -> lis
             for _ in range(workers):
                 group.create_task(_worker(given, order, done))
     except BaseExceptionGroup as group_error:
+        errors = group_error.exceptions
+        if all(isinstance(e, NpcsimError) for e in errors):  # each worker met the same bad setting: one line
+            raise errors[0] from None
         raise single_error(group_error) from None
     return [done[n] for n in range(len(spans))]
 
