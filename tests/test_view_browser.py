@@ -13,9 +13,11 @@ hover), live and stored; the stored view shows places, names, recipients and pla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,17 @@ from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually, recall_wo
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
 CATEGORIES = ("canonical_facts", "world_state", "dialogue", "episodic", "beliefs")
+
+
+@contextlib.asynccontextmanager
+async def stored_page(browser: Any, db: Path, scenario: str) -> AsyncIterator[None]:
+    """The stored view of the run in `db` open in `browser`, once its dialogue shows."""
+    stored = StoredRun(db, load_scenario(scenario))
+    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
+    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
+        await asyncio.to_thread(browser.get, url)
+        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
+        yield
 
 
 async def test_page_shows_the_run_speaks_and_matches_the_audit(
@@ -387,11 +400,7 @@ async def test_the_stored_view_shows_places_names_recipients_and_player_lines(
         scenario=VILLAGE, run_id="old", ticks=14, broker=BrokerConfig(url=mosquitto.url),
         record=RecordConfig(db=str(db)),
     ))
-    stored = StoredRun(db, load_scenario(VILLAGE))
-    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
-    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
-        await asyncio.to_thread(browser.get, url)
-        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
+    async with stored_page(browser, db, VILLAGE):
         places = await asyncio.to_thread(
             lambda: {div.get_attribute("data-location"): sorted(c.get_attribute("data-npc")
                                                                 for c in div.find_elements("css selector", ".npc-chip"))
@@ -477,11 +486,7 @@ async def test_the_view_shows_the_innkeeper_learning_from_a_player(
     with open_reader(db) as reader:
         told = next(r for r in reader.audit_records("innkeeper") if "My name is Ayla" in r.player_input)
         asked = next(r for r in reader.audit_records("innkeeper") if "lantern" in r.player_input)
-    stored = StoredRun(db, load_scenario(VILLAGE))
-    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
-    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
-        await asyncio.to_thread(browser.get, url)
-        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
+    async with stored_page(browser, db, VILLAGE):
         await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
         await on_page("what it learned", lambda: css(browser, "#proposals")[0].get_attribute("hidden") is None)
         beliefs = await asyncio.to_thread(proposals_on_page, browser, "beliefs-learned")
@@ -539,11 +544,7 @@ async def test_the_stored_view_marks_what_recall_brought_back(
     memory = answer.memory()
     back = [e for e in memory.episodic if e.id in answer.recalled]
     assert back and "silver relic" in back[0].text, "n0 did not recall the secret"
-    stored = StoredRun(db, load_scenario(scenario))
-    source = ViewSource(model=stored.model, live=False, ticks=(stored.first_tick, stored.last_tick))
-    async with open_view_server(build_app(source), "127.0.0.1", 0) as url:
-        await asyncio.to_thread(browser.get, url)
-        await on_page("the stored run", lambda: css(browser, "#dialogue li"))
+    async with stored_page(browser, db, scenario):
         await click(browser, "n0's chip", '.npc-chip[data-npc="n0"]')
         bar = f'#bars .snapshot[data-inference="{answer.id}"]'
         await on_page("n0's bars", lambda: css(browser, bar))
