@@ -200,10 +200,15 @@ def main_live(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "",
         *live_table(script, rows),
     ]
+    return report(lines, args.write, "Recall of a told secret: live runs of a busy place")
+
+
+def report(lines: Sequence[str], write: Path | None, title: str) -> int:
+    """Print the section; with `write`, put it into that markdown file under `title`."""
     body = "\n".join(lines)
     print(body)
-    if args.write:
-        write_section(args.write, "Recall of a told secret: live runs of a busy place", body)
+    if write:
+        write_section(write, title, body)
     return 0
 
 
@@ -238,11 +243,7 @@ def main() -> int:
         "",
         *table(rows),
     ]
-    body = "\n".join(lines)
-    print(body)
-    if args.write:
-        write_section(args.write, "Recall of a planted memory: recency and scored selection", body)
-    return 0
+    return report(lines, args.write, "Recall of a planted memory: recency and scored selection")
 
 
 if __name__ == "__main__":
