@@ -60,10 +60,10 @@ player_inputs = st.one_of(st.just(""), texts)
 @st.composite
 def configs(
     draw: st.DrawFn, *, tokens: bool = False, redistribute: bool | None = None, selection: str | None = None,
-    stable: bool | None = False,
+    stable: bool | None = False, layout: str = "sections",
 ) -> WorkingMemoryConfig:
     """A config; `selection` None draws either selection (a scored one with drawn weights),
-    `stable` None either value of `stable_prefix`."""
+    `stable` None either value of `stable_prefix` (false in the log layout, which refuses it)."""
     chosen = draw(st.sampled_from(SELECTIONS)) if selection is None else selection
     weight = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.7])
     shares = draw(st.sampled_from([(0.60, 0.25, 0.15), (0.5, 0.3, 0.2), (0.0, 0.0, 1.0), (0.2, 0.2, 0.2), (1.0, 0, 0)]))
@@ -87,5 +87,6 @@ def configs(
             relevance_weight=draw(weight),
             dialogue_importance=draw(unit),
         ),
-        stable_prefix=draw(st.booleans()) if stable is None else stable,
+        stable_prefix=(draw(st.booleans()) if stable is None else stable) and layout == "sections",
+        layout=layout,
     )

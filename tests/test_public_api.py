@@ -106,7 +106,8 @@ MODULES: dict[str, set[str]] = {
         "replay_records", "trace_of",
     },
     "sim.memory.render": {
-        "CATEGORY_HEADERS", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
+        "CATEGORY_HEADERS",
+        "LOG_HEADER", "RECALLED_HEADER", "RENDER", "RENDERER_VERSION", "RENDER_ORDER", "RULE_HEADER", "RenderedState",
         "Section", "TAIL_HEADER", "TokenSizes", "inert", "render_belief", "render_episode",
         "render_fact", "render_head", "render_line", "render_rule", "render_tail", "render_world", "rendered",
         "token_sizes",

@@ -12,11 +12,14 @@ import msgspec
 from sim.errors import ConfigError
 from sim.memory._tokens import SERVER, TOKENIZERS, check_tokenizer, token_counter
 
-__all__ = ["SELECTIONS", "OverflowPolicy", "ScoredSelection", "Selection", "WorkingMemoryConfig", "counted_by_server"]
+__all__ = ["LAYOUTS", "SELECTIONS", "Layout", "OverflowPolicy", "ScoredSelection", "Selection", "WorkingMemoryConfig",
+           "counted_by_server"]
 
 OverflowPolicy = Literal["keep", "raise"]
 Selection = Literal["recency", "scored"]
 SELECTIONS: tuple[Selection, ...] = ("recency", "scored")
+Layout = Literal["sections", "log"]
+LAYOUTS: tuple[Layout, ...] = ("sections", "log")
 
 _SHARE_TOLERANCE = 1e-9
 MAX_RECALL = 64
@@ -72,6 +75,9 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     `selection` is how a flexible category ranks its items: "recency" (newest first) or
     "scored" (best ranked first, as `scored` says). `stable_prefix` moves the start of each flexible category's kept run
     only in steps (`sim.memory._stable`), so that successive prompts extend each other.
+    `layout` is the prompt's shape: "sections" (one section per category, the seed's) or
+    "log" (the dialogue and memories as one chronological log that a later prompt extends:
+    `sim.memory._log`).
     """
 
     max_context_chars: int = 2000
@@ -90,6 +96,7 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     selection: Selection = "recency"
     scored: ScoredSelection = ScoredSelection()
     stable_prefix: bool = False
+    layout: Layout = "sections"
 
     def __post_init__(self) -> None:
         for name in ("max_context_chars", "max_dialogue_lines", "max_episodic_memories", "max_beliefs"):
@@ -116,6 +123,11 @@ class WorkingMemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             raise ConfigError(f"selection must be 'recency' or 'scored', got {self.selection!r}")
         if not isinstance(self.scored, ScoredSelection):
             raise ConfigError(f"scored must be a table of the scored selection's settings, got {self.scored!r}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be 'sections' or 'log', got {self.layout!r}")
+        if self.layout == "log" and self.stable_prefix:
+            raise ConfigError("stable_prefix is the sections layout's: layout = \"log\" moves the log's start "
+                              "in chunks already; leave stable_prefix false")
         check_tokenizer(self.tokenizer)
         if self.max_context_tokens is not None and self.tokenizer in TOKENIZERS:
             # refuse now, not at the first build, when the extra is missing; a model's own

@@ -11,13 +11,11 @@ among those its kept lines do not say already (`sim.memory._duplicates`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-import msgspec
-
-from sim.errors import ConfigError, OverBudgetError
-from sim.memory._budget import Selection, WorkingMemoryConfig
+from sim.errors import OverBudgetError
+from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._duplicates import carried
+from sim.memory._log import build_log
 from sim.memory._scoring import capped_ranking
 from sim.memory._selection import (
     BELIEFS,
@@ -30,106 +28,20 @@ from sim.memory._selection import (
     fit_exact_tokens,
     select,
 )
+from sim.memory._snapshot import (
+    CategoryReport,
+    TruncationReport,
+    WorkingMemory,
+    category_report,
+    kept_items,
+    over_budget_message,
+)
 from sim.memory._stable import stabilise
-from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact
+from sim.memory._state import Belief, Episode, Line, NpcState
 from sim.memory._tokens import KnownCounts, TokenCounter, token_counter
 from sim.memory.render import RENDERER_VERSION, render_rule, render_tail, rendered, token_sizes
 
 __all__ = ["CategoryReport", "TruncationReport", "WorkingMemory", "build_working_memory"]
-
-
-class CategoryReport(msgspec.Struct, frozen=True, kw_only=True):
-    """What one category was given and what it kept; sizes in characters (and tokens).
-
-    `dropped` counts the items truncation left out (cap, budget, over budget, stable prefix);
-    `duplicate` the memories left out because a line the dialogue keeps says them already
-    (`sim.memory._duplicates`): kept + dropped + duplicate is the state's count, and a memory
-    whose line is not kept is never a duplicate.
-
-    `budget` is the category's share of the flexible budget (for a truncatable
-    always-include category: what was left); `used` may exceed it when unused budget
-    was redistributed.
-    """
-
-    budget: int
-    used: int
-    kept: int
-    dropped: int
-    duplicate: int = 0
-    budget_tokens: int | None = None
-    used_tokens: int | None = None
-
-
-class TruncationReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What the budget did to one working memory; `selection` names how the flexible
-    categories chose (left out of the encoding when it is the default, "recency").
-
-    `stable_cost_chars` is what `stable_prefix` cost: the characters of the items the
-    ordinary selection kept and the stable start gave up (counted in their categories'
-    `dropped`; left out of the encoding when 0).
-    """
-
-    limit_chars: int
-    limit_tokens: int | None
-    mandatory_chars: int
-    mandatory_tokens: int | None
-    prompt_chars: int
-    prompt_tokens: int | None
-    over_budget: bool
-    canonical_facts: CategoryReport
-    world_state: CategoryReport
-    dialogue: CategoryReport
-    episodic: CategoryReport
-    beliefs: CategoryReport
-    selection: Selection = "recency"
-    stable_cost_chars: int = 0
-
-
-class WorkingMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One inference's context. Kept items are the state's own items, oldest first.
-
-    `prohibition` is a retry's rule (mandatory content, rendered in the prompt).
-    `renderer` names the rendering that made the prompt (`RENDERER_VERSION`); it is part
-    of the encoding an audit record's digest covers. `prompt[:system_chars]` is the
-    author's text: the system prompt and the canonical facts.
-    """
-
-    agent_id: str
-    player_input: str
-    prompt: str
-    context_chars: int  # prompt[:context_chars] is everything before the "## Now" part
-    canonical_facts: tuple[Fact, ...]
-    world_state: tuple[WorldFact, ...]
-    dialogue: tuple[Line, ...]
-    episodic: tuple[Episode, ...]
-    beliefs: tuple[Belief, ...]
-    report: TruncationReport
-    prohibition: str | None = None
-    renderer: int
-    system_chars: int
-
-    def messages(self) -> list[dict[str, str]]:
-        """The same content in chat form: a system message and a user message.
-
-        The system message is the author's text only (the system prompt and the canonical
-        facts); everything that carries outside words (world state, which the game system
-        changes over MQTT, beliefs, memories, dialogue, a retry's rule and the input) is
-        the user message, the prompt's text up to its closing cue.
-        """
-        cue = len(self.prompt) - len(self.agent_id) - 1  # the prompt ends with "{agent_id}:"
-        return [
-            {"role": "system", "content": self.prompt[: self.system_chars].removesuffix("\n")},
-            {"role": "user", "content": self.prompt[self.system_chars : cue].removeprefix("\n").removesuffix("\n")},
-        ]
-
-    def sent_text(self, form: str) -> str:
-        """What a model is given, as the audit records it: the prompt ("text"), or for the
-        chat endpoint ("chat") the messages' contents in order, joined by a blank line."""
-        if form == "chat":
-            return "\n\n".join(m["content"] for m in self.messages())
-        if form == "text":
-            return self.prompt
-        raise ConfigError(f"form must be 'text' or 'chat', got {form!r}")
 
 
 _DEFAULT_CONFIG = WorkingMemoryConfig()
@@ -154,12 +66,17 @@ def build_working_memory(
     build needs raise `CountsMissing` naming every such text it met.
     """
     cfg = _DEFAULT_CONFIG if config is None else config
+    build = build_log if cfg.layout == "log" else _build
+    return build(state, player_input, cfg, prohibition, counter_for(cfg, counts))
+
+
+def counter_for(cfg: WorkingMemoryConfig, counts: TokenCounter | Mapping[str, int] | None) -> TokenCounter | None:
+    """What a build counts tokens with (`build_working_memory`'s `counts`); None without a token limit."""
     if cfg.max_context_tokens is None:
-        return _build(state, player_input, cfg, prohibition, None)
+        return None
     if counts is None:
-        return _build(state, player_input, cfg, prohibition, token_counter(cfg.tokenizer))
-    count = counts if callable(counts) else KnownCounts(counts)
-    return _build(state, player_input, cfg, prohibition, count)
+        return token_counter(cfg.tokenizer)
+    return counts if callable(counts) else KnownCounts(counts)
 
 
 def _build(
@@ -208,7 +125,7 @@ def _build(
     duplicates: Duplicates | None = None
     if over_budget:
         if cfg.on_overflow == "raise":
-            raise OverBudgetError(_over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
+            raise OverBudgetError(over_budget_message(state.agent_id, cfg, mandatory_chars, mandatory_tokens))
     else:
         if ranks:
             beliefs.order_by(ranks["beliefs"])
@@ -240,7 +157,7 @@ def _build(
         )
         stable_cost = ordinary - len(prompt)
 
-    facts_report = _category_report(facts)
+    facts_report = category_report(facts)
     # the memories the kept lines say; those of lines `stable_prefix` gave up went with them (dropped)
     duplicate = len(duplicates.said()) if duplicates is not None else 0
     report = TruncationReport(
@@ -252,10 +169,10 @@ def _build(
         prompt_tokens=prompt_tokens,
         over_budget=over_budget,
         canonical_facts=facts_report,
-        world_state=_category_report(world),
-        dialogue=_category_report(dialogue),
-        episodic=_category_report(episodic, duplicate),
-        beliefs=_category_report(beliefs),
+        world_state=category_report(world),
+        dialogue=category_report(dialogue),
+        episodic=category_report(episodic, duplicate),
+        beliefs=category_report(beliefs),
         selection=cfg.selection,
         stable_cost_chars=stable_cost,
     )
@@ -264,11 +181,11 @@ def _build(
         player_input=player_input,
         prompt=prompt,
         context_chars=context_chars,
-        canonical_facts=_kept(state.canonical_facts, facts),
-        world_state=_kept(state.world_state, world),
-        dialogue=_kept(state.dialogue, dialogue),
-        episodic=_kept(state.episodic, episodic),
-        beliefs=_kept(state.beliefs, beliefs),
+        canonical_facts=kept_items(state.canonical_facts, facts),
+        world_state=kept_items(state.world_state, world),
+        dialogue=kept_items(state.dialogue, dialogue),
+        episodic=kept_items(state.episodic, episodic),
+        beliefs=kept_items(state.beliefs, beliefs),
         report=report,
         prohibition=prohibition,
         renderer=RENDERER_VERSION,
@@ -276,40 +193,3 @@ def _build(
     )
 
 
-def _kept(items: tuple[Any, ...], category: Category) -> tuple[Any, ...]:
-    """The kept items, oldest first."""
-    k = category.kept
-    if category.rank is not None:
-        return tuple([items[p] for p in category.kept_positions()])
-    return items[len(items) - k :] if k else ()
-
-
-def _category_report(category: Category, duplicate: int = 0) -> CategoryReport:
-    section, k = category.section, category.kept
-    used = (len(section.header) + category.sums[k]) if k else 0
-    budget = used if category.always else category.budget[0]
-    dropped = len(section.lines) - k - duplicate
-    if category.token_sums is None:
-        return CategoryReport(budget=budget, used=used, kept=k, dropped=dropped, duplicate=duplicate)
-    used_tokens = (category.token_header + category.token_sums[k]) if k else 0
-    return CategoryReport(
-        budget=budget,
-        used=used,
-        kept=k,
-        dropped=dropped,
-        duplicate=duplicate,
-        budget_tokens=used_tokens if category.always else category.budget[1],
-        used_tokens=used_tokens,
-    )
-
-
-def _over_budget_message(
-    agent_id: str, cfg: WorkingMemoryConfig, mandatory_chars: int, mandatory_tokens: int | None
-) -> str:
-    parts = [f"{mandatory_chars} characters against max_context_chars={cfg.max_context_chars}"]
-    if mandatory_tokens is not None:
-        parts.append(f"{mandatory_tokens} tokens against max_context_tokens={cfg.max_context_tokens}")
-    return (
-        f"working memory for agent {agent_id!r}: the mandatory content (system prompt, input, "
-        f"canonical facts, world state, a retry's rule) alone is {' and '.join(parts)}; on_overflow='raise'"
-    )

@@ -35,15 +35,18 @@ items' counts, and tokens can merge across items).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal, NamedTuple
 
 import msgspec
 
 from sim.memory._budget import WorkingMemoryConfig
-from sim.memory._build import CategoryReport, WorkingMemory, build_working_memory
+from sim.memory._build import build_working_memory, counter_for
 from sim.memory._duplicates import distinct
+from sim.memory._log import build_log
+from sim.memory._log_run import log_entries
 from sim.memory._scoring import ranking
+from sim.memory._snapshot import CategoryReport, TruncationReport, WorkingMemory
 from sim.memory._state import Belief, Episode, Fact, Line, NpcState, WorldFact, item_text
 from sim.memory._tokens import CountsMissing
 
@@ -162,35 +165,61 @@ def explain_truncation(
         memory = build_working_memory(state, player_input, cfg, counts=counts)
     report = memory.report
     ordinary = memory
-    if report.stable_cost_chars:
+    if report.stable_cost_chars and cfg.layout == "log":
+        try:
+            ordinary = build_log(state, player_input, cfg, memory.prohibition, counter_for(cfg, counts), chunked=False)
+        except CountsMissing:
+            ordinary = memory
+    elif report.stable_cost_chars:
         unstable = msgspec.structs.replace(cfg, stable_prefix=False)
         try:
             ordinary = build_working_memory(state, player_input, unstable, prohibition=memory.prohibition,
                                             counts=counts)
         except CountsMissing:
             ordinary = memory
+    if cfg.layout == "log":
+        return _explained(report, cfg, _log_orders(state, player_input, cfg, memory, ordinary), memory, ordinary,
+                          most_dropped)
     ranks = ranking(state, player_input, cfg) if cfg.selection == "scored" else {}
     # The memories' candidates: those no line of the ordinary selection says; of the others,
     # those a kept line says are duplicates, those of a line stability gave up went with it.
     candidates = distinct(state, ordinary.dialogue)
     duplicates = distinct(state, memory.dialogue).duplicates
     with_lines = tuple(e for e in reversed(candidates.duplicates) if e not in duplicates)
+    orders: dict[str, _Order] = {}
+    for name in _CATEGORIES:
+        items: tuple[Item, ...] = getattr(state, name)
+        ordered = [items[p] for p in ranks.get(name, range(len(items) - 1, -1, -1))]
+        if name == "episodic" and candidates.duplicates:
+            said = set(candidates.duplicates)
+            orders[name] = _Order([item for item in ordered if item not in said], (with_lines, duplicates))
+        else:
+            orders[name] = _Order(ordered)
+    return _explained(report, cfg, orders, memory, ordinary, most_dropped)
+
+
+class _Order(NamedTuple):
+    """A category's candidates in the order it keeps them, the ordinary selection's kept first;
+    the memories no candidates (`_explain_category`'s `left_out`); the reason of the items
+    truncation dropped, when the category's own count does not tell it."""
+
+    ordered: Sequence[Item]
+    left_out: tuple[tuple[Item, ...], tuple[Item, ...]] = ((), ())
+    reason: DropReason | None = None
+
+
+def _explained(report: TruncationReport, cfg: WorkingMemoryConfig, orders: Mapping[str, _Order],
+               memory: WorkingMemory, ordinary: WorkingMemory, most_dropped: int | None) -> TruncationExplanation:
     over = report.over_budget
     flexible_chars = report.limit_chars - report.mandatory_chars
     flexible_tokens = None
     if report.limit_tokens is not None and report.mandatory_tokens is not None:
         flexible_tokens = report.limit_tokens - report.mandatory_tokens
-    categories: dict[str, CategoryExplanation] = {}
-    for name in _CATEGORIES:
-        items: tuple[Item, ...] = getattr(state, name)
-        ordered = [items[p] for p in ranks.get(name, range(len(items) - 1, -1, -1))]
-        left_out: tuple[tuple[Item, ...], tuple[Item, ...]] = ((), ())
-        if name == "episodic" and candidates.duplicates:
-            said = set(candidates.duplicates)
-            ordered = [item for item in ordered if item not in said]
-            left_out = (with_lines, duplicates)
-        categories[name] = _explain_category(name, getattr(report, name), getattr(ordinary.report, name).kept,
-                                             ordered, getattr(memory, name), left_out, cfg, over, most_dropped)
+    categories = {
+        name: _explain_category(name, getattr(report, name), getattr(ordinary.report, name).kept, orders[name],
+                                getattr(memory, name), cfg, over, most_dropped)
+        for name in _CATEGORIES
+    }
     unused_chars = 0 if over else report.limit_chars - report.prompt_chars
     unused_tokens = None
     if report.limit_tokens is not None and report.prompt_tokens is not None:
@@ -210,10 +239,50 @@ def explain_truncation(
     )
 
 
+def _log_orders(state: NpcState, player_input: str, cfg: WorkingMemoryConfig, memory: WorkingMemory,
+                ordinary: WorkingMemory) -> dict[str, _Order]:
+    """The log layout's orders (`sim.memory._log`): the lines newest first; the memories the
+    ordinary selection kept (the log's newest first, then the recalled, best ranked first),
+    then the others newest first. What truncation dropped from the log shares the reason of
+    the entry that stopped it: its kind's cap, or the budget."""
+    entries = log_entries(state)
+    kept_memories = set(ordinary.episodic)
+    kept = set(ordinary.dialogue) | kept_memories
+    start = len(entries)
+    while start > 0 and entries[start - 1].item in kept:
+        start -= 1
+    reason: DropReason | None = "budget"
+    if start > 0:
+        stop = entries[start - 1]
+        cap = cfg.max_dialogue_lines if stop.line else cfg.max_episodic_memories
+        reason = "cap" if sum(1 for e in entries[start:] if e.line == stop.line) >= cap else "budget"
+    lines = list(reversed(state.dialogue))
+    log_memories = [e.item for e in reversed(entries[start:]) if not e.line]
+    scored = ranking(state, player_input, cfg) if cfg.selection == "scored" else None
+    ranks = scored["episodic"] if scored is not None else ()
+    in_log = set(log_memories)
+    recalled = [state.episodic[q] for q in ranks if state.episodic[q] in kept_memories
+                and state.episodic[q] not in in_log]
+    duplicates = distinct(state, memory.dialogue).duplicates
+    with_lines = tuple(e for e in reversed(distinct(state, ordinary.dialogue).duplicates) if e not in duplicates)
+    first = [*log_memories, *recalled]
+    taken = {*first, *duplicates, *with_lines}
+    rest = [e for e in reversed(state.episodic) if e not in taken]
+    belief_order = [state.beliefs[p] for p in scored["beliefs"]] if scored is not None else list(
+        reversed(state.beliefs))
+    return {
+        "canonical_facts": _Order(list(reversed(state.canonical_facts))),
+        "world_state": _Order(list(reversed(state.world_state))),
+        "dialogue": _Order(lines, reason=reason),
+        # the recalled fill what the log left of the memories' cap: their own count tells
+        "episodic": _Order([*first, *rest], (with_lines, duplicates), None if scored else reason),
+        "beliefs": _Order(belief_order),
+    }
+
+
 def _explain_category(
-    name: str, row: CategoryReport, ordinary: int, ordered: list[Item], kept: tuple[Item, ...],
-    left_out: tuple[tuple[Item, ...], tuple[Item, ...]], cfg: WorkingMemoryConfig, over: bool,
-    most_dropped: int | None,
+    name: str, row: CategoryReport, ordinary: int, order: _Order, kept: tuple[Item, ...], cfg: WorkingMemoryConfig,
+    over: bool, most_dropped: int | None,
 ) -> CategoryExplanation:
     """`ordinary`: how many items the ordinary selection kept (more than `row.kept` when
     `stable_prefix` gave some up); `ordered`: the category's candidates in the order it keeps
@@ -221,9 +290,10 @@ def _explain_category(
     the working memory's, oldest first; `left_out`: the memories that are no candidates, a
     line of the ordinary selection saying them: those whose line stability gave up (newest
     first), and the duplicates, whose line is kept (oldest first)."""
-    with_lines, duplicates = left_out
+    ordered, (with_lines, duplicates) = order.ordered, order.left_out
     cap = getattr(cfg, _CAPS[name]) if name in _CAPS else None
-    truncated: DropReason = "over_budget" if over else "cap" if cap is not None and ordinary >= cap else "budget"
+    truncated: DropReason = "over_budget" if over else order.reason or (
+        "cap" if cap is not None and ordinary >= cap else "budget")
     given_up: list[Item] = []
     if ordinary > row.kept:
         keeps = set(kept)

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CATEGORY_HEADERS",
+    "LOG_HEADER",
+    "RECALLED_HEADER",
     "RENDER",
     "RENDERER_VERSION",
     "RENDER_ORDER",
@@ -85,6 +87,10 @@ CATEGORY_HEADERS: dict[str, str] = {
     "dialogue": "\n## Recent dialogue\n",
 }
 RULE_HEADER = "\n## Rule\n"
+# The log layout's (`layout = "log"`): the memories and lines of one log, by tick, and the
+# memories a scored selection brings back from before it.
+LOG_HEADER = "\n## Log\n"
+RECALLED_HEADER = "\n## Recalled\n"
 TAIL_HEADER = "\n## Now\n"
 # The order of the sections in the prompt: static first, the most changing last.
 RENDER_ORDER = ("canonical_facts", "world_state", "beliefs", "episodic", "dialogue")
