@@ -5,8 +5,9 @@ input waits for the next tick (a player's words, the game system's event or a fa
 NPC, stamped with that tick as it arrived: sim.protocol.outside), the next tick begins as
 soon as the current one ended, and the addressed NPC answers in it (sim.shard._early). What
 every shard applies (world state, presence, a fact for every NPC) travels in the next
-tick's TickDone and takes effect at the tick after it: it keeps the pace. On several shards the one holding the input says so (`Start`, on the
-barrier's topic) and every shard begins that tick too, so they step together.
+tick's TickDone and takes effect at the tick after it: it keeps the pace. On several
+shards the one holding the input says so (`Start`, on the barrier's topic) and every shard
+begins that tick too, so they step together.
 
 A flood of input cannot make the ticks spin: each early tick is still one whole tick (its
 turns, the barrier, its commit), and it begins no sooner than `EARLIEST` of `tick_ms` after
