@@ -3,9 +3,10 @@ is the same run up to its tick.
 
 The originals run on a real Mosquitto with the village's scripted players, an outside
 player's input and a world-state change published on their topics while the run goes (the
-input begins its tick before the pace and is answered in it); the re-executions need no broker. A reply changed in the store (SQL) and one NPC's dice changed
-(through `execute`'s scenario hook) are each named as the first divergence, at their tick
-and NPC, found independently here.
+input begins its tick before the pace and is answered in it); the re-executions need no
+broker. A reply changed in the store (SQL) and one NPC's dice changed (through `execute`'s
+scenario hook) are each named as the first divergence, at their tick and NPC, found
+independently here.
 """
 
 from __future__ import annotations
