@@ -37,7 +37,6 @@ from pathlib import Path
 from benchmarks._report import machine_line, write_section
 from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.resources import broker_config_dir
-from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.events import decode_say, decode_status
 
@@ -95,10 +94,20 @@ async def _ask(url: str, questions: int, tick_s: float, seed: int) -> list[tuple
     return got
 
 
-def _model_ms(db: Path) -> dict[str, float]:
-    """Each inference's model time (its backend's call), by inference id."""
-    with open_reader(db) as reader:
-        return {r.id: r.timings.get("service_ms", 0.0) for r in reader.audit_records("innkeeper")}
+_MODEL_MS = """import json, sys
+from sim.store import open_reader
+with open_reader(sys.argv[1]) as reader:
+    print(json.dumps({r.id: r.timings.get("service_ms", 0.0) for r in reader.audit_records("innkeeper")}))
+"""
+
+
+async def _model_ms(db: Path, code: str, env: dict[str, str]) -> dict[str, float]:
+    """Each inference's model time (its backend's call), by inference id, read by the code
+    that wrote the store (its format is that code's)."""
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", _MODEL_MS, str(db), cwd=code, env=env,
+                                                 stdout=asyncio.subprocess.PIPE)
+    out, _ = await child.communicate()
+    return {str(k): float(v) for k, v in json.loads(out).items()}
 
 
 def _summary(values: list[float]) -> str:
@@ -135,7 +144,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> str:
             await village.wait()
         broker.terminate()
         await broker.wait()
-    model = _model_ms(db)
+    model = await _model_ms(db, code, env)
     latency = [1000 * seconds for _, seconds, _ in asked]
     less = [ms - model.get(inference, 0.0) for (_, _, inference), ms in zip(asked, latency, strict=True)]
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: ASYNC240 - one small read, the run is over
