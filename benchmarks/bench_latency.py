@@ -173,7 +173,7 @@ def main() -> None:
         report = asyncio.run(measure(args, Path(name)))
     print(report)
     if args.write:
-        write_section(REPO / "docs" / "benchmarks.md", f"Publish-to-say latency ({args.backend})", report)
+        write_section(REPO / "docs" / "benchmarks.md", f"Publish-to-say latency, {args.backend}", report)
 
 
 if __name__ == "__main__":
