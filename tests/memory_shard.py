@@ -24,15 +24,15 @@ __all__ = ["PacingClock", "memory_shard"]
 
 
 class PacingClock(VirtualClock):
-    """A virtual clock that also records every pacing sleep the shard asks for."""
+    """A virtual clock that also records every pacing sleep the shard asks for (what arrives may cut one short)."""
 
     def __init__(self) -> None:
         super().__init__(autojump=0.005)
         self.sleeps: list[float] = []
 
-    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
+    async def sleep(self, seconds: float, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
         self.sleeps.append(seconds)
-        await super().sleep(seconds, stop)
+        await super().sleep(seconds, stop, wake)
 
 
 @contextlib.asynccontextmanager

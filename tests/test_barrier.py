@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from sim.protocol.barrier import Barrier
-from sim.wire.barrier import Join, TickDone, decode_barrier, encode_barrier
+from sim.wire.barrier import Join, Start, TickDone, decode_barrier, encode_barrier
 from sim.wire.inputs import GameFact, Presence
 
 TOPICS = ("loc/a", "loc/b", "agent/x/inbox", "agent/y/inbox")
@@ -110,6 +110,27 @@ def test_a_tickdone_with_malformed_run_wide_inputs_is_refused_whole(inputs: list
     forged = {"type": "done", "shard": "0", "shards": 2, "tick": 0, "batches": {}, "inputs": inputs}
     with pytest.raises(msgspec.ValidationError):
         decode_barrier(msgspec.msgpack.encode(forged))
+
+
+def test_a_start_says_a_tick_begins_before_the_pace_until_its_barrier_passed() -> None:
+    b = Barrier("0", ["0", "1"], lambda t: False, tick=5)
+    assert not b.starts(6)
+    b.start_received(Start(shard="1", shards=2, tick=6))
+    b.start_received(Start(shard="1", shards=2, tick=4))  # a tick passed already: nothing to begin
+    b.start_received(Start(shard="7", shards=2, tick=7))  # not a shard of the run
+    assert b.starts(6) and not b.starts(4) and not b.starts(7)
+    assert decode_barrier(encode_barrier(b.start(8))) == Start(shard="0", shards=2, tick=8) and b.starts(8)
+    b.finish(5)
+    b.done_received(TickDone(shard="1", shards=2, tick=5, batches={}))
+    b.advance(5)
+    b.finish(6)
+    b.done_received(TickDone(shard="1", shards=2, tick=6, batches={}))
+    b.advance(6)
+    assert not b.starts(6) and b.starts(8)
+    assert not b.kept(0), "a Start is not kept for re-sending"
+    untrusted = Barrier("0", ["0", "1"], lambda t: False, trusted=False)
+    untrusted.start_received(Start(shard="1", shards=3, tick=1))  # anyone may forge one: counted, never a conflict
+    assert untrusted.conflict is None and untrusted.ignored_conflicts == 1 and not untrusted.starts(1)
 
 
 def test_a_peer_with_another_shard_count_is_named_not_waited_for() -> None:

@@ -66,3 +66,14 @@ async def test_the_system_clock_waits_in_real_time() -> None:
     event.set()
     assert await clock.wait(event, 60) is True
     assert abs(clock.wall() - time.time()) < 1
+
+
+async def test_a_pacing_sleep_ends_early_when_something_arrives() -> None:
+    for clock in (VirtualClock(autojump=60), SystemClock()):
+        stop, wake = asyncio.Event(), asyncio.Event()
+        sleeper = asyncio.ensure_future(clock.sleep(30, stop, wake))
+        await asyncio.sleep(0)  # one turn of the loop: the sleeper starts waiting
+        wake.set()
+        async with asyncio.timeout(5):  # the subject: it ends now, not in 30 s
+            await sleeper
+        assert not stop.is_set()

@@ -3,7 +3,8 @@
 A one-shard village run on a real Mosquitto, as a child process: two players speak to the
 innkeeper, and the game system changes the world state, puts the visitor at the inn and
 adds a fact for every NPC; as soon as the shard has all five (its arrivals journal beside
-the store, sim.store._arrivals, holds them) it is killed -9, and started again with
+the store, sim.store._arrivals, holds them) it is killed -9, in the tick the inputs began
+before the pace (an early tick, its answers slowed down), and started again with
 --resume to the same horizon. Both inputs are in the store (inputs published = inputs
 stored), stamped with the ticks the journal gave them, and answered; the world-state
 change, the presence and the fact take effect at the tick after the one whose TickDone
@@ -36,6 +37,9 @@ HORIZON = 40
 SAID = {"visitor": "A room for the night, please.", "ghost": "Who sleeps in the cellar?"}
 WORLD = {"weather": "a storm from the north"}
 FACT = {"id": "bard", "text": "A bard named Osric sings at the inn tonight."}
+ANSWER_MS = 1000
+"""Each scripted answer's delay: the tick that takes the inputs begins at once (early) and
+answers them, so it is still under way, uncommitted, when the kill comes."""
 
 
 def stored_inputs(db: Path) -> list[tuple[int, Taken]]:
@@ -60,7 +64,8 @@ async def npcsim_run(mosquitto: MosquittoProcess, db: Path, log: Path, *extra: s
     with log.open("ab") as err:
         return await start_npcsim(
             "run", VILLAGE, "--broker", mosquitto.url, "--run-id", RUN, "--tick-ms", "400", "--db", str(db),
-            "--quiet", *extra, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+            "--set", f"inference.backend_options.delay_ms={ANSWER_MS}", "--quiet", *extra,
+            stdout=asyncio.subprocess.DEVNULL, stderr=err,
         )
 
 
@@ -78,8 +83,9 @@ async def test_input_delivered_in_a_killed_tick_is_stored_answered_and_taken_at_
     try:
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             await eventually(lambda: committed_tick(db) >= 5, what="the run getting going", within=120)
-            # right after a commit: the shard waits out --tick-ms before the next tick, so
-            # the kill below comes before any tick that takes the inputs can commit
+            # right after a commit: the next tick begins as soon as the inputs are in (an early
+            # tick), and answers them, each answer ANSWER_MS long, so the kill below comes
+            # before the tick that takes them can commit
             at = committed_tick(db)
             await eventually(lambda: committed_tick(db) > at, what="the next commit", within=60, every=0.002)
             for player, text in SAID.items():

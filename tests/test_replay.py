@@ -2,10 +2,11 @@
 is the same run up to its tick.
 
 The originals run on a real Mosquitto with the village's scripted players, an outside
-player's input and a world-state change published on their topics while the run goes; the
-re-executions need no broker. A reply changed in the store (SQL) and one NPC's dice changed
-(through `execute`'s scenario hook) are each named as the first divergence, at their tick
-and NPC, found independently here.
+player's input and a world-state change published on their topics while the run goes (the
+input begins its tick before the pace and is answered in it); the re-executions need no
+broker. A reply changed in the store (SQL) and one NPC's dice changed (through `execute`'s
+scenario hook) are each named as the first divergence, at their tick and NPC, found
+independently here.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ async def test_a_village_run_with_outside_input_and_a_world_change_replays_ident
         records = len(list(reader.audit_records()))
         answered = [r for r in reader.audit_records("innkeeper") if r.player_input.startswith("visitor: ")]
     assert answered, "the innkeeper never answered the visitor"
+    [asked] = [tick for tick, i in inputs if isinstance(i, OutsideInput)]
+    assert [r.tick for r in answered] == [asked], "not answered in the tick that took it"
     ran = await replay_cli(capsys, "replay", "--db", str(dbs[0]))
     assert ran.code == 0, ran.err
     assert ran.out.strip() == f"identical: {records} records, 4 NPCs, {END} ticks"
@@ -98,7 +101,11 @@ async def test_a_three_shard_run_replays_identical_from_its_three_stores(
     mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dbs = await original(mosquitto, tmp_path, shards=3)
-    assert len(held(dbs)[0]) == 3, "the outside input, the event and the fact were not all taken"
+    inputs = held(dbs)[0]
+    assert len(inputs) == 3, "the outside input, the event and the fact were not all taken"
+    [asked] = [tick for tick, i in inputs if isinstance(i, OutsideInput)]
+    answered = [r.tick for r in records_of(dbs).values() if r.player_input.startswith("visitor: ")]
+    assert answered == [asked], "not answered in the tick that took it, on the shard holding the inn"
     records = len(records_of(dbs))
     ran = await replay_cli(capsys, "replay", *(a for db in reversed(dbs) for a in ("--db", str(db))),
                             "--out", str(tmp_path / "again.db"))

@@ -7,13 +7,16 @@ records (id, SHA-256 of the prompt, line) is the same for:
 one shard; three shards; two shards serving their inferences in worker processes; two
 shards with one started seconds after the other; a broker
 stopped for longer than the echo timeout and started again; a kill -9 of one shard at a
-random tick and --resume to the same horizon. The comparison is record by record, so a
+random tick and --resume to the same horizon; and, with a player's questions that begin
+their ticks before the pace (answered in them), three shards and one shard given the same
+inputs at the same ticks. The comparison is record by record, so a
 single line said differently fails it, and the failure names the records that differ.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 from collections.abc import Awaitable, Callable
@@ -22,10 +25,12 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from sim.protocol.outside import InputArrival
 from sim.shard import BrokerConfig, InferenceConfig, Limits, RecordConfig, RunConfig, RunStats, run
-from sim.store import open_reader
+from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.events import decode_status
+from sim.wire.inputs import OutsideInput
 from tests.helpers import (
     VILLAGE,
     MosquittoProcess,
@@ -230,3 +235,41 @@ async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_pa
     for db in dbs:  # the chain over the audit and the inputs holds across the kill and the resume
         with open_reader(db) as reader:
             assert reader.verify(None).last_tick == horizon - 1
+
+
+QUESTIONS = (4, 9, 15)
+"""After which ticks a visitor asks the innkeeper something (shard 2 of 3 holds the inn)."""
+
+
+async def test_questions_that_begin_ticks_early_on_three_shards_and_on_one(
+    mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    async def ask(stats: list[RunStats]) -> None:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            for n, after in enumerate(QUESTIONS):
+                await eventually(lambda after=after: min(s.ticks_done for s in stats) > after,  # type: ignore[misc]
+                                 what=f"tick {after} done", within=LIVE_S, every=0.002)
+                question = {"to": "innkeeper", "text": f"Question {n}?", "id": f"q{n}"}
+                await client.publish(topics.player_input(RUN, "visitor"), json.dumps(question), qos=1)
+
+    dbs, stats = await run_shards("village", tmp_path, mosquitto.url, 3, during=ask, tick_ms=150)
+    taken, answered = [], []
+    for db in dbs:
+        with open_reader(db) as reader:
+            taken += reader.all_inputs()
+            answered += [r.tick for r in reader.audit_records() if r.player_input.startswith("visitor: ")]
+    taken.sort(key=lambda x: x[0])
+    asked = [tick for tick, i in taken if isinstance(i, OutsideInput)]
+    assert len(asked) == len(QUESTIONS)
+    answered.sort()
+    assert answered == asked, "a question not answered in the tick that took it"
+    assert all(s.early_ticks >= 1 for s in stats), [s.early_ticks for s in stats]
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    async with open_store(alone / "village-0of1-0.db") as store:  # the same inputs, at the same ticks
+        for tick, taken_input in taken:
+            store.arrivals.add(InputArrival(tick=tick, input=taken_input))
+    one, [stat] = await run_shards("village", alone, mosquitto.url, 1, tick_ms=150)
+    assert stat.early_ticks == len(QUESTIONS)
+    assert_same("village", audit_set(dbs), audit_set(one), f"3 shards and 1, questions at ticks {asked}")

@@ -72,9 +72,11 @@ async def run_in_memory(
     for db in dbs:
         with open_reader(db) as reader:
             records |= {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
-    # one pacing sleep per tick and shard, for what is left of tick_ms; virtual time passed them all
-    assert len(clock.sleeps) == ticks * shards and all(s <= 0.25 for s in clock.sleeps)
-    assert clock.now() >= ticks * 0.25
+    # pacing sleeps for what is left of tick_ms (one per tick and shard at least: what arrives
+    # wakes one early); virtual time passed them all, and a quiet world keeps the pace
+    assert len(clock.sleeps) >= ticks * shards and all(s <= 0.25 for s in clock.sleeps)
+    if during is None:
+        assert clock.now() >= ticks * 0.25 and all(s.early_ticks == 0 for s in stats)
     return records, stats, dbs
 
 
@@ -198,7 +200,7 @@ async def test_pacing_sleeps_are_virtual(tmp_path: Path) -> None:
         assert shard.next_tick == 10
         assert clock.now() - began >= 10.0  # ten ticks of a virtual second each
         assert time.monotonic() - real < 10.0
-        assert len(clock.sleeps) == 10 and all(0.9 < s <= 1.0 for s in clock.sleeps)
+        assert len(clock.sleeps) >= 10 and all(s <= 1.0 for s in clock.sleeps) and shard.stats.early_ticks == 0
 
 
 def test_the_shard_reads_time_only_from_its_clock() -> None:

@@ -64,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     horizon.add_argument("--ticks", type=whole(1), default=None, help="ticks to run (default: the scenario's)")
     horizon.add_argument("--until-tick", type=whole(1), default=None, metavar="T",
                          help="run up to and including tick T-1, from tick 0 or (with --resume) where the store is")
-    cmd.add_argument("--tick-ms", type=whole(0), default=0, help="milliseconds per tick; 0 = as fast as possible")
+    cmd.add_argument("--tick-ms", type=whole(0), default=0,
+                     help="milliseconds per tick of a quiet world (outside input begins the next tick at once); "
+                          "0 = as fast as possible")
     cmd.add_argument("--seed", type=int, default=None)
     cmd.add_argument("--run-id", type=run_id, default=None, help="run id (default: scenario name and seed)")
     cmd.add_argument("--db", default=None,

@@ -20,6 +20,12 @@ commit), so a shard killed now resumes from t-1 at the earliest and asks for t-1
 for t-2. (Forgetting t-1 already would strand a shard killed after sending its TickDone
 for t but before committing t: it resumes from t-1, and t-1 would be gone.)
 
+A tick may begin before the run's pace when outside input waits for it (docs/operations.md,
+"Ticks"): the shard holding that input says so with a `Start` for the tick (`start`), and
+every shard that holds one for its next tick (`starts`) begins it as soon as its barrier
+for the tick before passed. A Start changes when a tick begins, never what it takes, so
+it is neither kept nor re-sent.
+
 The shell (sim.shard.Shard) feeds received batches and barrier messages in and asks
 `passed`; `awaited` says whom the shard is waiting for, for the status topic and the live
 display. Every message carries the run's shard count: a shard started with another count
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sim.wire.barrier import BarrierMessage, Join, TickDone
+from sim.wire.barrier import BarrierMessage, Join, Start, TickDone
 from sim.wire.inputs import RunWide
 
 __all__ = ["Barrier", "summarise"]
@@ -79,6 +85,7 @@ class Barrier:
         self._batches: dict[int, dict[tuple[str, str], int]] = {}
         self._published: dict[int, dict[str, int]] = {}
         self._kept: dict[int, list[tuple[str, bytes]]] = {}
+        self._starts: set[int] = set()  # ticks some shard began before the pace
         self.mismatched: set[tuple[str, int, str]] = set()  # (shard, tick, topic): counts differ
         self.conflict: str | None = None  # a peer that runs with another shard count
         self.trusted = trusted
@@ -96,6 +103,15 @@ class Barrier:
     def done_received(self, done: TickDone) -> None:
         if self.same_run(done) and done.tick >= self.tick and done.shard in self.shards:
             self._done.setdefault(done.tick, {})[done.shard] = done
+
+    def start_received(self, start: Start) -> None:
+        """A peer began `start.tick` before the pace: so does this shard, once it may."""
+        if self.same_run(start) and start.tick >= self.tick and start.shard in self.shards:
+            self._starts.add(start.tick)
+
+    def starts(self, tick: int) -> bool:
+        """Whether some shard (this one included) began `tick` before the pace."""
+        return tick in self._starts
 
     def same_run(self, message: BarrierMessage) -> bool:
         """False (and `conflict` says why) for a message from a shard of another shard count;
@@ -155,6 +171,7 @@ class Barrier:
         for table in (self._done, self._batches, self._published):
             for old in [t for t in table if t <= tick]:
                 del table[old]
+        self._starts = {t for t in self._starts if t > tick}
         for old in [t for t in self._kept if t < tick - 1]:
             del self._kept[old]
 
@@ -174,6 +191,11 @@ class Barrier:
                         inputs=inputs)
         self.done_received(done)  # our own batches on routed topics still have to come back
         return done
+
+    def start(self, tick: int) -> Start:
+        """This shard's Start for `tick`: it begins it now, outside input waiting for it here."""
+        self._starts.add(tick)
+        return Start(shard=self.shard, shards=len(self.shards), tick=tick)
 
     def kept_by_tick(self) -> list[tuple[int, str, bytes]]:
         """Everything kept, with its tick: what a shard commits, so that it can re-send it

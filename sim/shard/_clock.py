@@ -1,6 +1,7 @@
 """Where the shard reads time and waits: the `Clock`, the system's and a virtual one.
 
-Every wait of the shard goes through its clock: the pacing sleep between ticks, the
+Every wait of the shard goes through its clock: the pacing sleep between ticks (cut short
+when something arrives: outside input may begin the next tick at once), the
 barrier's poll, and the inference deadline, start time and tick durations it reads. This
 module is the only one in sim.shard that touches the time and sleep functions of `time`
 and `asyncio` (a test checks it).
@@ -40,8 +41,9 @@ class Clock(Protocol):
         """Until `event` is set (True) or `seconds` have passed (False): the clock's one timeout."""
         ...
 
-    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
-        """Wait `seconds`, or less when `stop` is set: `wait(stop, seconds)`, for pacing."""
+    async def sleep(self, seconds: float, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
+        """Wait `seconds`, or less when `stop` (or `wake`) is set: for pacing, which something
+        that arrived may cut short."""
         ...
 
 
@@ -60,8 +62,16 @@ class SystemClock:
                 await event.wait()
         return event.is_set()
 
-    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
-        await self.wait(stop, seconds)
+    async def sleep(self, seconds: float, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
+        if wake is None:
+            await self.wait(stop, seconds)
+            return
+        waits = [asyncio.ensure_future(e.wait()) for e in (stop, wake)]
+        try:
+            await asyncio.wait(waits, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
 
 class _Timer:
@@ -109,33 +119,37 @@ class VirtualClock:
         self._advance(self._now + seconds)
 
     async def wait(self, event: asyncio.Event, seconds: float) -> bool:
-        if event.is_set() or seconds <= 0:
-            return event.is_set()
+        await self._first((event,), seconds)
+        return event.is_set()
+
+    async def sleep(self, seconds: float, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
+        await self._first((stop,) if wake is None else (stop, wake), seconds)
+
+    async def _first(self, events: tuple[asyncio.Event, ...], seconds: float) -> None:
+        """Until one of `events` is set or `seconds` of virtual time have passed."""
+        if any(e.is_set() for e in events) or seconds <= 0:
+            return
         timer = _Timer(self._now + seconds, next(self._order))
         heapq.heappush(self._timers, timer)
         self._active = time.monotonic()
-        set_ = asyncio.ensure_future(event.wait())
-        fired = asyncio.ensure_future(timer.fired.wait())
+        waits = [asyncio.ensure_future(e.wait()) for e in (*events, timer.fired)]
         try:
             while True:
                 quiet = time.monotonic() - self._active
                 if quiet >= self.autojump and not timer.fired.is_set():
                     self._advance(self._timers[0].deadline)  # nothing happened for `autojump` real seconds
                 done, _ = await asyncio.wait(
-                    (set_, fired), timeout=max(0.0, self.autojump - quiet), return_when=asyncio.FIRST_COMPLETED
+                    waits, timeout=max(0.0, self.autojump - quiet), return_when=asyncio.FIRST_COMPLETED
                 )
                 if done:
-                    return event.is_set()
+                    return
         finally:
-            set_.cancel()
-            fired.cancel()
+            for waiting in waits:
+                waiting.cancel()
             if not timer.fired.is_set():
                 self._timers.remove(timer)
                 heapq.heapify(self._timers)
             self._active = time.monotonic()
-
-    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
-        await self.wait(stop, seconds)
 
     def _advance(self, to: float) -> None:
         self._now = max(self._now, to)

@@ -47,6 +47,7 @@ from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
 from sim.scenario import NpcSpec
 from sim.shard._clock import Clock, SystemClock
+from sim.shard._early import EarlyMail
 from sim.shard._perception import EpisodeOf, Perception
 from sim.shard._plan import ShardPlan
 from sim.shard._proposals import apply_proposals
@@ -107,6 +108,7 @@ class ShardContext:
         # retention prunes place rows by the windows
         window = max(self.config.record.retain_memories or 0, store.hot_limit)
         self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
+        self.early = EarlyMail()  # outside players' input, for its addressee's turn in the tick that takes it
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
             run_id=plan.run_id, shard=self.shard, store=store, bus=bus, metrics=metrics,
@@ -202,14 +204,17 @@ class AgentContext:
     # --- perceiving ----------------------------------------------------------------------
 
     async def mail(self, tick: int) -> list[AnyEvent]:
-        """What was said to this agent before `tick`, sorted by (tick, id); later mail stays.
+        """What was said to this agent before `tick`, and what outside players said to it in
+        `tick` (answered at once: sim.shard._early), sorted by (tick, id); later mail stays.
 
-        Mail said at its place is in the place's log already; mail that came to its inbox
-        becomes its private memory here (what its kind remembers of it), once.
+        Mail said at its place is in the place's log already (or will be, this tick); mail
+        that came to its inbox becomes its private memory here (what its kind remembers of
+        it), once.
         """
         shard, spec = self._shard, self.spec
-        heard = shard.perception.take_mail(spec.id)
-        inbox = shard.bus.mail.take_mail(spec.id, tick)
+        at_place, direct = shard.early.take(spec.id)
+        heard: list[AnyEvent] = [*shard.perception.take_mail(spec.id), *at_place]
+        inbox: list[AnyEvent] = [*shard.bus.mail.take_mail(spec.id, tick), *direct]
         episode_of = shard.kinds[spec.kind].episode_of
         for event in inbox:
             if not (isinstance(event, Speech) and event.speaker == spec.id):
@@ -217,7 +222,7 @@ class AgentContext:
                 await shard.store.add_episode(spec.id, episode, writer=Writer.NPC)
         for event in heard:  # said to it at its place: the place's log holds it, its own memory keeps it
             await shard.store.keep(spec.id, episode_of(event, True), writer=Writer.NPC)
-        if not heard:
+        if not heard and not direct:
             return inbox
         return sorted((*heard, *inbox), key=lambda e: (e.tick, e.id))
 

@@ -7,7 +7,8 @@ shard takes them at the same tick), and the outside clients' input for this shar
 arrived before this point; each is stored with the tick that takes it: players' input (to
 an NPC's inbox, or overheard at its place when the game system says the player stands
 there), the game system's events (a `Notice` at the place) and canonical facts (added with
-the game system's authority; a fact id an NPC holds already is refused).
+the game system's authority; a fact id an NPC holds already is refused). A player's input
+is its addressee's mail in this same tick (sim.shard._early): it answers at once.
 
 Where outside input and world changes come from is an `InputSource`: `LiveInputs` takes
 what arrives on the bus (journaled and held for its tick as it arrives, held to its
@@ -34,6 +35,7 @@ from sim.protocol.outbox import Outbox
 from sim.protocol.outside import Arrival, InputArrival, OutsideJournal, RunWideArrival, WorldArrival
 from sim.protocol.received import InputRefused, OutsideReceived, refused
 from sim.shard._clock import Clock, checkpoint
+from sim.shard._early import OUTSIDE_SEQ, EarlyMail
 from sim.shard._facts import GameFacts
 from sim.shard._plan import ShardPlan
 from sim.shard._registry import Player
@@ -46,7 +48,6 @@ from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide
 __all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideChanges", "RunWideInputs", "TickInputs"]
 
 _WORLD_SLICE = 20_000  # NPCs whose world state or facts are set between two yields
-_OUTSIDE_SEQ = 1_000_000  # an outside input's event is numbered after every line its speaker says in a tick
 
 
 class RunWideChanges(NamedTuple):
@@ -116,6 +117,11 @@ class InputSource(Protocol):
     def take_refused(self) -> list[InputRefused]:
         """The inputs refused since the last call (over the per-tick bound), to be answered."""
 
+    def waiting(self, tick: int) -> bool:
+        """Whether outside input this shard takes itself waits for `tick` (a player's input, a
+        game event, a fact for one NPC): the tick may begin before the pace. What every shard
+        applies waits for the tick's TickDone, and takes effect a tick later: it keeps the pace."""
+
 
 class LiveInputs:
     """Outside input from the bus, as it arrives: stamped with the tick that takes it (its
@@ -176,6 +182,9 @@ class LiveInputs:
         refusals, self._refused = self._refused, []
         return refusals
 
+    def waiting(self, tick: int) -> bool:
+        return bool(self._held.get(tick))
+
 
 class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
     """The input source of a re-execution: `inputs[tick]`, the outside inputs the run took
@@ -204,15 +213,20 @@ class RecordedInputs(msgspec.Struct, frozen=True, kw_only=True):
     def take_refused(self) -> list[InputRefused]:
         return []
 
+    def waiting(self, tick: int) -> bool:
+        return bool(self.inputs.get(tick))
+
 
 class TickInputs:
     """Phase 1: the world-state changes due, the players' inputs and the outside inputs of a
     tick, as events in its outbox (and in the store, with the tick that takes them)."""
 
     def __init__(self, plan: ShardPlan, store: Store, bus: Bus, outbox: Outbox, clock: Clock, source: InputSource,
-                 run_wide: RunWideInputs, take_events: Callable[[], Awaitable[None]]) -> None:
-        """`take_events`: what the bus queued, acted on (sim.shard._intake)."""
+                 run_wide: RunWideInputs, take_events: Callable[[], Awaitable[None]], early: EarlyMail) -> None:
+        """`take_events`: what the bus queued, acted on (sim.shard._intake); `early`: players'
+        input for its addressee's turn in this tick."""
         self._plan, self._store, self._bus, self._outbox, self._clock = plan, store, bus, outbox, clock
+        self._early = early
         self.counts = InputCounts()
         self._source, self._run_wide, self._take_events = source, run_wide, take_events
         self.players: list[Player] = []  # shard 0's scripted and bot players (set at start)
@@ -222,6 +236,7 @@ class TickInputs:
 
     async def take(self, tick: int) -> None:
         plan, counts, store = self._plan, self.counts, self._store
+        self._early.clear()
         due = self._run_wide.take_due()
         world = self._source.world_at(tick, due.world)
         if world:
@@ -248,9 +263,12 @@ class TickInputs:
                 if to not in plan.layout.local:
                     return False
                 location = self.presence.get(player)
-                event = Speech(id=event_id(plan.run_id, player, tick, _OUTSIDE_SEQ + seq), tick=tick, location=location,
+                event = Speech(id=event_id(plan.run_id, player, tick, OUTSIDE_SEQ + seq), tick=tick, location=location,
                                speaker=player, to=to, text=text, from_player=True, input_id=input_id)
-                self._emit_player(location, event)
+                if self._emit_player(location, event, inbox=False):
+                    self._early.put(event, at_place=True)
+                else:
+                    self._early.put(msgspec.structs.replace(event, location=None), at_place=False)
                 self.counts.player_inputs += 1
             case Presence(player=player, location=None):
                 self.presence.pop(player, None)
@@ -259,7 +277,7 @@ class TickInputs:
             case GameEvent(seq=seq, location=location, text=text, significance=significance):
                 if location not in plan.layout.places:
                     return False
-                notice = Notice(id=event_id(plan.run_id, "game", tick, _OUTSIDE_SEQ + seq), tick=tick,
+                notice = Notice(id=event_id(plan.run_id, "game", tick, OUTSIDE_SEQ + seq), tick=tick,
                                 location=location, text=text, significance=significance)
                 self._outbox.emit(plan.location_topic(location), notice)
             case GameFact():
@@ -269,15 +287,18 @@ class TickInputs:
     async def _answer(self, refusal: InputRefused) -> None:
         await self._bus.publish_error(refusal.player, refusal.error, self._clock.now())
 
-    def _emit_player(self, location: str | None, event: Speech) -> None:
-        """A player standing at the NPC's place is overheard there; otherwise it is a direct message."""
+    def _emit_player(self, location: str | None, event: Speech, *, inbox: bool = True) -> bool:
+        """A player standing at the NPC's place is overheard there (True); otherwise it is a
+        direct message, to the NPC's inbox unless `inbox` is false (its addressee has it already)."""
         plan = self._plan
         if event.to is None:
             raise ValueError(f"player event {event.id!r} has no addressee")
         if location is not None and location == plan.layout.npc_location.get(event.to):
             self._outbox.emit(plan.location_topic(location), event)
-        else:
+            return True
+        if inbox:
             self._outbox.emit(topics.agent_inbox(plan.run_id, event.to), msgspec.structs.replace(event, location=None))
+        return False
 
 
 async def _apply_world_state(store: Store, agents: Iterable[str], state: dict[str, str]) -> int:

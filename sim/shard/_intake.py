@@ -1,7 +1,7 @@
 """What the bus hands the shard, acted on at the phase boundaries and while the barrier holds.
 
 The bus queues what the shard must act on as events (sim.protocol.received); `Intake.take`
-hands each to the part that owns it: batches and TickDones to the barrier, peers' Joins
+hands each to the part that owns it: batches, TickDones and Starts to the barrier, peers' Joins
 and Hellos to `Peers` (sim.protocol.admission: each served once, re-sends rate-limited,
 shard 0's Welcomes), and a reconnection makes the shard re-send what it keeps (`rejoin`).
 Outside input went to the tick's input source as the bus received it (`Bus.keep_outside`);
@@ -25,7 +25,7 @@ from sim.shard._clock import Clock
 from sim.shard._plan import ShardPlan
 from sim.store import Store
 from sim.wire import topics
-from sim.wire.barrier import Hello, Join, TickDone, Welcome
+from sim.wire.barrier import Hello, Join, Start, TickDone, Welcome
 from sim.wire.events import GameEventMessage, GameFactMessage, PlayerInputMessage, PresenceMessage, WorldStateMessage
 
 __all__ = ["Intake"]
@@ -48,6 +48,8 @@ class Intake:
                     barrier.batch_received(shard, tick, topic, events)
                 case BarrierReceived(message=TickDone() as done):
                     barrier.done_received(done)
+                case BarrierReceived(message=Start() as start):
+                    barrier.start_received(start)
                 case BarrierReceived(message=Join() | Hello() | Welcome() as request):
                     self._refuse(self.peers.receive(request, self._clock.now()))
                 case OutsideReceived(message=WorldStateMessage() as message, retained=True):

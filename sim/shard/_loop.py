@@ -5,7 +5,8 @@ The tick is the clock, and a barrier for the whole run (sim.protocol.barrier). O
 1. inputs (`TickInputs`, sim.shard._inputs): the world-state changes due, the scripted
    and bot players' inputs and the outside input of the tick's input source (live: what
    arrived on the bus; a re-execution: what the run took), as events;
-2. turns (`Turns`, sim.shard._turns): the local NPCs with mail from earlier ticks or whose
+2. turns (`Turns`, sim.shard._turns): the local NPCs with mail from earlier ticks, or with
+   an outside player's input this tick took (answered at once: sim.shard._early), or whose
    ambient dice fell take their turn; no other NPC is touched;
 3. publish (`Publisher`, sim.shard._exchange): the tick's outbox, delivered here or sealed
    and published, then the shard's TickDone; all of it kept for re-sending;
@@ -20,7 +21,8 @@ What the bus hands over between phases is taken by `Intake` (sim.shard._intake):
 and barrier messages, peers' requests (sim.protocol.admission), outside input. A stop
 request ends the tick between slices of its work (the dice, the turns, the barrier) and
 the tick is not committed. `run(until)` steps tick after tick, paced by `tick_ms` on the
-clock, writing each tick's commit while the next tick's inputs and turns are taken.
+clock (sim.shard._pace: sooner when outside input waits for the next tick), writing each
+tick's commit while the next tick's inputs and turns are taken.
 
 Resume (`--resume`) finds in the store what the last committed tick left for the next:
 the places' logs and the mail said there to this shard's NPCs, the inbox mail, what every
@@ -46,6 +48,7 @@ from sim.shard._exchange import BarrierWait, Publisher, Status
 from sim.shard._inputs import InputSource, LiveInputs, RunWideInputs, TickInputs
 from sim.shard._instance import kept_messages
 from sim.shard._intake import Intake
+from sim.shard._pace import Pace
 from sim.shard._registry import players
 from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import Turns
@@ -93,9 +96,11 @@ class Shard:
         stats.resending = self.peers.resends
         self.intake = Intake(plan, bus, store, clock, self.barrier, self.peers)
         self.status = Status(plan, bus, stats, self.first)
-        self.inputs = TickInputs(plan, store, bus, ctx.outbox, clock, self.source, self.run_wide, self.intake.take)
-        self.turns = Turns(layout, bus, ctx.perception, ctx.agent, stop=stop,
+        self.inputs = TickInputs(plan, store, bus, ctx.outbox, clock, self.source, self.run_wide, self.intake.take,
+                                 ctx.early)
+        self.turns = Turns(layout, bus, ctx.perception, ctx.early, ctx.agent, stop=stop,
                            workers=2 * self.config.inference.concurrency)  # the pool always has turns waiting
+        self.pace = Pace(self.config.tick_ms, clock, bus, self.intake, self.source, shards=self.count, stop=stop)
         self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide)
         self.barrier_wait = BarrierWait(plan, bus, clock, ctx.metrics, self.intake, self.run_wide, self.status, stop)
         stats.taken, stats.waits = self.inputs.counts, self.barrier_wait.waits  # read, never copied
@@ -166,7 +171,8 @@ class Shard:
     # --- the ticks -----------------------------------------------------------------------
 
     async def run(self, until: int) -> None:
-        """Step every tick before `until`, paced by `tick_ms`, unless asked to stop.
+        """Step every tick before `until`, paced by `tick_ms` (sooner when outside input waits
+        for the next tick: sim.shard._pace), unless asked to stop.
 
         A tick's commit is written by SQLite (in its own thread) while the next tick's inputs
         and turns are taken; that tick publishes its TickDone only once the commit is on
@@ -177,8 +183,8 @@ class Shard:
                 started = self.clock.now()
                 if not await self._step(self.next_tick):
                     return
-                if self.config.tick_ms:
-                    await self.clock.sleep(self.config.tick_ms / 1000 - (self.clock.now() - started), self.stop)
+                if await self.pace.wait(started, self.next_tick):
+                    self.stats.early_ticks += 1
         finally:
             await self._committed()
 

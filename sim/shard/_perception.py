@@ -16,7 +16,8 @@ working memory and the audit's state snapshot are the same, byte for byte.
 
 Mail is what is addressed: an event of the log said to a listener there becomes that
 listener's mail for the next tick (it answers, takes it into its dialogue); nobody else is
-woken by it.
+woken by it. An outside player's input is the exception: its addressee answered it in the
+tick that took it (sim.shard._early), so it is in the log, never mail.
 
 Each place's events also go to its chronicle (sim.shard._chronicle), which folds them into
 summaries its listeners may recall; the place's log is needed from the oldest event its
@@ -29,6 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from sim.memory import Episode, episode_order
 from sim.shard._chronicle import Chronicle
+from sim.shard._early import answered_at_once
 from sim.shard._window import PlaceWindow
 from sim.store import Summaries, Summary
 from sim.wire.events import AnyEvent, Speech
@@ -91,7 +93,8 @@ class Perception:
         if mail:
             listeners = self._listeners[place]
             for event in events:
-                if isinstance(event, Speech) and event.to in listeners and event.to != event.speaker:
+                if (isinstance(event, Speech) and event.to in listeners and event.to != event.speaker
+                        and not answered_at_once(event)):
                     self._mail.setdefault(event.to, []).append(event)
 
     def perceive(self, place: str, events: Sequence[AnyEvent]) -> int | None:

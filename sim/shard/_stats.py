@@ -76,6 +76,7 @@ class RunStats:
     first_tick: int = 0
     tick: int = -1  # the tick being stepped (or the last one stepped)
     ticks_done: int = 0  # ticks stepped to their end this run (a tick a stop cut short is not one)
+    early_ticks: int = 0  # ticks begun before the pace (`tick_ms`): outside input waited for them
     last_tick: int = 0
     memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = 0.0  # the clock's now() when the run started (`run` sets it)

@@ -1,6 +1,7 @@
 """The tick's second phase: its turns, taken by a bounded set of worker tasks, not one task per NPC.
 
-`Turns.take(tick)` knows who takes a turn: the NPCs with mail from earlier ticks, and those
+`Turns.take(tick)` knows who takes a turn: the NPCs with mail from earlier ticks or with an
+outside player's input taken by this tick (sim.shard._early), and those
 whose ambient dice fell (rolled here for every local NPC, sim.shard._dice, in slices
 between yields); no other NPC is touched. `take_turns` steps them with at most `workers`
 at once, each worker taking the next turn when it finished one and yielding to the event
@@ -19,6 +20,7 @@ from sim.bus import Bus
 from sim.errors import single_error
 from sim.scenario import NpcSpec
 from sim.shard._clock import checkpoint
+from sim.shard._early import EarlyMail
 from sim.shard._layout import ShardLayout
 from sim.shard._perception import Perception
 from sim.shard._registry import Agent
@@ -33,10 +35,11 @@ _DICE_SLICE = 20_000  # NPCs' ambient dice rolled between two yields to the even
 class Turns:
     """Phase 2 of a shard's tick; `stop` ends it between slices and turns."""
 
-    def __init__(self, layout: ShardLayout, bus: Bus, perception: Perception, agent: Callable[[NpcSpec], Agent], *,
-                 workers: int, stop: asyncio.Event) -> None:
+    def __init__(self, layout: ShardLayout, bus: Bus, perception: Perception, early: EarlyMail,
+                 agent: Callable[[NpcSpec], Agent], *, workers: int, stop: asyncio.Event) -> None:
         """`agent(spec)`: the NPC's agent for one turn; `workers`: turns taken at once."""
         self._layout, self._bus, self._perception, self._agent = layout, bus, perception, agent
+        self._early = early
         self._workers, self._stop = workers, stop
 
     async def take(self, tick: int) -> bool:
@@ -48,7 +51,8 @@ class Turns:
                 return False
             fallen += dice.roll(tick, start, start + _DICE_SLICE)
             await checkpoint()
-        mailed = sorted({*self._bus.mail.mail_holders(tick), *self._perception.mail_holders()})
+        mailed = sorted({*self._bus.mail.mail_holders(tick), *self._perception.mail_holders(),
+                         *self._early.holders()})
         ambient = set(fallen)
         woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
         woken.update((agent, True) for agent in fallen)

@@ -1,6 +1,6 @@
-"""The tick barrier's wire messages (`barrier/{shard}`, msgpack): TickDone, Join, Hello and Welcome.
+"""The tick barrier's wire messages (`barrier/{shard}`, msgpack): TickDone, Start, Join, Hello and Welcome.
 
-The bookkeeping that reads TickDone and Join is `sim.protocol.barrier`; Hello and Welcome
+The bookkeeping that reads TickDone, Start and Join is `sim.protocol.barrier`; Hello and Welcome
 are how a shard that starts without the run's nonce learns it from shard 0
 (sim.protocol.seal, sim.shard._instance).
 """
@@ -14,7 +14,7 @@ import msgspec
 from sim.wire.decoding import Reader
 from sim.wire.inputs import RunWide
 
-__all__ = ["BarrierMessage", "Hello", "Join", "TickDone", "Welcome", "decode_barrier", "encode_barrier"]
+__all__ = ["BarrierMessage", "Hello", "Join", "Start", "TickDone", "Welcome", "decode_barrier", "encode_barrier"]
 
 _Tick = Annotated[int, msgspec.Meta(ge=0)]
 _Shard = Annotated[str, msgspec.Meta(min_length=1, max_length=16, pattern=r"^[0-9]+$")]
@@ -37,6 +37,18 @@ class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     batches: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
     world: dict[str, str] | None = None
     inputs: tuple[RunWide, ...] = ()
+
+
+class Start(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="start", tag_field="type"):
+    """Shard `shard` begins `tick` now, before the run's pace (`tick_ms`): outside input
+    waits for that tick there. Every shard that receives it begins `tick` as soon as its
+    barrier for the tick before passed, so the shards step together. Only the time changes:
+    what a tick takes is what the arrivals journal stamped, so a lost Start costs latency,
+    never an input."""
+
+    shard: _Shard
+    shards: Annotated[int, msgspec.Meta(ge=1)]
+    tick: _Tick
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="join", tag_field="type"):
@@ -73,7 +85,7 @@ class Welcome(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     nonce: _Hex
 
 
-BarrierMessage = TickDone | Join | Hello | Welcome
+BarrierMessage = TickDone | Start | Join | Hello | Welcome
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: Reader[BarrierMessage] = Reader(msgspec.msgpack.Decoder(BarrierMessage).decode)

@@ -1,0 +1,176 @@
+"""Outside input begins the next tick before the pace, and its addressee answers in that tick.
+
+The village on the in-memory broker and one virtual clock, at a pace of a virtual second a
+tick: a player's questions, published right after a tick ended (the pace then waits almost
+a whole second), are answered within a tenth of a virtual second, in the tick that took
+them; on three shards the one holding the innkeeper (shard 2) says so on the barrier
+(`Start`) and every shard begins that tick too. The run is the same run: one shard given
+the same inputs at the same ticks (its arrivals journal filled before it starts, so its
+ticks begin early too) says the same, record by record. A re-execution of a run with early
+ticks is identical (tests/test_replay.py); a quiet world keeps its pace (tests/test_shard.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from sim.protocol.outside import InputArrival
+from sim.scenario import load_scenario
+from sim.shard import RunConfig, RunStats, VirtualClock
+from sim.store import open_reader, open_store
+from sim.wire import topics
+from sim.wire.barrier import Start, decode_barrier
+from sim.wire.events import decode_say
+from sim.wire.inputs import OutsideInput, Presence, Taken
+from tests.helpers import VILLAGE, eventually
+from tests.memory_broker import MemoryBroker
+from tests.memory_shard import memory_shard
+
+TICK_MS = 1000
+TICKS = 16
+QUESTIONS = {3: "q1", 6: "q2", 10: "q3"}  # after which tick ended, the question's id
+RUN = "early"
+
+
+class TimedBroker(MemoryBroker):
+    """The in-memory broker, with the virtual time of every message published."""
+
+    def __init__(self, seed: int, clock: VirtualClock) -> None:
+        super().__init__(seed, clock)
+        self.times: list[tuple[float, str, bytes]] = []
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.times.append((self.clock.now(), topic, payload))
+        super().publish(topic, payload, retain=retain)
+
+
+Asks = Callable[[TimedBroker, list[RunStats]], Awaitable[None]]
+
+
+async def village(tmp_path: Path, name: str, shards: int, *, during: Asks | None = None,
+                  journal: list[InputArrival] | None = None) -> tuple[TimedBroker, list[RunStats], list[Path]]:
+    """The village on `shards` shards to TICKS; `during` acts on the live run, `journal` is
+    in the arrivals journal of the shard holding the innkeeper (shard 0 of 1) before it starts."""
+    clock = VirtualClock(autojump=0.005)
+    broker = TimedBroker(7, clock)
+    loaded = load_scenario(VILLAGE)
+    stats = [RunStats(shard=str(i)) for i in range(shards)]
+    dbs = [tmp_path / f"{name}-{i}.db" for i in range(shards)]
+    if journal:
+        async with open_store(dbs[-1]) as store:
+            for arrival in journal:
+                store.arrivals.add(arrival)
+
+    async def one(i: int) -> None:
+        config = RunConfig(scenario=VILLAGE, run_id=RUN, ticks=TICKS, shard=f"{i}/{shards}", tick_ms=TICK_MS)
+        async with memory_shard(broker, loaded, config, dbs[i], stats[i], asyncio.Event()) as shard:
+            await shard.start()
+            await shard.run(until=shard.end)
+
+    async with asyncio.TaskGroup() as group:
+        server = group.create_task(broker.serve())
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(one(i) for i in range(shards)), *([during(broker, stats)] if during else []))
+        server.cancel()
+    assert all(s.tick == TICKS - 1 for s in stats)
+    return broker, stats, dbs
+
+
+async def ask(broker: TimedBroker, stats: list[RunStats]) -> None:
+    """Each question right after its tick ended on every shard: the pace then has almost a
+    whole second to wait."""
+    for after, question in QUESTIONS.items():
+        await eventually(lambda after=after: min(s.ticks_done for s in stats) > after,  # type: ignore[misc]
+                         what=f"tick {after} done", every=0.001)
+        broker.publish(topics.player_input(RUN, "visitor"),
+                       json.dumps({"to": "innkeeper", "text": f"Question {question}?", "id": question}).encode())
+
+
+def answers(broker: TimedBroker) -> dict[str, tuple[float, int]]:
+    """Each question's virtual latency (publish to the innkeeper's `say` with its id) and the
+    tick of that say; a question answered twice fails."""
+    asked = {json.loads(p)["id"]: t for t, topic, p in broker.times if topic.endswith("/visitor/input")}
+    said: dict[str, tuple[float, int]] = {}
+    for t, topic, payload in broker.times:
+        if topic.endswith("/say"):
+            say = decode_say(payload)
+            if say.reply_to is not None:
+                assert say.reply_to not in said, f"{say.reply_to} answered twice"
+                said[say.reply_to] = (t - asked[say.reply_to], say.tick)
+    return said
+
+
+def inputs_of(dbs: list[Path]) -> list[tuple[int, Taken]]:
+    taken: list[tuple[int, Taken]] = []
+    for db in dbs:
+        with open_reader(db) as reader:
+            taken += reader.all_inputs()
+    return sorted(taken, key=lambda x: x[0])
+
+
+def audit_of(dbs: list[Path]) -> set[tuple[str, int, str, str]]:
+    records = set()
+    for db in dbs:
+        with open_reader(db) as reader:
+            records |= {(r.id, r.tick, r.prompt_sha256, r.line) for r in reader.audit_records()}
+    return records
+
+
+async def test_a_question_is_answered_in_the_tick_that_takes_it_without_waiting_for_the_pace(tmp_path: Path) -> None:
+    broker, stats, dbs = await village(tmp_path, "one", 1, during=ask)
+    said = answers(broker)
+    taken = {t.id: tick for tick, t in inputs_of(dbs) if isinstance(t, OutsideInput)}
+    assert sorted(said) == sorted(taken) == sorted(QUESTIONS.values())
+    for question, (latency, tick) in said.items():
+        assert tick == taken[question], f"{question} taken at tick {taken[question]}, answered at {tick}"
+        assert latency <= 0.15, f"{question}: {latency:.3f} virtual seconds"  # 0.1 s at most after its tick began
+    assert stats[0].early_ticks == len(QUESTIONS)
+
+
+async def test_a_player_at_the_place_is_answered_at_once_and_once(tmp_path: Path) -> None:
+    """At the inn (the game system's presence), the visitor's input is said there, where the
+    place's log takes it: answered in the tick that took it, and never as mail again."""
+
+    async def at_the_inn(broker: TimedBroker, stats: list[RunStats]) -> None:
+        await eventually(lambda: stats[0].ticks_done > 2, what="tick 2 done", every=0.001)
+        broker.publish(topics.player_presence(RUN, "visitor"), b'{"location": "inn"}')
+        await eventually(lambda: stats[0].ticks_done > 6, what="tick 6 done", every=0.001)
+        broker.publish(topics.player_input(RUN, "visitor"),
+                       b'{"to": "innkeeper", "text": "Is the ale any good?", "id": "here"}')
+
+    broker, _, dbs = await village(tmp_path, "inn", 1, during=at_the_inn)
+    taken = inputs_of(dbs)
+    [present] = [tick for tick, t in taken if isinstance(t, Presence)]
+    [asked] = [tick for tick, t in taken if isinstance(t, OutsideInput)]
+    assert present < asked
+    said = answers(broker)  # once: a second answer fails there
+    assert said["here"][1] == asked and said["here"][0] <= 0.15
+    with open_reader(dbs[0]) as reader:
+        heard = [r.tick for r in reader.audit_records("innkeeper") if r.player_input.startswith("visitor: ")]
+    assert heard == [asked]
+
+
+async def test_three_shards_begin_together_and_say_what_one_shard_given_the_same_inputs_says(
+    tmp_path: Path
+) -> None:
+    broker, stats, dbs = await village(tmp_path, "three", 3, during=ask)
+    said = answers(broker)
+    taken = inputs_of(dbs)
+    ticks = {t.id: tick for tick, t in taken if isinstance(t, OutsideInput)}
+    assert sorted(said) == sorted(ticks) == sorted(QUESTIONS.values())
+    assert all(said[q][1] == ticks[q] and said[q][0] <= 0.15 for q in said), (said, ticks)
+    starts = [decode_barrier(p) for _, topic, p in broker.times if "/barrier/" in topic]
+    # shard 2 holds the inn: it said so, and every shard began those ticks before the pace
+    started = sorted((m.shard, m.tick) for m in starts if isinstance(m, Start))
+    assert started == [("2", t) for t in sorted(ticks.values())]
+    assert [s.early_ticks for s in stats] == [len(QUESTIONS)] * 3
+
+    journal = [InputArrival(tick=tick, input=t) for tick, t in taken]
+    _, alone, one = await village(tmp_path, "alone", 1, journal=journal)
+    assert inputs_of(one) == taken
+    assert alone[0].early_ticks == len(QUESTIONS)
+    expected, got = audit_of(dbs), audit_of(one)
+    assert expected == got, (sorted(expected - got)[:3], sorted(got - expected)[:3])
