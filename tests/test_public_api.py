@@ -36,7 +36,8 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",
-        "check_reply_room", "convert_options", "open_backend", "open_tokenizer", "served_now", "Tokenizer", "Tokenizing",
+        "check_reply_room", "convert_options", "open_backend", "open_tokenizer", "served_now", "Tokenizer",
+        "Tokenizing",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from sim.errors import ConfigError
 from sim.inference.backends._base import (
     PROMPT_FORMS,
@@ -46,9 +48,12 @@ def check_reply_room(name: str, options: Mapping[str, Any], policies: Iterable[O
     """A ConfigError, in one line, when the named backend's `structured_max_tokens` cannot hold
     the longest reply the schema of a structured NPC of `policies` lets a model write
     (`sim.output.reply_tokens`): a reply the grammar holds would be cut before it ends."""
-    most = options.get("structured_max_tokens") if name in ("openai", "llamacpp") else None
-    if not isinstance(most, int) or isinstance(most, bool):
-        return  # unset: each request asks for its schema's longest reply; a bad value is the options' error
+    try:
+        most = msgspec.convert(options.get("structured_max_tokens"), int | None, strict=False)
+    except msgspec.ValidationError:
+        return  # the options' own error, when the backend opens
+    if most is None or name not in ("openai", "llamacpp"):
+        return  # unset: each request asks for its schema's longest reply
     longest = max((reply_tokens(reply_schema(p, max_line_chars)) for p in policies if p is not None and p.structured),
                   default=0)
     if most < longest:
