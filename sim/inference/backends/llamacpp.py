@@ -141,7 +141,7 @@ class LlamaCppBackend:
 
     async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         prompt = self.prompt_prefix + memory.prompt
-        schema_text = None if schema is None else json.dumps(schema, sort_keys=True)
+        schema_text = None if schema is None else json.dumps(schema)  # its order kept: `say` first
         params = self._params
         if schema is not None:  # its own max_tokens (as the openai backend's) and no stop sequences
             params = {**params, "stop": [], "max_tokens": self._options.structured_max_tokens or reply_tokens(schema)}
