@@ -76,7 +76,8 @@ async def measure(scenario: Path, broker: str, workdir: Path, endpoint: str, tic
     attempts = sum(len(r.attempts) for r in records)
     first = sum(not r.fallback and len(r.attempts) == 1 and r.attempts[0].problem is None for r in records)
     tokens = max((a.usage.completion_tokens or 0 for r in records for a in r.attempts if a.usage), default=0)
-    models = sorted({a.served_by.model for r in records for a in r.attempts if a.served_by and a.served_by.model})
+    models = sorted({Path(a.served_by.model).name for r in records for a in r.attempts
+                     if a.served_by and a.served_by.model})
     share = 100 * ended["parsed"] / max(len(records), 1)
     return (f"{endpoint}: {len(records)} structured replies ({attempts} attempts) of {', '.join(models) or '?'}: "
             f"{ended['parsed']} parsed ({share:.0f} %; {first} on the first attempt), {ended['salvaged']} salvaged, "
