@@ -45,7 +45,7 @@ from benchmarks._report import machine_line, write_section
 from sim.generate import generate_scenario
 from sim.inference.backends.spread import rendezvous_order
 from sim.memory import prefix_reuse
-from sim.output import REPLY_SCHEMA
+from sim.output import MAX_LINE_CHARS, reply_schema, reply_tokens
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
 from sim.store import open_reader
 from tests.helpers import VILLAGE, MosquittoProcess, require_mosquitto
@@ -111,7 +111,7 @@ class Request:
     the reply schema and no stop sequence, a line's the stop sequence (as npcsim's backend sends them)."""
 
     prompt: str
-    structured: bool
+    schema: dict[str, Any] | None  # a structured reply's
     slot: int | None
     cache_reuse: int
     tick: int
@@ -120,8 +120,9 @@ class Request:
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"model": "smollm2", "prompt": self.prompt, "max_tokens": MAX_TOKENS,
                                 "temperature": 0.0}
-        if self.structured:
-            body["json_schema"] = REPLY_SCHEMA
+        if self.schema is not None:
+            body["json_schema"] = self.schema
+            body["max_tokens"] = reply_tokens(self.schema)
         else:
             body["stop"] = ["\n"]
         if self.slot is not None:
@@ -193,8 +194,9 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
                 previous[record.agent_id] = attempt.prompt
             latencies.append(record.timings.get("total_ms", 0.0))
             slot = int(rendezvous_order(record.agent_id, slots)[0]) if setting.affinity else None
-            structured = record.output is not None and record.output.structured
-            requests.extend(Request(attempt.prompt, structured, slot, setting.cache_reuse, record.tick, place)
+            policy = record.output
+            schema = reply_schema(policy, MAX_LINE_CHARS) if policy is not None and policy.structured else None
+            requests.extend(Request(attempt.prompt, schema, slot, setting.cache_reuse, record.tick, place)
                             for attempt in record.attempts)
     bound = shared / max(total, 1)
     limit = stats.server_limits.get(server.base_url)

@@ -30,13 +30,14 @@ PACKAGES: dict[str, set[str]] = {
     "sim.inference": {
         "BACKENDS", "Backend", "GENERIC_LINES", "InferenceRequest", "InferenceResult", "Pool",
         "PoolConfig", "PoolStatistics", "Priority", "RemoteWorker", "Reply", "WorkerConfig",
-        "check_context_window", "decode_request", "decode_result",
+        "check_context_window", "check_reply_room", "decode_request", "decode_result",
         "encode_request", "encode_result", "fallback_line", "open_backend", "open_pool", "reply_problem",
         "open_tokenizer", "Tokenizer", "counted_memory", "KeptCounts",
     },
     "sim.inference.backends": {
         "BACKENDS", "Backend", "Limited", "PROMPT_FORMS", "PROMPT_PREFIXES", "Reply", "check_context_window",
-        "convert_options", "open_backend", "open_tokenizer", "served_now", "Tokenizer", "Tokenizing",
+        "check_reply_room", "convert_options", "open_backend", "open_tokenizer", "served_now", "Tokenizer",
+        "Tokenizing",
     },
     "sim.loadtest": {
         "BudgetResult", "Builder", "CATEGORIES", "CategoryTruncation", "Checker", "KNEE_GAIN", "LatencyFigures",
@@ -63,11 +64,12 @@ PACKAGES: dict[str, set[str]] = {
     },
     "sim.output": {
         "Arg", "ArgSpec", "ArgType", "BELIEFS_PER_SUBJECT", "CODES", "FORBIDDEN_RULE", "MAX_ARG_CHARS",
-        "MAX_LINE_CHARS", "MAX_PROPOSAL_CHARS", "REPLY_SCHEMA", "RESERVED_NAMES", "SCHEMA_RULE", "FactGuard", "Judged",
+        "MAX_LINE_CHARS", "MAX_PROPOSAL_CHARS", "RESERVED_NAMES", "SCHEMA_RULE", "FactGuard", "Judged",
         "OutputPolicy", "ProposalVerdict", "RawReply", "Rules", "Verdict", "accepted", "allow_list_problem",
         "belief_of", "clean_line", "clean_text", "contradicted_fact", "forbidden_phrase", "gate_difference",
         "gate_proposals", "intent_schemas", "judge_attempts", "judge_reply", "known_names", "load_fact_guard",
-        "memory_of", "read_reply", "record_rules", "rejected", "said_proposals", "say_part", "WorldValues",
+        "longest_reply", "memory_of", "read_reply", "reply_schema", "reply_tokens", "record_rules", "rejected",
+        "said_proposals", "say_part", "WorldValues",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {

@@ -15,13 +15,14 @@ from sim.errors import ScenarioError
 from sim.inference import PoolConfig, open_pool, reply_problem
 from sim.inference.backends import llamacpp
 from sim.inference.backends.scripted import ScriptedBackend
-from sim.output import REPLY_SCHEMA, SCHEMA_RULE, OutputPolicy, Rules, WorldValues, accepted
+from sim.output import MAX_LINE_CHARS, SCHEMA_RULE, OutputPolicy, Rules, WorldValues, accepted, reply_schema
 from sim.scenario import load_scenario, parse_scenario
 from tests.fake_openai import FakeOpenAI, open_fake_openai
 from tests.helpers import VILLAGE
 from tests.inference_helpers import ScriptBackend, make_request
 
 POLICY = OutputPolicy(structured=True, forbidden=("cellar key",), intents={"give_item": {"item": "string"}})
+REPLY_SCHEMA = reply_schema(POLICY, MAX_LINE_CHARS)
 REPLY = json.dumps({"say": "Aye, a room for you.", "beliefs": [{"about": "traveller", "text": "traveller is tired.",
                                                                  "confidence": 0.6}], "remember": [], "intent": None})
 
@@ -70,7 +71,7 @@ async def test_the_llamacpp_backend_gives_a_schemas_grammar_no_stop_sequences(
     memory = make_request().memory
     structured = await backend.generate(memory, REPLY_SCHEMA)
     line = await backend.generate(memory)
-    assert calls[0]["grammar"] == f"grammar of {json.dumps(REPLY_SCHEMA, sort_keys=True)}" and calls[0]["stop"] == []
+    assert calls[0]["grammar"] == f"grammar of {json.dumps(REPLY_SCHEMA)}" and calls[0]["stop"] == []
     assert structured.params["stop"] == []
     assert calls[1]["grammar"] is None and calls[1]["stop"] == ["\n"] == line.params["stop"]
 

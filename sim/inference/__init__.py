@@ -28,6 +28,7 @@ from sim.inference.backends import (
     Reply,
     Tokenizer,
     check_context_window,
+    check_reply_room,
     open_backend,
     open_tokenizer,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Tokenizer",
     "WorkerConfig",
     "check_context_window",
+    "check_reply_room",
     "counted_memory",
     "open_tokenizer",
     "decode_request",

@@ -5,7 +5,7 @@ raw output (`raw_excerpt`), clean and judge it, retry once with a prohibition wh
 output is rejected (a working memory rebuilt with the prohibition inside the budget), and
 answer with the fallback line whenever anything fails: `serve` never raises for a backend
 failure. Every call is kept as an `Attempt`. Under an NPC's output policy the backend is
-asked for a structured reply (`REPLY_SCHEMA`) and each attempt is judged, and its proposals
+asked for a structured reply (`reply_schema`, its NPC's) and each attempt is judged, and its proposals
 gated, by `judge_reply` (sim.output); the attempt keeps every verdict.
 A backend with adaptive limits (`Limited`) gives them to each result, the way its pool hears
 of them whatever the transport.
@@ -28,7 +28,7 @@ from sim.inference._counters import Counters, LogOnce
 from sim.inference._dispatch import fallback_result
 from sim.inference.backends import Backend, Limited, Tokenizer, Tokenizing
 from sim.memory import WorkingMemory
-from sim.output import REPLY_SCHEMA, FactGuard, Rules, Verdict, judge_reply
+from sim.output import FactGuard, Rules, Verdict, judge_reply, reply_schema
 from sim.wire.inference import InferenceRequest, InferenceResult
 
 __all__ = ["RAW_EXCERPT_CHARS", "retry_memory", "serve"]
@@ -142,7 +142,7 @@ async def serve(
     limit = min(time_limit, left)
     policy = request.output
     rules = msgspec.structs.replace(rules, output=policy)
-    schema = REPLY_SCHEMA if policy is not None and policy.structured else None
+    schema = reply_schema(policy, rules.max_line_chars) if policy is not None and policy.structured else None
     attempts: list[Attempt] = []
     counts: dict[str, int] = {}
     in_flight: Attempt | None = None

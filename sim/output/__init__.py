@@ -6,8 +6,9 @@
 verdict, and its replay over an audit record's attempts (`judge_attempts`,
 `gate_difference`, under `record_rules`); `line` cleans and judges a spoken line
 (`clean_line`); `guard` the fact guard (`contradicted_fact`, `load_fact_guard`); `reply`
-the structured reply's shape (`REPLY_SCHEMA`, the retry's `SCHEMA_RULE`) and its repair
-(`say_part`); `gates` the gates and their verdict codes (`CODES`), the knowledge boundaries
+the structured reply's shape (`reply_schema`, bounded; `reply_tokens`, the most a reply of it
+takes; the retry's `SCHEMA_RULE`) and its repair (`say_part`); `gates` the gates and their
+verdict codes (`CODES`), the knowledge boundaries
 (`forbidden_phrase`), what an intent's allow-list may hold (`allow_list_problem`) and what
 passes it as JSON Schema (`intent_schemas`); `apply` which proposals are applied
 (`said_proposals`) and what each becomes in the NPC's state.
@@ -35,7 +36,7 @@ from sim.output.gates import (
 from sim.output.guard import FactGuard, contradicted_fact, load_fact_guard
 from sim.output.judge import FORBIDDEN_RULE, gate_difference, judge_attempts, judge_reply, record_rules
 from sim.output.line import Verdict, clean_line
-from sim.output.reply import REPLY_SCHEMA, SCHEMA_RULE, RawReply, read_reply, say_part
+from sim.output.reply import SCHEMA_RULE, RawReply, longest_reply, read_reply, reply_schema, reply_tokens, say_part
 from sim.wire.attempt import MAX_LINE_CHARS, Arg, ArgSpec, ArgType, OutputPolicy, ProposalVerdict, Rules, WorldValues
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
     "MAX_ARG_CHARS",
     "MAX_LINE_CHARS",
     "MAX_PROPOSAL_CHARS",
-    "REPLY_SCHEMA",
     "RESERVED_NAMES",
     "SCHEMA_RULE",
     "FactGuard",
@@ -71,10 +71,13 @@ __all__ = [
     "intent_schemas",
     "judge_attempts",
     "judge_reply",
+    "longest_reply",
     "known_names",
     "load_fact_guard",
     "memory_of",
     "read_reply",
+    "reply_schema",
+    "reply_tokens",
     "record_rules",
     "rejected",
     "said_proposals",

@@ -47,6 +47,7 @@ __all__ = [
     "RESERVED_NAMES",
     "accepted",
     "allow_list_problem",
+    "arg_schema",
     "world_values",
     "clean_text",
     "forbidden_phrase",
@@ -253,7 +254,7 @@ def _arg_problem(value: Arg, kind: ArgSpec, world: Mapping[str, str]) -> str:
     return "" if math.isfinite(value) and abs(value) < 2**53 else "out of range"
 
 
-def _arg_schema(spec: ArgSpec) -> dict[str, Any]:
+def arg_schema(spec: ArgSpec) -> dict[str, Any]:
     """The JSON Schema of the values an argument passes the gate with, as the intent topic
     carries them: one of its values, else a value of its type (`_arg_problem`'s bounds)."""
     if isinstance(spec, WorldValues):
@@ -272,7 +273,7 @@ def _arg_schema(spec: ArgSpec) -> dict[str, Any]:
 def intent_schemas(policies: Mapping[str, OutputPolicy | None]) -> list[dict[str, Any]]:
     """What the NPCs of `policies` (id -> policy) may publish on their intent topics, as JSON
     Schema alternatives of its payload: one for each intent with its arguments, naming the
-    NPCs that may propose it (`agent`) and each argument's type or values (`_arg_schema`)."""
+    NPCs that may propose it (`agent`) and each argument's type or values (`arg_schema`)."""
     agents: dict[tuple[str, tuple[tuple[str, ArgSpec], ...]], list[str]] = {}
     for agent, policy in policies.items():
         for name, args in (policy.intents if policy is not None else {}).items():
@@ -280,7 +281,7 @@ def intent_schemas(policies: Mapping[str, OutputPolicy | None]) -> list[dict[str
     return [{"properties": {
         "agent": {"enum": ids},
         "name": {"const": name},
-        "args": {"type": "object", "properties": {arg: _arg_schema(spec) for arg, spec in args},
+        "args": {"type": "object", "properties": {arg: arg_schema(spec) for arg, spec in args},
                  "required": [arg for arg, _ in args], "additionalProperties": False},
     }} for (name, args), ids in agents.items()]
 

@@ -5,7 +5,8 @@ A structured reply is one JSON object (docs/npc-output.md):
     {"say": "...", "beliefs": [{"about": "<id>", "text": "...", "confidence": 0.0-1.0}],
      "remember": [{"text": "...", "significance": 0.0-1.0}], "intent": {"name": "...", "args": {...}} | null}
 
-`REPLY_SCHEMA` is what a backend hands the model server to constrain it. `read_reply`
+`reply_schema` is what a backend hands the model server to constrain it, every string and
+list of it bounded, and `reply_tokens` the most a reply of it takes. `read_reply`
 reads the object loosely: the reply as a whole must be an object with a string `say`
 (else it is not a reply at all), while each proposal is kept as it came, so that a
 malformed one is dropped alone by the schema gate (sim.output.gates) instead of costing
@@ -19,58 +20,89 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-__all__ = ["REPLY_SCHEMA", "SCHEMA_RULE", "RawReply", "read_reply", "say_part"]
+from sim.output.gates import MAX_PROPOSAL_CHARS, arg_schema
+from sim.wire.attempt import OutputPolicy
+from sim.wire.events import MAX_NAME_CHARS
 
-REPLY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "say": {"type": "string"},
-        "beliefs": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "about": {"type": "string"},
-                    "text": {"type": "string"},
-                    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-                },
-                "required": ["about", "text", "confidence"],
-                "additionalProperties": False,
-            },
-        },
-        "remember": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "text": {"type": "string"},
-                    "significance": {"type": "number", "minimum": 0, "maximum": 1},
-                },
-                "required": ["text", "significance"],
-                "additionalProperties": False,
-            },
-        },
-        "intent": {
-            "anyOf": [
-                {
-                    "type": "object",
-                    "properties": {"name": {"type": "string"}, "args": {"type": "object"}},
-                    "required": ["name", "args"],
-                    "additionalProperties": False,
-                },
-                {"type": "null"},
-            ]
-        },
-    },
-    "required": ["say", "beliefs", "remember", "intent"],
-    "additionalProperties": False,
-}
-"""The reply's JSON Schema: `response_format` on a chat endpoint, `json_schema` on llama-server's
-completions, a grammar in llama-cpp-python."""
+__all__ = ["SCHEMA_RULE", "WEIGHTS", "RawReply", "longest_reply", "read_reply", "reply_schema", "reply_tokens",
+           "say_part"]
+
+WEIGHTS = tuple(n / 10 for n in range(11))
+"""The confidences and significances a reply may give: tenths, so that a number ends (a grammar
+bounds no number's digits) and the longest reply is known."""
+_DOUBLE = -2.2250738585072014e-308
+"""A number of the longest text a double prints as (24 characters): a number argument's longest."""
+
+
+def _text(most: int) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": most}
+
+
+def _items(item: dict[str, Any], most: int) -> dict[str, Any]:
+    return {"type": "array", "items": item, "maxItems": most}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+def reply_schema(policy: OutputPolicy, max_line_chars: int) -> dict[str, Any]:
+    """The reply's JSON Schema for an NPC of `policy` (`response_format` on a chat endpoint,
+    `json_schema` on llama-server's completions, a grammar in llama-cpp-python): every string
+    and every list bounded by what the gates keep, so that a model that repeats itself inside
+    a string is ended by the grammar, and the longest reply is known (`longest_reply`). `say`
+    comes first, the intent is one of the allow-list's (or null)."""
+    weight = {"type": "number", "enum": list(WEIGHTS)}
+    intents = [_object({"name": {"const": name}, "args": _object({a: arg_schema(spec) for a, spec in args.items()})})
+               for name, args in policy.intents.items()]
+    return _object({
+        "say": _text(max_line_chars),
+        "beliefs": _items(_object({"about": _text(MAX_NAME_CHARS), "text": _text(MAX_PROPOSAL_CHARS),
+                                   "confidence": weight}), policy.max_beliefs),
+        "remember": _items(_object({"text": _text(MAX_PROPOSAL_CHARS), "significance": weight}),
+                           policy.max_memories),
+        "intent": {"anyOf": [*intents, {"type": "null"}]},
+    })
+
+
+def _longest(schema: Mapping[str, Any]) -> Any:
+    """The value of `schema` whose JSON is the longest; a ValueError when it is unbounded."""
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema or "anyOf" in schema:
+        values = schema["enum"] if "enum" in schema else [_longest(s) for s in schema["anyOf"]]
+        return max(values, key=lambda v: len(json.dumps(v)))
+    kind = schema.get("type")
+    if kind == "object":
+        return {key: _longest(value) for key, value in schema.get("properties", {}).items()}
+    if kind == "array" and "maxItems" in schema:
+        return [_longest(schema["items"])] * schema["maxItems"]
+    if kind == "string" and "maxLength" in schema:
+        return "x" * schema["maxLength"]
+    if kind == "integer" and "minimum" in schema and "maximum" in schema:
+        return max(schema["minimum"], schema["maximum"], key=lambda n: len(str(n)))
+    if kind == "number":
+        return _DOUBLE
+    if kind in ("boolean", "null"):
+        return False if kind == "boolean" else None
+    raise ValueError(f"unbounded: {json.dumps(schema)[:80]}")
+
+
+def longest_reply(schema: Mapping[str, Any]) -> str:
+    """The longest reply `schema` lets a model write, as JSON (", " and ": " between its parts)."""
+    return json.dumps(_longest(schema))
+
+
+def reply_tokens(schema: Mapping[str, Any]) -> int:
+    """The most tokens a reply of `schema` takes, counted as its longest reply's characters: a
+    token of text is at least one character."""
+    return len(longest_reply(schema))
+
 
 SCHEMA_RULE = (
     'Answer with one JSON object only, "say" being your spoken line: {"say": "...", "beliefs": [{"about": "<id>", '

@@ -28,7 +28,7 @@ import msgspec
 
 from sim.broker import BrokerInfo, open_broker
 from sim.errors import ConfigError, single_error
-from sim.inference import check_context_window, open_tokenizer
+from sim.inference import check_context_window, check_reply_room, open_tokenizer
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.seal import RunKey
 from sim.shard._clock import Clock, SystemClock
@@ -61,6 +61,7 @@ from sim.shard._trust import announce_trust, run_key_for
 from sim.shard._wiring import Connection, Seams, open_shard
 from sim.store import RunIdentity, Store, new_store, newest_store, prune_stores
 from sim.wire import topics
+from sim.wire.attempt import MAX_LINE_CHARS
 
 __all__ = ["run"]
 
@@ -120,6 +121,8 @@ async def _run(
         if config.inference.placement != "remote":  # remote workers bring their own servers
             await check_context_window(config.inference.backend, config.inference.backend_options,
                                        scenario.memory.max_context_tokens)
+            check_reply_room(config.inference.backend, config.inference.backend_options,
+                             (npc.policy() for npc in scenario.npcs), MAX_LINE_CHARS)
         seed = scenario.scenario.seed if config.seed is None else config.seed
         layout = await in_thread(lambda: ShardLayout(scenario, config.shard, seed), "npcsim-shard-layout")
         agent_kinds(layout.kinds)  # an unknown kind is refused before anything opens: no file is left behind

@@ -10,9 +10,11 @@ import; this package imports a backend only when it is opened.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from sim.errors import ConfigError
 from sim.inference.backends._base import (
@@ -26,6 +28,7 @@ from sim.inference.backends._base import (
     convert_options,
 )
 from sim.memory import WorkingMemoryConfig
+from sim.output import OutputPolicy, reply_schema, reply_tokens
 from sim.wire.attempt import ServedBy
 
 if TYPE_CHECKING:
@@ -33,11 +36,31 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS", "PROMPT_FORMS", "PROMPT_PREFIXES", "Backend", "Limited", "Reply", "Tokenizer", "Tokenizing",
-    "check_context_window",
+    "check_context_window", "check_reply_room",
     "convert_options", "open_backend", "open_tokenizer", "served_now",
 ]
 
 BACKENDS = ("scripted", "openai", "llamacpp")
+
+
+def check_reply_room(name: str, options: Mapping[str, Any], policies: Iterable[OutputPolicy | None],
+                     max_line_chars: int) -> None:
+    """A ConfigError, in one line, when the named backend's `structured_max_tokens` cannot hold
+    the longest reply the schema of a structured NPC of `policies` lets a model write
+    (`sim.output.reply_tokens`): a reply the grammar holds would be cut before it ends."""
+    try:
+        most = msgspec.convert(options.get("structured_max_tokens"), int | None, strict=False)
+    except msgspec.ValidationError:
+        return  # the options' own error, when the backend opens
+    if most is None or name not in ("openai", "llamacpp"):
+        return  # unset: each request asks for its schema's longest reply
+    longest = max((reply_tokens(reply_schema(p, max_line_chars)) for p in policies if p is not None and p.structured),
+                  default=0)
+    if most < longest:
+        raise ConfigError(
+            f"backend {name!r} options: structured_max_tokens {most} cannot hold the longest structured reply, "
+            f"{longest} tokens (one a character, within the reply schema's bounds): raise it, or leave it unset"
+        )
 
 
 async def check_context_window(name: str, options: Mapping[str, Any], budget_tokens: int | None) -> None:

@@ -24,13 +24,14 @@ import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from sim.errors import ConfigError, InferenceError
 from sim.inference.backends._base import FEW_SHOT, Reply, convert_options
 from sim.memory import WorkingMemory
+from sim.output import reply_tokens
 from sim.wire.attempt import ServedBy, Usage
 
 __all__ = [
@@ -51,8 +52,12 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     temperature: float = 0.7
     top_p: float = 0.9
     repeat_penalty: float = 1.1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int = 0
     stop: tuple[str, ...] = ("\n",)
+    # A structured reply's tokens at most; None: its schema's longest reply (`sim.output.reply_tokens`)
+    structured_max_tokens: Annotated[int, msgspec.Meta(gt=0)] | None = None
 
 
 def bundled_model_path() -> Path | None:
@@ -107,12 +112,13 @@ class LlamaCppBackend:
             "temperature": options.temperature,
             "top_p": options.top_p,
             "repeat_penalty": options.repeat_penalty,
+            "frequency_penalty": options.frequency_penalty,
+            "presence_penalty": options.presence_penalty,
             "seed": options.seed,
             "stop": list(options.stop),
         }
-        self._structured = {**self._params, "stop": []}  # a schema's call: see `_complete`
 
-    def _complete(self, prompt: str, schema: str | None) -> dict[str, Any]:
+    def _complete(self, prompt: str, schema: str | None, max_tokens: int) -> dict[str, Any]:
         """One completion; with a `schema`, its grammar and no stop sequences: the grammar ends the
         reply where its object ends, and lets a newline stand between its fields, where the
         line's stop ("\n") would cut the object at its first."""
@@ -121,10 +127,12 @@ class LlamaCppBackend:
         with self._thread_lock:
             result: dict[str, Any] = self._llama.create_completion(
                 prompt,
-                max_tokens=o.max_tokens,
+                max_tokens=max_tokens,
                 temperature=o.temperature,
                 top_p=o.top_p,
                 repeat_penalty=o.repeat_penalty,
+                frequency_penalty=o.frequency_penalty,
+                presence_penalty=o.presence_penalty,
                 seed=o.seed,
                 stop=list(o.stop) if grammar is None else [],
                 grammar=grammar,
@@ -133,16 +141,19 @@ class LlamaCppBackend:
 
     async def generate(self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None) -> Reply:
         prompt = self.prompt_prefix + memory.prompt
-        schema_text = None if schema is None else json.dumps(schema, sort_keys=True)
+        schema_text = None if schema is None else json.dumps(schema)  # its order kept: `say` first
+        params = self._params
+        if schema is not None:  # its own max_tokens (as the openai backend's) and no stop sequences
+            params = {**params, "stop": [], "max_tokens": self._options.structured_max_tokens or reply_tokens(schema)}
         async with self._lock:
             try:
-                result = await asyncio.to_thread(self._complete, prompt, schema_text)
+                result = await asyncio.to_thread(self._complete, prompt, schema_text, params["max_tokens"])
             except (ValueError, RuntimeError) as exc:
                 raise InferenceError(f"llama.cpp ({self.model}) failed: {exc}") from exc
         text = result["choices"][0]["text"]
         usage = result.get("usage", {})
         return Reply(
-            text=text, model=self.model, params=self._params if schema is None else self._structured,
+            text=text, model=self.model, params=params,
             served_by=self._served_by,
             usage=Usage(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")),
         )
@@ -152,7 +163,7 @@ class LlamaCppBackend:
             self._llama.close()
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _grammar(schema: str) -> Any:
     """llama.cpp's grammar for a JSON Schema (one schema, compiled once): a structured reply."""
     from llama_cpp.llama_grammar import LlamaGrammar

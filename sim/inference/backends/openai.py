@@ -47,6 +47,7 @@ from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, Infer
 from sim.inference.backends._base import Reply, convert_options
 from sim.inference.backends._reported import model_now, reported_usage, served_by, server_window
 from sim.memory import WorkingMemory
+from sim.output import reply_tokens
 from sim.wire.attempt import ServedBy
 
 __all__ = [
@@ -64,6 +65,17 @@ _BYTES_PER_TOKEN = 256  # a long token, every character JSON-escaped (\uXXXX), w
 def reply_bound(max_tokens: int) -> int:
     """The most bytes of a response body read for a request of `max_tokens` tokens."""
     return _ENVELOPE_BYTES + _BYTES_PER_TOKEN * max(max_tokens, 0)
+
+
+_PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "dry_multiplier")
+
+
+def _most_tokens(options: OpenAIOptions, schema: Mapping[str, Any] | None) -> int:
+    """A request's max_tokens: a line's `max_tokens`, a structured reply's `structured_max_tokens`,
+    else the most its schema's longest reply takes (so a reply the grammar holds always ends)."""
+    if schema is None:
+        return options.max_tokens
+    return options.structured_max_tokens or reply_tokens(schema)
 
 
 class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -86,6 +98,13 @@ class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     slot_affinity: bool = False  # llama.cpp: each NPC's requests in its own slot (`id_slot`; servers.py)
     # llama.cpp: reuse cached chunks of at least this many tokens past the common prefix (`n_cache_reuse`)
     cache_reuse: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A structured reply's tokens at most; None: its schema's longest reply (`sim.output.reply_tokens`)
+    structured_max_tokens: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    # Sampling against loops, sent only when set: OpenAI's penalties, then llama.cpp's (its server's names)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repeat_penalty: float | None = None
+    dry_multiplier: float | None = None
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -186,9 +205,9 @@ class OpenAIBackend:
         }
         if options.cache_reuse:
             self._params["cache_reuse"] = options.cache_reuse
-        self._structured = {**self._params, "stop": []}  # a schema's request: see `_body`
+        self._sampling = {name: getattr(options, name) for name in _PENALTIES if getattr(options, name) is not None}
+        self._params.update(self._sampling)
         self._path = "/chat/completions" if options.endpoint == "chat" else "/completions"
-        self._bound = reply_bound(options.max_tokens)
         self.prompt_form = "chat" if options.endpoint == "chat" else "text"
         self.prompt_prefix = ""
 
@@ -198,7 +217,8 @@ class OpenAIBackend:
         ends the reply where its object ends, and the server's grammar lets a newline stand
         between its fields, where the line's stop ("\n") would cut the object at its first."""
         o = self._options
-        body: dict[str, Any] = {"model": o.model, "max_tokens": o.max_tokens, "temperature": o.temperature}
+        body: dict[str, Any] = {"model": o.model, "max_tokens": _most_tokens(o, schema), "temperature": o.temperature,
+                                **self._sampling}
         if o.stop and schema is None:
             body["stop"] = list(o.stop)
         if o.cache_reuse:
@@ -218,6 +238,7 @@ class OpenAIBackend:
     ) -> Reply:
         """`slot`: the server's slot to serve it in (llama.cpp's `id_slot`), None for any."""
         body = self._body(memory, schema)
+        params = self._params if schema is None else {**self._params, "stop": [], "max_tokens": body["max_tokens"]}
         if slot is not None:
             body["id_slot"] = slot
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
@@ -226,7 +247,7 @@ class OpenAIBackend:
             for attempt in range(self._options.retries + 1):
                 self.breaker.before(url)
                 try:
-                    reply = await self._post(url, body, self._params if schema is None else self._structured)
+                    reply = await self._post(url, body, params)
                 except asyncio.CancelledError:
                     self.breaker.abandon()
                     raise
@@ -262,7 +283,7 @@ class OpenAIBackend:
                                      counts_for_breaker=False, overload=True)
                 if status >= 500:
                     raise _Transient(f"POST {url}: server error {status}", overload=status == 503)
-                content = await self._read(url, response)
+                content = await self._read(url, response, body["max_tokens"])
         except httpx.TimeoutException as exc:
             raise _Transient(f"POST {url}: timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
@@ -273,17 +294,18 @@ class OpenAIBackend:
             raise InferenceError(f"POST {url}: {status} {content[:200]!r}")
         return self._parse(url, content, params)
 
-    async def _read(self, url: str, response: httpx.Response) -> bytes:
+    async def _read(self, url: str, response: httpx.Response, max_tokens: int) -> bytes:
         """The body, or an InferenceError as soon as it is known to pass the bound."""
-        over = f"POST {url}: a reply over {self._bound} bytes (the bound for max_tokens={self._options.max_tokens})"
+        bound = reply_bound(max_tokens)
+        over = f"POST {url}: a reply over {bound} bytes (the bound for max_tokens={max_tokens})"
         declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self._bound:
+        if declared.isdigit() and int(declared) > bound:
             raise InferenceError(f"{over}: Content-Length {declared}")
         chunks: list[bytes] = []
         size = 0
         async for chunk in response.aiter_bytes():
             size += len(chunk)
-            if size > self._bound:
+            if size > bound:
                 raise InferenceError(over)
             chunks.append(chunk)
         return b"".join(chunks)
