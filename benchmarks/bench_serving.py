@@ -43,7 +43,7 @@ import httpx
 
 from benchmarks._report import machine_line, write_section
 from sim.generate import generate_scenario
-from sim.inference.backends.spread import rendezvous_order
+from sim.inference.backends.spread import SlotTable
 from sim.memory import prefix_reuse
 from sim.output import MAX_LINE_CHARS, reply_schema, reply_tokens
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
@@ -53,7 +53,7 @@ from tests.llama_server import SLOTS, LlamaServer, require_llama_server
 
 HEADING = "Serving a real model"
 MAX_TOKENS = 32
-CACHE_REUSE = 16  # tokens: llama.cpp's n_cache_reuse in the last setting
+CACHE_REUSE = 8  # tokens: llama.cpp's n_cache_reuse in the settings that reuse chunks
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
     evaluated = cached = 0
     latencies: list[float] = []
     requests: list[Request] = []
-    slots = [str(n) for n in range(SLOTS)]
+    slots = SlotTable(SLOTS)  # as the backend gives them: the first NPCs a slot each
     previous: dict[str, str] = {}
     shared = total = 0
     later: dict[str, list[int]] = {}  # per NPC, its later prompts' tokens: reused, in all
@@ -193,7 +193,7 @@ async def npcsim_run(server: LlamaServer, broker: str, workdir: Path, workload: 
                         tally[1] += attempt.usage.prompt_tokens
                 previous[record.agent_id] = attempt.prompt
             latencies.append(record.timings.get("total_ms", 0.0))
-            slot = int(rendezvous_order(record.agent_id, slots)[0]) if setting.affinity else None
+            slot = slots.slot(record.agent_id) if setting.affinity else None
             policy = record.output
             schema = reply_schema(policy, MAX_LINE_CHARS) if policy is not None and policy.structured else None
             requests.extend(Request(attempt.prompt, schema, slot, setting.cache_reuse, record.tick, place)

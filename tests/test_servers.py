@@ -18,7 +18,7 @@ from sim.cli.run import summary_rows
 from sim.errors import ConfigError, ScenarioError
 from sim.inference import PoolConfig, open_pool
 from sim.inference.backends.servers import each_server, open_servers, shown_url
-from sim.inference.backends.spread import rendezvous_order
+from sim.inference.backends.spread import SlotTable, rendezvous_order
 from sim.memory import Fact, Line, WorkingMemory, WorkingMemoryConfig, build_working_memory
 from sim.scenario import parse_scenario, read_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
@@ -213,6 +213,17 @@ async def test_with_slot_affinity_each_npc_keeps_its_own_slot_of_the_server() ->
     assert slots[: len(AGENTS)] == slots[len(AGENTS):]  # the same slot for the same NPC, tick after tick
     assert set(slots) == {0, 1, 2, 3}  # the NPCs spread over the slots
     assert "id_slot" not in fake.requests[-1]["body"]  # off by default
+
+
+def test_the_first_npcs_take_a_slot_each_and_the_others_share_by_hashing() -> None:
+    table = SlotTable(4)
+    first = [table.slot(agent) for agent in ["smith", "innkeeper", "guard"]]
+    assert first == [0, 1, 2]  # three NPCs on four slots: none shares
+    assert [table.slot(agent) for agent in ["guard", "smith", "innkeeper"]] == [2, 0, 1]  # each keeps its own
+    assert table.slot("priest") == 3
+    late = {agent: table.slot(agent) for agent in AGENTS}
+    assert late == {agent: int(rendezvous_order(agent, ["0", "1", "2", "3"])[0]) for agent in AGENTS}
+    assert late == {agent: table.slot(agent) for agent in AGENTS}  # tick after tick
 
 
 async def test_slot_affinity_on_a_server_that_does_not_say_its_slots_sends_no_slot() -> None:

@@ -7,8 +7,8 @@ order. Each server has its own client, retries and circuit breaker (`OpenAIBacke
 own adaptive limit on requests in flight (`AdaptiveLimit`, at most the worker's concurrency).
 Each reply names the server that gave it (`ServedBy.server`, without any user and password).
 With `slot_affinity` (llama.cpp's server), each NPC's requests also go to its own slot of that
-server (`id_slot`, rendezvous again over the slots its `GET /props` says it has), so that its
-prompt stays in that slot's cache.
+server (`id_slot`, among the slots its `GET /props` says it has: one of its own while there
+are slots to spare, `SlotTable`), so that its prompt stays in that slot's cache.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, Serve
 from sim.inference.backends._base import Reply, Tokenizer, convert_options
 from sim.inference.backends._reported import server_slots
 from sim.inference.backends.openai import OpenAIBackend, OpenAIOptions, open_openai
-from sim.inference.backends.spread import AdaptiveLimit, rendezvous_order
+from sim.inference.backends.spread import AdaptiveLimit, SlotTable, rendezvous_order
 from sim.memory import WorkingMemory
 
 __all__ = ["Server", "ServersBackend", "each_server", "open_servers", "shown_url"]
@@ -67,7 +67,7 @@ class Server:
         self.backend = backend
         self.limit = limit
         self.url = url
-        self.slots = [str(n) for n in range(slots or 0)]  # an NPC's own slot is ranked among these
+        self.slots = SlotTable(slots) if slots else None  # each NPC's own slot
         self.in_flight = 0
         self._turn = asyncio.Condition()
 
@@ -81,7 +81,7 @@ class Server:
             await self._turn.wait_for(lambda: self.in_flight < self.limit.limit)
             self.in_flight += 1
         started, overloads = self.limit.start(), self.backend.overloads
-        slot = int(rendezvous_order(memory.agent_id, self.slots)[0]) if self.slots else None
+        slot = self.slots.slot(memory.agent_id) if self.slots is not None else None
         try:
             reply = await self.backend.generate(memory, schema, slot=slot)
         finally:

@@ -1,8 +1,12 @@
 """How requests are spread over several model servers, without I/O: each NPC's order of the
-servers (rendezvous hashing) and each server's adaptive limit on requests in flight (AIMD).
+servers (rendezvous hashing), each NPC's slot of a server (`SlotTable`) and each server's
+adaptive limit on requests in flight (AIMD).
 
 Rendezvous hashing gives each NPC the same first server run after run, so its prompts meet
 the server's prompt cache; a server added or removed moves only the NPCs that rank it first.
+Slots are few (a llama.cpp server has a handful), so hashing every NPC onto them would make
+two of three NPCs share one while another idles: the first NPCs take a slot each, and only
+those beyond the slots are hashed onto them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["AdaptiveLimit", "rendezvous_order"]
+__all__ = ["AdaptiveLimit", "SlotTable", "rendezvous_order"]
 
 _SMOOTHING = 0.2  # the weight of each answer's latency in the moving average
 
@@ -24,6 +28,29 @@ def _score(key: str, server: str) -> int:
 def rendezvous_order(key: str, servers: Sequence[str]) -> list[str]:
     """`servers` in `key`'s order: highest score first, ties (none in practice) by name."""
     return sorted(servers, key=lambda server: (-_score(key, server), server))
+
+
+class SlotTable:
+    """Which of a server's `slots` each NPC's requests go to, so that its last prompt is still in
+    that slot's cache: the first NPCs served take a slot each; once every slot is taken, an NPC
+    shares the slot rendezvous hashing ranks first for it. So NPCs share a slot only when they
+    outnumber the slots, and an NPC's slot never changes."""
+
+    def __init__(self, slots: int) -> None:
+        self._own: dict[str, int] = {}  # the NPCs that took a slot of their own
+        self._names = [str(n) for n in range(slots)]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def slot(self, agent_id: str) -> int:
+        slot = self._own.get(agent_id)
+        if slot is None:
+            if len(self._own) < len(self._names):
+                slot = self._own[agent_id] = len(self._own)
+            else:
+                slot = int(rendezvous_order(agent_id, self._names)[0])
+        return slot
 
 
 class AdaptiveLimit:
