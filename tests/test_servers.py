@@ -226,6 +226,22 @@ def test_the_first_npcs_take_a_slot_each_and_the_others_share_by_hashing() -> No
     assert late == {agent: table.slot(agent) for agent in AGENTS}  # tick after tick
 
 
+async def test_an_npcs_own_slot_keeps_the_prompts_fixed_part_on_a_shift() -> None:
+    async with open_fake_openai() as fake:
+        fake.total_slots = 4
+        options = {"base_url": fake.base_url, "endpoint": "completions", "slot_affinity": True}
+        async with open_servers(options, concurrency=1) as backend:
+            memory = make_request(0).memory
+            for _ in range(2):
+                await backend.generate(memory)
+        async with open_servers({**options, "endpoint": "chat"}, concurrency=1) as backend:
+            await backend.generate(memory)
+    fixed = memory.prompt[: memory.system_chars]
+    assert [body["content"] for body in fake.tokenized] == [fixed]  # asked once, kept
+    keeps = [request["body"].get("n_keep") for request in fake.requests]
+    assert keeps[:2] == [len(fixed.split()), len(fixed.split())] and keeps[2] is None  # chat: the template's
+
+
 async def test_slot_affinity_on_a_server_that_does_not_say_its_slots_sends_no_slot() -> None:
     async with open_fake_openai() as fake:
         options = {"base_url": fake.base_url, "slot_affinity": True}

@@ -68,8 +68,8 @@ async def check_context_window(name: str, options: Mapping[str, Any], budget_tok
     `budget_tokens` tokens and its reply; `openai` asks its server (a llama.cpp server says
     its window), the others are not checked."""
     if name == "openai":
+        from sim.inference.backends._urls import each_server
         from sim.inference.backends.openai import check_server_window
-        from sim.inference.backends.servers import each_server
 
         for server in each_server(options):
             await check_server_window(server, budget_tokens)
@@ -92,8 +92,8 @@ async def served_now(name: str, options: Mapping[str, Any]) -> ServedBy:
     """Which model the named backend answers with now, as its replies name it (`audit replay`
     compares it with each record's): `openai` asks its (first) server, `llamacpp` reads its model file."""
     if name == "openai":
+        from sim.inference.backends._urls import each_server
         from sim.inference.backends.openai import served_now as server_model
-        from sim.inference.backends.servers import each_server
 
         return await server_model(each_server(options)[0])
     if name == "llamacpp":

@@ -235,12 +235,12 @@ class OpenAIBackend:
 
     async def generate(
         self, memory: WorkingMemory, schema: Mapping[str, Any] | None = None, *, slot: int | None = None,
+        keep: int | None = None,
     ) -> Reply:
-        """`slot`: the server's slot to serve it in (llama.cpp's `id_slot`), None for any."""
+        """`slot`: llama.cpp's `id_slot` (None: any); `keep`: its `n_keep`, what the slot keeps on a shift."""
         body = self._body(memory, schema)
         params = self._params if schema is None else {**self._params, "stop": [], "max_tokens": body["max_tokens"]}
-        if slot is not None:
-            body["id_slot"] = slot
+        body.update({name: n for name, n in (("id_slot", slot), ("n_keep", keep)) if n is not None})
         url = f"{self._options.base_url.rstrip('/')}{self._path}"
         backoff = Backoff(self._options.backoff)
         async with self._slots:

@@ -19,15 +19,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from sim.errors import BackendTimeoutError, CircuitOpenError, ConfigError, ServerUnavailableError
+from sim.errors import BackendTimeoutError, CircuitOpenError, ServerUnavailableError
 from sim.inference.backends._base import Reply, Tokenizer, convert_options
 from sim.inference.backends._reported import server_slots
+from sim.inference.backends._urls import each_server, shown_url
 from sim.inference.backends.openai import OpenAIBackend, OpenAIOptions, open_openai
 from sim.inference.backends.spread import AdaptiveLimit, SlotTable, rendezvous_order
+from sim.inference.backends.tokenize import ServerTokenizer
 from sim.memory import WorkingMemory
 
 __all__ = ["Server", "ServersBackend", "each_server", "open_servers", "shown_url"]
@@ -38,36 +39,16 @@ _FAILOVER = (ServerUnavailableError, BackendTimeoutError, CircuitOpenError)
 """What a server's failure to answer is; any other error is the request's own, on every server."""
 
 
-def each_server(options: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One server's options for each of `base_url`'s URLs (a string or a list of them)."""
-    urls = options.get("base_url")
-    if isinstance(urls, str):
-        urls = [urls]
-    if not isinstance(urls, list | tuple) or not urls or not all(isinstance(u, str) for u in urls):
-        raise ConfigError(f"backend 'openai' options: base_url must be a URL or a list of URLs, got {urls!r}")
-    if len(set(urls)) != len(urls):
-        raise ConfigError(f"backend 'openai' options: base_url names a server twice: {urls!r}")
-    return [{**options, "base_url": url} for url in urls]
-
-
-def shown_url(url: str) -> str:
-    """The URL without its user and password: what a record and a log line may say."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-
-
 class Server:
     """One server: its backend, its adaptive limit, and the requests it has in flight."""
 
-    def __init__(self, backend: OpenAIBackend, limit: AdaptiveLimit, url: str, slots: int | None = None) -> None:
+    def __init__(self, backend: OpenAIBackend, limit: AdaptiveLimit, url: str, slots: int | None = None,
+                 keeping: ServerTokenizer | None = None) -> None:
         self.backend = backend
         self.limit = limit
         self.url = url
         self.slots = SlotTable(slots) if slots else None  # each NPC's own slot
+        self.keeping = keeping  # counts what never changes, for llama.cpp's `n_keep`
         self.in_flight = 0
         self._turn = asyncio.Condition()
 
@@ -83,7 +64,8 @@ class Server:
         started, overloads = self.limit.start(), self.backend.overloads
         slot = self.slots.slot(memory.agent_id) if self.slots is not None else None
         try:
-            reply = await self.backend.generate(memory, schema, slot=slot)
+            keep = await self._keep(memory)
+            reply = await self.backend.generate(memory, schema, slot=slot, keep=keep)
         finally:
             if self.backend.overloads > overloads:
                 self.limit.overloaded(started)
@@ -93,6 +75,16 @@ class Server:
         served_ms = reply.usage.served_ms
         self.limit.answered(started, None if served_ms is None else served_ms / 1000)
         return msgspec.structs.replace(reply, served_by=msgspec.structs.replace(reply.served_by, server=self.url))
+
+
+    async def _keep(self, memory: WorkingMemory) -> int | None:
+        """The tokens of the part of the prompt that never changes (the system prompt and the
+        canonical facts), which a llama.cpp slot keeps when it shifts its context; None
+        without a slot of the NPC's own."""
+        if self.keeping is None:
+            return None
+        fixed = memory.prompt[: memory.system_chars]
+        return (await self.keeping.fetch([fixed]))[fixed]
 
 
 class ServersBackend:
@@ -152,5 +144,9 @@ async def open_servers(
                 log.warning("%s does not say its slots (GET /props total_slots): its NPCs share them",
                             shown_url(opts.base_url))
             limit = AdaptiveLimit(opts.in_flight or concurrency, clock=clock)
-            servers.append(Server(backend, limit, shown_url(opts.base_url), slots))
+            keeping = None
+            if slots is not None and opts.endpoint == "completions":  # a chat prompt's template is the server's
+                keeping = ServerTokenizer(opts)
+                stack.push_async_callback(keeping.aclose)
+            servers.append(Server(backend, limit, shown_url(opts.base_url), slots, keeping))
         yield ServersBackend(servers, tokenizer)

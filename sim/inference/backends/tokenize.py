@@ -29,8 +29,8 @@ import msgspec
 from sim.errors import ConfigError, ServerUnavailableError
 from sim.inference.backends._base import convert_options
 from sim.inference.backends._reported import server_root
+from sim.inference.backends._urls import each_server, shown_url
 from sim.inference.backends.openai import OpenAIOptions
-from sim.inference.backends.servers import each_server, shown_url
 from sim.memory import WorkingMemoryConfig, counted_by_server, token_counter
 
 __all__ = ["CACHED_TEXTS", "FETCHED_AT_ONCE", "ServerTokenizer", "open_server_tokenizer", "open_tokenizer"]
