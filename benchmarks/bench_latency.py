@@ -27,7 +27,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -39,16 +38,11 @@ from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy
 from sim.resources import broker_config_dir
 from sim.wire import topics
 from sim.wire.events import decode_say, decode_status
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = "latency"
 _MAIN = "import sys; from sim.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _ask(url: str, questions: int, tick_s: float, seed: int) -> list[tuple[str, float, str]]:
@@ -119,7 +113,7 @@ def _summary(values: list[float]) -> str:
 
 async def measure(args: argparse.Namespace, tmp: Path) -> str:
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    port = _free_port()
+    port = free_port()
     conf = tmp / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\n" + (broker_config_dir() / "dev.conf").read_text())
     broker = await asyncio.create_subprocess_exec(mosquitto, "-c", str(conf), stdout=asyncio.subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sim.protocol.outside import InputArrival
 from sim.scenario import load_scenario
-from sim.shard import RunConfig, RunStats, VirtualClock
+from sim.shard import InferenceConfig, RunConfig, RunStats, Shard, VirtualClock
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import Start, decode_barrier
@@ -173,4 +173,47 @@ async def test_three_shards_begin_together_and_say_what_one_shard_given_the_same
     assert inputs_of(one) == taken
     assert alone[0].early_ticks == len(QUESTIONS)
     expected, got = audit_of(dbs), audit_of(one)
+    assert expected == got, (sorted(expected - got)[:3], sorted(got - expected)[:3])
+
+
+async def test_a_question_during_a_ticks_turns_joins_them_and_one_shard_given_it_says_the_same(
+    tmp_path: Path
+) -> None:
+    """Asked while a tick's turns are under way (each scripted answer takes 50 ms), of an NPC
+    that takes none of them: the tick takes the question and its NPC answers in that tick, in
+    a turn of its own; one shard given the same inputs at the same ticks says the same."""
+    clock = VirtualClock(autojump=0.005)
+    broker = TimedBroker(7, clock)
+    slow = InferenceConfig(backend="scripted", backend_options={"delay_ms": 50})
+    config = RunConfig(scenario=VILLAGE, run_id=RUN, ticks=TICKS, tick_ms=TICK_MS, inference=slow)
+    stats = RunStats(shard="0")
+    asked: dict[str, int] = {}
+
+    async def during(shard: Shard) -> None:
+        for question in ("j1", "j2"):
+            await eventually(lambda: shard.turns.joinable("innkeeper") is not None  # type: ignore[misc]
+                             and shard.next_tick not in asked.values(), what="turns under way", every=0.001)
+            asked[question] = shard.next_tick
+            broker.publish(topics.player_input(RUN, "visitor"),
+                           json.dumps({"to": "innkeeper", "text": f"Question {question}?", "id": question}).encode())
+            await eventually(lambda q=question: shard.next_tick > asked[q], what="the tick done",  # type: ignore[misc]
+                             every=0.001)
+
+    async with asyncio.TaskGroup() as group:
+        server = group.create_task(broker.serve())
+        async with memory_shard(broker, load_scenario(VILLAGE), config, tmp_path / "join.db", stats,
+                                asyncio.Event()) as shard:
+            await shard.start()
+            async with asyncio.timeout(120):
+                await asyncio.gather(shard.run(until=shard.end), during(shard))
+        server.cancel()
+    said = answers(broker)
+    taken = {t.id: tick for tick, t in inputs_of([tmp_path / "join.db"]) if isinstance(t, OutsideInput)}
+    assert taken == asked  # journaled with the tick under way
+    assert {q: said[q][1] for q in asked} == asked  # and answered in it
+    assert stats.joined_turns == 2 and stats.early_ticks == 0
+
+    journal = [InputArrival(tick=tick, input=t) for tick, t in inputs_of([tmp_path / "join.db"])]
+    _, _, one = await village(tmp_path, "alone", 1, journal=journal)
+    expected, got = audit_of([tmp_path / "join.db"]), audit_of(one)
     assert expected == got, (sorted(expected - got)[:3], sorted(got - expected)[:3])

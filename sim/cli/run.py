@@ -155,6 +155,8 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
         ("ticks", ticks),
         ("ticks/s", _rate(ticks / elapsed)),
         ("player inputs", stats.player_inputs),
+        ("ticks begun early (outside input)", stats.early_ticks),
+        ("inputs answered in the tick under way", stats.joined_turns),
         ("inferences", stats.inferences),
         ("fallback lines", stats.fallbacks),
         ("over-budget prompts", stats.over_budget),

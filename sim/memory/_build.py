@@ -21,11 +21,11 @@ from sim.memory._selection import (
     BELIEFS,
     DIALOGUE,
     EPISODIC,
-    NO_CAP,
     Category,
     Duplicates,
     Frame,
     fit_exact_tokens,
+    leading_categories,
     select,
 )
 from sim.memory._snapshot import (
@@ -90,22 +90,18 @@ def _build(
     lines = carried(state)
     rendering = rendered(state)
     frame = Frame(rendering.head, render_rule(prohibition), render_tail(state.agent_id, player_input))
-    in_facts, in_world, in_beliefs, in_episodic, in_dialogue = rendering.sections
-    always_facts, always_world = cfg.always_include_canonical_facts, cfg.always_include_world_state
-    facts = Category(in_facts, NO_CAP, always_facts, in_facts.newest_sums,
-                     kept=len(in_facts.lines) if always_facts else 0)
-    world = Category(in_world, NO_CAP, always_world, in_world.newest_sums,
-                     kept=len(in_world.lines) if always_world else 0)
-    beliefs = Category(in_beliefs, cfg.max_beliefs, False, in_beliefs.newest_sums)
+    in_episodic, in_dialogue = rendering.sections[EPISODIC], rendering.sections[DIALOGUE]
+    facts, world, beliefs = leading_categories(rendering.sections, cfg)
+    always_facts, always_world = facts.always, world.always
     episodic = Category(in_episodic, cfg.max_episodic_memories, False, in_episodic.newest_sums)
     dialogue = Category(in_dialogue, cfg.max_dialogue_lines, False, in_dialogue.newest_sums)
     categories = [facts, world, beliefs, episodic, dialogue]  # the prompt's order (RENDER_ORDER)
 
     mandatory_chars = len(frame.head) + len(frame.rule) + len(frame.closing)
     if always_facts:
-        mandatory_chars += len(in_facts.text)
+        mandatory_chars += len(facts.section.text)
     if always_world:
-        mandatory_chars += len(in_world.text)
+        mandatory_chars += len(world.section.text)
     flex_chars = cfg.max_context_chars - mandatory_chars
 
     mandatory_tokens: int | None = None

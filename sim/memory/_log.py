@@ -48,7 +48,7 @@ from sim.errors import OverBudgetError
 from sim.memory._budget import WorkingMemoryConfig
 from sim.memory._log_run import LogRun, log_entries
 from sim.memory._scoring import ranking
-from sim.memory._selection import NO_CAP, Category, Frame
+from sim.memory._selection import DIALOGUE, EPISODIC, Category, Frame, leading_categories
 from sim.memory._snapshot import (
     CategoryReport,
     TruncationReport,
@@ -121,13 +121,8 @@ def build_log(
     """The working memory of `state` in the log layout (the module's docstring); `chunked`
     False gives the ordinary start (what the explanation compares with)."""
     rendering = rendered(state)
-    in_facts, in_world, in_beliefs, in_episodic, in_dialogue = rendering.sections
-    always_facts, always_world = cfg.always_include_canonical_facts, cfg.always_include_world_state
-    facts = Category(in_facts, NO_CAP, always_facts, in_facts.newest_sums,
-                     kept=len(in_facts.lines) if always_facts else 0)
-    world = Category(in_world, NO_CAP, always_world, in_world.newest_sums,
-                     kept=len(in_world.lines) if always_world else 0)
-    beliefs = Category(in_beliefs, cfg.max_beliefs, False, in_beliefs.newest_sums)
+    in_episodic, in_dialogue = rendering.sections[EPISODIC], rendering.sections[DIALOGUE]
+    facts, world, beliefs = leading_categories(rendering.sections, cfg)
     entries = log_entries(state)
     texts = [in_dialogue.lines[e.position] if e.line else in_episodic.lines[e.position] for e in entries]
     recalled = Category(Section(RECALLED_HEADER, in_episodic.lines, in_episodic.newest_sums, ""), 0, False,

@@ -36,6 +36,7 @@ __all__ = [
     "Duplicates",
     "Frame",
     "fit_exact_tokens",
+    "leading_categories",
     "select",
 ]
 
@@ -147,6 +148,18 @@ class Category:
             room -= sums[k] - base
         self.kept = k
         return room, token_room
+
+
+def leading_categories(sections: Sequence[Section], cfg: WorkingMemoryConfig) -> tuple[Category, Category, Category]:
+    """The canonical facts, the world state (kept whole when always included) and the beliefs,
+    from the rendered sections in RENDER_ORDER: both layouts start with them."""
+    in_facts, in_world, in_beliefs = sections[FACTS], sections[WORLD], sections[BELIEFS]
+    always_facts, always_world = cfg.always_include_canonical_facts, cfg.always_include_world_state
+    return (
+        Category(in_facts, NO_CAP, always_facts, in_facts.newest_sums, kept=len(in_facts.lines) if always_facts else 0),
+        Category(in_world, NO_CAP, always_world, in_world.newest_sums, kept=len(in_world.lines) if always_world else 0),
+        Category(in_beliefs, cfg.max_beliefs, False, in_beliefs.newest_sums),
+    )
 
 
 @dataclass(slots=True)

@@ -142,14 +142,37 @@ class LiveInputs:
         self._bounds = bounds
         self._held: dict[int, list[Taken]] = {}
         self._refused: list[InputRefused] = []
+        self._taken: tuple[int, list[Taken]] = (-1, [])  # the last tick's inputs, as taken
+        self.join: Callable[[OutsideInput], int | None] | None = None
+        """Whether a player's input joins the turns under way: their tick, or None (sim.shard._turns)."""
         for arrival in store.arrivals.pending:  # a tick cut short (kill -9) takes them again
             self._hold(arrival)
 
     def journal(self, event: OutsideReceived) -> None:
         arrival = self._stamps.stamp(event)  # None: another shard's, or a retained world state
-        if arrival is not None:
-            self._store.arrivals.add(arrival)
-            self._hold(arrival)
+        if arrival is None:
+            return
+        if isinstance(arrival, InputArrival) and isinstance(arrival.input, OutsideInput) and self.join is not None:
+            tick = self.join(arrival.input)
+            if tick is not None:  # taken by the tick under way, journaled with it
+                self._store.arrivals.add(msgspec.structs.replace(arrival, tick=tick))
+                return
+        self._store.arrivals.add(arrival)
+        self._hold(arrival)
+
+    def admit(self, tick: int, player_input: OutsideInput) -> OutsideInput | None:
+        """`player_input` numbered after what `tick` took, when the tick's bounds admit it; None
+        when they do not (it waits for the next tick). The bounds count in arrival order, so it
+        is what the tick's inputs phase keeps when it holds the input from the start."""
+        taken_at, taken = self._taken
+        if taken_at != tick:
+            return None
+        kept, _ = limit_player_inputs([*taken, player_input], self._bounds)
+        if len(kept) == len(taken):
+            return None
+        numbered = msgspec.structs.replace(player_input, seq=len(taken))
+        taken.append(numbered)
+        return numbered
 
     def _hold(self, arrival: Arrival) -> None:
         match arrival:
@@ -176,7 +199,9 @@ class LiveInputs:
             topic = topics.player_input(self._bus.config.run, player_input.player)
             self._refused.append(refused(code, topic, why, player=player_input.player,
                                          npc=player_input.to, input_id=player_input.id))
-        return [msgspec.structs.replace(t, seq=seq) for seq, t in enumerate(taken)]
+        numbered = [msgspec.structs.replace(t, seq=seq) for seq, t in enumerate(taken)]
+        self._taken = (tick, list(numbered))
+        return numbered
 
     def take_refused(self) -> list[InputRefused]:
         refusals, self._refused = self._refused, []
@@ -253,6 +278,12 @@ class TickInputs:
                 await store.resume.record_input(tick, taken)
         for refusal in self._source.take_refused():
             await self._answer(refusal)
+
+    async def take_joined(self, tick: int, player_input: OutsideInput) -> None:
+        """A player's input that joined the turns of `tick` under way (`LiveInputs.admit`), taken
+        as the tick's inputs phase takes it."""
+        if await self._take(tick, player_input):
+            await self._store.resume.record_input(tick, player_input)
 
     async def _take(self, tick: int, taken: Taken) -> bool:
         """Act on one outside input; whether this shard took it (a recorded run's input for

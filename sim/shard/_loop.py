@@ -54,6 +54,7 @@ from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import Turns
 from sim.store import Pending, TickRecord
 from sim.wire.events import WorldStateMessage
+from sim.wire.inputs import OutsideInput
 from sim.wire.trace import RosterEntry, RosterMessage
 
 __all__ = ["Shard"]
@@ -91,6 +92,8 @@ class Shard:
             self.store, self.bus, self.run_wide, journal=journal,
             bounds=self.config.limits.bounds,
         )
+        if isinstance(self.source, LiveInputs):
+            self.source.join = self._join
         self.peers = Peers(self.barrier, answers_hello=self.index == 0, interval=_RESEND_INTERVAL)
         plan, bus, store, clock, stats = ctx.plan, self.bus, self.store, self.clock, self.stats
         stats.resending = self.peers.resends
@@ -216,6 +219,21 @@ class Shard:
         self.stats.ticks_done += 1
         self.ctx.metrics.tick_done(self.clock.now() - started)
         return True
+
+    def _join(self, player_input: OutsideInput) -> int | None:
+        """The tick whose turns `player_input` joins (sim.shard._turns), or None: no turns under
+        way, its NPC takes one already, the tick's bounds are full, or the tick is a resumed
+        shard's first (it takes exactly what it took before the kill)."""
+        tick = self.turns.joinable(player_input.to)
+        if tick is None or (self.config.record.resume and tick == self.first):
+            return None
+        assert isinstance(self.source, LiveInputs)
+        numbered = self.source.admit(tick, player_input)
+        if numbered is None:
+            return None
+        self.turns.join(player_input.to, lambda: self.inputs.take_joined(tick, numbered))
+        self.stats.joined_turns += 1
+        return tick
 
     async def _committed(self) -> None:
         """Until the last tick's commit is on disk (it raises what the writer met)."""

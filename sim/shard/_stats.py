@@ -77,6 +77,7 @@ class RunStats:
     tick: int = -1  # the tick being stepped (or the last one stepped)
     ticks_done: int = 0  # ticks stepped to their end this run (a tick a stop cut short is not one)
     early_ticks: int = 0  # ticks begun before the pace (`tick_ms`): outside input waited for them
+    joined_turns: int = 0  # players' inputs answered in the tick under way, in a turn joining its turns
     last_tick: int = 0
     memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = 0.0  # the clock's now() when the run started (`run` sets it)

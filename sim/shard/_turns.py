@@ -8,13 +8,21 @@ at once, each worker taking the next turn when it finished one and yielding to t
 loop between turns (a scripted inference may never suspend). A stop request ends the
 tick at once: no worker starts another turn, the turns under way are cancelled, and the
 tick is not committed (it runs again on --resume).
+
+While the turns are under way, a player's input to an NPC that takes no turn in the tick
+may `join` them: the tick takes it (journaled with that tick, as if it had arrived before
+its input phase) and the NPC answers it in a turn of its own, added to those under way,
+instead of a tick later. It is the turn the NPC takes when the tick's inputs hold it from
+the start (a re-execution, a resume): the NPC had none, no other turn of the tick reads
+what it says (lines are heard at the next tick), and the tick's batches are sorted.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+import collections
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from sim.bus import Bus
 from sim.errors import single_error
@@ -25,7 +33,7 @@ from sim.shard._layout import ShardLayout
 from sim.shard._perception import Perception
 from sim.shard._registry import Agent
 
-__all__ = ["Turns", "take_turns"]
+__all__ = ["TurnQueue", "Turns", "take_turns"]
 
 T = TypeVar("T")
 
@@ -41,6 +49,21 @@ class Turns:
         self._layout, self._bus, self._perception, self._agent = layout, bus, perception, agent
         self._early = early
         self._workers, self._stop = workers, stop
+        self._under_way: TurnQueue[_Turn] | None = None
+        self._tick = -1
+
+    def joinable(self, npc: str) -> int | None:
+        """The tick whose turns are under way, when `npc` takes none of them; else None."""
+        under_way = self._under_way
+        if under_way is None or not under_way.open or npc in under_way.keys:
+            return None
+        return self._tick
+
+    def join(self, npc: str, first: Callable[[], Awaitable[None]]) -> None:
+        """`npc`'s turn added to those under way (`joinable`), after `first` (its input, taken)."""
+        if self._under_way is None or self.joinable(npc) is None:
+            raise ValueError(f"{npc!r} cannot join the turns of tick {self._tick}")
+        self._under_way.add(npc, (npc, False, first))
 
     async def take(self, tick: int) -> bool:
         """Every turn of `tick` taken; False when asked to stop first."""
@@ -57,19 +80,55 @@ class Turns:
         woken = {agent: agent in ambient for agent in mailed}  # players' answers go to the pool first
         woken.update((agent, True) for agent in fallen)
 
-        async def turn(item: tuple[str, bool]) -> None:
-            await self._agent(layout.by_id[item[0]]).step(tick, item[1])
+        async def turn(item: _Turn) -> None:
+            npc, ambient, first = item
+            if first is not None:
+                await first()
+            await self._agent(layout.by_id[npc]).step(tick, ambient)
 
-        return await take_turns(woken.items(), turn, workers=self._workers, stop=self._stop)
+        self._tick = tick
+        self._under_way = TurnQueue({agent: (agent, ambient, None) for agent, ambient in woken.items()})
+        try:
+            return await take_turns(self._under_way, turn, workers=self._workers, stop=self._stop)
+        finally:
+            self._under_way = None
 
 
-async def take_turns(turns: Iterable[T], step: Callable[[T], Awaitable[None]], *, workers: int,
+_Turn = tuple[str, bool, Callable[[], Awaitable[None]] | None]  # an NPC, ambient, what comes before its turn
+
+
+class TurnQueue(Generic[T]):
+    """A tick's turns by key, taken in order by the workers; more may be added while a worker
+    is still at work (`open`): the last worker to find none left closes it."""
+
+    def __init__(self, turns: dict[str, T]) -> None:
+        self.keys = set(turns)
+        self._waiting = collections.deque(turns.values())
+        self.open = True
+        self.working = 0
+
+    def add(self, key: str, turn: T) -> None:
+        self.keys.add(key)
+        self._waiting.append(turn)
+
+    def next(self) -> T | None:
+        """The next turn, or None (and, for the last worker, closed)."""
+        if self._waiting:
+            return self._waiting.popleft()
+        self.working -= 1
+        if self.working == 0:
+            self.open = False
+        return None
+
+
+async def take_turns(turns: TurnQueue[T], step: Callable[[T], Awaitable[None]], *, workers: int,
                      stop: asyncio.Event) -> bool:
-    """Step every turn, `workers` at a time; False when `stop` was set before all were taken."""
-    pending = iter(turns)
+    """Step every turn, `workers` at a time, those added while they work too; False when
+    `stop` was set before all were taken."""
+    turns.working = max(1, workers)
 
     async def worker() -> None:
-        for turn in pending:  # one iterator shared by the workers: each turn is taken once
+        while (turn := turns.next()) is not None:  # one queue shared by the workers: each turn is taken once
             if stop.is_set():
                 return
             await step(turn)
