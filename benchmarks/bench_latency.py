@@ -10,7 +10,8 @@ time is its `service_ms` (the backend's call, without the wait for a slot); "min
 model" is the latency less that.
 
     python benchmarks/bench_latency.py                        # scripted backend, 30 questions
-    python benchmarks/bench_latency.py --backend llamacpp --questions 12
+    python benchmarks/bench_latency.py --backend llamacpp --questions 12   # the model in-process
+    python benchmarks/bench_latency.py --backend openai --questions 12     # llama-server, its slots
     python benchmarks/bench_latency.py --code /path/to/other/checkout   # the same client, other code
 
 `--code DIR` runs the village with the sim package of DIR (its PYTHONPATH), for a before
@@ -39,6 +40,7 @@ from sim.resources import broker_config_dir
 from sim.wire import topics
 from sim.wire.events import decode_say, decode_status
 from tests.helpers import free_port
+from tests.llama_server import LlamaServer, require_llama_server
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = "latency"
@@ -124,6 +126,12 @@ async def measure(args: argparse.Namespace, tmp: Path) -> str:
     backend = ["--backend", args.backend]
     if args.backend == "llamacpp":
         backend += ["--set", "inference.backend_options.n_threads=2"]
+    server = None
+    if args.backend == "openai":  # llama.cpp's own server, its slots serving NPCs side by side
+        binary, model_file = require_llama_server()
+        server = LlamaServer(binary, model_file, tmp / "llama-server.log")
+        backend += ["--base-url", server.base_url, "--model", "smollm2", "--slot-affinity", "--cache-reuse", "8",
+                    "--set", "inference.backend_options.endpoint=completions"]
     village = None
     try:
         await asyncio.sleep(0.5)  # the broker's listener
@@ -138,6 +146,8 @@ async def measure(args: argparse.Namespace, tmp: Path) -> str:
             await village.wait()
         broker.terminate()
         await broker.wait()
+        if server is not None:
+            server.stop()
     model = await _model_ms(db, code, env)
     latency = [1000 * seconds for _, seconds, _ in asked]
     less = [ms - model.get(inference, 0.0) for (_, _, inference), ms in zip(asked, latency, strict=True)]
@@ -155,7 +165,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="scripted", choices=("scripted", "llamacpp"))
+    parser.add_argument("--backend", default="scripted", choices=("scripted", "llamacpp", "openai"))
     parser.add_argument("--tick-ms", type=int, default=1000)
     parser.add_argument("--questions", type=int, default=30)
     parser.add_argument("--seed", type=int, default=1)

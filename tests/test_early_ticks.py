@@ -17,9 +17,12 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from sim.protocol.outside import InputArrival
 from sim.scenario import load_scenario
 from sim.shard import InferenceConfig, RunConfig, RunStats, Shard, VirtualClock
+from sim.shard._turns import TurnQueue
 from sim.store import open_reader, open_store
 from sim.wire import topics
 from sim.wire.barrier import Start, decode_barrier
@@ -217,3 +220,16 @@ async def test_a_question_during_a_ticks_turns_joins_them_and_one_shard_given_it
     _, _, one = await village(tmp_path, "alone", 1, journal=journal)
     expected, got = audit_of([tmp_path / "join.db"]), audit_of(one)
     assert expected == got, (sorted(expected - got)[:3], sorted(got - expected)[:3])
+
+
+def test_a_turn_waiting_for_a_worker_takes_a_joined_input_first_and_a_started_one_refuses_it() -> None:
+    queue: TurnQueue[tuple[str, bool, tuple[str, ...]]] = TurnQueue({"a": ("a", False, ()), "b": ("b", True, ())})
+    queue.working = 1
+    assert queue.next() == ("a", False, ())
+    assert queue.started("a") and not queue.started("b")
+    with pytest.raises(ValueError, match="taken already"):
+        queue.put("a", lambda turn: ("a", False, ("input",)))
+    queue.put("b", lambda turn: ("b", turn[1] if turn else False, ("input",)))
+    queue.put("c", lambda turn: ("c", turn[1] if turn else False, ("input",)))
+    assert [queue.next(), queue.next()] == [("b", True, ("input",)), ("c", False, ("input",))]
+    assert queue.next() is None and not queue.open  # the last worker closed it: nothing joins now

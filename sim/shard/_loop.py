@@ -222,8 +222,8 @@ class Shard:
 
     def _join(self, player_input: OutsideInput) -> int | None:
         """The tick whose turns `player_input` joins (sim.shard._turns), or None: no turns under
-        way, its NPC takes one already, the tick's bounds are full, or the tick is a resumed
-        shard's first (it takes exactly what it took before the kill)."""
+        way, its NPC's turn of the tick began already, the tick's bounds are full, or the tick
+        is a resumed shard's first (it takes exactly what it took before the kill)."""
         tick = self.turns.joinable(player_input.to)
         if tick is None or (self.config.record.resume and tick == self.first):
             return None

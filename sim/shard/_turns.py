@@ -9,12 +9,13 @@ loop between turns (a scripted inference may never suspend). A stop request ends
 tick at once: no worker starts another turn, the turns under way are cancelled, and the
 tick is not committed (it runs again on --resume).
 
-While the turns are under way, a player's input to an NPC that takes no turn in the tick
-may `join` them: the tick takes it (journaled with that tick, as if it had arrived before
-its input phase) and the NPC answers it in a turn of its own, added to those under way,
-instead of a tick later. It is the turn the NPC takes when the tick's inputs hold it from
-the start (a re-execution, a resume): the NPC had none, no other turn of the tick reads
-what it says (lines are heard at the next tick), and the tick's batches are sorted.
+While the turns are under way, a player's input to an NPC whose turn of the tick is not
+under way (it has none, or it still waits for a worker) may `join` them: the tick takes it
+(journaled with that tick, as if it had arrived before its input phase) and the NPC
+answers it in that turn (added to those under way when it had none) instead of a tick
+later. It is the turn the NPC takes when the tick's inputs hold it from the start (a
+re-execution, a resume): the NPC's turn had not begun, no other turn of the tick reads what
+it says (lines are heard at the next tick), and the tick's batches are sorted.
 """
 
 from __future__ import annotations
@@ -53,17 +54,19 @@ class Turns:
         self._tick = -1
 
     def joinable(self, npc: str) -> int | None:
-        """The tick whose turns are under way, when `npc` takes none of them; else None."""
+        """The tick whose turns are under way, when `npc` has no turn of it under way or taken
+        (none at all, or one still waiting for a worker); else None."""
         under_way = self._under_way
-        if under_way is None or not under_way.open or npc in under_way.keys:
+        if under_way is None or not under_way.open or under_way.started(npc):
             return None
         return self._tick
 
     def join(self, npc: str, first: Callable[[], Awaitable[None]]) -> None:
-        """`npc`'s turn added to those under way (`joinable`), after `first` (its input, taken)."""
+        """`npc`'s turn, after `first` (its input, taken): added to those under way, or, when it
+        waits for a worker already, `first` put before it (`joinable`)."""
         if self._under_way is None or self.joinable(npc) is None:
             raise ValueError(f"{npc!r} cannot join the turns of tick {self._tick}")
-        self._under_way.add(npc, (npc, False, first))
+        self._under_way.put(npc, lambda turn: (npc, turn[1] if turn else False, (*(turn[2] if turn else ()), first)))
 
     async def take(self, tick: int) -> bool:
         """Every turn of `tick` taken; False when asked to stop first."""
@@ -81,40 +84,52 @@ class Turns:
         woken.update((agent, True) for agent in fallen)
 
         async def turn(item: _Turn) -> None:
-            npc, ambient, first = item
-            if first is not None:
-                await first()
+            npc, ambient, inputs = item
+            for taken in inputs:
+                await taken()
             await self._agent(layout.by_id[npc]).step(tick, ambient)
 
         self._tick = tick
-        self._under_way = TurnQueue({agent: (agent, ambient, None) for agent, ambient in woken.items()})
+        self._under_way = TurnQueue({agent: (agent, ambient, ()) for agent, ambient in woken.items()})
         try:
             return await take_turns(self._under_way, turn, workers=self._workers, stop=self._stop)
         finally:
             self._under_way = None
 
 
-_Turn = tuple[str, bool, Callable[[], Awaitable[None]] | None]  # an NPC, ambient, what comes before its turn
+_Turn = tuple[str, bool, tuple[Callable[[], Awaitable[None]], ...]]  # an NPC, ambient, inputs taken before it
 
 
 class TurnQueue(Generic[T]):
-    """A tick's turns by key, taken in order by the workers; more may be added while a worker
-    is still at work (`open`): the last worker to find none left closes it."""
+    """A tick's turns by key, taken in order by the workers; while a worker is still at work
+    (`open`), a turn may be added, or one still waiting changed (`put`): the last worker to
+    find none left closes it."""
 
     def __init__(self, turns: dict[str, T]) -> None:
-        self.keys = set(turns)
-        self._waiting = collections.deque(turns.values())
+        self._turns = dict(turns)
+        self._waiting = collections.deque(turns)
+        self._started: set[str] = set()
         self.open = True
         self.working = 0
 
-    def add(self, key: str, turn: T) -> None:
-        self.keys.add(key)
-        self._waiting.append(turn)
+    def started(self, key: str) -> bool:
+        """Whether `key`'s turn was taken by a worker."""
+        return key in self._started
+
+    def put(self, key: str, turn: Callable[[T | None], T]) -> None:
+        """`key`'s turn made by `turn` from the one waiting (None: it had none, it is added)."""
+        if key in self._started:
+            raise ValueError(f"the turn of {key!r} was taken already")
+        if key not in self._turns:
+            self._waiting.append(key)
+        self._turns[key] = turn(self._turns.get(key))
 
     def next(self) -> T | None:
         """The next turn, or None (and, for the last worker, closed)."""
         if self._waiting:
-            return self._waiting.popleft()
+            key = self._waiting.popleft()
+            self._started.add(key)
+            return self._turns[key]
         self.working -= 1
         if self.working == 0:
             self.open = False
