@@ -45,6 +45,7 @@ from sim.memory import (
 )
 from sim.metrics import MetricsSink, NullMetrics
 from sim.protocol.outbox import Outbox
+from sim.protocol.received import refused
 from sim.scenario import NpcSpec
 from sim.shard._clock import Clock, SystemClock
 from sim.shard._early import EarlyMail
@@ -55,6 +56,7 @@ from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
 from sim.shard._stats import RunStats
 from sim.store import Store, Writer
+from sim.wire import topics
 from sim.wire.events import AnyEvent, Notice, SayMessage, Speech, event_id
 
 __all__ = ["AgentContext", "AgentFactory", "AgentKind", "MemoryConfigOf", "ShardContext", "agent_kinds"]
@@ -273,8 +275,12 @@ class AgentContext:
         tick = shard.tick
         made = self._spoken[1] if self._spoken[0] == tick else 0
         if made >= shard.config.limits.bounds.npc_inferences_per_tick:
-            shard.bus.refuse("inferences over the per-NPC bound", spec.id,
-                             f"{spec.id!r} made {made} inferences in tick {tick} already")
+            why = f"{spec.id!r} made {made} inferences in tick {tick} already"
+            shard.bus.refuse("inferences over the per-NPC bound", spec.id, why)
+            if turn == 1 and to not in shard.npc_location:  # a player's question: told, never left unanswered
+                topic = topics.player_input(shard.run_id, to)
+                await shard.bus.publish_error(to, refused("busy", topic, f"{why}; try again", player=to, npc=spec.id,
+                                                          input_id=reply_to).error, shard.clock.now())
             return None
         self._spoken = (tick, made + 1)
         state = shard.state(spec)
