@@ -3,13 +3,15 @@
     clock = PacingClock()
     broker = MemoryBroker(seed, clock)
     async with memory_shard(broker, scenario, config, db, stats, stop) as shard: ...
+
+`run_shards` runs several such shards to their end, beside what a test does meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -20,7 +22,7 @@ from sim.shard import Connection, RunConfig, RunStats, Shard, ShardPlan, Virtual
 from sim.store import Store
 from tests.memory_broker import MemoryBroker
 
-__all__ = ["PacingClock", "memory_shard"]
+__all__ = ["PacingClock", "memory_shard", "run_shards"]
 
 
 class PacingClock(VirtualClock):
@@ -54,3 +56,20 @@ async def memory_shard(
         clock=broker.clock,
     ) as shard:
         yield shard
+
+
+async def run_shards(broker: MemoryBroker, scenario: Scenario, configs: Sequence[RunConfig], dbs: Sequence[Path],
+                     stats: Sequence[RunStats], during: Awaitable[None] | None = None) -> None:
+    """Each config's shard (with its store and stats) run to its end on `broker`, `during`
+    beside them; within two minutes."""
+
+    async def one(i: int) -> None:
+        async with memory_shard(broker, scenario, configs[i], dbs[i], stats[i], asyncio.Event()) as shard:
+            await shard.start()
+            await shard.run(until=shard.end)
+
+    async with asyncio.TaskGroup() as group:
+        server = group.create_task(broker.serve())
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(one(i) for i in range(len(configs))), *([during] if during is not None else []))
+        server.cancel()

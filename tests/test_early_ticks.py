@@ -30,7 +30,7 @@ from sim.wire.events import decode_say
 from sim.wire.inputs import OutsideInput, Presence, Taken
 from tests.helpers import VILLAGE, eventually
 from tests.memory_broker import MemoryBroker
-from tests.memory_shard import memory_shard
+from tests.memory_shard import memory_shard, run_shards
 
 TICK_MS = 1000
 TICKS = 16
@@ -67,17 +67,9 @@ async def village(tmp_path: Path, name: str, shards: int, *, during: Asks | None
             for arrival in journal:
                 store.arrivals.add(arrival)
 
-    async def one(i: int) -> None:
-        config = RunConfig(scenario=VILLAGE, run_id=RUN, ticks=TICKS, shard=f"{i}/{shards}", tick_ms=TICK_MS)
-        async with memory_shard(broker, loaded, config, dbs[i], stats[i], asyncio.Event()) as shard:
-            await shard.start()
-            await shard.run(until=shard.end)
-
-    async with asyncio.TaskGroup() as group:
-        server = group.create_task(broker.serve())
-        async with asyncio.timeout(120):
-            await asyncio.gather(*(one(i) for i in range(shards)), *([during(broker, stats)] if during else []))
-        server.cancel()
+    configs = [RunConfig(scenario=VILLAGE, run_id=RUN, ticks=TICKS, shard=f"{i}/{shards}", tick_ms=TICK_MS)
+               for i in range(shards)]
+    await run_shards(broker, loaded, configs, dbs, stats, during(broker, stats) if during else None)
     assert all(s.tick == TICKS - 1 for s in stats)
     return broker, stats, dbs
 

@@ -34,7 +34,7 @@ from sim.wire.events import Speech, decode_say
 from sim.wire.inputs import GameFact, Presence
 from tests.helpers import VILLAGE, SmallNpc, eventually, generated_world, npcsim_in_process, small_world
 from tests.memory_broker import MemoryBroker
-from tests.memory_shard import PacingClock, memory_shard
+from tests.memory_shard import PacingClock, memory_shard, run_shards
 
 
 async def run_in_memory(
@@ -57,17 +57,9 @@ async def run_in_memory(
     dbs = [tmp_path / f"mem-{shards}-{seed}-{i}.db" for i in range(shards)]
     counts = counts or [shards] * shards
 
-    async def one(i: int) -> None:
-        config = RunConfig(scenario=scenario, run_id="mem", ticks=ticks, shard=f"{i}/{counts[i]}", tick_ms=250)
-        async with memory_shard(broker, loaded, config, dbs[i], stats[i], asyncio.Event()) as shard:
-            await shard.start()
-            await shard.run(until=shard.end)
-
-    async with asyncio.TaskGroup() as group:
-        server = group.create_task(broker.serve())
-        async with asyncio.timeout(120):
-            await asyncio.gather(*(one(i) for i in range(shards)), *([during(broker, stats)] if during else []))
-        server.cancel()
+    configs = [RunConfig(scenario=scenario, run_id="mem", ticks=ticks, shard=f"{i}/{counts[i]}", tick_ms=250)
+               for i in range(shards)]
+    await run_shards(broker, loaded, configs, dbs, stats, during(broker, stats) if during else None)
     records = set()
     for db in dbs:
         with open_reader(db) as reader:
