@@ -19,6 +19,7 @@ from sim.errors import ConfigError, ScenarioError
 from sim.inference import PoolConfig, open_pool
 from sim.inference.backends.servers import each_server, open_servers, shown_url
 from sim.inference.backends.spread import SlotTable, rendezvous_order
+from sim.inference.backends.tokenize import open_server_tokenizer
 from sim.memory import Fact, Line, WorkingMemory, WorkingMemoryConfig, build_working_memory
 from sim.scenario import parse_scenario, read_scenario
 from sim.shard import BrokerConfig, InferenceConfig, RecordConfig, RunConfig, RunStats, run
@@ -240,6 +241,20 @@ async def test_an_npcs_own_slot_keeps_the_prompts_fixed_part_on_a_shift() -> Non
     assert [body["content"] for body in fake.tokenized] == [fixed]  # asked once, kept
     keeps = [request["body"].get("n_keep") for request in fake.requests]
     assert keeps[:2] == [len(fixed.split()), len(fixed.split())] and keeps[2] is None  # chat: the template's
+
+
+async def test_the_budgets_server_tokenizer_counts_the_fixed_part_too() -> None:
+    async with open_fake_openai() as fake:
+        fake.total_slots = 4
+        options = {"base_url": fake.base_url, "endpoint": "completions", "slot_affinity": True}
+        async with open_server_tokenizer(options) as tokenizer, open_servers(options, concurrency=1,
+                                                                             tokenizer=tokenizer) as backend:
+            (server,) = backend.servers.values()
+            assert server.keeping is tokenizer  # one client and one cache for the server's counts
+            memory = make_request(0).memory
+            await tokenizer.fetch([memory.prompt[: memory.system_chars]])
+            await backend.generate(memory)
+    assert len(fake.tokenized) == 1 and fake.requests[0]["body"]["n_keep"] > 0  # counted once
 
 
 async def test_slot_affinity_on_a_server_that_does_not_say_its_slots_sends_no_slot() -> None:

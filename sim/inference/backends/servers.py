@@ -146,7 +146,16 @@ async def open_servers(
             limit = AdaptiveLimit(opts.in_flight or concurrency, clock=clock)
             keeping = None
             if slots is not None and opts.endpoint == "completions":  # a chat prompt's template is the server's
-                keeping = ServerTokenizer(opts)
-                stack.push_async_callback(keeping.aclose)
+                keeping = _tokenizer_of(opts, tokenizer)
+                if keeping is not tokenizer:
+                    stack.push_async_callback(keeping.aclose)
             servers.append(Server(backend, limit, shown_url(opts.base_url), slots, keeping))
         yield ServersBackend(servers, tokenizer)
+
+
+def _tokenizer_of(options: OpenAIOptions, given: Tokenizer | None) -> ServerTokenizer:
+    """The server's `/tokenize`: the budget's own (`tokenizer = "server"`, the first server's)
+    when it is this server's, so that a text is counted once; else one of its own."""
+    if isinstance(given, ServerTokenizer) and given.url == ServerTokenizer.url_of(options):
+        return given
+    return ServerTokenizer(options)

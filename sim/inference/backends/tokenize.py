@@ -49,7 +49,7 @@ class ServerTokenizer:
     """Counts texts' tokens with one server's `POST /tokenize`; `fetch` asks, `counts` keeps."""
 
     def __init__(self, options: OpenAIOptions) -> None:
-        self.url = f"{server_root(options.base_url)}/tokenize"
+        self.url = self.url_of(options)
         headers: dict[str, str] = {}
         api_key = os.environ.get(options.api_key_env)
         if api_key:
@@ -58,6 +58,11 @@ class ServerTokenizer:
                                          headers=headers)
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._at_once = asyncio.Semaphore(FETCHED_AT_ONCE)
+
+    @staticmethod
+    def url_of(options: OpenAIOptions) -> str:
+        """The `/tokenize` of the server `options` name."""
+        return f"{server_root(options.base_url)}/tokenize"
 
     async def aclose(self) -> None:
         await self._client.aclose()
