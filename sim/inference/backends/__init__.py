@@ -54,8 +54,8 @@ def check_reply_room(name: str, options: Mapping[str, Any], policies: Iterable[O
         return  # the options' own error, when the backend opens
     if most is None or name not in ("openai", "llamacpp"):
         return  # unset: each request asks for its schema's longest reply
-    longest = max((reply_tokens(reply_schema(p, max_line_chars)) for p in policies if p is not None and p.structured),
-                  default=0)
+    distinct = {msgspec.json.encode(p): p for p in policies if p is not None and p.structured}  # NPCs share them
+    longest = max((reply_tokens(reply_schema(p, max_line_chars)) for p in distinct.values()), default=0)
     if most < longest:
         raise ConfigError(
             f"backend {name!r} options: structured_max_tokens {most} cannot hold the longest structured reply, "
