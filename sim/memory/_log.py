@@ -323,19 +323,15 @@ def _memory(state: NpcState, player_input: str, cfg: WorkingMemoryConfig, prohib
         memory_tokens += recalled_report.used_tokens or 0
     tokens = log.tokens is not None
     flex_chars, flex_tokens = sizes.flex_chars, sizes.flex_tokens
-
-    def share(value: int, of: float) -> int:
-        return int(value * of)
-
     dialogue_report = CategoryReport(
-        budget=share(flex_chars, cfg.dialogue_share), used=line_chars, kept=len(lines),
+        budget=int(flex_chars * cfg.dialogue_share), used=line_chars, kept=len(lines),
         dropped=len(state.dialogue) - len(lines),
-        budget_tokens=share(flex_tokens, cfg.dialogue_share) if tokens else None,
+        budget_tokens=int(flex_tokens * cfg.dialogue_share) if tokens else None,
         used_tokens=line_tokens if tokens else None)
     episodic_report = CategoryReport(
-        budget=share(flex_chars, cfg.episodic_share), used=memory_chars, kept=len(memories),
+        budget=int(flex_chars * cfg.episodic_share), used=memory_chars, kept=len(memories),
         dropped=len(state.episodic) - len(memories) - duplicate, duplicate=duplicate,
-        budget_tokens=share(flex_tokens, cfg.episodic_share) if tokens else None,
+        budget_tokens=int(flex_tokens * cfg.episodic_share) if tokens else None,
         used_tokens=memory_tokens if tokens else None)
     facts_report = category_report(facts)
     report = TruncationReport(
