@@ -43,14 +43,18 @@ class NpcAgent:
     """One NPC taking its turn: the shard builds it for `step(tick, ambient)` when it has mail
     or its ambient dice fell (`ambient`), and drops it afterwards."""
 
-    __slots__ = ("_ctx", "id", "location", "name", "spec")
+    __slots__ = ("_ctx", "id", "name", "spec")
 
     def __init__(self, spec: NpcSpec, ctx: AgentContext) -> None:
         self.spec = spec
         self.id = spec.id
         self.name = spec.name
-        self.location = spec.location
         self._ctx = ctx
+
+    @property
+    def location(self) -> str:
+        """Where it stands now (it walks: its routine, `go_to`, the game)."""
+        return self._ctx.location
 
     @staticmethod
     def episode_of(event: AnyEvent, addressed: bool) -> Episode:

@@ -64,6 +64,12 @@ class RunCounts(Protocol):
     @property
     def resends_folded(self) -> int: ...
 
+    @property
+    def inferences(self) -> int: ...
+
+    @property
+    def npc_moves(self) -> int: ...
+
 
 class MetricsSink(Protocol):
     """What a shard tells its metrics; `Metrics` keeps it, `NullMetrics` drops it."""
@@ -187,6 +193,10 @@ def _run_families(run: RunCounts) -> Iterator[Any]:
     prompt_tokens.add_metric(["cached"], run.prompt_tokens_cached)
     yield prompt_tokens
     yield GaugeMetricFamily("npcsim_agents", "Agents in this process.", value=run.agents)
+    yield CounterMetricFamily("npcsim_npc_ticks", "NPC-ticks stepped (agents times ticks): inferences over "
+                              "this is what a tick of one NPC costs.", value=run.agents * run.ticks_done)
+    yield CounterMetricFamily("npcsim_npc_moves", "This process's NPCs' moves (routines, go_to, the game's); "
+                              "none costs an inference.", value=run.npc_moves)
     last = run.first_tick + run.ticks_done - 1 if run.ticks_done else 0
     yield GaugeMetricFamily("npcsim_tick", "The last tick completed.", value=last)
 

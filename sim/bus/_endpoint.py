@@ -141,6 +141,18 @@ class Bus:
         if self._router.route_location(topic, location, len(list(agents))):
             await self._subscribe([topic])
 
+    async def listen_places(self, places: Iterable[str]) -> None:
+        """Take the events at every one of `places` into its intake, through one wildcard
+        subscription: NPCs walk, so which places a shard hears changes tick by tick, and a
+        subscription made when one walks in would race the batches already on their way (the
+        shard keeps the places it hears in each tick: sim.shard._whereabouts)."""
+        run = self.config.run
+        for place in places:
+            self._router.route_location(topics.location_events(run, place), place, 1)
+        wildcard = topics.location_events_all(run)
+        if wildcard not in self._filters:
+            await self._subscribe([wildcard])
+
     async def listen_inboxes(self, agents: Iterable[str]) -> None:
         """Deliver each agent's directed events to its mailbox.
 

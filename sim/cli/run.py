@@ -158,6 +158,8 @@ def summary_rows(stats: RunStats) -> list[tuple[str, str]]:
         ("ticks begun early (outside input)", stats.early_ticks),
         ("inputs answered in the tick under way", stats.joined_turns),
         ("inferences", stats.inferences),
+        ("inferences per NPC-tick", f"{stats.inferences_per_npc_tick:.4f}"),
+        ("NPC moves", stats.npc_moves),
         ("fallback lines", stats.fallbacks),
         ("over-budget prompts", stats.over_budget),
         *_prompt_token_rows(stats),

@@ -163,6 +163,10 @@ class Barrier:
         `tick + 1`, its `world` and `inputs`."""
         return self._done.get(tick, {}).get(self.shards[0])
 
+    def moves(self, tick: int) -> list[tuple[str, str]]:
+        """Every shard's chosen moves of `tick` (read before `advance`), applied at `tick + 1`."""
+        return [move for done in self._done.get(tick, {}).values() for move in done.moves]
+
     def advance(self, tick: int) -> None:
         """The barrier for `tick` passed: wait for `tick + 1`, forget what no one can need."""
         if not self.passed(tick):
@@ -183,12 +187,14 @@ class Barrier:
         if events is not None:
             self._published.setdefault(tick, {})[topic] = events
 
-    def finish(self, tick: int, world: dict[str, str] | None = None, inputs: tuple[RunWide, ...] = ()) -> TickDone:
+    def finish(self, tick: int, world: dict[str, str] | None = None, inputs: tuple[RunWide, ...] = (),
+               moves: tuple[tuple[str, str], ...] = ()) -> TickDone:
         """This shard's TickDone for `tick`, listing the batches kept for it (shard 0's with
-        what every shard applies next tick); counted here too."""
+        what every shard applies next tick, every shard's with its NPCs' chosen moves); counted
+        here too."""
         batches = dict(sorted(self._published.get(tick, {}).items()))
         done = TickDone(shard=self.shard, shards=len(self.shards), tick=tick, batches=batches, world=world,
-                        inputs=inputs)
+                        inputs=inputs, moves=moves)
         self.done_received(done)  # our own batches on routed topics still have to come back
         return done
 

@@ -55,6 +55,7 @@ from sim.shard._proposals import apply_proposals
 from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
 from sim.shard._stats import RunStats
+from sim.shard._whereabouts import GO_TO
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import AnyEvent, Notice, SayMessage, Speech, event_id
@@ -105,11 +106,14 @@ class ShardContext:
         self.memory_config_of = memory_config_of or (lambda _npc, _tick: scenario.memory)
         self.tokenizer = tokenizer
         self.npc_location = self.layout.npc_location
-        self._neighbours = self.layout.neighbours
+        self.whereabouts = self.layout.whereabouts
+        self.chosen: list[tuple[str, str]] = []
+        """The moves this shard's NPCs chose in the tick under way (`go_to`), for its TickDone."""
         self.location_topic = plan.location_topic
         # retention prunes place rows by the windows
         window = max(self.config.record.retain_memories or 0, store.hot_limit)
-        self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window)
+        self.perception = Perception(self.layout.places, limit=store.hot_limit, window=window,
+                                     owned=self.layout.owned)
         self.early = EarlyMail()  # outside players' input, for its addressee's turn in the tick that takes it
         self.outbox = Outbox(self.shard, bus.config.run_key)
         self.recorder = Recorder(
@@ -120,9 +124,9 @@ class ShardContext:
         stats.recorded = self.recorder.counts  # read, never copied
         self.tick = 0
 
-    def neighbours(self, location: str) -> tuple[str, ...]:
+    def neighbours(self, location: str) -> Sequence[str]:
         """Every NPC at `location`, in any shard, in id order."""
-        return self._neighbours.get(location, ())
+        return self.whereabouts.at(location)
 
     def agent_context(self, spec: NpcSpec) -> AgentContext:
         return AgentContext(self, spec)
@@ -135,7 +139,13 @@ class ShardContext:
         """The NPC's state now: its own hot state, with the place's log it heard merged into
         its episodic memory (one copy per place, not per listener)."""
         own = self.store.state(spec.id)
-        episodic = self.perception.episodic(spec.id, spec.location, own.episodic, self.kinds[spec.kind].episode_of)
+        place = self.npc_location[spec.id]
+        episodic = self.perception.episodic(spec.id, place, own.episodic, self.kinds[spec.kind].episode_of)
+        scene = self.whereabouts.scene(spec.id, self.tick, go_to=GO_TO in spec.intents)
+        if scene:
+            world = {w.key: w for w in own.world_state}
+            world.update((w.key, w) for w in scene)
+            return msgspec.structs.replace(own, episodic=episodic, world_state=tuple(world.values()))
         return own if episodic is own.episodic else msgspec.structs.replace(own, episodic=episodic)
 
 
@@ -143,7 +153,8 @@ class ShardContext:
                  answering: str | None) -> tuple[Episode, ...]:
         """What the NPC recalls for what `to` said from everything it kept: its significant
         episodes and its place's summaries (`sim.memory.recalled_for`)."""
-        kept = (*self.store.kept(spec.id), *self.perception.summaries(spec.location))
+        home = self.npc_location[spec.id] == spec.location  # a place's summaries are its owner's
+        kept = (*self.store.kept(spec.id), *(self.perception.summaries(spec.location) if home else ()))
         return recalled_for(state, kept, said, config, speaker=to, answering=answering)
 
     async def keep_notices(self, place: str, events: Sequence[AnyEvent]) -> None:
@@ -151,7 +162,7 @@ class ShardContext:
         memory of it): what the game announced is never only in a summary."""
         for event in events:
             if isinstance(event, Notice) and event.significance >= KEEP_SIGNIFICANCE:
-                for npc in self.layout.places.get(place, ()):
+                for npc in sorted(self.perception.listeners(place)):
                     spec = self.layout.by_id[npc]
                     await self.store.keep(npc, self.kinds[spec.kind].episode_of(event, False), writer=Writer.NPC)
 
@@ -231,7 +242,13 @@ class AgentContext:
     def neighbours(self) -> Sequence[str]:
         """The other NPCs at this agent's place, in any shard, in id order (a view: no copy of
         a place of thousands for each NPC that talks there)."""
-        return _Others(self._shard.neighbours(self.spec.location), self.spec.id)
+        shard = self._shard
+        return _Others(shard.neighbours(shard.npc_location[self.spec.id]), self.spec.id)
+
+    @property
+    def location(self) -> str:
+        """Where the agent stands now."""
+        return self._shard.npc_location[self.spec.id]
 
     def is_npc(self, agent_id: str) -> bool:
         return agent_id in self._shard.npc_location
@@ -313,15 +330,16 @@ class AgentContext:
         say = SayMessage(run=shard.run_id, agent=spec.id, tick=tick, to=to, text=result.line, inference_id=inference_id,
                          reply_to=reply_to if player else None, in_reply_to=to if player else None)
         await shard.bus.send("say", say)
+        place = shard.npc_location[spec.id]
         shard.outbox.emit(
-            shard.location_topic(spec.location),
-            Speech(id=inference_id, tick=tick, location=spec.location, speaker=spec.id, to=to, text=result.line,
+            shard.location_topic(place),
+            Speech(id=inference_id, tick=tick, location=place, speaker=spec.id, to=to, text=result.line,
                    turn=turn),
         )
         await shard.store.add_line(spec.id, Line(tick=tick, speaker=spec.id, text=result.line, seq=seq,
                                                  event=inference_id), writer=Writer.NPC)
         await apply_proposals(shard.store, shard.bus, run_id=shard.run_id, state=state, result=result,
-                              reply_to=say.reply_to)
+                              reply_to=say.reply_to, moves=shard.chosen)
         spoken = Spoken(say=say, state=state, config=config, memory=memory, result=result,
                         output=request.output, rules=shard.pool.config.rules, counts=counts,
                         recalled=tuple(e.id for e in recalled))
@@ -334,7 +352,7 @@ class _Others(Sequence[str]):
 
     __slots__ = ("_all", "_gap")
 
-    def __init__(self, everyone: tuple[str, ...], but: str) -> None:
+    def __init__(self, everyone: Sequence[str], but: str) -> None:
         self._all = everyone
         at = bisect.bisect_left(everyone, but)
         self._gap = at if at < len(everyone) and everyone[at] == but else len(everyone)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sim.bus import Bus
 from sim.errors import ConfigError
@@ -56,14 +57,19 @@ class Status:
 class Publisher:
     """Phase 3 of a shard's tick."""
 
-    def __init__(self, bus: Bus, outbox: Outbox, intake: Intake, source: InputSource, run_wide: RunWideInputs) -> None:
+    def __init__(self, bus: Bus, outbox: Outbox, intake: Intake, source: InputSource, run_wide: RunWideInputs,
+                 elsewhere: Callable[[str], bool]) -> None:
+        """`elsewhere(topic)`: another shard takes the topic's batches this tick."""
         self._bus, self._outbox, self._intake, self._source, self._run_wide = bus, outbox, intake, source, run_wide
+        self._elsewhere = elsewhere
+        self.chosen: list[tuple[str, str]] = []
+        """The moves the shard's NPCs chose this tick (`go_to`), for its TickDone (the context's list)."""
 
     async def publish(self, tick: int) -> None:
         bus, barrier, outbox = self._bus, self._intake.barrier, self._outbox
         delivered = 0
         for batch in outbox.take():
-            if bus.is_routed(batch.topic):
+            if not self._elsewhere(batch.topic):
                 bus.deliver(batch.topic, batch.events)
                 delivered += len(batch.events)
                 if delivered >= _DELIVERY_SLICE:
@@ -76,7 +82,9 @@ class Publisher:
         self._source.close_done(tick)  # shard 0: what every shard applies that arrived until now
         await self._intake.take()
         announced = self._run_wide.announce(tick)
-        topic, payload = await bus.publish_barrier(barrier.finish(tick, announced.world, announced.inputs))
+        moves = tuple(sorted(set(self.chosen)))
+        self.chosen.clear()
+        topic, payload = await bus.publish_barrier(barrier.finish(tick, announced.world, announced.inputs, moves))
         barrier.keep(tick, topic, payload)
 
 
@@ -107,6 +115,7 @@ class BarrierWait:
                 zero = barrier.announced(tick)  # shard 0's TickDone: what every shard applies next tick
                 if zero is not None:
                     self._run_wide.world, self._run_wide.inputs = zero.world, zero.inputs
+                self._run_wide.moves = barrier.moves(tick)
                 break
             now = clock.now()
             if now >= look:

@@ -21,6 +21,7 @@ from sim.shard._plan import ShardPlan
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import ErrorCode
+from sim.day import GOAL_FACT, goal_text
 from sim.wire.inputs import GameFact
 
 __all__ = ["GameFacts"]
@@ -37,6 +38,16 @@ class GameFacts:
         self._plan, self._store, self._bus, self._answer = plan, store, bus, answer
         self.run_wide: set[str] = set()
         self._scenario = frozenset(f.id for spec in plan.scenario.npcs for f in spec.facts)
+
+    async def set_goal(self, npc: str, goal: str | None) -> None:
+        """NPC `npc`'s goal as the game sets it: its goal fact (`GOAL_FACT`) added, replaced or
+        withdrawn (None), what it knows in every prompt until the game changes it again."""
+        held = self._store.fact_text(npc, GOAL_FACT) is not None
+        if goal is None:
+            if held:
+                await self.take(GameFact(npc=npc, id=GOAL_FACT, text=None, action="withdraw"))
+            return
+        await self.take(GameFact(npc=npc, id=GOAL_FACT, text=goal_text(goal), action="replace" if held else "add"))
 
     async def take(self, fact: GameFact) -> bool:
         """Add, replace or withdraw `fact`; whether it changed anything on this shard."""

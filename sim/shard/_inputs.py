@@ -43,7 +43,7 @@ from sim.shard._stats import InputCounts
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import Notice, Speech, event_id
-from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken
+from sim.wire.inputs import GameEvent, GameFact, Goal, Move, OutsideInput, Presence, RunWide, Taken
 
 __all__ = ["InputSource", "LiveInputs", "RecordedInputs", "RunWideChanges", "RunWideInputs", "TickInputs"]
 
@@ -71,6 +71,8 @@ class RunWideInputs:
         """The world-state changes due at the start of the next tick."""
         self.inputs: tuple[RunWide, ...] = ()
         """The presence and facts for every NPC due at the next tick, in the order shard 0 took them."""
+        self.moves: list[tuple[str, str]] = []
+        """The moves every shard's NPCs chose in the last tick (their TickDones), due at the next."""
 
     def hold(self, arrival: WorldArrival | RunWideArrival) -> None:
         """What arrived for the TickDone of the tick it is stamped with."""
@@ -258,6 +260,9 @@ class TickInputs:
         self.presence: dict[str, str] = {}
         """Where each outside player stands, as the game system said (kept with each tick's commit)."""
         self.facts = GameFacts(plan, store, bus, self._answer)
+        self.move: Callable[[int, list[tuple[str, str]]], Awaitable[None]] | None = None
+        """Moves everyone at the start of a tick, given the chosen and the game's moves (the
+        shard's `Movements.advance`): after what is due is known, before anyone is heard."""
 
     async def take(self, tick: int) -> None:
         plan, counts, store = self._plan, self.counts, self._store
@@ -273,7 +278,11 @@ class TickInputs:
                 counts.player_inputs += 1
         self._source.close_inputs(tick)  # what arrived until now is this tick's input
         await self._take_events()
-        for taken in self._source.inputs_at(tick, due.inputs):
+        inputs = self._source.inputs_at(tick, due.inputs)
+        if self.move is not None:
+            moves, self._run_wide.moves = self._run_wide.moves, []
+            await self.move(tick, [*moves, *((m.npc, m.location) for m in inputs if isinstance(m, Move))])
+        for taken in inputs:
             if await self._take(tick, taken):
                 await store.resume.record_input(tick, taken)
         for refusal in self._source.take_refused():
@@ -306,13 +315,17 @@ class TickInputs:
             case Presence(player=player, location=str(location)):
                 self.presence[player] = location
             case GameEvent(seq=seq, location=location, text=text, significance=significance):
-                if location not in plan.layout.places:
+                if location not in plan.layout.owned:
                     return False
                 notice = Notice(id=event_id(plan.run_id, "game", tick, OUTSIDE_SEQ + seq), tick=tick,
                                 location=location, text=text, significance=significance)
                 self._outbox.emit(plan.location_topic(location), notice)
             case GameFact():
                 return await self.facts.take(taken)
+            case Goal(npc=npc, goal=goal):
+                if npc not in plan.layout.local:
+                    return False
+                await self.facts.set_goal(npc, goal)
         return True
 
     async def _answer(self, refusal: InputRefused) -> None:

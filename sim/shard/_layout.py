@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from sim.scenario import NpcSpec, Scenario
 from sim.shard._dice import AmbientDice
+from sim.shard._place_shares import assign_places
 from sim.shard._run_config import parse_shard, shard_npcs
+from sim.shard._whereabouts import Whereabouts
 
 __all__ = ["ShardLayout"]
 
@@ -20,7 +22,10 @@ class ShardLayout:
 
     def __init__(self, scenario: Scenario, shard: str, seed: int) -> None:
         self.index, self.count = parse_shard(shard)
-        self.specs: list[NpcSpec] = shard_npcs(scenario, self.index, self.count)
+        owner = assign_places(scenario, self.count)
+        self.owned = frozenset(place for place, index in owner.items() if index == self.index)
+        """The places this shard holds (their chronicles; outside events there are its to take)."""
+        self.specs: list[NpcSpec] = shard_npcs(scenario, self.index, self.count, owner)
         """This shard's NPCs, in id order."""
         self.by_id = {spec.id: spec for spec in self.specs}
         """This shard's NPCs by id (the scenario's own index of all NPCs is never built)."""
@@ -30,16 +35,12 @@ class ShardLayout:
         plain names: the context resolves them to classes (sim.shard._context)."""
         for spec in self.specs:
             self.kinds.setdefault(spec.kind, spec.id)
-        self.npc_location = {spec.id: spec.location for spec in scenario.npcs}
-        """Every NPC of the run (in any shard), to where it stands."""
-        everyone: dict[str, list[str]] = {}
-        for spec in sorted(scenario.npcs, key=lambda s: s.id):
-            everyone.setdefault(spec.location, []).append(spec.id)
-        self.neighbours = {place: tuple(ids) for place, ids in everyone.items()}
-        """Every place, to the NPCs there (in any shard), in id order."""
+        self.whereabouts = Whereabouts(scenario, owner)
+        self.npc_location = self.whereabouts.where
+        """Every NPC of the run (in any shard), to where it stands now."""
         places: dict[str, list[str]] = {}
         for spec in self.specs:
             places.setdefault(spec.location, []).append(spec.id)
         self.places = {place: tuple(ids) for place, ids in places.items()}
-        """This shard's places, to the NPCs there (all of them this shard's)."""
+        """This shard's places, to its NPCs there when the run begins."""
         self.dice = AmbientDice(seed, self.specs)

@@ -48,10 +48,12 @@ from sim.shard._exchange import BarrierWait, Publisher, Status
 from sim.shard._inputs import InputSource, LiveInputs, RunWideInputs, TickInputs
 from sim.shard._instance import kept_messages
 from sim.shard._intake import Intake
+from sim.shard._moves import Movements
 from sim.shard._pace import Pace
 from sim.shard._registry import players
 from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import Turns
+from sim.shard._whereabouts import Placement
 from sim.store import Pending, TickRecord
 from sim.wire.events import WorldStateMessage
 from sim.wire.inputs import OutsideInput
@@ -82,11 +84,13 @@ class Shard:
         self.end = self.config.until_tick if self.config.until_tick is not None else self.first + ticks
         bus_config = self.bus.config  # barrier messages are believed whole when authenticated
         trusted = bus_config.run_key is not None or bus_config.broker.username is not None
-        self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self.bus.is_routed, tick=self.first,
+        self.movements = Movements(ctx, self.bus)
+        ctx.stats.moves = lambda: self.movements.moves
+        self.barrier = Barrier(ctx.shard, [str(i) for i in range(self.count)], self._routes, tick=self.first,
                                trusted=trusted, session=secrets.token_hex(8))
         self.run_wide = RunWideInputs()
         # resumed: the first tick takes what the journal kept for it, what arrives now is the next one's
-        journal = OutsideJournal(layout.local, layout.places, ctx.plan.locations, shard_zero=self.index == 0,
+        journal = OutsideJournal(layout.local, layout.owned, ctx.plan.locations, shard_zero=self.index == 0,
                                  tick=self.first if last is None else self.first + 1)
         self.source: InputSource = source or LiveInputs(
             self.store, self.bus, self.run_wide, journal=journal,
@@ -101,10 +105,12 @@ class Shard:
         self.status = Status(plan, bus, stats, self.first)
         self.inputs = TickInputs(plan, store, bus, ctx.outbox, clock, self.source, self.run_wide, self.intake.take,
                                  ctx.early)
+        self.inputs.move = self.movements.advance
         self.turns = Turns(layout, bus, ctx.perception, ctx.early, ctx.agent, stop=stop,
                            workers=2 * self.config.inference.concurrency)  # the pool always has turns waiting
         self.pace = Pace(self.config.tick_ms, clock, bus, self.intake, self.source, shards=self.count, stop=stop)
-        self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide)
+        self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide, self._elsewhere)
+        self.publisher.chosen = ctx.chosen
         self.barrier_wait = BarrierWait(plan, bus, clock, ctx.metrics, self.intake, self.run_wide, self.status, stop)
         stats.taken, stats.waits = self.inputs.counts, self.barrier_wait.waits  # read, never copied
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
@@ -122,8 +128,7 @@ class Shard:
         npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),
                                "npcsim-roster")
         await bus.send("roster", RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
-        for location, ids in sorted(ctx.layout.places.items()):
-            await bus.listen_location(location, ids)
+        await bus.listen_places(ctx.plan.locations)
         await bus.listen_inboxes(ctx.layout.local)
         await self._restore()
         if self.index == 0:
@@ -153,8 +158,13 @@ class Shard:
         opens; the others re-send theirs when it joins: docs/topics.md, "The tick barrier")."""
         last = self.first - 1
         if last < 0:
+            await self.movements.begin(self.first, {}, {}, resumed=False)
             return
         resume, perception = self.store.resume, self.ctx.perception
+        pending = await resume.pending()
+        overrides = {npc: Placement(*placed) for npc, placed in pending.overrides.items()}
+        await self.movements.begin(self.first, overrides, pending.arrivals, resumed=True)
+        self.run_wide.moves = list(pending.moves)
         for tick, topic, payload in kept_messages(await resume.sent(), self.bus.config.run_key, self.config):
             self.barrier.keep(tick, topic, payload)
         for topic, payload in await resume.says():  # lines said that may never have left
@@ -165,7 +175,6 @@ class Shard:
                 perception.append(place, events, mail=tick == last)
             await checkpoint()
         perception.stored()
-        pending = await resume.pending()
         self.bus.mail.restore_mail(pending.mail)
         self.run_wide.world, self.run_wide.inputs = pending.world, pending.run_wide
         self.inputs.presence = dict(pending.presence)
@@ -235,6 +244,22 @@ class Shard:
         self.stats.joined_turns += 1
         return tick
 
+    def _routes(self, topic: str) -> bool:
+        """Whether this shard takes `topic`'s batches in the tick under way: a place it hears
+        (its own, or one where an NPC of its stands now), an inbox of its NPCs."""
+        place = self.ctx.plan.place_of(topic)
+        if place is None:
+            return self.bus.is_routed(topic)
+        return self.index in self.ctx.whereabouts.hearers(place)
+
+    def _elsewhere(self, topic: str) -> bool:
+        """Whether another shard hears `topic` in the tick under way (then its batch goes
+        through the broker, to this shard too when it hears it)."""
+        place = self.ctx.plan.place_of(topic)
+        if place is None:
+            return not self.bus.is_routed(topic)
+        return bool(self.ctx.whereabouts.hearers(place) - {self.index})
+
     async def _committed(self) -> None:
         """Until the last tick's commit is on disk (it raises what the writer met)."""
         committing, self._committing = self._committing, None
@@ -245,8 +270,10 @@ class Shard:
         """The tick's events at each of this shard's places into the place's log, once, and into
         the store as one row per place (with the tick from which the place's log is needed,
         when its window moved); what was said to an NPC there is its mail for the next tick."""
-        perception = self.ctx.perception
-        for n, (place, events) in enumerate(self.bus.mail.take_place_events(tick), start=1):
+        perception, where, index = self.ctx.perception, self.ctx.whereabouts, self.index
+        heard = [(place, events) for place, events in self.bus.mail.take_place_events(tick)
+                 if index in where.hearers(place)]  # the others' were for the shards that hear them
+        for n, (place, events) in enumerate(heard, start=1):
             await self.store.add_place_events(place, tick, events, since=perception.perceive(place, events))
             await self.ctx.keep_notices(place, events)
             if n % _PLACE_SLICE == 0:
@@ -258,9 +285,12 @@ class Shard:
         """The tick, what it sent and what waits for the next one, in one transaction; status
         every 10 ticks."""
         self.bus.report_overflow(tick)
-        record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(),
-                            pending=Pending(mail=self.bus.mail.waiting_mail(tick), world=self.run_wide.world,
-                                            run_wide=self.run_wide.inputs, presence=dict(self.inputs.presence)))
+        where = self.ctx.whereabouts
+        pending = Pending(mail=self.bus.mail.waiting_mail(tick), world=self.run_wide.world,
+                          run_wide=self.run_wide.inputs, presence=dict(self.inputs.presence),
+                          overrides={npc: (p.location, p.activity, p.tick) for npc, p in where.overrides.items()},
+                          moves=list(self.run_wide.moves), arrivals=self.ctx.perception.arrivals())
+        record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(), pending=pending)
         self._committing = await self.store.commit_tick(tick, record)
         if self.config.record.retain_memories is not None:
             await self._committed()

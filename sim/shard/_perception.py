@@ -49,13 +49,17 @@ class Perception:
     under `--retain-memories`, whose pruning of stored place rows follows the windows).
     """
 
-    def __init__(self, places: Mapping[str, Collection[str]], *, limit: int, window: int) -> None:
+    def __init__(self, places: Mapping[str, Collection[str]], *, limit: int, window: int,
+                 owned: Collection[str] = ()) -> None:
+        """`owned`: the places this shard holds beyond those with listeners: each keeps its
+        chronicle of everything said there, whoever hears it (sim.shard._whereabouts)."""
         if window < limit:
             raise ValueError(f"a window of {window} cannot serve a hot limit of {limit}")
         self.limit = limit
-        self._listeners = {place: frozenset(listeners) for place, listeners in places.items() if listeners}
-        self._windows = {place: PlaceWindow(listeners, window) for place, listeners in self._listeners.items()}
-        self._chronicles = {place: Chronicle(place) for place in self._listeners}
+        self._window = window
+        self._windows = {place: PlaceWindow(listeners, window) for place, listeners in places.items() if listeners}
+        self._chronicles = {place: Chronicle(place) for place in sorted({*self._windows, *owned})}
+        self._since: dict[str, int] = {}  # a listener that walked in: the tick it arrived
         self._folded: list[tuple[str, Summary]] = []
         self._mail: dict[str, list[AnyEvent]] = {}
         self._stored: dict[str, int] = {}  # each place's front tick as the store last had it
@@ -63,7 +67,7 @@ class Perception:
     def fronts(self) -> dict[str, int]:
         """Each place's `front_tick`, for the places whose log is needed from some tick."""
         fronts = {}
-        for place in self._windows:
+        for place in {*self._windows, *self._chronicles}:
             front = self.front_tick(place)
             if front is not None:
                 fronts[place] = front
@@ -72,10 +76,8 @@ class Perception:
     def front_tick(self, place: str) -> int | None:
         """The tick from which the place's log is needed: the oldest event its window keeps or
         its chronicle has not folded, whichever is older."""
-        window = self._windows.get(place)
-        if window is None:
-            return None
-        ticks = [t for t in (window.front_tick, self._chronicles[place].start) if t is not None]
+        window, chronicle = self._windows.get(place), self._chronicles.get(place)
+        ticks = [t for t in (window and window.front_tick, chronicle and chronicle.start) if t is not None]
         return min(ticks) if ticks else None
 
     # --- the log -------------------------------------------------------------------------
@@ -83,19 +85,55 @@ class Perception:
     def append(self, place: str, events: Sequence[AnyEvent], *, mail: bool = True) -> None:
         """The place's events of a tick, sorted by (tick, id), into its window; the ones said
         to a listener there become its mail (unless `mail` is false: older ticks on resume)."""
+        chronicle = self._chronicles.get(place)
+        if chronicle is not None:
+            folded = chronicle.append(events)
+            if folded is not None:
+                self._folded.append((place, folded))
         window = self._windows.get(place)
         if window is None:
             return  # nobody listens there
         window.append(events)
-        folded = self._chronicles[place].append(events)
-        if folded is not None:
-            self._folded.append((place, folded))
         if mail:
-            listeners = self._listeners[place]
+            listeners = window.listeners
             for event in events:
                 if (isinstance(event, Speech) and event.to in listeners and event.to != event.speaker
                         and not answered_at_once(event)):
                     self._mail.setdefault(event.to, []).append(event)
+
+    # --- walking in and out --------------------------------------------------------------
+
+    def listeners(self, place: str) -> Collection[str]:
+        """This shard's NPCs at `place` now."""
+        window = self._windows.get(place)
+        return () if window is None else window.listeners
+
+    def arrive(self, listener: str, place: str, tick: int) -> None:
+        """`listener` walked into `place` at `tick`: it hears what is said there from then on."""
+        window = self._windows.get(place)
+        if window is None:
+            window = self._windows[place] = PlaceWindow((), self._window)
+        window.add(listener)
+        self._since[listener] = tick
+
+    def leave(self, listener: str, place: str, episode_of: EpisodeOf) -> list[Episode]:
+        """`listener` walked out of `place`: what it heard there that its memory still holds,
+        as its own episodes now (nothing it heard is lost when the place's log moves on)."""
+        window = self._windows.get(place)
+        if window is None:
+            return []
+        heard, _ = self._heard(window, listener, episode_of)
+        window.discard(listener)
+        if not window.listeners:
+            del self._windows[place]
+        return heard
+
+    def arrivals(self) -> dict[str, int]:
+        """Each listener that walked in since the run began, to the tick it arrived (kept with each commit)."""
+        return dict(self._since)
+
+    def restore_arrivals(self, arrivals: Mapping[str, int]) -> None:
+        self._since.update(arrivals)
 
     def perceive(self, place: str, events: Sequence[AnyEvent]) -> int | None:
         """`append` a tick's events; the place's front tick when it moved since the store last
@@ -147,10 +185,24 @@ class Perception:
         window = self._windows.get(place)
         if window is None:
             return private
+        heard, ties = self._heard(window, listener, episode_of)
+        if not heard:
+            return private
+        if ties or (private and episode_order(private[-1]) > episode_order(heard[0])):
+            return tuple(sorted((*private, *heard), key=episode_order)[-self.limit :])
+        # the usual case: the log's events (in recency order already) are all newer than the
+        # private episodes, so the merge is a concatenation
+        return (*private, *heard)[-self.limit :]
+
+    def _heard(self, window: PlaceWindow, listener: str, episode_of: EpisodeOf) -> tuple[list[Episode], bool]:
+        """The newest `limit` events of `window` that `listener` heard (not said, since it
+        arrived), as its memories of them, in recency order; and whether two share a key."""
         heard: list[Episode] = []
-        limit = self.limit
+        limit, since = self.limit, self._since.get(listener, -1)
         ties, last = False, None
         for entry in window.not_spoken_by(listener):  # newest first, reversed below
+            if entry.key[0] < since:
+                break
             ties, last = ties or entry.key == last, entry.key
             if entry.to == listener:
                 heard.append(episode_of(entry.event, True))
@@ -162,10 +214,4 @@ class Perception:
             if len(heard) == limit:
                 break
         heard.reverse()
-        if not heard:
-            return private
-        if ties or (private and episode_order(private[-1]) > episode_order(heard[0])):
-            return tuple(sorted((*private, *heard), key=episode_order)[-self.limit :])
-        # the usual case: the log's events (in recency order already) are all newer than the
-        # private episodes, so the merge is a concatenation
-        return (*private, *heard)[-self.limit :]
+        return heard, ties

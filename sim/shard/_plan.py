@@ -32,6 +32,7 @@ class ShardPlan:
         self.layout = layout or ShardLayout(scenario, config.shard, seed)
         self.shard = str(self.layout.index)
         self._location_topics = {loc.id: topics.location_events(run_id, loc.id) for loc in scenario.locations}
+        self._places = {topic: place for place, topic in self._location_topics.items()}
 
     @property
     def locations(self) -> KeysView[str]:
@@ -40,3 +41,7 @@ class ShardPlan:
 
     def location_topic(self, location: str) -> str:
         return self._location_topics[location]
+
+    def place_of(self, topic: str) -> str | None:
+        """The place whose events `topic` carries, or None (not a place's topic of this run)."""
+        return self._places.get(topic)

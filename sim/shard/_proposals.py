@@ -1,5 +1,6 @@
 """What passed the gates becomes the NPC's: beliefs and memories written with its authority,
-an intent published for the game.
+an intent published for the game; a `go_to` the engine applies itself too (the NPC walks
+there at the start of the next tick: sim.shard._whereabouts).
 
 Only the accepted proposals of the reply that was said (the last attempt of a result that
 is not a fallback) are applied; what the gates refused is in the audit and the counts,
@@ -14,6 +15,7 @@ from sim.bus import Bus
 from sim.inference import InferenceResult
 from sim.memory import NpcState
 from sim.output import belief_of, memory_of, said_proposals
+from sim.shard._whereabouts import GO_TO
 from sim.store import Store, Writer
 from sim.wire.events import IntentMessage
 
@@ -22,8 +24,10 @@ __all__ = ["apply_proposals"]
 
 async def apply_proposals(
     store: Store, bus: Bus, *, run_id: str, state: NpcState, result: InferenceResult, reply_to: str | None,
+    moves: list[tuple[str, str]],
 ) -> None:
-    """Write the accepted beliefs and memories of `result` to the NPC of `state`, publish its intent."""
+    """Write the accepted beliefs and memories of `result` to the NPC of `state`, publish its
+    intent; an accepted `go_to` is added to `moves` (npc, place) as well."""
     agent, tick = state.agent_id, result.tick
     beliefs = list(state.beliefs)
     memories = 0
@@ -36,5 +40,8 @@ async def apply_proposals(
             memories += 1
             await store.add_episode(agent, memory_of(proposal, result.id, memories, tick), writer=Writer.NPC)
         elif proposal.kind == "intent":
+            place = proposal.args.get("location")
+            if proposal.text == GO_TO and isinstance(place, str):
+                moves.append((agent, place))
             await bus.send("intent", IntentMessage(run=run_id, agent=agent, tick=tick, name=proposal.text,
                                                    args=proposal.args, inference_id=result.id, reply_to=reply_to))

@@ -10,6 +10,7 @@ The checks that need the store or the scenario (`check_resumable`,
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -215,13 +216,13 @@ def check_shards(config: RunConfig, scenario: Scenario) -> None:
         )
 
 
-def shard_npcs(scenario: Scenario, index: int, count: int) -> list[NpcSpec]:
+def shard_npcs(scenario: Scenario, index: int, count: int, owner: Mapping[str, int] | None = None) -> list[NpcSpec]:
     """Shard i of n's NPCs, in id order: those standing at the places it holds.
 
     A shard holds whole places (sim.shard._place_shares: balanced by NPC count, a function of the
     scenario and n only), so that everyone who hears a line at a place is on the same shard.
     """
-    owner = assign_places(scenario, count)
+    owner = owner if owner is not None else assign_places(scenario, count)
     return sorted((spec for spec in scenario.npcs if owner[spec.location] == index), key=lambda s: s.id)
 
 

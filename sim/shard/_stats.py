@@ -78,6 +78,7 @@ class RunStats:
     ticks_done: int = 0  # ticks stepped to their end this run (a tick a stop cut short is not one)
     early_ticks: int = 0  # ticks begun before the pace (`tick_ms`): outside input waited for them
     joined_turns: int = 0  # players' inputs answered in the tick under way, in a turn joining its turns
+    moves: Callable[[], int] | None = None  # this shard's NPCs' moves so far (the shard hands its count)
     last_tick: int = 0
     memories_pruned: int = 0  # rows deleted by --retain-memories
     started: float = 0.0  # the clock's now() when the run started (`run` sets it)
@@ -94,6 +95,16 @@ class RunStats:
     @property
     def inferences(self) -> int:
         return self.recorded.inferences
+
+    @property
+    def npc_moves(self) -> int:
+        """This shard's NPCs' moves (a routine's, a `go_to`, the game's): none costs an inference."""
+        return 0 if self.moves is None else self.moves()
+
+    @property
+    def inferences_per_npc_tick(self) -> float:
+        """What a tick of one NPC costs in model calls, over the ticks stepped: a run's cost with a real model."""
+        return self.inferences / max(self.agents * self.ticks_done, 1)
 
     @property
     def fallbacks(self) -> int:

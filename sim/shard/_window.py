@@ -56,12 +56,25 @@ class PlaceWindow:
         if limit < 1:
             raise ValueError(f"a window needs a limit >= 1, got {limit}")
         self.limit = limit
-        self._listeners = frozenset(listeners)
+        self._listeners = set(listeners)
         self._entries: collections.deque[Entry] = collections.deque()
         self._counts: collections.Counter[str] = collections.Counter()  # listeners' own events in the window
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def listeners(self) -> set[str]:
+        """Who hears the place now (an NPC that walks in or out changes it: `add`, `discard`)."""
+        return self._listeners
+
+    def add(self, listener: str) -> None:
+        self._listeners.add(listener)
+
+    def discard(self, listener: str) -> None:
+        """`listener` left: what it said stays attributed to it (its count keeps the window
+        longer until those events go, never shorter)."""
+        self._listeners.discard(listener)
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(self._entries)

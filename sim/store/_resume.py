@@ -34,6 +34,9 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     world: dict[str, str] | None = None  # world-state changes that take effect then
     run_wide: tuple[RunWide, ...] = ()  # presence and facts for every NPC taken then (shard 0's TickDone)
     presence: dict[str, str] = {}  # where each outside player stands
+    overrides: dict[str, tuple[str, str, int]] = {}  # NPC -> (place, activity, tick): moved off its routine
+    moves: list[tuple[str, str]] = []  # (npc, place) chosen in that tick, applied in the next
+    arrivals: dict[str, int] = {}  # this shard's NPCs that walked somewhere, to the tick they arrived
 
 
 class TickRecord(msgspec.Struct, frozen=True, kw_only=True):

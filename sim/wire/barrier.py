@@ -12,6 +12,7 @@ from typing import Annotated
 import msgspec
 
 from sim.wire.decoding import Reader
+from sim.wire.events import Name
 from sim.wire.inputs import RunWide
 
 __all__ = ["BarrierMessage", "Hello", "Join", "Start", "TickDone", "Welcome", "decode_barrier", "encode_barrier"]
@@ -37,6 +38,8 @@ class TickDone(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     batches: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
     world: dict[str, str] | None = None
     inputs: tuple[RunWide, ...] = ()
+    moves: tuple[tuple[Name, Name], ...] = ()
+    """The moves the shard's NPCs chose in `tick` (npc, place: `go_to`), applied at tick + 1 everywhere."""
 
 
 class Start(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="start", tag_field="type"):

@@ -15,7 +15,7 @@ import msgspec
 
 from sim.wire.events import FactAction, Name, Text
 
-__all__ = ["GameEvent", "GameFact", "OutsideInput", "Presence", "RunWide", "Taken", "is_run_wide"]
+__all__ = ["GameEvent", "GameFact", "Goal", "Move", "OutsideInput", "Presence", "RunWide", "Taken", "is_run_wide"]
 
 _Seq = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -58,14 +58,30 @@ class GameFact(msgspec.Struct, frozen=True, kw_only=True, tag="fact"):
     action: FactAction = "add"
 
 
-Taken = OutsideInput | Presence | GameEvent | GameFact
+class Move(msgspec.Struct, frozen=True, kw_only=True, tag="move"):
+    """The game moves NPC `npc` to `location` (every shard moves it at the same tick)."""
+
+    seq: _Seq = 0
+    npc: Name
+    location: Name
+
+
+class Goal(msgspec.Struct, frozen=True, kw_only=True, tag="goal"):
+    """NPC `npc`'s current goal as the game sets it; None clears it."""
+
+    seq: _Seq = 0
+    npc: Name
+    goal: Text | None
+
+
+Taken = OutsideInput | Presence | GameEvent | GameFact | Move | Goal
 """What a tick takes from outside besides the world state."""
 
-RunWide = Presence | GameFact
-"""What every shard takes at the same tick (a presence; a fact whose `npc` is None): shard 0
-takes it into its TickDone, every shard applies it at the next tick."""
+RunWide = Presence | GameFact | Move
+"""What every shard takes at the same tick (a presence; a fact whose `npc` is None; a move):
+shard 0 takes it into its TickDone, every shard applies it at the next tick."""
 
 
 def is_run_wide(taken: Taken) -> TypeGuard[RunWide]:
-    """Whether every shard takes `taken` (a player's presence, a fact for every NPC)."""
-    return isinstance(taken, Presence) or (isinstance(taken, GameFact) and taken.npc is None)
+    """Whether every shard takes `taken` (a player's presence, a fact for every NPC, a move)."""
+    return isinstance(taken, Presence | Move) or (isinstance(taken, GameFact) and taken.npc is None)

@@ -34,6 +34,7 @@ __all__ = [
     "infer_worker",
     "infer_workers",
     "location_events",
+    "location_events_all",
     "parse",
     "player_error",
     "player_input",
@@ -80,6 +81,11 @@ def run_root(run: str) -> str:
 
 def location_events(run: str, location: str) -> str:
     return f"{run_root(run)}/loc/{check_segment('location', location)}/events"
+
+
+def location_events_all(run: str) -> str:
+    """Every place's events of `run` (a shard hears the places where its NPCs walk)."""
+    return f"{run_root(run)}/loc/+/events"
 
 
 def agent_inbox(run: str, agent: str) -> str:

@@ -1,0 +1,80 @@
+"""Moving NPCs at the start of a tick: the shard's side of the run's whereabouts.
+
+Every shard moves every NPC (sim.shard._whereabouts), so all agree on who hears each place;
+for its own NPCs a shard also moves their hearing: what an NPC heard at the place it leaves
+becomes its own memory (the place's log forgets it in time), it hears the new place from
+the tick it arrives, and its move goes out on `agent/{id}/location` (retained).
+
+The moves an NPC chose (`go_to`) in tick t travel in its shard's TickDone for t, every shard
+takes them from the barrier (`RunWideInputs.moves`) and applies them at t+1 with the game's
+moves that shard 0 took for t+1. A commit keeps what a resumed shard needs to find everyone
+again: the overrides, the moves announced for the next tick, its NPCs' arrivals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from sim.bus import Bus
+from sim.shard._clock import checkpoint
+from sim.shard._context import ShardContext
+from sim.shard._perception import EpisodeOf
+from sim.shard._whereabouts import Moved, Placement
+from sim.store import Writer
+from sim.wire.events import LocationMessage
+
+__all__ = ["Movements"]
+
+_MOVE_SLICE = 2_000  # moves applied between two yields
+
+
+class Movements:
+    """The whereabouts of a shard's run, moved tick by tick; `moves` counts its NPCs' moves."""
+
+    def __init__(self, ctx: ShardContext, bus: Bus) -> None:
+        self._ctx, self._bus = ctx, bus
+        self.whereabouts = ctx.whereabouts
+        self.moves = 0
+
+    async def begin(self, tick: int, overrides: Mapping[str, Placement], arrivals: Mapping[str, int], *,
+                    resumed: bool) -> None:
+        """Everyone where they stand at `tick`, the first tick this process steps; on resume
+        with the commit's overrides and arrivals (nothing is remembered or announced again)."""
+        self._ctx.perception.restore_arrivals(arrivals)
+        moved = self.whereabouts.begin(tick, overrides)
+        perception, local = self._ctx.perception, self._ctx.layout.local
+        for n, move in enumerate(moved, start=1):
+            if move.npc in local:
+                perception.leave(move.npc, move.origin, self._episode_of(move.npc))
+                perception.arrive(move.npc, move.location, arrivals.get(move.npc, tick))
+            if n % _MOVE_SLICE == 0:
+                await checkpoint()
+        if not resumed:
+            await self._announce(tick, moved)
+
+    async def advance(self, tick: int, chosen: Iterable[tuple[str, str]]) -> None:
+        """The moves at the start of `tick`: those chosen in the last tick and the game's, then the routines'."""
+        moved = self.whereabouts.advance(tick, chosen)
+        ctx = self._ctx
+        perception, store, local = ctx.perception, ctx.store, ctx.layout.local
+        for n, move in enumerate(moved, start=1):
+            if move.npc in local:
+                for episode in perception.leave(move.npc, move.origin, self._episode_of(move.npc)):
+                    await store.add_episode(move.npc, episode, writer=Writer.NPC)
+                perception.arrive(move.npc, move.location, tick)
+            if n % _MOVE_SLICE == 0:
+                await checkpoint()
+        await self._announce(tick, moved)
+
+    async def _announce(self, tick: int, moved: Iterable[Moved]) -> None:
+        """Each of this shard's NPCs' moves on its location topic (retained)."""
+        ctx = self._ctx
+        for move in moved:
+            if move.npc in ctx.layout.local:
+                self.moves += 1
+                await self._bus.send("location", LocationMessage(run=ctx.run_id, agent=move.npc, tick=tick,
+                                                                 location=move.location, activity=move.activity))
+
+    def _episode_of(self, npc: str) -> EpisodeOf:
+        ctx = self._ctx
+        return ctx.kinds[ctx.layout.by_id[npc].kind].episode_of
