@@ -31,10 +31,9 @@ import rtoml
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.output import ArgSpec, OutputPolicy, allow_list_problem
-from sim.protocol.bounds import InputBounds, bound_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.wire.contract import channel_named
-from sim.wire.events import NAME_RULE, Name, WorldStateMessage
+from sim.scenario_checks import check_world
+from sim.wire.events import Name
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
@@ -238,26 +237,8 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
         where = f"{source}:{line}" if line is not None else source
         raise ScenarioError(f"{where}: {_locate(raw, message)}{_did_you_mean(path, message)}") from exc
     _check_references(scenario, source)
-    _check_world(scenario.world, source)
+    check_world(scenario.world, source)
     return scenario
-
-
-def _check_world(world: list[WorldFact], source: str) -> None:
-    """The shared world state as the world-state topic would take it (see the module's docstring)."""
-    bounds = InputBounds()
-    for i, fact in enumerate(world):
-        where = f"{source}: world[{i}], key {fact.key[:80]!r}"
-        try:
-            entry = msgspec.convert({"state": {fact.key: fact.value}}, WorldStateMessage)
-        except msgspec.ValidationError:
-            raise ScenarioError(
-                f"{where}: the world-state topic carries only keys of {NAME_RULE}"
-            ) from None
-        if (problem := bound_problem(channel_named("world-state").bound, entry, bounds)) is not None:
-            raise ScenarioError(f"{where}: {problem}, over what the world-state topic accepts")
-    if len(world) > bounds.world_keys:
-        raise ScenarioError(f"{source}: world: {len(world)} keys, over the {bounds.world_keys} the world-state "
-                            "topic accepts")
 
 
 _PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")
