@@ -28,11 +28,12 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 import rtoml
 
+from sim.day import PlaceMap, ScheduleEntry
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.output import ArgSpec, OutputPolicy, allow_list_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.scenario_checks import check_world
+from sim.scenario_checks import check_day, check_world
 from sim.wire.events import Name
 
 __all__ = [
@@ -67,11 +68,13 @@ class ScenarioMeta(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
     description: str = ""
     seed: int = 0
     ticks: Annotated[int, msgspec.Meta(ge=1)] = 30
+    ticks_per_day: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class LocationSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Name
     name: str = ""
+    exits: list[Name] = []
 
 
 class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -97,6 +100,8 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     output: Literal["line", "structured"] = "line"
     forbidden: list[Phrase] = []
     intents: dict[Name, dict[Name, ArgSpec]] = {}
+    schedule: list[ScheduleEntry] = []
+    goal: Annotated[str, msgspec.Meta(max_length=500)] = ""
 
     def policy(self) -> OutputPolicy | None:
         """What its replies are held to; None for a line with nothing forbidden (as every NPC before)."""
@@ -145,6 +150,10 @@ class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dic
     @functools.cached_property
     def _world_by_key(self) -> dict[str, WorldFact]:
         return {w.key: w for w in self.world}
+
+    @functools.cached_property
+    def place_map(self) -> PlaceMap:
+        return PlaceMap({loc.id: loc.exits for loc in self.locations})
 
     def npc(self, npc_id: str) -> NpcSpec:
         return self._npcs_by_id[npc_id]
@@ -238,6 +247,8 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
         raise ScenarioError(f"{where}: {_locate(raw, message)}{_did_you_mean(path, message)}") from exc
     _check_references(scenario, source)
     check_world(scenario.world, source)
+    check_day(source, scenario.scenario.ticks_per_day, {loc.id: loc.exits for loc in scenario.locations},
+              ((npc.id, npc.schedule) for npc in scenario.npcs))
     return scenario
 
 
