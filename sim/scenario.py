@@ -28,13 +28,13 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 import rtoml
 
+from sim.day import PlaceMap, ScheduleEntry
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.output import ArgSpec, OutputPolicy, allow_list_problem
-from sim.protocol.bounds import InputBounds, bound_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.wire.contract import channel_named
-from sim.wire.events import NAME_RULE, Name, WorldStateMessage
+from sim.scenario_checks import check_day, check_world
+from sim.wire.events import Name
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
@@ -68,11 +68,13 @@ class ScenarioMeta(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
     description: str = ""
     seed: int = 0
     ticks: Annotated[int, msgspec.Meta(ge=1)] = 30
+    ticks_per_day: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class LocationSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Name
     name: str = ""
+    exits: list[Name] = []
 
 
 class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -98,6 +100,8 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     output: Literal["line", "structured"] = "line"
     forbidden: list[Phrase] = []
     intents: dict[Name, dict[Name, ArgSpec]] = {}
+    schedule: list[ScheduleEntry] = []
+    goal: Annotated[str, msgspec.Meta(max_length=500)] = ""
 
     def policy(self) -> OutputPolicy | None:
         """What its replies are held to; None for a line with nothing forbidden (as every NPC before)."""
@@ -146,6 +150,10 @@ class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dic
     @functools.cached_property
     def _world_by_key(self) -> dict[str, WorldFact]:
         return {w.key: w for w in self.world}
+
+    @functools.cached_property
+    def place_map(self) -> PlaceMap:
+        return PlaceMap({loc.id: loc.exits for loc in self.locations})
 
     def npc(self, npc_id: str) -> NpcSpec:
         return self._npcs_by_id[npc_id]
@@ -238,26 +246,10 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
         where = f"{source}:{line}" if line is not None else source
         raise ScenarioError(f"{where}: {_locate(raw, message)}{_did_you_mean(path, message)}") from exc
     _check_references(scenario, source)
-    _check_world(scenario.world, source)
+    check_world(scenario.world, source)
+    check_day(source, scenario.scenario.ticks_per_day, {loc.id: loc.exits for loc in scenario.locations},
+              ((npc.id, npc.schedule) for npc in scenario.npcs))
     return scenario
-
-
-def _check_world(world: list[WorldFact], source: str) -> None:
-    """The shared world state as the world-state topic would take it (see the module's docstring)."""
-    bounds = InputBounds()
-    for i, fact in enumerate(world):
-        where = f"{source}: world[{i}], key {fact.key[:80]!r}"
-        try:
-            entry = msgspec.convert({"state": {fact.key: fact.value}}, WorldStateMessage)
-        except msgspec.ValidationError:
-            raise ScenarioError(
-                f"{where}: the world-state topic carries only keys of {NAME_RULE}"
-            ) from None
-        if (problem := bound_problem(channel_named("world-state").bound, entry, bounds)) is not None:
-            raise ScenarioError(f"{where}: {problem}, over what the world-state topic accepts")
-    if len(world) > bounds.world_keys:
-        raise ScenarioError(f"{source}: world: {len(world)} keys, over the {bounds.world_keys} the world-state "
-                            "topic accepts")
 
 
 _PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")

@@ -35,7 +35,7 @@ def test_package_data_is_the_top_level_files() -> None:
     "name", ["", "nope", "village.toml", "VILLAGE", "../scenarios/village", "scenarios/village", "/etc/passwd", "."]
 )
 def test_only_a_bundled_name_is_a_bundled_scenario(name: str) -> None:
-    with pytest.raises(ScenarioError, match="bundled: gate, village"):
+    with pytest.raises(ScenarioError, match="bundled: gate, town-day, village"):
         bundled_scenario(name)
 
 
@@ -83,7 +83,7 @@ def test_scenario_show_of_an_unknown_name_is_one_line(name: str, capsys: pytest.
     assert main(["scenario", "show", name]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"npcsim: error: no bundled scenario named {name!r}; bundled: gate, village\n"
+    assert captured.err == f"npcsim: error: no bundled scenario named {name!r}; bundled: gate, town-day, village\n"
 
 
 def test_scenario_list_names_each_bundled_scenario(capsys: pytest.CaptureFixture[str]) -> None:

@@ -111,6 +111,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gen.add_argument("--seed", type=int, default=0,
                      help="seed of the NPCs' trades and of the scenario's run (default 0)")
     gen.add_argument("--out", required=True, metavar="FILE", help="the TOML file to write (replaced if it exists)")
+    gen.add_argument("--day", action="store_true",
+                     help="give the world a day of 24 ticks and each NPC a schedule: at work (at home for about "
+                     "half of them) from 8 to 18, at home the rest of the day")
     gen.set_defaults(func=generate_command)
     bundled.register(scmds)
 
@@ -317,7 +320,7 @@ async def _run_live(
 
 def generate_command(args: argparse.Namespace) -> int:
     try:
-        path = write_scenario(Path(args.out), npcs=args.npcs, locations=args.locations, seed=args.seed)
+        path = write_scenario(Path(args.out), npcs=args.npcs, locations=args.locations, seed=args.seed, day=args.day)
     except OSError as exc:
         raise ConfigError(f"--out {args.out!r}: cannot write the scenario: {exc.strerror or exc}") from exc
     Out().record(f"wrote {args.npcs} NPCs in {args.locations} locations to {path}")
