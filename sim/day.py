@@ -13,9 +13,36 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["PlaceMap", "Routine", "ScheduleEntry", "check_schedule", "clock_text", "day_of", "hour_of"]
+__all__ = [
+    "GOAL_FACT",
+    "GO_TO",
+    "PLACES_KEY",
+    "PlaceMap",
+    "Routine",
+    "ScheduleEntry",
+    "check_schedule",
+    "clock_text",
+    "day_of",
+    "goal_text",
+    "hour_of",
+]
 
 HOURS = 24
+
+GO_TO = "go_to"
+"""The intent the engine applies itself: `go_to {location}`, when the NPC's intents allow it."""
+
+PLACES_KEY = "places_you_can_go"
+"""The world-state entry that lists where an NPC with `go_to` can walk from where it stands;
+its `location` argument must be one of them (else the gates say `intent_args`)."""
+
+GOAL_FACT = "current-goal"
+"""The id of the canonical fact that holds an NPC's goal (its scenario's, or the game's)."""
+
+
+def goal_text(goal: str) -> str:
+    """The goal fact's text: what the NPC reads in every prompt."""
+    return f"Your current goal: {goal}"
 
 
 class ScheduleEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -28,10 +28,10 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 import rtoml
 
-from sim.day import PlaceMap, ScheduleEntry
+from sim.day import GO_TO, GOAL_FACT, PLACES_KEY, PlaceMap, ScheduleEntry, goal_text
 from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
-from sim.output import ArgSpec, OutputPolicy, allow_list_problem
+from sim.output import ArgSpec, OutputPolicy, WorldValues, allow_list_problem
 from sim.resources import bundled_scenario, scenario_names
 from sim.scenario_checks import check_day, check_world
 from sim.wire.events import Name
@@ -107,8 +107,10 @@ class NpcSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
         """What its replies are held to; None for a line with nothing forbidden (as every NPC before)."""
         if self.output == "line" and not self.forbidden:
             return None
-        return OutputPolicy(structured=self.output == "structured", forbidden=tuple(self.forbidden),
-                            intents=self.intents)
+        intents = self.intents
+        if GO_TO in intents:  # the engine applies it: the place must be one it can walk to now
+            intents = {**intents, GO_TO: {"location": WorldValues(world=PLACES_KEY)}}
+        return OutputPolicy(structured=self.output == "structured", forbidden=tuple(self.forbidden), intents=intents)
 
 
 class PlayerInput(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -166,7 +168,7 @@ class Scenario(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True, dic
         return NpcState(
             agent_id=spec.id,
             system_prompt=spec.system_prompt,
-            canonical_facts=tuple(spec.facts),
+            canonical_facts=(*spec.facts, *((Fact(id=GOAL_FACT, text=goal_text(spec.goal)),) if spec.goal else ())),
             world_state=tuple(world.values()),
             episodic=tuple(spec.episodic),
             beliefs=tuple(spec.beliefs),

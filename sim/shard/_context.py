@@ -30,6 +30,7 @@ from typing import NamedTuple, overload
 import msgspec
 
 from sim.bus import Bus
+from sim.day import GO_TO
 from sim.errors import ConfigError
 from sim.inference import InferenceRequest, Pool, Priority, Tokenizer, counted_memory
 from sim.memory import (
@@ -55,7 +56,6 @@ from sim.shard._proposals import apply_proposals
 from sim.shard._recorder import Recorder, Spoken
 from sim.shard._registry import AGENT_KINDS, Agent, resolve
 from sim.shard._stats import RunStats
-from sim.shard._whereabouts import GO_TO
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import AnyEvent, Notice, SayMessage, Speech, event_id

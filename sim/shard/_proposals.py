@@ -12,10 +12,10 @@ memory becomes an episodic memory of the proposed significance, and an intent go
 from __future__ import annotations
 
 from sim.bus import Bus
+from sim.day import GO_TO
 from sim.inference import InferenceResult
 from sim.memory import NpcState
 from sim.output import belief_of, memory_of, said_proposals
-from sim.shard._whereabouts import GO_TO
 from sim.store import Store, Writer
 from sim.wire.events import IntentMessage
 

@@ -23,18 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from sim.day import Routine, clock_text, hour_of
+from sim.day import PLACES_KEY, Routine, clock_text, hour_of
 from sim.memory import WorldFact
 from sim.scenario import Scenario
 
-__all__ = ["GO_TO", "Moved", "Placement", "Whereabouts"]
-
-GO_TO = "go_to"
-"""The intent the engine applies itself: `go_to {location}`, when the NPC's intents allow it."""
-
-PLACES_KEY = "places_you_can_go"
-"""The world-state entry listing where an NPC with `go_to` can walk from where it stands: its
-`location` argument must be one of them (the gates' `intent_args`)."""
+__all__ = ["Moved", "Placement", "Whereabouts"]
 
 
 class Placement(msgspec.Struct, frozen=True, array_like=True):
