@@ -1,7 +1,7 @@
 """broker-config/auth.conf and acl on a real Mosquitto: every role may publish and read
 exactly what docs/operations.md ("Who may publish and read what") says; anonymous clients are refused.
 Two players' logins: each reads its own errors only, and neither may publish the game
-system's topics (events, facts, presence)."""
+system's topics (events, facts, moves, goals, presence)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ pytestmark = pytest.mark.mosquitto
 
 R = "npcsim/r"
 PUBLISH = {  # role -> topics it may publish; every role tries every topic
-    "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "infer/req", "status/0", "world/state", "barrier/0"},
+    "shard": {"loc/square/events", "agent/a/inbox", "agent/a/say", "agent/a/location", "infer/req", "status/0",
+              "world/state", "barrier/0"},
     "worker": {"infer/resp/0", "infer/worker/w"},
-    "game": {"world/state", "game/event", "game/fact", "player/alice/presence"},
+    "game": {"world/state", "game/event", "game/fact", "game/move", "game/goal", "player/alice/presence"},
     "viewer": {"player/viewer/input"},
     "alice": {"player/alice/input"},
 }
 TOPICS = sorted({*(t for ts in PUBLISH.values() for t in ts), "player/bob/input", "trace/0", "roster/0",
                  "player/alice/error", "player/bob/error", "game/error"})
-PUBLIC = {"agent/a/say", "world/state", "status/0", "roster/0"}
+PUBLIC = {"agent/a/say", "agent/a/location", "world/state", "status/0", "roster/0"}
 READ = {  # role -> topics it may read, of those the shard publishes: the public ones, and
     "worker": {*PUBLIC, "infer/req"},
     "game": {*PUBLIC, "game/error"},
@@ -113,8 +114,8 @@ async def test_subscribe_check_tells_a_login_what_it_may_publish(
         assert head.startswith(f"{login} on mqtt://{login}@127.0.0.1:{secured.port}: what it may publish")
         said[login] = {row.split("\t")[0]: row.split("\t")[-1] for row in rows}
     game, alice = said["game"], said["alice"]
-    for channel in ("game-fact", "game-event", "world-state", "presence"):
+    for channel in ("game-fact", "game-event", "game-move", "game-goal", "world-state", "presence"):
         assert game[channel] == "yes" and alice[channel] == "refused (Not authorized)", channel
     assert game["player-input"] == alice["player-input"] == "yes"  # as the player its login names
-    for channel in ("say", "intent", "status", "roster", "trace", "player-error", "game-error"):
+    for channel in ("say", "intent", "location", "status", "roster", "trace", "player-error", "game-error"):
         assert game[channel] == alice[channel] == "refused (Not authorized)", channel

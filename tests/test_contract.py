@@ -33,16 +33,19 @@ from sim.wire.contract import (
     SERVER,
     ChannelName,
     asyncapi,
+    channel_named,
     channel_of,
     markdown,
     message_schema,
 )
 from sim.wire.events import (
+    GoalMessage,
+    LocationMessage,
+    MoveMessage,
     PlayerInputMessage,
     SayMessage,
     StatusMessage,
     WorldStateMessage,
-    decode_player_input,
     decode_world_state,
     encode_json,
 )
@@ -122,7 +125,7 @@ def test_each_channel_the_server_takes_is_held_to_a_bound_of_the_run_where_its_p
     for channel in CHANNELS:
         fields = set(channel.payload.__struct_fields__) if isinstance(channel.payload, type) else set()
         taken = any(role.action == "receive" for role in channel.publishers)
-        if taken and "text" in fields:
+        if taken and fields & {"text", "goal"}:
             assert isinstance(channel.bound, TextBound) and channel.bound.chars in limits, channel.name
         elif taken and "state" in fields:
             assert isinstance(channel.bound, EntriesBound), channel.name
@@ -198,9 +201,13 @@ def test_the_schemas_accept_what_the_encoders_write() -> None:
         "player-input": PlayerInputMessage(to="innkeeper", text="A room?"),
         "world-state": WorldStateMessage(state={"king": "dead"}, tick=4),
         "status": StatusMessage(run="r", shard="0", state="online", tick=2, awaiting="shard 1", since=1.5),
+        "location": LocationMessage(run="r", agent="smith", tick=8, location="forge", activity="working the bellows"),
+        "game-move": MoveMessage(npc="smith", location="forge"),
+        "game-goal": GoalMessage(npc="smith", goal="Finish the king's sword."),
     }
     for name, message in written.items():
         assert not problems(name, json.loads(encode_json(message))), name
+    assert not problems("game-goal", {"npc": "smith", "goal": None})  # null clears the goal
 
 
 def test_a_fixed_length_array_is_said_in_draft_07() -> None:
@@ -224,15 +231,20 @@ FORGED = [
     ("world-state", {"state": {"king": 1}}),
     ("world-state", {"state": {"king": "dead"}, "by": "a player"}),
     ("world-state", {"state": {"king": "dead"}, "tick": "soon"}),
+    ("game-move", {"npc": "smith"}),
+    ("game-move", {"npc": "smith", "location": "the forge"}),
+    ("game-move", {"npc": "smith", "location": "forge", "tick": 3}),
+    ("game-goal", {"npc": "smith"}),
+    ("game-goal", {"npc": "smith", "goal": ""}),
+    ("game-goal", {"npc": "smith", "goal": 5}),
 ]
 
 
 @pytest.mark.parametrize(("name", "forged"), FORGED, ids=lambda v: str(v)[:40])
 def test_the_schemas_refuse_what_the_server_refuses(name: str, forged: Any) -> None:
     assert problems(name, forged)
-    decode = {"player-input": decode_player_input, "world-state": decode_world_state}[name]
     with pytest.raises(msgspec.ValidationError):
-        decode(json.dumps(forged).encode())
+        channel_named(name).reader.decode(json.dumps(forged).encode())
 
 
 def test_each_schema_states_the_bound_the_run_holds_its_channel_to() -> None:
@@ -240,16 +252,17 @@ def test_each_schema_states_the_bound_the_run_holds_its_channel_to() -> None:
     leaves the length to the bound: one character more is the run's `too_long`, never `schema`."""
     bounds = InputBounds()
     bounded = [c for c in CHANNELS if c.bound is not None]
-    assert {c.name for c in bounded} == {"player-input", "game-event", "game-fact", "world-state"}
+    assert {c.name for c in bounded} == {"player-input", "game-event", "game-fact", "game-goal", "world-state"}
     for channel in bounded:
         schema = message_schema(channel.name)
         properties = schema["definitions"][channel.payload.__name__]["properties"]
         if isinstance(channel.bound, TextBound):
-            chars = properties["text"]["maxLength"]
+            text = channel.bound.field
+            chars = properties[text]["maxLength"]
             assert chars == getattr(bounds, channel.bound.chars), channel.name
-            fields = {"to": "innkeeper", "location": "inn", "id": "f1"}
-            at_bound = {k: v for k, v in fields.items() if k in properties} | {"text": "x" * chars}
-            over = at_bound | {"text": "x" * (chars + 1)}
+            fields = {"to": "innkeeper", "location": "inn", "id": "f1", "npc": "innkeeper"}
+            at_bound = {k: v for k, v in fields.items() if k in properties} | {text: "x" * chars}
+            over = at_bound | {text: "x" * (chars + 1)}
             assert not Draft7Validator(schema).is_valid(over) and Draft7Validator(schema).is_valid(at_bound)
             assert bound_problem(channel.bound, channel.reader.decode(json.dumps(at_bound).encode()), bounds) is None
             assert bound_problem(channel.bound, channel.reader.decode(json.dumps(over).encode()), bounds)
@@ -418,6 +431,8 @@ async def test_what_a_real_run_publishes_fits_the_contract(mosquitto: MosquittoP
             await client.publish(topics.game_event(run_id), b'{"location": "inn", "text": "A cart arrives."}', qos=1)
             await client.publish(topics.game_fact(run_id), b'{"id": "cart", "text": "A cart came today."}', qos=1)
             await client.publish(topics.game_event(run_id), b'{"location": "moon", "text": "x"}', qos=1)
+            await client.publish(topics.game_move(run_id), b'{"npc": "blacksmith", "location": "inn"}', qos=1)
+            await client.publish(topics.game_goal(run_id), b'{"npc": "blacksmith", "goal": "Sell a sword."}', qos=1)
             await client.publish(topics.player_input(run_id, "visitor"), b'{"to": "nobody", "text": "Hi"}', qos=1)
             await eventually(lambda: seen("say", lambda m: m["to"] == "visitor"), what="the innkeeper's answer")
             await eventually(lambda: seen("intent"), what="the innkeeper's intent")

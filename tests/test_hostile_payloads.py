@@ -38,7 +38,7 @@ def router() -> Router:
     r = Router("r", "0", mailbox_size=10, seen_events=100, bounds=InputBounds())
     r.route("player-input")
     r.route("world-state")
-    for channel in ("game-event", "game-fact", "presence"):
+    for channel in ("game-event", "game-fact", "game-move", "game-goal", "presence"):
         r.route(channel)
     r.route_barrier()
     r.route_location(topics.location_events("r", "inn"), "inn", 1)
@@ -46,8 +46,8 @@ def router() -> Router:
     return r
 
 
-PUBLIC = [topics.player_input("r", "anyone"), topics.game_fact("r"), topics.game_event("r"),
-          topics.player_presence("r", "anyone"), topics.world_state("r")]
+PUBLIC = [topics.player_input("r", "anyone"), topics.game_fact("r"), topics.game_event("r"), topics.game_move("r"),
+          topics.game_goal("r"), topics.player_presence("r", "anyone"), topics.world_state("r")]
 INTERNAL = [topics.location_events("r", "inn"), topics.agent_inbox("r", "innkeeper"), topics.barrier("r", "1")]
 
 

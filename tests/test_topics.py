@@ -18,7 +18,8 @@ from sim.wire import topics
 from sim.wire.events import Speech, decode_batch, is_name
 
 KINDS: tuple[topics.TopicKind, ...] = typing.get_args(topics.TopicKind)
-UNNAMED = {"world_state", "game_event", "game_fact", "game_error", "infer_request"}  # built from the run alone
+UNNAMED = {"world_state", "game_event", "game_fact", "game_move", "game_goal", "game_error",
+           "infer_request"}  # built from the run alone
 
 # Any segment a builder takes: non-empty, no / + # NUL (unicode, spaces and dots included).
 segments = st.text(st.characters(exclude_characters="/+#\x00"), min_size=1, max_size=20)
@@ -30,7 +31,7 @@ def build(kind: topics.TopicKind, run: str, name: str) -> str:
 
 
 def test_every_kind_has_its_builder() -> None:
-    assert len(KINDS) == 18
+    assert len(KINDS) == 21
     for kind in KINDS:
         assert callable(getattr(topics, kind)), kind
 
@@ -66,7 +67,8 @@ def test_whatever_parses_is_what_its_builder_builds_again(parts: list[str]) -> N
     "npcsim/r/world/state/x",
     "npcsim/r/infer/req/x", "npcsim/r/infer/resp", "npcsim/r/status", "npcsim/r/status/a/b", "npcsim/r/barrier/",
     "npcsim/r/agent/+/say", "npcsim/+/status/0", "npcsim/r/#", "npcsim/r/agent/a\x00/say",
-    topics.barrier_all("r"), topics.infer_workers("r"), topics.player_input_all("r"),
+    topics.barrier_all("r"), topics.infer_workers("r"), topics.player_input_all("r"), topics.agent_location_all("r"),
+    "npcsim/r/game/move/x", "npcsim/r/game/goals",
     topics.infer_request_shared("r", "g"),
 ])
 def test_foreign_forged_and_filter_topics_are_refused(topic: str) -> None:

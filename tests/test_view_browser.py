@@ -30,6 +30,8 @@ from sim.scenario import load_scenario
 from sim.shard import BrokerConfig, RecordConfig, RunConfig, run
 from sim.store import open_reader
 from sim.view import LiveView, StoreComparison, StoredRun, ViewSource, build_app, open_view_server
+from sim.wire import topics
+from sim.wire.events import LocationMessage, encode_json
 from sim.wire.trace import TRACE_DROPPED
 from tests.browser import WAIT_S, click, css, on_page
 from tests.helpers import REPO, VILLAGE, MosquittoProcess, eventually, recall_world
@@ -69,6 +71,12 @@ async def test_page_shows_the_run_speaks_and_matches_the_audit(
             await on_page("the NPCs", lambda: len(css(browser, ".npc-chip")) == 4)
             await on_page("a line of dialogue", lambda: css(browser, "#dialogue li.npc"))
             assert "innkeeper" in {c.get_attribute("data-npc") for c in css(browser, ".npc-chip")}
+            # a move (a location message) lists the NPC at its new place, with what it does there
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                await client.publish(topics.agent_location("web", "blacksmith"), encode_json(LocationMessage(
+                    run="web", agent="blacksmith", tick=1, location="inn", activity="drinking")), qos=1)
+            await on_page("the blacksmith at the inn", lambda: css(
+                browser, '.location[data-location="inn"] .npc-chip[data-npc="blacksmith"][data-activity="drinking"]'))
 
             await click(browser, "the innkeeper's chip", '.npc-chip[data-npc="innkeeper"]')
             assert await asyncio.to_thread(lambda: browser.find_element("id", "speak-player").text) == "tester"
@@ -185,6 +193,8 @@ async def test_stored_run_page_moves_with_the_tick_slider(
         await asyncio.to_thread(browser.get, url)
         await on_page("the stored run", lambda: css(browser, "#dialogue li"))
         assert await asyncio.to_thread(lambda: browser.find_element("id", "speak").is_displayed()) is False
+        note = await asyncio.to_thread(lambda: browser.find_element("id", "places-note").text)
+        assert note.startswith("Where each NPC started")  # a store's moves are not followed
         last = await asyncio.to_thread(lambda: browser.find_element("id", "health-tick").text)
         assert last == str(stored.last_tick)
         await asyncio.to_thread(browser.execute_script, """

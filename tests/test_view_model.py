@@ -10,7 +10,14 @@ import pytest
 from sim.memory import NpcState, WorkingMemoryConfig, build_working_memory
 from sim.view import RunModel
 from sim.wire import topics
-from sim.wire.events import PlayerInputMessage, SayMessage, StatusMessage, WorldStateMessage, encode_json
+from sim.wire.events import (
+    LocationMessage,
+    PlayerInputMessage,
+    SayMessage,
+    StatusMessage,
+    WorldStateMessage,
+    encode_json,
+)
 from sim.wire.trace import RosterEntry, RosterMessage, TraceMessage, encode_roster, encode_trace
 
 RUN = "r1"
@@ -49,6 +56,31 @@ def test_roster_world_and_status_make_the_world_and_health() -> None:
     assert world["state"] == {"king": "dead"}
     health = model.health_view(1.0)
     assert health["tick"] == 3 and health["shards"] == {"0": {"state": "online", "tick": 3}}
+
+
+def moved(agent: str, tick: int, location: str, activity: str = "") -> bytes:
+    return encode_json(LocationMessage(run=RUN, agent=agent, tick=tick, location=location, activity=activity))
+
+
+@pytest.mark.parametrize("roster_first", [True, False], ids=["roster-first", "moves-first"])
+def test_moves_group_npcs_by_place_whichever_arrives_first(roster_first: bool) -> None:
+    """Retained roster and location messages come in any order: a move wins over the start place,
+    a newer move over an older one; an NPC that never moved stands where the roster says."""
+    model = RunModel(RUN)
+    if roster_first:
+        model.feed(topics.roster(RUN, "0"), roster(), 0.0)
+    model.feed(topics.agent_location(RUN, "smith"), moved("smith", 8, "square", "selling nails"), 0.0)
+    model.feed(topics.agent_location(RUN, "smith"), moved("smith", 5, "inn"), 0.0)  # older: changes nothing
+    if not roster_first:
+        model.feed(topics.roster(RUN, "0"), roster(), 0.0)
+    world = model.world_view()
+    assert world["locations"] == [{"id": "square", "npcs": ["guard", "smith"]}]
+    assert world["activities"] == {"smith": "selling nails"} and world["names"]["smith"] == "Brenna"
+    model.feed(topics.agent_location(RUN, "smith"), moved("smith", 9, "forge"), 0.0)
+    model.feed(topics.agent_say(RUN, "smith"), say("smith", 9, 1), 0.0)
+    assert model.world_view()["locations"] == [{"id": "forge", "npcs": ["smith"]}, {"id": "square", "npcs": ["guard"]}]
+    assert model.world_view()["activities"] == {}
+    assert model.lines()[-1].location == "forge"  # a line is said where its NPC stands now
 
 
 def test_dialogue_marks_player_and_fallback_lines_whatever_the_order() -> None:
@@ -116,6 +148,7 @@ def test_rates_come_from_the_injected_clock() -> None:
         (topics.player_input(RUN, "x"), b'{"to": "smith", "text": "hi", "admin": true}'),
         (topics.world_state(RUN), b'{"state": {"bad key/": "v"}}'),
         (topics.status(RUN, "0"), b""),
+        (topics.agent_location(RUN, "smith"), b'{"run": "r1", "agent": "smith", "tick": 1}'),
     ],
 )
 def test_a_malformed_message_is_counted_by_kind_and_dropped(topic: str, payload: bytes) -> None:

@@ -1,5 +1,5 @@
-"""`npcsim subscribe`: what NPCs say as it happens, what they propose the game do
-(`--intents`), or (`--all`) every message of a run.
+"""`npcsim subscribe`: what NPCs say and where they go as it happens, what they propose the
+game do (`--intents`), or (`--all`) every message of a run.
 
 Without `--broker`, `--run ID` finds the run's private broker on this machine (sim.attach)
 and logs in as its read-only viewer; otherwise mqtt://127.0.0.1:1883. A run found on no
@@ -32,16 +32,22 @@ from sim.mqtt import BrokerAddress, Link, MqttTransport, ReconnectPolicy, Transp
 from sim.protocol.seal import unchecked_body
 from sim.wire import topics
 from sim.wire.decoding import read_any_json, read_any_msgpack
-from sim.wire.events import IntentMessage, SayMessage, decode_intent, decode_say
+from sim.wire.events import IntentMessage, LocationMessage, SayMessage, decode_intent, decode_location, decode_say
 
-__all__ = ["DEFAULT_BROKER", "SHOWN", "broker_for", "intent_record", "register", "say_record", "subscribe_command"]
+__all__ = [
+    "DEFAULT_BROKER", "SHOWN", "broker_for", "intent_record", "location_record", "register", "say_record",
+    "subscribe_command",
+]
 
 T = TypeVar("T")
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 SHOWN = ("lines", "intents", "all", "check")
-"""What subscribe prints: the lines said (`agent/+/say`, the default), the intents (`agent/+/intent`:
-`--intents`), every topic (`--all`), or which channels its login may publish (`--check`)."""
+"""What subscribe prints: the lines said and the moves (`agent/+/say` and `agent/+/location`, the
+default: what NPCs do), the intents (`agent/+/intent`: `--intents`), every topic (`--all`), or
+which channels its login may publish (`--check`)."""
+_LEAVES = {"lines": ("say", "location"), "intents": ("intent",), "all": ()}
+"""The last level of the topics each choice subscribes, under `agent/{agent}/` (`--all`: `#`)."""
 _WAIT_POLL_S = 0.25  # how often --wait looks for the run's file
 
 
@@ -61,9 +67,10 @@ class _Shown(argparse.Action):
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = subparsers.add_parser(
-        "subscribe", help="print what NPCs say (or propose the game do), as it happens",
-        description="Print each line an NPC says as it is said, or each intent it proposes (standard output; "
-        "where it connected goes to standard error). In a pipe: one line per record, nothing wrapped.",
+        "subscribe", help="print what NPCs say and where they go (or propose the game do), as it happens",
+        description="Print each line an NPC says as it is said and each move it makes (where it stands, retained: "
+        "where every NPC is first), or each intent it proposes (standard output; where it connected goes to "
+        "standard error). In a pipe: one line per record, nothing wrapped.",
     )
     add_broker_arguments(sub, default=None,
                          found=f"the private broker of --run on this machine, else {DEFAULT_BROKER}")
@@ -153,19 +160,19 @@ def decoded(payload: bytes) -> tuple[bool, Any]:
 async def _subscribe(
     address: BrokerAddress, args: argparse.Namespace, out: Out, note: Out, *, transport: Transport | None = None
 ) -> None:
-    """Print every line said (or message); rides out a broker restart like every npcsim client.
-    `transport` defaults to MQTT to `address`."""
-    leaf = {"lines": f"agent/{args.agent}/say", "intents": f"agent/{args.agent}/intent", "all": "#"}[args.show]
-    topic = f"{topics.ROOT}/{args.run}/{leaf}"  # --run and --agent may be wildcards: no topic function
-    show = {"lines": _print_say, "intents": _print_intent, "all": _print_any}[args.show]
+    """Print every line said and move (or message); rides out a broker restart like every npcsim
+    client. `transport` defaults to MQTT to `address`."""
+    root = f"{topics.ROOT}/{args.run}"  # --run and --agent may be wildcards: no topic function
+    filters = [f"{root}/agent/{args.agent}/{leaf}" for leaf in _LEAVES[args.show]] or [f"{root}/#"]
+    show = {"lines": _print_said_or_moved, "intents": _print_intent, "all": _print_any}[args.show]
+    what = {"lines": "lines and moves", "intents": "intents", "all": "messages"}[args.show]
     told = False
 
     async def session(link: Link) -> None:
         nonlocal told
-        await link.subscribe([topic])
+        await link.subscribe(filters)
         if not told:
-            note.record(f"connected to {address.url}, waiting for {'messages' if args.show == 'all' else args.show} "
-                        f"on {topic}")
+            note.record(f"connected to {address.url}, waiting for {what} on {' and '.join(filters)}")
             told = True
         async for received, payload, _ in link.messages():
             show(out, received, payload, json=args.json)
@@ -186,8 +193,18 @@ def intent_record(intent: IntentMessage) -> list[Piece]:
             (intent.name, "bold"), " ", json_line(intent.args), *answers]
 
 
-def _print_say(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
-    _print_read(out, topic, payload, decode_say, say_record, json=json)
+def location_record(moved: LocationMessage) -> list[Piece]:
+    """A move, as one record: `run tTICK agent -> place (activity)`."""
+    doing: list[Piece] = [(f" ({moved.activity})", "dim")] if moved.activity else []
+    return [(f"{moved.run} t{moved.tick:>4}", "dim"), " ", (moved.agent, "bold cyan"), " -> ", (moved.location, "bold"),
+            *doing]
+
+
+def _print_said_or_moved(out: Out, topic: str, payload: bytes, *, json: bool) -> None:
+    if topic.endswith("/location"):
+        _print_read(out, topic, payload, decode_location, location_record, json=json)
+    else:
+        _print_read(out, topic, payload, decode_say, say_record, json=json)
 
 
 def _print_intent(out: Out, topic: str, payload: bytes, *, json: bool) -> None:

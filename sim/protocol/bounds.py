@@ -45,8 +45,8 @@ def bound_problem(bound: Bound | None, message: Any, bounds: MessageBounds) -> s
     if bound is None:
         return None
     if isinstance(bound, TextBound):
-        chars, text = getattr(bounds, bound.chars), message.text or ""  # a fact withdrawn has no text
-        return f"text of {len(text)} characters (bound {chars})" if len(text) > chars else None
+        chars, text = getattr(bounds, bound.chars), getattr(message, bound.field) or ""  # a fact withdrawn has none
+        return f"{bound.field} of {len(text)} characters (bound {chars})" if len(text) > chars else None
     keys, key_chars, value_chars = (getattr(bounds, name) for name in (bound.keys, bound.key_chars, bound.value_chars))
     if len(message.state) > keys:
         return f"{len(message.state)} keys (bound {keys})"

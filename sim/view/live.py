@@ -40,6 +40,7 @@ class LiveFeed:
         root = topics.run_root(model.run)
         self._filters = [
             f"{root}/agent/+/say",
+            topics.agent_location_all(model.run),
             f"{root}/player/+/input",
             f"{root}/player/+/error",
             topics.world_state(model.run),

@@ -2,7 +2,8 @@
 
 The live view feeds it MQTT payloads (`feed`), the stored view feeds it the audit
 records of a finished run (`set_roster`, `add_trace`, `add_line`, `add_player_input`,
-`set_world`); the server only reads it. Memory is
+`set_world`); the server only reads it. Where an NPC stands is the roster's start place until
+a (retained) `location` message moves it, whichever of the two arrives first. Memory is
 bounded whatever the run's length: the newest `max_lines` dialogue lines, the last
 `history` traces per NPC with the prompt kept for the newest only, and per NPC the newest
 `KEPT_PROPOSALS` of each of: beliefs learned, memories kept and intents emitted (what the
@@ -21,9 +22,11 @@ import msgspec
 from sim.output import ProposalVerdict, said_proposals
 from sim.wire import topics
 from sim.wire.events import (
+    LocationMessage,
     PlayerInputMessage,
     SayMessage,
     decode_error,
+    decode_location,
     decode_player_input,
     decode_say,
     decode_status,
@@ -69,6 +72,8 @@ class RunModel:
     def __init__(self, run: str, *, max_lines: int = 5000, history: int = 5) -> None:
         self.run = run
         self.npcs: dict[str, RosterEntry] = {}
+        self.moves: dict[str, LocationMessage] = {}  # each NPC's newest location message
+        self.places_note = ""  # how the page is to read the places (a stored run's: start places only)
         self.world: dict[str, str] = {}
         self.shards: dict[str, dict[str, Any]] = {}
         self.health = _Health()
@@ -104,6 +109,8 @@ class RunModel:
         try:
             if kind == "agent_say":
                 self.add_line(decode_say(payload))
+            elif kind == "agent_location":
+                self.set_location(decode_location(payload))
             elif kind == "player_input":
                 self.add_player_input(name, decode_player_input(payload))
             elif kind == "world_state":
@@ -130,8 +137,23 @@ class RunModel:
         self.version += 1
 
     def set_roster(self, npcs: Iterable[RosterEntry]) -> None:
+        """The NPCs and their start places; one that moved already stays where it went."""
         for npc in npcs:
-            self.npcs[npc.id] = npc
+            moved = self.moves.get(npc.id)
+            self.npcs[npc.id] = npc if moved is None else msgspec.structs.replace(npc, location=moved.location)
+        self.world_version += 1
+
+    def set_location(self, moved: LocationMessage) -> None:
+        """An NPC stands at `moved.location` from its tick on; a message older than the one
+        known (a retained one arriving late) changes nothing."""
+        known = self.moves.get(moved.agent)
+        if known is not None and known.tick > moved.tick:
+            return
+        self.moves[moved.agent] = moved
+        npc = self.npcs.get(moved.agent)
+        self.npcs[moved.agent] = RosterEntry(id=moved.agent, name=npc.name if npc else moved.agent,
+                                             location=moved.location)
+        self._see_tick(moved.tick)
         self.world_version += 1
 
     def set_world(self, state: dict[str, str]) -> None:
@@ -238,6 +260,8 @@ class RunModel:
         return {
             "locations": [{"id": loc, "npcs": ids} for loc, ids in sorted(places.items())],
             "names": {npc.id: npc.name for npc in self.npcs.values()},
+            "activities": {agent: m.activity for agent, m in sorted(self.moves.items()) if m.activity},
+            "places_note": self.places_note,
             "state": dict(sorted(self.world.items())),
         }
 

@@ -13,6 +13,7 @@ records (the trace of each is rebuilt from its record, explanation included):
 Names and places are not in a store (it does not keep the scenario): with the
 `scenario` the run was made from (`npcsim view --db FILE --scenario FILE`) the roster is
 the scenario's; without it NPCs are listed by id under a place saying where to get them.
+Moves are not read from the store: each NPC stands at its start place, and the page says so.
 Models are rebuilt from the records up to the chosen tick, and the last one is cached.
 """
 
@@ -33,6 +34,7 @@ from sim.wire.trace import RosterEntry, TraceMessage
 __all__ = ["StoredRun"]
 
 _NOT_STORED = "(place not stored: --scenario)"
+_START_PLACES = "Where each NPC started: a stored run's view does not follow moves."
 _SPEAKER = re.compile(r"^([A-Za-z0-9_.-]{1,128}): (.*)$", re.DOTALL)
 _ID = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -88,6 +90,7 @@ class StoredRun:
         if self._cached is not None and self._cached[0] == tick:
             return self._cached[1]
         model = RunModel(self.run)
+        model.places_note = _START_PLACES
         model.set_roster(self._roster)
         for one in self._said:
             trace = one.trace

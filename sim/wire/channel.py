@@ -52,9 +52,10 @@ class MessageBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 @dataclass(frozen=True)
 class TextBound:
-    """The payload's `text` has at most `MessageBounds.<chars>` characters."""
+    """The payload's `field` (its `text` unless named) has at most `MessageBounds.<chars>` characters."""
 
     chars: str
+    field: str = "text"
     over: ClassVar[str] = "too long"
     """What a message over it is, in the refusal counts."""
 

@@ -33,7 +33,10 @@ from sim.wire.events import (
     ErrorMessage,
     GameEventMessage,
     GameFactMessage,
+    GoalMessage,
     IntentMessage,
+    LocationMessage,
+    MoveMessage,
     PlayerInputMessage,
     PresenceMessage,
     SayMessage,
@@ -91,8 +94,8 @@ PARAMETERS = {
 """What each `{name}` of an address is (AsyncAPI's parameters)."""
 
 ChannelName = Literal[
-    "say", "intent", "player-input", "player-error", "presence", "game-event", "game-fact", "game-error",
-    "world-state", "status", "roster", "trace",
+    "say", "intent", "location", "player-input", "player-error", "presence", "game-event", "game-fact", "game-move",
+    "game-goal", "game-error", "world-state", "status", "roster", "trace",
 ]
 """The channels' names, in `CHANNELS`' order (a test holds the two together)."""
 
@@ -114,6 +117,15 @@ CHANNELS: tuple[Channel, ...] = (
                 "passed every gate (docs/npc-output.md). The game acts on it or not: a model never changes "
                 "the world. `inference_id` names the inference, as on `say`; `reply_to` is the `id` of the "
                 "player input it answered (null when none).",
+    ),
+    Channel(
+        "location", topics.agent_location, LocationMessage, (SERVER,), retained=True,
+        subscribe=topics.agent_location_all,
+        readers=EVERYONE,
+        summary="Where an NPC stands from tick `tick` on, and what it does there (`activity`, \"\" when "
+                "nothing in particular), from the shard that holds the NPC: published when it moves (its daily "
+                "schedule, a `go_to` intent, the game's `game/move`). Retained, so a client that subscribes late "
+                "learns where every NPC is; an NPC no message names yet stands where the roster says.",
     ),
     Channel(
         "player-input", topics.player_input, PlayerInputMessage, (PLAYER,), retained=False,
@@ -161,10 +173,24 @@ CHANNELS: tuple[Channel, ...] = (
                 "does not hold it.",
     ),
     Channel(
+        "game-move", topics.game_move, MoveMessage, (GAME,), retained=False,
+        readers="the server",
+        summary="The game moves NPC `npc` to place `location`: the NPC stands there from the next tick on, "
+                "and its `location` says so. An NPC or a place the run does not have is refused "
+                "(`unknown_npc`, `unknown_location`).",
+    ),
+    Channel(
+        "game-goal", topics.game_goal, GoalMessage, (GAME,), retained=False,
+        bound=TextBound("game_text_chars", field="goal"),
+        readers="the server",
+        summary="NPC `npc`'s current goal, as the game sets it, from the next tick on until another replaces it "
+                "(null clears it). An NPC the run does not have is refused (`unknown_npc`).",
+    ),
+    Channel(
         "game-error", topics.game_error, ErrorMessage, (SERVER,), retained=False,
         readers="the `game` login",
-        summary="Why a message of the game system (`world/state`, `game/event`, `game/fact`, presence) was "
-                "refused, as on `player/{player}/error`.",
+        summary="Why a message of the game system (`world/state`, `game/event`, `game/fact`, `game/move`, "
+                "`game/goal`, presence) was refused, as on `player/{player}/error`.",
     ),
     Channel(
         "world-state", topics.world_state, WorldStateMessage, (GAME, SERVER), retained=True,
@@ -251,7 +277,7 @@ def _bounded(properties: dict[str, Any], bound: Bound) -> None:
                 "over it, the message is refused with `too_long`.")
 
     if isinstance(bound, TextBound):
-        properties["text"].update(maxLength=said(bound.chars),
+        properties[bound.field].update(maxLength=said(bound.chars),
                                   description=f"At most {said(bound.chars)} characters: {unless(bound.chars)}")
         return
     state = properties["state"]

@@ -29,7 +29,10 @@ __all__ = [
     "EventBatch",
     "GameEventMessage",
     "GameFactMessage",
+    "GoalMessage",
     "IntentMessage",
+    "LocationMessage",
+    "MoveMessage",
     "NAME_RULE",
     "Name",
     "Notice",
@@ -42,6 +45,7 @@ __all__ = [
     "decode_batch",
     "decode_error",
     "decode_intent",
+    "decode_location",
     "decode_player_input",
     "decode_world_state",
     "decode_say",
@@ -150,6 +154,17 @@ class IntentMessage(msgspec.Struct, frozen=True, kw_only=True):
     reply_to: str | None = None
 
 
+class LocationMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an NPC stands from tick `tick` on, and what it does there (retained: a new subscriber
+    sees where everyone is)."""
+
+    run: str
+    agent: str
+    tick: int
+    location: str
+    activity: str = ""
+
+
 class PlayerInputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A player's input from an outside client: `{"to": "<npc id>", "text": "...", "id": "q1"}`.
 
@@ -177,6 +192,20 @@ class GameEventMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     location: Name
     text: OutsideText
     significance: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
+
+
+class MoveMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The game moves NPC `npc` to place `location` (`game/move`), from the next tick on."""
+
+    npc: Name
+    location: Name
+
+
+class GoalMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """NPC `npc`'s current goal, as the game sets it (`game/goal`); null clears it."""
+
+    npc: Name
+    goal: OutsideText | None
 
 
 FactAction = Literal["add", "replace", "withdraw"]
@@ -263,6 +292,7 @@ _batch = msgpack_reader(EventBatch)
 _player_input = json_reader(PlayerInputMessage)
 _say = json_reader(SayMessage)
 _intent = json_reader(IntentMessage)
+_location = json_reader(LocationMessage)
 _status = json_reader(StatusMessage)
 _world = json_reader(WorldStateMessage)
 _error = json_reader(ErrorMessage)
@@ -273,8 +303,8 @@ def encode_batch(batch: EventBatch) -> bytes:
 
 
 JsonMessage = (
-    SayMessage | IntentMessage | StatusMessage | PlayerInputMessage | WorldStateMessage | PresenceMessage
-    | GameEventMessage | GameFactMessage | ErrorMessage
+    SayMessage | IntentMessage | LocationMessage | StatusMessage | PlayerInputMessage | WorldStateMessage
+    | PresenceMessage | GameEventMessage | GameFactMessage | MoveMessage | GoalMessage | ErrorMessage
 )
 
 
@@ -297,6 +327,10 @@ def decode_say(data: bytes) -> SayMessage:
 
 def decode_intent(data: bytes) -> IntentMessage:
     return _intent.decode(data)
+
+
+def decode_location(data: bytes) -> LocationMessage:
+    return _location.decode(data)
 
 
 def decode_status(data: bytes) -> StatusMessage:

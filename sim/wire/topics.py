@@ -1,7 +1,7 @@
 """The MQTT topic scheme (docs/topics.md): one function per topic, and `parse`, their inverse.
 
-Public topics (say, intent, player input, presence and errors, world state, the game system's
-events and facts, status) carry JSON; internal ones msgpack.
+Public topics (say, intent, an NPC's location, player input, presence and errors, world state,
+the game system's events, facts, moves and goals, status) carry JSON; internal ones msgpack.
 Topics are built and read here only, so that what a shard publishes and what it takes
 cannot drift apart.
 """
@@ -20,6 +20,8 @@ __all__ = [
     "agent_inbox",
     "agent_inbox_all",
     "agent_intent",
+    "agent_location",
+    "agent_location_all",
     "agent_say",
     "barrier",
     "barrier_all",
@@ -28,6 +30,8 @@ __all__ = [
     "game_error",
     "game_event",
     "game_fact",
+    "game_goal",
+    "game_move",
     "infer_request",
     "infer_request_shared",
     "infer_response",
@@ -101,6 +105,16 @@ def agent_intent(run: str, agent: str) -> str:
     return f"{run_root(run)}/agent/{check_segment('agent', agent)}/intent"
 
 
+def agent_location(run: str, agent: str) -> str:
+    """Where an NPC stands and what it does there (JSON, retained): the shard publishes each move."""
+    return f"{run_root(run)}/agent/{check_segment('agent', agent)}/location"
+
+
+def agent_location_all(run: str) -> str:
+    """Every NPC's location (a filter): where everyone is, from the retained messages."""
+    return f"{run_root(run)}/agent/+/location"
+
+
 def player_input(run: str, player: str) -> str:
     return f"{run_root(run)}/player/{check_segment('player', player)}/input"
 
@@ -127,6 +141,16 @@ def game_event(run: str) -> str:
 def game_fact(run: str) -> str:
     """A canonical fact the game system adds at run time."""
     return f"{run_root(run)}/game/fact"
+
+
+def game_move(run: str) -> str:
+    """The game system moves an NPC to a place."""
+    return f"{run_root(run)}/game/move"
+
+
+def game_goal(run: str) -> str:
+    """The game system sets (or clears) an NPC's goal."""
+    return f"{run_root(run)}/game/goal"
 
 
 def game_error(run: str) -> str:
@@ -195,9 +219,9 @@ def roster(run: str, shard: str) -> str:
 
 
 TopicKind = Literal[
-    "location_events", "agent_inbox", "agent_say", "agent_intent", "player_input", "player_presence", "player_error",
-    "world_state", "game_event", "game_fact", "game_error", "infer_request", "infer_response", "infer_worker", "status",
-    "barrier", "trace", "roster",
+    "location_events", "agent_inbox", "agent_say", "agent_intent", "agent_location", "player_input", "player_presence",
+    "player_error", "world_state", "game_event", "game_fact", "game_move", "game_goal", "game_error", "infer_request",
+    "infer_response", "infer_worker", "status", "barrier", "trace", "roster",
 ]
 """What a topic is: the name of the function above that builds it."""
 
@@ -233,6 +257,8 @@ def parse(topic: str) -> Topic | None:
             kind = "agent_say"
         case ["agent", name, "intent"]:
             kind = "agent_intent"
+        case ["agent", name, "location"]:
+            kind = "agent_location"
         case ["player", name, "input"]:
             kind = "player_input"
         case ["player", name, "presence"]:
@@ -245,6 +271,10 @@ def parse(topic: str) -> Topic | None:
             return Topic(run, "game_event")
         case ["game", "fact"]:
             return Topic(run, "game_fact")
+        case ["game", "move"]:
+            return Topic(run, "game_move")
+        case ["game", "goal"]:
+            return Topic(run, "game_goal")
         case ["game", "error"]:
             return Topic(run, "game_error")
         case ["infer", "req"]:

@@ -55,6 +55,10 @@ function showWorld(world) {
   select.replaceChildren(el("option", { value: "" }, "any"));
   const ids = $("npc-ids");
   ids.replaceChildren();
+  const note = $("places-note");
+  note.textContent = world.places_note || "";
+  note.hidden = !world.places_note;
+  const activities = world.activities || {};
   let total = 0;
   for (const place of world.locations) {
     select.append(el("option", { value: place.id }, place.id));
@@ -65,7 +69,10 @@ function showWorld(world) {
     const matching = search ? place.npcs.filter((n) => n.toLowerCase().includes(search)) : place.npcs;
     const limit = view.expanded.has(place.id) ? matching.length : CHIPS_PER_PLACE;
     for (const id of matching.slice(0, limit)) {
-      const chip = el("button", { type: "button", class: "npc-chip", "data-npc": id, title: world.names[id] || id }, id);
+      const doing = activities[id] || "";
+      const chip = el("button", { type: "button", class: "npc-chip", "data-npc": id, "data-activity": doing,
+                                  title: (world.names[id] || id) + (doing ? ": " + doing : "") }, id);
+      if (doing) chip.append(el("small", { class: "activity" }, " " + doing));
       if (id === view.selected) chip.classList.add("selected");
       chip.addEventListener("click", () => choose(id));
       div.append(chip);
