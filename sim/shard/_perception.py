@@ -77,7 +77,8 @@ class Perception:
         """The tick from which the place's log is needed: the oldest event its window keeps or
         its chronicle has not folded, whichever is older."""
         window, chronicle = self._windows.get(place), self._chronicles.get(place)
-        ticks = [t for t in (window and window.front_tick, chronicle and chronicle.start) if t is not None]
+        fronts = (None if window is None else window.front_tick, None if chronicle is None else chronicle.start)
+        ticks = [t for t in fronts if t is not None]
         return min(ticks) if ticks else None
 
     # --- the log -------------------------------------------------------------------------
