@@ -22,8 +22,16 @@ from collections.abc import Container
 import msgspec
 
 from sim.protocol.received import OutsideReceived
-from sim.wire.events import GameEventMessage, GameFactMessage, PlayerInputMessage, PresenceMessage, WorldStateMessage
-from sim.wire.inputs import GameEvent, GameFact, OutsideInput, Presence, RunWide, Taken, is_run_wide
+from sim.wire.events import (
+    GameEventMessage,
+    GameFactMessage,
+    GoalMessage,
+    MoveMessage,
+    PlayerInputMessage,
+    PresenceMessage,
+    WorldStateMessage,
+)
+from sim.wire.inputs import GameEvent, GameFact, Goal, Move, OutsideInput, Presence, RunWide, Taken, is_run_wide
 
 __all__ = ["Arrival", "InputArrival", "OutsideJournal", "RunWideArrival", "WorldArrival", "taken_of"]
 
@@ -63,6 +71,10 @@ def taken_of(event: OutsideReceived) -> Taken:
             return GameEvent(location=m.location, text=m.text, significance=m.significance)
         case GameFactMessage() as m:
             return GameFact(npc=m.npc, id=m.id, text=m.text, action=m.action)
+        case MoveMessage() as m:
+            return Move(npc=m.npc, location=m.location)
+        case GoalMessage() as m:
+            return Goal(npc=m.npc, goal=m.goal)
     raise ValueError(f"{event.channel}: a world state is not taken as an input")
 
 
@@ -96,6 +108,10 @@ class OutsideJournal:
                 return npc in self._local
             case GameFactMessage():
                 return self._shard_zero
+            case MoveMessage():
+                return self._shard_zero
+            case GoalMessage(npc=npc):
+                return npc in self._local
             case PresenceMessage(location=location):
                 return self._shard_zero and (location is None or location in self._locations)
             case WorldStateMessage():

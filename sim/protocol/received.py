@@ -24,6 +24,8 @@ from sim.wire.events import (
     ErrorMessage,
     GameEventMessage,
     GameFactMessage,
+    GoalMessage,
+    MoveMessage,
     Name,
     PlayerInputMessage,
     PresenceMessage,
@@ -51,7 +53,8 @@ class BarrierReceived(msgspec.Struct, frozen=True):
     message: BarrierMessage
 
 
-OutsideMessage = PlayerInputMessage | PresenceMessage | GameEventMessage | GameFactMessage | WorldStateMessage
+OutsideMessage = (PlayerInputMessage | PresenceMessage | GameEventMessage | GameFactMessage | WorldStateMessage
+                  | MoveMessage | GoalMessage)
 """The payloads of the public channels the shard takes (sim.wire.contract.CHANNELS)."""
 
 

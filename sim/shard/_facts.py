@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from sim.bus import Bus
+from sim.day import GOAL_FACT, goal_text
 from sim.memory import Fact, OverBudgetError, build_working_memory, counted_by_server
 from sim.protocol.received import InputRefused, refused
 from sim.shard._clock import checkpoint
@@ -21,7 +22,6 @@ from sim.shard._plan import ShardPlan
 from sim.store import Store, Writer
 from sim.wire import topics
 from sim.wire.events import ErrorCode
-from sim.day import GOAL_FACT, goal_text
 from sim.wire.inputs import GameFact
 
 __all__ = ["GameFacts"]

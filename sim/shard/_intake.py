@@ -26,7 +26,15 @@ from sim.shard._plan import ShardPlan
 from sim.store import Store
 from sim.wire import topics
 from sim.wire.barrier import Hello, Join, Start, TickDone, Welcome
-from sim.wire.events import GameEventMessage, GameFactMessage, PlayerInputMessage, PresenceMessage, WorldStateMessage
+from sim.wire.events import (
+    GameEventMessage,
+    GameFactMessage,
+    GoalMessage,
+    MoveMessage,
+    PlayerInputMessage,
+    PresenceMessage,
+    WorldStateMessage,
+)
 
 __all__ = ["Intake"]
 
@@ -98,6 +106,15 @@ class Intake:
             case GameFactMessage() as message if message.npc is not None and message.npc not in npcs:
                 return "game fact for an unknown NPC", refused(
                     "unknown_npc", topics.game_fact(run), f"no NPC {message.npc!r} in this run", input_id=message.id)
+            case MoveMessage() as message if message.npc not in npcs:
+                return "game move of an unknown NPC", refused(
+                    "unknown_npc", topics.game_move(run), f"no NPC {message.npc!r} in this run")
+            case MoveMessage() as message if message.location not in plan.locations:
+                return "game move to an unknown place", refused(
+                    "unknown_location", topics.game_move(run), f"no place {message.location!r} in this run")
+            case GoalMessage() as message if message.npc not in npcs:
+                return "game goal for an unknown NPC", refused(
+                    "unknown_npc", topics.game_goal(run), f"no NPC {message.npc!r} in this run")
             case GameEventMessage() as message if message.location not in plan.locations:
                 return "game event at an unknown place", refused(
                     "unknown_location", topics.game_event(run), f"no place {message.location!r} in this run")

@@ -135,11 +135,12 @@ class Shard:
             self.inputs.players = players(ctx.scenario, ctx.run_id, ctx.seed, bots=self.config.bots,
                                           bot_rate=self.config.bot_rate)
         bus.keep_outside(self.source.journal)
-        for channel in ("player-input", "game-event", "game-fact"):
+        for channel in ("player-input", "game-event", "game-fact", "game-goal"):
             await bus.listen(channel)
         if self.index == 0:  # every shard applies these at the tick shard 0's TickDone says
             await bus.listen("presence")
             await bus.listen("world-state")
+            await bus.listen("game-move")
         await self.intake.rejoin()
         stats.first_tick, stats.last_tick, stats.tick = self.first, self.end - 1, self.first - 1
         if self.index == 0 and not self.config.record.resume and ctx.scenario.world:
