@@ -49,6 +49,7 @@ __all__ = [
     "BROKER_CONFIG",
     "IN_CI",
     "NPCSIM",
+    "TOWN",
     "REPO",
     "VILLAGE",
     "MosquittoProcess",
@@ -80,6 +81,7 @@ T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 BROKER_CONFIG = REPO / "broker-config"
 VILLAGE = str(REPO / "scenarios" / "village.toml")
+TOWN = str(REPO / "scenarios" / "town-day.toml")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # Generous by default: the machine that runs the tests is shared, and a condition that holds

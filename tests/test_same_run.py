@@ -1,8 +1,9 @@
 """The run is a function of scenario, seed and inputs, however it is deployed and whatever fails.
 
-On a real Mosquitto, with the scripted backend, for the village and a generated world of
-200 NPCs (and, for one shard, three, and kill -9 with --resume, a busy world whose NPCs
-recall from their whole history: sim.memory recall, a place's summaries), the set of audit
+On a real Mosquitto, with the scripted backend, for the village, a generated world of 200
+NPCs and the town of a day whose NPCs walk between places that different shards hold (and,
+for one shard, three, and kill -9 with --resume, a busy world whose NPCs recall from their
+whole history: sim.memory recall, a place's summaries), the set of audit
 records (id, SHA-256 of the prompt, line) is the same for:
 one shard; three shards; two shards serving their inferences in worker processes; two
 shards with one started seconds after the other; a broker
@@ -32,6 +33,7 @@ from sim.wire import topics
 from sim.wire.events import decode_status
 from sim.wire.inputs import OutsideInput
 from tests.helpers import (
+    TOWN,
     VILLAGE,
     MosquittoProcess,
     committed_tick,
@@ -45,7 +47,7 @@ from tests.helpers import (
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 
 RUN = "same"
-HORIZON = {"village": 60, "generated": 16, "recall": 70}
+HORIZON = {"village": 60, "generated": 16, "recall": 70, "town": 48}
 AuditSet = set[tuple[str, str, str]]
 _REFERENCE: dict[str, AuditSet] = {}
 
@@ -55,6 +57,8 @@ def scenario_path(world: str, tmp_path: Path) -> str:
         return VILLAGE
     if world == "recall":
         return recall_world(tmp_path)
+    if world == "town":
+        return TOWN
     return generated_world(tmp_path)
 
 
@@ -127,9 +131,12 @@ def assert_same(world: str, expected: AuditSet, got: AuditSet, case: str) -> Non
 LIVE_S = 120.0  # how long a condition on a live run may take (generous: the machine is shared)
 
 
-WORLDS = pytest.mark.parametrize("world", ["village", "generated"])
-RECALLING = pytest.mark.parametrize("world", ["village", "generated", "recall"])
-"""The cases a world that recalls from its whole history (retrieval, summaries) runs too."""
+WORLDS = pytest.mark.parametrize("world", ["village", "generated", "town"])
+RECALLING = pytest.mark.parametrize("world", ["village", "generated", "recall", "town"])
+"""The cases a world that recalls from its whole history (retrieval, summaries) runs too; and
+every case the town, whose NPCs walk between places that different shards hold."""
+MOVING = (7, 17, 19)
+"""Town ticks after which many NPCs walk (hours 8, 18, 20): a kill then is a kill during moves."""
 
 
 @RECALLING
@@ -192,7 +199,8 @@ async def test_broker_down_longer_than_the_echo_timeout(
 async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_path: Path) -> None:
     expected = await reference(world, tmp_path, mosquitto)
     horizon = HORIZON[world]
-    kill_at = random.Random(os.urandom(8)).randrange(2, horizon - 6)
+    rng = random.Random(os.urandom(8))
+    kill_at = rng.choice(MOVING) if world == "town" else rng.randrange(2, horizon - 6)
     dbs = [tmp_path / f"kill-{i}.db" for i in range(2)]
     logs = [tmp_path / f"kill-{i}.log" for i in range(3)]
 

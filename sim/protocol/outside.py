@@ -83,14 +83,16 @@ class OutsideJournal:
 
     `local`: the shard's NPCs (player input or a fact for another shard's NPC is not this
     shard's); `places`: its places (an event elsewhere is another shard's); `locations`:
-    the run's places (a presence elsewhere is refused before it gets here).
+    the run's places (a presence elsewhere is refused before it gets here); `npcs`: the
+    run's NPCs (a move of an unknown NPC is refused, never journaled).
     `shard_zero`: the one shard that takes what every shard applies (world state, presence,
     a fact for every NPC) into its TickDone.
     """
 
     def __init__(self, local: Container[str], places: Container[str], locations: Container[str], *,
-                 shard_zero: bool, tick: int) -> None:
+                 shard_zero: bool, tick: int, npcs: Container[str] = ()) -> None:
         self._local = local
+        self._npcs = npcs
         self._places = places
         self._locations = locations
         self._shard_zero = shard_zero
@@ -108,8 +110,8 @@ class OutsideJournal:
                 return npc in self._local
             case GameFactMessage():
                 return self._shard_zero
-            case MoveMessage():
-                return self._shard_zero
+            case MoveMessage(npc=npc, location=location):
+                return self._shard_zero and npc in self._npcs and location in self._locations
             case GoalMessage(npc=npc):
                 return npc in self._local
             case PresenceMessage(location=location):

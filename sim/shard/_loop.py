@@ -90,7 +90,8 @@ class Shard:
                                trusted=trusted, session=secrets.token_hex(8))
         self.run_wide = RunWideInputs()
         # resumed: the first tick takes what the journal kept for it, what arrives now is the next one's
-        journal = OutsideJournal(layout.local, layout.owned, ctx.plan.locations, shard_zero=self.index == 0,
+        journal = OutsideJournal(layout.local, layout.owned, ctx.plan.locations, npcs=layout.npc_location,
+                                 shard_zero=self.index == 0,
                                  tick=self.first if last is None else self.first + 1)
         self.source: InputSource = source or LiveInputs(
             self.store, self.bus, self.run_wide, journal=journal,

@@ -44,7 +44,7 @@ class Movements:
         moved = self.whereabouts.begin(tick, overrides)
         perception, local = self._ctx.perception, self._ctx.layout.local
         for n, move in enumerate(moved, start=1):
-            if move.npc in local:
+            if move.npc in local and move.origin != move.location:
                 perception.leave(move.npc, move.origin, self._episode_of(move.npc))
                 perception.arrive(move.npc, move.location, arrivals.get(move.npc, tick))
             if n % _MOVE_SLICE == 0:
@@ -58,7 +58,7 @@ class Movements:
         ctx = self._ctx
         perception, store, local = ctx.perception, ctx.store, ctx.layout.local
         for n, move in enumerate(moved, start=1):
-            if move.npc in local:
+            if move.npc in local and move.origin != move.location:
                 for episode in perception.leave(move.npc, move.origin, self._episode_of(move.npc)):
                     await store.add_episode(move.npc, episode, writer=Writer.NPC)
                 perception.arrive(move.npc, move.location, tick)

@@ -39,7 +39,7 @@ class Placement(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Moved(msgspec.Struct, frozen=True, array_like=True):
-    """One NPC's move at the start of a tick."""
+    """One NPC's move at the start of a tick (to another place, or to another activity where it stands)."""
 
     npc: str
     origin: str
@@ -153,14 +153,15 @@ class Whereabouts:
         return moved
 
     def _place(self, npc: str, place: str, activity: str) -> list[Moved]:
-        """Put `npc` at `place` doing `activity`; the move when its place changed."""
+        """Put `npc` at `place` doing `activity`; the move when its place or activity changed."""
         origin = self.where[npc]
+        before = self.activity.get(npc, "")
         if activity:
             self.activity[npc] = activity
         else:
             self.activity.pop(npc, None)
         if origin == place:
-            return []
+            return [] if activity == before else [Moved(npc, origin, place, activity)]
         self.where[npc] = place
         shard = self.owner[self.home[npc]]
         old = self._at[origin]

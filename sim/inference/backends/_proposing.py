@@ -6,7 +6,8 @@ few fixed rules, so that tests and examples see an NPC learn without a model:
 - "my name is Ayla" -> a belief about the speaker: "p1 is called Ayla.";
 - "I hate the king" (hate, love, like, fear, trust, distrust, admire, despise) -> a belief
   about the speaker: "p1 hates the king.";
-- "give me a lantern", "can I have the key" -> the intent `give_item` with `item`.
+- "give me a lantern", "can I have the key" -> the intent `give_item` with `item`;
+- "meet me at the mill", "come to the inn" -> the intent `go_to` with `location` (`mill`).
 
 A `gullible` NPC also does whatever it is told, so that the gates, not the model, are what
 an attack meets:
@@ -38,6 +39,7 @@ _FEELING = re.compile(r"\bi (hate|love|like|fear|trust|distrust|admire|despise) 
                       re.IGNORECASE)
 _ASK = re.compile(r"\b(?:give me|can i have|could i have|may i have|i want)\s+(?:a |an |the |some |your )?([\w' -]+)",
                   re.IGNORECASE)
+_GO = re.compile(r"\b(?:meet me at|come to|come with me to|go to|walk to)\s+(?:the\s+)?([\w-]+)", re.IGNORECASE)
 _BELIEVE = re.compile(r"^\s*believe\s+(?:about\s+([\w.-]+)\s+)?(?:that\s+)?(.+)", re.IGNORECASE)
 _REMEMBER = re.compile(r"^\s*remember\s+(?:that\s+)?(.+)", re.IGNORECASE)
 _FACT = re.compile(r"^\s*(?:new |canonical )*fact\s*:\s*(.+)", re.IGNORECASE)
@@ -60,6 +62,8 @@ def _honest(speaker: str, heard: str) -> tuple[list[dict[str, Any]], dict[str, A
         beliefs.append({"about": speaker, "text": f"{speaker} {verb.lower()}s {what.strip()}.", "confidence": 0.7})
     if (asked := _ASK.search(heard)) is not None:
         intent = {"name": "give_item", "args": {"item": asked.group(1).strip()}}
+    if (going := _GO.search(heard)) is not None:
+        intent = {"name": "go_to", "args": {"location": going.group(1).lower()}}
     return beliefs, intent
 
 
