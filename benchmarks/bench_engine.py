@@ -121,7 +121,7 @@ async def engine_run(scenario: Path, ticks: int, db: Path, *, serving: str = "au
         "npcs": stats.agents, "ticks": stats.ticks_done, "startup_s": marks["ready"] - marks["started"],
         "run_s": run_s, "cpu_s": time.process_time() - marks["cpu"],
         "children_cpu_s": children_cpu() - marks["children_cpu"], "serving": serving,
-        "inferences": stats.inferences,
+        "inferences": stats.inferences, "moves": stats.npc_moves, "per_npc_tick": stats.inferences_per_npc_tick,
         "perceived": stats.bus.events_delivered,
         "barrier_ms": 1000 * stats.barrier_seconds / max(stats.barrier_ticks, 1),
         "rss_per_npc": (marks["rss_ready"] - rss_before) / max(stats.agents, 1),

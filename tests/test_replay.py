@@ -27,7 +27,7 @@ from sim.store import open_reader
 from sim.wire import topics
 from sim.wire.inputs import OutsideInput, Taken
 from tests.audit_records import store_instead
-from tests.helpers import VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
+from tests.helpers import TOWN, VILLAGE, MosquittoProcess, Ran, eventually, npcsim_in_process
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
 
@@ -113,6 +113,34 @@ async def test_a_three_shard_run_replays_identical_from_its_three_stores(
     assert ran.out.strip() == f"identical: {records} records, 4 NPCs, {END} ticks"
     missing = await replay_cli(capsys, "replay", "--db", str(dbs[0]), "--db", str(dbs[2]))
     assert missing.code == 2 and "the stores of shard 1 are missing" in missing.err
+
+
+async def test_a_town_where_npcs_walk_between_shards_replays_identical(
+    mosquitto: MosquittoProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Routines, a `go_to` and a move and a goal from the game, on three shards: re-executed
+    from the stores, every move is made again at its tick and the run is the same."""
+    run_id, end = "town3", 30
+    dbs = [tmp_path / f"{run_id}-{i}.db" for i in range(3)]
+    stats = [RunStats() for _ in dbs]
+    configs = [RunConfig(
+        scenario=TOWN, run_id=run_id, until_tick=end, tick_ms=60, shard=f"{i}/3",
+        broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
+    ) for i, db in enumerate(dbs)]
+    async with asyncio.TaskGroup() as group:
+        jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
+        await eventually(lambda: min(s.tick for s in stats) >= 5, what="the run under way", within=120)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.publish(topics.game_move(run_id), b'{"npc": "child", "location": "mill"}', qos=1)
+            await client.publish(topics.game_goal(run_id), b'{"npc": "miller", "goal": "Sell ten sacks."}', qos=1)
+        await asyncio.gather(*jobs)
+    inputs = held(dbs)[0]
+    assert {type(i).__name__ for _, i in inputs} == {"Move", "Goal"}, inputs
+    assert sum(s.npc_moves for s in stats) > 10
+    records = len(records_of(dbs))
+    ran = await replay_cli(capsys, "replay", *(a for db in dbs for a in ("--db", str(db))))
+    assert ran.code == 0, ran.err
+    assert ran.out.strip() == f"identical: {records} records, 8 NPCs, {end} ticks"
 
 
 async def test_a_changed_reply_is_the_first_divergence(mosquitto: MosquittoProcess, tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._perception import EpisodeOf
 from sim.shard._whereabouts import Moved, Placement
-from sim.store import Writer
 from sim.wire.events import LocationMessage
 
 __all__ = ["Movements"]
@@ -59,18 +58,20 @@ class Movements:
         perception, store, local = ctx.perception, ctx.store, ctx.layout.local
         for n, move in enumerate(moved, start=1):
             if move.npc in local and move.origin != move.location:
-                for episode in perception.leave(move.npc, move.origin, self._episode_of(move.npc)):
-                    await store.add_episode(move.npc, episode, writer=Writer.NPC)
+                heard = perception.leave(move.npc, move.origin, self._episode_of(move.npc))
+                if heard:
+                    await store.add_heard(move.npc, heard)
                 perception.arrive(move.npc, move.location, tick)
             if n % _MOVE_SLICE == 0:
                 await checkpoint()
         await self._announce(tick, moved)
 
     async def _announce(self, tick: int, moved: Iterable[Moved]) -> None:
-        """Each of this shard's NPCs' moves on its location topic (retained)."""
+        """Each of this shard's NPCs' moves to another place on its location topic (retained);
+        a new activity where it stands is in its prompt, not on the topic."""
         ctx = self._ctx
         for move in moved:
-            if move.npc in ctx.layout.local:
+            if move.npc in ctx.layout.local and move.origin != move.location:
                 self.moves += 1
                 await self._bus.send("location", LocationMessage(run=ctx.run_id, agent=move.npc, tick=tick,
                                                                  location=move.location, activity=move.activity))

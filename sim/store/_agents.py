@@ -21,11 +21,13 @@ from sim.store._authority import Authority, Writer
 from sim.store._hot import Hot, load_hot
 from sim.store._items import episode_item
 from sim.store._writer import BatchWriter
+from sim.store.records import Item
 from sim.store.sql import RowKind
 
 __all__ = ["AgentStore"]
 
 _ENCODER = msgspec.msgpack.Encoder()
+_HEARD_CACHE = 200_000  # episodes whose items `add_heard` keeps made
 
 
 class AgentStore:
@@ -38,6 +40,7 @@ class AgentStore:
         self._limit = hot_limit
         self._authority = Authority()
         self._hot: dict[str, Hot] = {}
+        self._heard_items: dict[int, tuple[Episode, Item]] = {}
 
     def agents(self) -> tuple[str, ...]:
         """The agents whose state is in memory, sorted."""
@@ -202,6 +205,23 @@ class AgentStore:
         self._hot_for(agent_id).add_episode(episode)
         await self._writer.put("episode", (agent_id, episode.tick, episode_item(episode)))
         await self.keep(agent_id, episode, writer=writer)
+
+    async def add_heard(self, agent_id: str, episodes: Sequence[Episode]) -> None:
+        """What the agent heard at a place it left, into its own memory, as one batch (NPC
+        authority). The place's log kept each addressed or significant one for recall already.
+        An overheard event's episode is one object for all its listeners, who often leave
+        together: its item is made once (cached by object, which the cache holds, so that
+        no other object can take its id)."""
+        self._authority.check(agent_id, "episodic", Writer.NPC)
+        self._hot_for(agent_id).add_episodes(episodes)
+        cache = self._heard_items
+        if len(cache) > _HEARD_CACHE:
+            cache.clear()
+        for episode in episodes:
+            cached = cache.get(id(episode))
+            if cached is None or cached[0] is not episode:
+                cached = cache[id(episode)] = (episode, episode_item(episode))
+            await self._writer.put("episode", (agent_id, episode.tick, cached[1]))
 
     async def keep(self, agent_id: str, episode: Episode, *, writer: Writer) -> None:
         """Keep a significant episode for recall (`Hot.keep`): an episode of the agent's own,

@@ -117,6 +117,12 @@ class Hot:
         _insert_bounded(self.episodic, episode, episode_order, self.limit)
         self.snapshot = None
 
+    def add_episodes(self, episodes: Sequence[Episode]) -> None:
+        """Several episodes at once: one sort, then the newest `limit` kept."""
+        merged = sorted((*self.episodic, *episodes), key=episode_order)
+        self.episodic = merged[-self.limit :]
+        self.snapshot = None
+
     def add_belief(self, belief: Belief) -> None:
         """A belief replaces the one with its id (a belief refreshed is not a copy): the same
         replacement the store makes on disk, so the hot state stays the newest `limit` of
