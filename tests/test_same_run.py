@@ -50,6 +50,7 @@ RUN = "same"
 HORIZON = {"village": 60, "generated": 16, "recall": 70, "town": 48}
 AuditSet = set[tuple[str, str, str]]
 _REFERENCE: dict[str, AuditSet] = {}
+_STATES: dict[str, dict[str, object]] = {}
 
 
 def scenario_path(world: str, tmp_path: Path) -> str:
@@ -68,6 +69,16 @@ def audit_set(dbs: list[Path]) -> AuditSet:
         with open_reader(db) as reader:
             records |= {(r.id, r.prompt_sha256, r.line) for r in reader.audit_records()}
     return records
+
+
+def npc_states(dbs: list[Path]) -> dict[str, object]:
+    """Every NPC's state as its shard's store holds it at the end (places' logs left out: a
+    shard keeps the log of each place it heard, and which those are depends on the layout)."""
+    states: dict[str, object] = {}
+    for db in dbs:
+        with open_reader(db) as reader:
+            states |= {who: state for who, state in reader.final_state().items() if not who.startswith("place:")}
+    return states
 
 
 def config(world: str, tmp_path: Path, broker: str, shard: str, **kw: object) -> RunConfig:
@@ -112,6 +123,7 @@ async def reference(world: str, tmp_path: Path, mosquitto: MosquittoProcess) -> 
         where.mkdir()
         dbs, _ = await run_shards(world, where, mosquitto.url, 1)
         _REFERENCE[world] = audit_set(dbs)
+        _STATES[world] = npc_states(dbs)
         assert len(_REFERENCE[world]) > 20, "too few inferences for the comparison to mean anything"
         if world == "recall":
             with open_reader(dbs[0]) as reader:
@@ -151,6 +163,7 @@ async def test_three_shards(world: str, mosquitto: MosquittoProcess, tmp_path: P
     expected = await reference(world, tmp_path, mosquitto)
     dbs, _ = await run_shards(world, tmp_path, mosquitto.url, 3)
     assert_same(world, expected, audit_set(dbs), "3 shards")
+    assert npc_states(dbs) == _STATES[world], "an NPC's state at the end differs on 3 shards"
 
 
 @WORLDS
@@ -240,6 +253,7 @@ async def test_kill_9_and_resume(world: str, mosquitto: MosquittoProcess, tmp_pa
                 await proc.wait()
     assert committed_tick(dbs[0]) == committed_tick(dbs[1]) == horizon - 1
     assert_same(world, expected, audit_set(dbs), f"kill -9 of shard 1 after tick {killed_after}, --resume")
+    assert npc_states(dbs) == _STATES[world], "an NPC's state at the end differs after kill -9 and --resume"
     for db in dbs:  # the chain over the audit and the inputs holds across the kill and the resume
         with open_reader(db) as reader:
             assert reader.verify(None).last_tick == horizon - 1

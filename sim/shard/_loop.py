@@ -291,7 +291,7 @@ class Shard:
         pending = Pending(mail=self.bus.mail.waiting_mail(tick), world=self.run_wide.world,
                           run_wide=self.run_wide.inputs, presence=dict(self.inputs.presence),
                           overrides={npc: (p.location, p.activity, p.tick) for npc, p in where.overrides.items()},
-                          moves=list(self.run_wide.moves), arrivals=self.ctx.perception.arrivals())
+                          moves=list(self.run_wide.moves), arrivals=dict(self.movements.arrivals))
         record = TickRecord(sent=self.barrier.kept_by_tick(), says=self.bus.unsent_says(), pending=pending)
         self._committing = await self.store.commit_tick(tick, record)
         if self.config.record.retain_memories is not None:

@@ -34,18 +34,24 @@ class Movements:
         self._ctx, self._bus = ctx, bus
         self.whereabouts = ctx.whereabouts
         self.moves = 0
+        self.arrivals: dict[str, int] = {}
+        """This shard's NPCs whose arrival where they stand is not the one their routine gives
+        (`Whereabouts.arrived`: a `go_to`, the game's move), to the tick they arrived: few, and
+        kept with each commit, so that a resumed shard's NPCs hear exactly what they heard."""
 
     async def begin(self, tick: int, overrides: Mapping[str, Placement], arrivals: Mapping[str, int], *,
                     resumed: bool) -> None:
         """Everyone where they stand at `tick`, the first tick this process steps; on resume
         with the commit's overrides and arrivals (nothing is remembered or announced again)."""
-        self._ctx.perception.restore_arrivals(arrivals)
-        moved = self.whereabouts.begin(tick, overrides)
+        where = self.whereabouts
+        self.arrivals = dict(arrivals)
+        moved = where.begin(tick, overrides, resumed=resumed)
         perception, local = self._ctx.perception, self._ctx.layout.local
         for n, move in enumerate(moved, start=1):
             if move.npc in local and move.origin != move.location:
                 perception.leave(move.npc, move.origin, self._episode_of(move.npc))
-                perception.arrive(move.npc, move.location, arrivals.get(move.npc, tick))
+                since = arrivals.get(move.npc, where.arrived(move.npc, tick - 1 if resumed else tick))
+                perception.arrive(move.npc, move.location, since)
             if n % _MOVE_SLICE == 0:
                 await checkpoint()
         if not resumed:
@@ -62,6 +68,10 @@ class Movements:
                 if heard:
                     await store.add_heard(move.npc, heard)
                 perception.arrive(move.npc, move.location, tick)
+                if self.whereabouts.arrived(move.npc, tick) == tick:
+                    self.arrivals.pop(move.npc, None)
+                else:
+                    self.arrivals[move.npc] = tick
             if n % _MOVE_SLICE == 0:
                 await checkpoint()
         await self._announce(tick, moved)

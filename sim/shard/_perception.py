@@ -129,13 +129,6 @@ class Perception:
             del self._windows[place]
         return heard
 
-    def arrivals(self) -> dict[str, int]:
-        """Each listener that walked in since the run began, to the tick it arrived (kept with each commit)."""
-        return dict(self._since)
-
-    def restore_arrivals(self, arrivals: Mapping[str, int]) -> None:
-        self._since.update(arrivals)
-
     def perceive(self, place: str, events: Sequence[AnyEvent]) -> int | None:
         """`append` a tick's events; the place's front tick when it moved since the store last
         had it (the store keeps its log from there), else None."""

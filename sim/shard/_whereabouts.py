@@ -120,12 +120,37 @@ class Whereabouts:
 
     # --- moving ------------------------------------------------------------------------
 
-    def begin(self, tick: int, overrides: Mapping[str, Placement]) -> list[Moved]:
-        """Everyone where they stand at `tick`, the first tick this process steps (a fresh run's
-        first, or a resumed one's): the routines' places at that hour, then the overrides."""
+    def arrived(self, npc: str, tick: int) -> int:
+        """When `npc` came to where its routine has it at `tick`: the first tick of the run of
+        hours before it with the same place (-1: the whole day, or it has no routine). A
+        resumed shard takes an NPC's arrival from here unless its commit says otherwise."""
+        routine, tpd = self.routines.get(npc), self.ticks_per_day
+        if routine is None or tpd is None:
+            return -1
+        home, hour = self.home[npc], hour_of(tick, tpd)
+
+        def place(h: int) -> str:
+            entry = routine.at(h % 24)
+            return entry.location if entry else home
+
+        here = place(hour)
+        back = next((k for k in range(1, 24) if place(hour - k) != here), None)
+        if back is None:
+            return -1
+        start = (hour - back + 1) % 24
+        first = tick - tick % tpd + -(-start * tpd // 24)  # the first tick of that hour, this day
+        if first > tick:
+            first -= tpd
+        return max(first, -1)
+
+    def begin(self, tick: int, overrides: Mapping[str, Placement], *, resumed: bool) -> list[Moved]:
+        """Everyone where they stand as the first tick this process steps begins: a fresh run's
+        at the routines' places at its hour; a resumed one's where the last committed tick
+        left them (the routines' places at that tick, then the overrides), the moves at the
+        start of `tick` still to make (`advance`)."""
         moved = []
         if self.ticks_per_day is not None:
-            hour = hour_of(tick, self.ticks_per_day)
+            hour = hour_of(tick - 1 if resumed else tick, self.ticks_per_day)
             for npc, routine in sorted(self.routines.items()):
                 entry = routine.at(hour)
                 place, activity = (entry.location, entry.activity) if entry else (self.home[npc], "")

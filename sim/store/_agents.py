@@ -217,11 +217,13 @@ class AgentStore:
         cache = self._heard_items
         if len(cache) > _HEARD_CACHE:
             cache.clear()
+        rows = []
         for episode in episodes:
             cached = cache.get(id(episode))
             if cached is None or cached[0] is not episode:
                 cached = cache[id(episode)] = (episode, episode_item(episode))
-            await self._writer.put("episode", (agent_id, episode.tick, cached[1]))
+            rows.append((agent_id, episode.tick, cached[1]))
+        await self._writer.put_rows("episode", rows)
 
     async def keep(self, agent_id: str, episode: Episode, *, writer: Writer) -> None:
         """Keep a significant episode for recall (`Hot.keep`): an episode of the agent's own,

@@ -36,7 +36,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     presence: dict[str, str] = {}  # where each outside player stands
     overrides: dict[str, tuple[str, str, int]] = {}  # NPC -> (place, activity, tick): moved off its routine
     moves: list[tuple[str, str]] = []  # (npc, place) chosen in that tick, applied in the next
-    arrivals: dict[str, int] = {}  # this shard's NPCs that walked somewhere, to the tick they arrived
+    arrivals: dict[str, int] = {}  # this shard's NPCs that arrived where they stand off their routine, when
 
 
 class TickRecord(msgspec.Struct, frozen=True, kw_only=True):
