@@ -74,8 +74,10 @@ def clock_text(tick: int, ticks_per_day: int) -> str:
 class Routine:
     """A schedule compiled to a 24-slot table, so that the engine's question each tick is a lookup."""
 
+    __slots__ = ("_any", "_slots", "changes")
+
     def __init__(self, entries: Sequence[ScheduleEntry]) -> None:
-        self._slots: list[ScheduleEntry | None] = [None] * HOURS
+        slots: list[ScheduleEntry | None] = [None] * HOURS
         starts = sorted({entry.hour for entry in entries})
         for entry in entries:
             if entry.until is not None:
@@ -84,8 +86,11 @@ class Routine:
                 later = [hour for hour in starts if hour > entry.hour]
                 end = later[0] if later else starts[0] + HOURS
             for hour in range(entry.hour, end):
-                self._slots[hour % HOURS] = entry
+                slots[hour % HOURS] = entry
+        self._slots = tuple(slots)
         self._any = bool(entries)
+        self.changes = tuple(hour for hour in range(HOURS) if slots[hour] is not slots[hour - 1])
+        """The hours at whose start the covering entry changes (where the NPC may walk)."""
 
     def at(self, hour: int) -> ScheduleEntry | None:
         """The entry covering `hour`, or None: the NPC stays home."""

@@ -20,8 +20,7 @@ import hashlib
 import re
 import stat
 import typing
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -33,7 +32,8 @@ from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.output import ArgSpec, OutputPolicy, WorldValues, allow_list_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.scenario_checks import check_day, check_world
+from sim.scenario_checks import check_day, check_references, check_world, npc_at
+from sim.scenario_text import cut
 from sim.wire.events import Name
 
 __all__ = [
@@ -230,6 +230,22 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{source}: not UTF-8 text: {exc}") from exc
+    scenario = _in_parts(text) if len(text) > PARTS_FROM else None
+    if scenario is None:
+        scenario = _whole(text, source)
+    check_references(scenario, source)
+    check_world(scenario.world, source)
+    check_day(source, scenario.scenario.ticks_per_day, {loc.id: loc.exits for loc in scenario.locations},
+              ((npc.id, npc.schedule) for npc in scenario.npcs))
+    return scenario
+
+
+PARTS_FROM = 8 << 20
+"""Scenario texts longer than this are parsed a part at a time (sim.scenario_text) when they can be."""
+
+
+def _whole(text: str, source: str) -> Scenario:
+    """The scenario of the whole text, parsed at once; a ScenarioError says what is wrong and where."""
     try:
         # rtoml (Rust) rather than tomllib: a large world parses several times faster.
         raw = rtoml.loads(text)
@@ -238,20 +254,39 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
     npcs = raw.get("npcs")
     for i, npc in enumerate(npcs if isinstance(npcs, list) else ()):  # before the types: they name no table key
         if isinstance(npc, dict) and (problem := allow_list_problem(npc.get("intents"))) is not None:
-            raise ScenarioError(f"{_npc_at(source, npc.get('id'), i)}, field {problem}")
+            raise ScenarioError(f"{npc_at(source, npc.get('id'), i)}, field {problem}")
     try:
-        scenario = msgspec.convert(raw, Scenario)
+        return msgspec.convert(raw, Scenario)
     except msgspec.ValidationError as exc:
         message = str(exc)
         path = _path(message)
         line = _line_of(text, path, _unknown_field(message))
         where = f"{source}:{line}" if line is not None else source
         raise ScenarioError(f"{where}: {_locate(raw, message)}{_did_you_mean(path, message)}") from exc
-    _check_references(scenario, source)
-    check_world(scenario.world, source)
-    check_day(source, scenario.scenario.ticks_per_day, {loc.id: loc.exits for loc in scenario.locations},
-              ((npc.id, npc.schedule) for npc in scenario.npcs))
-    return scenario
+
+
+def _in_parts(text: str) -> Scenario | None:
+    """The scenario of a large text parsed a part of its NPCs at a time; None when the text
+    cannot be cut, or a part has anything wrong (then the whole text is parsed, and says what)."""
+    parts = cut(text)
+    if parts is None:
+        return None
+    try:
+        head = rtoml.loads(parts.rest)
+        if "npcs" in head:
+            return None
+        head["npcs"] = []
+        scenario = msgspec.convert(head, Scenario)
+        npcs: list[NpcSpec] = []
+        for part in parts.npc_parts():
+            raw = rtoml.loads(part).get("npcs", [])
+            if any(isinstance(npc, dict) and allow_list_problem(npc.get("intents")) is not None for npc in raw):
+                return None
+            npcs += msgspec.convert(raw, list[NpcSpec])
+            del raw
+    except (rtoml.TomlParsingError, msgspec.ValidationError):
+        return None
+    return msgspec.structs.replace(scenario, npcs=npcs)
 
 
 _PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")
@@ -344,48 +379,6 @@ def _line_of(text: str, path: Sequence[str | int], field: str | None) -> int | N
     return None if found is None else found + 1
 
 
-def _check_references(scenario: Scenario, source: str) -> None:
-    locations = {loc.id for loc in scenario.locations}
-    if len(locations) != len(scenario.locations):
-        raise ScenarioError(f"{source}: locations: duplicate location id")
-    npc_ids: set[str] = set()
-    for i, npc in enumerate(scenario.npcs):
-        if npc.id in npc_ids:
-            raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field id: duplicate NPC id {npc.id!r}")
-        npc_ids.add(npc.id)
-        if npc.location not in locations:
-            raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field location: unknown location {npc.location!r}")
-        if npc.intents and npc.output != "structured":
-            raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field intents: intents need output = \"structured\"")
-        for field, ids in (
-            ("facts", [f.id for f in npc.facts]),
-            ("episodic", [e.id for e in npc.episodic]),
-            ("beliefs", [b.id for b in npc.beliefs]),
-            ("world", [w.key for w in npc.world]),
-        ):
-            if len(ids) > 1 and len(set(ids)) != len(ids):  # a million NPCs: no Counter for each list
-                raise ScenarioError(f"{_npc_at(source, npc.id, i)}, field {field}: duplicate ids {_duplicates(ids)}")
-    player_ids: set[str] = set()
-    for i, player in enumerate(scenario.players):
-        where = f"{source}: player {player.id!r} (players[{i}])"
-        if player.id in npc_ids or player.id in player_ids:
-            raise ScenarioError(f"{where}, field id: id {player.id!r} is already taken")
-        player_ids.add(player.id)
-        if player.location is not None and player.location not in locations:
-            raise ScenarioError(f"{where}, field location: unknown location {player.location!r}")
-        for j, line in enumerate(player.script):
-            if line.to not in npc_ids:
-                raise ScenarioError(f"{where}, field script[{j}].to: unknown NPC {line.to!r}")
-
-
-def _npc_at(source: str, npc_id: object, index: int) -> str:
-    return f"{source}: npc {npc_id!r} (npcs[{index}])"
-
-
 def _bundled(name: str) -> ScenarioText:
     return ScenarioText(bundled_scenario(name).encode(), f"{name} (bundled scenario)")
 
-
-def _duplicates(ids: Iterable[str]) -> list[str]:
-    """The ids that occur more than once, sorted: one pass over the list."""
-    return sorted(x for x, n in Counter(ids).items() if n > 1)

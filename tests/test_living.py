@@ -23,6 +23,7 @@ import pytest
 from sim.scenario import load_scenario, parse_scenario
 from sim.shard import RunConfig, RunStats, VirtualClock, assign_places
 from sim.store import open_reader
+from sim.view.stored import StoredRun
 from sim.wire import topics
 from sim.wire.events import decode_location
 from sim.wire.inputs import Goal, Move
@@ -241,3 +242,22 @@ def test_a_schedule_needs_a_known_place() -> None:
     bad = WORLD.replace('location = "inn", activity = "drinking', 'location = "pub", activity = "drinking')
     with pytest.raises(Exception, match="unknown place 'pub'"):
         parse_scenario(bad, source="walk.toml")
+
+
+async def test_a_stored_run_shows_each_npc_where_the_run_had_it(tmp_path: Path) -> None:
+    """The view of a finished run (its store and scenario) puts every NPC where the live run's
+    location messages put it, at every tick: routines, a go_to and a game's move alike."""
+    game: list[tuple[int, str, dict[str, object]]] = [(3, "move", {"npc": "keeper", "location": "square"})]
+    broker, dbs = await walk(tmp_path, game=game)
+    scenario = parse_scenario(WORLD, source="walk.toml")
+    stored = StoredRun(dbs[0], scenario)
+    where = {spec.id: spec.location for spec in scenario.npcs}
+    published = sorted((m.tick, m.agent, m.location) for topic, payload in broker.published
+                       if topic.endswith("/location") for m in [decode_location(payload)])
+    assert any(agent == "keeper" for _, agent, _ in published) and any(a == "smith" for _, a, _ in published)
+    for tick in range(stored.first_tick, stored.last_tick + 1):
+        for at, agent, place in published:
+            if at == tick:
+                where[agent] = place
+        shown = {npc: place["id"] for place in stored.model(tick).world_view()["locations"] for npc in place["npcs"]}
+        assert shown == where, f"tick {tick}"

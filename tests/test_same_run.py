@@ -147,8 +147,9 @@ WORLDS = pytest.mark.parametrize("world", ["village", "generated", "town"])
 RECALLING = pytest.mark.parametrize("world", ["village", "generated", "recall", "town"])
 """The cases a world that recalls from its whole history (retrieval, summaries) runs too; and
 every case the town, whose NPCs walk between places that different shards hold."""
-MOVING = (7, 17, 19)
-"""Town ticks after which many NPCs walk (hours 8, 18, 20): a kill then is a kill during moves."""
+MOVING = (7, 17, 19, 23)
+"""Town ticks after which many NPCs walk (hours 8, 18, 20; 23, after most came home): a kill
+then is a kill during moves."""
 
 
 @RECALLING

@@ -14,8 +14,11 @@ The modules, one job each:
 - `_place_shares`: which shard holds which place (whole places, balanced by NPC count);
 - `_stats`: `RunStats`, what the display, the summary and the metrics read; `RunStarted`;
 - `_clock`: `Clock`, `SystemClock`, `VirtualClock`: every wait of the shard;
-- `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, who stands where, the
+- `_layout`: `ShardLayout`, what a shard holds (its NPCs, their kinds, its places, the
   dice table), built off the event loop at start-up;
+- `_whereabouts`: `Whereabouts`, where every NPC of the run stands and what it does (routines,
+  `go_to`, the game's moves), and which shards hear each place;
+- `_moves`: `Movements`, the moves at the start of a tick and the hearing that moves with them;
 - `_plan`: `ShardPlan`, what a shard is before anything opens (config, scenario, run id, seed,
   layout, its places' topics): every phase reads it;
 - `_context`: `ShardContext` (what the agents share) and `AgentContext` (what an agent may do);
@@ -62,6 +65,7 @@ from sim.shard._run_config import (
 )
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStarted, RunStats
+from sim.shard._whereabouts import Whereabouts
 from sim.shard._wiring import Claim, Connection, Seams, open_shard
 
 __all__ = [
@@ -93,6 +97,7 @@ __all__ = [
     "SystemClock",
     "VirtualClock",
     "ambient_roll",
+    "Whereabouts",
     "assign_places",
     "create_agents",
     "hot_limit",

@@ -53,7 +53,7 @@ from sim.shard._pace import Pace
 from sim.shard._registry import players
 from sim.shard._startup import StartupPhase, create_agents, in_thread
 from sim.shard._turns import Turns
-from sim.shard._whereabouts import Placement
+from sim.shard._whereabouts import ChosenPlace
 from sim.store import Pending, TickRecord
 from sim.wire.events import WorldStateMessage
 from sim.wire.inputs import OutsideInput
@@ -164,7 +164,7 @@ class Shard:
             return
         resume, perception = self.store.resume, self.ctx.perception
         pending = await resume.pending()
-        overrides = {npc: Placement(*placed) for npc, placed in pending.overrides.items()}
+        overrides = {npc: ChosenPlace(*placed) for npc, placed in pending.overrides.items()}
         await self.movements.begin(self.first, overrides, pending.arrivals, resumed=True)
         self.run_wide.moves = list(pending.moves)
         for tick, topic, payload in kept_messages(await resume.sent(), self.bus.config.run_key, self.config):

@@ -19,7 +19,7 @@ from sim.bus import Bus
 from sim.shard._clock import checkpoint
 from sim.shard._context import ShardContext
 from sim.shard._perception import EpisodeOf
-from sim.shard._whereabouts import Moved, Placement
+from sim.shard._whereabouts import ChosenPlace, Moved
 from sim.wire.events import LocationMessage
 
 __all__ = ["Movements"]
@@ -39,7 +39,7 @@ class Movements:
         (`Whereabouts.arrived`: a `go_to`, the game's move), to the tick they arrived: few, and
         kept with each commit, so that a resumed shard's NPCs hear exactly what they heard."""
 
-    async def begin(self, tick: int, overrides: Mapping[str, Placement], arrivals: Mapping[str, int], *,
+    async def begin(self, tick: int, overrides: Mapping[str, ChosenPlace], arrivals: Mapping[str, int], *,
                     resumed: bool) -> None:
         """Everyone where they stand at `tick`, the first tick this process steps; on resume
         with the commit's overrides and arrivals (nothing is remembered or announced again)."""
@@ -50,11 +50,20 @@ class Movements:
         for n, move in enumerate(moved, start=1):
             if move.npc in local and move.origin != move.location:
                 perception.leave(move.npc, move.origin, self._episode_of(move.npc))
-                since = arrivals.get(move.npc, where.arrived(move.npc, tick - 1 if resumed else tick))
-                perception.arrive(move.npc, move.location, since)
             if n % _MOVE_SLICE == 0:
                 await checkpoint()
-        if not resumed:
+        if resumed:  # when each NPC came where it stands: what it hears there, as before the stop
+            last = tick - 1
+            for n, npc in enumerate(sorted({*(x for x in where.routines if x in local), *arrivals}), start=1):
+                since = arrivals.get(npc, where.arrived(npc, last))
+                if since >= 0:
+                    perception.arrive(npc, where.where[npc], since)
+                if n % _MOVE_SLICE == 0:
+                    await checkpoint()
+        else:
+            for move in moved:
+                if move.npc in local and move.origin != move.location:
+                    perception.arrive(move.npc, move.location, where.arrived(move.npc, tick))
             await self._announce(tick, moved)
 
     async def advance(self, tick: int, chosen: Iterable[tuple[str, str]]) -> None:

@@ -1,9 +1,10 @@
 """Which shard holds which place: whole places, balanced by NPC count, the same on every shard.
 
-An NPC belongs to the shard that holds its place, so everyone who can hear a line said at
-a place is on one shard: the place's events travel through the broker only when someone
-outside that shard says them (shard 0's scripted players, outside input), never to every
-shard. The assignment is a function of the scenario and the shard count alone:
+An NPC belongs to the shard that holds its home place (its scenario `location`), so while
+nobody walks, everyone who can hear a line said at a place is on one shard: the place's
+events travel through the broker only when someone outside that shard says them (shard 0's
+scripted players, outside input) or, in a world whose NPCs walk, when an NPC of another
+shard stands there (sim.shard._whereabouts). The assignment is a function of the scenario and the shard count alone:
 
     places sorted by NPC count (most first), then id; each goes to the shard holding the
     fewest NPCs so far, the lowest index on a tie.

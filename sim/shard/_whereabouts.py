@@ -27,10 +27,10 @@ from sim.day import PLACES_KEY, Routine, clock_text, hour_of
 from sim.memory import WorldFact
 from sim.scenario import Scenario
 
-__all__ = ["Moved", "Placement", "Whereabouts"]
+__all__ = ["ChosenPlace", "Moved", "Whereabouts"]
 
 
-class Placement(msgspec.Struct, frozen=True, array_like=True):
+class ChosenPlace(msgspec.Struct, frozen=True, array_like=True):
     """Where an NPC stands and what it does there, since `tick`."""
 
     location: str
@@ -59,13 +59,12 @@ class Whereabouts:
         """Each NPC's home: its scenario `location`, on the shard that holds its state."""
         self.where: dict[str, str] = dict(self.home)
         self.activity: dict[str, str] = {}
-        self.overrides: dict[str, Placement] = {}
+        self.overrides: dict[str, ChosenPlace] = {}
         self.routines = {spec.id: Routine(spec.schedule) for spec in scenario.npcs if spec.schedule}
         self._changes: dict[int, list[str]] = {}  # hour -> the NPCs whose entry differs from the hour before's
         for npc, routine in sorted(self.routines.items()):
-            for hour in range(24):
-                if routine.at(hour) is not routine.at((hour - 1) % 24):
-                    self._changes.setdefault(hour, []).append(npc)
+            for hour in routine.changes:
+                self._changes.setdefault(hour, []).append(npc)
         everyone: dict[str, list[str]] = {}
         for npc in sorted(self.home):
             everyone.setdefault(self.home[npc], []).append(npc)
@@ -143,7 +142,7 @@ class Whereabouts:
             first -= tpd
         return max(first, -1)
 
-    def begin(self, tick: int, overrides: Mapping[str, Placement], *, resumed: bool) -> list[Moved]:
+    def begin(self, tick: int, overrides: Mapping[str, ChosenPlace], *, resumed: bool) -> list[Moved]:
         """Everyone where they stand as the first tick this process steps begins: a fresh run's
         at the routines' places at its hour; a resumed one's where the last committed tick
         left them (the routines' places at that tick, then the overrides), the moves at the
@@ -165,7 +164,7 @@ class Whereabouts:
         moved = []
         for npc, place in sorted(set(chosen)):
             if npc in self.home and place in self.owner:
-                self.overrides[npc] = Placement(place, "", tick)
+                self.overrides[npc] = ChosenPlace(place, "", tick)
                 moved.extend(self._place(npc, place, ""))
         tpd = self.ticks_per_day
         if tpd is not None and tick > 0 and hour_of(tick, tpd) != hour_of(tick - 1, tpd):

@@ -73,7 +73,6 @@ class RunModel:
         self.run = run
         self.npcs: dict[str, RosterEntry] = {}
         self.moves: dict[str, LocationMessage] = {}  # each NPC's newest location message
-        self.places_note = ""  # how the page is to read the places (a stored run's: start places only)
         self.world: dict[str, str] = {}
         self.shards: dict[str, dict[str, Any]] = {}
         self.health = _Health()
@@ -261,7 +260,6 @@ class RunModel:
             "locations": [{"id": loc, "npcs": ids} for loc, ids in sorted(places.items())],
             "names": {npc.id: npc.name for npc in self.npcs.values()},
             "activities": {agent: m.activity for agent, m in sorted(self.moves.items()) if m.activity},
-            "places_note": self.places_note,
             "state": dict(sorted(self.world.items())),
         }
 

@@ -12,8 +12,10 @@ records (the trace of each is rebuilt from its record, explanation included):
 
 Names and places are not in a store (it does not keep the scenario): with the
 `scenario` the run was made from (`npcsim view --db FILE --scenario FILE`) the roster is
-the scenario's; without it NPCs are listed by id under a place saying where to get them.
-Moves are not read from the store: each NPC stands at its start place, and the page says so.
+the scenario's, and each NPC stands where the engine had it at the chosen tick: its moves
+are made again as the run made them (sim.shard's `Whereabouts`: the routines, the `go_to`
+its records accepted, the game's moves the store's inputs hold). Without it NPCs are listed
+by id under a place saying where to get them.
 Models are rebuilt from the records up to the chosen tick, and the last one is cached.
 """
 
@@ -24,17 +26,19 @@ from pathlib import Path
 
 import msgspec
 
-from sim.audit import trace_of
+from sim.audit import AuditRecord, trace_of
+from sim.day import GO_TO
 from sim.scenario import Scenario
+from sim.shard import Whereabouts
 from sim.store import open_reader
 from sim.view.model import RunModel
-from sim.wire.events import PlayerInputMessage, SayMessage
+from sim.wire.events import LocationMessage, PlayerInputMessage, SayMessage
+from sim.wire.inputs import Move
 from sim.wire.trace import RosterEntry, TraceMessage
 
 __all__ = ["StoredRun"]
 
 _NOT_STORED = "(place not stored: --scenario)"
-_START_PLACES = "Where each NPC started: a stored run's view does not follow moves."
 _SPEAKER = re.compile(r"^([A-Za-z0-9_.-]{1,128}): (.*)$", re.DOTALL)
 _ID = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -56,6 +60,8 @@ class StoredRun:
         self.path = path
         with open_reader(path) as reader:
             records = list(reader.audit_records())
+            moved = [(tick, (taken.npc, taken.location)) for tick, taken in reader.all_inputs()
+                     if isinstance(taken, Move)]
         agents = sorted({r.agent_id for r in records})
         if scenario is not None:
             known = {spec.id: spec for spec in scenario.npcs}
@@ -65,6 +71,7 @@ class StoredRun:
         else:
             self._roster = [RosterEntry(id=a, name=a, location=_NOT_STORED) for a in agents]
             npc_ids = set(agents)
+        self._walks = None if scenario is None else _Walks(scenario, records, moved)
         places = {npc.id: npc.location for npc in self._roster}
         held: dict[str, set[str]] = {}
         for record in records:
@@ -73,8 +80,9 @@ class StoredRun:
         said: list[_Said] = []
         for record in records:
             to, player, heard = _addressee(record.agent_id, record.player_input, npc_ids)
+            place = places.get(record.agent_id) if self._walks is None else self._walks.place(record)
             said.append(_Said(
-                trace=trace_of(record, shard="", location=places.get(record.agent_id)),
+                trace=trace_of(record, shard="", location=place),
                 to=to, heard_from_player=player, heard=heard,
                 world={w.key: w.value for w in record.state.world_state if w.key in shared},
             ))
@@ -90,8 +98,10 @@ class StoredRun:
         if self._cached is not None and self._cached[0] == tick:
             return self._cached[1]
         model = RunModel(self.run)
-        model.places_note = _START_PLACES
         model.set_roster(self._roster)
+        if self._walks is not None:
+            for move in self._walks.moved_by(tick):
+                model.set_location(move)
         for one in self._said:
             trace = one.trace
             if trace.tick > tick:
@@ -105,6 +115,44 @@ class StoredRun:
             model.set_world(one.world)
         self._cached = (tick, model)
         return model
+
+
+class _Walks:
+    """The run's moves made again from its scenario and store, tick by tick (`Whereabouts`)."""
+
+    def __init__(self, scenario: Scenario, records: list[AuditRecord], game: list[tuple[int, tuple[str, str]]]) -> None:
+        self._run = records[0].run_id if records else ""
+        chosen: dict[int, list[tuple[str, str]]] = {}
+        for record in records:  # an accepted go_to of tick t: the NPC stands there from t + 1
+            for proposal in record.attempts[-1].proposals if record.attempts and not record.fallback else ():
+                place = proposal.args.get("location")
+                if proposal.kind == "intent" and proposal.text == GO_TO and proposal.code == "ok" \
+                        and isinstance(place, str):
+                    chosen.setdefault(record.tick + 1, []).append((record.agent_id, place))
+        for tick, move in game:
+            chosen.setdefault(tick, []).append(move)
+        self._where = Whereabouts(scenario, {loc.id: 0 for loc in scenario.locations})
+        self._where.begin(0, {}, resumed=False)
+        self._chosen, self._tick = chosen, 0
+        self._history: list[LocationMessage] = []  # every move made again so far, in tick order
+
+    def _to(self, tick: int) -> None:
+        while self._tick < tick:
+            self._tick += 1
+            for move in self._where.advance(self._tick, self._chosen.get(self._tick, ())):
+                self._history.append(LocationMessage(run=self._run, agent=move.npc, tick=self._tick,
+                                                     location=move.location, activity=move.activity))
+
+    def place(self, record: AuditRecord) -> str:
+        """Where the record's NPC stood when it spoke (records come in tick order)."""
+        self._to(record.tick)
+        return self._where.where[record.agent_id]
+
+    def moved_by(self, tick: int) -> list[LocationMessage]:
+        """Each NPC's newest move up to `tick` (a move of its activity alone included)."""
+        self._to(tick)
+        newest = {m.agent: m for m in self._history if m.tick <= tick}
+        return [newest[agent] for agent in sorted(newest)]
 
 
 def _addressee(agent: str, heard: str, npc_ids: set[str]) -> tuple[str | None, str | None, str]:

@@ -55,9 +55,6 @@ function showWorld(world) {
   select.replaceChildren(el("option", { value: "" }, "any"));
   const ids = $("npc-ids");
   ids.replaceChildren();
-  const note = $("places-note");
-  note.textContent = world.places_note || "";
-  note.hidden = !world.places_note;
   const activities = world.activities || {};
   let total = 0;
   for (const place of world.locations) {
