@@ -31,7 +31,8 @@ __all__ = ["ChosenPlace", "Moved", "Whereabouts"]
 
 
 class ChosenPlace(msgspec.Struct, frozen=True, array_like=True):
-    """Where an NPC stands and what it does there, since `tick`."""
+    """A place an NPC was moved to off its routine (its `go_to`, the game's move), and what
+    it does there, since `tick`."""
 
     location: str
     activity: str
