@@ -5,7 +5,8 @@ same NPCs at the same homes; with a day, each also has a workplace, for about ha
 another place, from 8 to 18, `ticks_per_day = 24`), each run on one shard for a whole day
 (24 ticks: the two hours when half the world walks, and the hours between), scripted
 backend, `--broker auto`, a real store file, through `bench_engine.engine_run`, each run in a
-child process of its own, the two worlds alternating `--repeats` times. The report gives the
+child process of its own, the two worlds alternating `--repeats` times, each run begun
+once the load average has fallen below 0.8 (the run before leaves its load behind). The report gives the
 engine's time per tick (start-up left out) with and without schedules and their ratio, the
 moves and the share of NPCs moving at each hour that moves anyone, and the inferences per
 NPC-tick: routines and moves cost no inference.
@@ -30,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,8 +64,18 @@ def movers_by_hour(scenario_path: Path) -> tuple[int, dict[int, int]]:
     return len(scenario.npcs), dict(sorted(moving.items()))
 
 
+def quiet(below: float = 0.8, at_most: float = 300.0) -> None:
+    """Wait until the load average of the last minute falls below `below` (the run before
+    leaves its own load behind), at most `at_most` seconds."""
+    waited = 0.0
+    while os.getloadavg()[0] >= below and waited < at_most:
+        time.sleep(5)
+        waited += 5
+
+
 def run_child(scenario: Path, ticks: int, db: Path) -> dict[str, Any]:
-    """One run in a child process of its own (its peak RSS is its own)."""
+    """One run in a child process of its own (its peak RSS is its own), on a quiet machine."""
+    quiet()
     out = subprocess.run([sys.executable, __file__, "--child", str(scenario), str(ticks), str(db)],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
