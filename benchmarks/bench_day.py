@@ -76,11 +76,13 @@ def quiet(below: float = 0.8, at_most: float = 300.0) -> None:
 def run_child(scenario: Path, ticks: int, db: Path) -> dict[str, Any]:
     """One run in a child process of its own (its peak RSS is its own), on a quiet machine."""
     quiet()
+    began = os.getloadavg()[0]
     out = subprocess.run([sys.executable, __file__, "--child", str(scenario), str(ticks), str(db)],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"child {scenario} failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["load_began"], result["load_ended"] = began, result["load"]
     return result
 
 
@@ -110,10 +112,10 @@ def report(runs: dict[str, list[dict[str, Any]]], movers: dict[int, int], npcs: 
         ("peak RSS, without / with", f"{last['plain']['peak_mb']:,.0f} MB / {last['day']['peak_mb']:,.0f} MB", "-"),
         ("start-up, without / with", f"{last['plain']['startup_s']:.1f} s / {last['day']['startup_s']:.1f} s", "-"),
     ]
-    loads = ", ".join(f"{r['load']:.2f}" for rs in runs.values() for r in rs)
+    loads = ", ".join(f"{r['load_began']:.2f} ({r['load_ended']:.2f})" for rs in runs.values() for r in rs)
     lines = [
         f"Command: `{command}` ({npcs:,} NPCs, {ticks} ticks a run; the two worlds alternating). "
-        f"{machine_line()} Load average when each run began: {loads}.",
+        f"{machine_line()} Load average when each run began (and when it ended): {loads}.",
         "",
         "| measure | figure | target |",
         "|---|---|---|",
@@ -157,7 +159,8 @@ def main() -> None:
                 result = run_child(path, args.ticks, db)
                 runs[world].append(result)
                 print(f"{world}: {result['ticks']} ticks in {result['run_s']:.1f} s, start-up "
-                      f"{result['startup_s']:.1f} s, peak {result['peak_mb']:,.0f} MB, load {result['load']:.2f}",
+                      f"{result['startup_s']:.1f} s, peak {result['peak_mb']:,.0f} MB, load "
+                      f"{result['load_began']:.2f} to {result['load_ended']:.2f}",
                       file=sys.stderr)
                 db.unlink(missing_ok=True)
         npcs, movers = movers_by_hour(worlds["day"])
