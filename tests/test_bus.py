@@ -36,7 +36,7 @@ async def send(bus: Bus, outbox: Outbox, tick: int) -> list[tuple[str, int]]:
 
 async def test_batch_round_trip(mosquitto: MosquittoProcess) -> None:
     async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
-        await bus.listen_location("sq", ["b", "c"])
+        await bus.listen_places({"sq": 2})
         topic = topics.location_events("r", "sq")
         outbox = Outbox("0")
         for n in (2, 1, 3):
@@ -53,7 +53,7 @@ async def test_batch_round_trip(mosquitto: MosquittoProcess) -> None:
 
 async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) -> None:
     async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
-        await bus.listen_location("sq", ["b"])
+        await bus.listen_places({"sq": 1})
         payload = encode_batch(EventBatch(shard="other", tick=0, events=(speech(1), speech(2))))
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             for _ in range(3):
@@ -65,7 +65,7 @@ async def test_redelivered_events_are_applied_once(mosquitto: MosquittoProcess) 
 
 async def test_malformed_payloads_are_counted_and_dropped(mosquitto: MosquittoProcess) -> None:
     async with open_bus(BusConfig(broker=mosquitto.address, run="r")) as bus:
-        await bus.listen_location("sq", ["b"])
+        await bus.listen_places({"sq": 1})
         await bus.listen_inboxes(["b"])
         await bus.listen("player-input")
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
@@ -109,7 +109,7 @@ async def test_outbox_full_during_outage_raises(mosquitto: MosquittoProcess) -> 
 async def test_reconnects_and_resubscribes(mosquitto: MosquittoProcess) -> None:
     config = BusConfig(broker=mosquitto.address, run="r", reconnect=FAST)
     async with open_bus(config) as bus:
-        await bus.listen_location("sq", ["b"])
+        await bus.listen_places({"sq": 1})
         mosquitto.stop()
         await eventually(lambda: not bus.connected, what="the bus seeing the broker gone")
         outbox = Outbox("0")

@@ -182,8 +182,8 @@ async def test_a_goal_set_by_the_game_is_in_every_later_prompt_until_replaced(tm
     game: list[tuple[int, str, dict[str, object]]] = [
         (2, "goal", {"npc": "keeper", "goal": "Sell the last barrel of cider."}),
         (4, "goal", {"npc": "nobody", "goal": "Anything."}),
-        (9, "goal", {"npc": "keeper", "goal": "Find the thief of the cider."}),
-        (17, "goal", {"npc": "keeper", "goal": None}),
+        (7, "goal", {"npc": "keeper", "goal": "Find the thief of the cider."}),
+        (11, "goal", {"npc": "keeper", "goal": None}),
     ]
     broker, dbs = await walk(tmp_path, game=game)
     with open_reader(dbs[0]) as reader:

@@ -1,7 +1,7 @@
 """The shard's MQTT bus: one connection, the QoS 1 outbox, and the routing it feeds.
 
     async with open_bus(BusConfig(broker=BrokerAddress.parse(url), run="r1", shard="0")) as bus:
-        await bus.listen_location("forge", ["blacksmith"])
+        await bus.listen_places({"forge": 1, "inn": 0})    # every place, with its NPCs here
         bus.deliver(topic, events)        # for its own places and NPCs: no broker, no echo
         await bus.publish(topic, payload) # for another shard's
         events = bus.take_events()        # what the shard acts on; its places' events and mail wait in the bus

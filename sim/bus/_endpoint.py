@@ -1,7 +1,7 @@
 """The shard's bus: one connection, the QoS 1 outbox, and the router it feeds.
 
     async with open_bus(BusConfig(broker=BrokerAddress.parse(url), run="r1", shard="0")) as bus:
-        await bus.listen_location("forge", ["blacksmith"])
+        await bus.listen_places({"forge": 1, "inn": 0})    # every place, with its NPCs here
         await bus.listen_inboxes(["blacksmith"])
         await bus.listen_barrier()
         await bus.listen("player-input")                  # a public channel (sim.wire.contract.CHANNELS)
@@ -31,7 +31,7 @@ import asyncio
 import collections
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -135,20 +135,15 @@ class Bus:
         """Batches of earlier ticks are re-sends of what was perceived: their events are dropped."""
         self._router.drop_batches_before(tick)
 
-    async def listen_location(self, location: str, agents: Iterable[str]) -> None:
-        """Take the events at `location` (heard there by these agents) into its intake."""
-        topic = topics.location_events(self.config.run, location)
-        if self._router.route_location(topic, location, len(list(agents))):
-            await self._subscribe([topic])
-
-    async def listen_places(self, places: Iterable[str]) -> None:
-        """Take the events at every one of `places` into its intake, through one wildcard
-        subscription: NPCs walk, so which places a shard hears changes tick by tick, and a
-        subscription made when one walks in would race the batches already on their way (the
-        shard keeps the places it hears in each tick: sim.shard._whereabouts)."""
+    async def listen_places(self, listeners: Mapping[str, int]) -> None:
+        """Take the events at every place of `listeners` into its intake (heard there by that
+        many of this shard's NPCs, for the counts: `Deliveries.listen` as they walk), through
+        one wildcard subscription: NPCs walk, so which places a shard hears changes tick by
+        tick, and a subscription made when one walks in would race the batches already on
+        their way (the shard keeps the places it hears in each tick: sim.shard._whereabouts)."""
         run = self.config.run
-        for place in places:
-            self._router.route_location(topics.location_events(run, place), place, 1)
+        for place, heard_by in listeners.items():
+            self._router.route_location(topics.location_events(run, place), place, heard_by)
         wildcard = topics.location_events_all(run)
         if wildcard not in self._filters:
             await self._subscribe([wildcard])

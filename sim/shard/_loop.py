@@ -129,7 +129,8 @@ class Shard:
         npcs = await in_thread(lambda: tuple(RosterEntry(id=s.id, name=s.name, location=s.location) for s in specs),
                                "npcsim-roster")
         await bus.send("roster", RosterMessage(run=ctx.run_id, shard=ctx.shard, npcs=npcs))
-        await bus.listen_places(ctx.plan.locations)
+        places = ctx.layout.places
+        await bus.listen_places({place: len(places.get(place, ())) for place in ctx.plan.locations})
         await bus.listen_inboxes(ctx.layout.local)
         await self._restore()
         if self.index == 0:

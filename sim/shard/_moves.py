@@ -54,9 +54,10 @@ class Movements:
                 await checkpoint()
         if resumed:  # when each NPC came where it stands: what it hears there, as before the stop
             last = tick - 1
-            for n, npc in enumerate(sorted({*(x for x in where.routines if x in local), *arrivals}), start=1):
+            walked = {move.npc for move in moved if move.npc in local and move.origin != move.location}
+            for n, npc in enumerate(sorted({*(x for x in where.routines if x in local), *arrivals, *walked}), start=1):
                 since = arrivals.get(npc, where.arrived(npc, last))
-                if since >= 0:
+                if since >= 0 or npc in walked:
                     perception.arrive(npc, where.where[npc], since)
                 if n % _MOVE_SLICE == 0:
                     await checkpoint()
@@ -65,6 +66,9 @@ class Movements:
                 if move.npc in local and move.origin != move.location:
                     perception.arrive(move.npc, move.location, where.arrived(move.npc, tick))
             await self._announce(tick, moved)
+        for move in moved:
+            if move.npc in local and move.origin != move.location:
+                self._counted(move)
 
     async def advance(self, tick: int, chosen: Iterable[tuple[str, str]]) -> None:
         """The moves at the start of `tick`: those chosen in the last tick and the game's, then the routines'."""
@@ -77,6 +81,7 @@ class Movements:
                 if heard:
                     await store.add_heard(move.npc, heard)
                 perception.arrive(move.npc, move.location, tick)
+                self._counted(move)
                 if self.whereabouts.arrived(move.npc, tick) == tick:
                     self.arrivals.pop(move.npc, None)
                 else:
@@ -94,6 +99,12 @@ class Movements:
                 self.moves += 1
                 await self._bus.send("location", LocationMessage(run=ctx.run_id, agent=move.npc, tick=tick,
                                                                  location=move.location, activity=move.activity))
+
+    def _counted(self, move: Moved) -> None:
+        """The bus's count of who hears each place follows the move (its delivery counts)."""
+        listeners = self._ctx.perception.listeners
+        for place in (move.origin, move.location):
+            self._bus.mail.listen(place, len(listeners(place)))
 
     def _episode_of(self, npc: str) -> EpisodeOf:
         ctx = self._ctx
