@@ -38,27 +38,31 @@ EVENT = b'{"location": "inn", "text": "The fire in the hearth goes out.", "signi
 FACT = b'{"npc": "innkeeper", "id": "cellar", "text": "The cellar flooded in the storm."}'
 
 
-async def original(mosquitto: MosquittoProcess, tmp_path: Path, shards: int = 1) -> list[Path]:
-    """The village to END on `shards` shards, with a player's input, a world-state change, an
-    event at the inn and a fact for the innkeeper published while it runs (each after the
-    run is under way)."""
+async def original(mosquitto: MosquittoProcess, tmp_path: Path, shards: int = 1, *, scenario: str = VILLAGE,
+                   end: int = END, messages: list[tuple[str, bytes]] | None = None) -> list[Path]:
+    """The village (or `scenario`) to END (or `end`) on `shards` shards, with a player's input,
+    a world-state change, an event at the inn and a fact for the innkeeper (or `messages`, as
+    (topic, payload) of the run) published while it runs (each after the run is under way)."""
     run_id = f"orig{shards}"
     dbs = [tmp_path / f"{run_id}-{i}.db" for i in range(shards)]
     stats = [RunStats() for _ in dbs]
     configs = [RunConfig(
-        scenario=VILLAGE, run_id=run_id, until_tick=END, tick_ms=60, shard=f"{i}/{shards}",
+        scenario=scenario, run_id=run_id, until_tick=end, tick_ms=60, shard=f"{i}/{shards}",
         broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
     ) for i, db in enumerate(dbs)]
+    if messages is None:
+        messages = [(topics.player_input(run_id, "visitor"), VISITOR), (topics.world_state(run_id), WORLD),
+                    (topics.game_event(run_id), EVENT), (topics.game_fact(run_id), FACT)]
     async with asyncio.TaskGroup() as group:
         jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
         await eventually(lambda: min(s.tick for s in stats) >= 5, what="the run under way", within=120)
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.publish(topics.player_input(run_id, "visitor"), VISITOR, qos=1)
-            await client.publish(topics.world_state(run_id), WORLD, qos=1)
-            await client.publish(topics.game_event(run_id), EVENT, qos=1)
-            await client.publish(topics.game_fact(run_id), FACT, qos=1)
+            for topic, payload in messages:
+                await client.publish(topic, payload, qos=1)
         await asyncio.gather(*jobs)
-    assert all(s.tick == END - 1 for s in stats), "the original stopped early (a slow machine: lower tick_ms)"
+    assert all(s.tick == end - 1 for s in stats), "the original stopped early (a slow machine: lower tick_ms)"
+    if scenario == TOWN:
+        assert sum(s.npc_moves for s in stats) > 10, "the town's NPCs did not walk"
     return dbs
 
 
@@ -120,23 +124,13 @@ async def test_a_town_where_npcs_walk_between_shards_replays_identical(
 ) -> None:
     """Routines, a `go_to` and a move and a goal from the game, on three shards: re-executed
     from the stores, every move is made again at its tick and the run is the same."""
-    run_id, end = "town3", 30
-    dbs = [tmp_path / f"{run_id}-{i}.db" for i in range(3)]
-    stats = [RunStats() for _ in dbs]
-    configs = [RunConfig(
-        scenario=TOWN, run_id=run_id, until_tick=end, tick_ms=60, shard=f"{i}/3",
-        broker=BrokerConfig(url=mosquitto.url), record=RecordConfig(db=str(db)),
-    ) for i, db in enumerate(dbs)]
-    async with asyncio.TaskGroup() as group:
-        jobs = [group.create_task(run(c, stats=s)) for c, s in zip(configs, stats, strict=True)]
-        await eventually(lambda: min(s.tick for s in stats) >= 5, what="the run under way", within=120)
-        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.publish(topics.game_move(run_id), b'{"npc": "child", "location": "mill"}', qos=1)
-            await client.publish(topics.game_goal(run_id), b'{"npc": "miller", "goal": "Sell ten sacks."}', qos=1)
-        await asyncio.gather(*jobs)
+    end = 30
+    dbs = await original(mosquitto, tmp_path, 3, scenario=TOWN, end=end, messages=[
+        (topics.game_move("orig3"), b'{"npc": "child", "location": "mill"}'),
+        (topics.game_goal("orig3"), b'{"npc": "miller", "goal": "Sell ten sacks."}'),
+    ])
     inputs = held(dbs)[0]
     assert {type(i).__name__ for _, i in inputs} == {"Move", "Goal"}, inputs
-    assert sum(s.npc_moves for s in stats) > 10
     records = len(records_of(dbs))
     ran = await replay_cli(capsys, "replay", *(a for db in dbs for a in ("--db", str(db))))
     assert ran.code == 0, ran.err
