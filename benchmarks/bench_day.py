@@ -1,4 +1,4 @@
-"""What a day costs (issue 47): the same generated world with and without homes, workplaces and schedules.
+"""What a day costs: the same generated world with and without homes, workplaces and schedules.
 
 `npcsim scenario generate --npcs N --locations L` and the same with `--day` (same seed: the
 same NPCs at the same homes; with a day, each also has a workplace, for about half of them
@@ -45,7 +45,7 @@ from sim.day import Routine
 from sim.generate import write_scenario
 from sim.scenario import load_scenario
 
-HEADING = "A day: homes, workplaces and schedules (issue 47)"
+HEADING = "A day: homes, workplaces and schedules"
 TARGET_RATIO = 1.25
 
 

@@ -36,7 +36,7 @@ def test_a_view_port_in_use_blames_view(capsys: pytest.CaptureFixture[str]) -> N
 def test_scenario_generate_help_describes_every_option() -> None:
     parser = _help_of("scenario", "generate")
     options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
-    assert {a.dest for a in options} == {"npcs", "locations", "seed", "out"}
+    assert {a.dest for a in options} == {"npcs", "locations", "seed", "out", "day"}
     assert all(a.help and len(a.help) > 10 for a in options), [(a.dest, a.help) for a in options]
     assert parser.description and "locations" in parser.description
 

@@ -181,11 +181,11 @@ async def test_audit_list_and_show_in_a_pipe_are_full_and_escaped(tmp_path: Path
 def test_scenario_list_and_memory_show_as_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scenario", "list", "--json"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(row["name"], row["npcs"]) for row in listed] == [("gate", 1), ("village", 4)]
+    assert [(row["name"], row["npcs"]) for row in listed] == [("gate", 1), ("town-day", 8), ("village", 4)]
     assert all(row["description"] for row in listed)
     assert main(["scenario", "list"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert rows[0].startswith("gate\t1\t") and rows[1].startswith("village\t4\t")
+    assert [row.split("\t")[:2] for row in rows] == [["gate", "1"], ["town-day", "8"], ["village", "4"]]
     assert main(["memory", "show", VILLAGE, "--npc", "snack_machine", "--json"]) == 0
     shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(s["npc"], s["budget"], s["max_context_chars"]) for s in shown] == [
