@@ -14,15 +14,13 @@ loader refuses the rest, naming the key, instead of the run dropping its own wor
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
-import re
 import stat
-import typing
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import msgspec
 import rtoml
@@ -32,7 +30,8 @@ from sim.errors import ScenarioError
 from sim.memory import Belief, Episode, Fact, Line, NpcState, WorkingMemoryConfig, WorldFact
 from sim.output import ArgSpec, OutputPolicy, WorldValues, allow_list_problem
 from sim.resources import bundled_scenario, scenario_names
-from sim.scenario_checks import check_day, check_references, check_world, npc_at
+from sim.scenario_checks import check_day, check_world, npc_at
+from sim.scenario_errors import schema_error
 from sim.scenario_text import cut
 from sim.wire.events import Name
 
@@ -233,7 +232,7 @@ def parse_scenario(data: bytes | str, *, source: str = "<scenario>") -> Scenario
     scenario = _in_parts(text) if len(text) > PARTS_FROM else None
     if scenario is None:
         scenario = _whole(text, source)
-    check_references(scenario, source)
+    _check_references(scenario, source)
     check_world(scenario.world, source)
     check_day(source, scenario.scenario.ticks_per_day, {loc.id: loc.exits for loc in scenario.locations},
               ((npc.id, npc.schedule) for npc in scenario.npcs))
@@ -258,11 +257,7 @@ def _whole(text: str, source: str) -> Scenario:
     try:
         return msgspec.convert(raw, Scenario)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        path = _path(message)
-        line = _line_of(text, path, _unknown_field(message))
-        where = f"{source}:{line}" if line is not None else source
-        raise ScenarioError(f"{where}: {_locate(raw, message)}{_did_you_mean(path, message)}") from exc
+        raise ScenarioError(schema_error(source, text, raw, str(exc), Scenario)) from exc
 
 
 def _in_parts(text: str) -> Scenario | None:
@@ -289,96 +284,45 @@ def _in_parts(text: str) -> Scenario | None:
     return msgspec.structs.replace(scenario, npcs=npcs)
 
 
-_PATH = re.compile(r"`\$\.(npcs|players)\[(\d+)\]([^`]*)`")
-_AT = re.compile(r"- at `\$([^`]*)`")
-_SEGMENT = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
-_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?")
-
-
-def _locate(raw: dict[str, Any], message: str) -> str:
-    """Name the NPC or player a msgspec error path points into."""
-    match = _PATH.search(message)
-    if not match:
-        return message
-    group, index = match.group(1), int(match.group(2))
-    entries = raw.get(group, [])
-    who = entries[index].get("id") if index < len(entries) and isinstance(entries[index], dict) else None
-    noun = "npc" if group == "npcs" else "player"
-    field = match.group(3).lstrip(".") or "(the entry itself)"
-    return f"{noun} {who!r} ({group}[{index}]), field {field}: {message}"
-
-
-def _path(message: str) -> list[str | int]:
-    """The segments of the path a msgspec error names: `$.npcs[1].tick` -> ["npcs", 1, "tick"]."""
-    match = _AT.search(message)
-    if match is None:
-        return []
-    return [name if name else int(index) for name, index in _SEGMENT.findall(match.group(1))]
-
-
-def _unknown_field(message: str) -> str | None:
-    match = _UNKNOWN.search(message)
-    return match.group(1) if match else None
-
-
-def _struct_at(path: Sequence[str | int]) -> type[msgspec.Struct] | None:
-    """The Struct type the scenario schema has at `path` (list items included), or None."""
-    kind: Any = Scenario
-    for segment in path:
-        if isinstance(segment, str):
-            if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
-                return None
-            fields = {f.encode_name: f.type for f in msgspec.structs.fields(kind)}
-            if segment not in fields:
-                return None
-            kind = fields[segment]
-        while typing.get_origin(kind) is Annotated:
-            kind = typing.get_args(kind)[0]
-        if isinstance(segment, int) or typing.get_origin(kind) in (list, tuple):
-            args = typing.get_args(kind)
-            kind = args[0] if args and isinstance(segment, int) else kind
-    return kind if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else None
-
-
-def _did_you_mean(path: Sequence[str | int], message: str) -> str:
-    """"; did you mean `x`?" for an unknown field close to a known one of its table."""
-    field = _unknown_field(message)
-    kind = _struct_at(path)
-    if field is None or kind is None:
-        return ""
-    names = [f.encode_name for f in msgspec.structs.fields(kind)]
-    close = difflib.get_close_matches(field, names, n=1, cutoff=0.6)
-    return f"; did you mean `{close[0]}`?" if close else f"; the fields here: {', '.join(names)}"
-
-
-def _line_of(text: str, path: Sequence[str | int], field: str | None) -> int | None:
-    """The line (1-based) of the TOML table or key a schema error's path points to, when it can be found.
-
-    Tables and arrays of tables are followed by their headers (`[[npcs]]` n times); inside
-    the table the key is the path's next name, or the unknown field itself.
-    """
-    lines = text.splitlines()
-    start, end = 0, len(lines)  # the part of the file searched: the whole file, then one table
-    rest = list(path)
-    found: int | None = None
-    if rest and isinstance(rest[0], str):
-        name = rest.pop(0)
-        index = rest.pop(0) if rest and isinstance(rest[0], int) else 0
-        headers = [i for i, line in enumerate(lines) if (m := _HEADER.match(line)) and m.group(2) == name]
-        if index < len(headers):
-            start = found = headers[index]
-            end = next((i for i in range(start + 1, len(lines)) if _HEADER.match(lines[i])), len(lines))
-        else:  # a key of the top level, before the first table
-            end = next((i for i, line in enumerate(lines) if _HEADER.match(line)), len(lines))
-            rest.insert(0, name)
-    key = next((s for s in rest if isinstance(s, str)), field)
-    if key is not None:
-        pattern = re.compile(rf"^\s*{re.escape(key)}\s*=|^\s*\[\[?\s*{re.escape(key)}\s*\]")
-        found = next((i for i in range(start, end) if pattern.match(lines[i])), found)
-    return None if found is None else found + 1
+def _check_references(scenario: Scenario, source: str) -> None:
+    """Ids unique, and every place, NPC and intent an entry names is the scenario's."""
+    locations = {loc.id for loc in scenario.locations}
+    if len(locations) != len(scenario.locations):
+        raise ScenarioError(f"{source}: locations: duplicate location id")
+    npc_ids: set[str] = set()
+    for i, npc in enumerate(scenario.npcs):
+        if npc.id in npc_ids:
+            raise ScenarioError(f"{npc_at(source, npc.id, i)}, field id: duplicate NPC id {npc.id!r}")
+        npc_ids.add(npc.id)
+        if npc.location not in locations:
+            raise ScenarioError(f"{npc_at(source, npc.id, i)}, field location: unknown location {npc.location!r}")
+        if npc.intents and npc.output != "structured":
+            raise ScenarioError(f"{npc_at(source, npc.id, i)}, field intents: intents need output = \"structured\"")
+        for field, ids in (
+            ("facts", [f.id for f in npc.facts]),
+            ("episodic", [e.id for e in npc.episodic]),
+            ("beliefs", [b.id for b in npc.beliefs]),
+            ("world", [w.key for w in npc.world]),
+        ):
+            if len(ids) > 1 and len(set(ids)) != len(ids):  # a million NPCs: no Counter for each list
+                raise ScenarioError(f"{npc_at(source, npc.id, i)}, field {field}: duplicate ids {_duplicates(ids)}")
+    player_ids: set[str] = set()
+    for i, player in enumerate(scenario.players):
+        where = f"{source}: player {player.id!r} (players[{i}])"
+        if player.id in npc_ids or player.id in player_ids:
+            raise ScenarioError(f"{where}, field id: id {player.id!r} is already taken")
+        player_ids.add(player.id)
+        if player.location is not None and player.location not in locations:
+            raise ScenarioError(f"{where}, field location: unknown location {player.location!r}")
+        for j, line in enumerate(player.script):
+            if line.to not in npc_ids:
+                raise ScenarioError(f"{where}, field script[{j}].to: unknown NPC {line.to!r}")
 
 
 def _bundled(name: str) -> ScenarioText:
     return ScenarioText(bundled_scenario(name).encode(), f"{name} (bundled scenario)")
 
+
+def _duplicates(ids: Iterable[str]) -> list[str]:
+    """The ids that occur more than once, sorted: one pass over the list."""
+    return sorted(x for x, n in Counter(ids).items() if n > 1)

@@ -6,9 +6,7 @@ Each raises one `ScenarioError` line naming the file and the entry at fault, as 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -19,10 +17,7 @@ from sim.protocol.bounds import InputBounds, bound_problem
 from sim.wire.contract import channel_named
 from sim.wire.events import NAME_RULE, WorldStateMessage
 
-if TYPE_CHECKING:  # sim.scenario imports this module
-    from sim.scenario import Scenario
-
-__all__ = ["check_day", "check_references", "check_world", "npc_at"]
+__all__ = ["check_day", "check_world", "npc_at"]
 
 
 def check_world(world: list[WorldFact], source: str) -> None:
@@ -60,46 +55,6 @@ def check_day(source: str, ticks_per_day: int | None, exits: Mapping[str, Sequen
             raise ScenarioError(f"{npc_at(source, npc, i)}, field schedule: {problem}")
 
 
-def check_references(scenario: Scenario, source: str) -> None:
-    """Ids unique, and every place, NPC and intent an entry names is the scenario's."""
-    locations = {loc.id for loc in scenario.locations}
-    if len(locations) != len(scenario.locations):
-        raise ScenarioError(f"{source}: locations: duplicate location id")
-    npc_ids: set[str] = set()
-    for i, npc in enumerate(scenario.npcs):
-        if npc.id in npc_ids:
-            raise ScenarioError(f"{npc_at(source, npc.id, i)}, field id: duplicate NPC id {npc.id!r}")
-        npc_ids.add(npc.id)
-        if npc.location not in locations:
-            raise ScenarioError(f"{npc_at(source, npc.id, i)}, field location: unknown location {npc.location!r}")
-        if npc.intents and npc.output != "structured":
-            raise ScenarioError(f"{npc_at(source, npc.id, i)}, field intents: intents need output = \"structured\"")
-        for field, ids in (
-            ("facts", [f.id for f in npc.facts]),
-            ("episodic", [e.id for e in npc.episodic]),
-            ("beliefs", [b.id for b in npc.beliefs]),
-            ("world", [w.key for w in npc.world]),
-        ):
-            if len(ids) > 1 and len(set(ids)) != len(ids):  # a million NPCs: no Counter for each list
-                raise ScenarioError(f"{npc_at(source, npc.id, i)}, field {field}: duplicate ids {_duplicates(ids)}")
-    player_ids: set[str] = set()
-    for i, player in enumerate(scenario.players):
-        where = f"{source}: player {player.id!r} (players[{i}])"
-        if player.id in npc_ids or player.id in player_ids:
-            raise ScenarioError(f"{where}, field id: id {player.id!r} is already taken")
-        player_ids.add(player.id)
-        if player.location is not None and player.location not in locations:
-            raise ScenarioError(f"{where}, field location: unknown location {player.location!r}")
-        for j, line in enumerate(player.script):
-            if line.to not in npc_ids:
-                raise ScenarioError(f"{where}, field script[{j}].to: unknown NPC {line.to!r}")
-
-
 def npc_at(source: str, npc_id: object, index: int) -> str:
     """How an error names an NPC: the file, its id and its index."""
     return f"{source}: npc {npc_id!r} (npcs[{index}])"
-
-
-def _duplicates(ids: Iterable[str]) -> list[str]:
-    """The ids that occur more than once, sorted: one pass over the list."""
-    return sorted(x for x, n in Counter(ids).items() if n > 1)

@@ -120,12 +120,10 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "location", topics.agent_location, LocationMessage, (SERVER,), retained=True,
-        subscribe=topics.agent_location_all,
-        readers=EVERYONE,
-        summary="Where an NPC stands from tick `tick` on, and what it does there (`activity`, \"\" when "
-                "nothing in particular), from the shard that holds the NPC: published when it moves (its daily "
-                "schedule, a `go_to` intent, the game's `game/move`). Retained, so a client that subscribes late "
-                "learns where every NPC is; an NPC no message names yet stands where the roster says.",
+        subscribe=topics.agent_location_all, readers=EVERYONE,
+        summary="Where an NPC stands from tick `tick` and what it does there, from the shard holding the NPC, "
+                "each time it walks to another place (its schedule, a `go_to`, `game/move`). Retained: a late "
+                "subscriber learns where everyone is; an NPC no message names stands where the roster says.",
     ),
     Channel(
         "player-input", topics.player_input, PlayerInputMessage, (PLAYER,), retained=False,
