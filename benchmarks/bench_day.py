@@ -55,11 +55,8 @@ def movers_by_hour(scenario_path: Path) -> tuple[int, dict[int, int]]:
     moving: Counter[int] = Counter()
     for spec in scenario.npcs:
         routine = Routine(spec.schedule)
-        for hour in range(24):
-            now, before = routine.at(hour), routine.at((hour - 1) % 24)
-            here = now.location if now else spec.location
-            there = before.location if before else spec.location
-            if here != there:
+        for hour in routine.changes:
+            if routine.place_at(hour, spec.location)[0] != routine.place_at(hour - 1, spec.location)[0]:
                 moving[hour] += 1
     return len(scenario.npcs), dict(sorted(moving.items()))
 

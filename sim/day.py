@@ -96,6 +96,12 @@ class Routine:
         """The entry covering `hour`, or None: the NPC stays home."""
         return self._slots[hour]
 
+    def place_at(self, hour: int, home: str) -> tuple[str, str]:
+        """Where the NPC is at `hour` (0..23, or any hour: taken round the clock) and what it
+        does there: its entry's place and activity, or its `home` and nothing."""
+        entry = self._slots[hour % HOURS]
+        return (entry.location, entry.activity) if entry else (home, "")
+
     def __bool__(self) -> bool:
         return self._any
 

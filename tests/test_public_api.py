@@ -69,7 +69,7 @@ PACKAGES: dict[str, set[str]] = {
         "belief_of", "clean_line", "clean_text", "contradicted_fact", "forbidden_phrase", "gate_difference",
         "gate_proposals", "intent_schemas", "judge_attempts", "judge_reply", "known_names", "load_fact_guard",
         "longest_reply", "memory_of", "read_reply", "reply_schema", "reply_tokens", "record_rules", "rejected",
-        "said_proposals", "say_part", "WorldValues",
+        "said_proposals", "say_part", "walked_to", "WorldValues",
     },
     "sim.protocol": set(),  # its public modules are the surface (sim.protocol.router, ...)
     "sim.replay": {

@@ -18,7 +18,7 @@ sim.wire.attempt, shared with the wire and the audit. The inference package call
 the audit and the load test judge again through here. See docs/npc-output.md.
 """
 
-from sim.output.apply import BELIEFS_PER_SUBJECT, Judged, belief_of, memory_of, said_proposals
+from sim.output.apply import BELIEFS_PER_SUBJECT, Judged, belief_of, memory_of, said_proposals, walked_to
 from sim.output.gates import (
     CODES,
     MAX_ARG_CHARS,
@@ -81,5 +81,6 @@ __all__ = [
     "record_rules",
     "rejected",
     "said_proposals",
+    "walked_to",
     "say_part",
 ]

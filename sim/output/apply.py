@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from sim.day import GO_TO
 from sim.memory import Belief, Episode
 from sim.text import fold
 from sim.wire.attempt import ProposalVerdict
 
-__all__ = ["BELIEFS_PER_SUBJECT", "Judged", "belief_of", "memory_of", "said_proposals"]
+__all__ = ["BELIEFS_PER_SUBJECT", "Judged", "belief_of", "memory_of", "said_proposals", "walked_to"]
 
 
 class Judged(Protocol):
@@ -57,3 +58,10 @@ def said_proposals(attempts: Sequence[Judged], *, fallback: bool) -> tuple[Propo
     if fallback or not attempts:
         return ()
     return tuple(p for p in attempts[-1].proposals if p.kind != "line" and p.verdict == "accepted")
+
+
+def walked_to(proposal: ProposalVerdict) -> str | None:
+    """Where an applied `go_to` walks its NPC (the engine moves it at the next tick), or None
+    for any other proposal."""
+    place = proposal.args.get("location")
+    return place if proposal.kind == "intent" and proposal.text == GO_TO and isinstance(place, str) else None

@@ -58,12 +58,11 @@ class Publisher:
     """Phase 3 of a shard's tick."""
 
     def __init__(self, bus: Bus, outbox: Outbox, intake: Intake, source: InputSource, run_wide: RunWideInputs,
-                 elsewhere: Callable[[str], bool]) -> None:
-        """`elsewhere(topic)`: another shard takes the topic's batches this tick."""
+                 elsewhere: Callable[[str], bool], chosen: list[tuple[str, str]]) -> None:
+        """`elsewhere(topic)`: another shard takes the topic's batches this tick; `chosen`: the
+        moves the shard's NPCs chose in the tick (`go_to`, the context's list), for its TickDone."""
         self._bus, self._outbox, self._intake, self._source, self._run_wide = bus, outbox, intake, source, run_wide
-        self._elsewhere = elsewhere
-        self.chosen: list[tuple[str, str]] = []
-        """The moves the shard's NPCs chose this tick (`go_to`), for its TickDone (the context's list)."""
+        self._elsewhere, self._chosen = elsewhere, chosen
 
     async def publish(self, tick: int) -> None:
         bus, barrier, outbox = self._bus, self._intake.barrier, self._outbox
@@ -82,8 +81,8 @@ class Publisher:
         self._source.close_done(tick)  # shard 0: what every shard applies that arrived until now
         await self._intake.take()
         announced = self._run_wide.announce(tick)
-        moves = tuple(sorted(set(self.chosen)))
-        self.chosen.clear()
+        moves = tuple(sorted(set(self._chosen)))
+        self._chosen.clear()
         topic, payload = await bus.publish_barrier(barrier.finish(tick, announced.world, announced.inputs, moves))
         barrier.keep(tick, topic, payload)
 

@@ -110,8 +110,8 @@ class Shard:
         self.turns = Turns(layout, bus, ctx.perception, ctx.early, ctx.agent, stop=stop,
                            workers=2 * self.config.inference.concurrency)  # the pool always has turns waiting
         self.pace = Pace(self.config.tick_ms, clock, bus, self.intake, self.source, shards=self.count, stop=stop)
-        self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide, self._elsewhere)
-        self.publisher.chosen = ctx.chosen
+        self.publisher = Publisher(bus, ctx.outbox, self.intake, self.source, self.run_wide, self._elsewhere,
+                                   ctx.chosen)
         self.barrier_wait = BarrierWait(plan, bus, clock, ctx.metrics, self.intake, self.run_wide, self.status, stop)
         stats.taken, stats.waits = self.inputs.counts, self.barrier_wait.waits  # read, never copied
         self._committing: asyncio.Future[None] | None = None  # the last tick's commit, on its way to disk
@@ -253,7 +253,7 @@ class Shard:
         place = self.ctx.plan.place_of(topic)
         if place is None:
             return self.bus.is_routed(topic)
-        return self.index in self.ctx.whereabouts.hearers(place)
+        return self.ctx.whereabouts.hears(place, self.index)
 
     def _elsewhere(self, topic: str) -> bool:
         """Whether another shard hears `topic` in the tick under way (then its batch goes
@@ -261,7 +261,7 @@ class Shard:
         place = self.ctx.plan.place_of(topic)
         if place is None:
             return not self.bus.is_routed(topic)
-        return bool(self.ctx.whereabouts.hearers(place) - {self.index})
+        return self.ctx.whereabouts.heard_beyond(place, self.index)
 
     async def _committed(self) -> None:
         """Until the last tick's commit is on disk (it raises what the writer met)."""
@@ -275,7 +275,7 @@ class Shard:
         when its window moved); what was said to an NPC there is its mail for the next tick."""
         perception, where, index = self.ctx.perception, self.ctx.whereabouts, self.index
         heard = [(place, events) for place, events in self.bus.mail.take_place_events(tick)
-                 if index in where.hearers(place)]  # the others' were for the shards that hear them
+                 if where.hears(place, index)]  # the others' were for the shards that hear them
         for n, (place, events) in enumerate(heard, start=1):
             await self.store.add_place_events(place, tick, events, since=perception.perceive(place, events))
             await self.ctx.keep_notices(place, events)

@@ -12,10 +12,9 @@ memory becomes an episodic memory of the proposed significance, and an intent go
 from __future__ import annotations
 
 from sim.bus import Bus
-from sim.day import GO_TO
 from sim.inference import InferenceResult
 from sim.memory import NpcState
-from sim.output import belief_of, memory_of, said_proposals
+from sim.output import belief_of, memory_of, said_proposals, walked_to
 from sim.store import Store, Writer
 from sim.wire.events import IntentMessage
 
@@ -40,8 +39,8 @@ async def apply_proposals(
             memories += 1
             await store.add_episode(agent, memory_of(proposal, result.id, memories, tick), writer=Writer.NPC)
         elif proposal.kind == "intent":
-            place = proposal.args.get("location")
-            if proposal.text == GO_TO and isinstance(place, str):
+            place = walked_to(proposal)
+            if place is not None:
                 moves.append((agent, place))
             await bus.send("intent", IntentMessage(run=run_id, agent=agent, tick=tick, name=proposal.text,
                                                    args=proposal.args, inference_id=result.id, reply_to=reply_to))

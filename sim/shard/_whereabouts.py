@@ -12,7 +12,7 @@ A move chosen at t-1 and not yet ended by the routine is an `override`; override
 and kept with each tick's commit, so a resumed shard finds everyone where they stood.
 
 An NPC's state stays with the shard of its home place; a place is heard by its owner (the
-shard that holds it: its chronicle) and by every shard with an NPC there (`hearers`).
+shard that holds it: its chronicle) and by every shard with an NPC there (`hears`).
 """
 
 from __future__ import annotations
@@ -74,25 +74,20 @@ class Whereabouts:
         for place, ids in everyone.items():
             self._visits[place] = Counter(owner[self.home[npc]] for npc in ids)
 
-    @property
-    def living(self) -> bool:
-        """Whether anyone can move on a schedule (the world has a day and routines)."""
-        return self.ticks_per_day is not None and bool(self.routines)
-
     def at(self, place: str) -> Sequence[str]:
         """Every NPC at `place`, in any shard, in id order."""
         return self._at.get(place, ())
 
-    def hearers(self, place: str) -> set[int]:
-        """The shards that hear `place`: its owner and every shard with an NPC there."""
+    def hears(self, place: str, shard: int) -> bool:
+        """Whether `shard` hears `place` now: it holds the place, or an NPC of its stands there."""
         visits = self._visits.get(place)
-        shards = {self.owner[place]}
-        if visits:
-            shards.update(shard for shard, n in visits.items() if n)
-        return shards
+        return self.owner[place] == shard or (visits is not None and visits[shard] > 0)
 
-    def shard_of(self, npc: str) -> int:
-        return self.owner[self.home[npc]]
+    def heard_beyond(self, place: str, shard: int) -> bool:
+        """Whether a shard other than `shard` hears `place` now."""
+        visits = self._visits.get(place)
+        return self.owner[place] != shard or (visits is not None and any(
+            n for other, n in visits.items() if other != shard))
 
     def scene(self, npc: str, tick: int, *, go_to: bool) -> tuple[WorldFact, ...]:
         """What an NPC knows of its day as world state (never truncated): the time when the
@@ -128,13 +123,8 @@ class Whereabouts:
         if routine is None or tpd is None:
             return -1
         home, hour = self.home[npc], hour_of(tick, tpd)
-
-        def place(h: int) -> str:
-            entry = routine.at(h % 24)
-            return entry.location if entry else home
-
-        here = place(hour)
-        back = next((k for k in range(1, 24) if place(hour - k) != here), None)
+        here = routine.place_at(hour, home)[0]
+        back = next((k for k in range(1, 24) if routine.place_at(hour - k, home)[0] != here), None)
         if back is None:
             return -1
         start = (hour - back + 1) % 24
@@ -148,36 +138,32 @@ class Whereabouts:
         at the routines' places at its hour; a resumed one's where the last committed tick
         left them (the routines' places at that tick, then the overrides), the moves at the
         start of `tick` still to make (`advance`)."""
-        moved = []
+        moved: list[Moved | None] = []
         if self.ticks_per_day is not None:
             hour = hour_of(tick - 1 if resumed else tick, self.ticks_per_day)
             for npc, routine in sorted(self.routines.items()):
-                entry = routine.at(hour)
-                place, activity = (entry.location, entry.activity) if entry else (self.home[npc], "")
-                moved.extend(self._place(npc, place, activity))
+                moved.append(self._place(npc, *routine.place_at(hour, self.home[npc])))
         for npc, placement in sorted(overrides.items()):
-            moved.extend(self._place(npc, placement.location, placement.activity))
+            moved.append(self._place(npc, placement.location, placement.activity))
         self.overrides = dict(overrides)
-        return moved
+        return [move for move in moved if move is not None]
 
     def advance(self, tick: int, chosen: Iterable[tuple[str, str]]) -> list[Moved]:
         """The moves at the start of `tick`: the chosen ones (npc, place), then the routines'."""
-        moved = []
+        moved: list[Moved | None] = []
         for npc, place in sorted(set(chosen)):
             if npc in self.home and place in self.owner:
                 self.overrides[npc] = ChosenPlace(place, "", tick)
-                moved.extend(self._place(npc, place, ""))
+                moved.append(self._place(npc, place, ""))
         tpd = self.ticks_per_day
         if tpd is not None and tick > 0 and hour_of(tick, tpd) != hour_of(tick - 1, tpd):
             hour = hour_of(tick, tpd)
             for npc in self._changes.get(hour, ()):
-                entry = self.routines[npc].at(hour)
-                place, activity = (entry.location, entry.activity) if entry else (self.home[npc], "")
                 self.overrides.pop(npc, None)
-                moved.extend(self._place(npc, place, activity))
-        return moved
+                moved.append(self._place(npc, *self.routines[npc].place_at(hour, self.home[npc])))
+        return [move for move in moved if move is not None]
 
-    def _place(self, npc: str, place: str, activity: str) -> list[Moved]:
+    def _place(self, npc: str, place: str, activity: str) -> Moved | None:
         """Put `npc` at `place` doing `activity`; the move when its place or activity changed."""
         origin = self.where[npc]
         before = self.activity.get(npc, "")
@@ -186,7 +172,7 @@ class Whereabouts:
         else:
             self.activity.pop(npc, None)
         if origin == place:
-            return [] if activity == before else [Moved(npc, origin, place, activity)]
+            return None if activity == before else Moved(npc, origin, place, activity)
         self.where[npc] = place
         shard = self.owner[self.home[npc]]
         old = self._at[origin]
@@ -194,4 +180,4 @@ class Whereabouts:
         bisect.insort(self._at.setdefault(place, []), npc)
         self._visits[origin][shard] -= 1
         self._visits.setdefault(place, Counter())[shard] += 1
-        return [Moved(npc, origin, place, activity)]
+        return Moved(npc, origin, place, activity)

@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from sim.audit import AuditRecord, trace_of
-from sim.day import GO_TO
+from sim.output import said_proposals, walked_to
 from sim.scenario import Scenario
 from sim.shard import Whereabouts
 from sim.store import open_reader
@@ -123,11 +123,10 @@ class _Walks:
     def __init__(self, scenario: Scenario, records: list[AuditRecord], game: list[tuple[int, tuple[str, str]]]) -> None:
         self._run = records[0].run_id if records else ""
         chosen: dict[int, list[tuple[str, str]]] = {}
-        for record in records:  # an accepted go_to of tick t: the NPC stands there from t + 1
-            for proposal in record.attempts[-1].proposals if record.attempts and not record.fallback else ():
-                place = proposal.args.get("location")
-                if proposal.kind == "intent" and proposal.text == GO_TO and proposal.code == "ok" \
-                        and isinstance(place, str):
+        for record in records:  # an applied go_to of tick t: the NPC stands there from t + 1
+            for proposal in said_proposals(record.attempts, fallback=record.fallback):
+                place = walked_to(proposal)
+                if place is not None:
                     chosen.setdefault(record.tick + 1, []).append((record.agent_id, place))
         for tick, move in game:
             chosen.setdefault(tick, []).append(move)
