@@ -261,3 +261,16 @@ async def test_a_stored_run_shows_each_npc_where_the_run_had_it(tmp_path: Path) 
                 where[agent] = place
         shown = {npc: place["id"] for place in stored.model(tick).world_view()["locations"] for npc in place["npcs"]}
         assert shown == where, f"tick {tick}"
+
+
+async def test_a_stored_run_shows_where_the_routines_put_npcs_at_its_first_tick(tmp_path: Path) -> None:
+    """An NPC whose routine has it away from home at the run's first hour stands there from tick 0."""
+    night = WORLD.replace('schedule = [\n  { hour = 8,', 'schedule = [\n  { hour = 0, location = "inn", '
+                          'activity = "sleeping off the ale", until = 6 },\n  { hour = 8,', 1)
+    broker, dbs = await walk(tmp_path, night)
+    assert moves_of(broker, "smith")[0] == (0, "inn", "sleeping off the ale")
+    stored = StoredRun(dbs[0], parse_scenario(night, source="walk.toml"))
+    shown = {npc: place["id"] for place in stored.model(stored.first_tick).world_view()["locations"]
+             for npc in place["npcs"]}
+    assert shown["smith"] == "inn"
+

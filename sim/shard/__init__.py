@@ -65,7 +65,7 @@ from sim.shard._run_config import (
 )
 from sim.shard._startup import PausedCollector, StartupPhase, StartupProgress, create_agents
 from sim.shard._stats import RunStarted, RunStats
-from sim.shard._whereabouts import Whereabouts
+from sim.shard._whereabouts import Moved, Whereabouts
 from sim.shard._wiring import Claim, Connection, Seams, open_shard
 
 __all__ = [
@@ -97,6 +97,7 @@ __all__ = [
     "SystemClock",
     "VirtualClock",
     "ambient_roll",
+    "Moved",
     "Whereabouts",
     "assign_places",
     "create_agents",

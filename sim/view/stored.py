@@ -29,7 +29,7 @@ import msgspec
 from sim.audit import AuditRecord, trace_of
 from sim.output import said_proposals, walked_to
 from sim.scenario import Scenario
-from sim.shard import Whereabouts
+from sim.shard import Moved, Whereabouts
 from sim.store import open_reader
 from sim.view.model import RunModel
 from sim.wire.events import LocationMessage, PlayerInputMessage, SayMessage
@@ -131,16 +131,18 @@ class _Walks:
         for tick, move in game:
             chosen.setdefault(tick, []).append(move)
         self._where = Whereabouts(scenario, {loc.id: 0 for loc in scenario.locations})
-        self._where.begin(0, {}, resumed=False)
         self._chosen, self._tick = chosen, 0
         self._history: list[LocationMessage] = []  # every move made again so far, in tick order
+        self._made(0, self._where.begin(0, {}, resumed=False))
 
     def _to(self, tick: int) -> None:
         while self._tick < tick:
             self._tick += 1
-            for move in self._where.advance(self._tick, self._chosen.get(self._tick, ())):
-                self._history.append(LocationMessage(run=self._run, agent=move.npc, tick=self._tick,
-                                                     location=move.location, activity=move.activity))
+            self._made(self._tick, self._where.advance(self._tick, self._chosen.get(self._tick, ())))
+
+    def _made(self, tick: int, moved: list[Moved]) -> None:
+        self._history += [LocationMessage(run=self._run, agent=move.npc, tick=tick, location=move.location,
+                                          activity=move.activity) for move in moved]
 
     def place(self, record: AuditRecord) -> str:
         """Where the record's NPC stood when it spoke (records come in tick order)."""
