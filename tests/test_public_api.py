@@ -84,7 +84,8 @@ PACKAGES: dict[str, set[str]] = {
         "Limits", "MemoryConfigOf", "PLAYER_KINDS", "PausedCollector", "Placement", "Player", "RecordConfig",
         "RecordedInputs", "RunConfig", "RunStarted", "RunStats", "Seams", "Shard",
         "ShardContext", "ShardPlan", "StartupPhase", "StartupProgress", "SystemClock", "VirtualClock", "ambient_roll",
-        "Moved", "Whereabouts", "assign_places", "create_agents", "hot_limit", "open_shard", "parse_shard", "run", "shard_npcs",
+        "Moved", "Whereabouts", "assign_places", "create_agents", "hot_limit", "open_shard", "parse_shard", "run",
+        "shard_npcs",
     },
     "sim.store": {
         "AuditSummary", "AuthorityError", "HOT_LIMIT", "Pending", "PlaceRows", "Resume",
